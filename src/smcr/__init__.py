@@ -1,0 +1,10 @@
+"""smcr: SMC-R (Shared Memory Communications over RDMA, RFC 7609) in Python.
+
+TCP socket programs get RDMA data transfer: the connection starts as TCP, both
+ends agree on an RDMA link inside the TCP stream (CLC), and the bytes travel by
+RDMA WRITE into the peer's receive buffer, over software RNICs.
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

@@ -1,0 +1,5 @@
+"""``python -m smcr``: the same as the ``smcr`` console script."""
+
+from smcr.cli import main
+
+raise SystemExit(main())
