@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# smcr set-up on a fresh Debian machine, then the main job.
+#
+# Installs the system packages smcr and its tests use (tshark to check our
+# messages against Wireshark, iproute2 and nftables for the network-namespace
+# tests), creates the virtual environment .venv with smcr and its pinned test
+# tools, and runs `smcr demo`.  Safe to run again: it skips what is there.
+# Set SMCR_NO_DEMO=1 to stop after the set-up.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+need=()
+command -v tshark >/dev/null || need+=(tshark)
+command -v ip >/dev/null || need+=(iproute2)
+command -v nft >/dev/null || need+=(nftables)
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+if ((${#need[@]})); then
+    if [ "$(id -u)" != 0 ]; then
+        echo "install.sh: need root to install: ${need[*]}" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    # tshark asks whether non-root users may capture; answer no, quietly.
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+# Reinstall only when the project's metadata changed since the last install.
+stamp=.venv/.smcr-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+    touch "$stamp"
+fi
+
+if [ "${SMCR_NO_DEMO:-0}" != 1 ]; then
+    .venv/bin/smcr demo
+fi
