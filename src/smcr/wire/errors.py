@@ -16,10 +16,11 @@ class WireError(ValueError):
     """Bytes that are not a valid message of the kind asked for.
 
     :param reason: what is wrong, in words, naming the field and offset.
-    :param code: the Linux decline/diagnosis code for this fault, if Linux
-        declines it (for example ``DeclineCode.CNFERR`` for a malformed CLC
-        message); ``None`` where Linux drops the message silently or ends the
-        link instead.
+    :param code: the Linux decline/diagnosis code for this fault, where Linux
+        answers it with a Decline (for example ``DeclineCode.MODEUNSUPP`` for
+        an SMC-D Accept to an SMC-R client); ``None`` where Linux drops the
+        message, ends the link, or (for a malformed CLC message, which
+        ``smc_clc_wait_msg`` turns into ``-EPROTO``) aborts without a Decline.
     """
 
     def __init__(self, reason: str, code: DeclineCode | None = None) -> None:
