@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from support import GOLDEN
+from tests.support import GOLDEN
 
 
 def pytest_sessionstart() -> None:

@@ -1,4 +1,4 @@
-"""Helpers shared by the test modules (``tests/`` is on ``sys.path`` via pytest's pythonpath)."""
+"""Helpers shared by the test modules."""
 
 from __future__ import annotations
 

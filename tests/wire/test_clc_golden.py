@@ -29,7 +29,7 @@ from smcr.wire.clc import (
     make_hostname,
 )
 from smcr.wire.decline import DeclineCode
-from support import LINUX_PCAP
+from tests.support import LINUX_PCAP
 
 PCAP = LINUX_PCAP
 

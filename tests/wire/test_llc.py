@@ -45,7 +45,7 @@ from smcr.wire.llc import (
     TestLinkV2,
     decode_llc,
 )
-from support import LINUX_DECODED
+from tests.support import LINUX_DECODED
 
 GOLDEN_DECODED = LINUX_DECODED
 

@@ -60,7 +60,7 @@ from smcr.wire.roce_packet import (
     split_udp_datagram,
     verify_icrc,
 )
-from support import LINUX_DECODED, LINUX_PCAP, ROCE_EXAMPLES_PCAP
+from tests.support import LINUX_DECODED, LINUX_PCAP, ROCE_EXAMPLES_PCAP
 
 EXAMPLES_PCAP = ROCE_EXAMPLES_PCAP
 

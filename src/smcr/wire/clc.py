@@ -79,6 +79,7 @@ from smcr.wire.clc_proposal import (
     V2Extension,
 )
 from smcr.wire.decline import DeclineCode
+from smcr.wire.decline import lookup as lookup_decline
 from smcr.wire.errors import WireError
 
 __all__ = [
@@ -501,7 +502,6 @@ class ClcConfirm(_AcceptConfirm):
 
 # -- Decline ----------------------------------------------------------------
 
-_KNOWN_CODES: dict[int, DeclineCode] = {int(c): c for c in DeclineCode}
 _DECL = struct.Struct(">4sBHB8sIB3x")  # 24: header, peer ID, diagnosis, OS type
 _DECL_V2 = struct.Struct(">4I")  # 24..39: four more diagnosis codes
 _DECL_V1_LEN = _DECL.size + CLC_TRAILER_LEN  # 28
@@ -560,7 +560,7 @@ class ClcDecline:
     @property
     def code(self) -> DeclineCode | None:
         """:attr:`peer_diagnosis` as a :class:`DeclineCode`, or None if not a current code."""
-        return _KNOWN_CODES.get(self.peer_diagnosis)
+        return lookup_decline(self.peer_diagnosis)
 
     @property
     def length(self) -> int:

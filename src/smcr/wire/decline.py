@@ -78,11 +78,18 @@ def describe(code: int) -> str:
     The form is what ``smcr ss`` and the decline log print:
     ``"0x03010000 PEERNOSMC: peer did not indicate SMC"``.
     """
-    try:
-        known = DeclineCode(code)
-    except ValueError:
-        legacy = LEGACY_DECLINE_CODES.get(code)
-        if legacy is not None:
-            return f"0x{code:08x} {legacy}"
-        return f"0x{code:08x} unknown"
-    return f"0x{code:08x} {known.name}: {known.description}"
+    known = lookup(code)
+    if known is not None:
+        return f"0x{code:08x} {known.name}: {known.description}"
+    legacy = LEGACY_DECLINE_CODES.get(code)
+    if legacy is not None:
+        return f"0x{code:08x} {legacy}"
+    return f"0x{code:08x} unknown"
+
+
+def lookup(code: int) -> DeclineCode | None:
+    """The :class:`DeclineCode` with this value, or ``None`` for an unknown code."""
+    return _BY_VALUE.get(code)
+
+
+_BY_VALUE: dict[int, DeclineCode] = {member.value: member for member in DeclineCode}
