@@ -1,0 +1,343 @@
+"""The shm RNIC: a software RDMA device for processes on one host.
+
+Design decisions (the why of each):
+
+* **Two threads per device.**  A *server* thread answers the rendezvous
+  socket (QP hellos at RTR, MR look-ups) and never takes a QP lock; an
+  *engine* thread runs timers and watches connections, and may.  A caller
+  blocked on a peer's server (connecting, looking up an rkey) can therefore
+  never wait, through a chain of locks, on itself.
+* **Remote-accessible MRs are provider memory** (:meth:`ShmPd.alloc_mr`): each
+  is a memfd the peer maps on first use, so an RDMA WRITE lands with one copy.
+  Their entries in the device's shared MR table are what every access is
+  checked against; :meth:`ShmPd.reg_mr` registers a caller's buffer for local
+  use only (SGE sources and receive buffers), since a Python buffer cannot be
+  shared with another process.
+* **MR keys** come from :class:`~smcr.rdma.base.KeyAllocator` (``secrets``, never
+  a live key twice); a deregistration zeroes the table's rkey word first, which
+  revokes access for every peer at once, then frees the segment.
+* **A READ-only region is mapped read-only by peers**: the look-up hands out a
+  descriptor reopened ``O_RDONLY`` through ``/proc/self/fd``, so the kernel, not
+  only our checks, refuses writes to it.
+* **Addresses**: each MR gets a page-aligned virtual address in a device-wide
+  range, with a guard gap, so SGE/RETH addresses behave as verbs' iova do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from mmap import mmap
+from pathlib import Path
+
+from smcr.rdma.base import (
+    CompletionQueue,
+    Device,
+    KeyAllocator,
+    MemoryRegion,
+    ProtectionDomain,
+)
+from smcr.rdma.shm import layout as lay
+from smcr.rdma.shm import rendezvous as rdv
+from smcr.rdma.shm.engine import Engine
+from smcr.rdma.shm.qp import ShmQp
+from smcr.rdma.verbs import (
+    REMOTE_ACCESS,
+    AccessFlag,
+    DeviceAttr,
+    PathMtu,
+    QpCap,
+    VerbsError,
+)
+
+DEFAULT_SLOT_SIZE = 8192
+DEFAULT_MAX_MR = 1024
+IOVA_BASE = 0x0000_7E00_0000_0000
+PAGE = 4096
+
+
+class ShmDevice(Device):
+    """A same-host software RNIC (see the module docstring).
+
+    :param name: device name.
+    :param netdev: the net device it serves (for the pnet table above), if any.
+    :param directory: rendezvous directory; default :func:`~rendezvous.default_directory`.
+    :param slot_size: largest SEND payload (one slot per posted receive).
+    :param max_mr: entries of the shared MR table (remote-accessible MRs).
+    """
+
+    def __init__(
+        self,
+        name: str = "shm0",
+        *,
+        netdev: str | None = None,
+        directory: Path | None = None,
+        slot_size: int = DEFAULT_SLOT_SIZE,
+        max_mr: int = DEFAULT_MAX_MR,
+    ) -> None:
+        gid = rdv.new_gid()
+        attr = DeviceAttr(
+            max_qp_wr=4096, max_sge=2, max_cqe=1 << 20, max_mr=max_mr, max_mr_size=1 << 40,
+            max_msg_sz=slot_size, max_qp_rd_atom=16, active_mtu=PathMtu.MTU_4096,
+        )  # fmt: skip
+        super().__init__(name, gid, b"\x02" + gid[11:], netdev, attr)
+        self.slot_size = slot_size
+        self.directory = rdv.ensure_private_directory(directory or rdv.default_directory())
+        rdv.remove_stale(self.directory)
+        self.path = rdv.socket_path(self.directory, gid)
+        self.table_fd, self._table = lay.new_segment("smcr-mrtable", lay.table_size(max_mr))
+        self._free = list(range(max_mr - 1, -1, -1))
+        self._gens = [0] * max_mr
+        self._remote: dict[int, tuple[int, int, mmap, MemoryRegion]] = {}
+        self.keys = KeyAllocator()
+        self._lock = threading.Lock()
+        self._qps: dict[int, ShmQp] = {}
+        self._pds: list[ShmPd] = []
+        self._cqs: list[CompletionQueue] = []
+        self._next_iova = IOVA_BASE + secrets.randbits(24) * PAGE
+        self._next_pd = 1
+        self.engine = Engine(f"smcr-{name}-engine")
+        self._listener = rdv.listen(self.path)
+        self._server = Engine(f"smcr-{name}-server")
+        self._server.watch(self._listener.fileno(), self._on_accept)
+        self._closed = False
+
+    # --------------------------------------------------------------- objects
+
+    def alloc_pd(self) -> ShmPd:
+        """A new protection domain."""
+        with self._lock:
+            pd = ShmPd(self, self._next_pd)
+            self._next_pd += 1
+            self._pds.append(pd)
+        return pd
+
+    def create_cq(self, depth: int = 4096) -> CompletionQueue:
+        """A completion queue; closed with the device if not before."""
+        cq = CompletionQueue(depth)
+        self._cqs.append(cq)
+        return cq
+
+    def new_qp(self, pd: ShmPd, send_cq: CompletionQueue, recv_cq: CompletionQueue,
+               cap: QpCap, sq_sig_all: bool) -> ShmQp:  # fmt: skip
+        """Create a QP with a fresh random 24-bit QPN (0 and 1 are reserved in IB)."""
+        with self._lock:
+            while True:
+                qpn = secrets.randbits(24)
+                if qpn > 1 and qpn not in self._qps:
+                    break
+            qp = ShmQp(self, pd, qpn, send_cq=send_cq, recv_cq=recv_cq, cap=cap,
+                       sq_sig_all=sq_sig_all)  # fmt: skip
+            self._qps[qpn] = qp
+        return qp
+
+    def forget_qp(self, qpn: int) -> None:
+        """Drop a destroyed QP from the rendezvous table."""
+        with self._lock:
+            self._qps.pop(qpn, None)
+
+    def next_iova(self, length: int) -> int:
+        """A fresh page-aligned virtual address range for an MR, followed by a guard page."""
+        with self._lock:
+            addr = self._next_iova
+            self._next_iova += -(-max(length, 1) // PAGE) * PAGE + PAGE
+        return addr
+
+    def publish_mr(self, mr: MemoryRegion, fd: int, mm: mmap) -> None:
+        """Enter a remote-accessible MR in the shared table (the rkey word last)."""
+        with self._lock:
+            if not self._free:
+                raise VerbsError(errno.ENOMEM, "MR table full")
+            index = self._free.pop()
+            self._gens[index] = gen = (self._gens[index] + 1) & 0xFFFFFFFF
+            off = lay.table_offset(index)
+            lay.MR_ENTRY.pack_into(self._table, off, 0, gen, int(mr.access) | lay.MR_VALID,
+                                   mr.pd.pd_id, mr.length, mr.addr)  # fmt: skip
+            lay.U32.pack_into(self._table, off, mr.rkey)
+            self._remote[mr.rkey] = (index, fd, mm, mr)
+
+    def revoke_mr(self, mr: MemoryRegion) -> None:
+        """Deregister: zero the table entry's rkey (access ends now), then free the segment."""
+        with self._lock:
+            entry = self._remote.pop(mr.rkey, None)
+            if entry is None:
+                return
+            index, fd, mm, _ = entry
+            off = lay.table_offset(index)
+            lay.U32.pack_into(self._table, off, 0)  # revokes: every access checks this word
+            lay.U32.pack_into(self._table, off + 8, 0)
+            self._free.append(index)
+        with contextlib.suppress(BufferError):  # a caller still holds a slice: the GC unmaps
+            mr.buf.release()
+            mm.close()
+        os.close(fd)
+
+    # ------------------------------------------------------------ rendezvous
+
+    def _on_accept(self, _events: int) -> None:
+        """Server thread: answer hellos and MR look-ups; never takes a QP lock."""
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except (BlockingIOError, OSError):
+                return
+            keep = False
+            try:
+                conn.settimeout(1.0)
+                got = rdv.receive(conn)
+                if got is not None:
+                    for fd in got[1]:
+                        os.close(fd)
+                    keep = self._answer(conn, got[0])
+            except OSError:
+                pass
+            finally:
+                if not keep:
+                    conn.close()
+
+    def _answer(self, conn: socket.socket, msg: rdv.Message) -> bool:
+        """Answer one rendezvous request; returns whether ``conn`` now belongs to a QP."""
+        if msg.kind == rdv.HELLO:
+            qp = self._qps.get(msg.b)
+            if qp is None:
+                rdv.send(conn, rdv.Message(rdv.NACK, a=errno.ENOENT))
+                return False
+            qp.accept_inbound(conn)
+            return True
+        if msg.kind == rdv.GET_MR:
+            with self._lock:
+                entry = self._remote.get(msg.a)
+                if entry is None:
+                    rdv.send(conn, rdv.Message(rdv.NACK, a=errno.ENOENT))
+                    return False
+                index, fd, _mm, mr = entry
+                writable = bool(mr.access & AccessFlag.REMOTE_WRITE)
+                send_fd = fd if writable else os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+                try:
+                    rdv.send(conn, rdv.Message(rdv.MR_OK, a=index, b=self._gens[index], c=writable),
+                           [send_fd])  # fmt: skip
+                finally:
+                    if send_fd != fd:
+                        os.close(send_fd)
+        return False
+
+    # ----------------------------------------------------------------- close
+
+    def close(self) -> None:
+        """Destroy every QP, MR and CQ of the device, stop its threads, remove its socket."""
+        if self._closed:
+            return
+        self._closed = True
+        self._server.stop()
+        self._listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        for qp in list(self._qps.values()):
+            qp.destroy()
+        for pd in self._pds:
+            for mr in list(pd.mrs.values()):
+                mr.dereg()
+        self.engine.stop()
+        for cq in self._cqs:
+            cq.close()
+        self._table.close()
+        os.close(self.table_fd)
+
+
+class ShmPd(ProtectionDomain):
+    """A protection domain of a :class:`ShmDevice`."""
+
+    def __init__(self, device: ShmDevice, pd_id: int) -> None:
+        super().__init__(pd_id)
+        self.device = device
+
+    def alloc_mr(self, length: int, access: AccessFlag) -> MemoryRegion:
+        """Allocate ``length`` bytes in shared memory and register them.
+
+        :raises VerbsError: EINVAL for REMOTE_WRITE without LOCAL_WRITE (as
+            ``ibv_reg_mr``) or a bad length; ENOMEM when the MR table is full.
+        """
+        if length <= 0 or length > self.device.attr.max_mr_size:
+            raise VerbsError(errno.EINVAL, f"MR length {length}")
+        if access & AccessFlag.REMOTE_WRITE and not access & AccessFlag.LOCAL_WRITE:
+            raise VerbsError(errno.EINVAL, "REMOTE_WRITE needs LOCAL_WRITE")
+        if not access & REMOTE_ACCESS:
+            return self._register(memoryview(bytearray(length)), access, None)
+        fd, mm = lay.new_segment("smcr-mr", length)
+        try:
+            return self._register(memoryview(mm), access, (fd, mm))
+        except BaseException:
+            mm.close()
+            os.close(fd)
+            raise
+
+    def reg_mr(self, buffer: bytearray | memoryview, access: AccessFlag) -> MemoryRegion:
+        """Register a caller's writable buffer for local use (no remote access on shm).
+
+        :raises VerbsError: EINVAL for remote access flags or a read-only buffer.
+        """
+        if access & REMOTE_ACCESS:
+            raise VerbsError(errno.EINVAL, "shm: remote access needs pd.alloc_mr()")
+        view = memoryview(buffer).cast("B")
+        if view.readonly:
+            raise VerbsError(errno.EINVAL, "buffer is read-only")
+        return self._register(view, access, None)
+
+    def _register(
+        self, view: memoryview, access: AccessFlag, shared: tuple[int, mmap] | None
+    ) -> MemoryRegion:
+        dev = self.device
+        key = dev.keys.new_key()
+        on_dereg: Callable[[MemoryRegion], None] = self._dereg
+        mr = MemoryRegion(
+            self, view, addr=dev.next_iova(len(view)), key=key, access=access, on_dereg=on_dereg
+        )
+        if shared is not None:
+            try:
+                dev.publish_mr(mr, *shared)
+            except BaseException:
+                dev.keys.release(key)
+                view.release()
+                raise
+        self.mrs[key] = mr
+        return mr
+
+    def _dereg(self, mr: MemoryRegion) -> None:
+        self.mrs.pop(mr.lkey, None)
+        if mr.access & REMOTE_ACCESS:
+            self.device.revoke_mr(mr)
+        self.device.keys.release(mr.lkey)
+
+    def create_qp(
+        self,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+        cap: QpCap | None = None,
+        *,
+        sq_sig_all: bool = False,
+    ) -> ShmQp:
+        """An RC QP in RESET.
+
+        :raises VerbsError: EINVAL for capabilities above the device's.
+        """
+        cap = cap or QpCap()
+        a = self.device.attr
+        if (
+            max(cap.max_send_sge, cap.max_recv_sge) > a.max_sge
+            or max(cap.max_send_wr, cap.max_recv_wr) > a.max_qp_wr
+        ):
+            raise VerbsError(errno.EINVAL, f"QP capabilities {cap} above the device's")
+        return self.device.new_qp(self, send_cq, recv_cq, cap, sq_sig_all)
+
+    def dealloc(self) -> None:
+        """Free the PD.
+
+        :raises VerbsError: EBUSY while it still has MRs.
+        """
+        if self.mrs:
+            raise VerbsError(errno.EBUSY, "PD still has memory regions")

@@ -1,0 +1,149 @@
+"""The progress thread of a shm device: the part of the RNIC that works on its own.
+
+Design: the data path runs in the caller's thread (``post_send`` copies straight
+into the peer's memory; ``poll`` moves arrived SENDs into receives), because a
+thread hop would double the latency.  What must happen while the application
+sleeps or computes lives here, in one daemon thread per device:
+
+* accepting rendezvous connections (QP hellos, MR look-ups) and answering them;
+* noticing a peer's death (EOF/HUP on a connection, which the kernel delivers
+  at once even after SIGKILL) and moving the QPs to ERR;
+* timers: RNR and retransmit-style retries of a blocked send queue.
+
+It is an ``epoll`` loop over registered descriptors plus a heap of deadlines; a
+doorbell eventfd wakes it when another thread adds a timer or stops it.  Handler
+faults are logged and survived: one bad peer must not stop the RNIC for all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+class Timer:
+    """A scheduled call; :meth:`cancel` makes it a no-op."""
+
+    __slots__ = ("cancelled", "deadline", "fn")
+
+    def __init__(self, deadline: float, fn: Callable[[], None]) -> None:
+        self.deadline = deadline
+        self.fn = fn
+        self.cancelled = False
+
+    def fire(self, _events: int) -> None:
+        """Run the call (the engine's handler signature)."""
+        self.fn()
+
+    def cancel(self) -> None:
+        """Do not run (safe to call from any thread, any number of times)."""
+        self.cancelled = True
+
+
+class Engine:
+    """An epoll loop with timers in a daemon thread.
+
+    :param name: thread name, for debugging.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._epoll = select.epoll()
+        self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._handlers: dict[int, Callable[[int], None]] = {}
+        self._timers: list[tuple[float, int, Timer]] = []
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._running = True
+        self._epoll.register(self._bell, select.EPOLLIN)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def in_engine(self) -> bool:
+        """Whether the caller runs on the engine thread."""
+        return threading.current_thread() is self._thread
+
+    def watch(self, fd: int, handler: Callable[[int], None]) -> None:
+        """Call ``handler(events)`` in the engine when ``fd`` is readable or hung up."""
+        with self._lock:
+            self._handlers[fd] = handler
+            self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
+
+    def unwatch(self, fd: int) -> None:
+        """Stop watching ``fd`` (before the caller closes it)."""
+        with self._lock:
+            if self._handlers.pop(fd, None) is not None:
+                with contextlib.suppress(OSError):
+                    self._epoll.unregister(fd)
+
+    def call_at(self, deadline: float, fn: Callable[[], None]) -> Timer:
+        """Run ``fn`` in the engine at ``deadline`` (``time.monotonic()`` seconds)."""
+        timer = Timer(deadline, fn)
+        with self._lock:
+            heapq.heappush(self._timers, (deadline, next(self._seq), timer))
+            first = self._timers[0][2] is timer
+        if first and not self.in_engine():
+            self._ring()
+        return timer
+
+    def _ring(self) -> None:
+        with contextlib.suppress(OSError):
+            os.eventfd_write(self._bell, 1)
+
+    def stop(self) -> None:
+        """Stop the thread, wait for it (bounded), and release the loop's descriptors."""
+        self._running = False
+        if not self.in_engine():
+            self._ring()
+            self._thread.join(timeout=5.0)
+        self._epoll.close()
+        os.close(self._bell)
+
+    def _next_timeout(self) -> float:
+        with self._lock:
+            while self._timers and self._timers[0][2].cancelled:
+                heapq.heappop(self._timers)
+            if not self._timers:
+                return -1.0
+            return max(0.0, self._timers[0][0] - time.monotonic())
+
+    def _due(self) -> list[Timer]:
+        now = time.monotonic()
+        due: list[Timer] = []
+        with self._lock:
+            while self._timers and self._timers[0][0] <= now:
+                due.append(heapq.heappop(self._timers)[2])
+        return [t for t in due if not t.cancelled]
+
+    def _run(self) -> None:
+        while self._running:
+            try:
+                events = self._epoll.poll(self._next_timeout())
+            except OSError:
+                return  # the loop was closed under us: stop() is in progress
+            for fd, mask in events:
+                if fd == self._bell:
+                    with contextlib.suppress(OSError):
+                        os.eventfd_read(self._bell)
+                    continue
+                handler = self._handlers.get(fd)
+                if handler is not None:
+                    self._safely(handler, mask)
+            for timer in self._due():
+                self._safely(timer.fire, 0)
+
+    @staticmethod
+    def _safely(fn: Callable[[int], None], arg: int) -> None:
+        """Run one handler; a fault is logged, not allowed to end the thread."""
+        try:
+            fn(arg)
+        except Exception:  # the engine must outlive any one faulty peer or handler
+            log.exception("shm engine handler failed")

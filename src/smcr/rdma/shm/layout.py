@@ -1,0 +1,109 @@
+"""Shared-memory layouts of the shm RNIC: the MR table and the per-QP receive area.
+
+Design: everything a requester must check or fill lives in memory the responder
+shares, so an RDMA WRITE, READ or SEND costs the requester no round trip:
+
+* **MR table** (one per device, 32-byte entries, spec §6 step 3): the responder
+  publishes each remote-accessible MR's rkey, access flags, bounds, PD and a
+  generation; a requester checks the live entry before *every* access, so a
+  deregistration (which zeroes the rkey word first) revokes access at once.
+* **Receive area** (one per QP): the responder's published QP state, access
+  flags, ``min_rnr_timer``, ``max_dest_rd_atomic``, PD, expected PSN, the count
+  of posted receives and their lengths (what a requester needs for RNR and
+  length checks), and one slot per receive for the SEND payload the requester
+  copies in.  ``posted`` is written only by the responder and ``produced`` only
+  by the requester, so neither needs a lock; each side stores the counter after
+  the data it covers, which x86-64's total store order makes visible in that
+  order (a weakly ordered CPU would need a release fence here).
+
+All segments are ``memfd_create`` files: they have no name under /dev/shm, the
+kernel frees them when the last descriptor and mapping are gone (also after
+SIGKILL), and they are passed only by SCM_RIGHTS, so the 0600 mode of the
+issue holds trivially (``fchmod`` makes it explicit).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+#: rkey u32, generation u32, access u32 (bit 31: valid), pd u32, length u64, iova u64.
+#: rkey and generation come first and together: the per-WR check reads just them.
+MR_ENTRY = struct.Struct("<IIIIQQ")
+MR_KEY = struct.Struct("<II")
+MR_VALID = 1 << 31
+MR_TABLE_HEADER = 64
+
+#: state, access, min_rnr_timer, max_dest_rd_atomic, pd, depth, slot_size, epsn,
+#: posted u64, produced u64.
+AREA_HEADER = struct.Struct("<IIIIIIIIQQ")
+AREA_FIELDS = struct.Struct("<IIIIIII")
+AREA_HEADER_SIZE = 64
+OFF_STATE = 0
+OFF_MIN_RNR = 8
+OFF_EPSN = 28
+OFF_POSTED = 32
+OFF_PRODUCED = 40
+U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
+
+#: Slot header: byte_len u32, kind u32, imm u32, reserved u32.
+SLOT_HEADER = struct.Struct("<IIII")
+KIND_SEND = 1
+KIND_WRITE_IMM = 2
+KIND_SEND_IMM = 3
+KIND_LEN_ERR = 4
+
+
+def new_segment(name: str, size: int) -> tuple[int, mmap.mmap]:
+    """Create a memfd of ``size`` bytes, mode 0600, and map it shared read/write.
+
+    :returns: the descriptor (kept for passing to peers) and the mapping.
+    """
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.fchmod(fd, 0o600)
+        os.ftruncate(fd, max(size, 1))
+        return fd, mmap.mmap(fd, max(size, 1), mmap.MAP_SHARED)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def map_segment(fd: int, writable: bool = True) -> mmap.mmap:
+    """Map a segment received from a peer (its whole length) and close ``fd``.
+
+    Closing at once is why a live connection holds no descriptor per MR.
+    """
+    try:
+        size = os.fstat(fd).st_size
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+    finally:
+        os.close(fd)
+
+
+def area_size(depth: int, slot_size: int) -> int:
+    """Bytes of a receive area with ``depth`` slots of ``slot_size`` payload bytes."""
+    return AREA_HEADER_SIZE + 4 * depth + depth * (SLOT_HEADER.size + slot_size)
+
+
+def lens_offset(index: int) -> int:
+    """Offset of the length word of receive ``index`` (already reduced modulo depth)."""
+    return AREA_HEADER_SIZE + 4 * index
+
+
+def slot_offset(depth: int, slot_size: int, index: int) -> int:
+    """Offset of slot ``index``'s header; its payload follows the 16-byte header."""
+    return AREA_HEADER_SIZE + 4 * depth + index * (SLOT_HEADER.size + slot_size)
+
+
+def table_offset(index: int) -> int:
+    """Offset of MR table entry ``index``."""
+    return MR_TABLE_HEADER + index * MR_ENTRY.size
+
+
+def table_size(entries: int) -> int:
+    """Bytes of an MR table with ``entries`` entries."""
+    return MR_TABLE_HEADER + entries * MR_ENTRY.size

@@ -1,0 +1,156 @@
+"""The requester's view of its responder in the shm RNIC: connection, mappings, MR look-ups.
+
+Design: everything a requester holds of one peer QP lives in one object, so
+tearing a connection down (peer death, RESET, destroy) is one ``close()`` that
+releases every mapping, the peer CQ's doorbell and the socket, and nothing
+leaks.  Peer memory is looked up lazily by rkey (the first WRITE/READ to a
+region asks the peer's rendezvous for its segment) and cached; the per-WR
+validity check against the live MR table stays in the QP's data path.
+
+The peer's shared memory is written by another process, so everything read
+from it is checked before use (area geometry at connect, entry bounds against
+the mapped size at look-up): a broken or hostile peer gets errors, not a crash.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from dataclasses import dataclass, field
+from mmap import mmap
+from typing import TYPE_CHECKING
+
+from smcr.rdma.shm import layout as lay
+from smcr.rdma.shm import rendezvous as rdv
+from smcr.rdma.verbs import AccessFlag, VerbsError
+
+if TYPE_CHECKING:
+    from smcr.rdma.shm.device import ShmDevice
+
+_REMOTE_WRITE = int(AccessFlag.REMOTE_WRITE)
+
+
+@dataclass(slots=True)
+class RemoteMr:
+    """A peer MR mapped into this process, with its table entry as looked up."""
+
+    offset: int  # of its entry in the peer's MR table
+    generation: int
+    access: int
+    pd: int
+    length: int
+    iova: int
+    mm: mmap
+    view: memoryview
+    writable: bool
+    end: int = 0  # iova + length
+    allowed: int = 0  # access, less REMOTE_WRITE when the mapping is read-only
+
+    def __post_init__(self) -> None:
+        self.end = self.iova + self.length
+        self.allowed = self.access if self.writable else self.access & ~_REMOTE_WRITE
+
+    def close(self) -> None:
+        """Unmap (the view first: an exported buffer cannot be unmapped)."""
+        self.view.release()
+        self.mm.close()
+
+
+@dataclass(slots=True)
+class PeerLink:
+    """What the requester holds of its responder: socket, mappings, CQ doorbell."""
+
+    sock: socket.socket
+    path: str
+    area: mmap
+    view: memoryview
+    table: mmap
+    bell: socket.socket  # write end of the peer's receive CQ doorbell
+    depth: int  # of the peer's receive area, checked against its size at RTR
+    slot_size: int
+    mrs: dict[int, RemoteMr] = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Release everything (mappings, doorbell, socket)."""
+        for rm in self.mrs.values():
+            rm.close()
+        self.mrs.clear()
+        self.view.release()
+        self.area.close()
+        self.table.close()
+        self.bell.close()
+        self.sock.close()
+
+    @classmethod
+    def connect(cls, device: ShmDevice, qp_num: int, gid: bytes, dst_qpn: int) -> PeerLink:
+        """Reach the peer QP through its device's rendezvous and map its area (at RTR).
+
+        :raises VerbsError: EHOSTUNREACH (no such device) or ECONNREFUSED (no such QP),
+            as a real RTR fails when the peer's address cannot be resolved; EPROTO
+            for a malformed answer.
+        """
+        if not rdv.is_shm_gid(gid):
+            raise VerbsError(errno.EHOSTUNREACH, f"{gid.hex()} is not a shm GID")
+        path = rdv.socket_path(device.directory, gid)
+        sock = rdv.connect(path)
+        try:
+            rdv.send(sock, rdv.Message(rdv.HELLO, a=qp_num, b=dst_qpn, gid=device.gid))
+            answer = rdv.receive(sock)
+            if answer is None or answer[0].kind != rdv.HELLO_OK or len(answer[1]) != 3:
+                for fd in answer[1] if answer else []:
+                    os.close(fd)
+                raise VerbsError(errno.ECONNREFUSED, f"peer QP {dst_qpn:#x} refused")
+            area_fd, bell_fd, table_fd = answer[1]
+            bell = socket.socket(fileno=bell_fd)
+            bell.setblocking(False)
+            area = lay.map_segment(area_fd)
+            table = lay.map_segment(table_fd, writable=False)
+            hdr = lay.AREA_HEADER.unpack_from(area, 0)
+            depth, slot_size = hdr[5], hdr[6]
+            if not depth or len(area) < lay.area_size(depth, slot_size):
+                area.close()
+                table.close()
+                bell.close()
+                raise VerbsError(errno.EPROTO, "peer receive area is malformed")
+        except BaseException:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        return cls(sock, path, area, memoryview(area), table, bell, depth, slot_size)
+
+    def lookup(self, rkey: int) -> RemoteMr | None:
+        """Map (again) the peer region of ``rkey``; ``None`` if it has no live one.
+
+        :raises VerbsError: EHOSTUNREACH if the peer's device does not answer.
+
+        Per WR only the table entry's (rkey, generation) words are read:
+        registration writes the rkey last and deregistration zeroes it first, so
+        while they match the bounds and flags cached here are the live ones.
+        """
+        stale = self.mrs.pop(rkey, None)
+        if stale is not None:  # deregistered, or its slot reused
+            stale.close()
+        return self._fetch(rkey)
+
+    def _fetch(self, rkey: int) -> RemoteMr | None:
+        """Ask the peer's device for the segment of ``rkey`` and map it (once per MR).
+
+        :returns: ``None`` if the peer has no such live region.
+        :raises VerbsError: EHOSTUNREACH if the peer's device does not answer."""
+        msg, fds = rdv.request(self.path, rdv.Message(rdv.GET_MR, a=rkey))
+        if msg.kind != rdv.MR_OK or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            return None
+        mm = lay.map_segment(fds[0], writable=bool(msg.c))
+        offset = lay.table_offset(msg.a)
+        e_rkey, e_gen, e_access, e_pd, e_len, e_iova = lay.MR_ENTRY.unpack_from(self.table, offset)
+        rm = RemoteMr(offset, e_gen, e_access, e_pd, e_len, e_iova, mm, memoryview(mm),
+                      bool(msg.c))  # fmt: skip
+        bad = e_iova + e_len > 1 << 64 or e_len > len(mm)
+        if e_rkey != rkey or e_gen != msg.b or not e_access & lay.MR_VALID or bad:
+            rm.close()  # deregistered between the answer and now
+            return None
+        self.mrs[rkey] = rm
+        return rm

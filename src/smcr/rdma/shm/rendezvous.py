@@ -1,0 +1,214 @@
+"""How shm devices find each other: a private directory of unix sockets named by GID.
+
+Design decisions:
+
+* **The GID names the rendezvous.**  A shm GID is ``fd73:6d63:7273:686d::/64``
+  (ULA prefix ``fd`` then ASCII "smcrshm") followed by a random 64-bit device id;
+  the device listens on ``<dir>/<gid hex>.sock``.  So a QP given a peer GID by
+  CLC (as SMC-R does) reaches the peer's device with no registry.
+* **A filesystem path, not an abstract socket**: abstract unix sockets are per
+  network namespace, a path works between processes in different namespaces
+  of one host (they share the mount namespace).
+* **A private directory**: ``/run/smcr`` for root, ``$XDG_RUNTIME_DIR/smcr`` or
+  ``<tmp>/smcr-<uid>`` otherwise, created 0700 and refused if it is a symlink,
+  owned by someone else or open to others, so nobody can pre-create or squat
+  a rendezvous.
+* **Stale sockets** of dead processes (SIGKILL leaves the file) are found by a
+  refused connect and removed when a device opens.
+* **SOCK_SEQPACKET** keeps message boundaries, so a message is one ``recvmsg``
+  carrying its descriptors (SCM_RIGHTS); EOF/HUP on it is how a peer's death
+  shows, even after SIGKILL, because the kernel closes the dead process's end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import socket
+import stat
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from smcr.rdma.verbs import GID_LEN, VerbsError
+
+GID_PREFIX = b"\xfdsmcrshm"
+MAGIC = b"SMCR"
+
+#: magic, kind, a, b, c, d, gid: one fixed layout for every control message.
+MESSAGE = struct.Struct("<4sB3xIIII16s")
+MAX_FDS = 4
+
+HELLO = 1  # a = src qpn, b = dst qpn, gid = src gid
+HELLO_OK = 2  # fds: receive area, recv CQ doorbell (write end), MR table
+GET_MR = 3  # a = rkey
+MR_OK = 4  # a = table index, b = generation, c = 1 if writable; fd: the MR segment
+NACK = 5  # a = errno
+QP_ERR = 6  # the requester NAKed with a class-C error: move your QP to ERR (spec §5.3)
+
+CONNECT_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One decoded control message with the descriptors that came with it."""
+
+    kind: int
+    a: int = 0
+    b: int = 0
+    c: int = 0
+    d: int = 0
+    gid: bytes = bytes(GID_LEN)
+
+
+def default_directory() -> Path:
+    """The per-user rendezvous directory (see the module docstring for why these)."""
+    if env := os.environ.get("SMCR_SHM_DIR"):
+        return Path(env)
+    uid = os.getuid()
+    if uid == 0:
+        return Path("/run/smcr")
+    if xdg := os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(xdg) / "smcr"
+    return Path(tempfile.gettempdir()) / f"smcr-{uid}"
+
+
+def ensure_private_directory(path: Path) -> Path:
+    """Create ``path`` 0700 if missing; refuse one we do not own alone.
+
+    :raises VerbsError: EPERM if it is a symlink, not a directory, owned by
+        another user or accessible to group/others.
+    """
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700, parents=False)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise VerbsError(errno.EPERM, f"{path} is not a private directory of uid {os.getuid()}")
+    return path
+
+
+def new_gid() -> bytes:
+    """A fresh shm GID: the fixed prefix and 64 random bits."""
+    return GID_PREFIX + secrets.token_bytes(8)
+
+
+def is_shm_gid(gid: bytes) -> bool:
+    """Whether ``gid`` belongs to a shm device (and so names a rendezvous)."""
+    return len(gid) == GID_LEN and gid.startswith(GID_PREFIX)
+
+
+def socket_path(directory: Path, gid: bytes) -> str:
+    """The rendezvous path of the device with ``gid``."""
+    path = str(directory / f"{gid.hex()}.sock")
+    if len(path.encode()) >= 108:
+        raise VerbsError(errno.ENAMETOOLONG, f"rendezvous path too long: {path}")
+    return path
+
+
+def remove_stale(directory: Path) -> int:
+    """Unlink socket files nobody listens on any more (their process died).
+
+    :returns: how many were removed.
+    """
+    removed = 0
+    for entry in directory.glob("*.sock"):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        probe.settimeout(0.2)
+        try:
+            probe.connect(str(entry))
+        except ConnectionRefusedError:
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+                removed += 1
+        except OSError:
+            pass
+        finally:
+            probe.close()
+    return removed
+
+
+def listen(path: str) -> socket.socket:
+    """Bind and listen on ``path`` (mode 0600, non-blocking for the engine)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        old = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        sock.listen(64)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def connect(path: str, timeout: float = CONNECT_TIMEOUT) -> socket.socket:
+    """Connect to a rendezvous; the socket is blocking with ``timeout``.
+
+    :raises VerbsError: EHOSTUNREACH when no device listens there.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        sock.close()
+        raise VerbsError(errno.EHOSTUNREACH, f"no shm device at {path}") from exc
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def send(sock: socket.socket, msg: Message, fds: list[int] | None = None) -> None:
+    """Send one control message, with descriptors if given."""
+    data = MESSAGE.pack(MAGIC, msg.kind, msg.a, msg.b, msg.c, msg.d, msg.gid)
+    if fds:
+        socket.send_fds(sock, [data], fds)
+    else:
+        sock.send(data)
+
+
+def receive(sock: socket.socket) -> tuple[Message, list[int]] | None:
+    """Receive one control message; ``None`` on EOF (the peer closed or died).
+
+    Descriptors of a malformed message are closed, never leaked.
+
+    :raises VerbsError: EPROTO for a message that is not ours.
+    """
+    data, fds, _flags, _addr = socket.recv_fds(sock, MESSAGE.size, MAX_FDS)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None
+    if len(data) != MESSAGE.size or data[:4] != MAGIC:
+        for fd in fds:
+            os.close(fd)
+        raise VerbsError(errno.EPROTO, "malformed shm control message")
+    _magic, kind, a, b, c, d, gid = MESSAGE.unpack(data)
+    return Message(kind, a, b, c, d, gid), fds
+
+
+def request(path: str, msg: Message, timeout: float = CONNECT_TIMEOUT) -> tuple[Message, list[int]]:
+    """One request/answer exchange on a fresh connection (used for MR look-ups).
+
+    :raises VerbsError: EHOSTUNREACH if the device is gone or does not answer.
+    """
+    sock = connect(path, timeout)
+    try:
+        send(sock, msg)
+        answer = receive(sock)
+    except OSError as exc:
+        raise VerbsError(errno.EHOSTUNREACH, f"shm device at {path} did not answer") from exc
+    finally:
+        sock.close()
+    if answer is None:
+        raise VerbsError(errno.EHOSTUNREACH, f"shm device at {path} hung up")
+    return answer
