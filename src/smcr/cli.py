@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from smcr import __version__
 from smcr.wire.decline import describe
@@ -28,6 +29,16 @@ def _cmd_decline(args: argparse.Namespace) -> int:
     return status
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """The main job (see the README): today, the wire-level capture demo."""
+    from rich.console import Console  # noqa: PLC0415 - keep `smcr decline` light
+
+    from smcr.tools import wiredemo  # noqa: PLC0415
+
+    out = Path(args.out) if args.out else None
+    return wiredemo.run(out, Console())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``smcr`` command."""
     parser = argparse.ArgumentParser(prog="smcr", description=__doc__.splitlines()[0])
@@ -36,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     decline = sub.add_parser("decline", help="explain SMC decline / fallback reason codes")
     decline.add_argument("codes", nargs="+", metavar="CODE", help="hex code, e.g. 0x03010000")
     decline.set_defaults(func=_cmd_decline)
+    demo = sub.add_parser("demo", help="show smcr at work (see the README)")
+    demo.add_argument("--capture", action="store_true",
+                      help="the wire-level demo: an SMC-R conversation decoded by tshark")
+    demo.add_argument("--out", metavar="DIR",
+                      help="where to write the capture (default: a new private temp dir)")
+    demo.set_defaults(func=_cmd_demo)
     return parser
 
 

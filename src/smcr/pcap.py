@@ -6,8 +6,8 @@ traffic.  :class:`PcapWriter` is the classic libpcap format (microsecond
 timestamps, Ethernet link type); :class:`TcpFlow` turns CLC messages into the
 segments of a TCP connection (with the SMC option in SYN and SYN-ACK), so that
 Wireshark's SMC heuristic, which looks at TCP payloads, finds them.
-RoCEv2 frames are built by :func:`roce_frame` from the bytes that follow the
-UDP header (see :mod:`smcr.wire.roce`).
+:func:`roce_frame` puts a :class:`~smcr.wire.roce_packet.RocePacket` into a
+frame with its ICRC.
 
 Files are created with :func:`open` mode ``"xb"`` by default: we never write
 through a path that someone else pre-created (smc-tools once had a predictable
@@ -24,11 +24,11 @@ from types import TracebackType
 from typing import BinaryIO
 
 from smcr.wire import inet
+from smcr.wire.roce_packet import RocePacket, build_ipv4_udp_roce_frame
 from smcr.wire.tcpopt import build_smc_option
 
 PCAP_MAGIC = 0xA1B2C3D4
 LINKTYPE_ETHERNET = 1
-ROCEV2_PORT = 4791
 
 _GLOBAL = struct.Struct("<IHHiIII")
 _RECORD = struct.Struct("<IIII")
@@ -95,15 +95,14 @@ def ipv4_frame(src: Endpoint, dst: Endpoint, protocol: int, l4: bytes, *, ttl: i
     return inet.ethernet_frame(src.mac, dst.mac, inet.ETH_P_IP, ip + l4)
 
 
-def roce_frame(src: Endpoint, dst: Endpoint, roce: bytes, *, ttl: int = 1) -> bytes:
-    """A RoCEv2 frame: ``roce`` is BTH through ICRC, already complete.
+def roce_frame(src: Endpoint, dst: Endpoint, packet: RocePacket, *, ttl: int = 1) -> bytes:
+    """Ethernet + a RoCEv2 datagram (UDP to 4791 from ``src.port``) with its ICRC.
 
-    The ICRC covers the IP and UDP headers built here with ID 0, DF, UDP
-    checksum 0 (and TOS/TTL masked), so a caller computes it with the same
-    defaults (:mod:`smcr.wire.roce`).  TTL 1 is what Linux SMC-R uses.
+    IPv4 ID 0, DF and UDP checksum 0 as rxe sends them; TTL 1 is what Linux
+    SMC-R uses (spec rocev2 §1.4).
     """
-    udp = inet.udp_header(src.port, ROCEV2_PORT, len(roce))
-    return ipv4_frame(src, dst, inet.IPPROTO_UDP, udp + roce, ttl=ttl)
+    datagram = build_ipv4_udp_roce_frame(packet, src.ip, dst.ip, src.port, ttl=ttl)
+    return inet.ethernet_frame(src.mac, dst.mac, inet.ETH_P_IP, datagram)
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Tools behind the ``smcr`` command that are not part of the protocol stack."""
