@@ -58,7 +58,7 @@ def run(out_dir: Path | None, console: Console) -> int:
     try:
         writer = PcapWriter(pcap)
     except FileExistsError:
-        console.print(f"[red]{pcap} exists already; not overwriting it (choose another --out)[/red]")
+        console.print(f"[red]{pcap} exists already; not overwriting it[/red] (use another --out)")
         return 1
     with writer:
         for index, item in enumerate(frames):
