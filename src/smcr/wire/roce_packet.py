@@ -101,7 +101,6 @@ from smcr.wire.roce import (
 SMCR_HOP_LIMIT: Final = 1
 
 _IPV4: Final = struct.Struct(">BBHHHBBH4s4s")
-_IPV4_WORDS: Final = struct.Struct(">10H")
 _IPV6: Final = struct.Struct(">IHBB16s16s")
 _UDP: Final = struct.Struct(">HHHH")
 _U16: Final = struct.Struct(">H")
