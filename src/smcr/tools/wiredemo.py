@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from smcr.pcap import PcapWriter
-from smcr.sample import SampleFrame, sample_conversation
+from smcr.sample import SampleFrame, WireMessage, sample_conversation
 from smcr.tools.tshark import TsharkMissingError, decode, summary_lines
 from smcr.wire.cdc import CdcMessage
 from smcr.wire.clc import decode_clc
@@ -32,6 +32,7 @@ def _round_trips(item: SampleFrame) -> bool:
     if item.message is None:
         return True
     raw = item.message.encode()
+    again: WireMessage
     if item.kind == "tcp":
         again = decode_clc(raw)
     elif raw[0] == 0xFE:
