@@ -4,7 +4,8 @@ Provider-independent pieces: :mod:`smcr.rdma.verbs` (enums, work requests,
 completions, attributes, with libibverbs names and values),
 :mod:`smcr.rdma.qpstate` (the RC state table) and :mod:`smcr.rdma.base`
 (device, PD, MR, CQ and QP bookkeeping).  Providers: :mod:`smcr.rdma.shm`
-(same host, shared memory); a user-space RoCEv2 RNIC follows.
+(same host, shared memory) and :mod:`smcr.rdma.roce` (across hosts, RoCEv2
+over UDP, wire-compatible with Linux rxe).
 """
 
 from smcr.rdma.base import (

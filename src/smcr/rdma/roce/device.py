@@ -1,0 +1,433 @@
+"""The RoCEv2 RNIC: a user-space counterpart of Linux rxe, one per interface address.
+
+Design decisions (the why of each):
+
+* **One device per (interface, address)**, GID ``::ffff:a.b.c.d`` or the IPv6
+  address, MAC and active MTU from the interface (:mod:`smcr.rdma.roce.netif`).
+  A loopback address other than 127.0.0.1 (e.g. 127.0.0.2) is accepted too, so
+  two RNICs in one namespace can talk over ``lo`` with distinct flows.
+* **Port 4791 shared, without privileges**: every socket bound to it sets
+  ``SO_REUSEPORT``; each QP receives on its own connected socket (see
+  :mod:`smcr.rdma.roce.qp`), and the device keeps one unconnected socket as
+  the catch-all for packets of flows no connected socket claims (a peer that
+  uses another source port, as rxe before 5.17 does).  Whatever socket a
+  packet arrives on, it is dispatched by BTH DestQP among all QPs of this
+  process (QPNs are unique per process).
+* **One progress thread per device** (the shm RNIC's epoll
+  :class:`~smcr.rdma.shm.engine.Engine`): it sleeps in ``epoll_wait`` until a
+  socket is readable or a timer is due, so an idle RNIC costs no CPU; a
+  readable socket is drained up to :data:`BATCH` reads (each may hold many
+  packets with UDP GRO), then each QP of the batch sends its one coalesced ACK.
+* **ICRC**: generated on every packet; checked on every packet received
+  (IPv4: ID 0 first, then ID recovery, spec §4.4 option (c); IPv6: exactly).
+  A bad packet is dropped silently and counted, as rxe does.
+* **Memory**: MRs are process memory; a responder finds them through the
+  device's rkey table and checks PD, access and bounds before any byte moves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import secrets
+import socket
+import struct
+import threading
+import time
+from typing import Final
+
+from smcr.rdma.base import (
+    CompletionQueue,
+    Device,
+    KeyAllocator,
+    MemoryRegion,
+    ProtectionDomain,
+)
+from smcr.rdma.roce import netif
+from smcr.rdma.roce.fastpath import U24, IcrcV4, IcrcV6, flow_icrc
+from smcr.rdma.roce.qp import RoceQp
+from smcr.rdma.shm.engine import Engine
+from smcr.rdma.verbs import REMOTE_ACCESS, AccessFlag, DeviceAttr, QpCap, VerbsError
+from smcr.wire.roce import ROCEV2_UDP_PORT
+
+#: Datagrams read from one socket before the batch's ACKs go out.
+BATCH: Final = 64
+#: Socket buffer sizes asked for (granted up to rmem_max/wmem_max, or forced as root).
+RCVBUF: Final = 4 << 20
+SNDBUF: Final = 4 << 20
+IP_PMTUDISC_DO: Final = 2
+# Linux values the typeshed stubs lack
+IP_MTU_DISCOVER: Final = 10
+SO_RCVBUFFORCE: Final = 33
+SO_SNDBUFFORCE: Final = 32
+IPV6_MTU_DISCOVER: Final = 23
+UDP_NO_CHECK6_RX: Final = 102
+IPV6_AUTOFLOWLABEL: Final = 70
+IOVA_BASE: Final = 0x0000_7F00_0000_0000
+PAGE: Final = 4096
+MAX_DATAGRAM: Final = 65536
+SOL_UDP: Final = 17
+UDP_GRO: Final = 104
+_GRO_SIZE: Final = struct.Struct("i")
+_DQP: Final = struct.Struct(">I")
+#: Every QP of this process, by QPN (unique process-wide): a packet is handed to
+#: the QP its DestQP names whichever of our sockets the kernel chose, which
+#: matters when two QPs' flows have the same 4-tuple (two RNICs on one address).
+_PROCESS_QPS: dict[int, RoceQp] = {}
+_PROCESS_LOCK = threading.Lock()
+
+
+class RoceDevice(Device):
+    """A RoCEv2 RNIC bound to one interface address (see the module docstring).
+
+    :param address: the IPv4 address; default the first address of ``ifname``.
+    :param ifname: the interface, if ``address`` is not given.
+    :param name: device name; default ``roce_<ifname>``.
+    :param verify_icrc: check the ICRC of received packets (default on).
+    :param gso: send runs of equal-sized packets with UDP GSO and receive QP flows
+        with UDP GRO (default on; a kernel without it falls back per QP).
+    """
+
+    def __init__(self, address: str | None = None, *, ifname: str | None = None,
+                 name: str | None = None, verify_icrc: bool = True,
+                 gso: bool = True) -> None:  # fmt: skip
+        info = _resolve(address, ifname)
+        attr = DeviceAttr(
+            max_qp_wr=4096, max_sge=4, max_cqe=1 << 20, max_mr=1 << 16, max_mr_size=1 << 40,
+            max_msg_sz=1 << 31, max_qp_rd_atom=16, active_mtu=info.active_mtu,
+        )  # fmt: skip
+        super().__init__(name or info.name, info.gid, info.mac, info.ifname, attr)
+        self.address = info.address
+        self.family = info.family
+        self.scope_id = info.scope_id
+        self.ip = socket.inet_pton(self.family, info.address)
+        self.info = info
+        self.verify_icrc = verify_icrc
+        self.gso = gso
+        self.keys = KeyAllocator()
+        self.stats = {"rx": 0, "rx_catchall": 0, "icrc_errors": 0, "id_recovered": 0,
+                      "unknown_qp": 0, "malformed": 0, "tx_errors": 0}  # fmt: skip
+        self._rkeys: dict[int, MemoryRegion] = {}
+        self._qps: dict[int, RoceQp] = {}  # this device's; dispatch uses the process's
+        self._pds: list[RocePd] = []
+        self._cqs: list[CompletionQueue] = []
+        self._lock = threading.Lock()
+        self._next_pd = 1
+        self._next_iova = IOVA_BASE + secrets.randbits(20) * PAGE
+        self._buf = bytearray(MAX_DATAGRAM)
+        self._view = memoryview(self._buf)
+        self.engine = Engine(f"smcr-{self.name}-progress")
+        self._closed = False
+        self.listener = self.open_socket(ROCEV2_UDP_PORT)
+        self.engine.watch(self.listener.fileno(), self._on_listener)
+
+    # --------------------------------------------------------------- objects
+
+    def alloc_pd(self) -> RocePd:
+        """A new protection domain."""
+        with self._lock:
+            pd = RocePd(self, self._next_pd)
+            self._next_pd += 1
+            self._pds.append(pd)
+        return pd
+
+    def create_cq(self, depth: int = 4096) -> CompletionQueue:
+        """A completion queue; closed with the device if not before."""
+        cq = CompletionQueue(depth)
+        self._cqs.append(cq)
+        return cq
+
+    def new_qp(self, pd: RocePd, send_cq: CompletionQueue, recv_cq: CompletionQueue,
+               cap: QpCap, sq_sig_all: bool) -> RoceQp:  # fmt: skip
+        """A QP with a fresh random 24-bit QPN (0 and 1 are reserved in IB)."""
+        with _PROCESS_LOCK:
+            while True:
+                qpn = secrets.randbits(24)
+                if qpn > 1 and qpn not in _PROCESS_QPS:
+                    break
+            qp = RoceQp(self, pd, qpn, send_cq=send_cq, recv_cq=recv_cq, cap=cap,
+                        sq_sig_all=sq_sig_all)  # fmt: skip
+            self._qps[qpn] = qp
+            _PROCESS_QPS[qpn] = qp
+        return qp
+
+    def forget_qp(self, qpn: int) -> None:
+        """Drop a destroyed QP from the dispatch table."""
+        with _PROCESS_LOCK:
+            self._qps.pop(qpn, None)
+            _PROCESS_QPS.pop(qpn, None)
+
+    def lookup_rkey(self, rkey: int) -> MemoryRegion | None:
+        """The live MR of an rkey, or None (the responder checks PD, access, bounds)."""
+        return self._rkeys.get(rkey)
+
+    def next_iova(self, length: int) -> int:
+        """A fresh page-aligned virtual address range for an MR, plus a guard page."""
+        with self._lock:
+            addr = self._next_iova
+            self._next_iova += -(-max(length, 1) // PAGE) * PAGE + PAGE
+        return addr
+
+    def publish(self, mr: MemoryRegion) -> None:
+        """Make an MR reachable by its rkey."""
+        self._rkeys[mr.rkey] = mr
+
+    def revoke(self, mr: MemoryRegion) -> None:
+        """End remote access to an MR (at once: the next packet's look-up fails)."""
+        self._rkeys.pop(mr.rkey, None)
+
+    # --------------------------------------------------------------- sockets
+
+    def open_socket(self, port: int, *, ttl: int = 64, tos: int = 0,
+                    gro: bool = False) -> socket.socket:  # fmt: skip
+        """A UDP socket bound to ``(address, port)`` with SO_REUSEPORT, DF, big buffers.
+
+        ``IP_PMTUDISC_DO`` sets DF and, on an unconnected socket, IPv4 ID 0 (spec §4.4).
+
+        :param gro: ask for UDP GRO (several same-size packets per read), if the
+            kernel has it.
+        """
+        s = socket.socket(self.family, socket.SOCK_DGRAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if self.family == socket.AF_INET:
+                s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+                s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, max(1, ttl))
+                if tos:
+                    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+            else:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                s.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, IP_PMTUDISC_DO)
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS, max(1, ttl))
+                if tos:
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tos)
+                # rxe sends UDP checksum 0, which Linux drops over IPv6 unless told (§10)
+                s.setsockopt(SOL_UDP, UDP_NO_CHECK6_RX, 1)
+                with contextlib.suppress(OSError):  # flow label 0, as rxe sends (§1.4)
+                    s.setsockopt(socket.IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 0)
+            for forced, plain, size in ((SO_RCVBUFFORCE, socket.SO_RCVBUF, RCVBUF),
+                                        (SO_SNDBUFFORCE, socket.SO_SNDBUF, SNDBUF)):
+                try:
+                    s.setsockopt(socket.SOL_SOCKET, forced, size)
+                except PermissionError:
+                    s.setsockopt(socket.SOL_SOCKET, plain, size)
+            if gro:
+                with contextlib.suppress(OSError):
+                    s.setsockopt(SOL_UDP, UDP_GRO, 1)
+            s.bind(self.sockaddr(self.address, port))
+            s.setblocking(False)
+        except OSError:
+            s.close()
+            raise
+        return s
+
+    def sockaddr(self, address: str, port: int) -> tuple[str, int] | tuple[str, int, int, int]:
+        """A socket address of this device's family (with our scope id over IPv6)."""
+        if self.family == socket.AF_INET:
+            return (address, port)
+        return (address, port, 0, self.scope_id)
+
+    def watch_qp_socket(self, qp: RoceQp, sock: socket.socket) -> None:
+        """Receive a QP's flow socket in the progress thread."""
+        self.engine.watch(sock.fileno(), lambda _ev: self._on_qp_socket(qp, sock))
+
+    def unwatch(self, sock: socket.socket) -> None:
+        """Stop receiving from ``sock`` (before it is closed)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.engine.unwatch(sock.fileno())
+
+    def _on_qp_socket(self, qp: RoceQp, sock: socket.socket) -> None:
+        """Drain a QP's connected socket: its own flow, so its ICRC parameters are known.
+
+        With UDP GRO one read may return several packets of one size (the
+        ``UDP_GRO`` control message gives it; only the last may be shorter).
+        """
+        view, stats = self._view, self.stats
+        touched: dict[int, RoceQp] = {}
+        icrc = qp.icrc_rx
+        check = icrc.check if self.verify_icrc and icrc is not None else None
+        own, lock, qp_input = qp.qp_num, qp._state_lock, qp.input
+        now = time.monotonic()
+        bufs = [view]
+        rx = recovered = bad = 0
+        foreign: list[bytes] = []
+        for _ in range(BATCH):
+            try:
+                n, anc, _flags, _addr = sock.recvmsg_into(bufs, 64)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # an ICMP error reported on the connected socket
+                continue
+            seg = (_GRO_SIZE.unpack(anc[0][2])[0] if anc else n) or n
+            with lock:  # once per read, not per packet: the poster waits at most one read
+                for off in range(0, n, seg):
+                    size = min(seg, n - off)
+                    pkt = view[off : off + size]
+                    rx += 1
+                    if size < 16 or size & 3:
+                        stats["malformed"] += 1
+                        continue
+                    if check is not None:
+                        ok = check(pkt)
+                        if ok != 1:
+                            if not ok:
+                                bad += 1
+                                continue
+                            recovered += 1
+                    if _DQP.unpack_from(pkt, 4)[0] & U24 == own:
+                        qp_input(pkt, now)
+                    else:  # another QP shares this flow (two RNICs on one address)
+                        foreign.append(bytes(pkt))
+            for raw in foreign:  # outside our lock: two progress threads, no lock order
+                self._dispatch(memoryview(raw), now, touched, qp.peer_raw)
+            foreign.clear()
+        touched[own] = qp
+        stats["rx"] += rx
+        stats["id_recovered"] += recovered
+        stats["icrc_errors"] += bad
+        for q in touched.values():
+            with q._state_lock:
+                q.after_input(now)
+
+    def _on_listener(self, _events: int) -> None:
+        """Drain the catch-all socket: packets of flows no QP socket claimed."""
+        buf, view, stats = self._buf, self._view, self.stats
+        touched: dict[int, RoceQp] = {}
+        now = time.monotonic()
+        for _ in range(BATCH):
+            try:
+                n, source = self.listener.recvfrom_into(buf)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                continue
+            stats["rx"] += 1
+            stats["rx_catchall"] += 1
+            pkt = view[:n]
+            if n < 16 or n & 3:
+                stats["malformed"] += 1
+                continue
+            src = socket.inet_pton(self.family, source[0].split("%", 1)[0])
+            if self.verify_icrc and not self._icrc_ok(flow_icrc(src, self.ip, source[1]), pkt):
+                continue
+            self._dispatch(pkt, now, touched, src)
+        for q in touched.values():
+            with q._state_lock:
+                q.after_input(now)
+
+    def _icrc_ok(self, icrc: IcrcV4 | IcrcV6, pkt: memoryview) -> bool:
+        ok = icrc.check(pkt)
+        if ok == 1:
+            return True
+        self.stats["id_recovered" if ok else "icrc_errors"] += 1
+        return bool(ok)
+
+    def _dispatch(self, pkt: memoryview, now: float, touched: dict[int, RoceQp],
+                  src: bytes) -> None:  # fmt: skip
+        """Hand a checked packet to the QP its BTH names (rxe ``hdr_check``/``check_addr``).
+
+        The IP destination must be the QP's address and the source its peer's.
+        """
+        qp = _PROCESS_QPS.get(_DQP.unpack_from(pkt, 4)[0] & U24)
+        if qp is None or qp.device.ip != self.ip or qp.peer_raw != src:
+            self.stats["unknown_qp"] += 1
+            return
+        with qp._state_lock:
+            qp.input(pkt, now)
+        touched[qp.qp_num] = qp
+
+    # ----------------------------------------------------------------- close
+
+    def close(self) -> None:
+        """Destroy every QP, MR and CQ of the device and stop its thread."""
+        if self._closed:
+            return
+        self._closed = True
+        for qp in list(self._qps.values()):
+            qp.destroy()
+        for pd in self._pds:
+            for mr in list(pd.mrs.values()):
+                mr.dereg()
+        self.engine.stop()
+        self.listener.close()
+        for cq in self._cqs:
+            cq.close()
+
+
+class RocePd(ProtectionDomain):
+    """A protection domain of a :class:`RoceDevice`."""
+
+    def __init__(self, device: RoceDevice, pd_id: int) -> None:
+        super().__init__(pd_id)
+        self.device = device
+
+    def alloc_mr(self, length: int, access: AccessFlag) -> MemoryRegion:
+        """Allocate ``length`` zeroed bytes and register them.
+
+        :raises VerbsError: EINVAL for REMOTE_WRITE without LOCAL_WRITE (as
+            ``ibv_reg_mr``) or a bad length.
+        """
+        if length <= 0 or length > self.device.attr.max_mr_size:
+            raise VerbsError(errno.EINVAL, f"MR length {length}")
+        return self.reg_mr(bytearray(length), access)
+
+    def reg_mr(self, buffer: bytearray | memoryview, access: AccessFlag) -> MemoryRegion:
+        """Register a caller's writable buffer; remote access is allowed (the responder is us).
+
+        :raises VerbsError: EINVAL for a read-only buffer or REMOTE_WRITE without LOCAL_WRITE.
+        """
+        if access & AccessFlag.REMOTE_WRITE and not access & AccessFlag.LOCAL_WRITE:
+            raise VerbsError(errno.EINVAL, "REMOTE_WRITE needs LOCAL_WRITE")
+        view = memoryview(buffer).cast("B")
+        if view.readonly:
+            raise VerbsError(errno.EINVAL, "buffer is read-only")
+        dev = self.device
+        key = dev.keys.new_key()
+        mr = MemoryRegion(self, view, addr=dev.next_iova(len(view)), key=key, access=access,
+                          on_dereg=self._dereg)  # fmt: skip
+        self.mrs[key] = mr
+        if access & REMOTE_ACCESS:
+            dev.publish(mr)
+        return mr
+
+    def _dereg(self, mr: MemoryRegion) -> None:
+        self.device.revoke(mr)
+        self.mrs.pop(mr.lkey, None)
+        self.device.keys.release(mr.lkey)
+
+    def create_qp(self, send_cq: CompletionQueue, recv_cq: CompletionQueue,
+                  cap: QpCap | None = None, *, sq_sig_all: bool = False) -> RoceQp:  # fmt: skip
+        """An RC QP in RESET.
+
+        :raises VerbsError: EINVAL for capabilities above the device's.
+        """
+        cap = cap or QpCap()
+        a = self.device.attr
+        if (max(cap.max_send_sge, cap.max_recv_sge) > a.max_sge
+                or max(cap.max_send_wr, cap.max_recv_wr) > a.max_qp_wr):  # fmt: skip
+            raise VerbsError(errno.EINVAL, f"QP capabilities {cap} above the device's")
+        return self.device.new_qp(self, send_cq, recv_cq, cap, sq_sig_all)
+
+    def dealloc(self) -> None:
+        """Free the PD.
+
+        :raises VerbsError: EBUSY while it still has memory regions.
+        """
+        if self.mrs:
+            raise VerbsError(errno.EBUSY, "PD still has memory regions")
+
+
+def _resolve(address: str | None, ifname: str | None) -> netif.RnicInfo:
+    """The interface facts of an address; extra loopback addresses (127/8) map to ``lo``."""
+    try:
+        return netif.find(address, ifname)
+    except LookupError:
+        if address is None or not address.startswith("127."):
+            raise
+    lo = netif.find(ifname="lo")
+    n = int(address.rsplit(".", 1)[1])
+    return netif.RnicInfo(
+        name=f"roce_lo_{n}", ifname="lo", address=address,
+        gid=bytes(10) + b"\xff\xff" + socket.inet_aton(address), mac=lo.mac, mtu=lo.mtu,
+        active_mtu=lo.active_mtu, operstate=lo.operstate,
+    )  # fmt: skip

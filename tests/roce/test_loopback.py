@@ -1,0 +1,230 @@
+"""The RoCEv2 RNIC in one process over loopback: 127.0.0.1 and 127.0.0.2 as two RNICs.
+
+No privileges needed: this is the "over loopback on one host when asked to"
+mode, and the quickest check that the provider presents the shm RNIC's API
+(the same calls as ``tests/rdma``) with real packets underneath.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from smcr.rdma import (
+    AccessFlag,
+    CompletionQueue,
+    MemoryRegion,
+    QpAttr,
+    QpAttrMask,
+    QpState,
+    RecvWr,
+    SendFlag,
+    SendWr,
+    Sge,
+    VerbsError,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+    WrOpcode,
+)
+from smcr.rdma.roce import RoceDevice, RocePd, RoceQp
+
+RW = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE | AccessFlag.REMOTE_READ
+SIG = SendFlag.SIGNALED
+
+
+def _port_4791_free() -> bool:
+    """Whether we may share 127.0.0.1:4791 (not if rxe's kernel socket owns it here)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            s.bind(("127.0.0.1", 4791))
+        except OSError:
+            return False
+    return True
+
+
+pytestmark = pytest.mark.skipif(not _port_4791_free(),
+                                reason="UDP port 4791 is taken here (rdma_rxe loaded?)")
+
+
+@dataclass
+class Side:
+    dev: RoceDevice
+    pd: RocePd
+    cq: CompletionQueue
+    qp: RoceQp
+    rmb: MemoryRegion
+    buf: MemoryRegion
+    psn: int
+    wcs: list[WorkCompletion] = field(default_factory=list)
+
+    def wait(self, n: int = 1, timeout: float = 3.0) -> list[WorkCompletion]:
+        out: list[WorkCompletion] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            assert left > 0, f"timed out with {out}"
+            out += self.cq.wait(left, n - len(out))
+        return out
+
+
+def make_side(address: str, psn: int, gso: bool = True) -> Side:
+    dev = RoceDevice(address, gso=gso)
+    pd = dev.alloc_pd()
+    cq = dev.create_cq()
+    qp = pd.create_qp(cq, cq)
+    return Side(dev, pd, cq, qp, pd.alloc_mr(1 << 20, RW),
+                pd.alloc_mr(1 << 20, AccessFlag.LOCAL_WRITE), psn)  # fmt: skip
+
+
+@pytest.fixture(params=[True, False], ids=["gso", "no-gso"])
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Side, Side]]:
+    gso = request.param
+    a, b = make_side("127.0.0.1", 0xFFFFF8, gso), make_side("127.0.0.2", 1234, gso)
+    for me, other in ((a, b), (b, a)):
+        me.qp.to_rts(dgid=other.dev.gid, dest_qp_num=other.qp.qp_num, rq_psn=other.psn,
+                     sq_psn=me.psn, access=RW, timeout=12, retry_cnt=3)  # fmt: skip
+    yield a, b
+    a.dev.close()
+    b.dev.close()
+
+
+def test_device_facts() -> None:
+    dev = RoceDevice("127.0.0.2")
+    try:
+        assert dev.gid == bytes(10) + b"\xff\xff" + bytes([127, 0, 0, 2])
+        assert dev.netdev == "lo" and dev.max_mtu.nbytes == 4096
+    finally:
+        dev.close()
+
+
+def test_write_send_read_over_loopback(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    data = bytes(range(256)) * 1000
+    a.buf.buf[: len(data)] = data
+    b.qp.post_recv(RecvWr(wr_id=5, sg_list=(Sge(b.buf.addr, 8192, b.buf.lkey),)))
+    a.qp.post_send([
+        SendWr(wr_id=1, opcode=WrOpcode.RDMA_WRITE, sg_list=(Sge(a.buf.addr, len(data),
+               a.buf.lkey),), remote_addr=b.rmb.addr + 3, rkey=b.rmb.rkey),  # unsignaled
+        SendWr(wr_id=2, opcode=WrOpcode.RDMA_WRITE_WITH_IMM, send_flags=SIG, imm_data=99,
+               sg_list=(Sge(a.buf.addr, 10, a.buf.lkey),), remote_addr=b.rmb.addr + 500_000,
+               rkey=b.rmb.rkey),
+    ])  # fmt: skip
+    assert [(w.wr_id, w.status) for w in a.wait()] == [(2, WcStatus.SUCCESS)]
+    assert bytes(b.rmb.buf[3 : 3 + len(data)]) == data
+    (rwc,) = b.wait()
+    assert (rwc.wr_id, rwc.opcode, rwc.byte_len, rwc.imm_data) == (
+        5, WcOpcode.RECV_RDMA_WITH_IMM, 10, 99)
+    a.qp.post_send(SendWr(wr_id=3, opcode=WrOpcode.RDMA_READ, send_flags=SIG,
+                          sg_list=(Sge(a.buf.addr + 300_000, 70_000, a.buf.lkey),),
+                          remote_addr=b.rmb.addr + 3, rkey=b.rmb.rkey))  # fmt: skip
+    assert a.wait()[0].status is WcStatus.SUCCESS
+    assert bytes(a.buf.buf[300_000:370_000]) == data[:70_000]
+    assert a.dev.stats["icrc_errors"] == b.dev.stats["icrc_errors"] == 0
+
+
+def test_rnr_then_delivery(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    a.qp.post_send(SendWr(wr_id=1, opcode=WrOpcode.SEND, send_flags=SIG,
+                          sg_list=(Sge(a.buf.addr, 44, a.buf.lkey),)))  # fmt: skip
+    time.sleep(0.05)  # min_rnr_timer 5 = 0.06 ms: a few RNR rounds happen meanwhile
+    assert a.qp.req.stats["rnr"] >= 1
+    b.qp.post_recv(RecvWr(wr_id=9, sg_list=(Sge(b.buf.addr, 64, b.buf.lkey),)))
+    assert a.wait()[0].status is WcStatus.SUCCESS
+    assert b.wait()[0].byte_len == 44
+
+
+def test_local_protection_error_and_flush(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    b.qp.post_recv(RecvWr(wr_id=1, sg_list=(Sge(b.buf.addr, 64, b.buf.lkey),)))
+    a.qp.post_send(SendWr(wr_id=7, opcode=WrOpcode.SEND, send_flags=SIG,
+                          sg_list=(Sge(a.buf.addr, 10, a.buf.lkey ^ 1),)))  # fmt: skip
+    assert a.wait()[0].status is WcStatus.LOC_PROT_ERR
+    assert a.qp.state is QpState.ERR
+    a.qp.post_send(SendWr(wr_id=8, opcode=WrOpcode.SEND, sg_list=()))
+    assert a.wait()[0].status is WcStatus.WR_FLUSH_ERR
+    b.qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
+    assert [(w.wr_id, w.status) for w in b.wait()] == [(1, WcStatus.WR_FLUSH_ERR)]
+
+
+def test_post_errors(pair: tuple[Side, Side]) -> None:
+    a, _b = pair
+    qp = a.pd.create_qp(a.cq, a.cq)
+    with pytest.raises(VerbsError) as e:
+        qp.post_send(SendWr(wr_id=1, opcode=WrOpcode.SEND))
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(VerbsError):
+        qp.post_recv(RecvWr(wr_id=1))
+    with pytest.raises(VerbsError):
+        a.qp.post_send(SendWr(wr_id=1, opcode=WrOpcode.ATOMIC_FETCH_AND_ADD))
+    with pytest.raises(VerbsError):  # an IPv6 GID on an IPv4 RNIC
+        qp.to_rts(dgid=b"\xfe\x80" + bytes(14), dest_qp_num=5, rq_psn=0, sq_psn=0, access=RW)
+
+
+def test_peer_gone_retry_exceeded(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    b.qp.destroy()
+    t0 = time.monotonic()
+    a.qp.post_send(SendWr(wr_id=1, opcode=WrOpcode.RDMA_WRITE, send_flags=SIG,
+                          sg_list=(Sge(a.buf.addr, 10, a.buf.lkey),),
+                          remote_addr=b.rmb.addr, rkey=b.rmb.rkey))  # fmt: skip
+    assert a.wait()[0].status is WcStatus.RETRY_EXC_ERR
+    assert time.monotonic() - t0 < 4 * 0.0168 + 0.3
+
+
+@pytest.mark.skipif(not socket.has_ipv6 or not Path("/proc/net/if_inet6").exists(),
+                    reason="no IPv6")  # fmt: skip
+def test_ipv6_two_rnics_on_one_address() -> None:
+    """Two RNICs on ::1: both QPs' flows have the same 4-tuple, dispatch goes by DestQP."""
+    a, b = make_side("::1", 10), make_side("::1", 20)
+    try:
+        for me, other in ((a, b), (b, a)):
+            me.qp.to_rts(dgid=other.dev.gid, dest_qp_num=other.qp.qp_num, rq_psn=other.psn,
+                         sq_psn=me.psn, access=RW, timeout=12)  # fmt: skip
+        data = bytes(range(256)) * 100
+        a.buf.buf[: len(data)] = data
+        b.qp.post_recv(RecvWr(wr_id=1, sg_list=(Sge(b.buf.addr, 64, b.buf.lkey),)))
+        a.qp.post_send([
+            SendWr(wr_id=1, opcode=WrOpcode.RDMA_WRITE, sg_list=(Sge(a.buf.addr, len(data),
+                   a.buf.lkey),), remote_addr=b.rmb.addr, rkey=b.rmb.rkey),
+            SendWr(wr_id=2, opcode=WrOpcode.SEND, send_flags=SIG,
+                   sg_list=(Sge(a.buf.addr, 50, a.buf.lkey),)),
+        ])  # fmt: skip
+        assert a.wait()[0].status is WcStatus.SUCCESS
+        assert b.wait()[0].byte_len == 50
+        assert bytes(b.rmb.buf[: len(data)]) == data
+        assert a.dev.stats["icrc_errors"] == b.dev.stats["icrc_errors"] == 0
+    finally:
+        a.dev.close()
+        b.dev.close()
+
+
+def test_idle_rnic_costs_no_cpu(pair: tuple[Side, Side]) -> None:
+    """The progress threads sleep in epoll when nothing happens: they never spin."""
+    a, b = pair
+    a.qp.post_send(SendWr(wr_id=1, opcode=WrOpcode.RDMA_WRITE, send_flags=SIG,
+                          sg_list=(Sge(a.buf.addr, 10, a.buf.lkey),),
+                          remote_addr=b.rmb.addr, rkey=b.rmb.rkey))  # fmt: skip
+    assert a.wait()[0].status is WcStatus.SUCCESS
+    cpu, wall = time.process_time(), time.monotonic()
+    time.sleep(0.5)
+    assert time.process_time() - cpu < 0.05 * (time.monotonic() - wall)
+
+
+def test_local_fault_completes_in_posting_order(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    good = SendWr(wr_id=1, opcode=WrOpcode.RDMA_WRITE, sg_list=(Sge(a.buf.addr, 10,
+                  a.buf.lkey),), remote_addr=b.rmb.addr, rkey=b.rmb.rkey)  # fmt: skip
+    bad = SendWr(wr_id=2, opcode=WrOpcode.RDMA_WRITE,
+                 sg_list=(Sge(a.buf.addr - 1, 10, a.buf.lkey),))  # below the MR
+    later = SendWr(wr_id=3, opcode=WrOpcode.SEND, sg_list=())
+    a.qp.post_send([good, bad, later])  # 1 is sent at once, but not ACKed yet: flushed
+    assert [(w.wr_id, w.status) for w in a.wait(3)] == [
+        (1, WcStatus.WR_FLUSH_ERR), (2, WcStatus.LOC_PROT_ERR), (3, WcStatus.WR_FLUSH_ERR)]
