@@ -7,4 +7,16 @@ RDMA WRITE into the peer's receive buffer, over software RNICs.
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from smcr.socket import SmcInfo, SMCSocket, create_connection, create_server
+from smcr.wire.decline import DeclineCode
+from smcr.wire.errors import WireError
+
+__all__ = [
+    "DeclineCode",
+    "SMCSocket",
+    "SmcInfo",
+    "WireError",
+    "__version__",
+    "create_connection",
+    "create_server",
+]

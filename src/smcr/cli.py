@@ -30,13 +30,27 @@ def _cmd_decline(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """The main job (see the README): today, the wire-level capture demo."""
+    """The main job (see the README): an SMC-R connection between two processes;
+    ``--capture`` runs the wire-level demo (a sample conversation decoded by tshark)."""
     from rich.console import Console  # noqa: PLC0415 - keep `smcr decline` light
 
-    from smcr.tools import wiredemo  # noqa: PLC0415
+    if args.capture:
+        from smcr.tools import wiredemo  # noqa: PLC0415
 
-    out = Path(args.out) if args.out else None
-    return wiredemo.run(out, Console())
+        out = Path(args.out) if args.out else None
+        return wiredemo.run(out, Console())
+    from smcr.tools import demo  # noqa: PLC0415
+
+    return demo.run(Console())
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """SMC-R against TCP on this host: throughput and ping-pong latency."""
+    from rich.console import Console  # noqa: PLC0415
+
+    from smcr.tools import benchcli  # noqa: PLC0415
+
+    return benchcli.run(args, Console())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,8 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--capture", action="store_true",
                       help="the wire-level demo: an SMC-R conversation decoded by tshark")
     demo.add_argument("--out", metavar="DIR",
-                      help="where to write the capture (default: a new private temp dir)")
+                      help="with --capture: where to write the capture "
+                           "(default: a new private temp dir)")
     demo.set_defaults(func=_cmd_demo)
+    bench = sub.add_parser("bench", help="SMC-R vs TCP throughput and latency on this host")
+    bench.add_argument("--json", action="store_true", help="machine-readable results")
+    bench.add_argument("--reps", type=int, default=5, help="repetitions (median; default 5)")
+    bench.add_argument("--sizes", help="comma-separated write sizes in bytes "
+                       "(default 1 KiB .. 1 MiB)")
+    bench.add_argument("--volume", type=int, default=64, help="MiB per throughput run")
+    bench.add_argument("--rounds", type=int, default=2000, help="ping-pong round trips per run")
+    bench.add_argument("--bufsize", type=int, default=0,
+                       help="SO_SNDBUF/SO_RCVBUF for SMC-R (default: smcr's 64 KiB)")
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -1,0 +1,60 @@
+"""The SMC-R protocol engine, sans-IO: fed events with ``now``, returns actions.
+
+See :mod:`smcr.core.engine` for the contract.
+"""
+
+from smcr.core.close import CloseInput, SmcState
+from smcr.core.config import Config, LocalIdentity
+from smcr.core.connection import Connection, Rmb
+from smcr.core.engine import Engine, Provider
+from smcr.core.events import (
+    Action,
+    ConnectionReset,
+    DestroyQp,
+    Event,
+    FellBack,
+    HandshakeCompleted,
+    HandshakeFailed,
+    LinkGroupTerminated,
+    LlcDropped,
+    PostSend,
+    QpToRtr,
+    QpToRts,
+    RdmaWrite,
+    ReleaseConnection,
+    SendClc,
+    ShutdownTcp,
+)
+from smcr.core.handshake import HsState
+from smcr.core.linkgroup import LinkGroup, LinkState, Role
+
+__all__ = [
+    "Action",
+    "CloseInput",
+    "Config",
+    "Connection",
+    "ConnectionReset",
+    "DestroyQp",
+    "Engine",
+    "Event",
+    "FellBack",
+    "HandshakeCompleted",
+    "HandshakeFailed",
+    "HsState",
+    "LinkGroup",
+    "LinkGroupTerminated",
+    "LinkState",
+    "LlcDropped",
+    "LocalIdentity",
+    "PostSend",
+    "Provider",
+    "QpToRtr",
+    "QpToRts",
+    "RdmaWrite",
+    "ReleaseConnection",
+    "Rmb",
+    "Role",
+    "SendClc",
+    "ShutdownTcp",
+    "SmcState",
+]

@@ -1,0 +1,358 @@
+"""One SMC-R connection's data path: cursors, CDC, flow control, urgent data.
+
+Design (Linux ``smc_tx.c``, ``smc_rx.c``, ``smc_cdc.c``; spec §4, §5):
+
+* Cursors are kept as *absolute* byte counts (Python ints never wrap); the
+  wire's ``(wrap, count)`` form is made only when a CDC is built or read.
+  A received cursor is taken only if it moves forward (``compare`` > 0), which
+  is Linux's ``smc_cdc_cursor_to_host`` rule, and checked to stay inside the
+  buffer it addresses: a peer cannot make us read or write outside a ring.
+* The send path: the application has copied ``n`` bytes into the send buffer
+  (payload never enters the engine); :meth:`Connection.flush` RDMA-WRITEs as
+  much as the peer's RMBE has room for -- split where either ring wraps -- and
+  then posts the CDC with the new producer cursor.  The send buffer space is
+  given back when that CDC's send completes (``smc_cdc_tx_handler``).
+* The receive path: the application reads from its own RMBE and reports the
+  count; a CDC with the consumer cursor goes out by Linux's
+  ``smc_tx_consumer_update`` rule (see :meth:`Connection.consumed`).
+* Close flags are sticky (spec §4) and drive :mod:`smcr.core.close`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from smcr.core.close import CloseInput, Send, SmcState, step
+from smcr.core.events import Action, PostSend, RdmaWrite, ReleaseConnection, ShutdownTcp
+from smcr.wire.cdc import CdcMessage, ConnectionStateFlags, ProducerFlags, sequence_before
+from smcr.wire.cursor import WRAP_LIMIT, Cursor, compare
+
+# The CDC layout of smcr.wire.cdc (spec §4), packed and unpacked here with plain
+# ints: the data path builds and reads one CDC per send and per receive, and
+# CdcMessage's enums and Cursor objects cost more than the rest of that path
+# (tests/core check both give the same bytes).
+CDC = struct.Struct(">BBHI2xHI2xHIBB18x")
+_PACK = CDC.pack
+
+SOCK_MIN_SNDBUF_HALF = 2304  # Linux SOCK_MIN_SNDBUF / 2 (spec §4, rule 3)
+SHUT_WR, SHUT_RDWR = 1, 2
+
+CSF = ConnectionStateFlags
+PF = ProducerFlags
+_WRITE_BLOCKED = int(PF.WRITE_BLOCKED)
+_URGENT_PENDING = int(PF.URGENT_DATA_PENDING)
+_URGENT_PRESENT = int(PF.URGENT_DATA_PRESENT)
+_UPDATE_REQUESTED = int(PF.CONSUMER_CURSOR_UPDATE_REQUESTED)
+_FAILOVER = int(PF.FAILOVER_VALIDATION)
+_CLOSED_OR_ABORT = int(CSF.PEER_CONNECTION_CLOSED | CSF.PEER_CONNECTION_ABORT)
+_ABORT = int(CSF.PEER_CONNECTION_ABORT)
+_CLOSED = int(CSF.PEER_CONNECTION_CLOSED)
+_DONE = int(CSF.PEER_DONE_WRITING)
+SIGNAL_EVERY = 16  # CDC sends between two signaled ones (see Connection.send_cdc)
+
+
+@dataclass(frozen=True, slots=True)
+class Rmb:
+    """A registered receive buffer as the peer sees it (one RMBE, index 1)."""
+
+    rkey: int
+    vaddr: int
+    size: int
+
+
+def to_cursor(absolute: int, size: int) -> Cursor:
+    """The wire cursor of an absolute byte position in a ring of ``size`` bytes."""
+    wrap, count = divmod(absolute, size)
+    return Cursor(wrap % WRAP_LIMIT, count)
+
+
+def advance_to(absolute: int, received: Cursor, size: int) -> int:
+    """Move ``absolute`` forward to a received cursor; a backward cursor is ignored."""
+    delta = compare(to_cursor(absolute, size), received, size)
+    return absolute + delta if delta > 0 else absolute
+
+
+class PeerFaultError(Exception):
+    """The peer broke the CDC protocol on this connection: abort it."""
+
+
+class Connection:
+    """One connection's cursors and close state (Linux ``struct smc_connection``)."""
+
+    def __init__(self, conn_id: int, token: int, rmb: Rmb, sndbuf_size: int) -> None:
+        self.id = conn_id
+        self.token = token
+        self.rmb = rmb
+        self.sndbuf_size = sndbuf_size
+        self.state = SmcState.INIT
+        self.qpn = 0
+        self.peer_token = 0
+        self.peer_rkey = 0
+        self.peer_vaddr = 0
+        self.peer_rmb_size = 0
+        self.next_wr_id: Callable[[], int] = lambda: 0
+        self.on_cdc_sent: Callable[[int, Connection, int], None] = lambda wr, c, n: None
+        self.unsignaled = 0
+        # tx side
+        self.tx_app = 0  # bytes the application put into the send buffer
+        self.tx_sent = 0  # bytes RDMA-written = our producer cursor
+        self.tx_fin = 0  # bytes whose CDC completed: send buffer free up to here
+        self.peer_cons = 0  # the peer's consumer cursor: its RMBE is free up to here
+        self.seq = 0
+        self.tx_flags = 0  # our connection state flags (sticky), byte 25
+        self.urg_tx_end: int | None = None  # end of an outstanding MSG_OOB write
+        # rx side
+        self.rx_prod = 0  # the peer's producer cursor
+        self.rx_cons = 0  # what the application consumed
+        self.rx_cons_sent = 0  # the consumer cursor last sent
+        self.rx_seq = 0
+        self.rx_flags = 0  # the peer's connection state flags (sticky)
+        self.peer_write_blocked = False
+        self.peer_wants_update = False
+        self.urg_rx_pos: int | None = None  # absolute position of an unread urgent byte
+        self.released = False
+        self.reset_reason = ""
+        self.stats_write_blocked = 0
+
+    # ------------------------------------------------------------ queries
+
+    def sndbuf_space(self) -> int:
+        """Bytes the application may copy into the send buffer now."""
+        return self.sndbuf_size - (self.tx_app - self.tx_fin)
+
+    def peer_space(self) -> int:
+        """Free bytes in the peer's RMBE (``smc_cdc_... peer_rmbe_space``)."""
+        return self.peer_rmb_size - (self.tx_sent - self.peer_cons)
+
+    def rx_available(self) -> int:
+        """Bytes readable from our RMBE."""
+        return self.rx_prod - self.rx_cons
+
+    def tx_pending(self) -> int:
+        """Bytes in the send buffer not yet RDMA-written (``smc_tx_prepared_sends``)."""
+        return self.tx_app - self.tx_sent
+
+    @property
+    def peer_closed(self) -> bool:
+        """The peer sent closed or abort (``smc_cdc_rxed_any_close``)."""
+        return bool(self.rx_flags & _CLOSED_OR_ABORT)
+
+    @property
+    def peer_done(self) -> bool:
+        """No more data will come from the peer (EOF after the RMBE is drained)."""
+        return bool(self.rx_flags) or self.state is SmcState.CLOSED
+
+    @property
+    def aborted(self) -> bool:
+        """The connection was reset (peer abort or link down)."""
+        return bool(self.rx_flags & _ABORT) or bool(self.reset_reason)
+
+    # ------------------------------------------------------------ tx
+
+    def written(self, n: int, out: list[Action], urgent: bool = False) -> None:
+        """The application copied ``n`` more bytes into the send buffer."""
+        self.tx_app += n
+        if urgent and n:
+            self.urg_tx_end = self.tx_app
+        self.flush(out)
+
+    def flush(self, out: list[Action], force_cdc: bool = False) -> None:
+        """RDMA WRITE what fits into the peer's RMBE, then one CDC (``smc_tx_rdma_writes``)."""
+        pending = self.tx_app - self.tx_sent
+        space = self.peer_space()
+        n = min(pending, space)
+        if n <= 0 and not force_cdc:
+            return
+        flags = 0
+        if pending and pending >= space:
+            flags = _WRITE_BLOCKED
+            self.stats_write_blocked += 1
+        if n > 0:
+            self._writes(n, out)
+        if self.urg_tx_end is not None:
+            if self.tx_sent >= self.urg_tx_end:
+                flags |= _URGENT_PRESENT
+                self.urg_tx_end = None
+            else:
+                flags |= _URGENT_PENDING
+        self.send_cdc(out, flags)
+
+    def _writes(self, n: int, out: list[Action]) -> None:
+        """At most three WRITEs: a piece ends where the send buffer or the RMBE wraps."""
+        sent, sbsize, rsize = self.tx_sent, self.sndbuf_size, self.peer_rmb_size
+        left = n
+        while left:
+            src = sent % sbsize
+            dst = sent % rsize
+            chunk = min(left, sbsize - src, rsize - dst)
+            out.append(RdmaWrite(self.qpn, self.id, src, chunk, self.peer_vaddr + dst,
+                                 self.peer_rkey))  # fmt: skip
+            sent += chunk
+            left -= chunk
+        self.tx_sent = sent
+
+    def send_cdc(self, out: list[Action], flags: int = 0) -> None:
+        """Post a CDC with both cursors (every CDC carries the consumer cursor).
+
+        Signaled only every :data:`SIGNAL_EVERY` CDCs, when a quarter of the
+        send buffer awaits confirmation, or when it carries close flags: RC
+        completes in order, so one completion frees the buffer behind all the
+        CDCs before it (Linux signals each; a completion is cheap there).
+        """
+        self.seq = seq = (self.seq + 1) & 0xFFFF
+        psize, rsize = self.peer_rmb_size, self.rmb.size
+        pwrap, pcount = divmod(self.tx_sent, psize)
+        cwrap, ccount = divmod(self.rx_cons, rsize)
+        data = _PACK(0xFE, 44, seq, self.peer_token, pwrap & 0xFFFF, pcount, cwrap & 0xFFFF,
+                     ccount, flags, self.tx_flags)  # fmt: skip
+        self.rx_cons_sent = self.rx_cons
+        self.peer_wants_update = False
+        wr_id = self.next_wr_id()
+        self.on_cdc_sent(wr_id, self, self.tx_sent)
+        self.unsignaled += 1
+        signaled = (
+            self.unsignaled >= SIGNAL_EVERY
+            or (self.tx_sent - self.tx_fin) * 4 > self.sndbuf_size
+            or bool(self.tx_flags)
+        )
+        if signaled:
+            self.unsignaled = 0
+        out.append(PostSend(self.qpn, data, wr_id, signaled))
+
+    def cdc_completed(self, tx_sent: int) -> None:
+        """The CDC announcing ``tx_sent`` went out: the send buffer is free up to there."""
+        self.tx_fin = max(self.tx_fin, tx_sent)
+
+    # ------------------------------------------------------------ rx
+
+    def consumed(self, n: int, out: list[Action], force: bool = False) -> None:
+        """The application read ``n`` bytes; maybe send the consumer cursor.
+
+        Linux ``smc_tx_consumer_update``: send when the peer asked, when forced
+        (urgent byte), or when more than ``max(RMBE/10, SOCK_MIN_SNDBUF/2)``
+        bytes are unconfirmed *and* the peer either sees at most half of the
+        RMBE free or told us it is blocked.
+        """
+        self.rx_cons += n
+        if self.state is SmcState.CLOSED or self.tx_flags & _CLOSED_OR_ABORT:
+            return
+        size = self.rmb.size
+        unconfirmed = self.rx_cons - self.rx_cons_sent
+        peer_free = size - (self.rx_prod - self.rx_cons_sent)
+        if (
+            self.peer_wants_update
+            or force
+            or (
+                unconfirmed > max(size // 10, SOCK_MIN_SNDBUF_HALF)
+                and (peer_free <= size // 2 or self.peer_write_blocked)
+            )
+        ):
+            self.peer_write_blocked = False
+            self.send_cdc(out)
+
+    def receive_cdc(self, msg: CdcMessage, out: list[Action]) -> None:
+        """Take a decoded CDC (see :meth:`receive_cdc_fields`)."""
+        p, c = msg.producer_cursor, msg.consumer_cursor
+        self.receive_cdc_fields(msg.sequence_number, p.wrap, p.count, c.wrap, c.count,
+                                int(msg.producer_flags), int(msg.connection_state_flags),
+                                out)  # fmt: skip
+
+    def receive_cdc_fields(self, seq: int, pwrap: int, pcount: int, cwrap: int, ccount: int,
+                           pflags: int, sflags: int, out: list[Action]) -> None:  # fmt: skip
+        """Take a CDC's fields (``smc_cdc_msg_recv_action``).
+
+        :raises PeerFaultError: a cursor outside a ring, or more data than our RMBE holds.
+        """
+        if pflags & _FAILOVER:
+            if sequence_before(self.rx_seq, seq):
+                raise PeerFaultError("failover validation CDC newer than the last CDC received")
+            return
+        if sequence_before(seq, self.rx_seq):
+            return  # old sequence number: dropped, as smc_cdc_rx_handler does
+        self.rx_seq = seq
+        size = self.rmb.size
+        peer_size = self.peer_rmb_size or 1  # 0: the CLC Confirm is still on its way
+        if pcount >= size or ccount >= peer_size:
+            raise PeerFaultError("CDC cursor outside the ring")
+        prod = self.rx_prod
+        held = divmod(prod, size)
+        if (pwrap, pcount) != (held[0] & 0xFFFF, held[1]):
+            prod = advance_to(prod, Cursor(pwrap, pcount), size)
+            if prod - self.rx_cons > size:
+                raise PeerFaultError("peer wrote more than our RMBE holds")
+            self.rx_prod = prod
+        cons = self.peer_cons
+        held = divmod(cons, peer_size)
+        if (cwrap, ccount) != (held[0] & 0xFFFF, held[1]):
+            cons = advance_to(cons, Cursor(cwrap, ccount), peer_size)
+            if cons > self.tx_sent:
+                raise PeerFaultError("peer consumed more than we wrote")
+            self.peer_cons = cons
+        if pflags:
+            if pflags & _URGENT_PRESENT and prod > self.rx_cons:
+                self.urg_rx_pos = prod - 1
+            if pflags & _UPDATE_REQUESTED:
+                self.peer_wants_update = True
+                self.send_cdc(out)
+        self.peer_write_blocked = bool(pflags & _WRITE_BLOCKED)
+        if self.tx_app > self.tx_sent and self.peer_space() > 0:
+            self.flush(out)
+        new_flags = sflags & ~self.rx_flags
+        if new_flags:
+            self.rx_flags |= sflags
+            self._peer_close(new_flags, out)
+
+    def _peer_close(self, new: int, out: list[Action]) -> None:
+        if new & _ABORT:
+            ev = CloseInput.PEER_ABORT_RELEASED if self.released else CloseInput.PEER_ABORT
+        elif new & _CLOSED:
+            ev = CloseInput.PEER_CLOSED_RELEASED if self.released else CloseInput.PEER_CLOSED
+        else:
+            ev = CloseInput.PEER_DONE_WRITING
+        self.close_step(ev, out)
+
+    # ------------------------------------------------------------ close
+
+    def close_step(self, ev: CloseInput, out: list[Action]) -> None:
+        """Run the close table and do what the transition says."""
+        send, new = step(self.state, ev)
+        first_close_cdc = not self.tx_flags
+        if send is Send.DONE_WRITING:
+            self.tx_flags |= _DONE
+        elif send is Send.CLOSE:
+            self.tx_flags |= _ABORT if self.rx_available() > 0 else _CLOSED
+        elif send is Send.ABORT:
+            self.tx_flags |= _ABORT
+        if send is not Send.NOTHING:
+            self.flush(out, force_cdc=True)
+            if first_close_cdc:  # Linux shuts the TCP socket down after its first close CDC
+                how = SHUT_WR if send is Send.DONE_WRITING else SHUT_RDWR
+                out.append(ShutdownTcp(self.id, how))
+        old, self.state = self.state, new
+        if new is SmcState.CLOSED and old is not SmcState.CLOSED:
+            out.append(ShutdownTcp(self.id, SHUT_RDWR))
+            if self.released:
+                out.append(ReleaseConnection(self.id))
+
+    def app_close(self, out: list[Action]) -> None:
+        """The application closed (or released) the socket (``smc_close_active``)."""
+        if self.released:
+            return
+        self.released = True
+        if self.state is SmcState.CLOSED:
+            out.append(ReleaseConnection(self.id))
+            return
+        ev = CloseInput.APP_CLOSE_PEER_CLOSED if self.peer_closed else CloseInput.APP_CLOSE
+        self.close_step(ev, out)
+
+    def app_shutdown_write(self, out: list[Action]) -> None:
+        """``shutdown(SHUT_WR)`` (``smc_close_shutdown_write``)."""
+        self.close_step(CloseInput.APP_SHUT_WR, out)
+
+    def link_down(self, reason: str, out: list[Action]) -> None:
+        """The link is gone: the connection is reset (``smc_conn_kill``)."""
+        if self.state is not SmcState.CLOSED:
+            self.reset_reason = reason
+            self.close_step(CloseInput.LINK_DOWN, out)

@@ -1,0 +1,526 @@
+"""The SMC-R protocol engine: sans-IO, one per process (STYLE §2).
+
+Inputs (each takes ``now``, monotonic seconds; the engine never reads a clock):
+``connect``/``accept``/``receive_clc`` (CLC over TCP), ``receive_wr`` (a SEND
+that arrived on a link), ``send_completed`` and ``link_failed`` (verbs
+completions), ``handle_timer``, and the application's ``data_written``,
+``data_consumed``, ``shutdown_write``, ``close``.  Each returns the actions the
+host must execute, in order; events are pulled with :meth:`Engine.next_event`,
+the next deadline with :meth:`Engine.get_timer`.
+
+Why one engine per process and not per link group (as STYLE suggests): a
+connection's handshake runs before anyone knows which link group it will use
+(the server decides), and the per-process token counter, the QPN -> link map
+and the pending completions are shared anyway.  The host serialises all calls
+(one lock); the engine is single-threaded.
+
+Resources: QPs and RMBs are made by the host.  The RMB comes in with
+``connect``/``accept``; a QP is asked for through :class:`Provider` when the
+server decides on first contact (or the client learns it), since only then is
+it known that a QP is needed.  ``new_qp`` allocates and returns numbers only:
+it does no I/O, the QP transitions are actions.
+
+ADD LINK: the shm RNIC is one device per process, so there is no second path.
+As server we never offer ADD LINK; as client we reject one (``02 2C 01 C0``,
+Linux ``smc_llc_cli_add_link_reject``) and do not wait 2 s for it after the
+first CONFIRM LINK (Linux does when max links > 1).  A Linux *client* talking
+to this server would wait those ~3 s (2 s for ADD LINK, then ~1 s for a
+Decline) unless the server sent an ADD LINK it can reject; doing so needs a
+spare QP per first contact, which the RoCE RNIC path can add (see the report).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import Protocol
+
+from smcr.core.close import SmcState
+from smcr.core.config import Config, LocalIdentity
+from smcr.core.connection import Connection, Rmb
+from smcr.core.events import (
+    Action,
+    Event,
+    FellBack,
+    HandshakeCompleted,
+    HandshakeFailed,
+    QpToRtr,
+    QpToRts,
+    SendClc,
+)
+from smcr.core.handshake import (
+    EXPECTED,
+    Decline,
+    Handshake,
+    HsState,
+    IpAddress,
+    check_proposal,
+    prefix_area,
+)
+from smcr.core.linkgroup import Link, LinkGroup, LinkState, Role
+from smcr.core.llc import LinkLayer
+from smcr.wire.clc import (
+    ClcAccept,
+    ClcConfirm,
+    ClcDecline,
+    ClcMessage,
+    ClcProposal,
+    ClcType,
+    compress_bufsize,
+)
+from smcr.wire.clc_header import EYECATCHER_SMCR
+from smcr.wire.decline import DeclineCode
+from smcr.wire.errors import WireError
+from smcr.wire.llc import (
+    ConfirmLink,
+    ConfirmRkey,
+    DeleteLinkReason,
+    DeleteRkey,
+)
+
+DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
+
+
+class Provider(Protocol):
+    """What the engine asks of its host synchronously (no I/O)."""
+
+    def new_qp(self) -> tuple[int, int]:
+        """Create an RC QP in RESET; return its QP number and initial send PSN."""
+
+
+class Engine(LinkLayer):
+    """SMC-R for one process: handshakes, link groups, connections (module docstring)."""
+
+    def __init__(self, config: Config, identity: LocalIdentity, provider: Provider) -> None:
+        self.config = config
+        self.identity = identity
+        self.provider = provider
+        self.conns: dict[int, Connection] = {}
+        self.handshakes: dict[int, Handshake] = {}
+        self.lgrs: dict[int, LinkGroup] = {}
+        self.links: dict[int, Link] = {}
+        self._cdc_pending: dict[int, deque[tuple[int, Connection, int]]] = {}
+        self._events: deque[Event] = deque()
+        self._tokens = itertools.count(1)
+        self._lgr_ids = itertools.count(1)
+        self.dropped = 0
+        self.touched: set[int] = set()
+        """Connections whose cursors or state changed since the host last cleared it."""
+        self._llc_handlers = self._llc_table()
+
+    # ================================================================= output
+
+    def next_event(self) -> Event | None:
+        """Pop the oldest event, or None."""
+        return self._events.popleft() if self._events else None
+
+    def has_events(self) -> bool:
+        """Whether :meth:`next_event` has something."""
+        return bool(self._events)
+
+    def get_timer(self) -> float | None:
+        """The earliest deadline of any handshake, LLC flow or keepalive, or None."""
+        deadlines = [hs.deadline for hs in self.handshakes.values()]
+        for lgr in self.lgrs.values():
+            if lgr.flow is not None:
+                deadlines.append(lgr.flow.deadline)
+            if lgr.idle_since is not None:
+                deadlines.append(lgr.idle_since + self._linger(lgr))
+            for link in lgr.links:
+                if link.state is LinkState.LINK_ACTIVE and self.config.testlink_time > 0:
+                    deadlines.append(
+                        link.test_deadline
+                        if link.test_deadline is not None
+                        else link.last_rx + self.config.testlink_time
+                    )
+        return min(deadlines, default=None)
+
+    # ============================================================ handshake
+
+    def connect(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float) -> list[Action]:
+        """Client: send the Proposal (``smc_connect_clc``)."""
+        ident = self.identity
+        hs = Handshake(conn, True, HsState.PROPOSAL_SENT, now + self.config.clc_wait, rmb,
+                       local_ip)  # fmt: skip
+        self.handshakes[conn] = hs
+        area = prefix_area(local_ip)
+        proposal = ClcProposal.smcr_v1(
+            ident.peer_id, ident.gid, ident.mac, outgoing_subnet=area.outgoing_subnet,
+            prefix_len=area.prefix_len, ipv6_prefixes=area.ipv6_prefixes,
+        )  # fmt: skip
+        return [SendClc(conn, proposal.encode())]
+
+    def accept(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float) -> list[Action]:
+        """Server: a TCP connection whose first bytes are the CLC eyecatcher; wait for its
+        Proposal (``smc_listen_work``)."""
+        self.handshakes[conn] = Handshake(conn, False, HsState.PROPOSAL_WAIT,
+                                          now + self.config.clc_wait, rmb, local_ip)  # fmt: skip
+        return []
+
+    def receive_clc(self, conn: int, data: bytes, now: float) -> list[Action]:
+        """Bytes from the connection's TCP socket during the handshake."""
+        out: list[Action] = []
+        hs = self.handshakes.get(conn)
+        if hs is None:
+            return out
+        hs.reader.feed(data)
+        try:
+            while conn in self.handshakes and hs.reader.buffered:
+                if (
+                    hs.client
+                    and hs.state is HsState.PROPOSAL_SENT
+                    and not EYECATCHER_SMCR.startswith(
+                        hs.reader.trailing_data[: len(EYECATCHER_SMCR)]
+                    )
+                ):
+                    # not an SMC peer at all: its bytes are the application's
+                    self._fall_back(hs, int(DeclineCode.PEERNOSMC), 0, out)
+                    break
+                msg = hs.reader.next_message(EXPECTED.get(hs.state, ClcType.DECLINE))
+                if msg is None:
+                    break
+                self._clc_message(hs, msg, now, out)
+        except Decline as exc:
+            self._decline(hs, exc.code, out)
+        except WireError as exc:
+            if exc.code is not None:
+                self._decline(hs, exc.code, out)
+            else:
+                self._fail(hs, f"malformed CLC message: {exc}", out)
+        return out
+
+    def tcp_closed(self, conn: int, now: float) -> list[Action]:
+        """The TCP connection ended (EOF or error) during the handshake."""
+        out: list[Action] = []
+        hs = self.handshakes.get(conn)
+        if hs is not None:
+            self._fail(hs, "TCP connection closed during the CLC handshake", out)
+        return out
+
+    def _clc_message(self, hs: Handshake, msg: ClcMessage, now: float, out: list[Action]) -> None:
+        if isinstance(msg, ClcDecline):
+            if hs.lgr is not None and (msg.out_of_sync or hs.first_contact):
+                self._terminate(hs.lgr, "peer declined out of sync", out)
+            self._fall_back(hs, int(DeclineCode.PEERDECL), msg.peer_diagnosis, out)
+        elif isinstance(msg, ClcAccept):
+            self._client_accept(hs, msg, now, out)
+        elif isinstance(msg, ClcProposal):
+            self._server_proposal(hs, msg, now, out)
+        elif isinstance(msg, ClcConfirm):
+            self._server_confirm(hs, msg, now, out)
+
+    def _new_conn(self, hs: Handshake, rmb: Rmb) -> Connection:
+        conn = Connection(hs.conn, next(self._tokens) & 0xFFFFFFFF or 1, rmb,
+                          self.config.sndbuf_size)  # fmt: skip
+        self.conns[hs.conn] = conn
+        hs.token = conn.token
+        if hs.lgr is not None:
+            hs.lgr.idle_since = None
+            # registered at once, as smc_conn_create does: the client's first CDC may
+            # overtake its CLC Confirm (QP vs TCP), and must find the connection
+            hs.lgr.conns[conn.token] = conn
+        return conn
+
+    def _new_lgr(self, role: Role, peer_id: bytes) -> tuple[LinkGroup, Link]:
+        lgr = LinkGroup(next(self._lgr_ids), role, peer_id)
+        qpn, psn = self.provider.new_qp()
+        link = Link(qpn, psn, lgr, link_id=1)
+        lgr.links.append(link)
+        self.lgrs[lgr.lgr_id] = lgr
+        self.links[qpn] = link
+        self._cdc_pending[qpn] = deque()
+        return lgr, link
+
+    # -- client -----------------------------------------------------------
+
+    def _client_accept(self, hs: Handshake, acc: ClcAccept, now: float, out: list[Action]) -> None:
+        """``smc_connect_rdma``: first contact builds a link group, else find the named link."""
+        hs.version = acc.version
+        hs.accept = acc
+        if hs.rmb is None:
+            raise Decline(DeclineCode.MEM, "no buffer for the connection")
+        if acc.first_contact:
+            lgr, link = self._new_lgr(Role.CLIENT, acc.peer_id)
+            link.peer_qpn, link.peer_psn, link.peer_gid, link.peer_mac = (
+                acc.qpn, acc.psn, acc.gid, acc.mac)  # fmt: skip
+            link.mtu = min(acc.qp_mtu, self.config.qp_mtu)
+            hs.lgr, hs.link, hs.first_contact = lgr, link, True
+            conn = self._new_conn(hs, hs.rmb)
+            self._attach(conn, link, acc)
+            out.append(QpToRtr(link.qpn, acc.gid, acc.qpn, acc.psn, link.mtu))
+            out.append(SendClc(hs.conn, self._confirm(hs, link).encode()))
+            hs.state = HsState.CONFIRM_LINK_WAIT
+            hs.deadline = now + self.config.llc_wait_first
+            return
+        found = self._find_client_link(acc)
+        if found is None:
+            raise Decline(DeclineCode.SYNCERR, "Accept names a link we do not have")
+        hs.lgr, hs.link = found.lgr, found
+        conn = self._new_conn(hs, hs.rmb)
+        self._attach(conn, found, acc)
+        hs.state = HsState.CLIENT_RKEY_WAIT
+        hs.deadline = now + self.config.clc_wait
+        request = ConfirmRkey(rmb_key=hs.rmb.rkey, rmb_vaddr=hs.rmb.vaddr)
+        self._start_flow(found.lgr, request, lambda ok, t: self._client_rkey_done(hs, ok, t),
+                         now, out)  # fmt: skip
+
+    def _find_client_link(self, acc: ClcAccept) -> Link | None:
+        for lgr in self.lgrs.values():
+            if lgr.role is Role.CLIENT and lgr.peer_id == acc.peer_id and not lgr.terminated:
+                link = lgr.active_link
+                if link and (link.peer_qpn, link.peer_gid, link.peer_mac) == (
+                    acc.qpn, acc.gid, acc.mac):  # fmt: skip
+                    return link
+        return None
+
+    def _client_rkey_done(self, hs: Handshake, ok: bool, now: float) -> list[Action]:
+        out: list[Action] = []
+        if self.handshakes.get(hs.conn) is not hs:
+            return out
+        if not ok:
+            self._decline(hs, DeclineCode.ERR_RTOK, out)
+            return out
+        assert hs.link is not None
+        out.append(SendClc(hs.conn, self._confirm(hs, hs.link).encode()))
+        self._complete(hs, out)
+        return out
+
+    def _confirm(self, hs: Handshake, link: Link) -> ClcConfirm:
+        assert hs.rmb is not None
+        ident = self.identity
+        return ClcConfirm(
+            version=1, first_contact=hs.first_contact, peer_id=ident.peer_id, gid=ident.gid,
+            mac=ident.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey, rmbe_alert_token=hs.token,
+            rmbe_size=compress_bufsize(hs.rmb.size), qp_mtu=link.mtu, rmb_vaddr=hs.rmb.vaddr,
+            psn=link.psn,
+        )  # fmt: skip
+
+    # -- server -----------------------------------------------------------
+
+    def _server_proposal(self, hs: Handshake, prop: ClcProposal, now: float,
+                         out: list[Action]) -> None:  # fmt: skip
+        """``smc_listen_work``: checks, then reuse a link group or make a first contact."""
+        hs.version = 2 if prop.version >= 2 else 1
+        check_proposal(prop, hs.local_ip)
+        if hs.rmb is None:
+            raise Decline(DeclineCode.MEM, "no buffer for the connection")
+        link = self._find_server_link(prop)
+        if link is None:
+            lgr, link = self._new_lgr(Role.SERVER, prop.peer_id)
+            link.peer_gid, link.peer_mac = prop.gid, prop.mac
+            hs.lgr, hs.link, hs.first_contact = lgr, link, True
+            self._new_conn(hs, hs.rmb)
+            self._send_accept(hs, now, out)
+            return
+        hs.lgr, hs.link = link.lgr, link
+        self._new_conn(hs, hs.rmb)
+        hs.state = HsState.SERVER_RKEY_WAIT
+        hs.deadline = now + self.config.clc_wait
+        request = ConfirmRkey(rmb_key=hs.rmb.rkey, rmb_vaddr=hs.rmb.vaddr)
+        self._start_flow(link.lgr, request, lambda ok, t: self._server_rkey_done(hs, ok, t),
+                         now, out)  # fmt: skip
+
+    def _find_server_link(self, prop: ClcProposal) -> Link | None:
+        """``smcr_lgr_match``: same peer, role server, active link to the same GID and MAC."""
+        for lgr in self.lgrs.values():
+            if (
+                lgr.role is Role.SERVER
+                and lgr.peer_id == prop.peer_id
+                and not lgr.terminated
+                and len(lgr.conns) < self.config.max_conns
+            ):
+                link = lgr.active_link
+                if link and (link.peer_gid, link.peer_mac) == (prop.gid, prop.mac):
+                    return link
+        return None
+
+    def _server_rkey_done(self, hs: Handshake, ok: bool, now: float) -> list[Action]:
+        out: list[Action] = []
+        if self.handshakes.get(hs.conn) is not hs:
+            return out
+        if not ok:
+            self._decline(hs, DeclineCode.ERR_REGBUF, out)
+        else:
+            self._send_accept(hs, now, out)
+        return out
+
+    def _send_accept(self, hs: Handshake, now: float, out: list[Action]) -> None:
+        assert hs.rmb is not None and hs.link is not None
+        ident, link = self.identity, hs.link
+        acc = ClcAccept(
+            version=1, first_contact=hs.first_contact, peer_id=ident.peer_id, gid=ident.gid,
+            mac=ident.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey, rmbe_alert_token=hs.token,
+            rmbe_size=compress_bufsize(hs.rmb.size), qp_mtu=self.config.qp_mtu,
+            rmb_vaddr=hs.rmb.vaddr, psn=link.psn,
+        )  # fmt: skip
+        out.append(SendClc(hs.conn, acc.encode()))
+        hs.state = HsState.CONFIRM_WAIT
+        hs.deadline = now + self.config.clc_wait
+
+    def _server_confirm(self, hs: Handshake, conf: ClcConfirm, now: float,
+                        out: list[Action]) -> None:  # fmt: skip
+        """First contact: QP up, CONFIRM LINK request; else the connection is ready."""
+        assert hs.link is not None
+        link = hs.link
+        conn = self.conns[hs.conn]
+        if conf.first_contact != hs.first_contact:
+            raise Decline(DeclineCode.SYNCERR, "Confirm's first-contact bit differs")
+        self._attach(conn, link, conf)
+        if not hs.first_contact:
+            self._complete(hs, out)
+            return
+        link.peer_qpn, link.peer_psn = conf.qpn, conf.psn
+        link.mtu = min(conf.qp_mtu, self.config.qp_mtu)
+        out.append(QpToRtr(link.qpn, link.peer_gid, conf.qpn, conf.psn, link.mtu))
+        out.append(QpToRts(link.qpn, link.psn))
+        ident = self.identity
+        request = ConfirmLink(
+            sender_mac=ident.mac, sender_gid=ident.gid, sender_qp_num=link.qpn,
+            link_num=link.link_id, link_uid=(link.lgr.lgr_id + link.link_id).to_bytes(4, "big"),
+            max_links=self.config.max_links,
+        )  # fmt: skip
+        self._post_llc(link, request, out)
+        hs.state = HsState.CONFIRM_LINK_RESP_WAIT
+        hs.deadline = now + self.config.llc_wait
+
+    # -- both ---------------------------------------------------------------
+
+    def _attach(self, conn: Connection, link: Link, peer: ClcAccept | ClcConfirm) -> None:
+        """Learn the peer's RMBE (``smcr_conn_save_peer_info``) and bind the conn to a link."""
+        conn.qpn = link.qpn
+        conn.peer_token = peer.rmbe_alert_token
+        conn.peer_rkey = peer.rmb_rkey
+        conn.peer_vaddr = peer.rmb_vaddr + (peer.rmbe_idx - 1) * peer.rmbe_size_bytes
+        conn.peer_rmb_size = peer.rmbe_size_bytes
+        conn.next_wr_id = link.next_wr_id
+        pending = self._cdc_pending[link.qpn]
+        conn.on_cdc_sent = lambda wr_id, c, n: pending.append((wr_id, c, n))
+        link.lgr.conns[conn.token] = conn
+        link.lgr.idle_since = None
+        link.lgr.peer_rkeys.add(peer.rmb_rkey)
+
+    def _complete(self, hs: Handshake, out: list[Action]) -> None:
+        del self.handshakes[hs.conn]
+        hs.state = HsState.DONE
+        conn = self.conns[hs.conn]
+        conn.state = SmcState.ACTIVE
+        assert hs.lgr is not None
+        self._events.append(HandshakeCompleted(conn=hs.conn, first_contact=hs.first_contact,
+                                               lgr_id=hs.lgr.lgr_id))  # fmt: skip
+
+    def _decline(self, hs: Handshake, code: DeclineCode, out: list[Action]) -> None:
+        """Send a Decline and fall back (``smc_connect_decline_fallback``,
+        ``smc_listen_decline``)."""
+        decline = ClcDecline.linux(code, self.identity.peer_id, version=hs.version)
+        out.append(SendClc(hs.conn, decline.encode()))
+        if hs.first_contact and hs.lgr is not None:
+            self._terminate(hs.lgr, f"first contact failed: {code.name}", out)
+        self._fall_back(hs, int(code), 0, out)
+
+    def _fall_back(self, hs: Handshake, local: int, peer: int, out: list[Action]) -> None:
+        self.handshakes.pop(hs.conn, None)
+        hs.state = HsState.FALLBACK
+        self._drop_conn(hs.conn)
+        self._events.append(FellBack(conn=hs.conn, local_code=local, peer_code=peer))
+
+    def _fail(self, hs: Handshake, reason: str, out: list[Action]) -> None:
+        self.handshakes.pop(hs.conn, None)
+        hs.state = HsState.FAILED
+        if hs.first_contact and hs.lgr is not None:
+            self._terminate(hs.lgr, reason, out)
+        self._drop_conn(hs.conn)
+        self._events.append(HandshakeFailed(conn=hs.conn, reason=reason))
+
+    def _drop_conn(self, conn_id: int) -> None:
+        conn = self.conns.pop(conn_id, None)
+        if conn is not None:
+            for lgr in self.lgrs.values():
+                lgr.conns.pop(conn.token, None)
+
+    def handshake(self, conn: int) -> Handshake | None:
+        """The running handshake of a connection (the host reads its trailing data)."""
+        return self.handshakes.get(conn)
+
+    # ================================================================ timers
+
+    def handle_timer(self, now: float) -> list[Action]:
+        """Handshake deadlines, LLC response waits, TEST LINK keepalive."""
+        out: list[Action] = []
+        for hs in list(self.handshakes.values()):
+            if now >= hs.deadline and self.handshakes.get(hs.conn) is hs:
+                self._handshake_timeout(hs, now, out)
+        for lgr in list(self.lgrs.values()):
+            flow = lgr.flow
+            if flow is not None and now >= flow.deadline:
+                lgr.flow = None
+                self._finish_flow(flow, False, now, out)
+                self._next_flow(lgr, now, out)
+            for link in list(lgr.links):
+                self._keepalive(link, now, out)
+            if (lgr.idle_since is not None and not lgr.conns and not lgr.terminated
+                    and now >= lgr.idle_since + self._linger(lgr)):  # fmt: skip
+                # smc_lgr_free_work: DELETE LINK ALL, orderly, program-initiated
+                self._delete_all(lgr, DeleteLinkReason.PROG_INIT_TERM, "link group idle", out)
+        return out
+
+    def _linger(self, lgr: LinkGroup) -> float:
+        cfg = self.config
+        return cfg.lgr_linger_server if lgr.role is Role.SERVER else cfg.lgr_linger_client
+
+    def _handshake_timeout(self, hs: Handshake, now: float, out: list[Action]) -> None:
+        if hs.state is HsState.CONFIRM_LINK_WAIT:  # smcr_clnt_conf_first_link
+            hs.state = HsState.DECLINE_WAIT
+            hs.deadline = now + DECLINE_WAIT_SHORT
+        elif hs.state in (HsState.DECLINE_WAIT, HsState.CONFIRM_LINK_RESP_WAIT):
+            self._decline(hs, DeclineCode.TIMEOUT_CL, out)
+        elif hs.state in (HsState.PROPOSAL_WAIT, HsState.PROPOSAL_SENT, HsState.CONFIRM_WAIT):
+            self._fail(hs, f"CLC timeout in state {hs.state.name}", out)
+        else:  # an LLC flow of this handshake stalled: its own timer declines
+            hs.deadline = now + self.config.llc_wait
+
+    # ============================================================ application
+
+    def data_written(self, conn: int, n: int, now: float, urgent: bool = False) -> list[Action]:
+        """The application copied ``n`` bytes into the connection's send buffer."""
+        out: list[Action] = []
+        self.conns[conn].written(n, out, urgent)
+        return out
+
+    def data_consumed(self, conn: int, n: int, now: float, force: bool = False) -> list[Action]:
+        """The application read ``n`` bytes from the RMBE."""
+        out: list[Action] = []
+        c = self.conns.get(conn)
+        if c is not None:
+            c.consumed(n, out, force)
+        return out
+
+    def shutdown_write(self, conn: int, now: float) -> list[Action]:
+        """``shutdown(SHUT_WR)``: done-writing CDC."""
+        out: list[Action] = []
+        self.conns[conn].app_shutdown_write(out)
+        return out
+
+    def close(self, conn: int, now: float) -> list[Action]:
+        """The application closed the socket (after the host waited for the send buffer)."""
+        out: list[Action] = []
+        c = self.conns.get(conn)
+        if c is not None:
+            c.app_close(out)
+        return out
+
+    def release(self, conn: int, now: float) -> list[Action]:
+        """Forget a CLOSED, released connection; announce its RMB's end (DELETE RKEY)."""
+        out: list[Action] = []
+        c = self.conns.pop(conn, None)
+        if c is None:
+            return out
+        for lgr in list(self.lgrs.values()):
+            if lgr.conns.get(c.token) is c:
+                del lgr.conns[c.token]
+                if not lgr.conns:
+                    lgr.idle_since = now
+                if not lgr.terminated and lgr.active_link is not None:
+                    request = DeleteRkey(rkeys=(c.rmb.rkey,))
+                    self._start_flow(lgr, request, lambda ok, t: [], now, out)
+        return out
+

@@ -1,0 +1,169 @@
+"""What the engine asks its host to do (actions) and what it reports (events).
+
+Actions are imperative (``PostSend``, ``RdmaWrite``), events past tense
+(``HandshakeCompleted``).  Order is a contract: the host executes actions in
+list order, so an ``RdmaWrite`` precedes the CDC ``PostSend`` that announces
+its bytes on the same QP (RC ordering, spec §8).  Payload never appears here:
+actions name offsets in the connection's send buffer, events carry no bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from smcr.wire.decline import DeclineCode
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class SendClc:
+    """Write ``data`` (one encoded CLC message) to the connection's TCP socket."""
+
+    conn: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class QpToRtr:
+    """Bring the link's QP RESET->INIT->RTR towards the peer and post its receives."""
+
+    qpn: int
+    peer_gid: bytes
+    peer_qpn: int
+    peer_psn: int
+    mtu: int
+
+
+@dataclass(frozen=True, slots=True)
+class QpToRts:
+    """Bring the link's QP RTR->RTS with our initial send PSN."""
+
+    qpn: int
+    psn: int
+
+
+@dataclass(frozen=True, slots=True)
+class PostSend:
+    """SEND one LLC or CDC message on the link's QP (signaled unless said otherwise)."""
+
+    qpn: int
+    data: bytes
+    wr_id: int
+    signaled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaWrite:
+    """RDMA WRITE ``length`` bytes at ``src_offset`` of the send buffer to the peer."""
+
+    qpn: int
+    conn: int
+    src_offset: int
+    length: int
+    remote_addr: int
+    rkey: int
+
+
+@dataclass(frozen=True, slots=True)
+class DestroyQp:
+    """Destroy the link's QP (link group gone)."""
+
+    qpn: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownTcp:
+    """Shut the connection's TCP socket down (``SHUT_WR`` or ``SHUT_RDWR``), as Linux does."""
+
+    conn: int
+    how: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseConnection:
+    """The connection reached CLOSED: its RMB and send buffer may go back to the pool."""
+
+    conn: int
+
+
+Action = SendClc | QpToRtr | QpToRts | PostSend | RdmaWrite | DestroyQp | ShutdownTcp | (
+    ReleaseConnection
+)
+
+# ----------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HandshakeCompleted:
+    """The connection runs over SMC-R."""
+
+    conn: int
+    first_contact: bool
+    lgr_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FellBack:
+    """The connection falls back to TCP: local and peer reason codes (0 when none)."""
+
+    conn: int
+    local_code: int
+    peer_code: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HandshakeFailed:
+    """The handshake broke in a way that allows no fallback (Linux ``-EPROTO``)."""
+
+    conn: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionReset:
+    """The connection was aborted (peer abort, link group gone)."""
+
+    conn: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkGroupTerminated:
+    """A link group is gone (DELETE LINK ALL, link failure, protocol violation)."""
+
+    lgr_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LlcDropped:
+    """An LLC/CDC message was dropped (counted and traced, STYLE §4)."""
+
+    qpn: int
+    reason: str
+
+
+Event = HandshakeCompleted | FellBack | HandshakeFailed | ConnectionReset | (
+    LinkGroupTerminated | LlcDropped
+)
+
+__all__ = [
+    "Action",
+    "ConnectionReset",
+    "DeclineCode",
+    "DestroyQp",
+    "Event",
+    "FellBack",
+    "HandshakeCompleted",
+    "HandshakeFailed",
+    "LinkGroupTerminated",
+    "LlcDropped",
+    "PostSend",
+    "QpToRtr",
+    "QpToRts",
+    "RdmaWrite",
+    "ReleaseConnection",
+    "SendClc",
+    "ShutdownTcp",
+]

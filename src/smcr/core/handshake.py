@@ -1,0 +1,106 @@
+"""CLC handshake state of one connection, and the CLC checks (Linux ``af_smc.c``).
+
+What smcr proposes over the shm RNIC: **SMC-Rv1 in a v2-header Proposal**
+(Linux >= 5.10 layout, byte 7 ``0x28``, 92 bytes for IPv4), answered by v1
+Accept/Confirm (68 bytes).  Why v1: the shm RNIC's GIDs are opaque 16-byte
+device ids, not IPv4-mapped RoCE v2 GIDs, and SMC-Rv2 needs a common UEID;
+SMC-Rv1 only needs the peer's GID/MAC/QPN, which is exactly what the shm
+rendezvous uses.  The v2 header is what current Linux sends for SMC-Rv1.
+
+The IP prefix area: the shm RNIC reaches only processes of this host, so the
+"same subnet" check of Linux is done on the TCP connection's local address:
+IPv4 loopback as ``127.0.0.0/8``, any other IPv4 address as a /32, IPv6 as a
+/128 (we have no portable netmask query without ioctls; same host is what
+counts).  A mismatch declines with ``DIFFPREFIX`` as Linux does.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from dataclasses import dataclass, field
+
+from smcr.core.connection import Rmb
+from smcr.core.linkgroup import Link, LinkGroup
+from smcr.wire.clc import ClcAccept, ClcProposal, ClcReader, ClcType
+from smcr.wire.clc_proposal import IpPrefixArea, Ipv6Prefix
+from smcr.wire.decline import DeclineCode
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class HsState(enum.Enum):
+    """Where a connection's handshake stands (client and server states)."""
+
+    PROPOSAL_SENT = "client: waiting for Accept"
+    CLIENT_RKEY_WAIT = "client: CONFIRM RKEY running"
+    CONFIRM_LINK_WAIT = "client: waiting for CONFIRM LINK"
+    DECLINE_WAIT = "client: waiting briefly for the server's Decline"
+    PROPOSAL_WAIT = "server: waiting for Proposal"
+    SERVER_RKEY_WAIT = "server: CONFIRM RKEY running"
+    CONFIRM_WAIT = "server: waiting for Confirm"
+    CONFIRM_LINK_RESP_WAIT = "server: waiting for CONFIRM LINK response"
+    DONE = "SMC-R"
+    FALLBACK = "TCP fallback"
+    FAILED = "failed"
+
+
+EXPECTED: dict[HsState, ClcType] = {
+    HsState.PROPOSAL_SENT: ClcType.ACCEPT,
+    HsState.PROPOSAL_WAIT: ClcType.PROPOSAL,
+    HsState.CONFIRM_WAIT: ClcType.CONFIRM,
+}
+"""The CLC message each waiting state takes (besides Decline); any other state takes
+only a Decline."""
+
+
+class Decline(Exception):  # noqa: N818 - it is an outcome, named as Linux names it
+    """A handshake step failed: send a Decline with ``code`` and fall back."""
+
+    def __init__(self, code: DeclineCode, reason: str = "") -> None:
+        super().__init__(reason or code.description)
+        self.code = code
+
+
+@dataclass(eq=False)
+class Handshake:
+    """One connection's CLC progress."""
+
+    conn: int
+    client: bool
+    state: HsState
+    deadline: float
+    rmb: Rmb | None
+    local_ip: IpAddress
+    reader: ClcReader = field(default_factory=ClcReader)
+    version: int = 2  # CLC version for a Decline we send
+    lgr: LinkGroup | None = None
+    link: Link | None = None
+    first_contact: bool = False
+    accept: ClcAccept | None = None
+    token: int = 0
+
+
+def prefix_area(ip: IpAddress) -> IpPrefixArea:
+    """The prefix area for a local address (see the module docstring)."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv4Address):
+        bits = 8 if ip.is_loopback else 32
+        net = ipaddress.IPv4Network((ip, bits), strict=False)
+        return IpPrefixArea(net.network_address, bits)
+    return IpPrefixArea(ipv6_prefixes=(Ipv6Prefix(ip, 128),))
+
+
+def check_proposal(proposal: ClcProposal, local_ip: IpAddress) -> None:
+    """The server's checks (``smc_listen_find_device`` for SMC-R v1, ``smc_clc_prfx_match``).
+
+    :raises Decline: ``NOUEID`` for an SMC-Rv2-only offer (we have no UEID),
+        ``NOSMCRDEV`` without any SMC-R offer, ``DIFFPREFIX`` on a prefix mismatch.
+    """
+    if not proposal.typev1.smcr:
+        if proposal.typev2.smcr:
+            raise Decline(DeclineCode.NOUEID, "SMC-Rv2 offered, but no UEID is configured")
+        raise Decline(DeclineCode.NOSMCRDEV, "no SMC-R type offered")
+    if proposal.prefix is None or proposal.prefix != prefix_area(local_ip):
+        raise Decline(DeclineCode.DIFFPREFIX)

@@ -1,0 +1,105 @@
+"""Link groups and links: the state the LLC flows work on (Linux ``smc_core.h``).
+
+A link group holds every SMC-R connection between two peer systems in one
+role pair (the side that was server stays server); it owns its links (RC QP
+pairs) and the connections' tokens.  smcr runs one link per group: the shm
+RNIC is one device per process, so a second link would share the same path
+(see the engine's docstring for ADD LINK).
+
+LLC concurrency (``smc_llc_flow_start``): one *local* flow at a time per link
+group -- here CONFIRM RKEY and DELETE RKEY, queued in order -- while remote
+requests are answered at once.  A response that does not fit the running
+local flow is dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from smcr.core.connection import Connection
+from smcr.core.events import Action
+from smcr.wire.llc import LlcMessage
+
+
+class LinkState(enum.Enum):
+    """Linux ``enum smc_link_state``; values as ``smcr link-show`` prints them."""
+
+    LINK_UNUSED = "LINK_UNUSED"
+    LINK_INACTIVE = "LINK_INACTIVE"
+    LINK_ACTIVATING = "LINK_ACTIVATING"
+    LINK_ACTIVE = "LINK_ACTIVE"
+
+
+class Role(enum.Enum):
+    """Link group role, as ``smcr linkgroup show`` prints it."""
+
+    SERVER = "SERV"
+    CLIENT = "CLNT"
+
+
+class LgrType(enum.Enum):
+    """Link group type (Linux ``enum smc_lgr_type``)."""
+
+    NONE = "NONE"
+    SINGLE = "SINGLE"
+
+
+@dataclass(eq=False)
+class Link:
+    """One RC QP pair of a link group (Linux ``struct smc_link``)."""
+
+    qpn: int
+    psn: int
+    lgr: LinkGroup
+    link_id: int = 0
+    state: LinkState = LinkState.LINK_ACTIVATING
+    peer_qpn: int = 0
+    peer_psn: int = 0
+    peer_gid: bytes = bytes(16)
+    peer_mac: bytes = bytes(6)
+    mtu: int = 0
+    last_rx: float = 0.0
+    test_deadline: float | None = None
+    wr_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def next_wr_id(self) -> int:
+        """A fresh per-link WR id (Linux ``smc_wr_tx_get_next_wr_id``)."""
+        return next(self.wr_ids)
+
+
+@dataclass(eq=False)
+class LocalFlow:
+    """A local LLC request waiting for its response."""
+
+    request: LlcMessage
+    on_done: Callable[[bool, float], list[Action]]
+    deadline: float = 0.0
+
+
+@dataclass(eq=False)
+class LinkGroup:
+    """Linux ``struct smc_link_group`` (one link here)."""
+
+    lgr_id: int
+    role: Role
+    peer_id: bytes
+    lgr_type: LgrType = LgrType.NONE
+    links: list[Link] = field(default_factory=list)
+    conns: dict[int, Connection] = field(default_factory=dict)  # by our alert token
+    flow: LocalFlow | None = None
+    flow_queue: deque[LocalFlow] = field(default_factory=deque)
+    peer_rkeys: set[int] = field(default_factory=set)  # confirmed peer RMBs (rtokens)
+    terminated: bool = False
+    idle_since: float | None = None  # when the last connection left
+
+    @property
+    def active_link(self) -> Link | None:
+        """The link connections use, if it is active."""
+        for link in self.links:
+            if link.state is LinkState.LINK_ACTIVE:
+                return link
+        return None

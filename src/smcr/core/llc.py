@@ -1,0 +1,352 @@
+"""The link layer of the engine: LLC flows, CDC demultiplexing, link failure.
+
+Split from :mod:`smcr.core.engine` the way Linux splits ``smc_llc.c`` and
+``smc_cdc.c`` from ``af_smc.c``: this class handles what arrives on a link
+(``smc_wr_rx_demultiplex``: byte 0 0xFE is a CDC, anything else LLC), the
+LLC requests and responses as Linux answers them, the local LLC flows (one at
+a time per link group, ``smc_llc_flow_start``), the TEST LINK keepalive, and
+the end of a link group.  :class:`~smcr.core.engine.Engine` inherits it and
+adds the CLC handshake and the application's calls.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from smcr.core.close import SmcState
+from smcr.core.config import Config, LocalIdentity
+from smcr.core.connection import CDC, Connection, PeerFaultError
+from smcr.core.events import (
+    Action,
+    ConnectionReset,
+    DestroyQp,
+    Event,
+    LinkGroupTerminated,
+    LlcDropped,
+    PostSend,
+    QpToRts,
+)
+from smcr.core.handshake import Handshake, HsState
+from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, LocalFlow, Role
+from smcr.wire.cdc import CDC_MSG_TYPE, ConnectionStateFlags
+from smcr.wire.decline import DeclineCode
+from smcr.wire.errors import WireError
+from smcr.wire.llc import (
+    LLC_FLAG_DEL_LINK_ALL,
+    LLC_FLAG_DEL_LINK_ORDERLY,
+    LLC_FLAG_NO_RMBE_EYEC,
+    LLC_FLAG_RKEY_NEG,
+    AddLink,
+    ConfirmLink,
+    ConfirmRkey,
+    DeleteLink,
+    DeleteLinkReason,
+    DeleteRkey,
+    LlcMessage,
+    LlcType,
+    TestLink,
+    decode_llc,
+)
+
+
+class LlcViolationError(Exception):
+    """The peer broke the LLC protocol: terminate the link group (reason 0x00040000)."""
+
+
+LlcHandler = Callable[[Link, LlcMessage, float, list[Action]], None]
+
+
+class LinkLayer:
+    """What happens on links (module docstring); state lives in the engine."""
+
+    config: Config
+    identity: LocalIdentity
+    _llc_handlers: dict[int, LlcHandler]
+    handshakes: dict[int, Handshake]
+    lgrs: dict[int, LinkGroup]
+    links: dict[int, Link]
+    touched: set[int]
+    dropped: int
+    _cdc_pending: dict[int, deque[tuple[int, Connection, int]]]
+    _events: deque[Event]
+
+    def _llc_table(self) -> dict[int, LlcHandler]:
+        """``msg_type -> handler`` (Linux ``smc_llc_rx_handlers`` / ``smc_llc_event_handler``)."""
+        return {
+            LlcType.CONFIRM_LINK: self._llc_confirm_link,
+            LlcType.ADD_LINK: self._llc_add_link,
+            LlcType.DELETE_LINK: self._llc_delete_link,
+            LlcType.CONFIRM_RKEY: self._llc_confirm_rkey,
+            LlcType.DELETE_RKEY: self._llc_delete_rkey,
+            LlcType.TEST_LINK: self._llc_test_link,
+            LlcType.CONFIRM_RKEY_CONT: self._llc_ignore,
+        }
+
+    # the engine's handshake steps that LLC events finish or abort
+    def _decline(self, hs: Handshake, code: DeclineCode, out: list[Action]) -> None:
+        raise NotImplementedError
+
+    def _complete(self, hs: Handshake, out: list[Action]) -> None:
+        raise NotImplementedError
+
+    # ================================================================ links
+
+    def receive_wr(self, qpn: int, data: memoryview, now: float) -> list[Action]:
+        """A SEND arrived on a link: a CDC (byte 0 0xFE) or an LLC message."""
+        out: list[Action] = []
+        link = self.links.get(qpn)
+        if link is None:
+            return out
+        link.last_rx = now
+        link.test_deadline = None
+        if data and data[0] == CDC_MSG_TYPE:
+            self._receive_cdc(link, data, out)
+            return out
+        try:
+            msg = decode_llc(data)
+        except WireError as exc:
+            self._drop(qpn, f"undecodable LLC message: {exc}")
+            return out
+        handler = self._llc_handlers.get(msg.TYPE)
+        try:
+            if handler is None:
+                raise LlcViolationError(f"LLC type 0x{msg.TYPE:02x} not handled")
+            handler(link, msg, now, out)
+        except LlcViolationError as exc:
+            self._delete_all(link.lgr, DeleteLinkReason.PROT_VIOL, str(exc), out)
+        return out
+
+    def _receive_cdc(self, link: Link, data: memoryview, out: list[Action]) -> None:
+        if len(data) != CDC.size or data[1] != CDC.size:  # smc_cdc_rx_handler drops it
+            self._drop(link.qpn, f"bad CDC: {len(data)} bytes, length byte {data[1:2].hex()}")
+            return
+        _, _, seq, token, pwrap, pcount, cwrap, ccount, pflags, sflags = CDC.unpack_from(data)
+        conn = link.lgr.conns.get(token)
+        if conn is None:
+            self._drop(link.qpn, f"CDC for unknown token {token}")
+            return
+        self.touched.add(conn.id)
+        try:
+            conn.receive_cdc_fields(seq, pwrap, pcount, cwrap, ccount, pflags & 0xF8,
+                                    sflags & 0xE0, out)  # fmt: skip
+        except PeerFaultError as exc:
+            self._abort(conn, f"peer fault: {exc}", out)
+
+    def _abort(self, conn: Connection, reason: str, out: list[Action]) -> None:
+        """Abort one connection: abort CDC, then CLOSED (``smc_conn_kill``)."""
+        if conn.state is not SmcState.CLOSED:
+            conn.tx_flags |= int(ConnectionStateFlags.PEER_CONNECTION_ABORT)
+            conn.flush(out, force_cdc=True)
+            conn.link_down(reason, out)
+        self._events.append(ConnectionReset(conn=conn.id, reason=reason))
+
+    def _drop(self, qpn: int, reason: str) -> None:
+        self.dropped += 1
+        self._events.append(LlcDropped(qpn=qpn, reason=reason))
+
+    def _post_llc(self, link: Link, msg: LlcMessage, out: list[Action]) -> None:
+        out.append(PostSend(link.qpn, msg.encode(), link.next_wr_id()))
+
+    # -- LLC handlers (``smc_llc_event_handler``, ``smc_llc_rx_response``) ------
+
+    def _llc_confirm_link(self, link: Link, msg: LlcMessage, now: float,
+                          out: list[Action]) -> None:  # fmt: skip
+        assert isinstance(msg, ConfirmLink)
+        hs = self._handshake_on(link)
+        if msg.is_response:
+            if hs is None or hs.client or hs.state is not HsState.CONFIRM_LINK_RESP_WAIT:
+                self._drop(link.qpn, "unexpected CONFIRM LINK response")
+                return
+            if not msg.flags & LLC_FLAG_NO_RMBE_EYEC:
+                self._decline(hs, DeclineCode.RMBE_EC, out)
+                return
+            self._link_up(link, now)
+            self._complete(hs, out)
+            return
+        if hs is None or not hs.client or hs.state is not HsState.CONFIRM_LINK_WAIT:
+            raise LlcViolationError("CONFIRM LINK request outside first contact")
+        if not msg.flags & LLC_FLAG_NO_RMBE_EYEC:
+            self._decline(hs, DeclineCode.RMBE_EC, out)
+            return
+        link.link_id = msg.link_num
+        out.append(QpToRts(link.qpn, link.psn))
+        ident = self.identity
+        response = ConfirmLink(
+            flags=msg.flags | 0x80 | LLC_FLAG_NO_RMBE_EYEC, sender_mac=ident.mac,
+            sender_gid=ident.gid, sender_qp_num=link.qpn, link_num=link.link_id,
+            link_uid=(link.lgr.lgr_id + link.link_id).to_bytes(4, "big"),
+            max_links=self.config.max_links,
+        )  # fmt: skip
+        self._post_llc(link, response, out)
+        self._link_up(link, now)
+        self._complete(hs, out)
+
+    def _handshake_on(self, link: Link) -> Handshake | None:
+        for hs in self.handshakes.values():
+            if hs.link is link and hs.first_contact:
+                return hs
+        return None
+
+    def _link_up(self, link: Link, now: float) -> None:
+        link.state = LinkState.LINK_ACTIVE
+        link.last_rx = now
+        link.lgr.lgr_type = LgrType.SINGLE
+
+    def _llc_add_link(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
+        assert isinstance(msg, AddLink)
+        if msg.is_response:
+            self._drop(link.qpn, "ADD LINK response without a request")
+        elif link.lgr.role is Role.CLIENT:
+            self._post_llc(link, msg.reject(), out)  # no second RNIC
+        # as server: a client's invitation; we have no second path to offer
+
+    def _llc_delete_link(self, link: Link, msg: LlcMessage, now: float,
+                         out: list[Action]) -> None:  # fmt: skip
+        assert isinstance(msg, DeleteLink)
+        lgr = link.lgr
+        if msg.is_response:
+            return
+        if msg.is_all:
+            if lgr.role is Role.SERVER:
+                self._post_llc(link, DeleteLink(flags=LLC_FLAG_DEL_LINK_ALL, reason=msg.reason),
+                               out)  # fmt: skip
+            self._terminate(lgr, f"peer deleted all links (reason 0x{msg.reason:08x})", out)
+            return
+        known = msg.link_num == link.link_id
+        self._post_llc(link, msg.response(DeleteLinkReason.OK if known else
+                                          DeleteLinkReason.NOLNK), out)  # fmt: skip
+        if known:  # our only link: nothing to fail over to
+            self._terminate(lgr, "peer deleted our only link", out)
+
+    def _llc_confirm_rkey(self, link: Link, msg: LlcMessage, now: float,
+                          out: list[Action]) -> None:  # fmt: skip
+        assert isinstance(msg, ConfirmRkey)
+        if msg.is_response:
+            self._flow_response(link.lgr, msg, not msg.flags & LLC_FLAG_RKEY_NEG, now, out)
+            return
+        link.lgr.peer_rkeys.add(msg.rmb_key)
+        self._post_llc(link, msg.response(), out)
+
+    def _llc_delete_rkey(self, link: Link, msg: LlcMessage, now: float,
+                         out: list[Action]) -> None:  # fmt: skip
+        assert isinstance(msg, DeleteRkey)
+        if msg.is_response:
+            self._flow_response(link.lgr, msg, True, now, out)
+            return
+        mask = 0
+        for i, rkey in enumerate(msg.rkeys):
+            if rkey in link.lgr.peer_rkeys:
+                link.lgr.peer_rkeys.discard(rkey)
+            else:
+                mask |= 0x80 >> i
+        self._post_llc(link, msg.response(mask), out)
+
+    def _llc_test_link(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
+        assert isinstance(msg, TestLink)
+        if not msg.is_response:
+            self._post_llc(link, msg.response(), out)
+
+    def _llc_ignore(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
+        """CONFIRM RKEY CONTINUATION: Linux never sends it and ignores it."""
+
+    # -- local flows ------------------------------------------------------------
+
+    def _start_flow(self, lgr: LinkGroup, request: LlcMessage,
+                    on_done: Callable[[bool, float], list[Action]], now: float,
+                    out: list[Action]) -> None:  # fmt: skip
+        """Queue a local LLC flow; it starts when the group's previous flow ended."""
+        lgr.flow_queue.append(LocalFlow(request, on_done))
+        self._next_flow(lgr, now, out)
+
+    def _next_flow(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
+        link = lgr.active_link
+        if lgr.flow is not None or not lgr.flow_queue or link is None:
+            return
+        flow = lgr.flow = lgr.flow_queue.popleft()
+        flow.deadline = now + self.config.llc_wait
+        self._post_llc(link, flow.request, out)
+
+    def _flow_response(self, lgr: LinkGroup, msg: LlcMessage, ok: bool, now: float,
+                       out: list[Action]) -> None:  # fmt: skip
+        flow = lgr.flow
+        if flow is None or flow.request.TYPE != msg.TYPE:
+            self._drop(lgr.links[0].qpn if lgr.links else 0, "LLC response fits no flow")
+            return
+        lgr.flow = None
+        self._finish_flow(flow, ok, now, out)
+        self._next_flow(lgr, now, out)
+
+    def _finish_flow(self, flow: LocalFlow, ok: bool, now: float, out: list[Action]) -> None:
+        out.extend(flow.on_done(ok, now))
+
+    # ================================================================ verbs
+
+    def send_completed(self, qpn: int, wr_id: int, ok: bool, now: float) -> list[Action]:
+        """A signaled send completed; CDCs free send-buffer space (``smc_cdc_tx_handler``)."""
+        out: list[Action] = []
+        if not ok:
+            return self.link_failed(qpn, "send completed with an error", now)
+        pending = self._cdc_pending.get(qpn)
+        while pending and pending[0][0] <= wr_id:
+            _, conn, tx_sent = pending.popleft()
+            conn.cdc_completed(tx_sent)
+            self.touched.add(conn.id)
+        return out
+
+    def link_failed(self, qpn: int, reason: str, now: float) -> list[Action]:
+        """The link's QP went to ERR (peer gone, flush): with one link, the group ends."""
+        out: list[Action] = []
+        link = self.links.get(qpn)
+        if link is not None and not link.lgr.terminated:
+            self._terminate(link.lgr, f"link down: {reason}", out)
+        return out
+
+    def _delete_all(self, lgr: LinkGroup, reason: int, text: str, out: list[Action]) -> None:
+        link = lgr.active_link
+        if link is not None:
+            flags = LLC_FLAG_DEL_LINK_ALL | LLC_FLAG_DEL_LINK_ORDERLY
+            self._post_llc(link, DeleteLink(flags=flags, reason=reason), out)
+        self._terminate(lgr, text, out)
+
+    def _terminate(self, lgr: LinkGroup, reason: str, out: list[Action]) -> None:
+        """End a link group: every connection is reset, every QP destroyed
+        (``smc_lgr_terminate``)."""
+        if lgr.terminated:
+            return
+        lgr.terminated = True
+        for conn in list(lgr.conns.values()):
+            self.touched.add(conn.id)
+            if conn.state is not SmcState.CLOSED:
+                conn.link_down(reason, out)
+                self._events.append(ConnectionReset(conn=conn.id, reason=reason))
+        for hs in list(self.handshakes.values()):
+            if hs.lgr is lgr and hs.state not in (HsState.DONE, HsState.FALLBACK):
+                if hs.first_contact:
+                    hs.lgr = None  # do not recurse
+                self._decline(hs, DeclineCode.NOACTLINK, out)
+        if lgr.flow is not None:
+            self._finish_flow(lgr.flow, False, 0.0, out)
+            lgr.flow = None
+        while lgr.flow_queue:
+            self._finish_flow(lgr.flow_queue.popleft(), False, 0.0, out)
+        for link in lgr.links:
+            link.state = LinkState.LINK_INACTIVE
+            self.links.pop(link.qpn, None)
+            self._cdc_pending.pop(link.qpn, None)
+            out.append(DestroyQp(link.qpn))
+        self.lgrs.pop(lgr.lgr_id, None)
+        self._events.append(LinkGroupTerminated(lgr_id=lgr.lgr_id, reason=reason))
+
+    def _keepalive(self, link: Link, now: float, out: list[Action]) -> None:
+        """``smc_llc_testlink_work``: TEST LINK after idle time, link down if unanswered."""
+        period = self.config.testlink_time
+        if period <= 0 or link.state is not LinkState.LINK_ACTIVE:
+            return
+        if link.test_deadline is not None:
+            if now >= link.test_deadline:
+                self._terminate(link.lgr, "TEST LINK not answered", out)
+        elif now >= link.last_rx + period:
+            self._post_llc(link, TestLink(), out)
+            link.test_deadline = now + self.config.llc_wait
+

@@ -1,0 +1,634 @@
+"""``SMCSocket``: a drop-in for ``socket.socket`` (stream) that speaks SMC-R.
+
+A client always proposes SMC (until TCP-option discovery exists); a listening
+socket serves SMC clients (their first bytes are the CLC eyecatcher) and plain
+TCP clients (anything else, bytes intact) alike.  After the handshake a socket
+is in one of two modes:
+
+* ``SMCR``: data goes through the runtime (:mod:`smcr.stack`): ``send`` copies
+  into the send buffer and the engine RDMA-WRITEs it into the peer's RMBE;
+  ``recv`` copies out of our own RMBE.  The TCP connection stays open, idle.
+* ``TCP``: fallback; every call goes to the TCP socket, after any bytes the
+  peer sent behind its last CLC message (they are the application's).
+
+Either way :meth:`SMCSocket.smc_info` tells how the socket is connected and the
+local/peer decline codes (what ``smcss`` prints as ``<local>/<remote>``).
+
+Deviations from ``socket.socket``: the CLC handshake runs inside ``connect``
+and ``accept`` even in non-blocking mode (it is bounded by Linux's CLC
+timeouts), as Linux's ``connect`` does for a blocking AF_SMC socket; and
+``accept`` waits up to :data:`FIRST_BYTES_WAIT` for a client's first bytes to
+tell an SMC client from a plain TCP one (no TCP option yet).
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import ipaddress
+import socket as _socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from smcr.core import FellBack, HandshakeCompleted, HandshakeFailed
+from smcr.stack.runtime import HostConn, Readiness, Stack, get_stack
+from smcr.wire.clc import uncompress_bufsize
+from smcr.wire.clc_header import EYECATCHER_SMCR
+from smcr.wire.decline import DeclineCode
+
+_DONTWAIT = int(_socket.MSG_DONTWAIT)
+_PEEK = int(_socket.MSG_PEEK)
+_WAITALL = int(_socket.MSG_WAITALL)
+_OOB = int(_socket.MSG_OOB)
+FIRST_BYTES_WAIT = 2.0
+"""Seconds ``accept`` waits for a client's first bytes before treating it as plain TCP."""
+MAX_BUFFER = 16 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class SmcInfo:
+    """How a socket is connected (``smcss`` columns)."""
+
+    mode: str  # "SMCR", "TCP" or "INIT"
+    local_code: int = 0
+    peer_code: int = 0
+    lgr_id: int = 0
+    first_contact: bool = False
+    state: str = "INIT"
+    rmb_size: int = 0
+    peer_rmb_size: int = 0
+
+    @property
+    def reason(self) -> str:
+        """``<local>/<remote>`` in hex, as ``smcss`` prints fallback reasons."""
+        return f"0x{self.local_code:08x}/0x{self.peer_code:08x}"
+
+
+def _bufsize(value: int) -> int:
+    """SO_SNDBUF/SO_RCVBUF -> buffer size as Linux rounds it (16 KiB << n >= value)."""
+    size = 16384
+    while size < value and size < MAX_BUFFER:
+        size <<= 1
+    return uncompress_bufsize(size.bit_length() - 15)
+
+
+class SMCSocket:
+    """A stream socket that uses SMC-R when the peer does (module docstring)."""
+
+    def __init__(self, family: int = _socket.AF_INET, type: int = _socket.SOCK_STREAM,
+                 proto: int = 0, *, _tcp: _socket.socket | None = None) -> None:  # fmt: skip
+        self._tcp = _tcp if _tcp is not None else _socket.socket(family, type, proto)
+        self._timeout: float | None = _socket.getdefaulttimeout()
+        if _tcp is not None:
+            self._timeout = _tcp.gettimeout()
+        self._mode = "INIT"
+        self._hc: HostConn | None = None
+        self._stack: Stack | None = None
+        self._prefix = b""
+        self._info = SmcInfo("INIT")
+        cfg = get_stack().config if _tcp is None else None
+        self._rmb_size = cfg.rmb_size if cfg else 65536
+        self._sndbuf_size = cfg.sndbuf_size if cfg else 65536
+        self._rd_shut = False
+        self._oob: int | None = None  # an urgent byte taken out of the stream, unread
+        self._oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
+        self._closed = False
+        self._io_refs = 0
+        self._rlock = threading.Lock()
+        self._wlock = threading.Lock()
+
+    # ------------------------------------------------------------ plain attributes
+
+    @property
+    def family(self) -> int:
+        """The address family."""
+        return self._tcp.family
+
+    @property
+    def type(self) -> int:
+        """``SOCK_STREAM``."""
+        return self._tcp.type
+
+    @property
+    def proto(self) -> int:
+        """The protocol number."""
+        return self._tcp.proto
+
+    def __repr__(self) -> str:
+        return f"<SMCSocket mode={self._mode} tcp={self._tcp!r}>"
+
+    def __enter__(self) -> SMCSocket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def bind(self, address: Any) -> None:
+        """Bind the TCP socket."""
+        self._tcp.bind(address)
+
+    def listen(self, backlog: int = 128) -> None:
+        """Listen: serves SMC and plain TCP clients."""
+        self._tcp.listen(backlog)
+        self._mode = "LISTEN"
+
+    def getsockname(self) -> Any:
+        """The TCP connection's local address."""
+        return self._tcp.getsockname()
+
+    def getpeername(self) -> Any:
+        """The TCP connection's peer address."""
+        return self._tcp.getpeername()
+
+    def settimeout(self, value: float | None) -> None:
+        """As ``socket.settimeout``."""
+        if value is not None and value < 0:
+            raise ValueError("Timeout value out of range")
+        self._timeout = value
+        if self._mode in ("INIT", "LISTEN", "TCP"):
+            self._tcp.settimeout(value)
+
+    def gettimeout(self) -> float | None:
+        """As ``socket.gettimeout``."""
+        return self._timeout
+
+    def setblocking(self, flag: bool) -> None:
+        """As ``socket.setblocking``."""
+        self.settimeout(None if flag else 0.0)
+
+    def getblocking(self) -> bool:
+        """As ``socket.getblocking``."""
+        return self._timeout != 0.0
+
+    def smc_info(self) -> SmcInfo:
+        """How this socket is connected: mode, decline codes, link group, state."""
+        if self._mode == "SMCR" and self._stack is not None and self._hc is not None:
+            c = self._stack.engine_conn(self._hc)
+            if c is not None:
+                return SmcInfo("SMCR", lgr_id=self._info.lgr_id,
+                               first_contact=self._info.first_contact, state=c.state.value,
+                               rmb_size=c.rmb.size, peer_rmb_size=c.peer_rmb_size)  # fmt: skip
+            return SmcInfo("SMCR", lgr_id=self._info.lgr_id, state="CLOSED")
+        return self._info
+
+    @property
+    def using_smc(self) -> bool:
+        """Whether the connection runs over SMC-R."""
+        return self._mode == "SMCR"
+
+    # ------------------------------------------------------------ options
+
+    def setsockopt(self, level: int, optname: int, value: Any, *args: Any) -> None:
+        """SO_SNDBUF/SO_RCVBUF size smcr's buffers (before connect); the rest go to TCP."""
+        if level == _socket.SOL_SOCKET and optname == _socket.SO_RCVBUF:
+            self._rmb_size = _bufsize(int(value))
+        elif level == _socket.SOL_SOCKET and optname == _socket.SO_SNDBUF:
+            self._sndbuf_size = _bufsize(int(value))
+        self._tcp.setsockopt(level, optname, value, *args)
+
+    def getsockopt(self, level: int, optname: int, *args: Any) -> Any:
+        """SO_SNDBUF/SO_RCVBUF report smcr's buffer sizes; the rest come from TCP."""
+        if self._mode != "TCP" and level == _socket.SOL_SOCKET and not args:
+            if optname == _socket.SO_RCVBUF:
+                return self._rmb_size
+            if optname == _socket.SO_SNDBUF:
+                return self._sndbuf_size
+        return self._tcp.getsockopt(level, optname, *args)
+
+    # ------------------------------------------------------------ connecting
+
+    def connect(self, address: Any) -> None:
+        """TCP connect, then the CLC handshake; falls back to TCP on a Decline.
+
+        In non-blocking mode the connect completes before returning (bounded by the
+        CLC timeouts) instead of raising ``EINPROGRESS``: the socket's mode (SMC-R
+        or TCP) must be settled before its first send (module docstring).
+        """
+        if self._timeout == 0.0:
+            self._tcp.settimeout(get_stack().config.clc_wait)
+            try:
+                self._tcp.connect(address)
+            finally:
+                self._tcp.settimeout(0.0)
+        else:
+            self._tcp.connect(address)
+        self._handshake(client=True)
+
+    def connect_ex(self, address: Any) -> int:
+        """As ``connect``, returning an errno instead of raising."""
+        try:
+            self.connect(address)
+        except OSError as exc:
+            return exc.errno or errno.EIO
+        return 0
+
+    def accept(self) -> tuple[SMCSocket, Any]:
+        """Accept a client: SMC if its first bytes are a CLC Proposal, else plain TCP.
+
+        A client whose handshake fails without a fallback (malformed CLC, Linux
+        ``-EPROTO``) is dropped and the next one accepted, as Linux's listen
+        worker never hands such a socket to ``accept``.
+        """
+        while True:
+            tcp, addr = self._tcp.accept()
+            tcp.settimeout(self._timeout)
+            sock = SMCSocket(_tcp=tcp)
+            sock._rmb_size, sock._sndbuf_size = self._rmb_size, self._sndbuf_size
+            if not sock._first_bytes_are_clc():
+                sock._fall_back(int(DeclineCode.PEERNOSMC), 0)
+                return sock, addr
+            try:
+                sock._handshake(client=False)
+            except ConnectionError:
+                continue
+            return sock, addr
+
+    def _first_bytes_are_clc(self) -> bool:
+        tcp = self._tcp
+        old = tcp.gettimeout()
+        deadline = time.monotonic() + FIRST_BYTES_WAIT
+        try:
+            while True:
+                tcp.settimeout(max(0.001, deadline - time.monotonic()))
+                try:
+                    head = tcp.recv(len(EYECATCHER_SMCR), _socket.MSG_PEEK)
+                except (TimeoutError, BlockingIOError):
+                    return False
+                if not head or not EYECATCHER_SMCR.startswith(head):
+                    return False
+                if len(head) == len(EYECATCHER_SMCR):
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.001)
+        except OSError:
+            return False
+        finally:
+            tcp.settimeout(old)
+
+    def _local_ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+        host = self._tcp.getsockname()[0]
+        return ipaddress.ip_address(host.split("%")[0])
+
+    def _handshake(self, client: bool) -> None:
+        stack = self._stack = get_stack()
+        with stack.lock:
+            hc = self._hc = stack.new_conn(self._tcp)
+            stack.start_handshake(hc, client, self._local_ip(), self._rmb_size,
+                                  self._sndbuf_size)  # fmt: skip
+            stack.wait(hc, lambda: hc.outcome is not None, None)
+            outcome = hc.outcome
+        if isinstance(outcome, HandshakeCompleted):
+            self._mode = "SMCR"
+            self._info = SmcInfo("SMCR", lgr_id=outcome.lgr_id,
+                                 first_contact=outcome.first_contact)  # fmt: skip
+            return
+        trailing = hc.handshake.reader.trailing_data if hc.handshake is not None else b""
+        self._tcp.setblocking(True)
+        self._tcp.settimeout(self._timeout)
+        self._hc = None
+        if isinstance(outcome, FellBack):
+            self._prefix = trailing
+            self._fall_back(outcome.local_code, outcome.peer_code)
+            return
+        assert isinstance(outcome, HandshakeFailed)
+        self._tcp.close()
+        raise ConnectionError(errno.EPROTO, f"SMC handshake failed: {outcome.reason}")
+
+    def _fall_back(self, local: int, peer: int) -> None:
+        self._mode = "TCP"
+        self._info = SmcInfo("TCP", local_code=local, peer_code=peer, state="ACTIVE")
+
+    # ------------------------------------------------------------ SMC data path
+
+    def _deadline(self, flags: int) -> float | None:
+        if flags & _DONTWAIT or self._timeout == 0.0:
+            return 0.0
+        return None if self._timeout is None else time.monotonic() + self._timeout
+
+    def _smc(self) -> tuple[Stack, HostConn]:
+        if self._closed:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        assert self._stack is not None and self._hc is not None
+        return self._stack, self._hc
+
+    def _wait(self, stack: Stack, hc: HostConn, ready: Callable[[], bool], deadline: float
+              | None) -> None:
+        if deadline == 0.0:
+            stack.process()
+            if not ready():
+                raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+            return
+        if not stack.wait(hc, ready, deadline):
+            raise TimeoutError("timed out")
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        """Copy into the send buffer and let the engine RDMA-WRITE it (``smc_tx_sendmsg``)."""
+        if self._mode != "SMCR":
+            return self._tcp_call().send(data, flags)
+        flags = int(flags)
+        view = memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        if not view:
+            return 0
+        stack, hc = self._smc()
+        with self._wlock, stack.lock:
+            c = stack.engine.conns.get(hc.conn_id)
+            if c is None or c.reset_reason:
+                raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+            if c.tx_flags or c.peer_closed:
+                raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+            def room() -> bool:
+                return c.sndbuf_space() > 0 or bool(c.reset_reason) or c.peer_closed
+
+            if c.sndbuf_space() <= 0:
+                self._wait(stack, hc, room, self._deadline(flags))
+                if c.reset_reason or c.peer_closed:
+                    raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+            n = min(len(view), c.sndbuf_space())
+            buf = hc.sndbuf
+            size = len(buf)
+            start = c.tx_app % size
+            if start + n <= size:
+                buf[start : start + n] = view[:n]
+            else:
+                first = size - start
+                buf[start:] = view[:first]
+                buf[: n - first] = view[first:n]
+            stack.execute(stack.engine.data_written(hc.conn_id, n, 0.0, bool(flags & _OOB)))
+            if hc.readiness is not None:
+                stack.update_readiness(hc)
+            return n
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        """Send everything (blocking, or raising where ``socket.sendall`` would)."""
+        if self._mode != "SMCR":
+            self._tcp_call().sendall(data, flags)
+            return
+        view = memoryview(data).cast("B")
+        while view:
+            n = self.send(view, flags)
+            view = view[n:]
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        """As ``socket.recv``."""
+        if self._mode != "SMCR":
+            return self._tcp_recv(bufsize, flags)
+        buf = bytearray(bufsize)
+        n = self.recv_into(buf, bufsize, flags)
+        del buf[n:]
+        return bytes(buf)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        """Copy from our RMBE (``smc_rx_recvmsg``): MSG_PEEK, MSG_WAITALL, MSG_DONTWAIT,
+        MSG_OOB as Linux handles them."""
+        if self._mode != "SMCR":
+            return self._tcp_recv_into(buffer, nbytes, flags)
+        flags = int(flags)  # socket.MSG_* are enums: one conversion, not one per test
+        out = memoryview(buffer)
+        if out.format != "B" or out.ndim != 1:
+            out = out.cast("B")
+        want = nbytes or len(out)
+        if flags & _OOB:
+            return self._recv_oob(out)
+        stack, hc = self._smc()
+        got = 0
+        deadline = self._deadline(flags)
+        with self._rlock, stack.lock:
+            c = stack.engine.conns.get(hc.conn_id)
+            if c is None:
+                return 0
+
+            def readable() -> bool:
+                return c.rx_prod > c.rx_cons or c.peer_done or bool(c.reset_reason)
+
+            while got < want:
+                if self._rd_shut:
+                    return got
+                if c.rx_prod == c.rx_cons:
+                    if c.aborted:
+                        if got:
+                            return got
+                        why = c.reset_reason or "peer aborted the connection"
+                        raise ConnectionResetError(errno.ECONNRESET,
+                                                   f"Connection reset by peer ({why})")
+                    if c.peer_done:
+                        return got
+                    if got and not flags & _WAITALL:
+                        return got
+                    self._wait(stack, hc, readable, deadline)
+                    continue
+                n = self._copy_out(stack, hc, c, out[got:want], flags)
+                if n == 0:
+                    continue  # the urgent byte was taken out of the stream
+                got += n
+                if flags & _PEEK or not flags & _WAITALL:
+                    break
+            if hc.readiness is not None:
+                stack.update_readiness(hc)
+        return got
+
+    def _copy_out(self, stack: Stack, hc: HostConn, c: Any, out: memoryview, flags: int) -> int:
+        """Copy up to ``len(out)`` bytes from the RMBE (stops at an urgent byte)."""
+        avail = c.rx_available()
+        urg = c.urg_rx_pos
+        if urg is not None and urg >= c.rx_cons:
+            if urg == c.rx_cons:  # the urgent byte itself: out of band, skip it
+                if self._oob_read != urg:
+                    self._oob = hc.rmb[urg % c.rmb.size]
+                c.urg_rx_pos = None
+                stack.execute(stack.engine.data_consumed(hc.conn_id, 1, time.monotonic(), True))
+                return 0
+            avail = min(avail, urg - c.rx_cons)
+        n = min(avail, len(out))
+        rmb = hc.rmb
+        size = len(rmb)
+        start = c.rx_cons % size
+        if start + n <= size:
+            out[:n] = rmb[start : start + n]
+        else:
+            first = size - start
+            out[:first] = rmb[start:]
+            out[first:n] = rmb[: n - first]
+        if not flags & _PEEK:
+            actions = stack.engine.data_consumed(hc.conn_id, n, 0.0)
+            if actions:
+                stack.execute(actions)
+        return int(n)
+
+    def _recv_oob(self, out: memoryview) -> int:
+        stack, hc = self._smc()
+        with stack.lock:
+            c = stack.engine_conn(hc)
+            if (self._oob is None and c is not None and c.urg_rx_pos is not None
+                    and c.urg_rx_pos != self._oob_read):  # fmt: skip
+                self._oob_read = pos = c.urg_rx_pos
+                self._oob = hc.rmb[pos % c.rmb.size]
+            if self._oob is None:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            out[0] = self._oob
+            self._oob = None
+            return 1
+
+    # ------------------------------------------------------------ TCP mode
+
+    def _tcp_call(self) -> _socket.socket:
+        if self._closed:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return self._tcp
+
+    def _tcp_recv(self, bufsize: int, flags: int) -> bytes:
+        if self._prefix and not flags & _OOB:
+            data = self._prefix[:bufsize]
+            if not flags & _PEEK:
+                self._prefix = self._prefix[len(data):]
+            return data
+        return self._tcp_call().recv(bufsize, flags)
+
+    def _tcp_recv_into(self, buffer: Any, nbytes: int, flags: int) -> int:
+        out = memoryview(buffer).cast("B")
+        want = nbytes or len(out)
+        if self._prefix and not flags & _OOB:
+            data = self._tcp_recv(want, flags)
+            out[: len(data)] = data
+            return len(data)
+        return self._tcp_call().recv_into(out, want, flags)
+
+    # ------------------------------------------------------------ readiness, files
+
+    def fileno(self) -> int:
+        """A descriptor for select/poll/selectors that follows recv/send readiness."""
+        if self._closed:
+            return -1
+        if self._mode != "SMCR":
+            return self._tcp.fileno()
+        stack, hc = self._smc()
+        with stack.lock:
+            if hc.readiness is None:
+                hc.readiness = Readiness()
+                stack.update_readiness(hc)
+            return hc.readiness.fileno()
+
+    def makefile(self, mode: str = "r", buffering: int | None = None, *,
+                 encoding: str | None = None, errors: str | None = None,
+                 newline: str | None = None) -> Any:  # fmt: skip
+        """As ``socket.makefile`` (the stdlib's own logic over this socket)."""
+        if not set(mode) <= {"r", "w", "b"}:
+            raise ValueError(f"invalid mode {mode!r} (only r, w, b allowed)")
+        writing = "w" in mode
+        reading = "r" in mode or not writing
+        rawmode = ("r" if reading else "") + ("w" if writing else "")
+        raw = _socket.SocketIO(self, rawmode)  # type: ignore[arg-type]
+        self._io_refs += 1
+        if buffering is None:
+            buffering = -1
+        if buffering < 0:
+            buffering = io.DEFAULT_BUFFER_SIZE
+        if buffering == 0:
+            if "b" not in mode:
+                raise ValueError("unbuffered streams must be binary")
+            return raw
+        buffer: io.BufferedIOBase
+        if reading and writing:
+            buffer = io.BufferedRWPair(raw, raw, buffering)
+        elif reading:
+            buffer = io.BufferedReader(raw, buffering)
+        else:
+            buffer = io.BufferedWriter(raw, buffering)
+        if "b" in mode:
+            return buffer
+        text = io.TextIOWrapper(buffer, encoding, errors, newline)  # type: ignore[type-var]
+        text.mode = mode  # type: ignore[misc]
+        return text
+
+    def _decref_socketios(self) -> None:
+        self._io_refs -= 1
+
+    # ------------------------------------------------------------ closing
+
+    def shutdown(self, how: int) -> None:
+        """SHUT_RD, SHUT_WR (done-writing CDC, then TCP FIN, as Linux), SHUT_RDWR."""
+        if self._mode != "SMCR":
+            self._tcp_call().shutdown(how)
+            return
+        stack, hc = self._smc()
+        if how in (_socket.SHUT_RD, _socket.SHUT_RDWR):
+            self._rd_shut = True
+        if how in (_socket.SHUT_WR, _socket.SHUT_RDWR):
+            self._drain_tx(stack, hc)
+            with stack.lock:
+                c = stack.engine_conn(hc)
+                if c is not None:
+                    stack.execute(stack.engine.shutdown_write(hc.conn_id, time.monotonic()))
+                    stack.update_readiness(hc)
+
+    def _drain_tx(self, stack: Stack, hc: HostConn) -> None:
+        """Wait (at most ``close_wait_tx``, 2 s) until the send buffer is out."""
+        deadline = time.monotonic() + stack.config.close_wait_tx
+        with stack.lock:
+            c = stack.engine_conn(hc)
+            if c is not None:
+                stack.wait(hc, lambda: c.tx_pending() == 0 or bool(c.reset_reason)
+                           or c.peer_closed, deadline)  # fmt: skip
+
+    def close(self) -> None:
+        """Close: drain the send buffer (<= 2 s), closing CDC; TCP goes when CLOSED."""
+        if self._closed:
+            return
+        if self._mode == "SMCR" and self._stack is not None and self._hc is not None:
+            stack, hc = self._stack, self._hc
+            self._drain_tx(stack, hc)
+            with stack.lock:
+                stack.execute(stack.engine.close(hc.conn_id, time.monotonic()))
+                if stack.engine_conn(hc) is None and not hc.released:
+                    hc.released = True
+                    stack.conns.pop(hc.conn_id, None)
+                    self._tcp.close()
+        else:
+            self._tcp.close()
+        self._closed = True
+
+    def detach(self) -> int:
+        """Not supported for SMC sockets (the TCP socket stays with the connection)."""
+        raise OSError(errno.EOPNOTSUPP, "detach is not supported by SMCSocket")
+
+
+def create_connection(address: tuple[str, int], timeout: float | None = None,
+                      source_address: tuple[str, int] | None = None) -> SMCSocket:
+    """As ``socket.create_connection``, returning an :class:`SMCSocket`."""
+    host, port = address
+    err: OSError | None = None
+    for family, type_, proto, _, sa in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        sock = SMCSocket(family, type_, proto)
+        try:
+            if timeout is not None:
+                sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(sa)
+            return sock
+        except OSError as exc:
+            err = exc
+            sock.close()
+    raise err if err is not None else OSError("getaddrinfo returns an empty list")
+
+
+def create_server(address: tuple[str, int], *, family: int = _socket.AF_INET,
+                  backlog: int | None = None, reuse_port: bool = False) -> SMCSocket:
+    """As ``socket.create_server``, returning a listening :class:`SMCSocket`."""
+    sock = SMCSocket(family, _socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        sock.listen(128 if backlog is None else backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock

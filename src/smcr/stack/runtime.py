@@ -1,0 +1,627 @@
+"""The runtime: one engine, one shm RNIC and one progress thread per process.
+
+Design (the why of each):
+
+* **One lock serialises the engine** (STYLE §9): application threads and the
+  progress thread call the engine only while holding :attr:`Stack.lock`.
+* **Progress does not depend on the application.**  A daemon thread answers
+  TEST LINK, CONFIRM/DELETE RKEY, and takes CDCs (window updates, close
+  flags) while the application computes.  It sleeps in ``select`` on the CQ's
+  descriptor and on the engine's next deadline: it never spins.
+* **Whoever waits, polls.**  A thread blocked in ``recv``/``send`` does not
+  wait for the progress thread to hand it the news (two wakeups per message,
+  one of them a thread hop under the GIL); it becomes the *poller* itself and
+  sleeps on the CQ descriptor, so a message costs one wakeup, as in TCP.  One
+  application thread at a time holds the poller role; others wait on their
+  connection's condition, which the poller notifies; the progress thread
+  steps back while an application thread polls.
+* **Buffers are pooled** (Linux keeps freed RMBs in the link group for reuse):
+  a released connection's RMB and send buffer go back to a per-size free list
+  and come out again with the same rkey and address, re-announced by CONFIRM
+  RKEY as Linux does.  The pool is bounded by :attr:`Stack.max_buffers`; past
+  it the handshake declines with ``MEM`` (which is also how the tests make a
+  server decline).
+* **Readiness descriptors**: ``fileno()`` of an SMC socket is one end of a
+  unix socket pair made readable (a byte is waiting) and writable (the other
+  end drained) to follow the connection; see :class:`Readiness`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import ipaddress
+import os
+import secrets
+import select
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from smcr.core import (
+    Action,
+    Config,
+    ConnectionReset,
+    DestroyQp,
+    Engine,
+    FellBack,
+    HandshakeCompleted,
+    HandshakeFailed,
+    LocalIdentity,
+    PostSend,
+    QpToRtr,
+    QpToRts,
+    RdmaWrite,
+    ReleaseConnection,
+    Rmb,
+    SendClc,
+    ShutdownTcp,
+)
+from smcr.core.connection import Connection
+from smcr.core.handshake import Handshake
+from smcr.rdma import (
+    AccessFlag,
+    MemoryRegion,
+    PathMtu,
+    QpAttr,
+    QpAttrMask,
+    QpCap,
+    RecvWr,
+    SendFlag,
+    SendWr,
+    Sge,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+    WrOpcode,
+    rc_bring_up,
+)
+from smcr.rdma.shm import ShmDevice, ShmQp
+
+_DEBUG = bool(os.environ.get("SMCR_DEBUG"))
+RMB_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
+QP_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
+RECV_SLOTS = 256  # per QP; Linux posts 48 (we answer from one thread, so keep more)
+SLOT = 64  # receive buffer per slot: v1 LLC and CDC are 44 bytes (Linux: 48)
+SEND_SLOTS = 4096
+WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
+TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
+STANDBY = 0.01  # the progress thread's look-in period while applications poll
+
+
+class Readiness:
+    """A descriptor whose readability/writability the runtime sets (see module doc).
+
+    Readable: one byte waits in ``a``.  Not writable: ``a`` has filled the other
+    end's queue; writable again once ``b`` is drained.
+    """
+
+    def __init__(self) -> None:
+        self.a, self.b = socket.socketpair()
+        for s in (self.a, self.b):
+            s.setblocking(False)
+        self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)
+        self.readable = False
+        self.writable = True
+
+    def fileno(self) -> int:
+        """The application's descriptor."""
+        return self.a.fileno()
+
+    def set(self, readable: bool, writable: bool) -> None:
+        """Make the descriptor's readiness match (syscalls only on a change)."""
+        if readable != self.readable:
+            self.readable = readable
+            if readable:
+                with contextlib.suppress(OSError):
+                    self.b.send(b"r")
+            else:
+                with contextlib.suppress(OSError):
+                    while self.a.recv(4096):
+                        pass
+        if writable != self.writable:
+            self.writable = writable
+            if writable:
+                with contextlib.suppress(OSError):
+                    while self.b.recv(65536):
+                        pass
+            else:
+                with contextlib.suppress(OSError):
+                    while True:
+                        self.a.send(bytes(4096))
+
+    def close(self) -> None:
+        """Release both ends."""
+        self.a.close()
+        self.b.close()
+
+
+@dataclass(eq=False)
+class HostConn:
+    """The runtime's side of one SMC connection: TCP socket, buffers, waiters."""
+
+    conn_id: int
+    tcp: socket.socket
+    cond: threading.Condition
+    rmb_mr: MemoryRegion | None = None
+    sndbuf_mr: MemoryRegion | None = None
+    handshake: Handshake | None = None
+    outcome: object = None  # HandshakeCompleted / FellBack / HandshakeFailed
+    reset_reason: str = ""
+    readiness: Readiness | None = None
+    released: bool = False
+    on_release: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def rmb(self) -> memoryview:
+        """Our RMBE."""
+        assert self.rmb_mr is not None
+        return self.rmb_mr.buf
+
+    @property
+    def sndbuf(self) -> memoryview:
+        """Our send buffer."""
+        assert self.sndbuf_mr is not None
+        return self.sndbuf_mr.buf
+
+
+class Stack:
+    """The per-process runtime (module docstring)."""
+
+    def __init__(self, config: Config | None = None, max_buffers: int = 4096) -> None:
+        self.config = config or Config()
+        self.pid = os.getpid()
+        self.device = ShmDevice(f"smcr{self.pid}")
+        self.pd = self.device.alloc_pd()
+        self.cq = self.device.create_cq(1 << 20)
+        self.lock = threading.Lock()  # not reentrant: _sleep_on_cq releases it once
+        mac = self.device.mac
+        identity = LocalIdentity(self.device.gid, mac, secrets.token_bytes(2) + mac)
+        self.engine = Engine(self.config, identity, self)
+        self.qps: dict[int, ShmQp] = {}
+        self._qp_setup: dict[int, list[tuple[QpAttr, QpAttrMask]]] = {}
+        self.conns: dict[int, HostConn] = {}
+        self._next_conn = 1
+        self.max_buffers = max_buffers
+        self._buffers_out = 0
+        self._pool: dict[tuple[int, bool], list[MemoryRegion]] = {}
+        self._recv_mr = self.pd.reg_mr(bytearray(SLOT * RECV_SLOTS * 64), AccessFlag.LOCAL_WRITE)
+        self._recv_free = list(range(RECV_SLOTS * 64))
+        self._recv_slot: dict[int, int] = {}  # wr_id -> slot
+        self._send_mr = self.pd.reg_mr(bytearray(SLOT * SEND_SLOTS), AccessFlag.LOCAL_WRITE)
+        self._send_off = 0
+        self._repost: dict[int, list[RecvWr]] = {}
+        self._wr_ids = 1
+        self._poller: str | None = None
+        self._poller_ident = 0
+        self._app_polled = 0.0
+        self._timer_check = 0.0
+        self._bg_cond = threading.Condition(self.lock)
+        self._bell_r, self._bell_w = socket.socketpair()
+        self._bell_r.setblocking(False)
+        self._clc_watch: dict[int, HostConn] = {}
+        self._running = True
+        self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
+        self.fallback_reasons: Counter[tuple[int, int]] = Counter()
+        """(local, peer) decline code -> count (Linux ``smc_stats`` fallback reasons)."""
+        self._thread = threading.Thread(target=self._progress_thread, name="smcr-progress",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+
+    # ================================================================ provider
+
+    def new_qp(self) -> tuple[int, int]:
+        """:class:`~smcr.core.engine.Provider`: a QP in RESET, with a random initial PSN."""
+        qp = self.pd.create_qp(self.cq, self.cq, QpCap(max_send_wr=SEND_SLOTS,
+                                                       max_recv_wr=RECV_SLOTS))  # fmt: skip
+        self.qps[qp.qp_num] = qp
+        return qp.qp_num, secrets.randbits(24)
+
+    # ================================================================ buffers
+
+    def alloc_buffers(self, rmb_size: int, sndbuf_size: int) -> tuple[MemoryRegion,
+                                                                       MemoryRegion] | None:
+        """An RMB and a send buffer from the pool, or None when the pool is exhausted."""
+        if self._buffers_out >= self.max_buffers:
+            return None
+        try:
+            rmb = self._take(rmb_size, True)
+            snd = self._take(sndbuf_size, False)
+        except OSError:
+            return None
+        self._buffers_out += 1
+        return rmb, snd
+
+    def _take(self, size: int, remote: bool) -> MemoryRegion:
+        free = self._pool.get((size, remote))
+        if free:
+            return free.pop()
+        access = RMB_ACCESS if remote else AccessFlag.LOCAL_WRITE
+        return self.pd.alloc_mr(size, access)
+
+    def _give_back(self, hc: HostConn) -> None:
+        for mr, remote in ((hc.rmb_mr, True), (hc.sndbuf_mr, False)):
+            if mr is not None:
+                self._pool.setdefault((mr.length, remote), []).append(mr)
+        if hc.rmb_mr is not None:
+            self._buffers_out -= 1
+        hc.rmb_mr = hc.sndbuf_mr = None
+
+    # ================================================================ conns
+
+    def new_conn(self, tcp: socket.socket) -> HostConn:
+        """Register a connection (lock held by the caller)."""
+        hc = HostConn(self._next_conn, tcp, threading.Condition(self.lock))
+        self._next_conn += 1
+        self.conns[hc.conn_id] = hc
+        return hc
+
+    def start_handshake(self, hc: HostConn, client: bool, local_ip: ipaddress.IPv4Address
+                        | ipaddress.IPv6Address, rmb_size: int, sndbuf_size: int) -> None:
+        """Allocate buffers and start the CLC handshake (lock held)."""
+        bufs = self.alloc_buffers(rmb_size, sndbuf_size)
+        rmb = None
+        if bufs is not None:
+            hc.rmb_mr, hc.sndbuf_mr = bufs
+            rmb = Rmb(bufs[0].rkey, bufs[0].addr, bufs[0].length)
+        now = time.monotonic()
+        if client:
+            actions = self.engine.connect(hc.conn_id, rmb, local_ip, now)
+        else:
+            actions = self.engine.accept(hc.conn_id, rmb, local_ip, now)
+        hc.handshake = self.engine.handshake(hc.conn_id)
+        self.execute(actions)
+        if hc.outcome is None:
+            hc.tcp.setblocking(False)
+            self._clc_watch[hc.tcp.fileno()] = hc
+            self.kick()
+
+    def _clc_read(self, hc: HostConn) -> None:
+        """Feed CLC bytes from a handshaking connection's TCP socket to the engine."""
+        now = time.monotonic()
+        try:
+            data = hc.tcp.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.execute(self.engine.receive_clc(hc.conn_id, data, now))
+        else:
+            self.execute(self.engine.tcp_closed(hc.conn_id, now))
+
+    def engine_conn(self, hc: HostConn) -> Connection | None:
+        """The engine's connection record."""
+        return self.engine.conns.get(hc.conn_id)
+
+    # ================================================================ actions
+
+    def execute(self, actions: list[Action]) -> None:
+        """Run actions in order, then dispatch the engine's events (lock held)."""
+        if not actions:
+            if self.engine.has_events():
+                self._dispatch_events()
+            return
+        wrs: list[SendWr] = []
+        wr_qpn = 0
+        for a in actions:
+            kind = type(a)
+            if (kind is RdmaWrite or kind is PostSend) and wrs and a.qpn != wr_qpn:  # type: ignore[union-attr]
+                self._post(wr_qpn, wrs)
+                wrs = []
+            if isinstance(a, RdmaWrite):
+                hc = self.conns[a.conn]
+                mr = hc.sndbuf_mr
+                assert mr is not None
+                wrs.append(SendWr(wr_id=0, opcode=_WRITE, remote_addr=a.remote_addr,
+                                  rkey=a.rkey,
+                                  sg_list=(Sge(mr.addr + a.src_offset, a.length, mr.lkey),)))
+                wr_qpn = a.qpn
+            elif isinstance(a, PostSend):
+                wrs.append(self._send_wr(a))
+                wr_qpn = a.qpn
+            else:
+                if wrs:
+                    self._post(wr_qpn, wrs)
+                    wrs = []
+                self._control(a)
+        if wrs:
+            self._post(wr_qpn, wrs)
+        self._dispatch_events()
+
+    def _send_wr(self, a: PostSend) -> SendWr:
+        mr = self._send_mr
+        off = self._send_off
+        self._send_off = (off + SLOT) % len(mr.buf)
+        mr.buf[off : off + len(a.data)] = a.data
+        return SendWr(wr_id=a.wr_id, opcode=_SEND,
+                      send_flags=SendFlag.SIGNALED if a.signaled else SendFlag.NONE,
+                      sg_list=(Sge(mr.addr + off, len(a.data), mr.lkey),))  # fmt: skip
+
+    def _post(self, qpn: int, wrs: list[SendWr]) -> None:
+        """Post in order; a full send queue (the peer takes no SENDs: RNR) is waited out
+        for up to ``SMC_WR_TX_WAIT_FREE_SLOT_TIME`` (10 s), as Linux waits for a free
+        slot, then the link is declared down.  The lock stays held meanwhile: releasing
+        it could let another thread post behind these WRs' backs."""
+        qp = self.qps.get(qpn)
+        if qp is None:
+            return
+        deadline = time.monotonic() + WAIT_FREE_SLOT
+        while True:
+            try:
+                qp.post_send(wrs)
+                return
+            except OSError as exc:
+                if exc.errno == errno.ENOMEM and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                    continue
+                self.execute(self.engine.link_failed(qpn, f"post_send: {exc}", time.monotonic()))
+                return
+
+    def _control(self, a: Action) -> None:
+        if isinstance(a, SendClc):
+            hc = self.conns.get(a.conn)
+            if hc is not None:
+                with contextlib.suppress(OSError):
+                    hc.tcp.sendall(a.data)
+        elif isinstance(a, QpToRtr):
+            self._qp_rtr(a)
+        elif isinstance(a, QpToRts):
+            qp = self.qps.get(a.qpn)
+            steps = self._qp_setup.pop(a.qpn, None)
+            if qp is not None and steps is not None:
+                try:
+                    qp.modify(*steps[2])
+                except OSError as exc:
+                    self.execute(self.engine.link_failed(a.qpn, f"RTS: {exc}", time.monotonic()))
+        elif isinstance(a, DestroyQp):
+            qp = self.qps.pop(a.qpn, None)
+            if qp is not None:
+                qp.destroy()
+        elif isinstance(a, ShutdownTcp):
+            hc = self.conns.get(a.conn)
+            if hc is not None:
+                with contextlib.suppress(OSError):
+                    hc.tcp.shutdown(a.how)
+        elif isinstance(a, ReleaseConnection):
+            self._release(a.conn)
+
+    def _qp_rtr(self, a: QpToRtr) -> None:
+        qp = self.qps[a.qpn]
+        steps = rc_bring_up(dgid=a.peer_gid, dest_qp_num=a.peer_qpn, rq_psn=a.peer_psn,
+                            sq_psn=self._psn_of(a.qpn), access=QP_ACCESS,
+                            path_mtu=PathMtu(max(1, min(a.mtu, 5))))  # fmt: skip
+        try:
+            qp.modify(*steps[0])
+            qp.modify(*steps[1])
+            wrs = []
+            for _ in range(RECV_SLOTS):
+                slot = self._recv_free.pop()
+                wr_id = self._wr_ids
+                self._wr_ids += 1
+                self._recv_slot[wr_id] = slot
+                wrs.append(RecvWr(wr_id=wr_id, sg_list=(Sge(self._recv_mr.addr + slot * SLOT,
+                                                             SLOT, self._recv_mr.lkey),)))
+            qp.post_recv(wrs)
+        except (OSError, IndexError) as exc:
+            self.execute(self.engine.link_failed(a.qpn, f"RTR: {exc}", time.monotonic()))
+            return
+        self._qp_setup[a.qpn] = steps
+
+    def _psn_of(self, qpn: int) -> int:
+        link = self.engine.links.get(qpn)
+        return link.psn if link is not None else 0
+
+    def _release(self, conn_id: int) -> None:
+        hc = self.conns.pop(conn_id, None)
+        if hc is None:
+            return
+        hc.released = True
+        actions = self.engine.release(conn_id, time.monotonic())
+        self._give_back(hc)
+        with contextlib.suppress(OSError):
+            hc.tcp.close()
+        if hc.readiness is not None:
+            hc.readiness.close()
+        self.execute(actions)
+
+    def _dispatch_events(self) -> None:
+        while (ev := self.engine.next_event()) is not None:
+            if _DEBUG:
+                print(f"smcr[{os.getpid()}] {ev}", flush=True)
+            hc = self.conns.get(getattr(ev, "conn", -1))
+            if hc is None:
+                continue
+            if isinstance(ev, (HandshakeCompleted, FellBack, HandshakeFailed)):
+                hc.outcome = ev
+                self._clc_watch.pop(hc.tcp.fileno(), None)
+                key = {HandshakeCompleted: "smc", FellBack: "fallback",
+                       HandshakeFailed: "handshake_errors"}[type(ev)]  # fmt: skip
+                self.stats[key] += 1
+                if isinstance(ev, FellBack):
+                    self.fallback_reasons[(ev.local_code, ev.peer_code)] += 1
+                if not isinstance(ev, HandshakeCompleted):
+                    self._give_back(hc)
+                    self.conns.pop(hc.conn_id, None)
+            elif isinstance(ev, ConnectionReset):
+                hc.reset_reason = ev.reason
+            hc.cond.notify_all()
+            self.update_readiness(hc)
+
+    def update_readiness(self, hc: HostConn) -> None:
+        """Bring the connection's readiness descriptor up to date (if anyone asked for it)."""
+        r = hc.readiness
+        if r is None:
+            return
+        c = self.engine.conns.get(hc.conn_id)
+        if c is None:
+            r.set(True, True)
+            return
+        readable = c.rx_available() > 0 or c.peer_done or bool(c.reset_reason)
+        writable = c.sndbuf_space() > 0 or bool(c.tx_flags) or bool(c.reset_reason)
+        r.set(readable, writable)
+
+    # ================================================================ progress
+
+    def process(self, first: list[WorkCompletion] | None = None) -> None:
+        """Take every completion and run due timers (lock held); wake touched waiters."""
+        engine, now = self.engine, time.monotonic()
+        wcs = first or self.cq.poll(64)
+        while wcs:
+            for wc in wcs:
+                self._completion(wc, now)
+            # a full batch may have left more; a short one did not (anything newer
+            # rings the armed CQ, and a waiter arms before it sleeps)
+            wcs = self.cq.poll(64) if len(wcs) == 64 else []
+        if self._repost:
+            for qpn, wrs in self._repost.items():
+                qp = self.qps.get(qpn)
+                if qp is not None:
+                    with contextlib.suppress(OSError):
+                        qp.post_recv(wrs)
+            self._repost.clear()
+        if now >= self._timer_check:  # engine deadlines are >= 1 s away when made
+            deadline = engine.get_timer()
+            if deadline is not None and deadline <= now:
+                self.execute(engine.handle_timer(now))
+                deadline = engine.get_timer()
+            self._timer_check = now + TIMER_GRAIN
+            if deadline is not None:
+                self._timer_check = min(self._timer_check, deadline)
+        touched, engine.touched = engine.touched, set()
+        if touched and self._poller == "app" and self._poller_ident != threading.get_ident():
+            self.kick()  # the app poller may sleep on a doorbell this thread drained
+        for conn_id in touched:
+            hc = self.conns.get(conn_id)
+            if hc is not None:
+                hc.cond.notify_all()
+                if hc.readiness is not None:
+                    self.update_readiness(hc)
+
+    def _completion(self, wc: WorkCompletion, now: float) -> None:
+        engine = self.engine
+        status, qpn, wr_id = wc.status, wc.qp_num, wc.wr_id
+        if wc.opcode is WcOpcode.RECV:
+            slot = self._recv_slot.get(wr_id)
+            if status is not WcStatus.SUCCESS or slot is None:
+                if slot is not None:
+                    self._recv_free.append(self._recv_slot.pop(wr_id))
+                self.execute(engine.link_failed(qpn, f"receive {status.name}", now))
+                return
+            off = slot * SLOT
+            self.execute(engine.receive_wr(qpn, self._recv_mr.buf[off : off + wc.byte_len], now))
+            self._repost.setdefault(qpn, []).append(RecvWr(wr_id=wr_id, sg_list=(
+                Sge(self._recv_mr.addr + off, SLOT, self._recv_mr.lkey),)))  # fmt: skip
+            return
+        if status is not WcStatus.SUCCESS:
+            self.execute(engine.link_failed(qpn, f"send {status.name}", now))
+            return
+        self.execute(engine.send_completed(qpn, wr_id, True, now))
+
+    def wait(self, hc: HostConn, ready: Callable[[], bool], deadline: float | None) -> bool:
+        """Block until ``ready()`` (lock held); polls the CQ itself when it can (module doc).
+
+        :returns: ``ready()`` at the end (False on timeout).
+        """
+        while not ready():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if self._poller == "app":
+                hc.cond.wait(left if left is not None else 1.0)
+                continue
+            self._poller = "app"
+            self._poller_ident = threading.get_ident()
+            try:
+                self._sleep_on_cq(left)
+            finally:
+                self._poller = None
+                self._app_polled = time.monotonic()
+        return True
+
+    def _sleep_on_cq(self, left: float | None) -> None:
+        """Sleep on the CQ descriptor (lock released) until news or the next deadline."""
+        self.cq.req_notify()  # arm first, then look: a completion after the look rings
+        wcs = self.cq.poll(64)
+        if not wcs:
+            timer = self.engine.get_timer()
+            limit = 1.0 if left is None else left
+            if timer is not None:
+                limit = min(limit, max(0.0, timer - time.monotonic()))
+                if limit == 0.0:
+                    self._timer_check = 0.0  # due now: process() must run the timers
+            fds = [self.cq.fileno(), self._bell_r.fileno(), *self._clc_watch]
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            self.lock.release()
+            try:
+                r = [fd for fd, _ in poller.poll(limit * 1000)]
+            finally:
+                self.lock.acquire()
+            for fd in r:
+                hc = self._clc_watch.get(fd)
+                if hc is not None:
+                    self._clc_read(hc)
+                elif fd in fds[:2]:  # drain: the CQ's doorbell and ours (both non-blocking)
+                    with contextlib.suppress(OSError):
+                        os.read(fd, 4096)
+        self.process(wcs)
+
+    def kick(self) -> None:
+        """Wake a sleeping poller (to re-check for a new deadline)."""
+        with contextlib.suppress(OSError):
+            self._bell_w.send(b"k")
+
+    def _progress_thread(self) -> None:
+        """Own progress while no application thread waits; stand by while one does.
+
+        An application poller hands the CQ back without waking this thread (that
+        would cost a wakeup per message); this thread looks every
+        :data:`STANDBY` seconds instead and sleeps on the CQ again only when no
+        application thread polled for that long.
+        """
+        with self.lock:
+            while self._running:
+                if self._poller == "app" or time.monotonic() - self._app_polled < STANDBY:
+                    self._bg_cond.wait(STANDBY)
+                    self.process()
+                    continue
+                self._poller = "bg"
+                try:
+                    self._sleep_on_cq(None)
+                finally:
+                    if self._poller == "bg":
+                        self._poller = None
+
+    def close(self) -> None:
+        """Stop the thread and release the device (at exit)."""
+        self._running = False
+        self.kick()
+        self._thread.join(timeout=2.0)
+        with self.lock:
+            for qp in list(self.qps.values()):
+                qp.destroy()
+            self.qps.clear()
+        self.device.close()
+
+
+_SEND = WrOpcode.SEND
+_WRITE = WrOpcode.RDMA_WRITE
+_stack: Stack | None = None
+_stack_lock = threading.Lock()
+
+
+def get_stack() -> Stack:
+    """The process's runtime, made on first use (and again in a forked child)."""
+    global _stack  # noqa: PLW0603 - one runtime per process, as one RNIC driver
+    with _stack_lock:
+        if _stack is None or _stack.pid != os.getpid():
+            _stack = Stack()
+            atexit.register(_stack.close)
+        return _stack
+

@@ -1,0 +1,207 @@
+"""Two engines wired in memory: a fake fabric, TCP pipe and clock (STYLE §8).
+
+``smc_pair()`` gives a client and a server :class:`Side`; ``pump()`` moves CLC
+bytes, SENDs and completions until nothing moves (bounded, fails after 200
+rounds).  RDMA WRITEs copy into the peer's RMB bytearray found by rkey, so
+the data tests check real bytes end to end.  Hooks: ``drop_llc``,
+``mangle`` (rewrite a SEND), ``clc_filter`` (rewrite CLC bytes).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from smcr.core import (
+    Action,
+    Config,
+    DestroyQp,
+    Engine,
+    Event,
+    LocalIdentity,
+    PostSend,
+    QpToRtr,
+    QpToRts,
+    RdmaWrite,
+    ReleaseConnection,
+    Rmb,
+    SendClc,
+    ShutdownTcp,
+)
+
+LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
+_qpns = itertools.count(0x100)
+_keys = itertools.count(0x1000)
+
+
+class Fabric:
+    """Memory of every RMB by rkey, shared by both sides."""
+
+    def __init__(self) -> None:
+        self.memory: dict[int, tuple[int, bytearray]] = {}  # rkey -> (vaddr, bytes)
+
+    def alloc(self, size: int) -> Rmb:
+        rkey = next(_keys)
+        vaddr = rkey << 20
+        self.memory[rkey] = (vaddr, bytearray(size))
+        return Rmb(rkey, vaddr, size)
+
+
+@dataclass
+class Side:
+    """One engine with its host state."""
+
+    name: str
+    engine: Engine
+    fabric: Fabric
+    sndbufs: dict[int, bytearray] = field(default_factory=dict)
+    rmbs: dict[int, Rmb] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    qp_peer: dict[int, int] = field(default_factory=dict)  # our qpn -> peer qpn
+    rts: set[int] = field(default_factory=set)
+    destroyed: set[int] = field(default_factory=set)
+    tcp_shut: dict[int, int] = field(default_factory=dict)
+    released: set[int] = field(default_factory=set)
+    clc_out: dict[int, bytearray] = field(default_factory=dict)
+    llc_sent: list[bytes] = field(default_factory=list)
+
+    def new_qp(self) -> tuple[int, int]:
+        return next(_qpns), 0x123456
+
+    def pull_events(self) -> list[Event]:
+        while (ev := self.engine.next_event()) is not None:
+            self.events.append(ev)
+        return self.events
+
+    # -- application helpers -------------------------------------------------
+
+    def write(self, conn: int, data: bytes, now: float = 0.0) -> tuple[int, list[Action]]:
+        c = self.engine.conns[conn]
+        n = min(len(data), c.sndbuf_space())
+        buf = self.sndbufs[conn]
+        start = c.tx_app % len(buf)
+        first = min(n, len(buf) - start)
+        buf[start : start + first] = data[:first]
+        buf[: n - first] = data[first:n]
+        return n, self.engine.data_written(conn, n, now)
+
+    def read(self, conn: int, limit: int = 1 << 30, now: float = 0.0) -> tuple[bytes, list[Action]]:
+        c = self.engine.conns[conn]
+        n = min(c.rx_available(), limit)
+        mem = self.fabric.memory[c.rmb.rkey][1]
+        start = c.rx_cons % c.rmb.size
+        first = min(n, c.rmb.size - start)
+        data = bytes(mem[start : start + first]) + bytes(mem[: n - first])
+        return data, self.engine.data_consumed(conn, n, now)
+
+
+class Pair:
+    """Client and server engines, a TCP pipe per connection pair, SEND queues."""
+
+    def __init__(self, config: Config | None = None, server_config: Config | None = None) -> None:
+        self.fabric = Fabric()
+        self.now = 0.0
+        cfg = config or Config()
+        self.client = self._side("client", cfg, b"\x01" * 6)
+        self.server = self._side("server", server_config or cfg, b"\x02" * 6)
+        self.tcp: dict[tuple[str, int], tuple[str, int]] = {}
+        self.sends: deque[tuple[Side, int, bytes]] = deque()  # (receiver, its qpn, data)
+        self.drop_llc: Callable[[Side, bytes], bool] = lambda side, data: False
+        self.mangle: Callable[[Side, bytes], bytes] = lambda side, data: data
+        self.clc_filter: Callable[[Side, int, bytes], bytes] = lambda side, conn, data: data
+        self.pending_actions: list[tuple[Side, list[Action]]] = []
+        self._conn_ids = itertools.count(1)
+
+    def _side(self, name: str, cfg: Config, mac: bytes) -> Side:
+        ident = LocalIdentity(gid=mac * 2 + mac[:4], mac=mac, peer_id=b"\x00\x01" + mac)
+        side = Side(name, None, self.fabric)  # type: ignore[arg-type]
+        side.engine = Engine(cfg, ident, side)
+        return side
+
+    def peer(self, side: Side) -> Side:
+        return self.server if side is self.client else self.client
+
+    def connect(self, rmb_size: int = 65536, server_rmb: bool = True,
+                client_rmb: bool = True) -> tuple[int, int]:
+        """Start a connection; returns (client conn id, server conn id)."""
+        c, s = next(self._conn_ids), next(self._conn_ids)
+        self.tcp[("client", c)] = ("server", s)
+        self.tcp[("server", s)] = ("client", c)
+        for side, cid, have in ((self.client, c, client_rmb), (self.server, s, server_rmb)):
+            rmb = self.fabric.alloc(rmb_size) if have else None
+            if rmb:
+                side.rmbs[cid] = rmb
+            side.sndbufs[cid] = bytearray(side.engine.config.sndbuf_size)
+        self.run(self.server, self.server.engine.accept(s, self.server.rmbs.get(s), LOOPBACK,
+                                                        self.now))  # fmt: skip
+        self.run(self.client, self.client.engine.connect(c, self.client.rmbs.get(c), LOOPBACK,
+                                                         self.now))  # fmt: skip
+        return c, s
+
+    # -- executing actions -------------------------------------------------------
+
+    def run(self, side: Side, actions: list[Action]) -> None:
+        for a in actions:
+            self._execute(side, a)
+        side.pull_events()
+
+    def _execute(self, side: Side, a: Action) -> None:
+        if isinstance(a, SendClc):
+            peer_name, peer_conn = self.tcp[(side.name, a.conn)]
+            data = self.clc_filter(side, a.conn, a.data)
+            side.clc_out.setdefault(a.conn, bytearray()).extend(data)
+            peer = self.client if peer_name == "client" else self.server
+            self.pending_actions.append((peer, peer.engine.receive_clc(peer_conn, data, self.now)))
+        elif isinstance(a, QpToRtr):
+            side.qp_peer[a.qpn] = a.peer_qpn
+        elif isinstance(a, QpToRts):
+            side.rts.add(a.qpn)
+        elif isinstance(a, PostSend):
+            if a.data[0] != 0xFE:
+                side.llc_sent.append(a.data)
+            peer = self.peer(side)
+            if not self.drop_llc(side, a.data) and a.qpn in side.qp_peer:
+                self.sends.append((peer, side.qp_peer[a.qpn], self.mangle(side, a.data)))
+            self.pending_actions.append(
+                (side, side.engine.send_completed(a.qpn, a.wr_id, True, self.now)))
+        elif isinstance(a, RdmaWrite):
+            src = side.sndbufs[a.conn][a.src_offset : a.src_offset + a.length]
+            vaddr, mem = self.fabric.memory[a.rkey]
+            off = a.remote_addr - vaddr
+            assert off >= 0 and off + a.length <= len(mem), "WRITE outside the RMB"
+            mem[off : off + a.length] = src
+        elif isinstance(a, DestroyQp):
+            side.destroyed.add(a.qpn)
+        elif isinstance(a, ShutdownTcp):
+            side.tcp_shut[a.conn] = max(side.tcp_shut.get(a.conn, 0), a.how)
+        elif isinstance(a, ReleaseConnection):
+            side.released.add(a.conn)
+            self.pending_actions.append((side, side.engine.release(a.conn, self.now)))
+
+    def pump(self, rounds: int = 200) -> None:
+        """Deliver everything in flight until quiet; fail if it never settles."""
+        for _ in range(rounds):
+            if self.pending_actions:
+                side, actions = self.pending_actions.pop(0)
+                self.run(side, actions)
+            elif self.sends:
+                side, qpn, data = self.sends.popleft()
+                self.run(side, side.engine.receive_wr(qpn, memoryview(data), self.now))
+            else:
+                return
+        raise AssertionError("pump did not settle")
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock and fire both engines' timers."""
+        self.now += seconds
+        for side in (self.client, self.server):
+            self.run(side, side.engine.handle_timer(self.now))
+        self.pump()
+
+    def do(self, side: Side, actions: list[Action]) -> None:
+        """Run actions from an application call, then pump."""
+        self.run(side, actions)
+        self.pump()

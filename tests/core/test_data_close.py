@@ -1,0 +1,221 @@
+"""Data path and close state machine between two in-memory engines."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from smcr.core import Config, Connection, ConnectionReset, SmcState
+from smcr.core.close import TRANSITIONS, CloseInput, Send, step
+from smcr.wire.cdc import CdcMessage, ConnectionStateFlags, ProducerFlags
+from smcr.wire.cursor import Cursor
+from tests.core.pair import Pair
+
+SMALL = Config(sndbuf_size=16384, rmb_size=16384)
+
+
+def ready(cfg: Config = SMALL) -> tuple[Pair, int, int]:
+    p = Pair(cfg)
+    c, s = p.connect(rmb_size=cfg.rmb_size)
+    p.pump()
+    return p, c, s
+
+
+def transfer(p: Pair, src: object, dst: object, sc: int, dc: int, data: bytes,
+             read_chunk: int = 5000) -> bytes:
+    got = bytearray()
+    off = 0
+    for _ in range(10_000):
+        if off < len(data):
+            n, acts = src.write(sc, data[off:off + 7000], p.now)  # type: ignore[attr-defined]
+            off += n
+            p.do(src, acts)  # type: ignore[arg-type]
+        chunk, acts = dst.read(dc, read_chunk, p.now)  # type: ignore[attr-defined]
+        got += chunk
+        p.do(dst, acts)  # type: ignore[arg-type]
+        if len(got) == len(data):
+            return bytes(got)
+    raise AssertionError("transfer stalled")
+
+
+def test_data_with_wrap_around_both_rings() -> None:
+    p, c, s = ready()
+    data = os.urandom(100_000)  # six times round a 16 KiB RMBE and send buffer
+    assert transfer(p, p.client, p.server, c, s, data) == data
+    back = os.urandom(50_001)
+    assert transfer(p, p.server, p.client, s, c, back, read_chunk=777) == back
+    conn = p.client.engine.conns[c]
+    assert conn.tx_sent == 100_000 and conn.tx_fin == 100_000
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 20000), min_size=1, max_size=8), st.integers(300, 17000))
+def test_transfer_any_sizes(writes: list[int], chunk: int) -> None:
+    p, c, s = ready()
+    data = b"".join(os.urandom(n) for n in writes)
+    assert transfer(p, p.client, p.server, c, s, data, read_chunk=chunk) == data
+
+
+def test_window_full_blocks_sender_and_reader_reopens_it() -> None:
+    p, c, s = ready()
+    conn = p.client.engine.conns[c]
+    _, acts = p.client.write(c, b"a" * 16384)
+    p.do(p.client, acts)
+    assert conn.peer_space() == 0
+    n2, acts = p.client.write(c, b"b" * 16384)  # send buffer took it, RMBE full
+    p.do(p.client, acts)
+    assert n2 == 16384 and conn.tx_sent == 16384
+    assert conn.sndbuf_space() == 0
+    n3, acts = p.client.write(c, b"c")
+    assert n3 == 0  # the app would block or get BlockingIOError
+    # the CDC carried "write blocked": the first read past 10 % answers at once
+    assert p.server.engine.conns[s].peer_write_blocked
+    _, acts = p.server.read(s, 3000)
+    p.do(p.server, acts)
+    assert conn.peer_cons == 3000 and conn.tx_sent == 16384 + 3000
+
+
+def test_consumer_update_rule_small_reads_send_nothing() -> None:
+    p, c, s = ready(Config())
+    _, acts = p.client.write(c, b"x" * 1000)
+    p.do(p.client, acts)
+    seq = p.server.engine.conns[s].seq
+    _, acts = p.server.read(s)
+    assert acts == []  # 1000 bytes < max(RMBE/10, 2304): no CDC
+    assert p.server.engine.conns[s].seq == seq
+
+
+def test_cdc_with_cursor_outside_ring_aborts_connection() -> None:
+    p, c, s = ready()
+    conn = p.client.engine.conns[c]
+    qpn = next(iter(p.client.engine.lgrs.values())).links[0].qpn
+    bad = CdcMessage(5, conn.token, producer_cursor=Cursor(0, 99999))
+    p.do(p.client, p.client.engine.receive_wr(qpn, memoryview(bad.encode()), p.now))
+    assert any(isinstance(e, ConnectionReset) for e in p.client.events)
+    assert conn.state is SmcState.CLOSED
+    assert p.server.engine.conns[s].state is SmcState.PROCESSABORT  # got our abort CDC
+
+
+def test_cdc_overfilling_rmbe_aborts_and_old_seqno_is_dropped() -> None:
+    p, c, _ = ready()
+    conn = p.client.engine.conns[c]
+    qpn = next(iter(p.client.engine.lgrs.values())).links[0].qpn
+    old = CdcMessage(0xFFF0, conn.token, producer_cursor=Cursor(0, 10))
+    p.do(p.client, p.client.engine.receive_wr(qpn, memoryview(old.encode()), p.now))
+    assert conn.rx_prod == 0  # seqno before the last one: dropped
+    over = CdcMessage(conn.rx_seq + 1, conn.token, producer_cursor=Cursor(1, 10))
+    p.do(p.client, p.client.engine.receive_wr(qpn, memoryview(over.encode()), p.now))
+    assert conn.state is SmcState.CLOSED
+
+
+def test_urgent_data_marks_last_byte() -> None:
+    p, c, s = ready()
+    _, acts = p.client.write(c, b"hello")
+    p.do(p.client, acts)
+    _, acts = p.client.write(c, b"!")
+    acts = p.client.engine.data_written(c, 0, p.now, urgent=True) + acts
+    p.do(p.client, acts)
+    sconn = p.server.engine.conns[s]
+    assert sconn.rx_prod == 6
+
+
+def test_urgent_flag_on_the_wire() -> None:
+    p, c, s = ready()
+    conn = p.client.engine.conns[c]
+    buf = p.client.sndbufs[c]
+    buf[0:3] = b"ab!"
+    p.do(p.client, p.client.engine.data_written(c, 3, p.now, urgent=True))
+    sconn = p.server.engine.conns[s]
+    assert sconn.urg_rx_pos == 2 and conn.urg_tx_end is None
+
+
+# ------------------------------------------------------------------ close
+
+
+def state(conn: Connection) -> SmcState:
+    """The close state, read through a function so that mypy does not narrow it."""
+    return conn.state
+
+
+def test_active_close_then_passive_close() -> None:
+    p, c, s = ready()
+    p.do(p.client, p.client.engine.close(c, p.now))
+    assert p.client.engine.conns[c].state is SmcState.PEERCLOSEWAIT1
+    assert p.client.tcp_shut[c] == 2  # TCP shut down right after the closed CDC
+    assert p.server.engine.conns[s].state is SmcState.APPCLOSEWAIT1
+    p.do(p.server, p.server.engine.close(s, p.now))
+    assert s in p.server.released and c in p.client.released
+
+
+def test_half_close_shutdown_write() -> None:
+    p, c, s = ready()
+    p.do(p.client, p.client.engine.shutdown_write(c, p.now))
+    cc, sc = p.client.engine.conns[c], p.server.engine.conns[s]
+    assert state(cc) is SmcState.PEERCLOSEWAIT1 and p.client.tcp_shut[c] == 1
+    assert cc.tx_flags == ConnectionStateFlags.PEER_DONE_WRITING
+    assert state(sc) is SmcState.APPCLOSEWAIT1 and sc.peer_done
+    # the server still sends; the client still reads
+    _, acts = p.server.write(s, b"reply")
+    p.do(p.server, acts)
+    assert p.client.read(c)[0] == b"reply"
+    p.do(p.server, p.server.engine.shutdown_write(s, p.now))
+    assert state(sc) is SmcState.APPCLOSEWAIT2
+    assert state(cc) is SmcState.PEERCLOSEWAIT2
+    p.do(p.client, p.client.engine.close(c, p.now))  # closed CDC with 0x80 still set (C0)
+    assert cc.tx_flags == ConnectionStateFlags(0xC0)
+    assert state(sc) is SmcState.APPCLOSEWAIT2
+    p.do(p.server, p.server.engine.close(s, p.now))
+    assert state(cc) is SmcState.CLOSED and state(sc) is SmcState.CLOSED
+
+
+def test_shutdown_then_peer_closes_appfinclosewait() -> None:
+    p, c, s = ready()
+    cc, sc = p.client.engine.conns[c], p.server.engine.conns[s]
+    p.do(p.client, p.client.engine.shutdown_write(c, p.now))
+    p.do(p.server, p.server.engine.close(s, p.now))
+    assert state(cc) is SmcState.APPFINCLOSEWAIT
+    assert state(sc) is SmcState.PEERFINCLOSEWAIT
+    p.do(p.client, p.client.engine.close(c, p.now))
+    assert state(cc) is SmcState.CLOSED
+    assert s in p.server.released
+
+
+def test_close_with_unread_data_sends_abort() -> None:
+    p, c, s = ready()
+    _, acts = p.server.write(s, b"unread")
+    p.do(p.server, acts)
+    p.do(p.client, p.client.engine.close(c, p.now))
+    assert p.client.engine.conns[c].tx_flags == ConnectionStateFlags.PEER_CONNECTION_ABORT
+    assert p.server.engine.conns[s].state is SmcState.PROCESSABORT
+    p.do(p.server, p.server.engine.close(s, p.now))
+    assert s in p.server.released
+
+
+def test_simultaneous_close() -> None:
+    p, c, s = ready()
+    a1 = p.client.engine.close(c, p.now)
+    a2 = p.server.engine.close(s, p.now)
+    p.run(p.client, a1)
+    p.run(p.server, a2)
+    p.pump()
+    assert p.client.engine.conns.get(c) is None or c in p.client.released
+    assert c in p.client.released and s in p.server.released
+
+
+def test_close_table_every_pair_is_total() -> None:
+    for state in SmcState:
+        for ev in CloseInput:
+            send, new = step(state, ev)
+            assert isinstance(send, Send) and isinstance(new, SmcState)
+    assert all(new is SmcState.CLOSED for (st_, ev), (_, new) in TRANSITIONS.items()
+               if ev is CloseInput.LINK_DOWN)
+
+
+@pytest.mark.parametrize("flag", [0x80, 0x40, 0x20])
+def test_peer_flags_are_sticky_on_the_wire(flag: int) -> None:
+    msg = CdcMessage(1, 1, connection_state_flags=ConnectionStateFlags(flag),
+                     producer_flags=ProducerFlags(0))
+    assert msg.encode()[25] == flag

@@ -1,0 +1,408 @@
+"""Two engines wired in memory: handshakes, link groups, LLC flows, declines."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+
+import pytest
+
+from smcr.core import (
+    Config,
+    ConnectionReset,
+    FellBack,
+    HandshakeCompleted,
+    HandshakeFailed,
+    LinkGroupTerminated,
+    LinkState,
+    LlcDropped,
+    SmcState,
+)
+from smcr.wire.clc import ClcDecline, ClcProposal, decode_clc
+from smcr.wire.clc_header import SmcType
+from smcr.wire.clc_proposal import IpPrefixArea
+from smcr.wire.decline import DeclineCode
+from smcr.wire.llc import AddLink, ConfirmLink, DeleteLink, LlcType, TestLink, decode_llc
+from tests.core.pair import Pair
+
+
+def completed(side_events: Sequence[object]) -> list[HandshakeCompleted]:
+    return [e for e in side_events if isinstance(e, HandshakeCompleted)]
+
+
+def test_first_contact_builds_link_group_with_confirm_link_both_ways() -> None:
+    p = Pair()
+    c, s = p.connect()
+    p.pump()
+    assert completed(p.client.events) == [HandshakeCompleted(conn=c, first_contact=True, lgr_id=1)]
+    assert completed(p.server.events)[0].first_contact
+    assert p.client.engine.conns[c].state is SmcState.ACTIVE
+    assert p.server.engine.conns[s].state is SmcState.ACTIVE
+    # CLC: Linux >= 5.10 SMC-Rv1 Proposal (92 bytes, byte 7 0x28), v1 Accept/Confirm with FC
+    proposal = p.client.clc_out[c][:92]
+    assert proposal[:8] == bytes.fromhex("e2d4c3d901005c28")
+    assert isinstance(decode_clc(bytes(proposal)), ClcProposal)
+    assert p.server.clc_out[s][:8] == bytes.fromhex("e2d4c3d902004418")
+    assert p.client.clc_out[c][92:100] == bytes.fromhex("e2d4c3d903004418")
+    # LLC: CONFIRM LINK request 01 2C 00 03 from the server, response 01 2C 00 83
+    assert p.server.llc_sent[0][:4] == bytes.fromhex("012c0003")
+    assert p.client.llc_sent[0][:4] == bytes.fromhex("012c0083")
+    for side in (p.client, p.server):
+        (lgr,) = side.engine.lgrs.values()
+        assert lgr.links[0].state is LinkState.LINK_ACTIVE
+        assert lgr.links[0].qpn in side.rts
+
+
+def test_second_connection_reuses_link_group_with_confirm_rkey() -> None:
+    p = Pair()
+    p.connect()
+    p.pump()
+    before = len(p.server.llc_sent), len(p.client.llc_sent)
+    c2, s2 = p.connect()
+    p.pump()
+    assert completed(p.client.events)[-1] == HandshakeCompleted(conn=c2, first_contact=False,
+                                                                lgr_id=1)
+    # Accept/Confirm without first contact (byte 7 0x10)
+    assert p.server.clc_out[s2][:8] == bytes.fromhex("e2d4c3d902004410")
+    assert p.client.clc_out[c2][92:100] == bytes.fromhex("e2d4c3d903004410")
+    new_server = [decode_llc(m) for m in p.server.llc_sent[before[0]:]]
+    new_client = [decode_llc(m) for m in p.client.llc_sent[before[1]:]]
+    # each side: its own CONFIRM RKEY request and the response to the peer's
+    assert sorted((m.TYPE, m.is_response) for m in new_server) == [
+        (LlcType.CONFIRM_RKEY, False), (LlcType.CONFIRM_RKEY, True)]
+    assert sorted((m.TYPE, m.is_response) for m in new_client) == [
+        (LlcType.CONFIRM_RKEY, False), (LlcType.CONFIRM_RKEY, True)]
+    assert len(p.client.engine.lgrs) == 1 and len(p.server.engine.lgrs) == 1
+
+
+def test_release_sends_delete_rkey() -> None:
+    p = Pair()
+    c, s = p.connect()
+    p.pump()
+    p.do(p.client, p.client.engine.close(c, p.now))
+    p.do(p.server, p.server.engine.close(s, p.now))
+    assert c in p.client.released and s in p.server.released
+    types = [(m[0], m[3] & 0x80) for m in p.client.llc_sent]
+    assert (LlcType.DELETE_RKEY, 0) in types and (LlcType.DELETE_RKEY, 0x80) in types
+
+
+def test_server_without_buffer_declines_mem_and_both_fall_back() -> None:
+    p = Pair()
+    c, s = p.connect(server_rmb=False)
+    p.pump()
+    assert FellBack(conn=s, local_code=DeclineCode.MEM, peer_code=0) in p.server.events
+    assert FellBack(conn=c, local_code=DeclineCode.PEERDECL,
+                    peer_code=DeclineCode.MEM) in p.client.events
+    decline = decode_clc(bytes(p.server.clc_out[s]))
+    assert isinstance(decline, ClcDecline) and decline.code is DeclineCode.MEM
+    assert not p.server.engine.lgrs
+
+
+def test_client_without_buffer_declines_mem_after_accept() -> None:
+    p = Pair()
+    c, s = p.connect(client_rmb=False)
+    p.pump()
+    assert FellBack(conn=c, local_code=DeclineCode.MEM, peer_code=0) in p.client.events
+    assert FellBack(conn=s, local_code=DeclineCode.PEERDECL,
+                    peer_code=DeclineCode.MEM) in p.server.events
+    assert not p.server.engine.conns
+
+
+def test_prefix_mismatch_declines_diffprefix() -> None:
+    p = Pair()
+    c, s = 101, 102
+    p.tcp[("client", c)] = ("server", s)
+    p.tcp[("server", s)] = ("client", c)
+    p.run(p.server, p.server.engine.accept(s, p.fabric.alloc(65536),
+                                           ipaddress.IPv4Address("10.0.0.1"), 0.0))
+    p.run(p.client, p.client.engine.connect(c, p.fabric.alloc(65536),
+                                            ipaddress.IPv4Address("10.0.0.2"), 0.0))
+    p.pump()
+    assert FellBack(conn=s, local_code=DeclineCode.DIFFPREFIX, peer_code=0) in p.server.events
+    assert FellBack(conn=c, local_code=DeclineCode.PEERDECL,
+                    peer_code=DeclineCode.DIFFPREFIX) in p.client.events
+
+
+def test_smcr_v2_only_proposal_declines_noueid() -> None:
+    p = Pair()
+    s = 7
+    p.tcp[("server", s)] = ("client", 8)
+    p.tcp[("client", 8)] = ("server", s)
+    p.run(p.server, p.server.engine.accept(s, p.fabric.alloc(65536),
+                                           ipaddress.IPv4Address("127.0.0.1"), 0))
+    v2 = ClcProposal.smcr_v2(bytes(16), (b"X".ljust(32),)).encode()
+    p.run(p.server, p.server.engine.receive_clc(s, v2, 0.0))
+    assert FellBack(conn=s, local_code=DeclineCode.NOUEID, peer_code=0) in p.server.events
+
+
+def test_accept_naming_unknown_link_declines_syncerr_out_of_sync() -> None:
+    p = Pair()
+    p.connect()
+    p.pump()
+    # the client forgets its link group: the server's next Accept (FC=0) names a link it lacks
+    p.client.engine.lgrs.clear()
+    c2, _ = p.connect()
+    p.pump()
+    assert FellBack(conn=c2, local_code=DeclineCode.SYNCERR, peer_code=0) in p.client.events
+    decline = decode_clc(bytes(p.client.clc_out[c2][92:]))
+    assert isinstance(decline, ClcDecline) and decline.out_of_sync
+    # Linux: the server drops the group it thought it shared
+    assert any(isinstance(e, LinkGroupTerminated) for e in p.server.events)
+
+
+def test_confirm_link_lost_client_waits_then_both_fall_back_timeout_cl() -> None:
+    p = Pair()
+    p.drop_llc = lambda side, data: data[0] == LlcType.CONFIRM_LINK
+    c, s = p.connect()
+    p.pump()
+    p.advance(2.1)  # server: no CONFIRM LINK response within 2 s
+    assert FellBack(conn=s, local_code=DeclineCode.TIMEOUT_CL, peer_code=0) in p.server.events
+    assert FellBack(conn=c, local_code=DeclineCode.PEERDECL,
+                    peer_code=DeclineCode.TIMEOUT_CL) in p.client.events
+    assert not p.server.engine.lgrs and not p.client.engine.lgrs
+
+
+def test_confirm_link_without_no_rmbe_eyecatcher_flag_declines_rmbe_ec() -> None:
+    p = Pair()
+
+    def strip(side: object, data: bytes) -> bytes:
+        if data[0] == LlcType.CONFIRM_LINK and not data[3] & 0x80:
+            return data[:3] + b"\x00" + data[4:]
+        return data
+
+    p.mangle = strip
+    c, _ = p.connect()
+    p.pump()
+    assert FellBack(conn=c, local_code=DeclineCode.RMBE_EC, peer_code=0) in p.client.events
+
+
+def test_silent_server_times_out_client_handshake() -> None:
+    p = Pair()
+    p.clc_filter = lambda side, conn, data: b"" if side is p.server else data
+    c, _ = p.connect()
+    p.pump()
+    p.advance(6.1)
+    assert any(isinstance(e, HandshakeFailed) and e.conn == c for e in p.client.events)
+
+
+@pytest.mark.parametrize("garbage", [b"GET / HTTP/1.1\r\n", b"\xe2\xd4\xc3\xd9\x02\x00\x05\x10"])
+def test_garbage_instead_of_accept(garbage: bytes) -> None:
+    p = Pair()
+    p.clc_filter = lambda side, conn, data: garbage if side is p.server else data
+    c, _ = p.connect()
+    p.pump()
+    ev = [e for e in p.client.events if getattr(e, "conn", None) == c]
+    if garbage.startswith(b"\xe2\xd4\xc3\xd9"):  # malformed CLC: Linux -EPROTO, no fallback
+        assert isinstance(ev[-1], HandshakeFailed)
+    else:  # not an SMC peer: fall back, its bytes are the application's
+        assert ev[-1] == FellBack(conn=c, local_code=DeclineCode.PEERNOSMC, peer_code=0)
+        hs_gone = c not in p.client.engine.handshakes
+        assert hs_gone
+
+
+def test_malformed_proposal_fails_without_decline() -> None:
+    p = Pair()
+    s = 5
+    p.tcp[("server", s)] = ("client", 6)
+    p.run(p.server, p.server.engine.accept(s, p.fabric.alloc(65536),
+                                           ipaddress.IPv4Address("127.0.0.1"), 0.0))
+    bad = bytearray(ClcProposal.smcr_v1(bytes(8), bytes(16), bytes(6)).encode())
+    bad[-1] ^= 0xFF  # trailer
+    p.run(p.server, p.server.engine.receive_clc(s, bytes(bad), 0.0))
+    assert isinstance(p.server.events[-1], HandshakeFailed)
+    assert s not in p.server.clc_out
+
+
+def test_test_link_is_answered_and_keepalive_downs_silent_link() -> None:
+    p = Pair(Config(testlink_time=30.0))
+    c, _ = p.connect()
+    p.pump()
+    p.advance(30.5)  # both sides send TEST LINK and answer the other's
+    assert any(m[:4] == bytes.fromhex("072c0000") for m in p.client.llc_sent)
+    assert any(m[:4] == bytes.fromhex("072c0080") for m in p.client.llc_sent)
+    p.drop_llc = lambda side, data: side is p.server  # the server goes silent
+    p.advance(30.5)
+    p.advance(2.5)
+    assert any(isinstance(e, ConnectionReset) and e.conn == c for e in p.client.events)
+    assert p.client.engine.conns[c].state is SmcState.CLOSED
+
+
+def test_add_link_request_is_rejected_by_client() -> None:
+    p = Pair()
+    p.connect()
+    p.pump()
+    link = next(iter(p.server.engine.lgrs.values())).links[0]
+    req = AddLink(sender_mac=b"\x02" * 6, sender_gid=b"\x02" * 16, sender_qp_num=77,
+                  link_num=2, qp_mtu=3, initial_psn=5)
+    p.sends.append((p.client, p.server.qp_peer[link.qpn], req.encode()))
+    p.pump()
+    assert p.client.llc_sent[-1][:4] == bytes.fromhex("022c01c0")
+
+
+def test_delete_link_all_terminates_and_resets_connections() -> None:
+    p = Pair()
+    c, _ = p.connect()
+    p.pump()
+    link = next(iter(p.server.engine.lgrs.values())).links[0]
+    p.sends.append((p.client, p.server.qp_peer[link.qpn],
+                    DeleteLink(flags=0x60, reason=0x30000).encode()))
+    p.pump()
+    assert any(isinstance(e, ConnectionReset) and e.conn == c for e in p.client.events)
+    assert not p.client.engine.lgrs
+
+
+def test_unknown_llc_and_bad_cdc_are_dropped_and_counted() -> None:
+    p = Pair()
+    c, _ = p.connect()
+    p.pump()
+    link = next(iter(p.server.engine.lgrs.values())).links[0]
+    q = p.server.qp_peer[link.qpn]
+    p.sends.append((p.client, q, bytes([0x05, 44]) + bytes(42)))  # v1 0x05: dropped
+    p.sends.append((p.client, q, bytes([0xFE, 40]) + bytes(42)))  # bad CDC length byte
+    p.sends.append((p.client, q, bytes([0xFE, 44]) + bytes(42)))  # unknown token 0
+    p.pump()
+    assert sum(isinstance(e, LlcDropped) for e in p.client.events) == 3
+    assert p.client.engine.conns[c].state is SmcState.ACTIVE
+
+
+def test_llc_protocol_violation_terminates_group() -> None:
+    p = Pair()
+    p.connect()
+    p.pump()
+    link = next(iter(p.server.engine.lgrs.values())).links[0]
+    stray = ConfirmLink(sender_mac=bytes(6), sender_gid=bytes(16), sender_qp_num=1,
+                        link_num=1, link_uid=bytes(4))
+    p.sends.append((p.client, p.server.qp_peer[link.qpn], stray.encode()))
+    p.pump()
+    assert not p.client.engine.lgrs
+    sent = decode_llc(p.client.llc_sent[-1])
+    assert isinstance(sent, DeleteLink) and sent.is_all and sent.reason == 0x40000
+
+
+def test_link_failure_resets_all_connections() -> None:
+    p = Pair()
+    c1, _ = p.connect()
+    p.pump()
+    c2, _ = p.connect()
+    p.pump()
+    qpn = next(iter(p.client.engine.lgrs.values())).links[0].qpn
+    p.run(p.client, p.client.engine.link_failed(qpn, "flush", p.now))
+    resets = {e.conn for e in p.client.events if isinstance(e, ConnectionReset)}
+    assert resets == {c1, c2}
+    assert qpn in p.client.destroyed
+
+
+def test_test_link_wire_bytes() -> None:
+    assert TestLink().encode()[:4] == bytes.fromhex("072c0000")
+
+
+def test_first_cdc_overtaking_the_confirm_is_not_lost() -> None:
+    """The client's data CDC (QP) may reach the server before its Confirm (TCP)."""
+    p = Pair()
+    p.connect()
+    p.pump()
+    held: list[tuple[object, int, bytes]] = []
+    real = p.clc_filter
+
+    def hold_confirm(side: object, conn: int, data: bytes) -> bytes:
+        if side is p.client and data[4] == 3:
+            held.append((side, conn, data))
+            return b""
+        return real(side, conn, data)  # type: ignore[arg-type]
+
+    p.clc_filter = hold_confirm
+    c, s = p.connect()
+    p.pump()
+    assert held and c in p.client.engine.conns
+    _, acts = p.client.write(c, b"early")
+    p.do(p.client, acts)
+    p.clc_filter = real
+    p.run(p.server, p.server.engine.receive_clc(s, held[0][2], p.now))
+    p.pump()
+    assert p.server.read(s)[0] == b"early"
+
+
+def test_idle_link_group_is_ended_after_linger_with_delete_link_all_orderly() -> None:
+    p = Pair(Config(lgr_linger_server=600.0, lgr_linger_client=610.0, testlink_time=0))
+    c, s = p.connect()
+    p.pump()
+    p.do(p.client, p.client.engine.close(c, p.now))
+    p.do(p.server, p.server.engine.close(s, p.now))
+    p.advance(599.0)
+    assert p.server.engine.lgrs
+    p.advance(2.0)
+    assert not p.server.engine.lgrs and not p.client.engine.lgrs
+    sent = decode_llc(p.server.llc_sent[-1])
+    assert isinstance(sent, DeleteLink) and sent.flags == 0x60 and sent.reason == 0x30000
+
+
+def test_server_confirm_rkey_unanswered_declines_err_regbuf() -> None:
+    p = Pair()
+    p.connect()
+    p.pump()
+    # the client stops answering CONFIRM RKEY: the server's reuse flow times out (2 s)
+    p.drop_llc = lambda side, data: side is p.client and data[0] == LlcType.CONFIRM_RKEY
+    c2, s2 = p.connect()
+    p.pump()
+    p.advance(2.1)
+    assert FellBack(conn=s2, local_code=DeclineCode.ERR_REGBUF, peer_code=0) in p.server.events
+    assert FellBack(conn=c2, local_code=DeclineCode.PEERDECL,
+                    peer_code=DeclineCode.ERR_REGBUF) in p.client.events
+    assert len(p.server.engine.lgrs) == 1  # the group itself stays
+
+
+def test_client_confirm_rkey_negative_declines_err_rtok() -> None:
+    p = Pair()
+    p.connect()
+    p.pump()
+
+    def negative(side: object, data: bytes) -> bytes:
+        if side is p.server and data[0] == LlcType.CONFIRM_RKEY and data[3] & 0x80:
+            return data[:3] + bytes([0xB0]) + data[4:]
+        return data
+
+    p.mangle = negative
+    c2, s2 = p.connect()
+    p.pump()
+    assert FellBack(conn=c2, local_code=DeclineCode.ERR_RTOK, peer_code=0) in p.client.events
+    assert FellBack(conn=s2, local_code=DeclineCode.PEERDECL,
+                    peer_code=DeclineCode.ERR_RTOK) in p.server.events
+
+
+def test_smcd_only_proposal_declines_nosmcrdev() -> None:
+    p = Pair()
+    s = 9
+    p.tcp[("server", s)] = ("client", 10)
+    p.run(p.server, p.server.engine.accept(s, p.fabric.alloc(65536),
+                                           ipaddress.IPv4Address("127.0.0.1"), 0.0))
+    smcd = ClcProposal(version=2, typev1=SmcType.D, typev2=SmcType.N, ip_area_offset=40,
+                       ism_gid=5, prefix=IpPrefixArea())
+    p.run(p.server, p.server.engine.receive_clc(s, smcd.encode(), 0.0))
+    assert FellBack(conn=s, local_code=DeclineCode.NOSMCRDEV, peer_code=0) in p.server.events
+
+
+def test_silent_server_after_confirm_client_declines_timeout_cl() -> None:
+    """Linux smcr_clnt_conf_first_link: 4 s for CONFIRM LINK, 1 s for a Decline, then
+    its own Decline TIMEOUT_CL."""
+    p = Pair()
+    p.drop_llc = lambda side, data: True
+    p.clc_filter = lambda side, conn, data: b"" if side is p.server and data[4] == 4 else data
+    c, _ = p.connect()
+    p.pump()
+    p.advance(4.1)
+    assert c in p.client.engine.handshakes
+    p.advance(1.1)
+    assert FellBack(conn=c, local_code=DeclineCode.TIMEOUT_CL, peer_code=0) in p.client.events
+
+
+def test_link_down_during_reuse_handshake_declines_noactlink() -> None:
+    p = Pair()
+    p.connect()
+    p.pump()
+    p.drop_llc = lambda side, data: data[0] == LlcType.CONFIRM_RKEY
+    _, s2 = p.connect()
+    p.pump()
+    qpn = next(iter(p.server.engine.lgrs.values())).links[0].qpn
+    p.run(p.server, p.server.engine.link_failed(qpn, "flush", p.now))
+    p.pump()
+    assert FellBack(conn=s2, local_code=DeclineCode.NOACTLINK, peer_code=0) in p.server.events

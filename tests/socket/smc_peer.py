@@ -1,0 +1,154 @@
+"""Peer processes for the SMCSocket tests (spawned: a forked runtime is unsafe)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import selectors
+import socket
+import threading
+import time
+from multiprocessing.connection import Connection
+
+import smcr
+from smcr.stack.runtime import get_stack
+
+
+def echo_server(ctl: Connection, decline: bool = False, conns: int = 1) -> None:
+    """Accept ``conns`` clients one after another; echo until EOF; report each mode."""
+    if decline:
+        get_stack().max_buffers = 0  # every handshake declines with MEM
+    srv = smcr.create_server(("127.0.0.1", 0))
+    ctl.send(srv.getsockname()[1])
+    for _ in range(conns):
+        c, _ = srv.accept()
+        info = c.smc_info()
+        ctl.send((info.mode, info.local_code, info.peer_code))
+        with c:
+            while data := c.recv(65536):
+                c.sendall(data)
+    srv.close()
+
+
+def sink_server(ctl: Connection) -> None:
+    """Accept one client, read to EOF, send back SHA-256 of what came and its own stream."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    total, seed = ctl.recv()
+    h = hashlib.sha256()
+    out = hashlib.sha256()
+    block = hashlib.sha256(seed).digest() * 2048  # 64 KiB of pattern
+    sent = 0
+    c.setblocking(False)
+    got_eof = False
+    buf = bytearray(1 << 16)
+    sel = selectors.DefaultSelector()
+    sel.register(c, selectors.EVENT_READ | selectors.EVENT_WRITE)
+    while not got_eof or sent < total:
+        for _key, ev in sel.select(5.0):
+            if ev & selectors.EVENT_READ and not got_eof:
+                try:
+                    n = c.recv_into(buf)
+                except BlockingIOError:
+                    n = -1
+                if n == 0:
+                    got_eof = True
+                elif n > 0:
+                    h.update(buf[:n])
+            if ev & selectors.EVENT_WRITE and sent < total:
+                chunk = block[: min(len(block), total - sent)]
+                try:
+                    n = c.send(chunk)
+                except BlockingIOError:
+                    n = 0
+                out.update(chunk[:n])
+                sent += n
+        if sent >= total:
+            sel.modify(c, selectors.EVENT_READ)
+    c.setblocking(True)
+    c.shutdown(socket.SHUT_WR)
+    ctl.send((h.hexdigest(), out.hexdigest()))
+    c.close()
+    srv.close()
+
+
+def hold_server(ctl: Connection) -> None:
+    """Accept one client, send 5 bytes, then wait to be killed."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    c.sendall(b"hello")
+    ctl.send(c.smc_info().mode)
+    time.sleep(60)
+
+
+def half_close_server(ctl: Connection) -> None:
+    """Read to EOF, then answer with the byte count and close."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    n = 0
+    while data := c.recv(4096):
+        n += len(data)
+    c.sendall(str(n).encode())
+    ctl.send(c.smc_info().state)
+    c.close()
+
+
+def plain_tcp_client(port: int, payload: bytes) -> bytes:
+    """A plain socket.socket client (runs in the test process)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while data := s.recv(65536):
+            out += data
+        return out
+
+
+def many_server(ctl: Connection, n: int) -> None:
+    """Accept ``n`` clients, then echo on each in its own thread."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    ctl.send(srv.getsockname()[1])
+    threads = []
+    modes = []
+
+    def echo(c: smcr.SMCSocket) -> None:
+        with c:
+            while data := c.recv(65536):
+                c.sendall(data)
+
+    for _ in range(n):
+        c, _ = srv.accept()
+        modes.append(c.smc_info().mode)
+        t = threading.Thread(target=echo, args=(c,), daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join(60)
+    ctl.send((modes, len(get_stack().engine.lgrs), os.getpid()))
+
+
+def oob_server(ctl: Connection) -> None:
+    """Read the normal bytes up to the mark, the urgent byte, then the rest; report them."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    ctl.recv()  # the client has sent everything
+    before = c.recv(100)
+    urgent = c.recv(1, socket.MSG_OOB)
+    after = c.recv(100)
+    ctl.send((before, urgent, after))
+    c.close()
+
+
+def echo_server6(ctl: Connection) -> None:
+    """One IPv6 client on ::1, echoed until EOF; reports the mode."""
+    srv = smcr.create_server(("::1", 0), family=socket.AF_INET6)
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    ctl.send(c.smc_info().mode)
+    with c:
+        while data := c.recv(65536):
+            c.sendall(data)
