@@ -3,7 +3,9 @@
 #
 # Installs the system packages smcr and its tests use (tshark to check our
 # messages against Wireshark, iproute2 and nftables for the network-namespace
-# tests), creates the virtual environment .venv with smcr and its pinned test
+# tests; qemu-system-x86, qemu-utils, debootstrap and tcpdump for the rxe
+# interop suite, tests/interop, which builds and boots a Debian guest),
+# creates the virtual environment .venv with smcr and its pinned test
 # tools, and runs `smcr demo`.  Safe to run again: it skips what is there.
 # Set SMCR_NO_DEMO=1 to stop after the set-up.
 set -euo pipefail
@@ -13,6 +15,10 @@ need=()
 command -v tshark >/dev/null || need+=(tshark)
 command -v ip >/dev/null || need+=(iproute2)
 command -v nft >/dev/null || need+=(nftables)
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+command -v qemu-img >/dev/null || need+=(qemu-utils)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v tcpdump >/dev/null || need+=(tcpdump)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if ((${#need[@]})); then
     if [ "$(id -u)" != 0 ]; then

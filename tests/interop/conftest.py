@@ -1,0 +1,119 @@
+"""Fixtures of the rxe interop suite: one guest per session, one fresh QP pair per test.
+
+The session fixture builds the image if it is not cached, boots one guest,
+creates rxe0 in it and starts its pyverbs server; whatever happens, it stops
+the guest and deletes netns smcnet at the end (and before, if a crashed run
+left them).  Timings go to ``$KVM_BASE/run/interop-timings.json`` and to the
+terminal summary, so the cost of the suite is visible in every CI log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.interop.guest import (
+    GUEST_PORT,
+    NETNS,
+    Guest,
+    GuestPeer,
+    HostPeer,
+    cache_dir,
+    ensure_image,
+    netns_exists,
+)
+
+TIMINGS: dict[str, float] = {}
+#: How long a session waits for another one on this machine to finish.
+SESSION_LOCK_WAIT = 1500.0
+SESSION_LOCK = Path("/run/lock" if Path("/run/lock").is_dir() else "/tmp") / "smcr-interop.lock"
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespace, tap, QEMU)"
+    for tool in ("qemu-system-x86_64", "qemu-img", "debootstrap", "tcpdump", "nft"):
+        if shutil.which(tool) is None:
+            return f"needs {tool} (install.sh installs it)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def rxe_guest() -> Iterator[Guest]:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    base = cache_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    # One session at a time per machine: netns smcnet is a machine-wide name, so a second
+    # pytest run (another checkout or cache, a colleague) waits here instead of tearing ours
+    # down.  Hence a lock in /run/lock, not in the cache directory.
+    lock = open(SESSION_LOCK, "w")  # noqa: SIM115 (held for the whole session)
+    t0 = time.monotonic()
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() - t0 > SESSION_LOCK_WAIT:
+                lock.close()
+                pytest.fail(f"another interop session held {SESSION_LOCK} too long")
+            time.sleep(1.0)
+    TIMINGS["lock_wait_s"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    try:
+        yield from _session(base, t0)
+    finally:
+        lock.close()
+
+
+def _session(base: Path, t0: float) -> Iterator[Guest]:
+    TIMINGS["image_build_s"] = ensure_image(base)
+    guest = Guest(base)
+    # a crashed earlier run may have left its guest and namespace: ours by the pidfile
+    if netns_exists() or (base / "run" / "g1.pid").exists():
+        guest.teardown()
+    if netns_exists():
+        pytest.fail(f"netns {NETNS} is in use by something else")
+    try:
+        guest.boot()
+        TIMINGS["boot_s"] = guest.boot_seconds
+        setup = guest.run("bash /mnt/host/tools/rxe-setup.sh", timeout=120)
+        assert "pyverbs ok" in setup, setup
+        TIMINGS["setup_total_s"] = time.monotonic() - t0
+        guest.server = guest.run(
+            f"exec python3 -u /mnt/host/tools/rxe_peer.py {GUEST_PORT}", background=True)
+        yield guest
+    finally:
+        guest.teardown()
+        TIMINGS["session_s"] = time.monotonic() - t0
+        run = base / "run"
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "interop-timings.json").write_text(json.dumps(TIMINGS, indent=1))
+
+
+@pytest.fixture
+def peers(rxe_guest: Guest) -> Iterator[tuple[HostPeer, GuestPeer]]:
+    """smcr's QP on 10.99.0.1 and a fresh rxe QP in the guest, not yet connected."""
+    host = HostPeer()
+    try:
+        guest = GuestPeer(host)
+        yield host, guest
+    finally:
+        host.close()
+        subprocess.run(["ip", "netns", "exec", NETNS, "nft", "delete", "table", "inet",
+                        "smcrloss"], check=False, capture_output=True, timeout=30)  # fmt: skip
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if TIMINGS:
+        text = ", ".join(f"{k} {v:.1f}" for k, v in TIMINGS.items())
+        terminalreporter.write_line(f"rxe interop timings (s): {text}")

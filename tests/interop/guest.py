@@ -1,0 +1,218 @@
+"""The rxe guest of the interop suite: image cache, boot, commands over 9p, teardown; the two peers.
+
+Why copies of the harness scripts (``harness/``) instead of ``../shared/interop``:
+the suite must run from a clean clone of this repository in CI, where a
+sibling directory is an accident of the layout, and the team's shared
+scripts may change under us; the copies are pinned, and the changes to them
+are marked in their headers.  The data follow shared/interop's convention:
+everything (rootfs, img/, run/, share/) lives in ``$KVM_BASE``, default
+``~/.cache/smcr-interop`` (``$SMCR_INTEROP_CACHE`` wins if set), outside the
+repository, so the ~100 s image build happens once per machine.
+
+Network: ``boot.sh`` creates netns ``smcnet`` with bridge br0 (10.99.0.1/24)
+and one guest at 10.99.0.11 (rxe0 on its eth0).  smcr's RNIC runs in that
+namespace on 10.99.0.1 (:class:`HostPeer`); the guest's pyverbs program
+(``harness/tools/rxe_peer.py``) is reached through it (:class:`GuestPeer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.roce.netns import REPO
+
+HARNESS = Path(__file__).resolve().parent / "harness"
+NETNS = "smcnet"
+HOST_IP = "10.99.0.1"
+GUEST_IP = "10.99.0.11"
+GUEST_PORT = 18515
+KERNEL = "6.12"
+#: Bounds: a fresh image build (debootstrap + two kernels) and a TCG boot.
+BUILD_TIMEOUT = 1800.0
+BOOT_TIMEOUT = 400.0
+
+
+def cache_dir() -> Path:
+    """Where the image and the guests' run files live (outside the repository)."""
+    base = os.environ.get("SMCR_INTEROP_CACHE") or os.environ.get("KVM_BASE")
+    return Path(base) if base else Path.home() / ".cache" / "smcr-interop"
+
+
+def image_ready(base: Path) -> bool:
+    """Whether ``build-image.sh`` has left a complete image behind."""
+    img = base / "img"
+    return all((img / f).exists() for f in ("base.ext4", f"vmlinuz-{KERNEL}",
+                                             f"initrd.img-{KERNEL}"))  # fmt: skip
+
+
+def _env(base: Path) -> dict[str, str]:
+    return os.environ | {"KVM_BASE": str(base), "DEBIAN_FRONTEND": "noninteractive"}
+
+
+def ensure_image(base: Path) -> float:
+    """Build the guest image unless cached; returns the seconds spent (0 when cached).
+
+    A lock file keeps two concurrent sessions from building at once; the
+    second one waits and then finds the image.
+    """
+    base.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(base / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if image_ready(base):
+            return 0.0
+        with open(base / "build.log", "w") as log:
+            subprocess.run(["bash", str(HARNESS / "build-image.sh")], env=_env(base), check=True,
+                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                           timeout=BUILD_TIMEOUT)  # fmt: skip
+    if not image_ready(base):
+        raise RuntimeError(f"build-image.sh left no image; see {base / 'build.log'}")
+    return time.monotonic() - t0
+
+
+def netns_exists(name: str = NETNS) -> bool:
+    out = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True,
+                         timeout=30)  # fmt: skip
+    return any(line.split()[0] == name for line in out.stdout.splitlines() if line.strip())
+
+
+class Guest:
+    """One booted guest (g1), driven through the 9p agent of the image."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.share = base / "share" / "g1"
+        self.console = base / "run" / "g1.console"
+        self.boot_seconds = 0.0
+        self.server: str | None = None  # the pyverbs server's command id
+
+    def boot(self) -> None:
+        t0 = time.monotonic()
+        subprocess.run(["bash", str(HARNESS / "boot.sh"), "1"], env=_env(self.base) | {"WAIT": "1"},
+                       check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                       timeout=BOOT_TIMEOUT)  # fmt: skip
+        self.boot_seconds = time.monotonic() - t0
+
+    def run(self, command: str, timeout: float = 60.0, background: bool = False) -> str:
+        """Run a shell command in the guest (as ``run-in-guest.sh``); its output.
+
+        :raises RuntimeError: on a non-zero exit status or when it takes longer than ``timeout``.
+        """
+        ident = f"c{time.time_ns()}"
+        tmp = self.share / "cmd" / f"{ident}.tmp"
+        tmp.write_text(command + "\n")
+        tmp.rename(self.share / "cmd" / f"{ident}.sh")
+        if background:
+            return ident
+        out, rc = self.share / "out" / f"{ident}.out", self.share / "out" / f"{ident}.rc"
+        deadline = time.monotonic() + timeout
+        while not rc.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"guest command timed out: {command}\n{self.tail()}")
+            time.sleep(0.1)
+        text = out.read_text(errors="replace")
+        status = int(rc.read_text().strip() or "255")
+        out.unlink(missing_ok=True)
+        rc.unlink(missing_ok=True)
+        if status:
+            raise RuntimeError(f"guest command failed ({status}): {command}\n{text}")
+        return text
+
+    def output(self, ident: str) -> str:
+        """What a background command has written so far."""
+        with contextlib.suppress(OSError):
+            return (self.share / "out" / f"{ident}.out").read_text(errors="replace")
+        return ""
+
+    def tail(self, n: int = 40) -> str:
+        """The end of the guest's serial console (for failure messages)."""
+        with contextlib.suppress(OSError):
+            return "\n".join(self.console.read_text(errors="replace").splitlines()[-n:])
+        return ""
+
+    def teardown(self) -> None:
+        """Stop the guest and delete the namespace (bounded; never raises)."""
+        with contextlib.suppress(Exception):
+            subprocess.run(["bash", str(HARNESS / "teardown.sh")], env=_env(self.base), check=False,
+                           capture_output=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+        if netns_exists():
+            subprocess.run(["ip", "netns", "del", NETNS], check=False, capture_output=True,
+                           timeout=30)  # fmt: skip
+
+
+class HostPeer:
+    """``tests.interop.host_peer`` in netns smcnet: smcr's end, driven by JSON lines (bounded)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", NETNS, sys.executable, "-m", "tests.interop.host_peer",
+             HOST_IP, GUEST_IP, str(GUEST_PORT)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
+        )  # fmt: skip
+        try:
+            ready = self._answer(90.0)
+            assert ready == "ready", ready
+            self.info: dict[str, Any] = self.ask("info")
+        except BaseException:
+            self.kill()
+            raise
+
+    def _answer(self, timeout: float) -> Any:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, f"host peer did not answer in {timeout} s"
+        line = self.proc.stdout.readline()
+        assert line, f"host peer exited (rc={self.proc.poll()})"
+        return json.loads(line)
+
+    def ask(self, cmd: str, **args: Any) -> Any:
+        """One command; waits 40 s, or 30 s more than the command's own ``timeout``."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps([cmd, args]) + "\n")
+        self.proc.stdin.flush()
+        inner = args.get("timeout", 0.0)
+        if cmd == "guest":
+            inner = args.get("args", {}).get("timeout", 0.0) + 20.0
+        answer = self._answer(max(40.0, inner + 30.0))
+        if isinstance(answer, dict) and "error" in answer:
+            raise AssertionError(f"{cmd} failed: {answer['error']}\n{answer.get('trace', '')}")
+        return answer
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.proc.poll() is None:
+                self.ask("close")
+        self.kill()
+
+    def kill(self) -> None:
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                f.close()
+
+
+class GuestPeer:
+    """The guest's pyverbs QP, reached through the host peer's side channel (same commands)."""
+
+    def __init__(self, host: HostPeer) -> None:
+        self.host = host
+        self.info: dict[str, Any] = self.ask("info")
+
+    def ask(self, cmd: str, **args: Any) -> Any:
+        answer = self.host.ask("guest", op=cmd, args=args)
+        if isinstance(answer, dict) and "error" in answer:
+            raise AssertionError(f"guest {cmd} failed: {answer['error']}\n{answer.get('trace')}")
+        return answer
