@@ -242,8 +242,9 @@ class CompletionQueue:
     but signalling it on every local completion costs a syscall per WR; like
     ``ibv_req_notify_cq`` the CQ only signals for local completions once armed
     (:meth:`req_notify`, which :meth:`wait` calls).  A remote peer may ring the
-    doorbell at any time (the shm RNIC does after a SEND); spurious wakeups are
-    harmless, lost ones are not.
+    doorbell at any time (the shm RNIC does after a SEND, and only to a CQ armed
+    this way: :mod:`smcr.rdma.shm.cq`); spurious wakeups are harmless, lost ones
+    are not.
 
     Why a unix socket pair and not an eventfd: a socket write wakes the sleeper
     with the scheduler's *sync* hint (the waker is about to sleep, so the woken

@@ -5,6 +5,7 @@ the provider-independent API of :mod:`smcr.rdma`.  Module map: ``device``
 (device, PD, MRs, rendezvous server), ``qp`` (the RC QP), ``layout`` (shared
 memory formats), ``rendezvous`` (unix-socket directory and control messages),
 ``peer`` (a requester's connection to, and mappings of, its responder),
+``cq`` (the completion queue whose arming requesters see: doorbells only for a sleeper),
 ``engine`` (the progress thread).
 """
 

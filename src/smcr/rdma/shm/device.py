@@ -44,6 +44,7 @@ from smcr.rdma.base import (
 )
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
+from smcr.rdma.shm.cq import ShmCompletionQueue
 from smcr.rdma.shm.engine import Engine
 from smcr.rdma.shm.qp import ShmQp
 from smcr.rdma.verbs import (
@@ -119,7 +120,7 @@ class ShmDevice(Device):
 
     def create_cq(self, depth: int = 4096) -> CompletionQueue:
         """A completion queue; closed with the device if not before."""
-        cq = CompletionQueue(depth)
+        cq = ShmCompletionQueue(depth)
         self._cqs.append(cq)
         return cq
 

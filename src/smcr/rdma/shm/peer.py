@@ -69,6 +69,7 @@ class PeerLink:
     bell: socket.socket  # write end of the peer's receive CQ doorbell
     depth: int  # of the peer's receive area, checked against its size at RTR
     slot_size: int
+    notify: mmap | None = None  # the peer CQ's armed word (smcr.rdma.shm.cq), if it has one
     mrs: dict[int, RemoteMr] = field(default_factory=dict)
 
     def close(self) -> None:
@@ -79,6 +80,8 @@ class PeerLink:
         self.view.release()
         self.area.close()
         self.table.close()
+        if self.notify is not None:
+            self.notify.close()
         self.bell.close()
         self.sock.close()
 
@@ -97,27 +100,31 @@ class PeerLink:
         try:
             rdv.send(sock, rdv.Message(rdv.HELLO, a=qp_num, b=dst_qpn, gid=device.gid))
             answer = rdv.receive(sock)
-            if answer is None or answer[0].kind != rdv.HELLO_OK or len(answer[1]) != 3:
+            if answer is None or answer[0].kind != rdv.HELLO_OK or len(answer[1]) not in (3, 4):
                 for fd in answer[1] if answer else []:
                     os.close(fd)
                 raise VerbsError(errno.ECONNREFUSED, f"peer QP {dst_qpn:#x} refused")
-            area_fd, bell_fd, table_fd = answer[1]
+            area_fd, bell_fd, table_fd = answer[1][:3]
             bell = socket.socket(fileno=bell_fd)
             bell.setblocking(False)
             area = lay.map_segment(area_fd)
             table = lay.map_segment(table_fd, writable=False)
+            notify = lay.map_segment(answer[1][3]) if len(answer[1]) == 4 else None
             hdr = lay.AREA_HEADER.unpack_from(area, 0)
             depth, slot_size = hdr[5], hdr[6]
-            if not depth or len(area) < lay.area_size(depth, slot_size):
+            if (not depth or len(area) < lay.area_size(depth, slot_size)
+                    or (notify is not None and len(notify) < 4)):  # fmt: skip
                 area.close()
                 table.close()
                 bell.close()
+                if notify is not None:
+                    notify.close()
                 raise VerbsError(errno.EPROTO, "peer receive area is malformed")
         except BaseException:
             sock.close()
             raise
         sock.setblocking(False)
-        return cls(sock, path, area, memoryview(area), table, bell, depth, slot_size)
+        return cls(sock, path, area, memoryview(area), table, bell, depth, slot_size, notify)
 
     def lookup(self, rkey: int) -> RemoteMr | None:
         """Map (again) the peer region of ``rkey``; ``None`` if it has no live one.
