@@ -7,6 +7,7 @@ arguments and returning an exit status.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +54,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return benchcli.run(args, Console())
 
 
+def _cmd_device(args: argparse.Namespace) -> int:
+    """The RNICs of this host (``smcr device show`` of smc-tools)."""
+    from smcr.stack.devices import rnic_kind  # noqa: PLC0415
+    from smcr.tools import device  # noqa: PLC0415
+
+    return device.run(args.json, rnic_kind())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``smcr`` command."""
     parser = argparse.ArgumentParser(prog="smcr", description=__doc__.splitlines()[0])
@@ -76,8 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--volume", type=int, default=64, help="MiB per throughput run")
     bench.add_argument("--rounds", type=int, default=2000, help="ping-pong round trips per run")
     bench.add_argument("--bufsize", type=int, default=0,
-                       help="SO_SNDBUF/SO_RCVBUF for SMC-R (default: smcr's 64 KiB)")
+                       help="SO_SNDBUF/SO_RCVBUF for SMC-R (default: the RNIC's, "
+                            "1 MiB on shm, Linux's 64 KiB on roce)")
+    bench.add_argument("--rnic", choices=["shm", "roce"],
+                       default=os.environ.get("SMCR_RNIC", "shm") or "shm",
+                       help="the RNIC under SMC-R (default: $SMCR_RNIC or shm)")
+    bench.add_argument("--netns", action="store_true",
+                       help="run between two new network namespaces over a veth pair (root)")
+    bench.add_argument("--mtu", type=int, default=9000, help="with --netns: the veth MTU")
     bench.set_defaults(func=_cmd_bench)
+    dev = sub.add_parser("device", help="list RNICs: RoCE per interface address, shm per process")
+    dev.add_argument("action", nargs="?", choices=["show"], default="show",
+                     help="what to do (only 'show', as in smc-tools)")
+    dev.add_argument("--json", action="store_true", help="machine-readable list")
+    dev.set_defaults(func=_cmd_device)
     return parser
 
 

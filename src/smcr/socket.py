@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from smcr.core import FellBack, HandshakeCompleted, HandshakeFailed
-from smcr.stack.runtime import HostConn, Readiness, Stack, get_stack
+from smcr.core import Config, FellBack, HandshakeCompleted, HandshakeFailed
+from smcr.stack.runtime import HostConn, Readiness, Stack, default_buffer_size, get_stack
 from smcr.wire.clc import uncompress_bufsize
 from smcr.wire.clc_header import EYECATCHER_SMCR
 from smcr.wire.decline import DeclineCode
@@ -89,9 +89,11 @@ class SMCSocket:
         self._stack: Stack | None = None
         self._prefix = b""
         self._info = SmcInfo("INIT")
-        cfg = get_stack().config if _tcp is None else None
-        self._rmb_size = cfg.rmb_size if cfg else 65536
-        self._sndbuf_size = cfg.sndbuf_size if cfg else 65536
+        # 0: the RNIC's default (smcr.stack.runtime.default_buffer_size), without
+        # opening an RNIC: which one is known only once the TCP connection has a
+        # local address (smcr.stack.devices); SO_RCVBUF/SO_SNDBUF set them
+        self._rmb_size = 0
+        self._sndbuf_size = 0
         self._rd_shut = False
         self._oob: int | None = None  # an urgent byte taken out of the stream, unread
         self._oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
@@ -193,9 +195,9 @@ class SMCSocket:
         """SO_SNDBUF/SO_RCVBUF report smcr's buffer sizes; the rest come from TCP."""
         if self._mode != "TCP" and level == _socket.SOL_SOCKET and not args:
             if optname == _socket.SO_RCVBUF:
-                return self._rmb_size
+                return self._rmb_size or default_buffer_size()
             if optname == _socket.SO_SNDBUF:
-                return self._sndbuf_size
+                return self._sndbuf_size or default_buffer_size()
         return self._tcp.getsockopt(level, optname, *args)
 
     # ------------------------------------------------------------ connecting
@@ -208,7 +210,7 @@ class SMCSocket:
         or TCP) must be settled before its first send (module docstring).
         """
         if self._timeout == 0.0:
-            self._tcp.settimeout(get_stack().config.clc_wait)
+            self._tcp.settimeout(Config().clc_wait)
             try:
                 self._tcp.connect(address)
             finally:
@@ -274,7 +276,7 @@ class SMCSocket:
         return ipaddress.ip_address(host.split("%")[0])
 
     def _handshake(self, client: bool) -> None:
-        stack = self._stack = get_stack()
+        stack = self._stack = get_stack(self._local_ip())  # the RNIC of this address
         with stack.lock:
             hc = self._hc = stack.new_conn(self._tcp)
             stack.start_handshake(hc, client, self._local_ip(), self._rmb_size,
@@ -283,6 +285,7 @@ class SMCSocket:
             outcome = hc.outcome
         if isinstance(outcome, HandshakeCompleted):
             self._mode = "SMCR"
+            self._rmb_size, self._sndbuf_size = len(hc.rmb), len(hc.sndbuf)  # as allocated
             self._info = SmcInfo("SMCR", lgr_id=outcome.lgr_id,
                                  first_contact=outcome.first_contact)  # fmt: skip
             return
@@ -588,6 +591,7 @@ class SMCSocket:
                 if stack.engine_conn(hc) is None and not hc.released:
                     hc.released = True
                     stack.conns.pop(hc.conn_id, None)
+                    stack.unwatch_tcp(hc)
                     self._tcp.close()
         else:
             self._tcp.close()

@@ -125,8 +125,12 @@ class Pair:
         return self.server if side is self.client else self.client
 
     def connect(self, rmb_size: int = 65536, server_rmb: bool = True,
-                client_rmb: bool = True) -> tuple[int, int]:
-        """Start a connection; returns (client conn id, server conn id)."""
+                client_rmb: bool = True, sndbuf_size: int = 0) -> tuple[int, int]:
+        """Start a connection; returns (client conn id, server conn id).
+
+        :param sndbuf_size: both sides' send buffers, handed to the engines as the
+            runtime does (0: each engine's configured size).
+        """
         c, s = next(self._conn_ids), next(self._conn_ids)
         self.tcp[("client", c)] = ("server", s)
         self.tcp[("server", s)] = ("client", c)
@@ -134,11 +138,11 @@ class Pair:
             rmb = self.fabric.alloc(rmb_size) if have else None
             if rmb:
                 side.rmbs[cid] = rmb
-            side.sndbufs[cid] = bytearray(side.engine.config.sndbuf_size)
+            side.sndbufs[cid] = bytearray(sndbuf_size or side.engine.config.sndbuf_size)
         self.run(self.server, self.server.engine.accept(s, self.server.rmbs.get(s), LOOPBACK,
-                                                        self.now))  # fmt: skip
+                                                        self.now, sndbuf_size))  # fmt: skip
         self.run(self.client, self.client.engine.connect(c, self.client.rmbs.get(c), LOOPBACK,
-                                                         self.now))  # fmt: skip
+                                                         self.now, sndbuf_size))  # fmt: skip
         return c, s
 
     # -- executing actions -------------------------------------------------------
@@ -168,7 +172,9 @@ class Pair:
             self.pending_actions.append(
                 (side, side.engine.send_completed(a.qpn, a.wr_id, True, self.now)))
         elif isinstance(a, RdmaWrite):
-            src = side.sndbufs[a.conn][a.src_offset : a.src_offset + a.length]
+            sndbuf = side.sndbufs[a.conn]
+            assert a.src_offset + a.length <= len(sndbuf), "WRITE outside the send buffer"
+            src = sndbuf[a.src_offset : a.src_offset + a.length]
             vaddr, mem = self.fabric.memory[a.rkey]
             off = a.remote_addr - vaddr
             assert off >= 0 and off + a.length <= len(mem), "WRITE outside the RMB"

@@ -219,3 +219,30 @@ def test_peer_flags_are_sticky_on_the_wire(flag: int) -> None:
     msg = CdcMessage(1, 1, connection_state_flags=ConnectionStateFlags(flag),
                      producer_flags=ProducerFlags(0))
     assert msg.encode()[25] == flag
+
+
+@given(st.integers(0, 1 << 40), st.integers(0, 0xFFFF), st.sampled_from([1, 7, 16384, 1 << 20]),
+       st.data())  # fmt: skip
+def test_int_cursor_advance_matches_cursor_compare(absolute: int, wrap: int, size: int,
+                                                    data: st.DataObject) -> None:  # fmt: skip
+    """The data path's int form of ``advance_to`` is ``compare`` on Cursor objects."""
+    from smcr.core.connection import _advance, to_cursor  # noqa: PLC0415
+    from smcr.wire.cursor import compare  # noqa: PLC0415
+
+    count = data.draw(st.integers(0, size - 1))
+    delta = compare(to_cursor(absolute, size), Cursor(wrap, count), size)
+    expected = absolute + delta if delta > 0 else absolute
+    assert _advance(absolute, wrap, count, size) == expected
+
+
+def test_send_buffer_size_from_the_host_not_the_config() -> None:
+    """The runtime sizes each send buffer from SO_SNDBUF (as Linux does): the engine
+    must ring-wrap at that size, not at ``Config.sndbuf_size``."""
+    p = Pair(Config())  # configured 64 KiB
+    c, s = p.connect(rmb_size=16384, sndbuf_size=8192)
+    p.pump()
+    assert p.client.engine.conns[c].sndbuf_size == 8192
+    data = os.urandom(60_000)
+    assert transfer(p, p.client, p.server, c, s, data) == data
+    back = os.urandom(30_000)
+    assert transfer(p, p.server, p.client, s, c, back, read_chunk=999) == back

@@ -1,14 +1,57 @@
-"""Spawned peer processes for the socket tests, with bounded waits."""
+"""Spawned peer processes for the socket tests, with bounded waits, over either RNIC.
+
+The ``rnic`` fixture is ``"shm"`` unless a test parametrizes it (:data:`RNICS`).
+For ``"roce-lo"`` both ends use the RoCE RNIC over loopback (each process its
+own 127/8 address, :mod:`smcr.stack.devices`).  For ``"roce"`` the test runs
+as two hosts: network namespaces joined by a veth pair
+(``tests.roce.netns.Hosts``, one pair per module).  The test process's main
+thread, the client, enters host A for the test; peers (servers) start there and
+move to host B; ``SMCR_RNIC=roce`` and the server address reach them through
+the environment.  At the end the client's runtimes are closed and the thread
+goes back to its own namespace.
+"""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import shutil
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from smcr.stack.runtime import close_stacks
+from smcr.tools.netns import enter_netns
+from tests.socket import smc_peer
+
 CTX = mp.get_context("spawn")
+
+
+def port_4791_shareable() -> bool:
+    """Whether 127.0.0.1:4791 can be shared (not if rxe's kernel socket owns it here)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            s.bind(("127.0.0.1", 4791))
+        except OSError:
+            return False
+    return True
+
+
+RNICS = pytest.mark.parametrize("rnic", [
+    "shm",
+    pytest.param("roce-lo", marks=pytest.mark.skipif(not port_4791_shareable(),
+                                                     reason="UDP port 4791 is taken")),
+    pytest.param("roce", marks=[
+        pytest.mark.root,
+        pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                           reason="needs root and iproute2 (network namespaces)"),
+    ]),
+])  # fmt: skip
+"""Run a test over the shm RNIC, the RoCE RNIC over loopback (one host, no privileges),
+and the RoCE RNIC between two namespaces (root)."""
 
 
 class Peer:
@@ -31,11 +74,55 @@ class Peer:
 
 
 @pytest.fixture
-def peer() -> Iterator[Callable[..., Peer]]:
+def rnic() -> str:
+    """The RNIC kind of a test that does not parametrize it."""
+    return "shm"
+
+
+@pytest.fixture(scope="module")
+def roce_hosts() -> Iterator[Any]:
+    """Two namespaces with a veth pair, shared by a module's RoCE tests."""
+    from tests.roce.netns import Hosts  # noqa: PLC0415 - only RoCE runs need it
+
+    with Hosts() as hosts:
+        yield hosts
+
+
+@pytest.fixture
+def fabric(rnic: str, request: pytest.FixtureRequest,
+           monkeypatch: pytest.MonkeyPatch) -> Iterator[str | None]:  # fmt: skip
+    """Set the test up for its RNIC; yields the server's namespace (None over shm)."""
+    monkeypatch.delenv(smc_peer.HOST_ENV, raising=False)
+    if rnic == "shm":
+        monkeypatch.delenv("SMCR_RNIC", raising=False)
+        yield None
+        return
+    monkeypatch.setenv("SMCR_RNIC", "roce")
+    if rnic == "roce-lo":
+        yield None
+        close_stacks()
+        return
+    hosts = request.getfixturevalue("roce_hosts")
+    monkeypatch.setenv(smc_peer.HOST_ENV, hosts.addr[1])
+    home = os.open(f"/proc/self/task/{os.getpid()}/ns/net", os.O_RDONLY)
+    try:
+        enter_netns(hosts.ns[0])
+        try:
+            yield hosts.ns[1]
+        finally:
+            close_stacks()
+            enter_netns(fd=home)
+    finally:
+        os.close(home)
+
+
+@pytest.fixture
+def peer(fabric: str | None) -> Iterator[Callable[..., Peer]]:
     made: list[Peer] = []
 
     def start(target: Callable[..., None], *args: Any) -> Peer:
-        p = Peer(target, *args)
+        p = Peer(target, *args) if fabric is None else Peer(smc_peer.in_netns, fabric, target,
+                                                             *args)  # fmt: skip
         made.append(p)
         return p
 

@@ -3,22 +3,38 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import smcr
 from smcr.stack.runtime import get_stack
+from smcr.tools.netns import enter_netns
+
+HOST_ENV = "SMCR_TEST_HOST"
+
+
+def host() -> str:
+    """The server's address: 127.0.0.1, or the server namespace's veth address (RoCE)."""
+    return os.environ.get(HOST_ENV, "127.0.0.1")
+
+
+def in_netns(ctl: Connection, name: str, target: Callable[..., None], *args: object) -> None:
+    """Run a peer ``target`` inside network namespace ``name`` (the RoCE server host)."""
+    enter_netns(name)
+    target(ctl, *args)
 
 
 def echo_server(ctl: Connection, decline: bool = False, conns: int = 1) -> None:
     """Accept ``conns`` clients one after another; echo until EOF; report each mode."""
     if decline:
-        get_stack().max_buffers = 0  # every handshake declines with MEM
-    srv = smcr.create_server(("127.0.0.1", 0))
+        get_stack(ipaddress.ip_address(host())).max_buffers = 0  # handshakes decline: MEM
+    srv = smcr.create_server((host(), 0))
     ctl.send(srv.getsockname()[1])
     for _ in range(conns):
         c, _ = srv.accept()
@@ -32,7 +48,7 @@ def echo_server(ctl: Connection, decline: bool = False, conns: int = 1) -> None:
 
 def sink_server(ctl: Connection) -> None:
     """Accept one client, read to EOF, send back SHA-256 of what came and its own stream."""
-    srv = smcr.create_server(("127.0.0.1", 0))
+    srv = smcr.create_server((host(), 0))
     ctl.send(srv.getsockname()[1])
     c, _ = srv.accept()
     total, seed = ctl.recv()
@@ -75,7 +91,7 @@ def sink_server(ctl: Connection) -> None:
 
 def hold_server(ctl: Connection) -> None:
     """Accept one client, send 5 bytes, then wait to be killed."""
-    srv = smcr.create_server(("127.0.0.1", 0))
+    srv = smcr.create_server((host(), 0))
     ctl.send(srv.getsockname()[1])
     c, _ = srv.accept()
     c.sendall(b"hello")
@@ -85,7 +101,7 @@ def hold_server(ctl: Connection) -> None:
 
 def half_close_server(ctl: Connection) -> None:
     """Read to EOF, then answer with the byte count and close."""
-    srv = smcr.create_server(("127.0.0.1", 0))
+    srv = smcr.create_server((host(), 0))
     ctl.send(srv.getsockname()[1])
     c, _ = srv.accept()
     n = 0
@@ -98,7 +114,7 @@ def half_close_server(ctl: Connection) -> None:
 
 def plain_tcp_client(port: int, payload: bytes) -> bytes:
     """A plain socket.socket client (runs in the test process)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+    with socket.create_connection((host(), port), timeout=10) as s:
         s.sendall(payload)
         s.shutdown(socket.SHUT_WR)
         out = b""
@@ -109,7 +125,7 @@ def plain_tcp_client(port: int, payload: bytes) -> bytes:
 
 def many_server(ctl: Connection, n: int) -> None:
     """Accept ``n`` clients, then echo on each in its own thread."""
-    srv = smcr.create_server(("127.0.0.1", 0))
+    srv = smcr.create_server((host(), 0))
     ctl.send(srv.getsockname()[1])
     threads = []
     modes = []
@@ -127,12 +143,12 @@ def many_server(ctl: Connection, n: int) -> None:
         threads.append(t)
     for t in threads:
         t.join(60)
-    ctl.send((modes, len(get_stack().engine.lgrs), os.getpid()))
+    ctl.send((modes, len(get_stack(ipaddress.ip_address(host())).engine.lgrs), os.getpid()))
 
 
 def oob_server(ctl: Connection) -> None:
     """Read the normal bytes up to the mark, the urgent byte, then the rest; report them."""
-    srv = smcr.create_server(("127.0.0.1", 0))
+    srv = smcr.create_server((host(), 0))
     ctl.send(srv.getsockname()[1])
     c, _ = srv.accept()
     ctl.recv()  # the client has sent everything
@@ -152,3 +168,14 @@ def echo_server6(ctl: Connection) -> None:
     with c:
         while data := c.recv(65536):
             c.sendall(data)
+
+
+def echo_client(ctl: Connection, address: str, port: int, size: int) -> None:
+    """Connect, send ``size`` random bytes and read them back; report mode and equality."""
+    with smcr.create_connection((address, port), timeout=20) as s:
+        msg = os.urandom(size)
+        s.sendall(msg)
+        got = bytearray()
+        while len(got) < size and (data := s.recv(65536)):
+            got += data
+        ctl.send((s.smc_info().mode, bytes(got) == msg))

@@ -1,4 +1,8 @@
-"""SMCSocket between real processes over the shm RNIC."""
+"""SMCSocket between real processes over the shm RNIC; the essentials also over RoCE.
+
+``RNICS`` tests run again over the RoCE RNIC, over loopback and between two
+network namespaces (root; see ``conftest``): the same code above the verbs.
+"""
 
 from __future__ import annotations
 
@@ -16,16 +20,17 @@ import pytest
 import smcr
 from smcr.wire.decline import DeclineCode
 from tests.socket import smc_peer
-from tests.socket.conftest import Peer
+from tests.socket.conftest import RNICS, Peer, port_4791_shareable
 
 PeerFactory = Callable[..., Peer]
 
 
 def connect(port: int) -> smcr.SMCSocket:
-    s = smcr.create_connection(("127.0.0.1", port), timeout=20)
+    s = smcr.create_connection((smc_peer.host(), port), timeout=20)
     return s
 
 
+@RNICS
 def test_echo_both_ways_over_smcr_and_link_group_reuse(peer: PeerFactory) -> None:
     p = peer(smc_peer.echo_server, False, 2)
     port = p.recv()
@@ -43,6 +48,7 @@ def test_echo_both_ways_over_smcr_and_link_group_reuse(peer: PeerFactory) -> Non
                 assert got == msg
 
 
+@RNICS
 def test_bulk_both_directions_at_once_sha256(peer: PeerFactory) -> None:
     total = 8 << 20
     p = peer(smc_peer.sink_server)
@@ -88,6 +94,7 @@ def test_many_small_messages(peer: PeerFactory) -> None:
             assert s.recv(4, socket.MSG_WAITALL) == msg
 
 
+@RNICS
 def test_plain_tcp_client_to_smcr_server_falls_back_with_bytes_intact(peer: PeerFactory) -> None:
     p = peer(smc_peer.echo_server)
     port = p.recv()
@@ -96,6 +103,7 @@ def test_plain_tcp_client_to_smcr_server_falls_back_with_bytes_intact(peer: Peer
     assert p.recv() == ("TCP", DeclineCode.PEERNOSMC, 0)
 
 
+@RNICS
 def test_declining_server_falls_back_both_sides(peer: PeerFactory) -> None:
     p = peer(smc_peer.echo_server, True)
     with connect(p.recv()) as s:
@@ -112,6 +120,24 @@ def test_declining_server_falls_back_both_sides(peer: PeerFactory) -> None:
         assert got == msg
 
 
+@pytest.mark.skipif(not port_4791_shareable(), reason="UDP port 4791 is taken")
+def test_shm_client_and_roce_server_fall_back_fast_with_bytes_intact(
+        peer: PeerFactory, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("SMCR_RNIC", "roce")  # the server's, read in its process
+    p = peer(smc_peer.echo_server)
+    port = p.recv()
+    monkeypatch.setenv("SMCR_RNIC", "shm")
+    t0 = time.monotonic()
+    with connect(port) as s:
+        info = s.smc_info()
+        assert (info.mode, info.local_code) == ("TCP", DeclineCode.NOACTLINK)
+        assert time.monotonic() - t0 < 2.0
+        assert p.recv() == ("TCP", DeclineCode.PEERDECL, DeclineCode.NOACTLINK)
+        s.sendall(b"intact")
+        assert s.recv(6, socket.MSG_WAITALL) == b"intact"
+
+
+@RNICS
 def test_peer_sigkill_gives_reset_in_bounded_time(peer: PeerFactory) -> None:
     p = peer(smc_peer.hold_server)
     s = connect(p.recv())
@@ -129,6 +155,7 @@ def test_peer_sigkill_gives_reset_in_bounded_time(peer: PeerFactory) -> None:
     s.close()
 
 
+@RNICS
 def test_half_close(peer: PeerFactory) -> None:
     p = peer(smc_peer.half_close_server)
     s = connect(p.recv())
@@ -174,7 +201,8 @@ def test_window_full_nonblocking_send_raises(peer: PeerFactory) -> None:
     with pytest.raises(BlockingIOError):
         for _ in range(100):
             sent += s.send(b"z" * 65536)
-    assert sent == 65536 * 2  # peer RMBE + our send buffer
+    # peer RMBE + our send buffer
+    assert sent == s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) + s.smc_info().peer_rmb_size
     sel = selectors.DefaultSelector()
     sel.register(s, selectors.EVENT_WRITE)
     assert sel.select(0.05) == []
@@ -265,3 +293,41 @@ def test_nonblocking_connect_completes_and_recv_raises(peer: PeerFactory) -> Non
     with pytest.raises(BlockingIOError):
         s.recv(1)
     s.close()
+
+
+def test_buffer_sizes_default_and_so_sndbuf_so_rcvbuf(peer: PeerFactory) -> None:
+    """Unset, a shm connection gets the runtime's default buffers; SO_SNDBUF and
+    SO_RCVBUF override it per socket, each on its own, and data flows through both."""
+    from smcr.stack.runtime import SHM_BUFFER  # noqa: PLC0415
+
+    p = peer(smc_peer.echo_server, False, 2)
+    port = p.recv()
+    with connect(port) as s:
+        assert p.recv() == ("SMCR", 0, 0)
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == SHM_BUFFER
+        assert (s.smc_info().rmb_size, s.smc_info().peer_rmb_size) == (SHM_BUFFER, SHM_BUFFER)
+    s = smcr.SMCSocket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 20000)  # rounded up to 32 KiB
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 17)
+    s.settimeout(20)
+    s.connect((smc_peer.host(), port))
+    with s:
+        assert p.recv() == ("SMCR", 0, 0)
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 32768
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 1 << 17
+        assert s.smc_info().rmb_size == 1 << 17
+        msg = os.urandom(3 << 20)  # many times both rings, writes larger than the send buffer
+
+        def writer() -> None:
+            s.sendall(msg)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        got = bytearray()
+        while len(got) < len(msg):
+            chunk = s.recv(1 << 16)
+            assert chunk
+            got += chunk
+        t.join(30)
+        assert not t.is_alive()
+        assert hashlib.sha256(got).digest() == hashlib.sha256(msg).digest()

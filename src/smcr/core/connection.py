@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from smcr.core.close import CloseInput, Send, SmcState, step
 from smcr.core.events import Action, PostSend, RdmaWrite, ReleaseConnection, ShutdownTcp
 from smcr.wire.cdc import CdcMessage, ConnectionStateFlags, ProducerFlags, sequence_before
-from smcr.wire.cursor import WRAP_LIMIT, Cursor, compare
+from smcr.wire.cursor import WRAP_LIMIT, Cursor
 
 # The CDC layout of smcr.wire.cdc (spec §4), packed and unpacked here with plain
 # ints: the data path builds and reads one CDC per send and per receive, and
@@ -70,8 +70,17 @@ def to_cursor(absolute: int, size: int) -> Cursor:
 
 def advance_to(absolute: int, received: Cursor, size: int) -> int:
     """Move ``absolute`` forward to a received cursor; a backward cursor is ignored."""
-    delta = compare(to_cursor(absolute, size), received, size)
-    return absolute + delta if delta > 0 else absolute
+    return _advance(absolute, received.wrap, received.count, size)
+
+
+def _advance(absolute: int, wrap: int, count: int, size: int) -> int:
+    """:func:`advance_to` on plain ints (the data path): :func:`~smcr.wire.cursor.compare`
+    of ``to_cursor(absolute)`` and ``(wrap, count)``, without building cursors."""
+    span = size * WRAP_LIMIT
+    diff = (wrap * size + count - absolute) % span
+    if diff >= span // 2:
+        diff -= span
+    return absolute + diff if diff > 0 else absolute
 
 
 class PeerFaultError(Exception):
@@ -279,14 +288,14 @@ class Connection:
         prod = self.rx_prod
         held = divmod(prod, size)
         if (pwrap, pcount) != (held[0] & 0xFFFF, held[1]):
-            prod = advance_to(prod, Cursor(pwrap, pcount), size)
+            prod = _advance(prod, pwrap, pcount, size)
             if prod - self.rx_cons > size:
                 raise PeerFaultError("peer wrote more than our RMBE holds")
             self.rx_prod = prod
         cons = self.peer_cons
         held = divmod(cons, peer_size)
         if (cwrap, ccount) != (held[0] & 0xFFFF, held[1]):
-            cons = advance_to(cons, Cursor(cwrap, ccount), peer_size)
+            cons = _advance(cons, cwrap, ccount, peer_size)
             if cons > self.tx_sent:
                 raise PeerFaultError("peer consumed more than we wrote")
             self.peer_cons = cons

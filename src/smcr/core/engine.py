@@ -137,11 +137,16 @@ class Engine(LinkLayer):
 
     # ============================================================ handshake
 
-    def connect(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float) -> list[Action]:
-        """Client: send the Proposal (``smc_connect_clc``)."""
+    def connect(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float,
+                sndbuf_size: int = 0) -> list[Action]:  # fmt: skip
+        """Client: send the Proposal (``smc_connect_clc``).
+
+        :param sndbuf_size: the send buffer the host allocated (Linux sizes it from
+            the socket's ``SO_SNDBUF``); 0 means :attr:`Config.sndbuf_size`.
+        """
         ident = self.identity
         hs = Handshake(conn, True, HsState.PROPOSAL_SENT, now + self.config.clc_wait, rmb,
-                       local_ip)  # fmt: skip
+                       local_ip, sndbuf_size=sndbuf_size)  # fmt: skip
         self.handshakes[conn] = hs
         area = prefix_area(local_ip)
         proposal = ClcProposal.smcr_v1(
@@ -150,11 +155,13 @@ class Engine(LinkLayer):
         )  # fmt: skip
         return [SendClc(conn, proposal.encode())]
 
-    def accept(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float) -> list[Action]:
+    def accept(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float,
+               sndbuf_size: int = 0) -> list[Action]:  # fmt: skip
         """Server: a TCP connection whose first bytes are the CLC eyecatcher; wait for its
-        Proposal (``smc_listen_work``)."""
+        Proposal (``smc_listen_work``).  ``sndbuf_size`` as for :meth:`connect`."""
         self.handshakes[conn] = Handshake(conn, False, HsState.PROPOSAL_WAIT,
-                                          now + self.config.clc_wait, rmb, local_ip)  # fmt: skip
+                                          now + self.config.clc_wait, rmb, local_ip,
+                                          sndbuf_size=sndbuf_size)  # fmt: skip
         return []
 
     def receive_clc(self, conn: int, data: bytes, now: float) -> list[Action]:
@@ -190,17 +197,26 @@ class Engine(LinkLayer):
         return out
 
     def tcp_closed(self, conn: int, now: float) -> list[Action]:
-        """The TCP connection ended (EOF or error) during the handshake."""
+        """The TCP connection ended (EOF or error) during the handshake.
+
+        A server waiting for the CONFIRM LINK response carries on: the client has
+        finished its handshake once it sent that response and may already have
+        shut its TCP down (``shutdown`` shuts the CLC socket too, as Linux
+        ``smc_shutdown`` does), while the response is still on its way over the
+        link.  No CLC message is due then; the LLC wait bounds it.
+        """
         out: list[Action] = []
         hs = self.handshakes.get(conn)
-        if hs is not None:
+        if hs is not None and hs.state is not HsState.CONFIRM_LINK_RESP_WAIT:
             self._fail(hs, "TCP connection closed during the CLC handshake", out)
         return out
 
     def _clc_message(self, hs: Handshake, msg: ClcMessage, now: float, out: list[Action]) -> None:
         if isinstance(msg, ClcDecline):
-            if hs.lgr is not None and (msg.out_of_sync or hs.first_contact):
-                self._terminate(hs.lgr, "peer declined out of sync", out)
+            lgr = hs.lgr
+            if lgr is not None and (msg.out_of_sync or hs.first_contact):
+                hs.lgr = None  # this one falls back below: no Decline back, no reset
+                self._terminate(lgr, "peer declined out of sync", out)
             self._fall_back(hs, int(DeclineCode.PEERDECL), msg.peer_diagnosis, out)
         elif isinstance(msg, ClcAccept):
             self._client_accept(hs, msg, now, out)
@@ -211,7 +227,7 @@ class Engine(LinkLayer):
 
     def _new_conn(self, hs: Handshake, rmb: Rmb) -> Connection:
         conn = Connection(hs.conn, next(self._tokens) & 0xFFFFFFFF or 1, rmb,
-                          self.config.sndbuf_size)  # fmt: skip
+                          hs.sndbuf_size or self.config.sndbuf_size)  # fmt: skip
         self.conns[hs.conn] = conn
         hs.token = conn.token
         if hs.lgr is not None:

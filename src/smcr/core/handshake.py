@@ -11,7 +11,16 @@ The IP prefix area: the shm RNIC reaches only processes of this host, so the
 "same subnet" check of Linux is done on the TCP connection's local address:
 IPv4 loopback as ``127.0.0.0/8``, any other IPv4 address as a /32, IPv6 as a
 /128 (we have no portable netmask query without ioctls; same host is what
-counts).  A mismatch declines with ``DIFFPREFIX`` as Linux does.
+counts).  A mismatch declines with ``DIFFPREFIX`` as Linux does.  Over the
+RoCE RNIC the runtime hands in the address with its interface prefix (an
+``ip_interface``), as Linux does with the netdev's.
+
+Over the RoCE RNIC smcr keeps this SMC-Rv1 framing between smcr peers: the GID
+is then the IPv4-mapped (or IPv6) RoCEv2 GID and the MAC the interface's.
+Linux would use SMC-Rv1 only with RoCE v1 GIDs, which rxe lacks, so a Linux
+peer over rxe declines (``NOSMCRDEV``) and both fall back to TCP; SMC-Rv2
+(UEID, v2 Accept/Confirm, v2 LLC) is the later interop step (see
+:mod:`smcr.stack.devices`).
 """
 
 from __future__ import annotations
@@ -79,10 +88,21 @@ class Handshake:
     first_contact: bool = False
     accept: ClcAccept | None = None
     token: int = 0
+    sndbuf_size: int = 0  # the connection's send buffer; 0: the engine config's
 
 
 def prefix_area(ip: IpAddress) -> IpPrefixArea:
-    """The prefix area for a local address (see the module docstring)."""
+    """The prefix area for a local address (see the module docstring).
+
+    An ``ip_interface`` (a subclass of the address types) brings its own prefix
+    length: the RoCE RNIC's runtime passes the interface's, as Linux
+    ``smc_clc_prfx_set`` takes the netdev's (:mod:`smcr.stack.devices`).
+    """
+    if isinstance(ip, ipaddress.IPv4Interface):
+        return IpPrefixArea(ip.network.network_address, ip.network.prefixlen)
+    if isinstance(ip, ipaddress.IPv6Interface):
+        return IpPrefixArea(ipv6_prefixes=(Ipv6Prefix(ip.network.network_address,
+                                                      ip.network.prefixlen),))  # fmt: skip
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     if isinstance(ip, ipaddress.IPv4Address):

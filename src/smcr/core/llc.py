@@ -64,6 +64,7 @@ class LinkLayer:
     identity: LocalIdentity
     _llc_handlers: dict[int, LlcHandler]
     handshakes: dict[int, Handshake]
+    conns: dict[int, Connection]
     lgrs: dict[int, LinkGroup]
     links: dict[int, Link]
     touched: set[int]
@@ -302,6 +303,26 @@ class LinkLayer:
             self._terminate(link.lgr, f"link down: {reason}", out)
         return out
 
+    def probe_link(self, conn_id: int, now: float) -> list[Action]:
+        """Test a connection's link at once (TEST LINK), not after the idle time.
+
+        The host calls it when the connection's TCP socket ends while SMC-R runs:
+        over a user-space RNIC a killed peer process leaves nothing but its
+        kernel's TCP FIN or RST, and its link would look alive until the
+        keepalive (30 s).  An answer changes nothing (a peer's orderly close also
+        ends its TCP); silence for ``llc_wait``, or the QP's retry exceeded, ends
+        the link group as for any dead link.
+        """
+        out: list[Action] = []
+        conn = self.conns.get(conn_id)
+        link = self.links.get(conn.qpn) if conn is not None else None
+        if link is None or link.state is not LinkState.LINK_ACTIVE or link.lgr.terminated:
+            return out
+        if link.test_deadline is None:
+            self._post_llc(link, TestLink(), out)
+            link.test_deadline = now + self.config.llc_wait
+        return out
+
     def _delete_all(self, lgr: LinkGroup, reason: int, text: str, out: list[Action]) -> None:
         link = lgr.active_link
         if link is not None:
@@ -316,6 +337,9 @@ class LinkLayer:
             return
         lgr.terminated = True
         for conn in list(lgr.conns.values()):
+            hs = self.handshakes.get(conn.id)
+            if hs is not None and hs.state not in (HsState.DONE, HsState.FALLBACK):
+                continue  # declined below: its TCP carries on as the fallback, not reset
             self.touched.add(conn.id)
             if conn.state is not SmcState.CLOSED:
                 conn.link_down(reason, out)

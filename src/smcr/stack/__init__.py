@@ -1,8 +1,8 @@
-"""The runtime that hosts the SMC-R engine on a real RNIC (the shm device).
+"""The runtime that hosts the SMC-R engine on a real RNIC (shm, or RoCE by ``SMCR_RNIC``).
 
-See :mod:`smcr.stack.runtime`.
+See :mod:`smcr.stack.runtime` and, for the RNIC choice, :mod:`smcr.stack.devices`.
 """
 
-from smcr.stack.runtime import HostConn, Stack, get_stack
+from smcr.stack.runtime import HostConn, Stack, close_stacks, get_stack
 
-__all__ = ["HostConn", "Stack", "get_stack"]
+__all__ = ["HostConn", "Stack", "close_stacks", "get_stack"]

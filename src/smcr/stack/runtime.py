@@ -1,6 +1,11 @@
-"""The runtime: one engine, one shm RNIC and one progress thread per process.
+"""The runtime: one engine, one RNIC and one progress thread per RNIC in use.
 
 Design (the why of each):
+
+* **The RNIC is chosen per connection** (:func:`get_stack`,
+  :mod:`smcr.stack.devices`): the shm RNIC (one per process, the default), or
+  with ``SMCR_RNIC=roce`` the RoCE RNIC of the TCP connection's local address.
+  Everything above the verbs is the same for both.
 
 * **One lock serialises the engine** (STYLE §9): application threads and the
   progress thread call the engine only while holding :attr:`Stack.lock`.
@@ -40,7 +45,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from smcr.core import (
     Action,
@@ -80,7 +85,9 @@ from smcr.rdma import (
     WrOpcode,
     rc_bring_up,
 )
-from smcr.rdma.shm import ShmDevice, ShmQp
+from smcr.rdma.base import Device, QueuePair
+from smcr.rdma.shm import ShmDevice
+from smcr.stack import devices
 
 _DEBUG = bool(os.environ.get("SMCR_DEBUG"))
 RMB_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
@@ -91,6 +98,12 @@ SEND_SLOTS = 4096
 WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
 TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
 STANDBY = 0.01  # the progress thread's look-in period while applications poll
+# Default send buffer and RMB on the shm RNIC, as Linux sizes them from the socket
+# buffers (SO_SNDBUF/SO_RCVBUF still override it per socket): a window of 64 KiB
+# costs a full consumer-cursor round trip per 64 KiB write; 1 MiB lets the sender
+# run ahead (smcr bench: 64 KiB writes about 3x faster).  Pages of a memfd are only
+# backed once written, so an idle connection costs little of it.
+SHM_BUFFER = 1 << 20
 
 
 class Readiness:
@@ -172,17 +185,25 @@ class HostConn:
 class Stack:
     """The per-process runtime (module docstring)."""
 
-    def __init__(self, config: Config | None = None, max_buffers: int = 4096) -> None:
-        self.config = config or Config()
+    def __init__(self, config: Config | None = None, max_buffers: int = 4096,
+                 device: Device | None = None) -> None:  # fmt: skip
+        """:param device: the RNIC (default: a new shm RNIC); see :func:`get_stack`."""
+        if config is None:
+            shm = device is None
+            config = Config(sndbuf_size=SHM_BUFFER, rmb_size=SHM_BUFFER) if shm else Config()
+        self.config = config
         self.pid = os.getpid()
-        self.device = ShmDevice(f"smcr{self.pid}")
+        self.device = device if device is not None else ShmDevice(f"smcr{self.pid}")
+        mtu = int(self.device.attr.active_mtu)
+        if mtu < self.config.qp_mtu:  # CLC announces what this RNIC's port can carry
+            self.config = replace(self.config, qp_mtu=mtu)
         self.pd = self.device.alloc_pd()
         self.cq = self.device.create_cq(1 << 20)
         self.lock = threading.Lock()  # not reentrant: _sleep_on_cq releases it once
         mac = self.device.mac
         identity = LocalIdentity(self.device.gid, mac, secrets.token_bytes(2) + mac)
         self.engine = Engine(self.config, identity, self)
-        self.qps: dict[int, ShmQp] = {}
+        self.qps: dict[int, QueuePair] = {}
         self._qp_setup: dict[int, list[tuple[QpAttr, QpAttrMask]]] = {}
         self.conns: dict[int, HostConn] = {}
         self._next_conn = 1
@@ -192,6 +213,7 @@ class Stack:
         self._recv_mr = self.pd.reg_mr(bytearray(SLOT * RECV_SLOTS * 64), AccessFlag.LOCAL_WRITE)
         self._recv_free = list(range(RECV_SLOTS * 64))
         self._recv_slot: dict[int, int] = {}  # wr_id -> slot
+        self._recv_wr: dict[int, RecvWr] = {}  # wr_id -> its receive WR, reposted as is
         self._send_mr = self.pd.reg_mr(bytearray(SLOT * SEND_SLOTS), AccessFlag.LOCAL_WRITE)
         self._send_off = 0
         self._repost: dict[int, list[RecvWr]] = {}
@@ -204,6 +226,10 @@ class Stack:
         self._bell_r, self._bell_w = socket.socketpair()
         self._bell_r.setblocking(False)
         self._clc_watch: dict[int, HostConn] = {}
+        self._tcp_watch: dict[int, HostConn] = {}
+        """TCP sockets of SMC-R connections, watched for the peer's end (:meth:`_tcp_ended`);
+        not over shm, whose RNIC itself sees a peer process die."""
+        self._watch_tcp = not isinstance(self.device, ShmDevice)
         self._running = True
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
         self.fallback_reasons: Counter[tuple[int, int]] = Counter()
@@ -262,17 +288,24 @@ class Stack:
 
     def start_handshake(self, hc: HostConn, client: bool, local_ip: ipaddress.IPv4Address
                         | ipaddress.IPv6Address, rmb_size: int, sndbuf_size: int) -> None:
-        """Allocate buffers and start the CLC handshake (lock held)."""
-        bufs = self.alloc_buffers(rmb_size, sndbuf_size)
+        """Allocate buffers and start the CLC handshake (lock held).
+
+        A size of 0 means this RNIC's default (:attr:`config`, e.g. :data:`SHM_BUFFER`).
+        """
+        local_ip = devices.prefix_ip(self.device, local_ip)
+        bufs = self.alloc_buffers(rmb_size or self.config.rmb_size,
+                                  sndbuf_size or self.config.sndbuf_size)  # fmt: skip
         rmb = None
+        snd = 0
         if bufs is not None:
             hc.rmb_mr, hc.sndbuf_mr = bufs
             rmb = Rmb(bufs[0].rkey, bufs[0].addr, bufs[0].length)
+            snd = bufs[1].length
         now = time.monotonic()
         if client:
-            actions = self.engine.connect(hc.conn_id, rmb, local_ip, now)
+            actions = self.engine.connect(hc.conn_id, rmb, local_ip, now, snd)
         else:
-            actions = self.engine.accept(hc.conn_id, rmb, local_ip, now)
+            actions = self.engine.accept(hc.conn_id, rmb, local_ip, now, snd)
         hc.handshake = self.engine.handshake(hc.conn_id)
         self.execute(actions)
         if hc.outcome is None:
@@ -292,7 +325,31 @@ class Stack:
         if data:
             self.execute(self.engine.receive_clc(hc.conn_id, data, now))
         else:
+            self._clc_watch.pop(hc.tcp.fileno(), None)  # EOF stays readable: look no more
             self.execute(self.engine.tcp_closed(hc.conn_id, now))
+
+    def _tcp_ended(self, hc: HostConn) -> None:
+        """An SMC-R connection's TCP socket became readable: the peer closed it, or died.
+
+        Over the RoCE RNIC a killed peer process leaves only its kernel's FIN/RST,
+        so the engine tests the link at once (:meth:`Engine.probe_link`): a live
+        peer answers, a dead one does not and the connection is reset within
+        ``llc_wait`` (or the QP's retry exceeded).  The socket is watched no more
+        (bytes there, which SMC-R never sends, would wake us in a loop).
+        """
+        try:
+            hc.tcp.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            self._tcp_watch[hc.tcp.fileno()] = hc  # a spurious wakeup
+            return
+        except OSError:
+            pass
+        if not hc.released:
+            self.execute(self.engine.probe_link(hc.conn_id, time.monotonic()))
+
+    def unwatch_tcp(self, hc: HostConn) -> None:
+        """Stop watching a connection's TCP socket (before it is closed; lock held)."""
+        self._tcp_watch.pop(hc.tcp.fileno(), None)
 
     def engine_conn(self, hc: HostConn) -> Connection | None:
         """The engine's connection record."""
@@ -404,8 +461,10 @@ class Stack:
                 wr_id = self._wr_ids
                 self._wr_ids += 1
                 self._recv_slot[wr_id] = slot
-                wrs.append(RecvWr(wr_id=wr_id, sg_list=(Sge(self._recv_mr.addr + slot * SLOT,
-                                                             SLOT, self._recv_mr.lkey),)))
+                wr = RecvWr(wr_id=wr_id, sg_list=(Sge(self._recv_mr.addr + slot * SLOT, SLOT,
+                                                      self._recv_mr.lkey),))  # fmt: skip
+                self._recv_wr[wr_id] = wr
+                wrs.append(wr)
             qp.post_recv(wrs)
         except (OSError, IndexError) as exc:
             self.execute(self.engine.link_failed(a.qpn, f"RTR: {exc}", time.monotonic()))
@@ -421,6 +480,7 @@ class Stack:
         if hc is None:
             return
         hc.released = True
+        self.unwatch_tcp(hc)
         actions = self.engine.release(conn_id, time.monotonic())
         self._give_back(hc)
         with contextlib.suppress(OSError):
@@ -439,6 +499,8 @@ class Stack:
             if isinstance(ev, (HandshakeCompleted, FellBack, HandshakeFailed)):
                 hc.outcome = ev
                 self._clc_watch.pop(hc.tcp.fileno(), None)
+                if self._poller == "app" and self._poller_ident != threading.get_ident():
+                    self.kick()  # the waiting app thread sleeps on the CQ, not on hc.cond
                 key = {HandshakeCompleted: "smc", FellBack: "fallback",
                        HandshakeFailed: "handshake_errors"}[type(ev)]  # fmt: skip
                 self.stats[key] += 1
@@ -447,6 +509,8 @@ class Stack:
                 if not isinstance(ev, HandshakeCompleted):
                     self._give_back(hc)
                     self.conns.pop(hc.conn_id, None)
+                elif self._watch_tcp:
+                    self._tcp_watch[hc.tcp.fileno()] = hc
             elif isinstance(ev, ConnectionReset):
                 hc.reset_reason = ev.reason
             hc.cond.notify_all()
@@ -510,12 +574,13 @@ class Stack:
             if status is not WcStatus.SUCCESS or slot is None:
                 if slot is not None:
                     self._recv_free.append(self._recv_slot.pop(wr_id))
+                    self._recv_wr.pop(wr_id, None)
                 self.execute(engine.link_failed(qpn, f"receive {status.name}", now))
                 return
             off = slot * SLOT
             self.execute(engine.receive_wr(qpn, self._recv_mr.buf[off : off + wc.byte_len], now))
-            self._repost.setdefault(qpn, []).append(RecvWr(wr_id=wr_id, sg_list=(
-                Sge(self._recv_mr.addr + off, SLOT, self._recv_mr.lkey),)))  # fmt: skip
+            # the same WR again (same wr_id, same slot): nothing to build per message
+            self._repost.setdefault(qpn, []).append(self._recv_wr[wr_id])
             return
         if status is not WcStatus.SUCCESS:
             self.execute(engine.link_failed(qpn, f"send {status.name}", now))
@@ -545,8 +610,10 @@ class Stack:
 
     def _sleep_on_cq(self, left: float | None) -> None:
         """Sleep on the CQ descriptor (lock released) until news or the next deadline."""
-        self.cq.req_notify()  # arm first, then look: a completion after the look rings
-        wcs = self.cq.poll(64)
+        wcs = self.cq.poll(64)  # look first: arm (and pay for the rings it asks for) only to sleep
+        if not wcs:
+            self.cq.req_notify()  # arm, then look again: a completion after this look rings
+            wcs = self.cq.poll(64)
         if not wcs:
             timer = self.engine.get_timer()
             limit = 1.0 if left is None else left
@@ -554,7 +621,7 @@ class Stack:
                 limit = min(limit, max(0.0, timer - time.monotonic()))
                 if limit == 0.0:
                     self._timer_check = 0.0  # due now: process() must run the timers
-            fds = [self.cq.fileno(), self._bell_r.fileno(), *self._clc_watch]
+            fds = [self.cq.fileno(), self._bell_r.fileno(), *self._clc_watch, *self._tcp_watch]
             poller = select.poll()
             for fd in fds:
                 poller.register(fd, select.POLLIN)
@@ -567,6 +634,8 @@ class Stack:
                 hc = self._clc_watch.get(fd)
                 if hc is not None:
                     self._clc_read(hc)
+                elif (hc := self._tcp_watch.pop(fd, None)) is not None:
+                    self._tcp_ended(hc)
                 elif fd in fds[:2]:  # drain: the CQ's doorbell and ours (both non-blocking)
                     with contextlib.suppress(OSError):
                         os.read(fd, 4096)
@@ -599,7 +668,9 @@ class Stack:
                         self._poller = None
 
     def close(self) -> None:
-        """Stop the thread and release the device (at exit)."""
+        """Stop the thread and release the device (at exit; a second call does nothing)."""
+        if not self._running:
+            return
         self._running = False
         self.kick()
         self._thread.join(timeout=2.0)
@@ -612,16 +683,44 @@ class Stack:
 
 _SEND = WrOpcode.SEND
 _WRITE = WrOpcode.RDMA_WRITE
-_stack: Stack | None = None
+_stacks: dict[str, Stack] = {}
 _stack_lock = threading.Lock()
 
 
-def get_stack() -> Stack:
-    """The process's runtime, made on first use (and again in a forked child)."""
-    global _stack  # noqa: PLW0603 - one runtime per process, as one RNIC driver
+def default_buffer_size() -> int:
+    """The send buffer and RMB size of a connection without SO_SNDBUF/SO_RCVBUF:
+    :data:`SHM_BUFFER` on the shm RNIC, Linux's (:class:`Config`) on the RoCE RNIC."""
+    return SHM_BUFFER if devices.rnic_kind() == "shm" else Config().sndbuf_size
+
+
+def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None) -> Stack:
+    """The runtime of the RNIC a connection uses, made on first use (again in a forked child).
+
+    ``SMCR_RNIC=shm`` (default): one runtime per process on its shm RNIC, whatever
+    ``local_ip``.  ``SMCR_RNIC=roce``: one runtime per RoCE RNIC, the one of the
+    TCP connection's local address (:mod:`smcr.stack.devices`); without an
+    address, the default RNIC's.
+
+    :raises ValueError: for an unknown ``SMCR_RNIC``.
+    """
+    kind = devices.rnic_kind()
+    key = "shm" if kind == "shm" else "roce:" + devices.roce_key(local_ip)
     with _stack_lock:
-        if _stack is None or _stack.pid != os.getpid():
-            _stack = Stack()
-            atexit.register(_stack.close)
-        return _stack
+        stack = _stacks.get(key)
+        if stack is None or stack.pid != os.getpid():
+            if stack is not None:  # a forked child: the parent's stacks are not ours
+                _stacks.clear()
+            device = None if kind == "shm" else devices.open_roce(key.split(":", 1)[1])
+            stack = _stacks[key] = Stack(device=device)
+            atexit.register(stack.close)
+        return stack
+
+
+def close_stacks() -> None:
+    """Close every runtime of this process (tests that tear down the RNICs' namespaces)."""
+    with _stack_lock:
+        stacks = [s for s in _stacks.values() if s.pid == os.getpid()]
+        _stacks.clear()
+    for stack in stacks:
+        stack.close()
 

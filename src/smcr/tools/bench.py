@@ -43,20 +43,28 @@ class BenchResult:
         return self.smc / self.tcp if self.tcp else 0.0
 
 
-def _listeners(bufsize: int) -> tuple[Any, socket.socket]:
+def _listeners(bufsize: int, host: str) -> tuple[Any, socket.socket]:
     import smcr  # noqa: PLC0415 - only in the peer process
 
-    smc = smcr.create_server(("127.0.0.1", 0))
+    smc = smcr.create_server((host, 0))
     if bufsize:
         smc.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, bufsize)
         smc.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, bufsize)
-    tcp = socket.create_server(("127.0.0.1", 0))
+    tcp = socket.create_server((host, 0))
     return smc, tcp
 
 
-def peer_main(ctl: Connection, bufsize: int) -> None:
-    """The peer process: sinks and echoes on request, over SMC-R or TCP."""
-    smc, tcp = _listeners(bufsize)
+def peer_main(ctl: Connection, bufsize: int, host: str = "127.0.0.1",
+              netns: str | None = None) -> None:  # fmt: skip
+    """The peer process: sinks and echoes on request, over SMC-R or TCP.
+
+    :param netns: the network namespace to serve from (``--netns``: host B).
+    """
+    if netns is not None:
+        from smcr.tools.netns import enter_netns  # noqa: PLC0415
+
+        enter_netns(netns)
+    smc, tcp = _listeners(bufsize, host)
     ctl.send((smc.getsockname()[1], tcp.getsockname()[1]))
     buf = bytearray(1 << 16)
     while True:
@@ -84,11 +92,14 @@ def peer_main(ctl: Connection, bufsize: int) -> None:
 class Bench:
     """The client side; owns the peer process."""
 
-    def __init__(self, bufsize: int = 0) -> None:
+    def __init__(self, bufsize: int = 0, host: str = "127.0.0.1",
+                 peer_netns: str | None = None) -> None:  # fmt: skip
         self.bufsize = bufsize
+        self.host = host
         ctx = mp.get_context("spawn")
         self.ctl, child = ctx.Pipe()
-        self.proc = ctx.Process(target=peer_main, args=(child, bufsize), daemon=True)
+        self.proc = ctx.Process(target=peer_main, args=(child, bufsize, host, peer_netns),
+                                daemon=True)  # fmt: skip
         self.proc.start()
         if not self.ctl.poll(30):
             raise RuntimeError("bench peer did not start")
@@ -99,12 +110,12 @@ class Bench:
 
         port = self.ports[0] if kind == "smc" else self.ports[1]
         if kind == "tcp":
-            return socket.create_connection(("127.0.0.1", port))
+            return socket.create_connection((self.host, port))
         s = smcr.SMCSocket()
         if self.bufsize:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.bufsize)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.bufsize)
-        s.connect(("127.0.0.1", port))
+        s.connect((self.host, port))
         if not s.using_smc:
             raise RuntimeError(f"bench: SMC-R not used ({s.smc_info().reason})")
         return s
@@ -149,9 +160,13 @@ class Bench:
 
 
 def run(sizes: list[int], reps: int, volume: int, rounds: int, bufsize: int = 0,
-        progress: Callable[[str], None] | None = None) -> list[BenchResult]:  # fmt: skip
-    """Measure everything; ``progress(label)`` is called before each measurement."""
-    bench = Bench(bufsize)
+        progress: Callable[[str], None] | None = None, host: str = "127.0.0.1",
+        peer_netns: str | None = None) -> list[BenchResult]:  # fmt: skip
+    """Measure everything; ``progress(label)`` is called before each measurement.
+
+    :param host: the peer's address; :param peer_netns: the peer's namespace (``--netns``).
+    """
+    bench = Bench(bufsize, host, peer_netns)
     results: list[BenchResult] = []
     try:
         for size in sizes:

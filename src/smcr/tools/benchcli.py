@@ -1,8 +1,18 @@
-"""``smcr bench`` front end: progress display (rich) and the results table or JSON."""
+"""``smcr bench`` front end: progress display (rich) and the results table or JSON.
+
+``--rnic roce`` runs SMC-R over the RoCE RNIC (``SMCR_RNIC=roce`` for both
+processes); with ``--netns`` the two ends are two fresh network namespaces
+joined by a veth pair (``--mtu``, default 9000), this process's main thread
+the client in the first, and TCP is measured over the same pair in the same
+run.  The namespaces are removed at the end, whatever happens.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+from collections.abc import Iterator
 
 from rich.console import Console
 from rich.progress import Progress
@@ -22,12 +32,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
         def progress(label: str) -> None:
             bar.update(task, advance=1, description=label)
 
-        results = bench.run(sizes, args.reps, args.volume << 20, args.rounds, args.bufsize,
-                            progress)  # fmt: skip
+        with _hosts(args) as (host, peer_ns, where):
+            results = bench.run(sizes, args.reps, args.volume << 20, args.rounds, args.bufsize,
+                                progress, host, peer_ns)  # fmt: skip
     if args.json:
         print(bench.to_json(results))
         return 0
-    table = Table(title=f"SMC-R (shm RNIC) vs TCP loopback, median of {args.reps}")
+    table = Table(title=f"SMC-R ({args.rnic} RNIC) vs TCP {where}, median of {args.reps}")
     for col in ("test", "size", "SMC-R", "TCP", "unit", "SMC/TCP"):
         table.add_column(col, justify="right")
     for r in results:
@@ -36,3 +47,26 @@ def run(args: argparse.Namespace, console: Console) -> int:
     console.print(table)
     console.print("throughput: higher is better; latency (round trip): lower is better")
     return 0
+
+
+@contextlib.contextmanager
+def _hosts(args: argparse.Namespace) -> Iterator[tuple[str, str | None, str]]:
+    """Set up where the bench runs: ``(server address, server namespace, description)``."""
+    os.environ["SMCR_RNIC"] = args.rnic  # the spawned peer inherits it
+    if not args.netns:
+        yield "127.0.0.1", None, "loopback"
+        return
+    from smcr.stack.runtime import close_stacks  # noqa: PLC0415
+    from smcr.tools.netns import VethPair, enter_netns  # noqa: PLC0415
+
+    home = os.open(f"/proc/self/task/{os.getpid()}/ns/net", os.O_RDONLY)
+    try:
+        with VethPair(args.mtu) as pair:
+            enter_netns(pair.ns[0])
+            try:
+                yield pair.addr[1], pair.ns[1], f"veth between namespaces (MTU {args.mtu})"
+            finally:
+                close_stacks()
+                enter_netns(fd=home)
+    finally:
+        os.close(home)

@@ -21,6 +21,12 @@ from pathlib import Path
 from smcr.rdma.verbs import PathMtu, ipv4_mapped_gid
 
 SIOCGIFCONF = 0x8912
+SIOCGIFNETMASK = 0x891B
+SIOCGIFFLAGS = 0x8913
+SIOCGIFMTU = 0x8921
+SIOCGIFHWADDR = 0x8927
+IFF_LOOPBACK = 0x8
+IFF_RUNNING = 0x40
 _IFREQ = 40  # sizeof(struct ifreq) on 64-bit Linux
 #: rxe's RXE_MAX_HDR_LENGTH: the MTU room it keeps for headers.
 HEADER_ROOM = 80
@@ -51,6 +57,8 @@ class RnicInfo:
     active_mtu: PathMtu
     operstate: str
     scope_id: int = 0
+    prefix_len: int = 0
+    """The address's network prefix length (0: unknown); the CLC prefix check uses it."""
 
     @property
     def family(self) -> socket.AddressFamily:
@@ -88,6 +96,22 @@ def ipv4_addresses() -> list[tuple[str, str]]:
     return out
 
 
+def ipv4_prefix_len(label: str) -> int:
+    """The prefix length of the IPv4 address ``SIOCGIFCONF`` listed under ``label``.
+
+    ``SIOCGIFNETMASK`` answers for the same address ``SIOCGIFCONF`` named by that
+    label (a secondary address appears only under its own label), so the pair is
+    consistent; 0 if the kernel does not say.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            got = fcntl.ioctl(s.fileno(), SIOCGIFNETMASK,
+                              struct.pack("16s16x", label.encode()[:15]))  # fmt: skip
+        except OSError:
+            return 0
+    return bin(int.from_bytes(got[20:24], "big")).count("1")
+
+
 def ipv6_addresses() -> list[tuple[str, str, int]]:
     """``(ifname, address, scope_id)`` of every usable IPv6 address (``/proc/net/if_inet6``).
 
@@ -108,6 +132,20 @@ def ipv6_addresses() -> list[tuple[str, str, int]]:
     return out
 
 
+def _ipv6_prefix_len(address: str) -> int:
+    """The prefix length of an IPv6 address of this namespace (``/proc/net/if_inet6``)."""
+    want = socket.inet_pton(socket.AF_INET6, address).hex()
+    try:
+        lines = Path("/proc/net/if_inet6").read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        fields = line.split()
+        if fields[0] == want:
+            return int(fields[2], 16)
+    return 0
+
+
 def _read(ifname: str, attr: str, default: str) -> str:
     try:
         return (SYS_NET / ifname / attr).read_text().strip()
@@ -116,7 +154,27 @@ def _read(ifname: str, attr: str, default: str) -> str:
 
 
 def interface(ifname: str) -> tuple[bytes, int, str]:
-    """``(mac, mtu, operstate)`` of a net device."""
+    """``(mac, mtu, operstate)`` of a net device, asked of this thread's namespace.
+
+    Why ioctls first: ``/sys/class/net`` shows the namespace that mounted
+    sysfs, which is not ours after a bare ``setns`` (only ``ip netns exec``
+    remounts it); ``SIOCGIF*`` answer for the socket's namespace.  The
+    operstate is derived from the flags: ``unknown`` for loopback (as the
+    kernel reports it), ``up`` when running, else ``down``.
+    """
+    req = struct.pack("16s16x", ifname.encode()[:15])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            hw = fcntl.ioctl(s.fileno(), SIOCGIFHWADDR, req)
+            mtu = struct.unpack_from("i", fcntl.ioctl(s.fileno(), SIOCGIFMTU, req), 16)[0]
+            flags = struct.unpack_from("H", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req), 16)[0]
+    except OSError:
+        return _sysfs_interface(ifname)
+    state = "unknown" if flags & IFF_LOOPBACK else "up" if flags & IFF_RUNNING else "down"
+    return hw[18:24], mtu, state
+
+
+def _sysfs_interface(ifname: str) -> tuple[bytes, int, str]:
     mac_text = _read(ifname, "address", "00:00:00:00:00:00")
     mac = bytes.fromhex(mac_text.replace(":", "")) if mac_text else bytes(6)
     return (mac if len(mac) == 6 else bytes(6), int(_read(ifname, "mtu", "1500")),
@@ -131,20 +189,22 @@ def list_devices() -> list[RnicInfo]:
     """
     out: list[RnicInfo] = []
     seen: dict[tuple[str, str], int] = {}
-    found: list[tuple[str, str, str, int, bytes]] = [
-        ("roce", ifname, address, 0, ipv4_mapped_gid(socket.inet_aton(address)))
+    found: list[tuple[str, str, str, int, bytes, int]] = [
+        ("roce", ifname, address, 0, ipv4_mapped_gid(socket.inet_aton(address)),
+         ipv4_prefix_len(ifname))
         for ifname, address in ipv4_addresses()
-    ]
-    found += [("roce6", ifname, address, scope, socket.inet_pton(socket.AF_INET6, address))
+    ]  # fmt: skip
+    found += [("roce6", ifname, address, scope, socket.inet_pton(socket.AF_INET6, address),
+               _ipv6_prefix_len(address))
               for ifname, address, scope in ipv6_addresses()]  # fmt: skip
-    for prefix, ifname, address, scope, gid in found:
+    for prefix, ifname, address, scope, gid, plen in found:
         n = seen.get((prefix, ifname), 0)
         seen[(prefix, ifname)] = n + 1
         mac, mtu, state = interface(ifname)
         out.append(RnicInfo(
             name=f"{prefix}_{ifname}" if n == 0 else f"{prefix}_{ifname}_{n}", ifname=ifname,
             address=address, gid=gid, mac=mac, mtu=mtu, active_mtu=active_mtu(mtu),
-            operstate=state, scope_id=scope,
+            operstate=state, scope_id=scope, prefix_len=plen,
         ))  # fmt: skip
     return out
 

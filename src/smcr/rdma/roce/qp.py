@@ -273,6 +273,12 @@ class RoceQp(QueuePair):
         tx = None
         try:
             rx.connect(dev.sockaddr(peer_ip, sport))
+            # TTL = our hop_limit (1 by default, as Linux SMC-R).  Nothing on receive looks
+            # at the peer's TTL, and must not: live rxe 6.12 (tests/interop; not in spec
+            # rocev2.md) sends TTL 64 from a *user* QP whatever hop_limit it was given, since
+            # the kernel resolves the MAC at INIT->RTR (ib_resolve_eth_dmac) and overwrites
+            # grh.hop_limit with the route's hop limit; only kernel QPs send theirs (TTL 1).
+            # The same run showed rxe's flow using our sport formula in both directions.
             tx = dev.open_socket(sport, ttl=attr.ah_attr.hop_limit,
                                  tos=attr.ah_attr.traffic_class)  # fmt: skip
         except OSError as e:

@@ -1,0 +1,114 @@
+"""Which RNIC a connection uses: the shm RNIC, or the RoCE RNIC of its TCP address.
+
+Design (the why of each):
+
+* **The kind is a process-wide choice**, ``SMCR_RNIC=shm|roce`` (default
+  ``shm``), read when a stack is first needed: both ends of a connection must
+  use the same kind, and an environment variable reaches ``smcr-run`` children
+  and spawned test peers without touching the application.
+* **RoCE: the RNIC of the TCP connection's local address**, as Linux picks the
+  RNIC of the net device the TCP socket uses (``smc_pnet_find_roce_resource``):
+  one RoCE RNIC per interface address (:func:`smcr.rdma.roce.list_devices`),
+  one runtime per RNIC (each its own engine, so CLC carries that RNIC's GID and
+  MAC).  An address with no RNIC uses the default RNIC; the CLC prefix check
+  then declines (``DIFFPREFIX``) and the connection falls back to TCP.
+* **Loopback gets a per-process address.**  Two processes whose RNICs both sat
+  on 127.0.0.1 would have QP flows with the same 4-tuple (the UDP source port
+  is derived from the QPNs the same way in both directions), and the kernel
+  could hand one process's packets to the other.  So the loopback RNIC of a
+  process uses ``127.<a>.<b>.<c>`` derived from its pid: all of 127/8 is
+  local, the CLC prefix check stays 127.0.0.0/8, and the flows are distinct.
+* **The CLC prefix comes from the interface** (Linux ``smc_clc_prfx_set``): the
+  TCP local address is handed to the engine as an ``ip_interface`` with the
+  RNIC's prefix length, so two hosts on one /24 pass the check.  Over shm the
+  plain address keeps the "same host" rule of :mod:`smcr.core.handshake`.
+* **CLC over RoCE stays SMC-Rv1** (in the v2-header Proposal, as over shm),
+  with the RoCEv2 GID (IPv4-mapped or IPv6 address) and the interface MAC.
+  Why not SMC-Rv2 now: it needs a UEID on both ends, v2 Accept/Confirm and the
+  v2 LLC, and buys routing across subnets, which smcr-to-smcr does not need
+  yet.  Linux uses SMC-Rv1 only with RoCE v1 GIDs, which rxe lacks, so a Linux
+  peer over rxe answers our v1 offer with ``NOSMCRDEV`` and both fall back to
+  TCP cleanly; offering SMC-Rv2 beside v1 once a UEID is configured (Linux
+  picks v2 then) is the interop issue's step, and nothing here stands in its
+  way: the identity already is a real RoCEv2 GID.
+* **Mixed kinds fail fast**: a shm RNIC cannot reach a RoCE GID nor the other
+  way round; the QP set-up fails at once and both ends fall back
+  (``NOACTLINK``/``PEERDECL``) with the TCP connection intact.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+
+from smcr.rdma.base import Device
+from smcr.rdma.roce import RnicInfo, RoceDevice, list_devices
+
+RNIC_ENV = "SMCR_RNIC"
+KINDS = ("shm", "roce")
+LOOPBACK = "lo"
+"""The registry key of the loopback RoCE RNIC."""
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def rnic_kind() -> str:
+    """The RNIC kind this process uses (``SMCR_RNIC``, default ``shm``).
+
+    :raises ValueError: for an unknown kind (a typo must not silently mean shm).
+    """
+    kind = os.environ.get(RNIC_ENV, "shm").strip().lower() or "shm"
+    if kind not in KINDS:
+        raise ValueError(f"{RNIC_ENV}={kind!r}: expected one of {', '.join(KINDS)}")
+    return kind
+
+
+def loopback_address(pid: int) -> str:
+    """This process's loopback RNIC address, ``127.<1 + pid>>16>.<pid>>8>.<pid>``."""
+    return f"127.{1 + (pid >> 16) % 254}.{(pid >> 8) & 255}.{pid & 255}"
+
+
+def _unmapped(ip: IpAddress) -> IpAddress:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def roce_key(local_ip: IpAddress | None) -> str:
+    """The registry key of the RoCE RNIC for a TCP local address (module docstring).
+
+    ``None`` (no connection yet) means the default RNIC: the first IPv4 RNIC
+    that is up and not loopback, else loopback.
+    """
+    if local_ip is not None:
+        ip = _unmapped(local_ip)
+        if ip.is_loopback:
+            return LOOPBACK
+        text = str(ip)
+        if any(info.address == text for info in list_devices()):
+            return text
+    for info in list_devices():
+        if info.family == socket.AF_INET and info.ifname != "lo" and info.operstate == "up":
+            return info.address
+    return LOOPBACK
+
+
+def open_roce(key: str) -> RoceDevice:
+    """Open the RoCE RNIC of a registry key (:func:`roce_key`)."""
+    if key == LOOPBACK:
+        return RoceDevice(loopback_address(os.getpid()), name="roce_lo")
+    return RoceDevice(key)
+
+
+def prefix_ip(device: Device, local_ip: IpAddress) -> IpAddress:
+    """The TCP local address as the CLC prefix check should see it (module docstring).
+
+    For a RoCE RNIC on that very address, an ``ip_interface`` (a subclass of the
+    address type) carrying the interface's prefix length; otherwise the address.
+    """
+    info: RnicInfo | None = getattr(device, "info", None)
+    ip = _unmapped(local_ip)
+    if info is None or info.prefix_len <= 0 or info.address != str(ip) or ip.is_loopback:
+        return local_ip
+    return ipaddress.ip_interface(f"{ip}/{info.prefix_len}")

@@ -1,0 +1,107 @@
+"""``smcr device``: the RNICs this host offers, as smc-tools' ``smcr device show`` lists them.
+
+What is listed, and why so:
+
+* **RoCE RNICs**, one per interface address (:func:`smcr.rdma.roce.list_devices`),
+  with the net device, GID (the IPv4-mapped or IPv6 address), MAC, the path MTU
+  the RNIC announces (rxe's rule) beside the interface MTU, and the interface's
+  operational state.  These are what ``SMCR_RNIC=roce`` picks from, by the TCP
+  connection's local address.
+* **shm RNICs**: the shm RNIC is made per process on first use, so there is
+  nothing to list until a process runs SMC-R; those that do each have a
+  rendezvous socket in the per-user directory, listed here with the GID and
+  MAC they announce in CLC.  Nothing is connected to or created to list them.
+* The "hardware" columns of virtual devices are shown as ``-`` where they mean
+  nothing (TOOLS.md: users complain about meaningless columns), and the line
+  the current ``SMCR_RNIC`` setting would use by default is marked ``*``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from smcr.rdma.roce import list_devices
+from smcr.rdma.shm import rendezvous
+
+
+@dataclass(frozen=True, slots=True)
+class RnicRow:
+    """One line of ``smcr device``."""
+
+    name: str
+    type: str
+    netdev: str
+    gid: str
+    mac: str
+    mtu: str
+    state: str
+    default: bool = False
+
+
+def _mac(raw: bytes) -> str:
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+def _gid(raw: bytes) -> str:
+    """A GID as IPv6 text, an IPv4-mapped one as ``::ffff:a.b.c.d`` (readable at a glance)."""
+    addr = ipaddress.IPv6Address(raw)
+    return f"::ffff:{addr.ipv4_mapped}" if addr.ipv4_mapped is not None else str(addr)
+
+
+def roce_rows(default_address: str | None) -> list[RnicRow]:
+    """The RoCE RNICs of this network namespace."""
+    return [RnicRow(name=info.name, type="roce", netdev=info.ifname, gid=_gid(info.gid),
+                    mac=_mac(info.mac), mtu=f"{info.active_mtu.nbytes}/{info.mtu}",
+                    state=info.operstate.upper(), default=info.address == default_address)
+            for info in list_devices()]  # fmt: skip
+
+
+def shm_rows(directory: Path | None = None) -> list[RnicRow]:
+    """The shm RNICs of running processes of this user (their rendezvous sockets)."""
+    path = directory or rendezvous.default_directory()
+    rows = []
+    for entry in sorted(path.glob("*.sock")) if path.is_dir() else []:
+        try:
+            gid = bytes.fromhex(entry.name.removesuffix(".sock"))
+        except ValueError:
+            continue
+        if len(gid) != 16 or not rendezvous.is_shm_gid(gid):
+            continue
+        rows.append(RnicRow(name=f"shm:{gid[-4:].hex()}", type="shm", netdev="-",
+                            gid=gid.hex(), mac=_mac(b"\x02" + gid[11:]), mtu="4096/-",
+                            state="ACTIVE"))  # fmt: skip
+    return rows
+
+
+def rows(kind: str) -> list[RnicRow]:
+    """Every RNIC, RoCE first; ``kind`` (``SMCR_RNIC``) marks the default one."""
+    default = None
+    if kind == "roce":
+        from smcr.stack.devices import LOOPBACK, roce_key  # noqa: PLC0415
+
+        key = roce_key(None)
+        default = "127.0.0.1" if key == LOOPBACK else key
+    return roce_rows(default) + shm_rows()
+
+
+def render(table: list[RnicRow]) -> str:
+    """The table as text, columns sized to their contents."""
+    head = ("", "Name", "Type", "Netdev", "GID", "MAC", "MTU", "State")
+    lines = [("*" if r.default else "", r.name, r.type, r.netdev, r.gid, r.mac, r.mtu, r.state)
+             for r in table]  # fmt: skip
+    widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+           for line in [head, *lines]]  # fmt: skip
+    if not lines:
+        out.append("(no RNIC)")
+    return "\n".join(out)
+
+
+def run(as_json: bool, kind: str) -> int:
+    """Print the RNIC list; 0."""
+    table = rows(kind)
+    print(json.dumps([asdict(r) for r in table], indent=1) if as_json else render(table))
+    return 0

@@ -1,0 +1,64 @@
+"""RNIC choice (``smcr.stack.devices``), the CLC prefix over RoCE, and ``smcr device``."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+
+import pytest
+
+from smcr.cli import main
+from smcr.core.handshake import prefix_area
+from smcr.rdma.shm import ShmDevice
+from smcr.stack import devices
+
+
+def test_rnic_kind_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(devices.RNIC_ENV, raising=False)
+    assert devices.rnic_kind() == "shm"
+    monkeypatch.setenv(devices.RNIC_ENV, "RoCE")
+    assert devices.rnic_kind() == "roce"
+    monkeypatch.setenv(devices.RNIC_ENV, "rxe")
+    with pytest.raises(ValueError, match="SMCR_RNIC"):
+        devices.rnic_kind()
+
+
+def test_loopback_rnic_addresses_differ_per_process_and_stay_in_127_8() -> None:
+    seen = {devices.loopback_address(pid) for pid in range(1, 1 << 22, 997)}
+    assert len(seen) == len(range(1, 1 << 22, 997))
+    for text in seen:
+        ip = ipaddress.ip_address(text)
+        assert ip.is_loopback and text != "127.0.0.1"
+
+
+def test_loopback_connections_use_the_loopback_rnic() -> None:
+    assert devices.roce_key(ipaddress.ip_address("127.0.0.1")) == devices.LOOPBACK
+    assert devices.roce_key(ipaddress.ip_address("::ffff:127.0.0.1")) == devices.LOOPBACK
+
+
+def test_prefix_of_an_interface_address_is_its_subnet() -> None:
+    area = prefix_area(ipaddress.ip_interface("10.77.3.2/24"))
+    assert (str(area.outgoing_subnet), area.prefix_len) == ("10.77.3.0", 24)
+    assert area == prefix_area(ipaddress.ip_interface("10.77.3.1/24"))
+    assert area != prefix_area(ipaddress.ip_address("10.77.3.2"))  # shm: same host only
+    six = prefix_area(ipaddress.ip_interface("fd77:3::2/64"))
+    assert [(str(p.prefix), p.prefix_len) for p in six.ipv6_prefixes] == [("fd77:3::", 64)]
+
+
+def test_smcr_device_lists_roce_and_shm_rnics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SMCR_SHM_DIR", str(tmp_path / "rdv"))
+    monkeypatch.setenv(devices.RNIC_ENV, "roce")
+    with ShmDevice("shmtest") as dev:
+        assert main(["device", "--json"]) == 0
+        table = json.loads(capsys.readouterr().out)
+        assert main(["device", "show"]) == 0
+        text = capsys.readouterr().out
+    lo = next(r for r in table if r["name"] == "roce_lo")
+    assert (lo["type"], lo["netdev"], lo["gid"]) == ("roce", "lo", "::ffff:127.0.0.1")
+    shm = [r for r in table if r["type"] == "shm"]
+    assert [r["gid"] for r in shm] == [dev.gid.hex()]
+    assert sum(r["default"] for r in table) == 1
+    assert text.splitlines()[0].split() == ["Name", "Type", "Netdev", "GID", "MAC", "MTU", "State"]
+    assert "roce_lo" in text
