@@ -71,6 +71,10 @@ class Device(ABC):
         self.port_state = PortState.ACTIVE
         self._events: deque[AsyncEvent] = deque()
         self._event_cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._pds: list[ProtectionDomain] = []
+        self._cqs: list[CompletionQueue] = []
+        self._next_pd = 1
 
     @property
     def max_mtu(self) -> PathMtu:
@@ -90,13 +94,38 @@ class Device(ABC):
                 self._event_cond.wait(timeout)
             return self._events.popleft() if self._events else None
 
-    @abstractmethod
     def alloc_pd(self) -> ProtectionDomain:
-        """Allocate a protection domain."""
+        """Allocate a protection domain (numbered from 1, kept until the device closes)."""
+        with self._lock:
+            pd = self._new_pd(self._next_pd)
+            self._next_pd += 1
+            self._pds.append(pd)
+        return pd
+
+    def create_cq(self, depth: int = 4096) -> CompletionQueue:
+        """Create a completion queue of ``depth`` entries; closed with the device if not before."""
+        cq = self._new_cq(depth)
+        self._cqs.append(cq)
+        return cq
 
     @abstractmethod
-    def create_cq(self, depth: int = 4096) -> CompletionQueue:
-        """Create a completion queue of ``depth`` entries."""
+    def _new_pd(self, pd_id: int) -> ProtectionDomain:
+        """The provider's protection domain numbered ``pd_id``."""
+
+    def _new_cq(self, depth: int) -> CompletionQueue:
+        """The provider's completion queue (a provider may need its own kind)."""
+        return CompletionQueue(depth)
+
+    def _deregister_all(self) -> None:
+        """Deregister every MR of every PD: closing a device revokes all remote access."""
+        for pd in self._pds:
+            for mr in list(pd.mrs.values()):
+                mr.dereg()
+
+    def _close_cqs(self) -> None:
+        """Close every CQ created from this device."""
+        for cq in self._cqs:
+            cq.close()
 
     @abstractmethod
     def close(self) -> None:

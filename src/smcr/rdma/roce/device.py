@@ -38,7 +38,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Final
+from typing import Final, cast
 
 from smcr.rdma.base import (
     CompletionQueue,
@@ -113,10 +113,6 @@ class RoceDevice(Device):
                       "unknown_qp": 0, "malformed": 0, "tx_errors": 0}  # fmt: skip
         self._rkeys: dict[int, MemoryRegion] = {}
         self._qps: dict[int, RoceQp] = {}  # this device's; dispatch uses the process's
-        self._pds: list[RocePd] = []
-        self._cqs: list[CompletionQueue] = []
-        self._lock = threading.Lock()
-        self._next_pd = 1
         self._next_iova = IOVA_BASE + secrets.randbits(20) * PAGE
         self._buf = bytearray(MAX_DATAGRAM)
         self._view = memoryview(self._buf)
@@ -128,18 +124,11 @@ class RoceDevice(Device):
     # --------------------------------------------------------------- objects
 
     def alloc_pd(self) -> RocePd:
-        """A new protection domain."""
-        with self._lock:
-            pd = RocePd(self, self._next_pd)
-            self._next_pd += 1
-            self._pds.append(pd)
-        return pd
+        """A new protection domain (bookkeeping in :meth:`Device.alloc_pd`)."""
+        return cast(RocePd, super().alloc_pd())
 
-    def create_cq(self, depth: int = 4096) -> CompletionQueue:
-        """A completion queue; closed with the device if not before."""
-        cq = CompletionQueue(depth)
-        self._cqs.append(cq)
-        return cq
+    def _new_pd(self, pd_id: int) -> RocePd:
+        return RocePd(self, pd_id)
 
     def new_qp(self, pd: RocePd, send_cq: CompletionQueue, recv_cq: CompletionQueue,
                cap: QpCap, sq_sig_all: bool) -> RoceQp:  # fmt: skip
@@ -349,13 +338,10 @@ class RoceDevice(Device):
         self._closed = True
         for qp in list(self._qps.values()):
             qp.destroy()
-        for pd in self._pds:
-            for mr in list(pd.mrs.values()):
-                mr.dereg()
+        self._deregister_all()
         self.engine.stop()
         self.listener.close()
-        for cq in self._cqs:
-            cq.close()
+        self._close_cqs()
 
 
 class RocePd(ProtectionDomain):

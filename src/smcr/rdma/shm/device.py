@@ -30,10 +30,10 @@ import errno
 import os
 import secrets
 import socket
-import threading
 from collections.abc import Callable
 from mmap import mmap
 from pathlib import Path
+from typing import cast
 
 from smcr.rdma.base import (
     CompletionQueue,
@@ -96,12 +96,8 @@ class ShmDevice(Device):
         self._gens = [0] * max_mr
         self._remote: dict[int, tuple[int, int, mmap, MemoryRegion]] = {}
         self.keys = KeyAllocator()
-        self._lock = threading.Lock()
         self._qps: dict[int, ShmQp] = {}
-        self._pds: list[ShmPd] = []
-        self._cqs: list[CompletionQueue] = []
         self._next_iova = IOVA_BASE + secrets.randbits(24) * PAGE
-        self._next_pd = 1
         self.engine = Engine(f"smcr-{name}-engine")
         self._listener = rdv.listen(self.path)
         self._server = Engine(f"smcr-{name}-server")
@@ -111,18 +107,15 @@ class ShmDevice(Device):
     # --------------------------------------------------------------- objects
 
     def alloc_pd(self) -> ShmPd:
-        """A new protection domain."""
-        with self._lock:
-            pd = ShmPd(self, self._next_pd)
-            self._next_pd += 1
-            self._pds.append(pd)
-        return pd
+        """A new protection domain (bookkeeping in :meth:`Device.alloc_pd`)."""
+        return cast(ShmPd, super().alloc_pd())
 
-    def create_cq(self, depth: int = 4096) -> CompletionQueue:
-        """A completion queue; closed with the device if not before."""
-        cq = ShmCompletionQueue(depth)
-        self._cqs.append(cq)
-        return cq
+    def _new_pd(self, pd_id: int) -> ShmPd:
+        return ShmPd(self, pd_id)
+
+    def _new_cq(self, depth: int) -> CompletionQueue:
+        """A CQ that publishes its arming word to the processes sending to it."""
+        return ShmCompletionQueue(depth)
 
     def new_qp(self, pd: ShmPd, send_cq: CompletionQueue, recv_cq: CompletionQueue,
                cap: QpCap, sq_sig_all: bool) -> ShmQp:  # fmt: skip
@@ -240,12 +233,9 @@ class ShmDevice(Device):
             os.unlink(self.path)
         for qp in list(self._qps.values()):
             qp.destroy()
-        for pd in self._pds:
-            for mr in list(pd.mrs.values()):
-                mr.dereg()
+        self._deregister_all()
         self.engine.stop()
-        for cq in self._cqs:
-            cq.close()
+        self._close_cqs()
         self._table.close()
         os.close(self.table_fd)
 
