@@ -329,7 +329,9 @@ class SMCSocket:
             raise TimeoutError("timed out")
 
     def send(self, data: Any, flags: int = 0) -> int:
-        """Copy into the send buffer and let the engine RDMA-WRITE it (``smc_tx_sendmsg``)."""
+        """Send (``smc_tx_sendmsg``): straight into the peer's RMBE when nothing waits
+        and the RNIC takes inline WRITEs (one copy, as TCP makes one into the kernel),
+        else by copying into the send buffer, which the engine RDMA-WRITEs from."""
         if self._mode != "SMCR":
             return self._tcp_call().send(data, flags)
         flags = int(flags)
@@ -345,28 +347,44 @@ class SMCSocket:
                 raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
             if c.tx_flags or c.peer_closed:
                 raise BrokenPipeError(errno.EPIPE, "Broken pipe")
-
-            def room() -> bool:
-                return c.sndbuf_space() > 0 or bool(c.reset_reason) or c.peer_closed
-
             if c.sndbuf_space() <= 0:
-                self._wait(stack, hc, room, self._deadline(flags))
-                if c.reset_reason or c.peer_closed:
-                    raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
-            n = min(len(view), c.sndbuf_space())
-            buf = hc.sndbuf
-            size = len(buf)
-            start = c.tx_app % size
-            if start + n <= size:
-                buf[start : start + n] = view[:n]
-            else:
-                first = size - start
-                buf[start:] = view[:first]
-                buf[: n - first] = view[first:n]
-            stack.execute(stack.engine.data_written(hc.conn_id, n, 0.0, bool(flags & _OOB)))
-            if hc.readiness is not None:
-                stack.update_readiness(hc)
-            return n
+                self._wait_room(stack, hc, c, flags)
+            n = 0
+            if not flags & _OOB and stack.max_inline:
+                n = min(len(view), c.direct_room(), stack.max_inline)
+                if n:
+                    stack.send_inline(hc, c, view[:n] if n < len(view) else view)
+                    if n == len(view) or c.sndbuf_space() <= 0:
+                        if hc.readiness is not None:
+                            stack.update_readiness(hc)
+                        return n
+                    view = view[n:]
+            return n + self._copy_in(stack, hc, c, view, flags)
+
+    def _wait_room(self, stack: Stack, hc: HostConn, c: Any, flags: int) -> None:
+        def room() -> bool:
+            return c.sndbuf_space() > 0 or bool(c.reset_reason) or c.peer_closed
+
+        self._wait(stack, hc, room, self._deadline(flags))
+        if c.reset_reason or c.peer_closed:
+            raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+
+    def _copy_in(self, stack: Stack, hc: HostConn, c: Any, view: memoryview, flags: int) -> int:
+        """Copy what fits into the send buffer and let the engine RDMA-WRITE it."""
+        n: int = min(len(view), c.sndbuf_space())
+        buf = hc.sndbuf
+        size = len(buf)
+        start = c.tx_app % size
+        if start + n <= size:
+            buf[start : start + n] = view[:n]
+        else:
+            first = size - start
+            buf[start:] = view[:first]
+            buf[: n - first] = view[first:n]
+        stack.execute(stack.engine.data_written(hc.conn_id, n, 0.0, bool(flags & _OOB)))
+        if hc.readiness is not None:
+            stack.update_readiness(hc)
+        return n
 
     def sendall(self, data: Any, flags: int = 0) -> None:
         """Send everything (blocking, or raising where ``socket.sendall`` would)."""
@@ -401,32 +419,28 @@ class SMCSocket:
             return self._recv_oob(out)
         stack, hc = self._smc()
         got = 0
-        deadline = self._deadline(flags)
         with self._rlock, stack.lock:
             c = stack.engine.conns.get(hc.conn_id)
             if c is None:
                 return 0
-
-            def readable() -> bool:
-                return c.rx_prod > c.rx_cons or c.peer_done or bool(c.reset_reason)
-
             while got < want:
                 if self._rd_shut:
                     return got
                 if c.rx_prod == c.rx_cons:
+                    if c.peer_finished:
+                        return got
                     if c.aborted:
                         if got:
                             return got
                         why = c.reset_reason or "peer aborted the connection"
                         raise ConnectionResetError(errno.ECONNRESET,
                                                    f"Connection reset by peer ({why})")
-                    if c.peer_done:
+                    if c.peer_done or (got and not flags & _WAITALL):
                         return got
-                    if got and not flags & _WAITALL:
-                        return got
-                    self._wait(stack, hc, readable, deadline)
+                    self._wait_data(stack, hc, c, flags)
                     continue
-                n = self._copy_out(stack, hc, c, out[got:want], flags)
+                n = self._copy_out(stack, hc, c, out[got:want] if got or want < len(out)
+                                   else out, flags)  # fmt: skip
                 if n == 0:
                     continue  # the urgent byte was taken out of the stream
                 got += n
@@ -436,22 +450,29 @@ class SMCSocket:
                 stack.update_readiness(hc)
         return got
 
+    def _wait_data(self, stack: Stack, hc: HostConn, c: Any, flags: int) -> None:
+        def readable() -> bool:
+            return c.rx_prod > c.rx_cons or c.peer_done or bool(c.reset_reason)
+
+        self._wait(stack, hc, readable, self._deadline(flags))
+
     def _copy_out(self, stack: Stack, hc: HostConn, c: Any, out: memoryview, flags: int) -> int:
         """Copy up to ``len(out)`` bytes from the RMBE (stops at an urgent byte)."""
-        avail = c.rx_available()
+        cons = c.rx_cons
+        avail = c.rx_prod - cons
         urg = c.urg_rx_pos
-        if urg is not None and urg >= c.rx_cons:
-            if urg == c.rx_cons:  # the urgent byte itself: out of band, skip it
+        if urg is not None and urg >= cons:
+            if urg == cons:  # the urgent byte itself: out of band, skip it
                 if self._oob_read != urg:
                     self._oob = hc.rmb[urg % c.rmb.size]
                 c.urg_rx_pos = None
                 stack.execute(stack.engine.data_consumed(hc.conn_id, 1, time.monotonic(), True))
                 return 0
-            avail = min(avail, urg - c.rx_cons)
+            avail = min(avail, urg - cons)
         n = min(avail, len(out))
-        rmb = hc.rmb
+        rmb = hc.rmb_mr.buf  # type: ignore[union-attr]
         size = len(rmb)
-        start = c.rx_cons % size
+        start = cons % size
         if start + n <= size:
             out[:n] = rmb[start : start + n]
         else:
@@ -459,7 +480,8 @@ class SMCSocket:
             out[:first] = rmb[start:]
             out[first:n] = rmb[: n - first]
         if not flags & _PEEK:
-            actions = stack.engine.data_consumed(hc.conn_id, n, 0.0)
+            actions: list[Any] = []
+            c.consumed(n, actions)  # the engine's connection: no look-up per read
             if actions:
                 stack.execute(actions)
         return int(n)
@@ -622,7 +644,8 @@ def create_connection(address: tuple[str, int], timeout: float | None = None,
     raise err if err is not None else OSError("getaddrinfo returns an empty list")
 
 
-def create_server(address: tuple[str, int], *, family: int = _socket.AF_INET,
+def create_server(address: tuple[str, int] | tuple[str, int, int, int], *,
+                  family: int = _socket.AF_INET,
                   backlog: int | None = None, reuse_port: bool = False) -> SMCSocket:
     """As ``socket.create_server``, returning a listening :class:`SMCSocket`."""
     sock = SMCSocket(family, _socket.SOCK_STREAM)

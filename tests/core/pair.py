@@ -88,6 +88,21 @@ class Side:
         buf[: n - first] = data[first:n]
         return n, self.engine.data_written(conn, n, now)
 
+    def write_inline(self, conn: int, data: bytes) -> tuple[int, list[Action]]:
+        """As the runtime's inline data path: at most ``direct_room()`` bytes placed
+        straight into the peer's RMB (no send buffer), then their CDC as an action."""
+        c = self.engine.conns[conn]
+        n = min(len(data), c.direct_room())
+        if n == 0:
+            return 0, []
+        writes, cdc, wr_id, signaled = c.write_inline(memoryview(data)[:n])
+        for addr, rkey, piece in writes:
+            vaddr, mem = self.fabric.memory[rkey]
+            off = addr - vaddr
+            assert off >= 0 and off + len(piece) <= len(mem), "WRITE outside the RMB"
+            mem[off : off + len(piece)] = piece
+        return n, [PostSend(c.qpn, cdc, wr_id, signaled)]
+
     def read(self, conn: int, limit: int = 1 << 30, now: float = 0.0) -> tuple[bytes, list[Action]]:
         c = self.engine.conns[conn]
         n = min(c.rx_available(), limit)

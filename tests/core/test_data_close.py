@@ -59,6 +59,58 @@ def test_transfer_any_sizes(writes: list[int], chunk: int) -> None:
     assert transfer(p, p.client, p.server, c, s, data, read_chunk=chunk) == data
 
 
+def test_inline_writes_mixed_with_copies_across_wraps() -> None:
+    """The inline data path (Connection.write_inline) where it may run, the send buffer
+    where it may not: the bytes arrive in order round both rings, the accounting is one."""
+    p, c, s = ready()
+    data = os.urandom(150_000)
+    got, off, inline = bytearray(), 0, 0
+    cl, sv = p.client, p.server
+    conn = cl.engine.conns[c]
+    for _ in range(10_000):
+        if off < len(data):
+            piece = data[off : off + 7000]
+            if conn.direct_room() >= len(piece):  # else it would be cut: copy instead
+                n, acts = cl.write_inline(c, piece)
+                inline += n
+            else:
+                n, acts = cl.write(c, piece, p.now)
+            off += n
+            p.do(cl, acts)
+        chunk, acts = sv.read(s, 3000, p.now)
+        got += chunk
+        p.do(sv, acts)
+        if len(got) == len(data):
+            break
+    assert bytes(got) == data
+    assert 0 < inline < len(data)  # both paths ran
+    assert conn.tx_sent == conn.tx_app == conn.tx_fin == len(data)
+
+
+def test_inline_write_limits_and_flags() -> None:
+    p, c, s = ready()
+    conn = p.client.engine.conns[c]
+    room = conn.direct_room()
+    assert room == 16384
+    with pytest.raises(ValueError):
+        conn.write_inline(memoryview(bytes(room + 1)))
+    with pytest.raises(ValueError):
+        conn.write_inline(memoryview(b""))
+    n, acts = p.client.write_inline(c, bytes(room))  # fills the peer's RMBE exactly
+    assert n == room
+    (post,) = acts
+    msg = CdcMessage.decode(post.data)
+    assert msg.producer_cursor == Cursor(1, 0)
+    assert msg.producer_flags & ProducerFlags.WRITE_BLOCKED
+    p.do(p.client, acts)
+    assert conn.direct_room() == 0  # the peer's RMBE is full
+    _, acts = p.server.read(s, 5000, p.now)
+    p.do(p.server, acts)
+    assert conn.direct_room() == 5000  # the consumer update reopened it
+    conn.urg_tx_end = conn.tx_app + 1  # an urgent byte not yet out: only the copy path
+    assert conn.direct_room() == 0
+
+
 def test_window_full_blocks_sender_and_reader_reopens_it() -> None:
     p, c, s = ready()
     conn = p.client.engine.conns[c]

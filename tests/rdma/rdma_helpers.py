@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smcr.rdma import AccessFlag, CompletionQueue, MemoryRegion, WorkCompletion
+from smcr.rdma import AccessFlag, CompletionQueue, MemoryRegion, QpCap, WorkCompletion
 from smcr.rdma.shm import ShmDevice, ShmPd, ShmQp
 
 RW = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE | AccessFlag.REMOTE_READ
@@ -41,12 +41,13 @@ class Side:
         return out
 
 
-def make_side(directory: Path, name: str, psn: int, rmb_access: AccessFlag = RW) -> Side:
+def make_side(directory: Path, name: str, psn: int, rmb_access: AccessFlag = RW,
+              cap: QpCap | None = None) -> Side:  # fmt: skip
     """A device with one QP in RESET and its memory."""
     dev = ShmDevice(name, directory=directory)
     pd = dev.alloc_pd()
     cq = dev.create_cq()
-    qp = pd.create_qp(cq, cq)
+    qp = pd.create_qp(cq, cq, cap)
     rmb = pd.alloc_mr(1 << 16, rmb_access)
     buf = pd.alloc_mr(1 << 16, AccessFlag.LOCAL_WRITE)
     return Side(dev, pd, cq, qp, rmb, buf, psn)

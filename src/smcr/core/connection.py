@@ -20,8 +20,10 @@ Design (Linux ``smc_tx.c``, ``smc_rx.c``, ``smc_cdc.c``; spec §4, §5):
 
 from __future__ import annotations
 
+import itertools
 import struct
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from smcr.core.close import CloseInput, Send, SmcState, step
@@ -50,6 +52,7 @@ _CLOSED_OR_ABORT = int(CSF.PEER_CONNECTION_CLOSED | CSF.PEER_CONNECTION_ABORT)
 _ABORT = int(CSF.PEER_CONNECTION_ABORT)
 _CLOSED = int(CSF.PEER_CONNECTION_CLOSED)
 _DONE = int(CSF.PEER_DONE_WRITING)
+_DONE_OR_CLOSED = _DONE | _CLOSED
 SIGNAL_EVERY = 16  # CDC sends between two signaled ones (see Connection.send_cdc)
 
 
@@ -101,8 +104,10 @@ class Connection:
         self.peer_rkey = 0
         self.peer_vaddr = 0
         self.peer_rmb_size = 0
-        self.next_wr_id: Callable[[], int] = lambda: 0
-        self.on_cdc_sent: Callable[[int, Connection, int], None] = lambda wr, c, n: None
+        self.wr_ids: Iterator[int] = itertools.repeat(0)  # the link's WR ids once attached
+        self.cdc_pending: deque[tuple[int, Connection, int]] = deque()
+        """(wr_id, self, producer cursor) per CDC in flight, in the link's queue once attached:
+        a completion frees the send buffer up to there (``Engine.send_completed``)."""
         self.unsignaled = 0
         # tx side
         self.tx_app = 0  # bytes the application put into the send buffer
@@ -154,6 +159,17 @@ class Connection:
         return bool(self.rx_flags) or self.state is SmcState.CLOSED
 
     @property
+    def peer_finished(self) -> bool:
+        """The peer ended its stream in order (done writing or closed, no abort).
+
+        Its last CDC announced its last byte, written before it (RC ordering):
+        once those are read, the reader sees EOF even if the link has gone down
+        since -- over a user-space RNIC a peer process that closes and exits
+        takes its link with it, while TCP would still deliver the EOF.
+        """
+        return bool(self.rx_flags & _DONE_OR_CLOSED) and not self.rx_flags & _ABORT
+
+    @property
     def aborted(self) -> bool:
         """The connection was reset (peer abort or link down)."""
         return bool(self.rx_flags & _ABORT) or bool(self.reset_reason)
@@ -166,6 +182,49 @@ class Connection:
         if urgent and n:
             self.urg_tx_end = self.tx_app
         self.flush(out)
+
+    def direct_room(self) -> int:
+        """How many bytes :meth:`write_inline` takes now (0 while any wait in the send buffer)."""
+        sent = self.tx_sent
+        if self.tx_app != sent or self.urg_tx_end is not None:
+            return 0
+        return min(self.sndbuf_size - (sent - self.tx_fin),
+                   self.peer_rmb_size - (sent - self.peer_cons))  # fmt: skip
+
+    def write_inline(self, data: memoryview) -> tuple[list[tuple[int, int, memoryview]], bytes,
+                                                      int, bool]:  # fmt: skip
+        """The application's bytes, RDMA-written straight from its buffer, and their CDC.
+
+        The data path's one call per ``send`` where the RNIC takes inline WRITEs:
+        what :meth:`written` and :meth:`flush` do, without the copy into the send
+        buffer and without action objects (the send path's largest costs after
+        the copy).  Only for at most :meth:`direct_room` bytes, so that all go
+        out now and none has to wait in the send buffer; they occupy send-buffer
+        space until their CDC completes, as copied bytes do: one accounting.
+
+        :returns: ``(writes, cdc, wr_id, signaled)`` as
+            :meth:`~smcr.rdma.base.QueuePair.post_writes_send` takes them: a
+            ``(remote_addr, rkey, piece)`` per WRITE (two where the peer's RMBE
+            wraps), then the CDC to SEND behind them.
+        :raises ValueError: for no bytes or more than :meth:`direct_room`.
+        """
+        n = len(data)
+        if not 0 < n <= self.direct_room():
+            raise ValueError(f"inline write of {n} bytes: {self.direct_room()} fit now")
+        sent, rsize, vaddr, rkey = self.tx_sent, self.peer_rmb_size, self.peer_vaddr, self.peer_rkey
+        dst = sent % rsize
+        first = rsize - dst
+        if n <= first:
+            writes = [(vaddr + dst, rkey, data)]
+        else:
+            writes = [(vaddr + dst, rkey, data[:first]), (vaddr, rkey, data[first:])]
+        flags = 0
+        if n >= rsize - (sent - self.peer_cons):  # the peer's RMBE is full now
+            flags = _WRITE_BLOCKED
+            self.stats_write_blocked += 1
+        self.tx_app = self.tx_sent = sent + n
+        cdc, wr_id, signaled = self._cdc(flags)
+        return writes, cdc, wr_id, signaled
 
     def flush(self, out: list[Action], force_cdc: bool = False) -> None:
         """RDMA WRITE what fits into the peer's RMBE, then one CDC (``smc_tx_rdma_writes``)."""
@@ -210,25 +269,27 @@ class Connection:
         completes in order, so one completion frees the buffer behind all the
         CDCs before it (Linux signals each; a completion is cheap there).
         """
+        data, wr_id, signaled = self._cdc(flags)
+        out.append(PostSend(self.qpn, data, wr_id, signaled))
+
+    def _cdc(self, flags: int) -> tuple[bytes, int, bool]:
+        """Build the next CDC (:meth:`send_cdc`): its bytes, WR id and whether signaled."""
         self.seq = seq = (self.seq + 1) & 0xFFFF
-        psize, rsize = self.peer_rmb_size, self.rmb.size
-        pwrap, pcount = divmod(self.tx_sent, psize)
-        cwrap, ccount = divmod(self.rx_cons, rsize)
+        rx_cons, tx_sent = self.rx_cons, self.tx_sent
+        pwrap, pcount = divmod(tx_sent, self.peer_rmb_size)
+        cwrap, ccount = divmod(rx_cons, self.rmb.size)
         data = _PACK(0xFE, 44, seq, self.peer_token, pwrap & 0xFFFF, pcount, cwrap & 0xFFFF,
                      ccount, flags, self.tx_flags)  # fmt: skip
-        self.rx_cons_sent = self.rx_cons
+        self.rx_cons_sent = rx_cons
         self.peer_wants_update = False
-        wr_id = self.next_wr_id()
-        self.on_cdc_sent(wr_id, self, self.tx_sent)
-        self.unsignaled += 1
-        signaled = (
-            self.unsignaled >= SIGNAL_EVERY
-            or (self.tx_sent - self.tx_fin) * 4 > self.sndbuf_size
-            or bool(self.tx_flags)
-        )
-        if signaled:
+        wr_id = next(self.wr_ids)
+        self.cdc_pending.append((wr_id, self, tx_sent))
+        self.unsignaled = unsignaled = self.unsignaled + 1
+        if (unsignaled >= SIGNAL_EVERY or (tx_sent - self.tx_fin) * 4 > self.sndbuf_size
+                or self.tx_flags):  # fmt: skip
             self.unsignaled = 0
-        out.append(PostSend(self.qpn, data, wr_id, signaled))
+            return data, wr_id, True
+        return data, wr_id, False
 
     def cdc_completed(self, tx_sent: int) -> None:
         """The CDC announcing ``tx_sent`` went out: the send buffer is free up to there."""

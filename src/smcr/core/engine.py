@@ -408,9 +408,8 @@ class Engine(LinkLayer):
         conn.peer_rkey = peer.rmb_rkey
         conn.peer_vaddr = peer.rmb_vaddr + (peer.rmbe_idx - 1) * peer.rmbe_size_bytes
         conn.peer_rmb_size = peer.rmbe_size_bytes
-        conn.next_wr_id = link.next_wr_id
-        pending = self._cdc_pending[link.qpn]
-        conn.on_cdc_sent = lambda wr_id, c, n: pending.append((wr_id, c, n))
+        conn.wr_ids = link.wr_ids
+        conn.cdc_pending = self._cdc_pending[link.qpn]
         link.lgr.conns[conn.token] = conn
         link.lgr.idle_since = None
         link.lgr.peer_rkeys.add(peer.rmb_rkey)
@@ -497,7 +496,11 @@ class Engine(LinkLayer):
     # ============================================================ application
 
     def data_written(self, conn: int, n: int, now: float, urgent: bool = False) -> list[Action]:
-        """The application copied ``n`` bytes into the connection's send buffer."""
+        """The application copied ``n`` bytes into the connection's send buffer.
+
+        (The inline alternative, :meth:`Connection.write_inline`, is called on the
+        connection itself: the data path's one call per send.)
+        """
         out: list[Action] = []
         self.conns[conn].written(n, out, urgent)
         return out

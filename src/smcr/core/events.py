@@ -4,7 +4,14 @@ Actions are imperative (``PostSend``, ``RdmaWrite``), events past tense
 (``HandshakeCompleted``).  Order is a contract: the host executes actions in
 list order, so an ``RdmaWrite`` precedes the CDC ``PostSend`` that announces
 its bytes on the same QP (RC ordering, spec §8).  Payload never appears here:
-actions name offsets in the connection's send buffer, events carry no bytes.
+actions name offsets in the connection's send buffer, events carry no bytes
+(the inline data path, :meth:`smcr.core.connection.Connection.write_inline`,
+hands the application's buffer back to its caller, not through an action).
+
+The two actions of the data path, ``PostSend`` and ``RdmaWrite``, are plain
+(not frozen) slotted dataclasses: a frozen one costs about 1.3-2 µs to build in
+CPython 3.11 (every field goes through ``object.__setattr__``), a plain one
+0.25 µs, and one of each is built per message sent.  Treat them as immutable.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ class QpToRts:
     psn: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PostSend:
     """SEND one LLC or CDC message on the link's QP (signaled unless said otherwise)."""
 
@@ -53,7 +60,7 @@ class PostSend:
     signaled: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RdmaWrite:
     """RDMA WRITE ``length`` bytes at ``src_offset`` of the send buffer to the peer."""
 

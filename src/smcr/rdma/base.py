@@ -28,7 +28,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from smcr.rdma.qpstate import check_modify, rc_bring_up
@@ -43,10 +43,12 @@ from smcr.rdma.verbs import (
     QpCap,
     QpState,
     RecvWr,
+    SendFlag,
     SendWr,
     Sge,
     VerbsError,
     WorkCompletion,
+    WrOpcode,
 )
 
 
@@ -510,6 +512,27 @@ class QueuePair(ABC):
     @abstractmethod
     def post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
         """Queue send-queue work requests, in order (``ibv_post_send``)."""
+
+    def post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
+                         wr_id: int, signaled: bool) -> None:  # fmt: skip
+        """Post inline RDMA WRITEs, then one inline SEND, as one batch.
+
+        The shape of SMC-R's data path (payload, then the CDC announcing it),
+        like the ``ibv_wr_*`` batch API of rdma-core (``ibv_wr_start`` ...
+        ``ibv_wr_complete``), which exists because building one ``ibv_send_wr``
+        per operation costs too much.  Same semantics as :meth:`post_send` with
+        one unsignaled ``RDMA_WRITE | INLINE`` WR (``wr_id`` 0) per
+        ``(remote_addr, rkey, data)`` and a final ``SEND | INLINE`` WR; providers
+        may fuse it (:class:`~smcr.rdma.shm.qp.ShmQp` does), this default builds
+        the WRs.  Needs ``max_inline_data`` for the largest piece.
+        """
+        flags = SendFlag.INLINE | (SendFlag.SIGNALED if signaled else SendFlag.NONE)
+        wrs = [SendWr(wr_id=0, opcode=WrOpcode.RDMA_WRITE, remote_addr=addr, rkey=rkey,
+                      send_flags=SendFlag.INLINE, inline_data=data)
+               for addr, rkey, data in writes]  # fmt: skip
+        wrs.append(SendWr(wr_id=wr_id, opcode=WrOpcode.SEND, send_flags=flags,
+                          inline_data=message))  # fmt: skip
+        self.post_send(wrs)
 
     @abstractmethod
     def post_recv(self, wrs: RecvWr | Iterable[RecvWr]) -> None:

@@ -297,6 +297,12 @@ class SendWr:
     :param remote_addr: peer virtual address for RDMA operations.
     :param rkey: peer MR key for RDMA operations.
     :param imm_data: 32-bit immediate for the ``*_WITH_IMM`` opcodes.
+    :param inline_data: with ``SendFlag.INLINE`` (SEND or RDMA WRITE), the payload
+        itself, read once while ``post_send`` runs and free to reuse when it
+        returns; ``sg_list`` is then ignored.  ibverbs reads an inline WR's
+        ``sg_list`` memory at post time without lkey checks; Python has no raw
+        pointers, so the buffer travels instead.  At most the QP's
+        ``max_inline_data`` bytes (a provider that supports none raises EINVAL).
     """
 
     wr_id: int
@@ -306,6 +312,7 @@ class SendWr:
     remote_addr: int = 0
     rkey: int = 0
     imm_data: int = 0
+    inline_data: bytes | bytearray | memoryview | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -397,6 +404,8 @@ class DeviceAttr:
     max_msg_sz: int
     max_qp_rd_atom: int
     active_mtu: PathMtu
+    max_inline_data: int = 0
+    """The largest ``QpCap.max_inline_data`` a QP may ask for (0: no inline sends)."""
 
 
 @dataclass(frozen=True, slots=True)

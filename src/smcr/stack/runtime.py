@@ -44,7 +44,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from smcr.core import (
@@ -95,6 +95,7 @@ QP_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 RECV_SLOTS = 256  # per QP; Linux posts 48 (we answer from one thread, so keep more)
 SLOT = 64  # receive buffer per slot: v1 LLC and CDC are 44 bytes (Linux: 48)
 SEND_SLOTS = 4096
+REPOST_BATCH = 16  # receives reposted together (RECV_SLOTS - REPOST_BATCH stay posted)
 WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
 TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
 STANDBY = 0.01  # the progress thread's look-in period while applications poll
@@ -104,6 +105,8 @@ STANDBY = 0.01  # the progress thread's look-in period while applications poll
 # run ahead (smcr bench: 64 KiB writes about 3x faster).  Pages of a memfd are only
 # backed once written, so an idle connection costs little of it.
 SHM_BUFFER = 1 << 20
+SPIN = float(os.environ.get("SMCR_SPIN_US", "50")) / 1e6
+"""How long an application thread that waits polls the CQ before it arms it and sleeps."""
 
 
 class Readiness:
@@ -166,6 +169,7 @@ class HostConn:
     outcome: object = None  # HandshakeCompleted / FellBack / HandshakeFailed
     reset_reason: str = ""
     readiness: Readiness | None = None
+    waiters: int = 0  # threads in cond.wait: notify only when someone listens (1.5 µs)
     released: bool = False
     on_release: list[Callable[[], None]] = field(default_factory=list)
 
@@ -197,6 +201,9 @@ class Stack:
         mtu = int(self.device.attr.active_mtu)
         if mtu < self.config.qp_mtu:  # CLC announces what this RNIC's port can carry
             self.config = replace(self.config, qp_mtu=mtu)
+        self.max_inline = self.device.attr.max_inline_data
+        """Inline WRITE limit of this RNIC's QPs: a send this small skips the send buffer."""
+        self._fused = self.max_inline >= SLOT  # CDCs go inline, with their WRITEs fused
         self.pd = self.device.alloc_pd()
         self.cq = self.device.create_cq(1 << 20)
         self.lock = threading.Lock()  # not reentrant: _sleep_on_cq releases it once
@@ -217,6 +224,8 @@ class Stack:
         self._send_mr = self.pd.reg_mr(bytearray(SLOT * SEND_SLOTS), AccessFlag.LOCAL_WRITE)
         self._send_off = 0
         self._repost: dict[int, list[RecvWr]] = {}
+        self._repost_due = False  # some QP has REPOST_BATCH receives to post again
+        self._qp_recv_ids: dict[int, list[int]] = {}  # qpn -> its receive WR ids (slots)
         self._wr_ids = 1
         self._poller: str | None = None
         self._poller_ident = 0
@@ -242,8 +251,9 @@ class Stack:
 
     def new_qp(self) -> tuple[int, int]:
         """:class:`~smcr.core.engine.Provider`: a QP in RESET, with a random initial PSN."""
-        qp = self.pd.create_qp(self.cq, self.cq, QpCap(max_send_wr=SEND_SLOTS,
-                                                       max_recv_wr=RECV_SLOTS))  # fmt: skip
+        cap = QpCap(max_send_wr=SEND_SLOTS, max_recv_wr=RECV_SLOTS,
+                    max_inline_data=self.max_inline)  # fmt: skip
+        qp = self.pd.create_qp(self.cq, self.cq, cap)
         self.qps[qp.qp_num] = qp
         return qp.qp_num, secrets.randbits(24)
 
@@ -363,24 +373,29 @@ class Stack:
             if self.engine.has_events():
                 self._dispatch_events()
             return
+        # WRs of one QP are posted together, in order; where the RNIC takes inline
+        # SENDs, a CDC or LLC message with nothing before it goes as a fused batch
         wrs: list[SendWr] = []
         wr_qpn = 0
+        fused = self._fused
         for a in actions:
             kind = type(a)
-            if (kind is RdmaWrite or kind is PostSend) and wrs and a.qpn != wr_qpn:  # type: ignore[union-attr]
-                self._post(wr_qpn, wrs)
-                wrs = []
-            if isinstance(a, RdmaWrite):
-                hc = self.conns[a.conn]
-                mr = hc.sndbuf_mr
-                assert mr is not None
-                wrs.append(SendWr(wr_id=0, opcode=_WRITE, remote_addr=a.remote_addr,
-                                  rkey=a.rkey,
-                                  sg_list=(Sge(mr.addr + a.src_offset, a.length, mr.lkey),)))
-                wr_qpn = a.qpn
-            elif isinstance(a, PostSend):
-                wrs.append(self._send_wr(a))
-                wr_qpn = a.qpn
+            if kind is RdmaWrite or kind is PostSend:
+                if wrs and a.qpn != wr_qpn:  # type: ignore[union-attr]
+                    self._post(wr_qpn, wrs)
+                    wrs = []
+                wr_qpn = a.qpn  # type: ignore[union-attr]
+                if isinstance(a, RdmaWrite):
+                    mr = self.conns[a.conn].sndbuf_mr
+                    assert mr is not None
+                    wrs.append(SendWr(wr_id=0, opcode=_WRITE, remote_addr=a.remote_addr,
+                                      rkey=a.rkey,
+                                      sg_list=(Sge(mr.addr + a.src_offset, a.length, mr.lkey),)))
+                elif isinstance(a, PostSend):
+                    if fused and not wrs:
+                        self._post(wr_qpn, wrs, (), a)
+                    else:
+                        wrs.append(self._send_wr(a))
             else:
                 if wrs:
                     self._post(wr_qpn, wrs)
@@ -389,6 +404,22 @@ class Stack:
         if wrs:
             self._post(wr_qpn, wrs)
         self._dispatch_events()
+
+    def send_inline(self, hc: HostConn, c: Connection, data: memoryview) -> None:
+        """The data path (lock held): ``data`` (at most ``c.direct_room()`` bytes, at most
+        :attr:`max_inline`) RDMA-written from the caller's buffer, then its CDC, as one
+        fused batch (:meth:`Connection.write_inline`, :meth:`QueuePair.post_writes_send`).
+        """
+        writes, cdc, wr_id, signaled = c.write_inline(data)
+        qp = self.qps.get(c.qpn)
+        try:
+            if qp is None:
+                raise OSError(errno.ENOTCONN, "the link's QP is gone")
+            qp.post_writes_send(writes, cdc, wr_id, signaled)
+        except OSError:  # a full send queue or a dead QP: the general path's waiting and verdict
+            self._post(c.qpn, [], writes, PostSend(c.qpn, cdc, wr_id, signaled))
+        if self.engine.has_events():
+            self._dispatch_events()
 
     def _send_wr(self, a: PostSend) -> SendWr:
         mr = self._send_mr
@@ -399,24 +430,34 @@ class Stack:
                       send_flags=SendFlag.SIGNALED if a.signaled else SendFlag.NONE,
                       sg_list=(Sge(mr.addr + off, len(a.data), mr.lkey),))  # fmt: skip
 
-    def _post(self, qpn: int, wrs: list[SendWr]) -> None:
-        """Post in order; a full send queue (the peer takes no SENDs: RNR) is waited out
-        for up to ``SMC_WR_TX_WAIT_FREE_SLOT_TIME`` (10 s), as Linux waits for a free
-        slot, then the link is declared down.  The lock stays held meanwhile: releasing
-        it could let another thread post behind these WRs' backs."""
+    def _post(self, qpn: int, wrs: list[SendWr], writes: Sequence[tuple[int, int, memoryview]]
+              = (), cdc: PostSend | None = None) -> None:  # fmt: skip
+        """Post ``wrs`` in order, or with ``cdc`` the fused batch of ``writes`` (inline) and
+        its SEND (:meth:`QueuePair.post_writes_send`).
+
+        A full send queue (the peer takes no SENDs: RNR) is waited out for up to
+        ``SMC_WR_TX_WAIT_FREE_SLOT_TIME`` (10 s), as Linux waits for a free slot,
+        then the link is declared down.  The lock stays held meanwhile: releasing
+        it could let another thread post behind these WRs' backs.
+        """
         qp = self.qps.get(qpn)
         if qp is None:
             return
-        deadline = time.monotonic() + WAIT_FREE_SLOT
+        deadline = 0.0
         while True:
             try:
-                qp.post_send(wrs)
+                if cdc is not None:
+                    qp.post_writes_send(writes, cdc.data, cdc.wr_id, cdc.signaled)
+                else:
+                    qp.post_send(wrs)
                 return
             except OSError as exc:
-                if exc.errno == errno.ENOMEM and time.monotonic() < deadline:
+                now = time.monotonic()
+                deadline = deadline or now + WAIT_FREE_SLOT
+                if exc.errno == errno.ENOMEM and now < deadline:
                     time.sleep(0.001)
                     continue
-                self.execute(self.engine.link_failed(qpn, f"post_send: {exc}", time.monotonic()))
+                self.execute(self.engine.link_failed(qpn, f"post_send: {exc}", now))
                 return
 
     def _control(self, a: Action) -> None:
@@ -439,6 +480,12 @@ class Stack:
             qp = self.qps.pop(a.qpn, None)
             if qp is not None:
                 qp.destroy()
+            self._repost.pop(a.qpn, None)
+            for wr_id in self._qp_recv_ids.pop(a.qpn, ()):  # receive slots back to the pool
+                slot = self._recv_slot.pop(wr_id, None)
+                if slot is not None:
+                    self._recv_free.append(slot)
+                    self._recv_wr.pop(wr_id, None)
         elif isinstance(a, ShutdownTcp):
             hc = self.conns.get(a.conn)
             if hc is not None:
@@ -456,10 +503,12 @@ class Stack:
             qp.modify(*steps[0])
             qp.modify(*steps[1])
             wrs = []
+            ids = self._qp_recv_ids.setdefault(a.qpn, [])
             for _ in range(RECV_SLOTS):
                 slot = self._recv_free.pop()
                 wr_id = self._wr_ids
                 self._wr_ids += 1
+                ids.append(wr_id)
                 self._recv_slot[wr_id] = slot
                 wr = RecvWr(wr_id=wr_id, sg_list=(Sge(self._recv_mr.addr + slot * SLOT, SLOT,
                                                       self._recv_mr.lkey),))  # fmt: skip
@@ -541,13 +590,9 @@ class Stack:
             # a full batch may have left more; a short one did not (anything newer
             # rings the armed CQ, and a waiter arms before it sleeps)
             wcs = self.cq.poll(64) if len(wcs) == 64 else []
-        if self._repost:
-            for qpn, wrs in self._repost.items():
-                qp = self.qps.get(qpn)
-                if qp is not None:
-                    with contextlib.suppress(OSError):
-                        qp.post_recv(wrs)
-            self._repost.clear()
+        if self._repost_due:
+            self._repost_due = False
+            self._post_receives(False)
         if now >= self._timer_check:  # engine deadlines are >= 1 s away when made
             deadline = engine.get_timer()
             if deadline is not None and deadline <= now:
@@ -562,9 +607,23 @@ class Stack:
         for conn_id in touched:
             hc = self.conns.get(conn_id)
             if hc is not None:
-                hc.cond.notify_all()
+                if hc.waiters:
+                    hc.cond.notify_all()
                 if hc.readiness is not None:
                     self.update_readiness(hc)
+
+    def _post_receives(self, everything: bool) -> None:
+        """Post the receives taken since the last time again, per QP in batches of
+        :data:`REPOST_BATCH` (a post costs microseconds; :data:`RECV_SLOTS` stay
+        ahead of the peer by far), or ``everything``."""
+        for qpn, wrs in list(self._repost.items()):
+            if len(wrs) < REPOST_BATCH and not everything:
+                continue
+            del self._repost[qpn]
+            qp = self.qps.get(qpn)
+            if qp is not None:
+                with contextlib.suppress(OSError):
+                    qp.post_recv(wrs)
 
     def _completion(self, wc: WorkCompletion, now: float) -> None:
         engine = self.engine
@@ -578,9 +637,16 @@ class Stack:
                 self.execute(engine.link_failed(qpn, f"receive {status.name}", now))
                 return
             off = slot * SLOT
-            self.execute(engine.receive_wr(qpn, self._recv_mr.buf[off : off + wc.byte_len], now))
+            actions = engine.receive_wr(qpn, self._recv_mr.buf[off : off + wc.byte_len], now)
+            if actions or engine.has_events():
+                self.execute(actions)
             # the same WR again (same wr_id, same slot): nothing to build per message
-            self._repost.setdefault(qpn, []).append(self._recv_wr[wr_id])
+            again = self._repost.get(qpn)
+            if again is None:
+                again = self._repost[qpn] = []
+            again.append(self._recv_wr[wr_id])
+            if len(again) >= REPOST_BATCH:
+                self._repost_due = True
             return
         if status is not WcStatus.SUCCESS:
             self.execute(engine.link_failed(qpn, f"send {status.name}", now))
@@ -597,20 +663,30 @@ class Stack:
             if left is not None and left <= 0:
                 return False
             if self._poller == "app":
-                hc.cond.wait(left if left is not None else 1.0)
+                hc.waiters += 1
+                try:
+                    hc.cond.wait(left if left is not None else 1.0)
+                finally:
+                    hc.waiters -= 1
                 continue
             self._poller = "app"
             self._poller_ident = threading.get_ident()
             try:
-                self._sleep_on_cq(left)
+                self._sleep_on_cq(left, SPIN)
             finally:
                 self._poller = None
                 self._app_polled = time.monotonic()
         return True
 
-    def _sleep_on_cq(self, left: float | None) -> None:
-        """Sleep on the CQ descriptor (lock released) until news or the next deadline."""
+    def _sleep_on_cq(self, left: float | None, spin: float = 0.0) -> None:
+        """Sleep on the CQ descriptor (lock released) until news or the next deadline.
+
+        :param spin: seconds to poll the CQ first (lock released) before arming it
+            and sleeping (see :data:`SPIN`).
+        """
         wcs = self.cq.poll(64)  # look first: arm (and pay for the rings it asks for) only to sleep
+        if not wcs and spin > 0.0:
+            wcs = self._spin(spin if left is None else min(spin, left))
         if not wcs:
             self.cq.req_notify()  # arm, then look again: a completion after this look rings
             wcs = self.cq.poll(64)
@@ -640,6 +716,27 @@ class Stack:
                     with contextlib.suppress(OSError):
                         os.read(fd, 4096)
         self.process(wcs)
+
+    def _spin(self, seconds: float) -> list[WorkCompletion]:
+        """Poll the CQ for up to ``seconds`` with the lock released: completions, or [].
+
+        Each empty look yields the CPU (``sched_yield``, GIL released): a peer
+        process or thread that is runnable on this core runs at once instead of
+        waiting for the spin to end -- on a host with fewer free cores than
+        busy threads a spinning waiter would otherwise delay the very answer it
+        waits for; on an idle core the yield returns at once.
+        """
+        poll, clock, yield_cpu = self.cq.poll, time.monotonic, os.sched_yield
+        until = clock() + seconds
+        self.lock.release()
+        try:
+            while True:
+                wcs = poll(64)
+                if wcs or clock() >= until:
+                    return wcs
+                yield_cpu()
+        finally:
+            self.lock.acquire()
 
     def kick(self) -> None:
         """Wake a sleeping poller (to re-check for a new deadline)."""
@@ -683,6 +780,8 @@ class Stack:
 
 _SEND = WrOpcode.SEND
 _WRITE = WrOpcode.RDMA_WRITE
+
+
 _stacks: dict[str, Stack] = {}
 _stack_lock = threading.Lock()
 

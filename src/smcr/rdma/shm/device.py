@@ -60,6 +60,9 @@ DEFAULT_SLOT_SIZE = 8192
 DEFAULT_MAX_MR = 1024
 IOVA_BASE = 0x0000_7E00_0000_0000
 PAGE = 4096
+MAX_INLINE = 1 << 24
+"""Inline WRs up to 16 MiB: the requester copies at post time anyway (:mod:`smcr.rdma.shm.qp`),
+so an inline WRITE costs what a registered one does and saves the caller a staging copy."""
 
 
 class ShmDevice(Device):
@@ -85,6 +88,7 @@ class ShmDevice(Device):
         attr = DeviceAttr(
             max_qp_wr=4096, max_sge=2, max_cqe=1 << 20, max_mr=max_mr, max_mr_size=1 << 40,
             max_msg_sz=slot_size, max_qp_rd_atom=16, active_mtu=PathMtu.MTU_4096,
+            max_inline_data=MAX_INLINE,
         )  # fmt: skip
         super().__init__(name, gid, b"\x02" + gid[11:], netdev, attr)
         self.slot_size = slot_size
@@ -321,6 +325,7 @@ class ShmPd(ProtectionDomain):
         if (
             max(cap.max_send_sge, cap.max_recv_sge) > a.max_sge
             or max(cap.max_send_wr, cap.max_recv_wr) > a.max_qp_wr
+            or cap.max_inline_data > a.max_inline_data
         ):
             raise VerbsError(errno.EINVAL, f"QP capabilities {cap} above the device's")
         return self.device.new_qp(self, send_cq, recv_cq, cap, sq_sig_all)

@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -80,6 +80,7 @@ if TYPE_CHECKING:
 DONE, RNR, NOT_READY, FAILED = 0, 1, 2, 3
 _LIVE = (int(QpState.RTR), int(QpState.RTS))
 _SIGNALED = int(SendFlag.SIGNALED)
+_INLINE = int(SendFlag.INLINE)
 _REMOTE_WRITE = int(AccessFlag.REMOTE_WRITE)
 _LOCAL_WRITE = int(AccessFlag.LOCAL_WRITE)
 _MR_KEY = lay.MR_KEY.unpack_from
@@ -87,6 +88,11 @@ _U32_PACK = lay.U32.pack_into
 _U32_UNPACK = lay.U32.unpack_from
 _WITH_IMM, _NO_FLAGS = WcFlag.WITH_IMM, WcFlag(0)  # an enum call per completion costs 0.5 us
 _U64_PACK = lay.U64.pack_into
+_AREA_HEADER = lay.AREA_HEADER.unpack_from
+_U64_UNPACK = lay.U64.unpack_from
+_SLOT_HEADER = lay.SLOT_HEADER.unpack_from
+_SLOT_HEADER_SIZE = lay.SLOT_HEADER.size
+_SUCCESS, _RECV = WcStatus.SUCCESS, WcOpcode.RECV
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +141,8 @@ class ShmQp(QueuePair):
         self._spd = pd
         self._depth = max(1, cap.max_recv_wr)
         self._slot_size = device.slot_size
+        self._slot_base = lay.slot_offset(self._depth, self._slot_size, 0)
+        self._slot_stride = lay.SLOT_HEADER.size + self._slot_size
         self._area_fd, self._area = lay.new_segment(
             "smcr-qp", lay.area_size(self._depth, self._slot_size)
         )
@@ -371,19 +379,22 @@ class ShmQp(QueuePair):
         :param notify: signal the CQ (when not called from inside its own poll).
         """
         area = self._area
-        if area.closed or lay.U64.unpack_from(area, lay.OFF_PRODUCED)[0] == self._consumed:
+        if area.closed or _U64_UNPACK(area, lay.OFF_PRODUCED)[0] == self._consumed:
             return
         wcs: list[WorkCompletion] = []
         fatal = False
+        depth, base, stride = self._depth, self._slot_base, self._slot_stride
         with self._rq_lock:
-            produced = lay.U64.unpack_from(self._area, lay.OFF_PRODUCED)[0]
-            while self._consumed < produced and self._rq and not fatal:
-                wr = self._rq.popleft()
-                off = lay.slot_offset(self._depth, self._slot_size, self._consumed % self._depth)
-                self._consumed += 1
-                byte_len, kind, imm, _ = lay.SLOT_HEADER.unpack_from(self._area, off)
-                wc, fatal = self._deliver(wr, off + lay.SLOT_HEADER.size, byte_len, kind, imm)
+            produced = _U64_UNPACK(area, lay.OFF_PRODUCED)[0]
+            rq, consumed = self._rq, self._consumed
+            while consumed < produced and rq and not fatal:
+                wr = rq.popleft()
+                off = base + (consumed % depth) * stride
+                consumed += 1
+                byte_len, kind, imm, _ = _SLOT_HEADER(area, off)
+                wc, fatal = self._deliver(wr, off + _SLOT_HEADER_SIZE, byte_len, kind, imm)
                 wcs.append(wc)
+            self._consumed = consumed
         last = wcs.pop() if fatal else None
         if wcs:
             self.recv_cq.push_many(wcs, notify)
@@ -402,6 +413,18 @@ class ShmQp(QueuePair):
         if kind not in (lay.KIND_SEND, lay.KIND_SEND_IMM):
             # the shared area is written by the peer: never trust it further than checked
             return self._rwc(wr, WcStatus.LOC_QP_OP_ERR, WcOpcode.RECV, 0, 0), True
+        sges = wr.sg_list
+        if kind == lay.KIND_SEND and len(sges) == 1 and byte_len <= self._slot_size:
+            # the data path (a CDC into one buffer): lookup_local inlined, no lists
+            sge = sges[0]
+            mr = self.pd.mrs.get(sge.lkey)
+            off = sge.addr - mr.addr if mr is not None else -1
+            if (mr is not None and mr.valid and mr.access_bits & _LOCAL_WRITE and off >= 0
+                    and byte_len <= sge.length and off + sge.length <= mr.length):  # fmt: skip
+                mr.buf[off : off + byte_len] = self._view[payload : payload + byte_len]
+                return WorkCompletion(wr_id=wr.wr_id, status=_SUCCESS, opcode=_RECV,
+                                      qp_num=self.qp_num, byte_len=byte_len,
+                                      src_qp=self.attr.dest_qp_num), False  # fmt: skip
         views: list[memoryview] = []
         room = 0
         lookup = self.pd.lookup_local
@@ -443,6 +466,8 @@ class ShmQp(QueuePair):
             if len(wr.sg_list) > max_sge or wr.opcode not in _OPS:
                 self._check_sges(wr.sg_list, max_sge)
                 raise VerbsError(errno.EINVAL, f"{wr.opcode.name} is not supported by shm")
+            if wr.inline_data is not None or int(wr.send_flags) & _INLINE:
+                self._check_inline(wr)
         with self._state_lock:
             state = self.attr.qp_state
             if state is QpState.ERR:
@@ -452,9 +477,86 @@ class ShmQp(QueuePair):
                 raise VerbsError(errno.EINVAL, f"post_send in {state.name}")
             if len(self._sq) + len(batch) > self.cap.max_send_wr:
                 raise VerbsError(errno.ENOMEM, "send queue full")
-            self._sq.extend(batch)
+            sq = self._sq
+            sq.extend(batch)
             if self._timer is None:
                 self._run_sq()
+            if sq:  # waiting (RNR, peer not ready): inline data is the caller's again on return
+                for wr in sq:
+                    if wr.inline_data is not None and type(wr.inline_data) is not bytes:
+                        wr.inline_data = bytes(wr.inline_data)
+
+    def post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
+                         wr_id: int, signaled: bool) -> None:  # fmt: skip
+        """The data path's batch (see the base class), fused: the checks of
+        :meth:`_execute` for every WR first, then the copies, with no WR objects.
+
+        Anything off the common path (not RTS, work queued, peer not ready, no
+        receive posted, a remote check that fails, ``sq_sig_all``) goes to the
+        generic :meth:`post_send`, which repeats the checks and reports the
+        exact error: nothing has moved by then.
+        """
+        with self._state_lock:
+            peer = self._peer
+            if (self.attr.qp_state is not QpState.RTS or self._sq or self._timer is not None
+                    or peer is None or self.sq_sig_all):  # fmt: skip
+                peer = None
+            else:
+                hdr = _AREA_HEADER(peer.area, 0)
+                produced = self._produced
+                depth = peer.depth
+                idx = produced % depth
+                size = len(message)
+                if (hdr[0] not in _LIVE or hdr[7] != self._next_psn or hdr[8] == produced
+                        or not hdr[1] & _REMOTE_WRITE or size > peer.slot_size
+                        or size > _U32_UNPACK(peer.area, lay.lens_offset(idx))[0]):  # fmt: skip
+                    peer = None
+                else:
+                    targets = []
+                    limit, mrs, table, pd = self.cap.max_inline_data, peer.mrs, peer.table, hdr[4]
+                    for addr, rkey, data in writes:
+                        n = len(data)
+                        rm = mrs.get(rkey)
+                        if (rm is None or n > limit or addr < rm.iova or addr + n > rm.end
+                                or not rm.allowed & _REMOTE_WRITE or rm.pd != pd
+                                or _MR_KEY(table, rm.offset) != (rkey, rm.generation)):  # fmt: skip
+                            peer = None
+                            break
+                        targets.append((rm.view, addr - rm.iova, data))
+            if peer is not None:
+                mtu, psn = self._mtu, self._next_psn
+                for view, off, data in targets:
+                    n = len(data)
+                    view[off : off + n] = data
+                    psn += -(-n // mtu) or 1
+                slot = lay.slot_offset(depth, peer.slot_size, idx)
+                start = slot + lay.SLOT_HEADER.size
+                peer.view[start : start + len(message)] = message
+                self._next_psn = (psn + (-(-len(message) // mtu) or 1)) & PSN_MASK
+                self._retry_left = self.attr.retry_cnt
+                self._rnr_left = self.attr.rnr_retry
+                self._place(peer, slot, len(message), lay.KIND_SEND, 0)
+                _U32_PACK(peer.area, lay.OFF_EPSN, self._next_psn)
+                if signaled:
+                    self.send_cq.push(WorkCompletion(wr_id=wr_id, status=WcStatus.SUCCESS,
+                                                     opcode=WcOpcode.SEND, qp_num=self.qp_num,
+                                                     byte_len=len(message)))  # fmt: skip
+                return
+        super().post_writes_send(writes, message, wr_id, signaled)
+
+    def _check_inline(self, wr: SendWr) -> None:
+        """An inline WR: the flag and the data together, a byte view, within ``max_inline_data``."""
+        data = wr.inline_data
+        if data is None or not int(wr.send_flags) & _INLINE:
+            raise VerbsError(errno.EINVAL, "inline_data and SendFlag.INLINE go together")
+        if wr.opcode is WrOpcode.RDMA_READ:
+            raise VerbsError(errno.EINVAL, "an RDMA READ cannot be inline")
+        view = memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            wr.inline_data = view = view.cast("B")
+        if view.nbytes > self.cap.max_inline_data:
+            raise VerbsError(errno.EINVAL, f"{view.nbytes} inline bytes above the QP's "
+                             f"max_inline_data {self.cap.max_inline_data}")  # fmt: skip
 
     def _run_sq(self) -> None:
         """Execute queued WRs in order until done or one blocks (state lock held).
@@ -550,19 +652,24 @@ class ShmQp(QueuePair):
         per opcode.
         """
         op = _OPS[wr.opcode]
-        mrs = self.pd.mrs
-        need_local = op.need_local
         local: list[memoryview] = []
         length = 0
-        for sge in wr.sg_list:
-            mr = mrs.get(sge.lkey)
-            if mr is None:
-                return self._fail(wr, WcStatus.LOC_PROT_ERR, nak=False)
-            off, n = sge.addr - mr.addr, sge.length
-            if not mr.valid or need_local & ~mr.access_bits or off < 0 or off + n > mr.length:
-                return self._fail(wr, WcStatus.LOC_PROT_ERR, nak=False)
-            local.append(mr.buf[off : off + n])
-            length += n
+        inline = wr.inline_data
+        if inline is not None:  # checked by post_send: a byte view within max_inline_data
+            local.append(memoryview(inline))
+            length = len(inline)
+        else:
+            mrs = self.pd.mrs
+            need_local = op.need_local
+            for sge in wr.sg_list:
+                mr = mrs.get(sge.lkey)
+                if mr is None:
+                    return self._fail(wr, WcStatus.LOC_PROT_ERR, nak=False)
+                off, n = sge.addr - mr.addr, sge.length
+                if not mr.valid or need_local & ~mr.access_bits or off < 0 or off + n > mr.length:
+                    return self._fail(wr, WcStatus.LOC_PROT_ERR, nak=False)
+                local.append(mr.buf[off : off + n])
+                length += n
         slot = -1
         if op.kind:
             depth, slot_size = peer.depth, peer.slot_size

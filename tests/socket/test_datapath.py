@@ -1,0 +1,102 @@
+"""The socket data path's edges: inline sends of every size around the buffer limits,
+and an orderly end that outlives the link (a peer that closes and exits).
+
+Over shm a send goes straight from the caller's buffer into the peer's RMBE
+while nothing waits in the send buffer, and is copied into the send buffer
+otherwise; these tests cross between the two paths on purpose.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+
+import smcr
+from tests.socket import smc_peer
+from tests.socket.conftest import RNICS, Peer
+
+PeerFactory = Callable[..., Peer]
+SMALL = 32768  # SO_SNDBUF/SO_RCVBUF: a 32 KiB RMBE and send buffer on both sides
+
+
+def bye_server(ctl: Connection, size: int) -> None:
+    """Accept one client, send ``size`` bytes of pattern, close and exit at once."""
+    srv = smcr.create_server((smc_peer.host(), 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    c.sendall(pattern(size))
+    ctl.send(c.smc_info().mode)
+    c.close()
+    srv.close()
+
+
+def digest_server(ctl: Connection) -> None:
+    """Accept one small-buffer client; report SHA-256 and count of what came until EOF."""
+    srv = smcr.create_server((smc_peer.host(), 0))
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL)
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    h, n = hashlib.sha256(), 0
+    buf = bytearray(7919)  # a prime: reads end everywhere in the ring
+    while got := c.recv_into(buf):
+        h.update(buf[:got])
+        n += got
+    ctl.send((n, h.hexdigest(), c.smc_info().mode))
+    c.close()
+    srv.close()
+
+
+def pattern(size: int) -> bytes:
+    return (hashlib.sha256(b"bye").digest() * (size // 32 + 1))[:size]
+
+
+@RNICS
+def test_peer_that_closes_and_exits_still_gives_eof(peer: PeerFactory) -> None:
+    """Its done-writing/closed CDC came before its link went: all bytes, then EOF.
+
+    (The bytes fit into our RMBE, so that the peer's close need not wait for us.)"""
+    size = 50_000
+    p = peer(bye_server, size)
+    with smcr.create_connection((smc_peer.host(), p.recv()), timeout=20) as s:
+        assert p.recv() == "SMCR"
+        p.proc.join(10)  # the peer process is gone, and its link with it
+        assert not p.proc.is_alive()
+        time.sleep(0.2)
+        got = bytearray()
+        while chunk := s.recv(65536):
+            got += chunk
+        assert bytes(got) == pattern(size)
+        assert s.recv(10) == b""
+
+
+@RNICS
+def test_sends_of_every_size_around_the_buffer_limits(peer: PeerFactory) -> None:
+    """Sizes below, at and above the 32 KiB buffers, sent back to back: the inline and
+    the copying path take turns as the peer's RMBE fills; every byte arrives once."""
+    p = peer(digest_server)
+    s = smcr.SMCSocket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL)
+    s.settimeout(20)
+    s.connect((smc_peer.host(), p.recv()))
+    assert s.smc_info().mode == "SMCR"
+    h, total = hashlib.sha256(), 0
+    sizes = [1, 2, 100, 4095, 4096, 4097, SMALL - 1, SMALL, SMALL + 1, 3 * SMALL + 7, 65536]
+    for rep in range(3):
+        for size in sizes:
+            data = os.urandom(size)
+            view = memoryview(data)
+            while view:  # send(), not sendall(): partial sends are part of the test
+                n = s.send(view)
+                assert 0 < n <= len(view)
+                view = view[n:]
+            h.update(data)
+            total += size
+    s.shutdown(socket.SHUT_WR)
+    assert p.recv(30) == (total, h.hexdigest(), "SMCR")
+    s.close()
