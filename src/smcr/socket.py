@@ -334,12 +334,13 @@ class SMCSocket:
         else by copying into the send buffer, which the engine RDMA-WRITEs from."""
         if self._mode != "SMCR":
             return self._tcp_call().send(data, flags)
-        flags = int(flags)
         view = memoryview(data)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
-        if not view:
-            return 0
+        return self._send(view, int(flags)) if view else 0
+
+    def _send(self, view: memoryview, flags: int) -> int:
+        """:meth:`send` of a non-empty byte view (SMC-R mode): the data path."""
         stack, hc = self._smc()
         with self._wlock, stack.lock:
             c = stack.engine.conns.get(hc.conn_id)
@@ -347,18 +348,31 @@ class SMCSocket:
                 raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
             if c.tx_flags or c.peer_closed:
                 raise BrokenPipeError(errno.EPIPE, "Broken pipe")
-            if c.sndbuf_space() <= 0:
+            inline = stack.max_inline and not flags & _OOB  # max_inline >= any buffer size
+            room = c.direct_room() if inline else 0
+            if not room:
+                # the peer's RMBE is full or bytes wait: take the consumer cursor updates
+                # that came meanwhile now (they flush the send buffer and reopen the inline
+                # path), not when the progress thread next looks
+                stack.process()
+                room = c.direct_room() if inline else 0
+            if not room and c.sndbuf_space() <= 0:
                 self._wait_room(stack, hc, c, flags)
+                room = c.direct_room() if inline else 0
             n = 0
-            if not flags & _OOB and stack.max_inline:
-                n = min(len(view), c.direct_room(), stack.max_inline)
-                if n:
-                    stack.send_inline(hc, c, view[:n] if n < len(view) else view)
-                    if n == len(view) or c.sndbuf_space() <= 0:
-                        if hc.readiness is not None:
-                            stack.update_readiness(hc)
-                        return n
-                    view = view[n:]
+            if room:
+                size = len(view)
+                if size <= room:
+                    stack.send_inline(c, view)
+                    if hc.readiness is not None:
+                        stack.update_readiness(hc)
+                    return size
+                stack.send_inline(c, view[:room])
+                n, view = room, view[room:]
+                if c.sndbuf_space() <= 0:
+                    if hc.readiness is not None:
+                        stack.update_readiness(hc)
+                    return n
             return n + self._copy_in(stack, hc, c, view, flags)
 
     def _wait_room(self, stack: Stack, hc: HostConn, c: Any, flags: int) -> None:
@@ -391,9 +405,14 @@ class SMCSocket:
         if self._mode != "SMCR":
             self._tcp_call().sendall(data, flags)
             return
-        view = memoryview(data).cast("B")
+        view = memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        flags, send = int(flags), self._send
         while view:
-            n = self.send(view, flags)
+            n = send(view, flags)
+            if n == len(view):
+                return
             view = view[n:]
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
@@ -437,7 +456,11 @@ class SMCSocket:
                                                    f"Connection reset by peer ({why})")
                     if c.peer_done or (got and not flags & _WAITALL):
                         return got
-                    self._wait_data(stack, hc, c, flags)
+                    wcs = stack.cq.poll(64)  # news already there: no waiting machinery
+                    if wcs:
+                        stack.process(wcs)
+                    else:
+                        self._wait_data(stack, hc, c, flags)
                     continue
                 n = self._copy_out(stack, hc, c, out[got:want] if got or want < len(out)
                                    else out, flags)  # fmt: skip

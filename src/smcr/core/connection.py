@@ -208,10 +208,12 @@ class Connection:
             wraps), then the CDC to SEND behind them.
         :raises ValueError: for no bytes or more than :meth:`direct_room`.
         """
-        n = len(data)
-        if not 0 < n <= self.direct_room():
+        n, sent, rsize = len(data), self.tx_sent, self.peer_rmb_size
+        peer_free = rsize - (sent - self.peer_cons)
+        if (not 0 < n <= peer_free or n > self.sndbuf_size - (sent - self.tx_fin)
+                or self.tx_app != sent or self.urg_tx_end is not None):  # fmt: skip
             raise ValueError(f"inline write of {n} bytes: {self.direct_room()} fit now")
-        sent, rsize, vaddr, rkey = self.tx_sent, self.peer_rmb_size, self.peer_vaddr, self.peer_rkey
+        vaddr, rkey = self.peer_vaddr, self.peer_rkey
         dst = sent % rsize
         first = rsize - dst
         if n <= first:
@@ -219,7 +221,7 @@ class Connection:
         else:
             writes = [(vaddr + dst, rkey, data[:first]), (vaddr, rkey, data[first:])]
         flags = 0
-        if n >= rsize - (sent - self.peer_cons):  # the peer's RMBE is full now
+        if n == peer_free:  # the peer's RMBE is full now
             flags = _WRITE_BLOCKED
             self.stats_write_blocked += 1
         self.tx_app = self.tx_sent = sent + n

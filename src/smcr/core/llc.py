@@ -50,6 +50,9 @@ from smcr.wire.llc import (
 )
 
 
+_CDC_SIZE, _CDC_UNPACK = CDC.size, CDC.unpack_from
+
+
 class LlcViolationError(Exception):
     """The peer broke the LLC protocol: terminate the link group (reason 0x00040000)."""
 
@@ -119,10 +122,10 @@ class LinkLayer:
         return out
 
     def _receive_cdc(self, link: Link, data: memoryview, out: list[Action]) -> None:
-        if len(data) != CDC.size or data[1] != CDC.size:  # smc_cdc_rx_handler drops it
+        if len(data) != _CDC_SIZE or data[1] != _CDC_SIZE:  # smc_cdc_rx_handler drops it
             self._drop(link.qpn, f"bad CDC: {len(data)} bytes, length byte {data[1:2].hex()}")
             return
-        _, _, seq, token, pwrap, pcount, cwrap, ccount, pflags, sflags = CDC.unpack_from(data)
+        _, _, seq, token, pwrap, pcount, cwrap, ccount, pflags, sflags = _CDC_UNPACK(data)
         conn = link.lgr.conns.get(token)
         if conn is None:
             self._drop(link.qpn, f"CDC for unknown token {token}")

@@ -352,6 +352,17 @@ class CompletionQueue:
         with self._lock:
             self._armed = True
 
+    def has_completions(self) -> bool:
+        """Whether completions wait, after the provider's progress hooks ran; takes none.
+
+        For a thread that spins on the CQ without holding its consumer's lock: it
+        must not take completions that another thread, which holds that lock,
+        would then handle before them.
+        """
+        for hook in self._progress:
+            hook()
+        return bool(self._wcs)
+
     def poll(self, max_entries: int = 16) -> list[WorkCompletion]:
         """Take up to ``max_entries`` completions, oldest first, without blocking."""
         for hook in self._progress:

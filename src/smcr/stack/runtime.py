@@ -373,39 +373,46 @@ class Stack:
             if self.engine.has_events():
                 self._dispatch_events()
             return
-        # WRs of one QP are posted together, in order; where the RNIC takes inline
-        # SENDs, a CDC or LLC message with nothing before it goes as a fused batch
+        # WRs of one QP are posted together, in order.  Where the RNIC takes inline
+        # WRs, WRITEs (from the send buffer) and the CDC behind them go as one fused
+        # batch (QueuePair.post_writes_send): no WR objects, no SGE look-ups
         wrs: list[SendWr] = []
+        writes: list[tuple[int, int, memoryview]] = []
         wr_qpn = 0
         fused = self._fused
         for a in actions:
             kind = type(a)
             if kind is RdmaWrite or kind is PostSend:
-                if wrs and a.qpn != wr_qpn:  # type: ignore[union-attr]
-                    self._post(wr_qpn, wrs)
-                    wrs = []
+                if (wrs or writes) and a.qpn != wr_qpn:  # type: ignore[union-attr]
+                    self._post(wr_qpn, wrs + _write_wrs(writes))
+                    wrs, writes = [], []
                 wr_qpn = a.qpn  # type: ignore[union-attr]
                 if isinstance(a, RdmaWrite):
                     mr = self.conns[a.conn].sndbuf_mr
                     assert mr is not None
-                    wrs.append(SendWr(wr_id=0, opcode=_WRITE, remote_addr=a.remote_addr,
-                                      rkey=a.rkey,
-                                      sg_list=(Sge(mr.addr + a.src_offset, a.length, mr.lkey),)))
+                    if fused:
+                        off = a.src_offset
+                        writes.append((a.remote_addr, a.rkey, mr.buf[off : off + a.length]))
+                    else:
+                        sge = Sge(mr.addr + a.src_offset, a.length, mr.lkey)
+                        wrs.append(SendWr(wr_id=0, opcode=_WRITE, remote_addr=a.remote_addr,
+                                          rkey=a.rkey, sg_list=(sge,)))  # fmt: skip
                 elif isinstance(a, PostSend):
                     if fused and not wrs:
-                        self._post(wr_qpn, wrs, (), a)
+                        self._post(wr_qpn, wrs, writes, a)
+                        writes = []
                     else:
                         wrs.append(self._send_wr(a))
             else:
-                if wrs:
-                    self._post(wr_qpn, wrs)
-                    wrs = []
+                if wrs or writes:
+                    self._post(wr_qpn, wrs + _write_wrs(writes))
+                    wrs, writes = [], []
                 self._control(a)
-        if wrs:
-            self._post(wr_qpn, wrs)
+        if wrs or writes:
+            self._post(wr_qpn, wrs + _write_wrs(writes))
         self._dispatch_events()
 
-    def send_inline(self, hc: HostConn, c: Connection, data: memoryview) -> None:
+    def send_inline(self, c: Connection, data: memoryview) -> None:
         """The data path (lock held): ``data`` (at most ``c.direct_room()`` bytes, at most
         :attr:`max_inline`) RDMA-written from the caller's buffer, then its CDC, as one
         fused batch (:meth:`Connection.write_inline`, :meth:`QueuePair.post_writes_send`).
@@ -601,8 +608,11 @@ class Stack:
             self._timer_check = now + TIMER_GRAIN
             if deadline is not None:
                 self._timer_check = min(self._timer_check, deadline)
-        touched, engine.touched = engine.touched, set()
-        if touched and self._poller == "app" and self._poller_ident != threading.get_ident():
+        touched = engine.touched
+        if not touched:
+            return
+        engine.touched = set()
+        if self._poller == "app" and self._poller_ident != threading.get_ident():
             self.kick()  # the app poller may sleep on a doorbell this thread drained
         for conn_id in touched:
             hc = self.conns.get(conn_id)
@@ -628,9 +638,9 @@ class Stack:
     def _completion(self, wc: WorkCompletion, now: float) -> None:
         engine = self.engine
         status, qpn, wr_id = wc.status, wc.qp_num, wc.wr_id
-        if wc.opcode is WcOpcode.RECV:
+        if wc.opcode is _RECV:
             slot = self._recv_slot.get(wr_id)
-            if status is not WcStatus.SUCCESS or slot is None:
+            if status is not _SUCCESS or slot is None:
                 if slot is not None:
                     self._recv_free.append(self._recv_slot.pop(wr_id))
                     self._recv_wr.pop(wr_id, None)
@@ -718,7 +728,8 @@ class Stack:
         self.process(wcs)
 
     def _spin(self, seconds: float) -> list[WorkCompletion]:
-        """Poll the CQ for up to ``seconds`` with the lock released: completions, or [].
+        """Watch the CQ for up to ``seconds`` with the lock released, then take what came
+        (lock held again: completions are handled in order by whoever holds it).
 
         Each empty look yields the CPU (``sched_yield``, GIL released): a peer
         process or thread that is runnable on this core runs at once instead of
@@ -726,17 +737,15 @@ class Stack:
         busy threads a spinning waiter would otherwise delay the very answer it
         waits for; on an idle core the yield returns at once.
         """
-        poll, clock, yield_cpu = self.cq.poll, time.monotonic, os.sched_yield
+        news, clock, yield_cpu = self.cq.has_completions, time.monotonic, os.sched_yield
         until = clock() + seconds
         self.lock.release()
         try:
-            while True:
-                wcs = poll(64)
-                if wcs or clock() >= until:
-                    return wcs
+            while not news() and clock() < until:
                 yield_cpu()
         finally:
             self.lock.acquire()
+        return self.cq.poll(64)
 
     def kick(self) -> None:
         """Wake a sleeping poller (to re-check for a new deadline)."""
@@ -779,7 +788,15 @@ class Stack:
 
 
 _SEND = WrOpcode.SEND
+_RECV, _SUCCESS = WcOpcode.RECV, WcStatus.SUCCESS
 _WRITE = WrOpcode.RDMA_WRITE
+
+
+def _write_wrs(writes: list[tuple[int, int, memoryview]]) -> list[SendWr]:
+    """Inline RDMA WRITE WRs for ``(remote_addr, rkey, data)`` (writes no CDC followed)."""
+    return [SendWr(wr_id=0, opcode=_WRITE, remote_addr=addr, rkey=rkey,
+                   send_flags=SendFlag.INLINE, inline_data=data)
+            for addr, rkey, data in writes]  # fmt: skip
 
 
 _stacks: dict[str, Stack] = {}

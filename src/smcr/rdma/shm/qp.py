@@ -91,8 +91,11 @@ _U64_PACK = lay.U64.pack_into
 _AREA_HEADER = lay.AREA_HEADER.unpack_from
 _U64_UNPACK = lay.U64.unpack_from
 _SLOT_HEADER = lay.SLOT_HEADER.unpack_from
+_SLOT_HEADER_PACK = lay.SLOT_HEADER.pack_into
 _SLOT_HEADER_SIZE = lay.SLOT_HEADER.size
-_SUCCESS, _RECV = WcStatus.SUCCESS, WcOpcode.RECV
+_SUCCESS, _RECV, _SEND_OP = WcStatus.SUCCESS, WcOpcode.RECV, WcOpcode.SEND
+_RTS = QpState.RTS
+_SLOT_BASE = lay.AREA_HEADER_SIZE  # slot i at _SLOT_BASE + 4 * depth + i * (header + slot size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,7 @@ class ShmQp(QueuePair):
         self._spd = pd
         self._depth = max(1, cap.max_recv_wr)
         self._slot_size = device.slot_size
+        self._max_inline = cap.max_inline_data
         self._slot_base = lay.slot_offset(self._depth, self._slot_size, 0)
         self._slot_stride = lay.SLOT_HEADER.size + self._slot_size
         self._area_fd, self._area = lay.new_segment(
@@ -498,22 +502,24 @@ class ShmQp(QueuePair):
         """
         with self._state_lock:
             peer = self._peer
-            if (self.attr.qp_state is not QpState.RTS or self._sq or self._timer is not None
+            attr = self.attr
+            if (attr.qp_state is not _RTS or self._sq or self._timer is not None
                     or peer is None or self.sq_sig_all):  # fmt: skip
                 peer = None
             else:
-                hdr = _AREA_HEADER(peer.area, 0)
+                area = peer.area
+                hdr = _AREA_HEADER(area, 0)
                 produced = self._produced
                 depth = peer.depth
                 idx = produced % depth
                 size = len(message)
                 if (hdr[0] not in _LIVE or hdr[7] != self._next_psn or hdr[8] == produced
                         or not hdr[1] & _REMOTE_WRITE or size > peer.slot_size
-                        or size > _U32_UNPACK(peer.area, lay.lens_offset(idx))[0]):  # fmt: skip
+                        or size > _U32_UNPACK(area, lay.AREA_HEADER_SIZE + 4 * idx)[0]):  # fmt: skip
                     peer = None
                 else:
                     targets = []
-                    limit, mrs, table, pd = self.cap.max_inline_data, peer.mrs, peer.table, hdr[4]
+                    limit, mrs, table, pd = self._max_inline, peer.mrs, peer.table, hdr[4]
                     for addr, rkey, data in writes:
                         n = len(data)
                         rm = mrs.get(rkey)
@@ -529,18 +535,18 @@ class ShmQp(QueuePair):
                     n = len(data)
                     view[off : off + n] = data
                     psn += -(-n // mtu) or 1
-                slot = lay.slot_offset(depth, peer.slot_size, idx)
-                start = slot + lay.SLOT_HEADER.size
-                peer.view[start : start + len(message)] = message
-                self._next_psn = (psn + (-(-len(message) // mtu) or 1)) & PSN_MASK
-                self._retry_left = self.attr.retry_cnt
-                self._rnr_left = self.attr.rnr_retry
-                self._place(peer, slot, len(message), lay.KIND_SEND, 0)
-                _U32_PACK(peer.area, lay.OFF_EPSN, self._next_psn)
+                slot = _SLOT_BASE + 4 * depth + idx * (_SLOT_HEADER_SIZE + peer.slot_size)
+                start = slot + _SLOT_HEADER_SIZE
+                peer.view[start : start + size] = message
+                self._next_psn = psn = (psn + (-(-size // mtu) or 1)) & PSN_MASK
+                self._retry_left = attr.retry_cnt
+                self._rnr_left = attr.rnr_retry
+                self._place(peer, slot, size, lay.KIND_SEND, 0)
+                _U32_PACK(area, lay.OFF_EPSN, psn)
                 if signaled:
-                    self.send_cq.push(WorkCompletion(wr_id=wr_id, status=WcStatus.SUCCESS,
-                                                     opcode=WcOpcode.SEND, qp_num=self.qp_num,
-                                                     byte_len=len(message)))  # fmt: skip
+                    self.send_cq.push(WorkCompletion(wr_id=wr_id, status=_SUCCESS,
+                                                     opcode=_SEND_OP, qp_num=self.qp_num,
+                                                     byte_len=size))  # fmt: skip
                 return
         super().post_writes_send(writes, message, wr_id, signaled)
 
@@ -733,9 +739,10 @@ class ShmQp(QueuePair):
 
     def _place(self, peer: PeerLink, slot: int, length: int, kind: int, imm: int) -> None:
         """Publish a slot (header, then the ``produced`` count) and ring the peer's CQ."""
-        lay.SLOT_HEADER.pack_into(peer.area, slot, length, kind, imm & 0xFFFFFFFF, 0)
-        self._produced += 1
-        lay.U64.pack_into(peer.area, lay.OFF_PRODUCED, self._produced)
+        area = peer.area
+        _SLOT_HEADER_PACK(area, slot, length, kind, imm & 0xFFFFFFFF, 0)
+        self._produced = produced = self._produced + 1
+        _U64_PACK(area, lay.OFF_PRODUCED, produced)
         notify = peer.notify
         if notify is not None:  # ring only a CQ armed for sleep (smcr.rdma.shm.cq)
             fence()
