@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from smcr.core import Config, Connection, ConnectionReset, SmcState
 from smcr.core.close import TRANSITIONS, CloseInput, Send, step
+from smcr.core.events import PostSend
 from smcr.wire.cdc import CdcMessage, ConnectionStateFlags, ProducerFlags
 from smcr.wire.cursor import Cursor
 from tests.core.pair import Pair
@@ -99,6 +100,7 @@ def test_inline_write_limits_and_flags() -> None:
     n, acts = p.client.write_inline(c, bytes(room))  # fills the peer's RMBE exactly
     assert n == room
     (post,) = acts
+    assert isinstance(post, PostSend)
     msg = CdcMessage.decode(post.data)
     assert msg.producer_cursor == Cursor(1, 0)
     assert msg.producer_flags & ProducerFlags.WRITE_BLOCKED

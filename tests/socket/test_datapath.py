@@ -87,7 +87,7 @@ def test_sends_of_every_size_around_the_buffer_limits(peer: PeerFactory) -> None
     assert s.smc_info().mode == "SMCR"
     h, total = hashlib.sha256(), 0
     sizes = [1, 2, 100, 4095, 4096, 4097, SMALL - 1, SMALL, SMALL + 1, 3 * SMALL + 7, 65536]
-    for rep in range(3):
+    for _ in range(3):
         for size in sizes:
             data = os.urandom(size)
             view = memoryview(data)

@@ -49,7 +49,6 @@ from smcr.wire.llc import (
     decode_llc,
 )
 
-
 _CDC_SIZE, _CDC_UNPACK = CDC.size, CDC.unpack_from
 
 

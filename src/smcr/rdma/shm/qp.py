@@ -95,7 +95,9 @@ _SLOT_HEADER_PACK = lay.SLOT_HEADER.pack_into
 _SLOT_HEADER_SIZE = lay.SLOT_HEADER.size
 _SUCCESS, _RECV, _SEND_OP = WcStatus.SUCCESS, WcOpcode.RECV, WcOpcode.SEND
 _RTS = QpState.RTS
-_SLOT_BASE = lay.AREA_HEADER_SIZE  # slot i at _SLOT_BASE + 4 * depth + i * (header + slot size)
+_SLOT_BASE = lay.AREA_HEADER_SIZE
+"""Receive i's length word at ``_SLOT_BASE + 4 * i``, its slot at ``_SLOT_BASE + 4 * depth
++ i * (header + slot size)`` (:func:`~smcr.rdma.shm.layout.slot_offset`), inlined."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,7 +517,7 @@ class ShmQp(QueuePair):
                 size = len(message)
                 if (hdr[0] not in _LIVE or hdr[7] != self._next_psn or hdr[8] == produced
                         or not hdr[1] & _REMOTE_WRITE or size > peer.slot_size
-                        or size > _U32_UNPACK(area, lay.AREA_HEADER_SIZE + 4 * idx)[0]):  # fmt: skip
+                        or size > _U32_UNPACK(area, _SLOT_BASE + 4 * idx)[0]):  # fmt: skip
                     peer = None
                 else:
                     targets = []
