@@ -4,13 +4,16 @@ Two processes (the peer is spawned, as a server would be): for each message
 size, the client streams ``size``-byte ``sendall`` calls for a fixed volume to a
 sink that ``recv_into``s a 64 KiB buffer and acknowledges the end with one
 byte; then a ping-pong of small messages (``sendall`` + ``recv(MSG_WAITALL)``)
-gives the round-trip latency.  Every figure is the median of ``--reps``
+gives the round-trip latency.  Beside each, the CPU time both processes spent
+per message (or round trip): unlike wall time it hardly depends on what else
+the machine runs.  Every figure is the median of ``--reps``
 repetitions, SMC-R and TCP alternating so that both see the same machine; the
 ratio is SMC/TCP (throughput: higher is better; latency: lower is better).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing as mp
 import socket
@@ -36,6 +39,9 @@ class BenchResult:
     tcp: float
     smc_runs: list[float] = field(default_factory=list)
     tcp_runs: list[float] = field(default_factory=list)
+    smc_cpu: float = 0.0
+    """CPU time per message (throughput) or round trip (latency), µs, both processes, median."""
+    tcp_cpu: float = 0.0
 
     @property
     def ratio(self) -> float:
@@ -73,6 +79,7 @@ def peer_main(ctl: Connection, bufsize: int, host: str = "127.0.0.1",
             return
         kind, arg = cmd[1], cmd[2]
         conn, _ = (smc if kind == "smc" else tcp).accept()
+        cpu = time.process_time()
         with conn:
             if cmd[0] == "sink":
                 got = 0
@@ -87,6 +94,7 @@ def peer_main(ctl: Connection, bufsize: int, host: str = "127.0.0.1",
                 msg = bytearray(arg)
                 while conn.recv_into(msg, arg, socket.MSG_WAITALL) == arg:
                     conn.sendall(msg)
+        ctl.send(time.process_time() - cpu)
 
 
 class Bench:
@@ -120,36 +128,44 @@ class Bench:
             raise RuntimeError(f"bench: SMC-R not used ({s.smc_info().reason})")
         return s
 
-    def throughput(self, kind: str, size: int, volume: int) -> float:
-        """Bytes per second streaming ``size``-byte writes."""
+    def throughput(self, kind: str, size: int, volume: int) -> tuple[float, float]:
+        """Bytes per second streaming ``size``-byte writes, and CPU µs per write (both ends)."""
         count = max(1, volume // size)
         self.ctl.send(("sink", kind, count * size))
         s = self._connect(kind)
         payload = memoryview(bytearray(size))
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), time.process_time()
         for _ in range(count):
             s.sendall(payload)
         s.recv(1)
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu
         s.close()
-        return count * size / elapsed
+        return count * size / elapsed, (cpu + self._peer_cpu()) / count * 1e6
 
-    def pingpong(self, kind: str, size: int, rounds: int) -> float:
-        """Microseconds per round trip."""
+    def pingpong(self, kind: str, size: int, rounds: int) -> tuple[float, float]:
+        """Microseconds per round trip, and CPU µs per round trip (both ends)."""
         self.ctl.send(("echo", kind, size))
         s = self._connect(kind)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         msg = bytearray(size)
-        for _ in range(min(50, rounds)):  # warm-up
+        warm = min(50, rounds)
+        for _ in range(warm):
             s.sendall(msg)
             s.recv_into(msg, size, socket.MSG_WAITALL)
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), time.process_time()
         for _ in range(rounds):
             s.sendall(msg)
             s.recv_into(msg, size, socket.MSG_WAITALL)
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu
         s.close()
-        return elapsed / rounds * 1e6
+        # the peer's figure includes the warm-up round trips
+        return elapsed / rounds * 1e6, (cpu / rounds + self._peer_cpu() / (rounds + warm)) * 1e6
+
+    def _peer_cpu(self) -> float:
+        """The peer's CPU seconds for the last transfer (it reports when the connection ends)."""
+        if not self.ctl.poll(30):
+            raise RuntimeError("bench peer did not report")
+        return float(self.ctl.recv())
 
     def close(self) -> None:
         """Stop the peer."""
@@ -168,32 +184,40 @@ def run(sizes: list[int], reps: int, volume: int, rounds: int, bufsize: int = 0,
     """
     bench = Bench(bufsize, host, peer_netns)
     results: list[BenchResult] = []
+
+    def measure(test: str, unit: str, size: int,
+                one: Callable[[str], tuple[float, float]]) -> None:  # fmt: skip
+        runs: dict[str, list[float]] = {"smc": [], "tcp": []}
+        cpus: dict[str, list[float]] = {"smc": [], "tcp": []}
+        for rep in range(reps):
+            for kind in ("smc", "tcp"):
+                if progress:
+                    progress(f"{test} {size} B {kind} #{rep + 1}")
+                value, cpu = one(kind)
+                runs[kind].append(value)
+                cpus[kind].append(cpu)
+        med = statistics.median
+        results.append(BenchResult(test, size, unit, med(runs["smc"]), med(runs["tcp"]),
+                                   runs["smc"], runs["tcp"], med(cpus["smc"]),
+                                   med(cpus["tcp"])))  # fmt: skip
+
     try:
         for size in sizes:
-            runs: dict[str, list[float]] = {"smc": [], "tcp": []}
-            for rep in range(reps):
-                for kind in ("smc", "tcp"):
-                    if progress:
-                        progress(f"throughput {size} B {kind} #{rep + 1}")
-                    runs[kind].append(bench.throughput(kind, size, volume) / 1e6)
-            results.append(BenchResult("throughput", size, "MB/s",
-                                       statistics.median(runs["smc"]),
-                                       statistics.median(runs["tcp"]), runs["smc"],
-                                       runs["tcp"]))  # fmt: skip
+            measure("throughput", "MB/s", size, functools.partial(_throughput, bench, size, volume))
         for size in PING_SIZES:
-            runs = {"smc": [], "tcp": []}
-            for rep in range(reps):
-                for kind in ("smc", "tcp"):
-                    if progress:
-                        progress(f"ping-pong {size} B {kind} #{rep + 1}")
-                    runs[kind].append(bench.pingpong(kind, size, rounds))
-            results.append(BenchResult("latency", size, "us",
-                                       statistics.median(runs["smc"]),
-                                       statistics.median(runs["tcp"]), runs["smc"],
-                                       runs["tcp"]))  # fmt: skip
+            measure("latency", "us", size, functools.partial(_pingpong, bench, size, rounds))
     finally:
         bench.close()
     return results
+
+
+def _throughput(bench: Bench, size: int, volume: int, kind: str) -> tuple[float, float]:
+    rate, cpu = bench.throughput(kind, size, volume)
+    return rate / 1e6, cpu
+
+
+def _pingpong(bench: Bench, size: int, rounds: int, kind: str) -> tuple[float, float]:
+    return bench.pingpong(kind, size, rounds)
 
 
 def to_json(results: list[BenchResult]) -> str:

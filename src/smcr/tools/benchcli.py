@@ -39,13 +39,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
         print(bench.to_json(results))
         return 0
     table = Table(title=f"SMC-R ({args.rnic} RNIC) vs TCP {where}, median of {args.reps}")
-    for col in ("test", "size", "SMC-R", "TCP", "unit", "SMC/TCP"):
+    for col in ("test", "size", "SMC-R", "TCP", "unit", "SMC/TCP", "CPU µs SMC-R", "CPU µs TCP"):
         table.add_column(col, justify="right")
     for r in results:
         table.add_row(r.test, str(r.size), f"{r.smc:.1f}", f"{r.tcp:.1f}", r.unit,
-                      f"{r.ratio:.2f}")  # fmt: skip
+                      f"{r.ratio:.2f}", f"{r.smc_cpu:.1f}", f"{r.tcp_cpu:.1f}")  # fmt: skip
     console.print(table)
-    console.print("throughput: higher is better; latency (round trip): lower is better")
+    console.print("throughput: higher is better; latency (round trip): lower is better; "
+                  "CPU: both processes' CPU time per message or round trip")  # fmt: skip
     return 0
 
 
