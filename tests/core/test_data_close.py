@@ -132,6 +132,58 @@ def test_window_full_blocks_sender_and_reader_reopens_it() -> None:
     assert conn.peer_cons == 3000 and conn.tx_sent == 16384 + 3000
 
 
+def _cdcs_in_flight(p: Pair) -> list[bytes]:
+    """Take the messages queued for the server (they stay undelivered)."""
+    out = [data for side, _qpn, data in p.sends if side is p.server]
+    p.sends.clear()
+    return out
+
+
+@pytest.mark.parametrize("story", ["plain", "urgent", "close", "bad_cursor"])
+def test_coalesced_cdcs_leave_the_state_one_by_one_would(story: str) -> None:
+    """CDCs that wait together go to the engine as a batch (receive_wrs): cursor-only
+    ones are coalesced, the rest applied in place; the outcome is what delivering
+    them one by one gives -- cursors, flags, urgent mark, close state, abort."""
+    outcomes = []
+    for batched in (False, True):
+        p, c, s = ready()
+        for i in range(5):
+            n, acts = p.client.write(c, bytes([i]) * 1500, p.now)
+            p.run(p.client, acts)
+            if story == "urgent" and i == 2:  # one MSG_OOB byte in the middle
+                sender = p.client.engine.conns[c]
+                buf = p.client.sndbufs[c]
+                buf[sender.tx_app % len(buf)] = ord("!")
+                p.run(p.client, p.client.engine.data_written(c, 1, p.now, urgent=True))
+        if story == "close":
+            p.run(p.client, p.client.engine.shutdown_write(c, p.now))
+        datas = _cdcs_in_flight(p)
+        if story == "bad_cursor":
+            bad = bytearray(datas[1])
+            bad[12:16] = (99999).to_bytes(4, "big")  # producer count outside the 16 KiB ring
+            datas[1] = bytes(bad)
+        assert len(datas) >= 5
+        qpn = next(iter(p.server.engine.lgrs.values())).links[0].qpn
+        if batched:
+            p.run(p.server, p.server.engine.receive_wrs(qpn, [memoryview(d) for d in datas],
+                                                        p.now))  # fmt: skip
+        else:
+            for d in datas:
+                p.run(p.server, p.server.engine.receive_wr(qpn, memoryview(d), p.now))
+        conn = p.server.engine.conns[s]
+        outcomes.append((conn.rx_prod, conn.peer_cons, conn.rx_flags, conn.urg_rx_pos,
+                         conn.state, conn.reset_reason, conn.peer_write_blocked,
+                         [type(e).__name__ for e in p.server.events[-2:]]))  # fmt: skip
+    assert outcomes[0] == outcomes[1]
+    if story == "bad_cursor":
+        assert outcomes[1][5]  # reset: the bad CDC was not coalesced away
+    elif story == "close":
+        assert outcomes[1][2]  # done writing seen
+    else:
+        assert outcomes[1][0] == 5 * 1500 + (1 if story == "urgent" else 0)
+        assert (outcomes[1][3] is not None) == (story == "urgent")
+
+
 def test_consumer_update_rule_small_reads_send_nothing() -> None:
     p, c, s = ready(Config())
     _, acts = p.client.write(c, b"x" * 1000)

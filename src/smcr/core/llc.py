@@ -29,7 +29,7 @@ from smcr.core.events import (
 )
 from smcr.core.handshake import Handshake, HsState
 from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, LocalFlow, Role
-from smcr.wire.cdc import CDC_MSG_TYPE, ConnectionStateFlags
+from smcr.wire.cdc import CDC_MSG_TYPE, ConnectionStateFlags, ProducerFlags
 from smcr.wire.decline import DeclineCode
 from smcr.wire.errors import WireError
 from smcr.wire.llc import (
@@ -50,6 +50,8 @@ from smcr.wire.llc import (
 )
 
 _CDC_SIZE, _CDC_UNPACK = CDC.size, CDC.unpack_from
+# producer flags that ask for something (all but write-blocked): such a CDC is never coalesced
+_CDC_EVENT_PFLAGS = 0xF8 & ~int(ProducerFlags.WRITE_BLOCKED)
 
 
 class LlcViolationError(Exception):
@@ -103,14 +105,58 @@ class LinkLayer:
             return out
         link.last_rx = now
         link.test_deadline = None
+        self._receive_one(link, data, now, out)
+        return out
+
+    def receive_wrs(self, qpn: int, datas: list[memoryview], now: float) -> list[Action]:
+        """SENDs that arrived on a link together, in order: :meth:`receive_wr` for each,
+        except that CDCs are coalesced.
+
+        Of the CDCs of one connection that carry nothing but cursors (no flag
+        but write-blocked), only the last before the next other message is
+        applied: every CDC carries both cursors, cursors only move forward and
+        RC delivers in order, so the last says all that the earlier ones said.
+        Linux applies each; the outcome is the same, the work per CDC much less
+        when a busy receiver finds many waiting.  Skipped CDCs are still checked
+        (length, token, cursors inside the rings): a malformed one is handled
+        at its place, as :meth:`receive_wr` would.
+        """
+        if len(datas) == 1:
+            return self.receive_wr(qpn, datas[0], now)
+        out: list[Action] = []
+        link = self.links.get(qpn)
+        if link is None:
+            return out
+        link.last_rx = now
+        link.test_deadline = None
+        conns = link.lgr.conns
+        deferred: dict[int, memoryview] = {}  # token -> its latest cursor-only CDC
+        for data in datas:
+            if len(data) == _CDC_SIZE and data[0] == CDC_MSG_TYPE and data[1] == _CDC_SIZE:
+                f = _CDC_UNPACK(data)
+                conn = conns.get(f[3])
+                if (conn is not None and not f[8] & _CDC_EVENT_PFLAGS and not f[9] & 0xE0
+                        and f[5] < conn.rmb.size and f[7] < (conn.peer_rmb_size or 1)):  # fmt: skip
+                    deferred[f[3]] = data
+                    continue
+            for earlier in deferred.values():
+                self._receive_cdc(link, earlier, out)
+            deferred.clear()
+            self._receive_one(link, data, now, out)
+        for earlier in deferred.values():
+            self._receive_cdc(link, earlier, out)
+        return out
+
+    def _receive_one(self, link: Link, data: memoryview, now: float, out: list[Action]) -> None:
         if data and data[0] == CDC_MSG_TYPE:
             self._receive_cdc(link, data, out)
-            return out
+            return
+        qpn = link.qpn
         try:
             msg = decode_llc(data)
         except WireError as exc:
             self._drop(qpn, f"undecodable LLC message: {exc}")
-            return out
+            return
         handler = self._llc_handlers.get(msg.TYPE)
         try:
             if handler is None:
@@ -118,7 +164,6 @@ class LinkLayer:
             handler(link, msg, now, out)
         except LlcViolationError as exc:
             self._delete_all(link.lgr, DeleteLinkReason.PROT_VIOL, str(exc), out)
-        return out
 
     def _receive_cdc(self, link: Link, data: memoryview, out: list[Action]) -> None:
         if len(data) != _CDC_SIZE or data[1] != _CDC_SIZE:  # smc_cdc_rx_handler drops it

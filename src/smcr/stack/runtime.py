@@ -52,7 +52,7 @@ import select
 import socket
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -74,6 +74,7 @@ from smcr.core import (
     Rmb,
     SendClc,
     ShutdownTcp,
+    SmcState,
 )
 from smcr.core.connection import Connection
 from smcr.core.handshake import Handshake
@@ -97,8 +98,10 @@ from smcr.rdma import (
 from smcr.rdma.base import Device, QueuePair
 from smcr.rdma.shm import ShmDevice
 from smcr.stack import devices
+from smcr.wire.cdc import ConnectionStateFlags
 
 _DEBUG = bool(os.environ.get("SMCR_DEBUG"))
+_ABORT_FLAG = int(ConnectionStateFlags.PEER_CONNECTION_ABORT)
 RMB_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 QP_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 RECV_SLOTS = 256  # per QP; Linux posts 48 (we answer from one thread, so keep more)
@@ -248,6 +251,11 @@ class Stack:
         """TCP sockets of SMC-R connections, watched for the peer's end (:meth:`_tcp_ended`);
         not over shm, whose RNIC itself sees a peer process die."""
         self._watch_tcp = not isinstance(self.device, ShmDevice)
+        self._orphans: deque[tuple[HostConn, float | None]] = deque()
+        """Connections whose socket was collected unclosed (:meth:`orphan`), for the progress
+        thread; a deque: appended from any thread without the lock."""
+        self._draining: dict[int, tuple[HostConn, float]] = {}
+        """Orphans waiting (until the deadline) for their send buffer before the closing CDC."""
         self._running = True
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
         self.fallback_reasons: Counter[tuple[int, int]] = Counter()
@@ -373,6 +381,75 @@ class Stack:
     def engine_conn(self, hc: HostConn) -> Connection | None:
         """The engine's connection record."""
         return self.engine.conns.get(hc.conn_id)
+
+    # ================================================================ closing
+
+    def app_close(self, hc: HostConn) -> None:
+        """The application closed the connection (lock held; the host waited for the send
+        buffer first): the closing CDC (:meth:`Engine.close`); a connection the engine has
+        forgotten already is let go here."""
+        self.execute(self.engine.close(hc.conn_id, time.monotonic()))
+        if self.engine_conn(hc) is None and not hc.released:
+            hc.released = True
+            self.conns.pop(hc.conn_id, None)
+            self.unwatch_tcp(hc)
+            with contextlib.suppress(OSError):
+                hc.tcp.close()
+
+    def abort(self, hc: HostConn) -> None:
+        """Abortive close (lock held): ``SO_LINGER`` on with a linger time of 0.
+
+        What the send buffer still holds is dropped (a TCP reset drops it too),
+        an abort CDC (``smc_close_abort``: peer_conn_abort) tells the peer,
+        whose reads end in ``ECONNRESET``, and the connection is CLOSED and
+        released at once, its TCP socket closed (with that linger setting the
+        kernel resets it), without waiting for the peer.
+        """
+        c = self.engine_conn(hc)
+        if c is None or c.released or c.state is SmcState.CLOSED:
+            self.app_close(hc)
+            return
+        out: list[Action] = []
+        c.tx_app = c.tx_sent
+        c.urg_tx_end = None
+        c.released = True
+        c.tx_flags |= _ABORT_FLAG
+        c.send_cdc(out)
+        c.state = SmcState.CLOSED
+        out.append(ReleaseConnection(c.id))
+        self.execute(out)
+
+    def orphan(self, hc: HostConn, linger: float | None) -> None:
+        """Close a connection whose socket was garbage-collected unclosed; any thread,
+        lock-free (the collector may run inside code that holds :attr:`lock`).
+
+        The progress thread does it (:meth:`_reap_orphans`): it waits, without
+        blocking anyone, for the send buffer to go out as ``close()`` would
+        (``linger`` seconds, or ``close_wait_tx`` when None; 0 aborts), then
+        sends the closing CDC.  Nothing happens in a runtime that is closed or
+        was inherited by a forked child.
+        """
+        if not self._running or self.pid != os.getpid():
+            return
+        self._orphans.append((hc, linger))
+        self.kick()
+
+    def _reap_orphans(self) -> None:
+        """Close the orphans whose send buffer is out or whose wait is over (lock held)."""
+        now = time.monotonic()
+        while self._orphans:
+            hc, linger = self._orphans.popleft()
+            if linger == 0:
+                self.abort(hc)
+            else:
+                wait = self.config.close_wait_tx if linger is None else linger
+                self._draining[hc.conn_id] = (hc, now + wait)
+        for conn_id, (hc, deadline) in list(self._draining.items()):
+            c = self.engine_conn(hc)
+            if (c is None or c.tx_pending() == 0 or bool(c.reset_reason) or c.peer_closed
+                    or now >= deadline):  # fmt: skip
+                del self._draining[conn_id]
+                self.app_close(hc)
 
     # ================================================================ actions
 
@@ -600,9 +677,28 @@ class Stack:
         """Take every completion and run due timers (lock held); wake touched waiters."""
         engine, now = self.engine, time.monotonic()
         wcs = first or self.cq.poll(64)
+        recv_slot, recv_buf = self._recv_slot, self._recv_mr.buf
         while wcs:
+            # consecutive receives of one QP go to the engine together (it coalesces CDCs)
+            batch: list[memoryview] = []
+            batch_qpn = 0
             for wc in wcs:
-                self._completion(wc, now)
+                slot = recv_slot.get(wc.wr_id) if wc.opcode is _RECV else None
+                if slot is None or wc.status is not _SUCCESS:
+                    if batch:
+                        self._received(batch_qpn, batch, now)
+                        batch = []
+                    self._completion(wc, now)
+                    continue
+                if batch and wc.qp_num != batch_qpn:
+                    self._received(batch_qpn, batch, now)
+                    batch = []
+                batch_qpn = wc.qp_num
+                off = slot * SLOT
+                batch.append(recv_buf[off : off + wc.byte_len])
+                self._again(batch_qpn, wc.wr_id)
+            if batch:
+                self._received(batch_qpn, batch, now)
             # a full batch may have left more; a short one did not (anything newer
             # rings the armed CQ, and a waiter arms before it sleeps)
             wcs = self.cq.poll(64) if len(wcs) == 64 else []
@@ -631,6 +727,23 @@ class Stack:
                 if hc.readiness is not None:
                     self.update_readiness(hc)
 
+    def _received(self, qpn: int, messages: list[memoryview], now: float) -> None:
+        """SENDs that arrived on a QP, in order, to the engine (their slots are not
+        reposted before this returns)."""
+        engine = self.engine
+        actions = engine.receive_wrs(qpn, messages, now)
+        if actions or engine.has_events():
+            self.execute(actions)
+
+    def _again(self, qpn: int, wr_id: int) -> None:
+        """Queue a taken receive for reposting: the same WR (same wr_id, same slot)."""
+        again = self._repost.get(qpn)
+        if again is None:
+            again = self._repost[qpn] = []
+        again.append(self._recv_wr[wr_id])
+        if len(again) >= REPOST_BATCH:
+            self._repost_due = True
+
     def _post_receives(self, everything: bool) -> None:
         """Post the receives taken since the last time again, per QP in batches of
         :data:`REPOST_BATCH` (a post costs microseconds; :data:`RECV_SLOTS` stay
@@ -656,16 +769,8 @@ class Stack:
                 self.execute(engine.link_failed(qpn, f"receive {status.name}", now))
                 return
             off = slot * SLOT
-            actions = engine.receive_wr(qpn, self._recv_mr.buf[off : off + wc.byte_len], now)
-            if actions or engine.has_events():
-                self.execute(actions)
-            # the same WR again (same wr_id, same slot): nothing to build per message
-            again = self._repost.get(qpn)
-            if again is None:
-                again = self._repost[qpn] = []
-            again.append(self._recv_wr[wr_id])
-            if len(again) >= REPOST_BATCH:
-                self._repost_due = True
+            self._received(qpn, [self._recv_mr.buf[off : off + wc.byte_len]], now)
+            self._again(qpn, wr_id)
             return
         if status is not WcStatus.SUCCESS:
             self.execute(engine.link_failed(qpn, f"send {status.name}", now))
@@ -771,13 +876,15 @@ class Stack:
         """
         with self.lock:
             while self._running:
+                if self._orphans or self._draining:
+                    self._reap_orphans()
                 if self._poller == "app" or time.monotonic() - self._app_polled < STANDBY:
                     self._bg_cond.wait(STANDBY)
                     self.process()
                     continue
                 self._poller = "bg"
                 try:
-                    self._sleep_on_cq(None)
+                    self._sleep_on_cq(STANDBY if self._draining else None)
                 finally:
                     if self._poller == "bg":
                         self._poller = None
