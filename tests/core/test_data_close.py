@@ -148,7 +148,7 @@ def test_coalesced_cdcs_leave_the_state_one_by_one_would(story: str) -> None:
     for batched in (False, True):
         p, c, s = ready()
         for i in range(5):
-            n, acts = p.client.write(c, bytes([i]) * 1500, p.now)
+            _, acts = p.client.write(c, bytes([i]) * 1500, p.now)
             p.run(p.client, acts)
             if story == "urgent" and i == 2:  # one MSG_OOB byte in the middle
                 sender = p.client.engine.conns[c]
