@@ -156,10 +156,19 @@ def test_confirm_link_lost_client_waits_then_both_fall_back_timeout_cl() -> None
     c, s = p.connect()
     p.pump()
     p.advance(2.1)  # server: no CONFIRM LINK response within 2 s
-    assert FellBack(conn=s, local_code=DeclineCode.TIMEOUT_CL, peer_code=0) in p.server.events
+    server_fell = [e for e in p.server.events if isinstance(e, FellBack)]
+    assert server_fell == [FellBack(conn=s, local_code=DeclineCode.TIMEOUT_CL, peer_code=0)]
     assert FellBack(conn=c, local_code=DeclineCode.PEERDECL,
                     peer_code=DeclineCode.TIMEOUT_CL) in p.client.events
     assert not p.server.engine.lgrs and not p.client.engine.lgrs
+    # one Decline on the wire: a second one would reach the client's application as data
+    out = bytes(p.server.clc_out[s])
+    messages = []
+    while out:
+        length = int.from_bytes(out[5:7], "big")
+        messages.append(decode_clc(out[:length]))
+        out = out[length:]
+    assert [type(m).__name__ for m in messages] == ["ClcAccept", "ClcDecline"]
 
 
 def test_confirm_link_without_no_rmbe_eyecatcher_flag_declines_rmbe_ec() -> None:

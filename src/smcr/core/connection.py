@@ -267,9 +267,11 @@ class Connection:
         """Post a CDC with both cursors (every CDC carries the consumer cursor).
 
         Signaled only every :data:`SIGNAL_EVERY` CDCs, when a quarter of the
-        send buffer awaits confirmation, or when it carries close flags: RC
-        completes in order, so one completion frees the buffer behind all the
-        CDCs before it (Linux signals each; a completion is cheap there).
+        send buffer awaits confirmation, when it carries close flags, or when
+        the sender may have to wait after it (peer's RMBE full, bytes left in
+        the send buffer): RC completes in order, so one completion frees the
+        buffer behind all the CDCs before it (Linux signals each; a completion
+        is cheap there).
         """
         data, wr_id, signaled = self._cdc(flags)
         out.append(PostSend(self.qpn, data, wr_id, signaled))
@@ -287,8 +289,11 @@ class Connection:
         wr_id = next(self.wr_ids)
         self.cdc_pending.append((wr_id, self, tx_sent))
         self.unsignaled = unsignaled = self.unsignaled + 1
+        # signaled too when the sender may now have to wait (the peer's RMBE is full,
+        # or bytes wait in the send buffer): no later CDC may come to free the space
+        # this one's bytes hold until the peer reads
         if (unsignaled >= SIGNAL_EVERY or (tx_sent - self.tx_fin) * 4 > self.sndbuf_size
-                or self.tx_flags):  # fmt: skip
+                or self.tx_flags or flags & _WRITE_BLOCKED or self.tx_app > tx_sent):  # fmt: skip
             self.unsignaled = 0
             return data, wr_id, True
         return data, wr_id, False
@@ -418,6 +423,26 @@ class Connection:
             return
         ev = CloseInput.APP_CLOSE_PEER_CLOSED if self.peer_closed else CloseInput.APP_CLOSE
         self.close_step(ev, out)
+
+    def app_abort(self, out: list[Action]) -> bool:
+        """An abortive close by the application (``SO_LINGER`` with a linger time of 0).
+
+        What the send buffer still holds is dropped (a TCP reset drops it too),
+        an abort CDC tells the peer, whose reads end in ``ECONNRESET``, and the
+        connection is CLOSED and released at once, without waiting for the peer.
+
+        :returns: False if already released or CLOSED (then it is an ordinary close).
+        """
+        if self.released or self.state is SmcState.CLOSED:
+            return False
+        self.tx_app = self.tx_sent
+        self.urg_tx_end = None
+        self.released = True
+        self.tx_flags |= _ABORT
+        self.send_cdc(out)
+        self.state = SmcState.CLOSED
+        out.append(ReleaseConnection(self.id))
+        return True
 
     def app_shutdown_write(self, out: list[Action]) -> None:
         """``shutdown(SHUT_WR)`` (``smc_close_shutdown_write``)."""

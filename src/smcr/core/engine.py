@@ -429,7 +429,10 @@ class Engine(LinkLayer):
         decline = ClcDecline.linux(code, self.identity.peer_id, version=hs.version)
         out.append(SendClc(hs.conn, decline.encode()))
         if hs.first_contact and hs.lgr is not None:
-            self._terminate(hs.lgr, f"first contact failed: {code.name}", out)
+            # off the handshake first: _terminate declines the handshakes of the group,
+            # and this one must not get a second Decline on its TCP connection
+            lgr, hs.lgr = hs.lgr, None
+            self._terminate(lgr, f"first contact failed: {code.name}", out)
         self._fall_back(hs, int(code), 0, out)
 
     def _fall_back(self, hs: Handshake, local: int, peer: int, out: list[Action]) -> None:
@@ -524,6 +527,15 @@ class Engine(LinkLayer):
         out: list[Action] = []
         c = self.conns.get(conn)
         if c is not None:
+            c.app_close(out)
+        return out
+
+    def abort(self, conn: int, now: float) -> list[Action]:
+        """The application closed abortively (:meth:`Connection.app_abort`); a connection
+        already released or CLOSED gets an ordinary close instead."""
+        out: list[Action] = []
+        c = self.conns.get(conn)
+        if c is not None and not c.app_abort(out):
             c.app_close(out)
         return out
 

@@ -38,6 +38,9 @@ Design (the why of each):
 * **Readiness descriptors**: ``fileno()`` of an SMC socket is one end of a
   unix socket pair made readable (a byte is waiting) and writable (the other
   end drained) to follow the connection; see :class:`Readiness`.
+* **Orphans**: a socket collected unclosed hands its connection over without
+  the lock (:meth:`Stack.orphan`); the progress thread drains its send buffer
+  and closes it, as the kernel finishes a closed socket's work.
 """
 
 from __future__ import annotations
@@ -74,7 +77,6 @@ from smcr.core import (
     Rmb,
     SendClc,
     ShutdownTcp,
-    SmcState,
 )
 from smcr.core.connection import Connection
 from smcr.core.handshake import Handshake
@@ -98,10 +100,8 @@ from smcr.rdma import (
 from smcr.rdma.base import Device, QueuePair
 from smcr.rdma.shm import ShmDevice
 from smcr.stack import devices
-from smcr.wire.cdc import ConnectionStateFlags
 
 _DEBUG = bool(os.environ.get("SMCR_DEBUG"))
-_ABORT_FLAG = int(ConnectionStateFlags.PEER_CONNECTION_ABORT)
 RMB_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 QP_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 RECV_SLOTS = 256  # per QP; Linux posts 48 (we answer from one thread, so keep more)
@@ -389,35 +389,22 @@ class Stack:
         buffer first): the closing CDC (:meth:`Engine.close`); a connection the engine has
         forgotten already is let go here."""
         self.execute(self.engine.close(hc.conn_id, time.monotonic()))
+        self._let_go(hc)
+
+    def abort(self, hc: HostConn) -> None:
+        """Abortive close (lock held): ``SO_LINGER`` on with a linger time of 0
+        (:meth:`Engine.abort`): the send buffer dropped, an abort CDC, released at once."""
+        self.execute(self.engine.abort(hc.conn_id, time.monotonic()))
+        self._let_go(hc)
+
+    def _let_go(self, hc: HostConn) -> None:
+        """After the application's close: a connection the engine has forgotten goes."""
         if self.engine_conn(hc) is None and not hc.released:
             hc.released = True
             self.conns.pop(hc.conn_id, None)
             self.unwatch_tcp(hc)
             with contextlib.suppress(OSError):
                 hc.tcp.close()
-
-    def abort(self, hc: HostConn) -> None:
-        """Abortive close (lock held): ``SO_LINGER`` on with a linger time of 0.
-
-        What the send buffer still holds is dropped (a TCP reset drops it too),
-        an abort CDC (``smc_close_abort``: peer_conn_abort) tells the peer,
-        whose reads end in ``ECONNRESET``, and the connection is CLOSED and
-        released at once, its TCP socket closed (with that linger setting the
-        kernel resets it), without waiting for the peer.
-        """
-        c = self.engine_conn(hc)
-        if c is None or c.released or c.state is SmcState.CLOSED:
-            self.app_close(hc)
-            return
-        out: list[Action] = []
-        c.tx_app = c.tx_sent
-        c.urg_tx_end = None
-        c.released = True
-        c.tx_flags |= _ABORT_FLAG
-        c.send_cdc(out)
-        c.state = SmcState.CLOSED
-        out.append(ReleaseConnection(c.id))
-        self.execute(out)
 
     def orphan(self, hc: HostConn, linger: float | None) -> None:
         """Close a connection whose socket was garbage-collected unclosed; any thread,
@@ -901,6 +888,9 @@ class Stack:
                 qp.destroy()
             self.qps.clear()
         self.device.close()
+        if not self._thread.is_alive():  # (a thread still in poll keeps its doorbell)
+            self._bell_r.close()
+            self._bell_w.close()
 
 
 _SEND = WrOpcode.SEND
