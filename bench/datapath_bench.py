@@ -1,0 +1,92 @@
+"""The CPU cost of SMC-R's data path per message, without scheduling noise.
+
+Run: ``python bench/datapath_bench.py [--sizes 32,65536] [--count 20000] [--profile]``.
+
+Both ends of one SMC-R connection live in this process and one thread does
+``sendall`` then ``recv_into`` in turn, so what is measured is the Python work
+of the send path (inline WRITE + CDC, the fused post) and of the receive path
+(CQ poll, CDC into the engine, copy out, consumer cursor) -- the thread time
+of each, per message -- with no wakeups, no other process and no other core
+involved.  That makes it steady on a busy machine where ``smcr bench`` (two
+processes, wall time) is not, and the figure to watch when the data path
+changes.  ``--profile`` prints the top functions (cProfile) of the last size.
+
+This is a measurement, not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import threading
+import time
+
+import smcr
+
+
+def pair() -> tuple[smcr.SMCSocket, smcr.SMCSocket]:
+    """A connected SMC-R client and server in this process (one runtime, shm RNIC)."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    got: list[smcr.SMCSocket] = []
+    t = threading.Thread(target=lambda: got.append(srv.accept()[0]))
+    t.start()
+    cli = smcr.create_connection(("127.0.0.1", srv.getsockname()[1]))
+    t.join()
+    srv.close()
+    if not (cli.using_smc and got[0].using_smc):
+        raise RuntimeError(f"not SMC-R: {cli.smc_info()}")
+    return cli, got[0]
+
+
+def run(cli: smcr.SMCSocket, srv: smcr.SMCSocket, size: int, count: int) -> tuple[float, float]:
+    """Thread-time µs per ``sendall`` and per receive of one ``size``-byte message."""
+    msg = bytearray(size)
+    buf = memoryview(bytearray(max(size, 65536)))
+    clock = time.thread_time
+    t_send = t_recv = 0.0
+    for _ in range(count):
+        a = clock()
+        cli.sendall(msg)
+        b = clock()
+        got = 0
+        while got < size:
+            got += srv.recv_into(buf, size - got)
+        t_send += b - a
+        t_recv += clock() - b
+    return t_send / count * 1e6, t_recv / count * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="32,1024,65536", help="message sizes, comma-separated")
+    ap.add_argument("--count", type=int, default=20000, help="messages per repetition")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions (median)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the last size")
+    args = ap.parse_args()
+    cli, srv = pair()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"{'size':>8} {'send µs':>9} {'recv µs':>9} {'total µs':>9}")
+    for size in sizes:
+        count = max(500, args.count * 1024 // max(size, 1024))
+        run(cli, srv, size, min(count, 2000))  # warm-up
+        reps = [run(cli, srv, size, count) for _ in range(args.reps)]
+        send = statistics.median(r[0] for r in reps)
+        recv = statistics.median(r[1] for r in reps)
+        print(f"{size:>8} {send:>9.2f} {recv:>9.2f} {send + recv:>9.2f}")
+    if args.profile:
+        prof = cProfile.Profile(time.thread_time)
+        prof.enable()
+        run(cli, srv, sizes[-1], args.count // 4)
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
+        print(out.getvalue())
+    cli.close()
+    srv.close()
+
+
+if __name__ == "__main__":
+    main()
