@@ -19,6 +19,27 @@ and ``accept`` even in non-blocking mode (it is bounded by Linux's CLC
 timeouts), as Linux's ``connect`` does for a blocking AF_SMC socket; and
 ``accept`` waits up to :data:`FIRST_BYTES_WAIT` for a client's first bytes to
 tell an SMC client from a plain TCP one (no TCP option yet).
+
+Closing.  ``close`` gives the send buffer ``close_wait_tx`` (2 s) to go out
+before the closing CDC, as Linux's ``smc_close_active``; with ``SO_LINGER`` on
+(kept on the TCP socket, where ``setsockopt`` passes it), its linger time
+instead.  A linger time of 0 is an abortive close: the send buffer is dropped
+and an abort CDC sent, so the peer's reads end in ``ECONNRESET`` as after a
+TCP reset -- Linux SMC sends its ordinary close CDC there (an abort only when
+unread data remains) and resets only the idle TCP connection, so its peer reads
+EOF; we follow what a ``socket.socket`` program asks for with that option.
+
+A socket in SMC-R mode that is garbage-collected unclosed is closed as
+``close`` would, with a ``ResourceWarning`` like ``socket.socket``'s
+(``weakref.finalize``, holding the runtime and the connection, never the
+socket).  The collector may run in any thread, even one holding the runtime's
+lock, and must not wait: the runtime's progress thread takes the connection
+(:meth:`Stack.orphan`), waits for the send buffer without blocking anyone (the
+linger time or ``close_wait_tx``: what Linux's kernel does after ``close``,
+done here by the thread that owns progress), then sends the closing CDC.
+Sockets still referenced at interpreter exit are left to the runtime's own
+end at exit (``finalize.atexit`` is off).  Listening and TCP-mode sockets wrap
+a ``socket.socket``, whose own finalizer closes (and warns) as usual.
 """
 
 from __future__ import annotations
@@ -26,9 +47,13 @@ from __future__ import annotations
 import errno
 import io
 import ipaddress
+import os
 import socket as _socket
+import struct
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +71,10 @@ _OOB = int(_socket.MSG_OOB)
 FIRST_BYTES_WAIT = 2.0
 """Seconds ``accept`` waits for a client's first bytes before treating it as plain TCP."""
 MAX_BUFFER = 16 << 20
+_GATHER_JOIN = 65536
+"""``sendmsg`` joins buffers up to this many bytes in all: one send (and CDC), not one each."""
+_SENDFILE_CHUNK = 1 << 18
+"""``sendfile`` reads this much at a time (the stdlib's send fallback: 8 KiB, one send each)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +128,7 @@ class SMCSocket:
         self._oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
         self._closed = False
         self._io_refs = 0
+        self._finalizer: weakref.finalize[Any, Any] | None = None  # SMC-R mode: _collected
         self._rlock = threading.Lock()
         self._wlock = threading.Lock()
 
@@ -275,8 +305,14 @@ class SMCSocket:
         host = self._tcp.getsockname()[0]
         return ipaddress.ip_address(host.split("%")[0])
 
+    def _scope_id(self) -> int:
+        """The interface index of a link-local IPv6 local address (0 otherwise)."""
+        name = self._tcp.getsockname()
+        return int(name[3]) if len(name) == 4 else 0
+
     def _handshake(self, client: bool) -> None:
-        stack = self._stack = get_stack(self._local_ip())  # the RNIC of this address
+        # the RNIC of this address (and, link-local, of this interface)
+        stack = self._stack = get_stack(self._local_ip(), self._scope_id())
         with stack.lock:
             hc = self._hc = stack.new_conn(self._tcp)
             stack.start_handshake(hc, client, self._local_ip(), self._rmb_size,
@@ -288,6 +324,10 @@ class SMCSocket:
             self._rmb_size, self._sndbuf_size = len(hc.rmb), len(hc.sndbuf)  # as allocated
             self._info = SmcInfo("SMCR", lgr_id=outcome.lgr_id,
                                  first_contact=outcome.first_contact)  # fmt: skip
+            # collected unclosed: close as close() would (the runtime holds the TCP
+            # socket and the buffers; nothing else would ever let them go)
+            self._finalizer = weakref.finalize(self, _collected, stack, hc, self._tcp)
+            self._finalizer.atexit = False  # at exit the runtime itself goes (module doc)
             return
         trailing = hc.handshake.reader.trailing_data if hc.handshake is not None else b""
         self._tcp.setblocking(True)
@@ -523,6 +563,146 @@ class SMCSocket:
             self._oob = None
             return 1
 
+    # ------------------------------------------------------------ sendmsg, recvmsg, sendfile
+
+    def sendmsg(self, buffers: Any, *args: Any) -> int:
+        """``sendmsg(buffers[, ancdata[, flags[, address]]])``: the buffers' bytes in order.
+
+        Over SMC-R a blocking socket sends everything (or, with a timeout, what went
+        before it expired), a non-blocking one what fits, as the kernel's ``sendmsg``
+        does.  Control messages cannot travel over SMC-R: any ``ancdata`` raises
+        ``EINVAL``, TCP's error for a control message it cannot take (Linux SMC
+        ignores them).  ``address`` is ignored, as by a connected TCP socket.
+        """
+        if self._mode != "SMCR":
+            return self._tcp_call().sendmsg(buffers, *args)
+        if len(args) > 3:
+            raise TypeError(f"sendmsg() takes at most 4 arguments ({len(args) + 1} given)")
+        ancdata = args[0] if args else ()
+        flags = int(args[1]) if len(args) > 1 else 0
+        views = [_byte_view(b) for b in buffers]
+        if any(True for _ in ancdata):
+            raise OSError(errno.EINVAL, "control messages are not supported over SMC-R")
+        size = sum(len(v) for v in views)
+        if len(views) > 1 and size <= _GATHER_JOIN:
+            views = [memoryview(b"".join(views))]  # one CDC for many small buffers
+        total = 0
+        for buffer in views:
+            view = buffer
+            while view:
+                try:
+                    n = self._send(view, flags)
+                except (BlockingIOError, TimeoutError):
+                    if total:
+                        return total
+                    raise
+                total += n
+                view = view[n:]
+        return total
+
+    def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> tuple[
+            bytes, list[tuple[int, int, bytes]], int, Any]:  # fmt: skip
+        """As ``socket.recvmsg``: ``(data, [], msg_flags, None)`` (no control messages over
+        SMC-R; no address on a connected stream); flags as :meth:`recv_into` takes them."""
+        if self._mode != "SMCR" and not self._prefix:
+            return self._tcp_call().recvmsg(bufsize, ancbufsize, flags)
+        if bufsize < 0:
+            raise ValueError("negative buffer size in recvmsg()")
+        if ancbufsize < 0:
+            raise ValueError("invalid ancillary data buffer length")
+        data = self.recv(bufsize, flags)
+        return data, [], int(flags) & _OOB if data else 0, None
+
+    def recvmsg_into(self, buffers: Any, ancbufsize: int = 0, flags: int = 0) -> tuple[
+            int, list[tuple[int, int, bytes]], int, Any]:  # fmt: skip
+        """As ``socket.recvmsg_into``: fills ``buffers`` in order; ``(nbytes, [], msg_flags,
+        None)``.  One buffer is read into directly; several are filled one after
+        another as far as bytes are there (the first waits as :meth:`recv_into`
+        does, MSG_WAITALL waits for all), or from one copy for MSG_PEEK/MSG_OOB."""
+        if self._mode != "SMCR" and not self._prefix:
+            return self._tcp_call().recvmsg_into(buffers, ancbufsize, flags)
+        if ancbufsize < 0:
+            raise ValueError("invalid ancillary data buffer length")
+        flags = int(flags)
+        views = [v for v in (_byte_view(b) for b in buffers) if v]
+        got = 0
+        if len(views) == 1:
+            got = self.recv_into(views[0], 0, flags)
+        elif views and flags & (_PEEK | _OOB):
+            tmp = bytearray(sum(len(v) for v in views))
+            n = self.recv_into(tmp, 0, flags)
+            for view in views:
+                part = min(n - got, len(view))
+                view[:part] = tmp[got : got + part]
+                got += part
+        else:
+            for view in views:
+                try:
+                    n = self.recv_into(view, 0, flags if not got or flags & _WAITALL
+                                       else flags | _DONTWAIT)  # fmt: skip
+                except OSError:
+                    if got:  # what came is returned; the error shows on the next call
+                        break
+                    raise
+                got += n
+                if n < len(view):
+                    break
+        return got, [], flags & _OOB if got else 0, None
+
+    def sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
+        """As ``socket.sendfile``: ``count`` bytes (default: to EOF) of ``file`` from
+        ``offset``; returns the bytes sent and leaves the file position behind them.
+
+        ``fileno()`` of an SMC-R socket is a readiness descriptor, so
+        ``os.sendfile`` cannot be used: the file is read in chunks into one
+        buffer and sent from it (the stdlib's ``_sendfile_use_send``, with its
+        checks).  Like ``os.sendfile`` it starts at ``offset`` even when that is 0
+        and the file position is elsewhere (where the file can seek); a file that
+        cannot seek (a pipe) is read from where it is, and not sought afterwards
+        (the stdlib fails there).  TCP mode uses ``socket.sendfile``
+        (``os.sendfile``, zero copy).
+        """
+        if self._mode != "SMCR":
+            return self._tcp_call().sendfile(file, offset, count)
+        if "b" not in getattr(file, "mode", "b"):
+            raise ValueError("file should be opened in binary mode")
+        if count is not None:
+            if not isinstance(count, int):
+                raise TypeError(f"count must be a positive integer (got {count!r})")
+            if count <= 0:
+                raise ValueError(f"count must be a positive integer (got {count!r})")
+        if self._timeout == 0.0:
+            raise ValueError("non-blocking sockets are not supported")
+        self._smc()  # EBADF when closed
+        seekable = getattr(file, "seekable", None)
+        seekable = seekable is not None and seekable()
+        if offset or seekable:
+            file.seek(offset)
+        buf = bytearray(min(count, _SENDFILE_CHUNK) if count else _SENDFILE_CHUNK)
+        chunk = memoryview(buf)
+        readinto = getattr(file, "readinto", None)
+        total = 0
+        try:
+            while count is None or total < count:
+                want = len(buf) if count is None else min(len(buf), count - total)
+                if readinto is not None:
+                    n = readinto(chunk[:want])
+                else:
+                    data = file.read(want)
+                    n = len(data)
+                    chunk[:n] = data
+                if not n:
+                    break
+                view = chunk[:n]
+                while view:
+                    sent = self._send(view, 0)
+                    total += sent
+                    view = view[sent:]
+            return total
+        finally:
+            if total > 0 and seekable:
+                file.seek(offset + total)
+
     # ------------------------------------------------------------ TCP mode
 
     def _tcp_call(self) -> _socket.socket:
@@ -615,9 +795,10 @@ class SMCSocket:
                     stack.execute(stack.engine.shutdown_write(hc.conn_id, time.monotonic()))
                     stack.update_readiness(hc)
 
-    def _drain_tx(self, stack: Stack, hc: HostConn) -> None:
-        """Wait (at most ``close_wait_tx``, 2 s) until the send buffer is out."""
-        deadline = time.monotonic() + stack.config.close_wait_tx
+    def _drain_tx(self, stack: Stack, hc: HostConn, wait: float | None = None) -> None:
+        """Wait (at most ``wait`` seconds, by default ``close_wait_tx``, 2 s) until the send
+        buffer is out."""
+        deadline = time.monotonic() + (stack.config.close_wait_tx if wait is None else wait)
         with stack.lock:
             c = stack.engine_conn(hc)
             if c is not None:
@@ -625,19 +806,29 @@ class SMCSocket:
                            or c.peer_closed, deadline)  # fmt: skip
 
     def close(self) -> None:
-        """Close: drain the send buffer (<= 2 s), closing CDC; TCP goes when CLOSED."""
+        """Close: drain the send buffer, closing CDC; TCP goes when CLOSED.
+
+        The send buffer gets ``close_wait_tx`` (2 s, Linux's
+        ``SMC_MAX_STREAM_WAIT_TIMEOUT``) to go out, or with ``SO_LINGER`` on its
+        linger time, as ``smc_close_active`` waits.  A linger time of 0 closes
+        abortively (:meth:`Stack.abort`): the rest of the send buffer is
+        dropped and the peer's reads end in ``ECONNRESET``, as after a TCP
+        reset (Linux SMC sends a close CDC there; module docstring).
+        """
         if self._closed:
             return
+        if self._finalizer is not None:
+            self._finalizer.detach()
         if self._mode == "SMCR" and self._stack is not None and self._hc is not None:
             stack, hc = self._stack, self._hc
-            self._drain_tx(stack, hc)
-            with stack.lock:
-                stack.execute(stack.engine.close(hc.conn_id, time.monotonic()))
-                if stack.engine_conn(hc) is None and not hc.released:
-                    hc.released = True
-                    stack.conns.pop(hc.conn_id, None)
-                    stack.unwatch_tcp(hc)
-                    self._tcp.close()
+            linger = _linger(self._tcp)
+            if linger == 0:
+                with stack.lock:
+                    stack.abort(hc)
+            else:
+                self._drain_tx(stack, hc, linger)
+                with stack.lock:
+                    stack.app_close(hc)
         else:
             self._tcp.close()
         self._closed = True
@@ -645,6 +836,41 @@ class SMCSocket:
     def detach(self) -> int:
         """Not supported for SMC sockets (the TCP socket stays with the connection)."""
         raise OSError(errno.EOPNOTSUPP, "detach is not supported by SMCSocket")
+
+
+def _byte_view(data: Any) -> memoryview:
+    """A flat unsigned-byte view of a bytes-like object (TypeError for anything else)."""
+    view = memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def _linger(tcp: _socket.socket) -> float | None:
+    """``SO_LINGER`` of the TCP socket (``setsockopt`` passes it there, where Linux SMC copies
+    it too): the linger time in seconds, or None when off (or the socket is gone)."""
+    try:
+        onoff, seconds = struct.unpack("ii", tcp.getsockopt(_socket.SOL_SOCKET,
+                                                            _socket.SO_LINGER, 8))
+    except OSError:
+        return None
+    return float(seconds) if onoff else None
+
+
+def _collected(stack: Stack, hc: HostConn, tcp: _socket.socket) -> None:
+    """An SMC-R mode :class:`SMCSocket` was garbage-collected unclosed (``weakref.finalize``;
+    it holds the runtime, the connection and the TCP socket, never the socket object).
+
+    Warns as ``socket.socket`` does, then hands the close to the runtime
+    (:meth:`Stack.orphan`): the collector may run in any thread, even one that
+    holds the runtime's lock, so nothing here takes that lock or waits.
+    """
+    try:
+        if os.getpid() == stack.pid:
+            warnings.warn(f"unclosed <SMCSocket mode=SMCR tcp={tcp!r}>", ResourceWarning,
+                          stacklevel=3)  # the frame that dropped it  # fmt: skip
+    finally:
+        stack.orphan(hc, _linger(tcp))
 
 
 def create_connection(address: tuple[str, int], timeout: float | None = None,

@@ -75,19 +75,23 @@ def _unmapped(ip: IpAddress) -> IpAddress:
     return ip
 
 
-def roce_key(local_ip: IpAddress | None) -> str:
+def roce_key(local_ip: IpAddress | None, scope_id: int = 0) -> str:
     """The registry key of the RoCE RNIC for a TCP local address (module docstring).
 
     ``None`` (no connection yet) means the default RNIC: the first IPv4 RNIC
-    that is up and not loopback, else loopback.
+    that is up and not loopback, else loopback.  A link-local IPv6 address
+    comes with the TCP socket's ``scope_id`` (its interface index): the same
+    fe80:: address may sit on several interfaces, each its own RNIC, and only
+    the one the TCP connection uses reaches the peer (key ``address%ifname``).
     """
     if local_ip is not None:
         ip = _unmapped(local_ip)
         if ip.is_loopback:
             return LOOPBACK
         text = str(ip)
-        if any(info.address == text for info in list_devices()):
-            return text
+        for info in list_devices():
+            if info.address == text and (not scope_id or info.scope_id == scope_id):
+                return f"{text}%{info.ifname}" if scope_id else text
     for info in list_devices():
         if info.family == socket.AF_INET and info.ifname != "lo" and info.operstate == "up":
             return info.address
@@ -98,7 +102,8 @@ def open_roce(key: str) -> RoceDevice:
     """Open the RoCE RNIC of a registry key (:func:`roce_key`)."""
     if key == LOOPBACK:
         return RoceDevice(loopback_address(os.getpid()), name="roce_lo")
-    return RoceDevice(key)
+    address, _, ifname = key.partition("%")
+    return RoceDevice(address, ifname=ifname or None)
 
 
 def prefix_ip(device: Device, local_ip: IpAddress) -> IpAddress:

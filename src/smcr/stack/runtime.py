@@ -915,18 +915,20 @@ def default_buffer_size() -> int:
     return SHM_BUFFER if devices.rnic_kind() == "shm" else Config().sndbuf_size
 
 
-def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None) -> Stack:
+def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None,
+              scope_id: int = 0) -> Stack:  # fmt: skip
     """The runtime of the RNIC a connection uses, made on first use (again in a forked child).
 
     ``SMCR_RNIC=shm`` (default): one runtime per process on its shm RNIC, whatever
     ``local_ip``.  ``SMCR_RNIC=roce``: one runtime per RoCE RNIC, the one of the
-    TCP connection's local address (:mod:`smcr.stack.devices`); without an
+    TCP connection's local address (:mod:`smcr.stack.devices`) -- with a
+    link-local IPv6 address, on the interface ``scope_id`` names; without an
     address, the default RNIC's.
 
     :raises ValueError: for an unknown ``SMCR_RNIC``.
     """
     kind = devices.rnic_kind()
-    key = "shm" if kind == "shm" else "roce:" + devices.roce_key(local_ip)
+    key = "shm" if kind == "shm" else "roce:" + devices.roce_key(local_ip, scope_id)
     with _stack_lock:
         stack = _stacks.get(key)
         if stack is None or stack.pid != os.getpid():
