@@ -40,16 +40,31 @@ def port_4791_shareable() -> bool:
     return True
 
 
-RNICS = pytest.mark.parametrize("rnic", [
-    "shm",
-    pytest.param("roce-lo", marks=pytest.mark.skipif(not port_4791_shareable(),
-                                                     reason="UDP port 4791 is taken")),
-    pytest.param("roce", marks=[
-        pytest.mark.root,
-        pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
-                           reason="needs root and iproute2 (network namespaces)"),
-    ]),
-])  # fmt: skip
+def rnics(*, roce_slow: bool = False,
+          kinds: tuple[str, ...] = ("shm", "roce-lo", "roce")) -> pytest.MarkDecorator:  # fmt: skip
+    """Parametrize ``rnic`` over the three set-ups (:data:`RNICS`), or some of them.
+
+    :param roce_slow: the RoCE runs only in the slow suite (a test whose shm run is
+        fast enough for every run but whose RoCE runs cost seconds and add little).
+    :param kinds: the set-ups to run over.
+    """
+    slow = [pytest.mark.slow] if roce_slow else []
+    return pytest.mark.parametrize("rnic", [p for p in [
+        pytest.param("shm"),
+        pytest.param("roce-lo", marks=[
+            *slow,
+            pytest.mark.skipif(not port_4791_shareable(), reason="UDP port 4791 is taken"),
+        ]),
+        pytest.param("roce", marks=[
+            *slow,
+            pytest.mark.root,
+            pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                               reason="needs root and iproute2 (network namespaces)"),
+        ]),
+    ] if p.values[0] in kinds])  # fmt: skip
+
+
+RNICS = rnics()
 """Run a test over the shm RNIC, the RoCE RNIC over loopback (one host, no privileges),
 and the RoCE RNIC between two namespaces (root)."""
 
@@ -93,6 +108,7 @@ def fabric(rnic: str, request: pytest.FixtureRequest,
            monkeypatch: pytest.MonkeyPatch) -> Iterator[str | None]:  # fmt: skip
     """Set the test up for its RNIC; yields the server's namespace (None over shm)."""
     monkeypatch.delenv(smc_peer.HOST_ENV, raising=False)
+    monkeypatch.delenv(smc_peer.HOST6_ENV, raising=False)
     if rnic == "shm":
         monkeypatch.delenv("SMCR_RNIC", raising=False)
         yield None
@@ -104,6 +120,7 @@ def fabric(rnic: str, request: pytest.FixtureRequest,
         return
     hosts = request.getfixturevalue("roce_hosts")
     monkeypatch.setenv(smc_peer.HOST_ENV, hosts.addr[1])
+    monkeypatch.setenv(smc_peer.HOST6_ENV, hosts.addr6[1])
     home = os.open(f"/proc/self/task/{os.getpid()}/ns/net", os.O_RDONLY)
     try:
         enter_netns(hosts.ns[0])

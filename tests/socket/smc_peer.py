@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import gc
 import hashlib
 import ipaddress
 import os
@@ -9,19 +11,26 @@ import selectors
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import smcr
-from smcr.stack.runtime import get_stack
+from smcr.stack.runtime import Stack, get_stack
 from smcr.tools.netns import enter_netns
 
 HOST_ENV = "SMCR_TEST_HOST"
+HOST6_ENV = "SMCR_TEST_HOST6"
 
 
 def host() -> str:
     """The server's address: 127.0.0.1, or the server namespace's veth address (RoCE)."""
     return os.environ.get(HOST_ENV, "127.0.0.1")
+
+
+def host6() -> str:
+    """The server's IPv6 address: ::1, or the server namespace's veth address (RoCE)."""
+    return os.environ.get(HOST6_ENV, "::1")
 
 
 def in_netns(ctl: Connection, name: str, target: Callable[..., None], *args: object) -> None:
@@ -99,6 +108,26 @@ def hold_server(ctl: Connection) -> None:
     time.sleep(60)
 
 
+def drain_server(ctl: Connection, rcvbuf: int = 0) -> None:
+    """Accept one client and read nothing until told; then read to EOF, report count and
+    SHA-256 of what came.  ``rcvbuf``: SO_RCVBUF (the RMB size) if set."""
+    srv = smcr.create_server((host(), 0))
+    if rcvbuf:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    ctl.send(c.smc_info().mode)
+    ctl.recv()  # the client's send buffer and our RMB are full
+    h = hashlib.sha256()
+    n = 0
+    while data := c.recv(65536):
+        h.update(data)
+        n += len(data)
+    ctl.send((n, h.hexdigest()))
+    c.close()
+    srv.close()
+
+
 def half_close_server(ctl: Connection) -> None:
     """Read to EOF, then answer with the byte count and close."""
     srv = smcr.create_server((host(), 0))
@@ -160,11 +189,43 @@ def oob_server(ctl: Connection) -> None:
 
 
 def echo_server6(ctl: Connection) -> None:
-    """One IPv6 client on ::1, echoed until EOF; reports the mode."""
-    srv = smcr.create_server(("::1", 0), family=socket.AF_INET6)
+    """One IPv6 client on :func:`host6`, echoed until EOF; reports the mode."""
+    srv = smcr.create_server((host6(), 0), family=socket.AF_INET6)
     ctl.send(srv.getsockname()[1])
     c, _ = srv.accept()
     ctl.send(c.smc_info().mode)
+    with c:
+        while data := c.recv(65536):
+            c.sendall(data)
+
+
+def link_local(ifname: str, timeout: float = 10.0) -> str:
+    """The link-local IPv6 address of ``ifname`` in this namespace, once usable (the
+    kernel makes it when the link comes up and runs duplicate address detection first)."""
+    from smcr.rdma.roce.netif import ipv6_addresses  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while True:
+        for name, addr, scope in ipv6_addresses():  # tentative ones are left out
+            if name == ifname and scope:
+                return addr
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no usable link-local address on {ifname}")
+        time.sleep(0.05)
+
+
+def echo_server_link_local(ctl: Connection, ifname: str, addr: str = "") -> None:
+    """One IPv6 client on ``ifname``'s link-local address (``addr``, else the kernel's),
+    echoed until EOF; reports the address and port, then the mode, the interface index
+    (the scope id), and the address and scope id of the RNIC the connection used."""
+    addr = addr or link_local(ifname)
+    index = socket.if_nametoindex(ifname)
+    srv = smcr.create_server((addr, 0, 0, index), family=socket.AF_INET6)
+    ctl.send((addr, srv.getsockname()[1]))
+    c, _ = srv.accept()
+    ip = ipaddress.ip_address(c.getsockname()[0].split("%")[0])
+    rnic = getattr(get_stack(ip).device, "info", None)
+    ctl.send((c.smc_info().mode, index, rnic and (rnic.address, rnic.scope_id)))
     with c:
         while data := c.recv(65536):
             c.sendall(data)
@@ -179,3 +240,65 @@ def echo_client(ctl: Connection, address: str, port: int, size: int) -> None:
         while len(got) < size and (data := s.recv(65536)):
             got += data
         ctl.send((s.smc_info().mode, bytes(got) == msg))
+
+
+def count_server(ctl: Connection, decline: bool = False, wait: bool = False) -> None:
+    """Accept one client and report its mode; (with ``wait``, once told) read until EOF or an
+    error; report how it ended (``"eof"`` or the errno's name), the byte count and SHA-256
+    of the bytes; close."""
+    if decline:
+        get_stack(ipaddress.ip_address(host())).max_buffers = 0  # handshakes decline: MEM
+    srv = smcr.create_server((host(), 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    ctl.send(c.smc_info().mode)
+    if wait:
+        ctl.recv()
+    h, n, end = hashlib.sha256(), 0, "eof"
+    buf = bytearray(1 << 16)
+    c.settimeout(20)
+    try:
+        while got := c.recv_into(buf):
+            h.update(buf[:got])
+            n += got
+    except OSError as exc:
+        end = errno.errorcode.get(exc.errno or 0, repr(exc))
+    ctl.send((end, n, h.hexdigest()))
+    c.close()
+    srv.close()
+
+
+def drop_server(ctl: Connection, size: int) -> None:
+    """Accept one client, send ``size`` bytes of :func:`pattern`, then drop the socket without
+    closing it; report the warnings its collection gave and, once the client has closed
+    too, whether the runtime has let the connection go (within 10 s)."""
+    srv = smcr.create_server((host(), 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    stack, conn_id = get_stack(ipaddress.ip_address(host())), c._hc.conn_id  # type: ignore[union-attr]
+    c.sendall(pattern(size))
+    ctl.send(c.smc_info().mode)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del c
+        gc.collect()
+    ctl.send([(w.category.__name__, str(w.message)) for w in caught])
+    ctl.recv()  # the client has read everything and closed
+    ctl.send(wait_released(stack, conn_id))
+    srv.close()
+
+
+def pattern(size: int) -> bytes:
+    """``size`` bytes of a fixed pattern (the receiver checks them)."""
+    return (hashlib.sha256(b"pattern").digest() * (size // 32 + 1))[:size]
+
+
+def wait_released(stack: Stack, conn_id: int, timeout: float = 10.0) -> bool:
+    """Whether the runtime lets connection ``conn_id`` go within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with stack.lock:
+            if conn_id not in stack.conns and conn_id not in stack.engine.conns:
+                return True
+        time.sleep(0.01)
+    return False

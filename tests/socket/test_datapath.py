@@ -51,6 +51,20 @@ def digest_server(ctl: Connection) -> None:
     srv.close()
 
 
+def send_first_server(ctl: Connection, size: int) -> None:
+    """Accept one client; send ``size`` bytes before reading any, then read ``size``."""
+    srv = smcr.create_server((smc_peer.host(), 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    c.sendall(pattern(size))
+    got = bytearray()
+    while len(got) < size and (chunk := c.recv(65536)):
+        got += chunk
+    ctl.send(bytes(got) == pattern(size))
+    c.close()
+    srv.close()
+
+
 def pattern(size: int) -> bytes:
     return (hashlib.sha256(b"bye").digest() * (size // 32 + 1))[:size]
 
@@ -100,3 +114,21 @@ def test_sends_of_every_size_around_the_buffer_limits(peer: PeerFactory) -> None
     s.shutdown(socket.SHUT_WR)
     assert p.recv(30) == (total, h.hexdigest(), "SMCR")
     s.close()
+
+
+@RNICS
+def test_both_ends_send_before_they_read(peer: PeerFactory) -> None:
+    """Each end sends 1.5 buffers' worth before reading: what the send buffer and the
+    peer's RMBE hold together must be taken (a blocking sendall waits for the peer
+    to read only briefly, then copies into the send buffer as before)."""
+    from smcr.stack.runtime import default_buffer_size  # noqa: PLC0415
+
+    size = default_buffer_size() * 3 // 2
+    p = peer(send_first_server, size)
+    with smcr.create_connection((smc_peer.host(), p.recv()), timeout=30) as s:
+        s.sendall(pattern(size))
+        got = bytearray()
+        while len(got) < size and (chunk := s.recv(65536)):
+            got += chunk
+        assert bytes(got) == pattern(size)
+        assert p.recv(30) is True
