@@ -100,13 +100,18 @@ class LinkLayer:
     def receive_wr(self, qpn: int, data: memoryview, now: float) -> list[Action]:
         """A SEND arrived on a link: a CDC (byte 0 0xFE) or an LLC message."""
         out: list[Action] = []
-        link = self.links.get(qpn)
-        if link is None:
-            return out
-        link.last_rx = now
-        link.test_deadline = None
-        self._receive_one(link, data, now, out)
+        link = self._heard(qpn, now)
+        if link is not None:
+            self._receive_one(link, data, now, out)
         return out
+
+    def _heard(self, qpn: int, now: float) -> Link | None:
+        """The link a message came in on, marked alive (no TEST LINK due); None if unknown."""
+        link = self.links.get(qpn)
+        if link is not None:
+            link.last_rx = now
+            link.test_deadline = None
+        return link
 
     def receive_wrs(self, qpn: int, datas: list[memoryview], now: float) -> list[Action]:
         """SENDs that arrived on a link together, in order: :meth:`receive_wr` for each,
@@ -124,11 +129,9 @@ class LinkLayer:
         if len(datas) == 1:
             return self.receive_wr(qpn, datas[0], now)
         out: list[Action] = []
-        link = self.links.get(qpn)
+        link = self._heard(qpn, now)
         if link is None:
             return out
-        link.last_rx = now
-        link.test_deadline = None
         conns = link.lgr.conns
         deferred: dict[int, memoryview] = {}  # token -> its latest cursor-only CDC
         for data in datas:
