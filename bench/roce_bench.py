@@ -1,6 +1,7 @@
 """RDMA WRITE bandwidth of the RoCEv2 RNIC between two namespaces, beside Python TCP.
 
-Run as root: ``python bench/roce_bench.py [--seconds 3] [--size 1048576] [--profile]``.
+Run as root: ``python bench/roce_bench.py [--seconds 3] [--size 1048576] [--profile]
+[--only write|pingpong]``.
 It builds two network namespaces joined by a veth pair (MTU 9000, so path MTU
 4096), then in the same run measures
 
@@ -105,8 +106,16 @@ def roce_role(role: str, address: str, args: argparse.Namespace) -> None:
               access=RW, path_mtu=PathMtu.MTU_4096, timeout=14)  # fmt: skip
     _say("up")
     if role in ("ping", "pong"):
-        _ping_pong(role == "ping", qp, cq, mr, args)
+        main_prof = cProfile.Profile() if args.profile else None
+        if main_prof:
+            main_prof.enable()
+        result = _ping_pong(role == "ping", qp, cq, mr, args)
+        if main_prof:
+            main_prof.disable()
+            profiles.append(main_prof)
         dev.close()
+        result["profile"] = _top(profiles)
+        _say(result)
         return
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     if role == "sink":
@@ -150,7 +159,7 @@ def roce_role(role: str, address: str, args: argparse.Namespace) -> None:
           "dev": dev.stats, "threads": threading.active_count(), "profile": _top(profiles)})
 
 
-def _ping_pong(ping: bool, qp: Any, cq: Any, mr: Any, args: argparse.Namespace) -> None:
+def _ping_pong(ping: bool, qp: Any, cq: Any, mr: Any, args: argparse.Namespace) -> dict[str, Any]:
     """44-byte SENDs back and forth (SMC-R's CDC size), signaled and solicited."""
     rounds = args.rounds
     recv = [RecvWr(wr_id=1000 + i, sg_list=(Sge(mr.addr + 64 * i, 64, mr.lkey),))
@@ -180,8 +189,8 @@ def _ping_pong(ping: bool, qp: Any, cq: Any, mr: Any, args: argparse.Namespace) 
             qp.post_send(send)
         samples.append(time.monotonic() - t0)
     samples.sort()
-    _say({"median_us": samples[len(samples) // 2] * 1e6,
-          "p99_us": samples[len(samples) * 99 // 100] * 1e6})
+    return {"median_us": samples[len(samples) // 2] * 1e6,
+            "p99_us": samples[len(samples) * 99 // 100] * 1e6}
 
 
 def tcp_role(role: str, address: str, args: argparse.Namespace) -> None:
@@ -258,6 +267,19 @@ def _ask(p: subprocess.Popen[str], msg: Any = None) -> Any:
     return json.loads(p.stdout.readline())
 
 
+def _pingpong(hosts: Hosts, common: list[str]) -> tuple[Any, Any]:
+    pong = _spawn(hosts.ns[1], "--role", "roce-pong", "--address", hosts.addr[1], *common)
+    ping = _spawn(hosts.ns[0], "--role", "roce-ping", "--address", hosts.addr[0], *common)
+    info_pong, info_ping = _ask(pong), _ask(ping)
+    assert _ask(pong, info_ping) == "up" and _ask(ping, info_pong) == "up"
+    assert _ask(pong) == "ready"
+    lat = _ask(ping, "go")
+    pong_out = _ask(pong)
+    for p in (pong, ping):
+        p.wait(10)
+    return lat, pong_out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=3.0)
@@ -268,6 +290,8 @@ def main() -> None:
                     help="skip ICRC verification on receive (to see what it costs)")
     ap.add_argument("--no-gso", action="store_true", help="one packet per system call")
     ap.add_argument("--rounds", type=int, default=2000, help="SEND ping-pong round trips")
+    ap.add_argument("--only", choices=("write", "pingpong"),
+                    help="run only the RDMA WRITE (with TCP) or only the ping-pong")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("--address", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -281,16 +305,28 @@ def main() -> None:
     common += ["--no-icrc-check"] if args.no_icrc_check else []
     common += ["--no-gso"] if args.no_gso else []
     with Hosts(mtu=9000) as hosts:
+        if args.only == "pingpong":
+            lat, pong_out = _pingpong(hosts, common)
+            print(f"SEND ping-pong, 44 B: median {lat['median_us']:.0f} us, "
+                  f"p99 {lat['p99_us']:.0f} us per round trip ({args.rounds} rounds)")
+            if args.profile:
+                print("\n=== ping ===\n" + lat["profile"])
+                print("\n=== pong ===\n" + pong_out["profile"])
+            return
         sink = _spawn(hosts.ns[1], "--role", "tcp-sink", "--address", hosts.addr[1], *common)
         assert _ask(sink) == "ready"
         src = _spawn(hosts.ns[0], "--role", "tcp-source", "--address", hosts.addr[1], *common)
         tcp = _ask(src)
         _ask(sink)
-        sink = _spawn(hosts.ns[1], "--role", "udp-sink", "--address", hosts.addr[1], *common)
-        assert _ask(sink) == "ready"
-        src = _spawn(hosts.ns[0], "--role", "udp-source", "--address", hosts.addr[1], *common)
-        udp_sent = _ask(src)["sent"]
-        udp = _ask(sink)
+        udp, udp_sent = {"packets": 0, "seconds": 1.0}, 0
+        if args.only is None:
+            sink = _spawn(hosts.ns[1], "--role", "udp-sink", "--address", hosts.addr[1],
+                          *common)  # fmt: skip
+            assert _ask(sink) == "ready"
+            src = _spawn(hosts.ns[0], "--role", "udp-source", "--address", hosts.addr[1],
+                         *common)  # fmt: skip
+            udp_sent = _ask(src)["sent"]
+            udp = _ask(sink)
         sink = _spawn(hosts.ns[1], "--role", "roce-sink", "--address", hosts.addr[1], *common)
         src = _spawn(hosts.ns[0], "--role", "roce-source", "--address", hosts.addr[0], *common)
         info_sink, info_src = _ask(sink), _ask(src)
@@ -299,15 +335,9 @@ def main() -> None:
         sink_out = _ask(sink, "done")
         for p in (sink, src):
             p.wait(10)
-        pong = _spawn(hosts.ns[1], "--role", "roce-pong", "--address", hosts.addr[1], *common)
-        ping = _spawn(hosts.ns[0], "--role", "roce-ping", "--address", hosts.addr[0], *common)
-        info_pong, info_ping = _ask(pong), _ask(ping)
-        assert _ask(pong, info_ping) == "up" and _ask(ping, info_pong) == "up"
-        assert _ask(pong) == "ready"
-        lat = _ask(ping, "go")
-        _ask(pong)
-        for p in (pong, ping):
-            p.wait(10)
+        lat = pong_out = {"median_us": 0.0, "p99_us": 0.0, "profile": ""}
+        if args.only is None:
+            lat, pong_out = _pingpong(hosts, common)
     tcp_mbs = tcp["bytes"] / tcp["seconds"] / 1e6
     roce_mbs = roce["bytes"] / roce["seconds"] / 1e6
     pkts = roce["req"]["packets"] / roce["seconds"]
@@ -324,11 +354,15 @@ def main() -> None:
         print(f"{side} CPU: user {user:.2f} s, system {system:.2f} s "
               f"({(user + system) / roce['seconds']:.0%} of one core)")
     print(f"sink device: {sink_out['stats']}  responder: {sink_out['resp']}")
-    print(f"SEND ping-pong, 44 B: median {lat['median_us']:.0f} us, p99 {lat['p99_us']:.0f} us "
-          f"per round trip ({args.rounds} rounds)")
+    if args.only is None:
+        print(f"SEND ping-pong, 44 B: median {lat['median_us']:.0f} us, "
+              f"p99 {lat['p99_us']:.0f} us per round trip ({args.rounds} rounds)")
     if args.profile:
         print("\n=== source (poster + progress thread) ===\n" + roce["profile"])
         print("\n=== sink (progress thread) ===\n" + sink_out["profile"])
+        if args.only is None:
+            print("\n=== ping (progress thread + application) ===\n" + lat["profile"])
+            print("\n=== pong (progress thread + application) ===\n" + pong_out["profile"])
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from smcr.rdma import PathMtu
 from smcr.rdma.roce import list_devices
 from smcr.rdma.roce.fastpath import (
+    PADS,
+    Buffer,
     IcrcV4,
     IcrcV6,
     pack_aeth,
@@ -90,6 +92,33 @@ def test_ipv6_icrc_agrees_with_the_codec(packet: RocePacket, sport: int) -> None
     bad = bytearray(udp)
     bad[-5] ^= 0x10
     assert icrc.check(memoryview(bad)) == 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(packets(), min_size=1, max_size=5), st.integers(0, 0xFFFF), st.booleans())
+def test_frames_are_the_packets_with_their_icrcs(pkts: list[RocePacket], sport: int,
+                                                 v6: bool) -> None:  # fmt: skip
+    """``frames`` (the sender's GSO run) joins BTH, headers, payload, pad and ICRC as
+    :meth:`compute` defines them, packet ``k`` with IPv4 ID ``k``."""
+    if v6:
+        family, src, dst = socket.AF_INET6, "fd00::1", "fd00::2"
+        icrc: IcrcV4 | IcrcV6 = IcrcV6(socket.inet_pton(family, src),
+                                       socket.inet_pton(family, dst), sport)  # fmt: skip
+    else:
+        icrc = IcrcV4(socket.inet_aton(SRC), socket.inet_aton(DST), sport)
+    queue: list[tuple[int, int, int, bytes, Buffer]] = [(0, 0, 0, b"", b"x")]
+    want = b""
+    for k, packet in enumerate(pkts):
+        bth = packet.bth
+        b1 = (bth.se << 7) | (bth.pad_cnt << 4)
+        word2 = (bth.ack_req << 31) | bth.psn
+        ext = packet.encode_headers()[12:]
+        queue.append((int(bth.opcode), b1, word2, ext, packet.payload))
+        crc = icrc.compute(bth.opcode, b1, 0x123456, word2, ext, packet.payload, k)
+        want += (pack_bth(bth.opcode, b1, 0x123456, word2) + ext + packet.payload
+                 + PADS[bth.pad_cnt] + struct.pack("<I", crc))  # fmt: skip
+    # the run starts inside the queue (entry 0 is not part of it)
+    assert b"".join(icrc.frames(queue, 1, len(queue), 0x123456)) == want
 
 
 def test_ext_header_packers() -> None:

@@ -8,6 +8,7 @@ mode, and the quickest check that the provider presents the shm RNIC's API
 from __future__ import annotations
 
 import errno
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ from smcr.rdma import (
     WrOpcode,
 )
 from smcr.rdma.roce import RoceDevice, RocePd, RoceQp
+from smcr.rdma.roce.cq import POLLER_RECEIVES, RoceCq
 
 RW = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE | AccessFlag.REMOTE_READ
 SIG = SendFlag.SIGNALED
@@ -228,3 +230,66 @@ def test_local_fault_completes_in_posting_order(pair: tuple[Side, Side]) -> None
     a.qp.post_send([good, bad, later])  # 1 is sent at once, but not ACKed yet: flushed
     assert [(w.wr_id, w.status) for w in a.wait(3)] == [
         (1, WcStatus.WR_FLUSH_ERR), (2, WcStatus.LOC_PROT_ERR), (3, WcStatus.WR_FLUSH_ERR)]
+
+
+@pytest.mark.skipif(not POLLER_RECEIVES, reason="SMCR_ROCE_POLLER_RX=0")
+def test_cq_pollers_receive_and_the_progress_thread_steps_back(pair: tuple[Side, Side]) -> None:
+    """Whoever polls a CQ receives its QPs' packets itself (no thread hop per message).
+
+    While b's CQ is polled, b's progress thread cedes the QP socket to the pollers
+    (``_ceded``); the CQ descriptor still wakes on a packet (it is an epoll set
+    holding the socket); once nobody polls, the progress thread takes the socket
+    back, so a WRITE b never looks at is still acknowledged.
+    """
+    a, b = pair
+    send = SendWr(wr_id=1, opcode=WrOpcode.SEND, send_flags=SIG,
+                  sg_list=(Sge(a.buf.addr, 44, a.buf.lkey),))  # fmt: skip
+    recv = RecvWr(wr_id=7, sg_list=(Sge(b.buf.addr, 64, b.buf.lkey),))
+
+    def settle(ceded: bool) -> None:
+        deadline = time.monotonic() + 5.0
+        while bool(b.dev._ceded) != ceded and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert bool(b.dev._ceded) == ceded
+
+    for _ in range(3):  # the poller receives
+        b.qp.post_recv(recv)
+        a.qp.post_send(send)
+        assert [(w.wr_id, w.status) for w in b.wait()] == [(7, WcStatus.SUCCESS)]
+        assert a.wait()[0].status is WcStatus.SUCCESS
+    settle(False)  # nobody polls: the progress thread watches the socket
+    cq = b.cq
+    assert isinstance(cq, RoceCq)
+    cq.last_poll = time.monotonic() + 3600  # as if a poller were busy on b's CQ
+    b.qp.post_recv(recv)
+    a.qp.post_send(send)
+    assert a.wait()[0].status is WcStatus.SUCCESS  # received (and ACKed) by b's thread...
+    settle(True)  # ... which then leaves the socket to the pollers
+    assert [w.wr_id for w in b.wait()] == [7]
+    b.qp.post_recv(recv)  # ceded: a packet wakes the CQ descriptor, the poll receives it
+    b.cq.req_notify()
+    a.qp.post_send(send)
+    ready, _, _ = select.select([b.cq], [], [], 3.0)
+    assert ready
+    assert [w.wr_id for w in b.wait()] == [7]
+    assert a.wait()[0].status is WcStatus.SUCCESS
+    cq.last_poll = 0.0  # the poller is gone: the progress thread takes the socket back
+    settle(False)
+    a.qp.post_send(SendWr(wr_id=2, opcode=WrOpcode.RDMA_WRITE, send_flags=SIG,
+                          sg_list=(Sge(a.buf.addr, 100_000, a.buf.lkey),),
+                          remote_addr=b.rmb.addr, rkey=b.rmb.rkey))  # fmt: skip
+    assert [(w.wr_id, w.status) for w in a.wait()] == [(2, WcStatus.SUCCESS)]
+
+
+def test_a_ceded_socket_nobody_reads_is_taken_back(pair: tuple[Side, Side]) -> None:
+    """A poller that stops polling cannot stall its peer: the progress thread reads on."""
+    a, b = pair
+    cq = b.cq
+    assert isinstance(cq, RoceCq)
+    cq.last_poll = time.monotonic() + 3600  # a poller that polled, then went away
+    for i in range(3):
+        a.qp.post_send(SendWr(wr_id=i, opcode=WrOpcode.RDMA_WRITE, send_flags=SIG,
+                              sg_list=(Sge(a.buf.addr, 50_000, a.buf.lkey),),
+                              remote_addr=b.rmb.addr, rkey=b.rmb.rkey))  # fmt: skip
+        assert [(w.wr_id, w.status) for w in a.wait()] == [(i, WcStatus.SUCCESS)]
+    assert a.qp.req.stats["timeouts"] == 0

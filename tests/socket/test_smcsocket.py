@@ -489,13 +489,12 @@ def test_nonblocking_connect_completes_and_recv_raises(peer: PeerFactory) -> Non
 
 @rnics(roce_slow=True)
 def test_buffer_sizes_default_and_so_sndbuf_so_rcvbuf(peer: PeerFactory, rnic: str) -> None:
-    """Unset, a connection gets its RNIC's default buffers (shm: the runtime's 1 MiB,
-    RoCE: Linux's 64 KiB); SO_SNDBUF and SO_RCVBUF override it per socket, each on
-    its own, and data flows through both."""
-    from smcr.core import Config  # noqa: PLC0415
-    from smcr.stack.runtime import SHM_BUFFER  # noqa: PLC0415
+    """Unset, a connection gets the runtime's default buffers (1 MiB, either RNIC);
+    SO_SNDBUF and SO_RCVBUF override it per socket, each on its own, and data flows
+    through both."""
+    from smcr.stack.runtime import BUFFER  # noqa: PLC0415
 
-    default = SHM_BUFFER if rnic == "shm" else Config().rmb_size
+    default = BUFFER
     p = peer(smc_peer.echo_server, False, 2)
     port = p.recv()
     with connect(port) as s:

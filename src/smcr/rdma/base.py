@@ -352,6 +352,12 @@ class CompletionQueue:
         with self._lock:
             self._armed = True
 
+    def clear_signal(self) -> None:
+        """Make :meth:`fileno` unreadable again after a sleep on it (the doorbell is drained;
+        a provider whose descriptor is not the doorbell overrides this)."""
+        with contextlib.suppress(OSError):
+            self._bell_r.recv(4096)
+
     def has_completions(self) -> bool:
         """Whether completions wait, after the provider's progress hooks ran; takes none.
 

@@ -111,12 +111,13 @@ REPOST_BATCH = 16  # receives reposted together (RECV_SLOTS - REPOST_BATCH stay 
 WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
 TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
 STANDBY = 0.01  # the progress thread's look-in period while applications poll
-# Default send buffer and RMB on the shm RNIC, as Linux sizes them from the socket
+# Default send buffer and RMB on both RNICs, where Linux sizes them from the socket
 # buffers (SO_SNDBUF/SO_RCVBUF still override it per socket): a window of 64 KiB
 # costs a full consumer-cursor round trip per 64 KiB write; 1 MiB lets the sender
-# run ahead (smcr bench: 64 KiB writes about 3x faster).  Pages of a memfd are only
-# backed once written, so an idle connection costs little of it.
-SHM_BUFFER = 1 << 20
+# run ahead (smcr bench, shm: 64 KiB writes about 3x faster; RoCE between
+# namespaces, ~300 µs round trip: 0.09x -> 0.23x TCP).  Pages of a memfd (shm) are
+# only backed once written, so an idle connection costs little of it.
+BUFFER = 1 << 20
 SPIN = float(os.environ.get("SMCR_SPIN_US", "50")) / 1e6
 """How long an application thread that waits polls the CQ before it arms it and sleeps."""
 
@@ -205,8 +206,7 @@ class Stack:
                  device: Device | None = None) -> None:  # fmt: skip
         """:param device: the RNIC (default: a new shm RNIC); see :func:`get_stack`."""
         if config is None:
-            shm = device is None
-            config = Config(sndbuf_size=SHM_BUFFER, rmb_size=SHM_BUFFER) if shm else Config()
+            config = Config(sndbuf_size=BUFFER, rmb_size=BUFFER)
         self.config = config
         self.pid = os.getpid()
         self.device = device if device is not None else ShmDevice(f"smcr{self.pid}")
@@ -317,7 +317,7 @@ class Stack:
                         | ipaddress.IPv6Address, rmb_size: int, sndbuf_size: int) -> None:
         """Allocate buffers and start the CLC handshake (lock held).
 
-        A size of 0 means this RNIC's default (:attr:`config`, e.g. :data:`SHM_BUFFER`).
+        A size of 0 means the default (:attr:`config`, :data:`BUFFER`).
         """
         local_ip = devices.prefix_ip(self.device, local_ip)
         bufs = self.alloc_buffers(rmb_size or self.config.rmb_size,
@@ -823,7 +823,9 @@ class Stack:
                     self._clc_read(hc)
                 elif (hc := self._tcp_watch.pop(fd, None)) is not None:
                     self._tcp_ended(hc)
-                elif fd in fds[:2]:  # drain: the CQ's doorbell and ours (both non-blocking)
+                elif fd == fds[0]:
+                    self.cq.clear_signal()
+                elif fd == fds[1]:  # our own doorbell (non-blocking)
                     with contextlib.suppress(OSError):
                         os.read(fd, 4096)
         self.process(wcs)
@@ -911,8 +913,8 @@ _stack_lock = threading.Lock()
 
 def default_buffer_size() -> int:
     """The send buffer and RMB size of a connection without SO_SNDBUF/SO_RCVBUF:
-    :data:`SHM_BUFFER` on the shm RNIC, Linux's (:class:`Config`) on the RoCE RNIC."""
-    return SHM_BUFFER if devices.rnic_kind() == "shm" else Config().sndbuf_size
+    :data:`BUFFER` on either RNIC."""
+    return BUFFER
 
 
 def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None,

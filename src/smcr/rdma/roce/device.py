@@ -18,6 +18,12 @@ Design decisions (the why of each):
   socket is readable or a timer is due, so an idle RNIC costs no CPU; a
   readable socket is drained up to :data:`BATCH` reads (each may hold many
   packets with UDP GRO), then each QP of the batch sends its one coalesced ACK.
+* **Whoever polls a CQ receives** (:mod:`smcr.rdma.roce.cq`): a thread that
+  polls or sleeps on a QP's CQ reads the QP's socket itself, and the progress
+  thread steps back from that socket while it does, so a message costs one
+  wakeup in the thread that wants it instead of a wakeup of the progress thread,
+  a doorbell and a second wakeup.  A QP's receive lock keeps one reader at a
+  time, so packets are still handled in arrival order.
 * **ICRC**: generated on every packet; checked on every packet received
   (IPv4: ID 0 first, then ID recovery, spec §4.4 option (c); IPv6: exactly).
   A bad packet is dropped silently and counted, as rxe does.  Against live rxe
@@ -34,10 +40,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import secrets
+import select
 import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Final, cast
 
 from smcr.rdma.base import (
@@ -48,7 +56,8 @@ from smcr.rdma.base import (
     ProtectionDomain,
 )
 from smcr.rdma.roce import netif
-from smcr.rdma.roce.fastpath import U24, IcrcV4, IcrcV6, flow_icrc
+from smcr.rdma.roce.cq import CEDE_SECONDS, RoceCq
+from smcr.rdma.roce.fastpath import BTH, U24, IcrcV4, IcrcV6, flow_icrc
 from smcr.rdma.roce.qp import RoceQp
 from smcr.rdma.shm.engine import Engine
 from smcr.rdma.verbs import REMOTE_ACCESS, AccessFlag, DeviceAttr, QpCap, VerbsError
@@ -118,6 +127,8 @@ class RoceDevice(Device):
         self._view = memoryview(self._buf)
         self.engine = Engine(f"smcr-{self.name}-progress")
         self._closed = False
+        self._ceded: dict[int, tuple[RoceQp, socket.socket]] = {}
+        self._reclaim_armed = False
         self.listener = self.open_socket(ROCEV2_UDP_PORT)
         self.engine.watch(self.listener.fileno(), self._on_listener)
 
@@ -129,6 +140,9 @@ class RoceDevice(Device):
 
     def _new_pd(self, pd_id: int) -> RocePd:
         return RocePd(self, pd_id)
+
+    def _new_cq(self, depth: int) -> RoceCq:
+        return RoceCq(depth)
 
     def new_qp(self, pd: RocePd, send_cq: CompletionQueue, recv_cq: CompletionQueue,
                cap: QpCap, sq_sig_all: bool) -> RoceQp:  # fmt: skip
@@ -221,56 +235,134 @@ class RoceDevice(Device):
         return (address, port, 0, self.scope_id)
 
     def watch_qp_socket(self, qp: RoceQp, sock: socket.socket) -> None:
-        """Receive a QP's flow socket in the progress thread."""
-        self.engine.watch(sock.fileno(), lambda _ev: self._on_qp_socket(qp, sock))
+        """Receive a QP's flow socket in the progress thread and in its CQs' pollers."""
+        fd = sock.fileno()
+        self.engine.watch(fd, self._handler(qp, sock))
+        for cq in qp.roce_cqs:
+            cq.attach(qp, fd)
 
-    def unwatch(self, sock: socket.socket) -> None:
+    def unwatch(self, sock: socket.socket, qp: RoceQp | None = None) -> None:
         """Stop receiving from ``sock`` (before it is closed)."""
+        fd = sock.fileno()
         with contextlib.suppress(OSError, ValueError):
-            self.engine.unwatch(sock.fileno())
+            self.engine.unwatch(fd)
+        self._ceded.pop(fd, None)
+        if qp is not None:
+            for cq in qp.roce_cqs:
+                cq.detach(fd)
+
+    def _handler(self, qp: RoceQp, sock: socket.socket) -> Callable[[int], None]:
+        """The progress thread's handler of a QP socket."""
+
+        def on_readable(_events: int) -> None:
+            self._on_qp_socket(qp, sock)
+
+        return on_readable
 
     def _on_qp_socket(self, qp: RoceQp, sock: socket.socket) -> None:
+        """The progress thread's turn at a QP socket: receive, then maybe cede it.
+
+        Why cede: a thread that polls one of the QP's CQs also sleeps on the
+        socket and receives itself (:mod:`smcr.rdma.roce.cq`), without a thread
+        hop; the progress thread waking as well would only contend for the
+        lock and the GIL.  So while a CQ of the QP was polled within
+        :data:`~smcr.rdma.roce.cq.CEDE_SECONDS`, the progress thread stops
+        watching the socket and looks again that much later (:meth:`_reclaim`).
+        """
+        self.receive_qp(qp)
+        if qp.rx_sock is not sock:
+            return  # closed or replaced meanwhile
+        now = time.monotonic()
+        if not qp.polled_since(now - CEDE_SECONDS):
+            return
+        with qp._state_lock:  # closing the socket takes it too: no fd reuse in between
+            if qp.rx_sock is not sock:
+                return
+            fd = sock.fileno()
+            with contextlib.suppress(OSError, ValueError):
+                self.engine.unwatch(fd)
+            self._ceded[fd] = (qp, sock)
+        if not self._reclaim_armed:
+            self._reclaim_armed = True
+            self.engine.call_at(now + CEDE_SECONDS, self._reclaim)
+
+    def _reclaim(self) -> None:
+        """Take back the ceded sockets whose CQs nobody polled lately (engine timer).
+
+        A socket that holds packets when the timer fires is taken back too: a
+        poller that still sleeps on the CQ would have woken and read them, so
+        nobody does (the application polled, then went off to compute), and a
+        packet must not wait for the application (the peer's retransmit timer
+        runs).  So a packet waits at most about :data:`CEDE_SECONDS`.
+        """
+        self._reclaim_armed = False
+        now = time.monotonic()
+        for fd, (qp, sock) in list(self._ceded.items()):
+            if qp.polled_since(now - CEDE_SECONDS) and not self._closed and not _readable(sock):
+                continue  # still polled, and the pollers keep up
+            with qp._state_lock:  # as above: the socket cannot close meanwhile
+                if self._ceded.pop(fd, None) is not None and qp.rx_sock is sock:
+                    with contextlib.suppress(OSError, ValueError):
+                        self.engine.watch(fd, self._handler(qp, sock))
+        if self._ceded:
+            self._reclaim_armed = True
+            self.engine.call_at(now + CEDE_SECONDS, self._reclaim)
+
+    def receive_qp(self, qp: RoceQp) -> None:
         """Drain a QP's connected socket: its own flow, so its ICRC parameters are known.
 
+        Called by the progress thread and by CQ pollers; the QP's receive lock
+        keeps one reader at a time, so packets are handled in arrival order.
         With UDP GRO one read may return several packets of one size (the
         ``UDP_GRO`` control message gives it; only the last may be shorter).
         """
-        view, stats = self._view, self.stats
+        with qp.rx_lock:
+            sock = qp.rx_sock
+            if sock is not None:
+                self._drain(qp, sock)
+
+    def _drain(self, qp: RoceQp, sock: socket.socket) -> None:
+        view, stats = qp.rx_view, self.stats
         touched: dict[int, RoceQp] = {}
         icrc = qp.icrc_rx
-        check = icrc.check if self.verify_icrc and icrc is not None else None
-        own, lock, qp_input = qp.qp_num, qp._state_lock, qp.input
+        verify = icrc.verify if self.verify_icrc and icrc is not None else None
+        own, lock, qp_input, unpack = qp.qp_num, qp._state_lock, qp.input, BTH.unpack_from
         now = time.monotonic()
         bufs = [view]
         rx = recovered = bad = 0
         foreign: list[bytes] = []
+        recv = sock.recvmsg_into
         for _ in range(BATCH):
             try:
-                n, anc, _flags, _addr = sock.recvmsg_into(bufs, 64)
+                n, anc, _flags, _addr = recv(bufs, 64)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:  # an ICMP error reported on the connected socket
                 continue
             seg = (_GRO_SIZE.unpack(anc[0][2])[0] if anc else n) or n
             with lock:  # once per read, not per packet: the poster waits at most one read
+                write_middle = qp.resp.write_middle
                 for off in range(0, n, seg):
-                    size = min(seg, n - off)
-                    pkt = view[off : off + size]
+                    end = off + seg if off + seg < n else n
+                    size = end - off
+                    pkt = view[off:end]
                     rx += 1
                     if size < 16 or size & 3:
                         stats["malformed"] += 1
                         continue
-                    if check is not None:
-                        ok = check(pkt)
+                    op, b1, p_key, dqp_word, psn_word = unpack(pkt)
+                    if verify is not None:
+                        ok = verify(pkt, size, op, b1, dqp_word, psn_word)
                         if ok != 1:
                             if not ok:
                                 bad += 1
                                 continue
                             recovered += 1
-                    if _DQP.unpack_from(pkt, 4)[0] & U24 == own:
-                        qp_input(pkt, now)
-                    else:  # another QP shares this flow (two RNICs on one address)
-                        foreign.append(bytes(pkt))
+                    if dqp_word & U24 != own:  # another QP shares this flow (two RNICs
+                        foreign.append(bytes(pkt))  # on one address)
+                    elif not (op == 0x07 and p_key == 0xFFFF
+                              and write_middle(psn_word, view[off : end - 4])):  # fmt: skip
+                        qp_input(pkt, now)  # all but an in-order WRITE Middle (the data path)
             for raw in foreign:  # outside our lock: two progress threads, no lock order
                 self._dispatch(memoryview(raw), now, touched, qp.peer_raw)
             foreign.clear()
@@ -405,6 +497,14 @@ class RocePd(ProtectionDomain):
         """
         if self.mrs:
             raise VerbsError(errno.EBUSY, "PD still has memory regions")
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether a datagram waits on ``sock`` (False once it is closed)."""
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return False
 
 
 def _resolve(address: str | None, ifname: str | None) -> netif.RnicInfo:

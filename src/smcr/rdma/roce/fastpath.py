@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Final
 
@@ -142,8 +143,12 @@ class IcrcV4:
         hardware send a hashed ID that a UDP socket cannot see).  DF is assumed
         set, as rxe always sets it (spec §1.4).
         """
-        n = len(packet)
         opcode, b1, _pkey, dqp_word, psn_word = BTH.unpack_from(packet)
+        return self.verify(packet, len(packet), opcode, b1, dqp_word, psn_word)
+
+    def verify(self, packet: memoryview, n: int, opcode: int, b1: int, dqp_word: int,
+               psn_word: int) -> int:  # fmt: skip
+        """:meth:`check` for a packet of ``n`` bytes whose BTH the caller has unpacked."""
         crc = zlib.crc32(
             _V4_MASKED.pack(
                 0x45, 0xFF, n + 28, 0, IP_DF, 0xFF, 17, 0xFFFF, self.src, self.dst,
@@ -160,6 +165,46 @@ class IcrcV4:
         if (crc ^ found) in _small_ids(n):  # a UDP GSO segment's ID: 1, 2, 3...
             return 2
         return 0 if recover_id(n, crc ^ found) is None else 2
+
+    def frames(self, queue: Sequence[tuple[int, int, int, bytes, Buffer]], start: int, end: int,
+               dest_qp: int) -> list[Buffer]:  # fmt: skip
+        """The ``sendmsg`` buffers of the packets ``queue[start:end]``, one UDP GSO run.
+
+        Each entry is ``(opcode, b1, psn_word, ext_headers, payload)``; packet
+        ``k`` of the run gets IPv4 ID ``k`` (how the kernel numbers GSO
+        segments).  Why here and in one loop: per packet this is the sender's
+        hottest Python, so the masked header is packed inline with the flow's
+        constants in locals, and each packet's ICRC shares a buffer with the next
+        packet's BTH, which halves the buffers handed to the kernel.
+        """
+        parts: list[Buffer] = []
+        append = parts.append
+        pack, crc32, bth, icrc = _V4_MASKED.pack, zlib.crc32, BTH.pack, ICRC.pack
+        src, dst, sport, dport = self.src, self.dst, self.sport, self.dport
+        masked_qp = 0xFF000000 | (dest_qp & U24)
+        tail = b""
+        for k in range(start, end):
+            opcode, b1, psn_word, ext, payload = queue[k]
+            pad = (b1 >> 4) & 3
+            ulen = 24 + len(ext) + len(payload) + pad
+            crc = crc32(pack(0x45, 0xFF, ulen + 20, k - start, IP_DF, 0xFF, 17, 0xFFFF, src, dst,
+                             sport, dport, ulen, 0xFFFF, opcode, b1, P_KEY, masked_qp,
+                             psn_word), _SEED)  # fmt: skip
+            head = bth(opcode, b1, P_KEY, dest_qp, psn_word)
+            if ext:
+                crc = crc32(ext, crc)
+                head += ext
+            append(tail + head if tail else head)
+            if payload:
+                crc = crc32(payload, crc)
+                append(payload)
+            if pad:
+                crc = crc32(PADS[pad], crc)
+                tail = PADS[pad] + icrc(crc)
+            else:
+                tail = icrc(crc)
+        append(tail)
+        return parts
 
 
 class IcrcV6:
@@ -202,8 +247,12 @@ class IcrcV6:
 
     def check(self, packet: memoryview) -> int:
         """1 if the ICRC of a received UDP payload (BTH through ICRC) is right, else 0."""
-        n = len(packet)
         opcode, b1, _pkey, dqp_word, psn_word = BTH.unpack_from(packet)
+        return self.verify(packet, len(packet), opcode, b1, dqp_word, psn_word)
+
+    def verify(self, packet: memoryview, n: int, opcode: int, b1: int, dqp_word: int,
+               psn_word: int) -> int:  # fmt: skip
+        """:meth:`check` for a packet of ``n`` bytes whose BTH the caller has unpacked."""
         crc = zlib.crc32(
             _V6_MASKED.pack(
                 0x6FFFFFFF, n + 8, 17, 0xFF, self.src, self.dst, self.sport, self.dport, n + 8,
@@ -214,6 +263,37 @@ class IcrcV6:
         if n > 16:
             crc = zlib.crc32(packet[12 : n - 4], crc)
         return 1 if crc == ICRC.unpack_from(packet, n - 4)[0] else 0
+
+    def frames(self, queue: Sequence[tuple[int, int, int, bytes, Buffer]], start: int, end: int,
+               dest_qp: int) -> list[Buffer]:  # fmt: skip
+        """The ``sendmsg`` buffers of ``queue[start:end]`` (see :meth:`IcrcV4.frames`)."""
+        parts: list[Buffer] = []
+        append = parts.append
+        pack, crc32, bth, icrc = _V6_MASKED.pack, zlib.crc32, BTH.pack, ICRC.pack
+        src, dst, sport, dport = self.src, self.dst, self.sport, self.dport
+        masked_qp = 0xFF000000 | (dest_qp & U24)
+        tail = b""
+        for k in range(start, end):
+            opcode, b1, psn_word, ext, payload = queue[k]
+            pad = (b1 >> 4) & 3
+            ulen = 24 + len(ext) + len(payload) + pad
+            crc = crc32(pack(0x6FFFFFFF, ulen, 17, 0xFF, src, dst, sport, dport, ulen, 0xFFFF,
+                             opcode, b1, P_KEY, masked_qp, psn_word), _SEED)  # fmt: skip
+            head = bth(opcode, b1, P_KEY, dest_qp, psn_word)
+            if ext:
+                crc = crc32(ext, crc)
+                head += ext
+            append(tail + head if tail else head)
+            if payload:
+                crc = crc32(payload, crc)
+                append(payload)
+            if pad:
+                crc = crc32(PADS[pad], crc)
+                tail = PADS[pad] + icrc(crc)
+            else:
+                tail = icrc(crc)
+        append(tail)
+        return parts
 
 
 def flow_icrc(src: bytes, dst: bytes, sport: int, dport: int = ROCEV2_UDP_PORT) -> IcrcV4 | IcrcV6:

@@ -23,8 +23,10 @@ Design:
   the receive socket asks for UDP GRO, so one read may bring many packets.
 * **Threads**: a post transmits at once in the caller's thread as far as the
   window allows; ACKs that open the window are handled, and further packets
-  sent, in the progress thread.  Timers are one engine timer per QP, armed for
-  the requester's earliest deadline and re-armed lazily when it moves later.
+  sent, by whoever receives: a thread polling one of the QP's CQs
+  (:mod:`smcr.rdma.roce.cq`), else the progress thread.  Timers are one
+  engine timer per QP, armed for the requester's earliest deadline and
+  re-armed lazily when it moves later.
 """
 
 from __future__ import annotations
@@ -32,16 +34,15 @@ from __future__ import annotations
 import errno
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from smcr.rdma.base import CompletionQueue, QueuePair
+from smcr.rdma.roce.cq import RoceCq
 from smcr.rdma.roce.fastpath import (
-    BTH,
     HEADER_LENGTH,
-    ICRC,
-    PADS,
     U24,
     IcrcV4,
     IcrcV6,
@@ -85,6 +86,8 @@ _GSO_SIZE = struct.Struct("H")
 #: IPv4 datagram holds at most 65535 bytes, headers included).
 GSO_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 65535 - 28
+#: The largest UDP datagram a read returns (a GRO batch is at most 64 KiB).
+MAX_DATAGRAM = 65536
 Buffer = bytes | bytearray | memoryview
 
 
@@ -116,6 +119,13 @@ class RoceQp(QueuePair):
         self.resp.coalesce = True
         self.gso = device.gso
         self._txq: list[tuple[int, int, int, bytes, Buffer]] = []
+        #: One reader of the flow socket at a time (progress thread or a CQ poller),
+        #: so packets are handled in arrival order; it also guards :attr:`rx_view`.
+        self.rx_lock = threading.Lock()
+        self.rx_view = memoryview(bytearray(MAX_DATAGRAM))
+        #: The CQs whose pollers receive for this QP (:mod:`smcr.rdma.roce.cq`).
+        self.roce_cqs: tuple[RoceCq, ...] = tuple(
+            {id(cq): cq for cq in (send_cq, recv_cq) if isinstance(cq, RoceCq)}.values())
 
     # ------------------------------------------------------------ transport
 
@@ -142,9 +152,9 @@ class RoceQp(QueuePair):
         if icrc is None or sock is None:
             return
         dqp, peer, n, i = self._dest_qp, self.peer, len(q), 0
-        compute = icrc.compute
+        frames = icrc.frames
         while i < n:
-            opcode, b1, psn_word, ext, payload = q[i]
+            _op, b1, _psn, ext, payload = q[i]
             size = 16 + len(ext) + len(payload) + ((b1 >> 4) & 3)
             j, total = i + 1, size
             if self.gso:
@@ -157,12 +167,7 @@ class RoceQp(QueuePair):
                     j += 1
                     if s2 < size:
                         break  # a shorter segment must be the last
-            parts: list[Buffer] = []
-            for k in range(i, j):
-                opcode, b1, psn_word, ext, payload = q[k]
-                crc = compute(opcode, b1, dqp, psn_word, ext, payload, k - i)
-                parts += (BTH.pack(opcode, b1, 0xFFFF, dqp, psn_word), ext, payload,
-                          PADS[(b1 >> 4) & 3] + ICRC.pack(crc))  # fmt: skip
+            parts = frames(q, i, j, dqp)
             try:
                 if j - i == 1:
                     sock.sendmsg(parts, (), 0, peer)
@@ -310,9 +315,13 @@ class RoceQp(QueuePair):
         granted = self.rx_sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         return max(16, min(WINDOW, granted // (2 * (pmtu + 256))))
 
+    def polled_since(self, when: float) -> bool:
+        """Whether a thread polled one of this QP's CQs at or after ``when`` (monotonic)."""
+        return any(cq.last_poll >= when and cq.receives(self) for cq in self.roce_cqs)
+
     def _close_sockets(self) -> None:
         if self.rx_sock is not None:
-            self.device.unwatch(self.rx_sock)
+            self.device.unwatch(self.rx_sock, self)
             self.rx_sock.close()
             self.rx_sock = None
         if self.tx_sock is not None:
