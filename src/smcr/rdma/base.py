@@ -411,10 +411,9 @@ class CompletionQueue:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return []
-            ready, _, _ = select.select([self._bell_r], [], [], left)
+            ready, _, _ = select.select([self.fileno()], [], [], left)
             if ready:  # drain only when rung: no exception on the common path
-                with contextlib.suppress(OSError):
-                    self._bell_r.recv(4096)
+                self.clear_signal()
 
     def close(self) -> None:
         """Release the descriptor; later use raises ``OSError``."""

@@ -153,19 +153,6 @@ class RoceCq(CompletionQueue):
                 except Exception:  # as in the progress thread: a provider fault is logged,
                     log.exception("RoCE receive in a CQ poller failed")  # not the app's
 
-    def wait(self, timeout: float | None, max_entries: int = 16) -> list[WorkCompletion]:
-        """Poll, then sleep on :meth:`fileno` (packets wake it too) until ``timeout``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self.req_notify()  # arm first, then look: a completion after the look rings
-            wcs = self.poll(max_entries)
-            if wcs:
-                return wcs
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return []
-            select.select([self._ep], [], [], left)
-
     def close(self) -> None:
         """Release the descriptors; later use raises ``OSError``."""
         self._attached.clear()
