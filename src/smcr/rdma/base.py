@@ -461,7 +461,12 @@ class QueuePair(ABC):
         """
         with self._state_lock:
             new = check_modify(self.attr.qp_state, attr, mask, self._max_mtu)
-            self._apply_modify(new, attr, mask)
+            if new is QpState.ERR:
+                self._to_error(None)
+            elif new is QpState.RESET:
+                self._reset()
+            else:
+                self._apply_modify(new, attr, mask)
 
     def to_rts(
         self,
@@ -523,7 +528,18 @@ class QueuePair(ABC):
 
     @abstractmethod
     def _apply_modify(self, new: QpState, attr: QpAttr, mask: QpAttrMask) -> None:
-        """Provider hook: commit a validated modify (called under the state lock)."""
+        """Provider hook: commit a validated modify to INIT, RTR or RTS (state lock held)."""
+
+    @abstractmethod
+    def _to_error(self, event: str | None) -> None:
+        """Provider hook: move to ERR and flush (a modify to ERR; state lock held).
+
+        :param event: if given, also raise a QP_FATAL async event with this reason.
+        """
+
+    @abstractmethod
+    def _reset(self) -> None:
+        """Provider hook: back to RESET, all work dropped without completions (lock held)."""
 
     @abstractmethod
     def post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:

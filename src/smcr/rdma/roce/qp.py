@@ -240,12 +240,6 @@ class RoceQp(QueuePair):
 
     def _apply_modify(self, new: QpState, attr: QpAttr, mask: QpAttrMask) -> None:
         """Commit a validated modify: sockets at RTR, the requester at RTS."""
-        if new is QpState.ERR:
-            self._to_error(None)
-            return
-        if new is QpState.RESET:
-            self._reset()
-            return
         if new is QpState.RTR and self.attr.qp_state is not QpState.RTR:
             self._connect(attr, mask)
         self._copy_attrs(attr, mask)

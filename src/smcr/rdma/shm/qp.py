@@ -190,12 +190,6 @@ class ShmQp(QueuePair):
 
     def _apply_modify(self, new: QpState, attr: QpAttr, mask: QpAttrMask) -> None:
         """Commit a validated modify; RTR connects to the peer first (may raise)."""
-        if new is QpState.ERR:
-            self._to_error(None)
-            return
-        if new is QpState.RESET:
-            self._reset()
-            return
         if new is QpState.RTR:
             peer = PeerLink.connect(self.device, self.qp_num, attr.ah_attr.dgid,
                                     attr.dest_qp_num)  # fmt: skip
