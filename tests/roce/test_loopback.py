@@ -234,10 +234,11 @@ def test_local_fault_completes_in_posting_order(pair: tuple[Side, Side]) -> None
 
 @pytest.fixture
 def pollers_receive(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CQs made from now on receive in their pollers (off by default; :mod:`smcr.rdma.roce.cq`).
+    """CQs made from now on receive in their pollers (the default; :mod:`smcr.rdma.roce.cq`),
+    whatever the environment says.
 
     Ask for it before ``pair`` so that the pair's CQs are made with it."""
-    monkeypatch.setenv(POLLER_RX_ENV, "1")
+    monkeypatch.delenv(POLLER_RX_ENV, raising=False)
 
 
 def test_cq_pollers_receive_and_the_progress_thread_steps_back(
@@ -302,3 +303,28 @@ def test_a_ceded_socket_nobody_reads_is_taken_back(pollers_receive: None,
                               remote_addr=b.rmb.addr, rkey=b.rmb.rkey))  # fmt: skip
         assert [(w.wr_id, w.status) for w in a.wait()] == [(i, WcStatus.SUCCESS)]
     assert a.qp.req.stats["timeouts"] == 0
+
+
+@pytest.fixture
+def progress_thread_receives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CQs made from now on leave receiving to the progress thread (``SMCR_ROCE_POLLER_RX=0``)."""
+    monkeypatch.setenv(POLLER_RX_ENV, "0")
+
+
+def test_pollers_receive_can_be_switched_off(progress_thread_receives: None,
+                                             pair: tuple[Side, Side]) -> None:  # fmt: skip
+    """With the switch off the progress thread receives everything and never cedes, and
+    the CQ descriptor is rung by it (a sleeper on the CQ still wakes)."""
+    a, b = pair
+    assert isinstance(b.cq, RoceCq) and not b.cq.pollers_receive
+    recv = RecvWr(wr_id=9, sg_list=(Sge(b.buf.addr, 64, b.buf.lkey),))
+    for _ in range(3):
+        b.qp.post_recv(recv)
+        b.cq.req_notify()
+        a.qp.post_send(SendWr(wr_id=1, opcode=WrOpcode.SEND, send_flags=SIG,
+                              sg_list=(Sge(a.buf.addr, 44, a.buf.lkey),)))  # fmt: skip
+        ready, _, _ = select.select([b.cq], [], [], 3.0)
+        assert ready
+        assert [(w.wr_id, w.status) for w in b.wait()] == [(9, WcStatus.SUCCESS)]
+        assert a.wait()[0].status is WcStatus.SUCCESS
+    assert not b.dev._ceded and not b.cq.receives(b.qp)

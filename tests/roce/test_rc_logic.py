@@ -331,3 +331,43 @@ def test_write_middle_shortcut_refuses_what_the_full_path_would() -> None:
     assert not b.resp.write_middle(word, memoryview(tver))
     assert b.resp.write_middle(word, memoryview(held[0]))
     assert bytes(b.rmb.buf[256:512]) == bytes(a.buf.buf[256:512])
+
+
+def test_middle_target_offers_only_what_write_middle_would_take() -> None:
+    """The receive path's batch form of the shortcut (``middle_target`` and
+    ``middles_placed``) sees the same WRITE state: where the next Middle goes, how
+    many Middles may still come before the Last, none once the QP or MR is dead."""
+    wire = Wire()
+    a, b = pair(wire)
+    fill(a, 256 * 5, 13)
+    held: list[bytes] = []
+
+    def hold_middles(dst: End, pkt: bytes) -> bool:
+        if dst is b and pkt[0] == Opcode.RDMA_WRITE_MIDDLE:
+            held.append(pkt)
+            return False
+        return True
+
+    assert b.resp.middle_target() is None  # no WRITE in progress
+    wire.filter = hold_middles
+    a.post(write_wr(a, b, 0, 256 * 5, 1), 0.0)
+    wire.step((a, b))
+    assert len(held) == 3
+    target = b.resp.middle_target()
+    assert target is not None
+    buf, off, count = target
+    assert buf.obj is b.rmb.buf.obj and off == 256 and count == 3  # 3 Middles, then the Last
+    b.resp.dead = True
+    assert b.resp.middle_target() is None
+    b.resp.dead = False
+    # place two Middles as the device would, the third through the shortcut
+    for k in (0, 1):
+        buf[off + 256 * k : off + 256 * (k + 1)] = held[k][12:]
+    b.resp.middles_placed(2, -1)
+    assert b.resp.epsn == (a.psn + 3) & U24
+    assert b.resp.middle_target() == (buf, off + 512, 1)
+    word = int.from_bytes(held[2][8:12], "big")
+    assert b.resp.write_middle(word, memoryview(held[2]))
+    assert b.resp.middle_target() == (buf, off + 768, 0)  # only the Last may come now
+    b.rmb.dereg()
+    assert b.resp.middle_target() is None

@@ -322,10 +322,23 @@ class RoceDevice(Device):
                 self._drain(qp, sock)
 
     def _drain(self, qp: RoceQp, sock: socket.socket) -> None:
+        """Read up to :data:`BATCH` datagrams of a QP's flow and run their packets.
+
+        Runs of in-order WRITE Middles (the data path: all but two packets of a
+        long WRITE) are checked and placed by the flow's
+        :meth:`~smcr.rdma.roce.fastpath.IcrcV4.place_middles` straight into the
+        target MR, a few lines per packet; every other packet, and any the run
+        stops at, takes the general path (ICRC with ID recovery, then
+        :meth:`RoceQp.input`).  An ACK that a read's packets asked for goes out
+        at the end of that read, not of the batch: the peer's window must not
+        wait for a whole batch (measured: the requester idled half the time).
+        """
         view, stats = qp.rx_view, self.stats
         touched: dict[int, RoceQp] = {}
         icrc = qp.icrc_rx
-        verify = icrc.verify if self.verify_icrc and icrc is not None else None
+        checking = self.verify_icrc and icrc is not None
+        verify = icrc.verify if checking and icrc is not None else None
+        place = icrc.place_middles if checking and icrc is not None else None
         own, lock, qp_input, unpack = qp.qp_num, qp._state_lock, qp.input, BTH.unpack_from
         now = time.monotonic()
         bufs = [view]
@@ -341,11 +354,27 @@ class RoceDevice(Device):
                 continue
             seg = (_GRO_SIZE.unpack(anc[0][2])[0] if anc else n) or n
             with lock:  # once per read, not per packet: the poster waits at most one read
-                write_middle = qp.resp.write_middle
-                for off in range(0, n, seg):
+                resp = qp.resp
+                write_middle = resp.write_middle
+                middle_seg = resp.pmtu + 16 if place is not None else -1
+                off = k = 0
+                while off < n:
+                    if seg == middle_seg and view[off] == 0x07:
+                        target = resp.middle_target()
+                        if target is not None and target[2] > 0:
+                            count, ack = place(view, off, n, seg, k, own, resp.epsn, target[2],  # type: ignore[misc]
+                                               target[0], target[1])  # fmt: skip
+                            if count:
+                                resp.middles_placed(count, ack)
+                                rx += count
+                                off += count * seg
+                                k += count
+                                continue
                     end = off + seg if off + seg < n else n
                     size = end - off
                     pkt = view[off:end]
+                    off = end
+                    k += 1
                     rx += 1
                     if size < 16 or size & 3:
                         stats["malformed"] += 1
@@ -361,8 +390,11 @@ class RoceDevice(Device):
                     if dqp_word & U24 != own:  # another QP shares this flow (two RNICs
                         foreign.append(bytes(pkt))  # on one address)
                     elif not (op == 0x07 and p_key == 0xFFFF
-                              and write_middle(psn_word, view[off : end - 4])):  # fmt: skip
+                              and write_middle(psn_word, view[end - size : end - 4])):  # fmt: skip
                         qp_input(pkt, now)  # all but an in-order WRITE Middle (the data path)
+                if resp.pending_ack >= 0:  # asked for in this read: answer now
+                    resp.flush()
+                    qp.flush_tx()
             for raw in foreign:  # outside our lock: two progress threads, no lock order
                 self._dispatch(memoryview(raw), now, touched, qp.peer_raw)
             foreign.clear()

@@ -46,6 +46,7 @@ from smcr.rdma.roce.fastpath import (
     U24,
     IcrcV4,
     IcrcV6,
+    MiddleRun,
     flow_icrc,
     parse_bth,
 )
@@ -82,6 +83,8 @@ _RESPONSE_MIN, _RESPONSE_MAX = 0x0D, 0x11  # READ responses and Acknowledge
 _IPV4_MAPPED = bytes(10) + b"\xff\xff"
 SOL_UDP, UDP_SEGMENT = 17, 103
 _GSO_SIZE = struct.Struct("H")
+#: ``sendmsg`` errors that mean "no UDP GSO on this path": fall back to one packet per call.
+_NO_GSO = (errno.EINVAL, errno.EIO, errno.EOPNOTSUPP)
 #: Segments and bytes per GSO send (the kernel's UDP_MAX_SEGMENTS is 64 or more; an
 #: IPv4 datagram holds at most 65535 bytes, headers included).
 GSO_MAX_SEGMENTS = 64
@@ -113,12 +116,12 @@ class RoceQp(QueuePair):
         self._timer: Timer | None = None
         self._timer_at = 0.0
         self.req = Requester(qp_num, self._tx, send_cq.push, self._req_fatal,
-                             sq_sig_all=sq_sig_all)  # fmt: skip
+                             sq_sig_all=sq_sig_all, tx_run=self._txq_run)  # fmt: skip
         self.resp = Responder(qp_num, pd, device.lookup_rkey, self._tx, recv_cq.push,
                               self._resp_fatal)  # fmt: skip
         self.resp.coalesce = True
         self.gso = device.gso
-        self._txq: list[tuple[int, int, int, bytes, Buffer]] = []
+        self._txq: list[tuple[int, int, int, bytes, Buffer] | MiddleRun] = []
         #: One reader of the flow socket at a time (progress thread or a CQ poller),
         #: so packets are handled in arrival order; it also guards :attr:`rx_view`.
         self.rx_lock = threading.Lock()
@@ -132,6 +135,10 @@ class RoceQp(QueuePair):
     def _tx(self, opcode: int, b1: int, psn_word: int, ext: bytes, payload: Buffer) -> None:
         """Queue one packet; :meth:`flush_tx` sends the queue at the end of each input."""
         self._txq.append((opcode, b1, psn_word, ext, payload))
+
+    def _txq_run(self, run: MiddleRun) -> None:
+        """Queue a run of Middle packets (the requester's data path) as one entry."""
+        self._txq.append(run)
 
     def flush_tx(self) -> None:
         """Send the queued packets: runs of equal size as one UDP GSO ``sendmsg`` each.
@@ -154,12 +161,20 @@ class RoceQp(QueuePair):
         dqp, peer, n, i = self._dest_qp, self.peer, len(q), 0
         frames = icrc.frames
         while i < n:
-            _op, b1, _psn, ext, payload = q[i]
+            item = q[i]
+            if isinstance(item, MiddleRun):
+                nxt = q[i + 1] if i + 1 < n else None
+                i += 2 if self._send_run(item, None if isinstance(nxt, MiddleRun) else nxt) else 1
+                continue
+            _op, b1, _psn, ext, payload = item
             size = 16 + len(ext) + len(payload) + ((b1 >> 4) & 3)
             j, total = i + 1, size
             if self.gso:
                 while j < n and j - i < GSO_MAX_SEGMENTS:
-                    _o, c2, _w, e2, p2 = q[j]
+                    e = q[j]
+                    if isinstance(e, MiddleRun):
+                        break
+                    _o, c2, _w, e2, p2 = e
                     s2 = 16 + len(e2) + len(p2) + ((c2 >> 4) & 3)
                     if s2 > size or total + s2 > self._gso_bytes:
                         break
@@ -167,14 +182,14 @@ class RoceQp(QueuePair):
                     j += 1
                     if s2 < size:
                         break  # a shorter segment must be the last
-            parts = frames(q, i, j, dqp)
+            parts = frames(q, i, j, dqp)  # type: ignore[arg-type]  # no MiddleRun in i..j
             try:
                 if j - i == 1:
                     sock.sendmsg(parts, (), 0, peer)
                 else:
                     sock.sendmsg(parts, [(SOL_UDP, UDP_SEGMENT, _GSO_SIZE.pack(size))], 0, peer)
             except OSError as e:
-                if j - i > 1 and e.errno in (errno.EINVAL, errno.EIO, errno.EOPNOTSUPP):
+                if j - i > 1 and e.errno in _NO_GSO:
                     self.gso = False  # no UDP GSO here: resend this run one by one
                     self._txq = q[i:]
                     self.flush_tx()
@@ -182,6 +197,44 @@ class RoceQp(QueuePair):
                 # link down, no route, buffer full: lost; the timers recover
                 self.device.stats["tx_errors"] += 1
             i = j
+
+    def _send_run(self, run: MiddleRun, nxt: tuple[int, int, int, bytes, Buffer] | None) -> bool:
+        """Send a run of Middles in GSO runs; the packet queued after it joins the last
+        GSO run if it is not longer (the Last of the message, usually).
+
+        :returns: whether ``nxt`` went out with it.
+        """
+        icrc, sock, peer, dqp = self._icrc_tx, self.tx_sock, self.peer, self._dest_qp
+        assert icrc is not None and sock is not None
+        seg = run.pmtu + 16
+        per = min(GSO_MAX_SEGMENTS, self._gso_bytes // seg) if self.gso else 1
+        start, count = 0, run.count
+        while start < count:
+            m = min(per, count - start)
+            parts = icrc.run_frames(run, start, m, dqp)
+            took = False
+            if start + m == count and nxt is not None and m < per:
+                _op, b1, _psn, ext, payload = nxt
+                if 16 + len(ext) + len(payload) + ((b1 >> 4) & 3) <= seg:
+                    extra = icrc.frames((nxt,), 0, 1, dqp, m)
+                    parts[-1] = bytes(parts[-1]) + bytes(extra[0])
+                    parts += extra[1:]
+                    took = True
+            try:
+                if m + took == 1:
+                    sock.sendmsg(parts, (), 0, peer)
+                else:
+                    sock.sendmsg(parts, [(SOL_UDP, UDP_SEGMENT, _GSO_SIZE.pack(seg))], 0, peer)
+            except OSError as e:
+                if m + took > 1 and e.errno in _NO_GSO:
+                    self.gso = False  # no UDP GSO here: the rest one by one
+                    return self._send_run(run.split(start), nxt) if start else (
+                        self._send_run(run, nxt))
+                self.device.stats["tx_errors"] += 1
+            if took:
+                return True
+            start += m
+        return False
 
     def input(self, pkt: memoryview, now: float) -> None:
         """One packet for this QP, BTH through ICRC, ICRC already checked (lock held)."""
@@ -329,7 +382,7 @@ class RoceQp(QueuePair):
         self.resp.rq.clear()
         self._close_sockets()
         self.req = Requester(self.qp_num, self._tx, self.send_cq.push, self._req_fatal,
-                             sq_sig_all=self.sq_sig_all)  # fmt: skip
+                             sq_sig_all=self.sq_sig_all, tx_run=self._txq_run)  # fmt: skip
         self.resp = Responder(self.qp_num, self.pd, self.device.lookup_rkey, self._tx,
                               self.recv_cq.push, self._resp_fatal)  # fmt: skip
         self.resp.coalesce = True

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-from smcr.rdma.roce.fastpath import ACK_REQ, RETH, U24, U32, Buffer
+from smcr.rdma.roce.fastpath import ACK_REQ, RETH, U24, U32, Buffer, MiddleRun
 from smcr.rdma.verbs import (
     RNR_TIMER_SECONDS,
     SendFlag,
@@ -121,6 +121,8 @@ class Requester:
     :param complete: delivers a send-queue completion.
     :param fatal: called once with the failing WR's completion; the host moves
         the QP to ERR and flushes (:meth:`flush`).
+    :param tx_run: sends a run of Middle packets of one message (the data path);
+        without it they go through ``tx`` one by one.
     """
 
     def __init__(
@@ -132,9 +134,11 @@ class Requester:
         *,
         sq_sig_all: bool = False,
         window: int = WINDOW,
+        tx_run: Callable[[MiddleRun], None] | None = None,
     ) -> None:
         self.qp_num = qp_num
         self._tx = tx
+        self._tx_run = tx_run
         self._complete = complete
         self._fatal = fatal
         self.sq_sig_all = sq_sig_all
@@ -392,7 +396,7 @@ class Requester:
         """Transmit what the window, the READ limit and fences allow."""
         if self.dead or self.rnr_until is not None:
             return
-        wqes, pmtu, tx = self.wqes, self.pmtu, self._tx
+        wqes, pmtu, tx_run = self.wqes, self.pmtu, self._tx_run
         room = self.window - pdiff(self.tx, self.una)
         sent = 0
         while room > 0 and self.tx != self.next:
@@ -407,18 +411,23 @@ class Requester:
                 sent += 1
                 room = self.window - pdiff(self.tx, self.una)
                 continue
-            # this WQE's packets k..end-1; Middles inline (the data path), the rest generic
+            # this WQE's packets k..end-1: Middles as one run (the data path), the rest generic
             end = min(w.npkts, k + room)
-            last, mid_op, data, psn = w.npkts - 1, w.ops[1], w.data, self.tx
-            for j in range(k, end):
+            last, psn, j = w.npkts - 1, self.tx, k
+            while j < end:
                 if 0 < j < last:
-                    off = j * pmtu
-                    ack = ACK_REQ if j % ACK_EVERY == ACK_EVERY - 1 else 0
-                    tx(mid_op, 0, ack | psn, b"", data[off : off + pmtu])
+                    m = min(end, last) - j
+                    if tx_run is not None:
+                        tx_run(MiddleRun(w.ops[1], psn, w.data, j * pmtu, pmtu, m, j, ACK_EVERY))
+                    else:
+                        self._send_middles(w, j, m, psn, pmtu)
+                    psn = (psn + m) & U24
+                    j += m
                 else:
                     self.tx = psn
                     self._send_packet(w, j, pmtu)
-                psn = (psn + 1) & U24
+                    psn = (psn + 1) & U24
+                    j += 1
             self.tx = psn
             sent += end - k
             room -= end - k
@@ -441,6 +450,15 @@ class Requester:
                 if n >= limit:
                     return True
         return False
+
+    def _send_middles(self, w: Wqe, j: int, m: int, psn: int, pmtu: int) -> None:
+        """Middle packets ``j .. j+m-1`` of ``w`` one by one (a host without ``tx_run``)."""
+        op, data, tx = w.ops[1], w.data, self._tx
+        for i in range(j, j + m):
+            off = i * pmtu
+            ack = ACK_REQ if i % ACK_EVERY == ACK_EVERY - 1 else 0
+            tx(op, 0, ack | psn, b"", data[off : off + pmtu])
+            psn = (psn + 1) & U24
 
     def _send_packet(self, w: Wqe, k: int, pmtu: int) -> None:
         """Packet ``k`` of a SEND/WRITE, PSN ``self.tx`` (counted by :meth:`pump`)."""

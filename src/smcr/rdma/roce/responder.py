@@ -106,7 +106,7 @@ class Responder:
         self.min_rnr_timer = 0
         self.src_qp = 0
         self.coalesce = False
-        self._pending_ack = -1
+        self.pending_ack = -1
         self._nak_sent = False
         self._seq = SEQ_NONE
         self._reads: deque[tuple[int, int, int, int, int]] = deque(maxlen=1)
@@ -159,6 +159,31 @@ class Responder:
         if psn_word & 0x80000000:
             self._ack(psn_word & U24)
         return True
+
+    def middle_target(self) -> tuple[memoryview, int, int] | None:
+        """Where in-order WRITE Middles go now: ``(buffer, offset, how many may come)``.
+
+        For a caller that places a run of Middles itself (the device's receive
+        path, :meth:`~smcr.rdma.roce.fastpath.IcrcV4.place_middles`): the next
+        packet must carry PSN :attr:`epsn` and ``pmtu`` bytes, and a Middle must
+        leave bytes for the Last, hence the count.  None while no multi-packet
+        WRITE is in progress (or its MR is gone): every packet takes :meth:`receive`.
+        """
+        mr = self._wmr
+        if (self._seq != SEQ_WRITE or self.dead or self._wbuf is None or mr is None
+                or not mr.valid):  # fmt: skip
+            return None
+        return self._wbuf, self._woff, (self._wleft - 1) // self.pmtu
+
+    def middles_placed(self, count: int, ack_psn: int) -> None:
+        """``count`` Middles were placed at :meth:`middle_target`; ACK ``ack_psn`` if >= 0."""
+        n = count * self.pmtu
+        self._woff += n
+        self._wleft -= n
+        self.epsn = (self.epsn + count) & U24
+        self._nak_sent = False
+        if ack_psn >= 0:
+            self._ack(ack_psn)
 
     def receive(self, op: int, b1: int, psn_word: int, pkt: memoryview) -> None:
         """One request packet, BTH through pad (ICRC already checked and stripped)."""
@@ -369,14 +394,14 @@ class Responder:
 
     def _ack(self, psn: int) -> None:
         if self.coalesce:
-            self._pending_ack = psn
+            self.pending_ack = psn
         else:
             self._send_ack(psn, ACK_SYNDROME)
 
     def flush(self) -> None:
         """Send the held (coalesced) ACK, if any."""
-        if self._pending_ack >= 0:
-            psn, self._pending_ack = self._pending_ack, -1
+        if self.pending_ack >= 0:
+            psn, self.pending_ack = self.pending_ack, -1
             self._send_ack(psn, ACK_SYNDROME)
 
     def _send_ack(self, psn: int, syndrome: int) -> None:
