@@ -111,13 +111,20 @@ REPOST_BATCH = 16  # receives reposted together (RECV_SLOTS - REPOST_BATCH stay 
 WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
 TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
 STANDBY = 0.01  # the progress thread's look-in period while applications poll
-# Default send buffer and RMB on both RNICs, where Linux sizes them from the socket
+# Default send buffer and RMB on the shm RNIC, where Linux sizes them from the socket
 # buffers (SO_SNDBUF/SO_RCVBUF still override it per socket): a window of 64 KiB
 # costs a full consumer-cursor round trip per 64 KiB write; 1 MiB lets the sender
-# run ahead (smcr bench, shm: 64 KiB writes about 3x faster; RoCE between
-# namespaces, ~300 µs round trip: 0.09x -> 0.23x TCP).  Pages of a memfd (shm) are
-# only backed once written, so an idle connection costs little of it.
+# run ahead (smcr bench, shm: 64 KiB writes about 3x faster).  Pages of a memfd (shm)
+# are only backed once written, so an idle connection costs little of it.
 BUFFER = 1 << 20
+# The RoCE RNIC's default: 4 MiB, as far as Linux TCP's receive buffer autotunes
+# (tcp_rmem max 4-6 MiB).  Why larger than shm's: the receiver confirms consumed bytes
+# with a CDC every tenth of the RMBE (spec smc-r §4, Linux's rule), and over RoCE each
+# such CDC costs a SEND, its ACK and a sender wake-up (~40 system calls per MiB with
+# 1 MiB buffers, measured with strace); bulk SMC-R between two namespaces went from
+# 0.40x to 0.56x TCP (smcr bench --bufsize, session 3).  The MRs are anonymous
+# mappings, backed only where written (RocePd.alloc_mr).
+ROCE_BUFFER = 4 << 20
 SPIN = float(os.environ.get("SMCR_SPIN_US", "50")) / 1e6
 """How long an application thread that waits polls the CQ before it arms it and sleeps."""
 
@@ -911,10 +918,14 @@ _stacks: dict[str, Stack] = {}
 _stack_lock = threading.Lock()
 
 
-def default_buffer_size() -> int:
+def default_buffer_size(kind: str | None = None) -> int:
     """The send buffer and RMB size of a connection without SO_SNDBUF/SO_RCVBUF:
-    :data:`BUFFER` on either RNIC."""
-    return BUFFER
+    :data:`BUFFER` on the shm RNIC, :data:`ROCE_BUFFER` on RoCE.
+
+    :param kind: ``"shm"`` or ``"roce"``; default the current ``SMCR_RNIC``'s.
+    """
+    kind = kind or devices.rnic_kind()
+    return ROCE_BUFFER if kind == "roce" else BUFFER
 
 
 def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None,
@@ -937,7 +948,8 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
             if stack is not None:  # a forked child: the parent's stacks are not ours
                 _stacks.clear()
             device = None if kind == "shm" else devices.open_roce(key.split(":", 1)[1])
-            stack = _stacks[key] = Stack(device=device)
+            size = default_buffer_size(kind)
+            stack = _stacks[key] = Stack(Config(sndbuf_size=size, rmb_size=size), device=device)
             atexit.register(stack.close)
         return stack
 
