@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=int, default=2000, help="ping-pong round trips per run")
     bench.add_argument("--bufsize", type=int, default=0,
                        help="SO_SNDBUF/SO_RCVBUF for SMC-R (default: the RNIC's, "
-                            "1 MiB)")
+                            "1 MiB shm, 4 MiB RoCE)")
     bench.add_argument("--rnic", choices=["shm", "roce"],
                        default=os.environ.get("SMCR_RNIC", "shm") or "shm",
                        help="the RNIC under SMC-R (default: $SMCR_RNIC or shm)")

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from smcr.core import Config, FellBack, HandshakeCompleted, HandshakeFailed
+from smcr.core.connection import Connection
 from smcr.stack.runtime import HostConn, Readiness, Stack, default_buffer_size, get_stack
 from smcr.wire.clc import uncompress_bufsize
 from smcr.wire.clc_header import EYECATCHER_SMCR
@@ -836,8 +837,9 @@ class SMCSocket:
 
         The send buffer gets ``close_wait_tx`` (2 s, Linux's
         ``SMC_MAX_STREAM_WAIT_TIMEOUT``) to go out, or with ``SO_LINGER`` on its
-        linger time, as ``smc_close_active`` waits.  A linger time of 0 closes
-        abortively (:meth:`Stack.abort`): the rest of the send buffer is
+        linger time, as ``smc_close_active`` waits; within the same time it then
+        waits for the peer to confirm the closing CDC (:func:`_cdcs_done`).  A
+        linger time of 0 closes abortively (:meth:`Stack.abort`): the rest of the send buffer is
         dropped and the peer's reads end in ``ECONNRESET``, as after a TCP
         reset (Linux SMC sends a close CDC there; module docstring).
         """
@@ -852,9 +854,14 @@ class SMCSocket:
                 with stack.lock:
                     stack.abort(hc)
             else:
-                self._drain_tx(stack, hc, linger)
+                wait = stack.config.close_wait_tx if linger is None else linger
+                deadline = time.monotonic() + wait
+                self._drain_tx(stack, hc, wait)
                 with stack.lock:
+                    c = stack.engine_conn(hc)
                     stack.app_close(hc)
+                    if c is not None:
+                        stack.wait(hc, lambda: _cdcs_done(c), deadline)
         else:
             self._tcp.close()
         self._closed = True
@@ -862,6 +869,20 @@ class SMCSocket:
     def detach(self) -> int:
         """Not supported for SMC sockets (the TCP socket stays with the connection)."""
         raise OSError(errno.EOPNOTSUPP, "detach is not supported by SMCSocket")
+
+
+def _cdcs_done(c: Connection) -> bool:
+    """Whether every CDC of ``c`` completed (or the connection is gone): what ``close``
+    waits for after its closing CDC, as Linux's ``smc_close_wait_tx_pends``.
+
+    Why: over RoCE a posted WRITE or CDC is not yet delivered (the window, the
+    peer's ACK); a process that exits right after ``close`` takes its QP, and
+    with it what is still unsent, along (the kernel keeps Linux's link alive
+    instead).  The closing CDC is signaled, so its completion confirms all the
+    connection's bytes and CDCs before it.  A peer that closed reads no more:
+    nothing to wait for (it may be gone already, and would never confirm).
+    """
+    return c.aborted or c.peer_closed or not any(entry[1] is c for entry in c.cdc_pending)
 
 
 def _byte_view(data: Any) -> memoryview:

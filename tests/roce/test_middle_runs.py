@@ -36,8 +36,8 @@ def _run(psn: int, count: int, index: int, data: bytes) -> MiddleRun:
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, U24), st.integers(1, 12), st.integers(0, 5), st.integers(1, 30),
        st.integers(0, 0xFFFF), st.booleans())  # fmt: skip
-def test_run_frames_are_frames_of_the_same_packets(psn: int, count: int, start: int,
-                                                   index: int, sport: int, v6: bool) -> None:  # fmt: skip
+def test_run_frames_are_frames_of_the_same_packets(
+        psn: int, count: int, start: int, index: int, sport: int, v6: bool) -> None:  # fmt: skip
     tx, _ = _flows(v6, sport)
     data = bytes(range(256)) * (PMTU * 50 // 256)
     run = _run(psn, count + start, index, data)
@@ -82,7 +82,7 @@ def test_place_middles_stops_before_what_the_general_path_must_see() -> None:
         view = memoryview(read)
 
         def place(limit: int = 100, start_psn: int = psn, data: memoryview = view,
-                  ip_id: int = 0) -> tuple[int, bytes]:  # fmt: skip
+                  ip_id: int = 0, rx: IcrcV4 | IcrcV6 = rx) -> tuple[int, bytes]:  # fmt: skip
             target = memoryview(bytearray(PMTU * 8))
             n, _ack = rx.place_middles(data, 0, len(data), SEG, ip_id, DQP, start_psn, limit,
                                        target, 0)  # fmt: skip

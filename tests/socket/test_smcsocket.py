@@ -489,12 +489,13 @@ def test_nonblocking_connect_completes_and_recv_raises(peer: PeerFactory) -> Non
 
 @rnics(roce_slow=True)
 def test_buffer_sizes_default_and_so_sndbuf_so_rcvbuf(peer: PeerFactory, rnic: str) -> None:
-    """Unset, a connection gets the runtime's default buffers (1 MiB, either RNIC);
+    """Unset, a connection gets the runtime's default buffers (1 MiB shm, 4 MiB RoCE);
     SO_SNDBUF and SO_RCVBUF override it per socket, each on its own, and data flows
     through both."""
-    from smcr.stack.runtime import BUFFER  # noqa: PLC0415
+    from smcr.stack.runtime import BUFFER, ROCE_BUFFER, default_buffer_size  # noqa: PLC0415
 
-    default = BUFFER
+    default = BUFFER if rnic == "shm" else ROCE_BUFFER
+    assert default_buffer_size("shm" if rnic == "shm" else "roce") == default
     p = peer(smc_peer.echo_server, False, 2)
     port = p.recv()
     with connect(port) as s:

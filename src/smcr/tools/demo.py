@@ -25,7 +25,7 @@ VOLUME = 64 << 20
 CHUNK = 1 << 16
 BUFSIZE = 1 << 20
 """SO_SNDBUF/SO_RCVBUF for the SMC-R sockets: 1 MiB buffers, as a bulk application
-would set them (smcr's default too; see ``smcr bench --bufsize``)."""
+would set them (smcr's default on the shm RNIC; see ``smcr bench --bufsize``)."""
 
 
 def _serve(ctl: Connection) -> None:

@@ -17,7 +17,11 @@ Design decisions (the why of each):
   :class:`~smcr.rdma.shm.engine.Engine`): it sleeps in ``epoll_wait`` until a
   socket is readable or a timer is due, so an idle RNIC costs no CPU; a
   readable socket is drained up to :data:`BATCH` reads (each may hold many
-  packets with UDP GRO), then each QP of the batch sends its one coalesced ACK.
+  packets with UDP GRO); an ACK that a read's packets asked for goes out at the
+  end of that read (coalesced within it), so the peer's window keeps moving.
+* **The data path** (runs of in-order WRITE Middles, all but two packets of a
+  long WRITE) is checked and placed by
+  :meth:`~smcr.rdma.roce.fastpath.IcrcV4.place_middles`, one tight loop per read.
 * **Whoever polls a CQ receives** (:mod:`smcr.rdma.roce.cq`): a thread that
   polls or sleeps on a QP's CQ reads the QP's socket itself, and the progress
   thread steps back from that socket while it does, so a message costs one

@@ -20,7 +20,9 @@ Design:
   ID; there we also set ``UDP_NO_CHECK6_RX`` and flow label 0, as rxe needs).
 * **Batching**: packets are queued while an input runs and sent at its end
   (:meth:`RoceQp.flush_tx`), runs of equal size as one UDP GSO ``sendmsg``;
-  the receive socket asks for UDP GRO, so one read may bring many packets.
+  the requester queues a message's Middles as one
+  :class:`~smcr.rdma.roce.fastpath.MiddleRun` (no object per packet); the
+  receive socket asks for UDP GRO, so one read may bring many packets.
 * **Threads**: a post transmits at once in the caller's thread as far as the
   window allows; ACKs that open the window are handled, and further packets
   sent, by whoever receives: a thread polling one of the QP's CQs
