@@ -340,10 +340,9 @@ class RoceDevice(Device):
         """
         view, stats = qp.rx_view, self.stats
         touched: dict[int, RoceQp] = {}
-        icrc = qp.icrc_rx
-        checking = self.verify_icrc and icrc is not None
-        verify = icrc.verify if checking and icrc is not None else None
-        place = icrc.place_middles if checking and icrc is not None else None
+        icrc = qp.icrc_rx if self.verify_icrc else None
+        verify = icrc.verify if icrc is not None else None
+        place = icrc.place_middles if icrc is not None else None  # the data path checks
         own, lock, qp_input, unpack = qp.qp_num, qp._state_lock, qp.input, BTH.unpack_from
         now = time.monotonic()
         bufs = [view]
@@ -361,14 +360,15 @@ class RoceDevice(Device):
             with lock:  # once per read, not per packet: the poster waits at most one read
                 resp = qp.resp
                 write_middle = resp.write_middle
-                middle_seg = resp.pmtu + 16 if place is not None else -1
+                middle_seg = resp.pmtu + 16
                 off = k = 0
                 while off < n:
-                    if seg == middle_seg and view[off] == 0x07:
+                    if seg == middle_seg and place is not None and view[off] == 0x07:
                         target = resp.middle_target()
                         if target is not None and target[2] > 0:
-                            count, ack = place(view, off, n, seg, k, own, resp.epsn, target[2],  # type: ignore[misc]
-                                               target[0], target[1])  # fmt: skip
+                            buf, toff, most = target
+                            count, ack = place(view, off, n, seg, k, own, resp.epsn, most, buf,
+                                               toff)  # fmt: skip
                             if count:
                                 resp.middles_placed(count, ack)
                                 rx += count

@@ -106,7 +106,7 @@ class Responder:
         self.min_rnr_timer = 0
         self.src_qp = 0
         self.coalesce = False
-        self.pending_ack = -1
+        self.pending_ack = -1  # PSN of the coalesced ACK flush() sends; -1: none held
         self._nak_sent = False
         self._seq = SEQ_NONE
         self._reads: deque[tuple[int, int, int, int, int]] = deque(maxlen=1)
