@@ -351,7 +351,8 @@ class RoceQp(QueuePair):
         dev.watch_qp_socket(self, rx)
 
     def _window(self, pmtu: int) -> int:
-        """The PSN window: rxe's 128, or fewer if a socket buffer holds fewer packets.
+        """The PSN window: :data:`~smcr.rdma.roce.requester.WINDOW`, or fewer if a socket
+        buffer holds fewer packets.
 
         Why: the peer's receive buffer is what a burst fills, and without
         privileges it is capped by ``net.core.rmem_max`` (often 208 KiB, about
