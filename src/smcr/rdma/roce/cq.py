@@ -71,10 +71,13 @@ def poller_receives() -> bool:
     Why on: SMC-R over RoCE between two namespaces measured 0.41-0.43x TCP with it
     and 0.23x without (the progress thread and the application then trade the GIL
     per packet batch).  History: session 2 kept it off because SMC-R's 1 GiB
-    both-directions test stalled in about one run of three with it; the stall was
-    not explained, and it has not come back since ACKs go out per read instead of
-    per batch of reads (session 3: 20 runs of that test and the 8 MiB one, none
-    stalled).  The switch stays for diagnosis.
+    both-directions test failed in about one run of three with it (a reader
+    waiting for bytes, then "TEST LINK not answered").  Most likely that was a peer
+    process exiting right after ``close`` with packets still unsent (the same
+    symptom was traced to it in another test; the faster path makes it likelier);
+    ``close`` now waits for the peer to confirm the closing CDC
+    (:func:`smcr.socket._cdcs_done`), and 40 runs of both bulk tests passed since.
+    The switch stays for diagnosis.
     """
     return os.environ.get(POLLER_RX_ENV, "1") != "0"
 
