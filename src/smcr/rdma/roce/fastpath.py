@@ -36,7 +36,7 @@ from typing import Final
 
 try:  # zlib-ng: the same CRC-32, ~10x faster (carry-less multiply)
     from zlib_ng.zlib_ng import crc32
-except ImportError:  # pragma: no cover - without the optional wheel
+except ImportError:  # pragma: no cover - zlib-ng not installed: the stdlib's, same results
     from zlib import crc32
 
 from smcr.wire.roce import _LENGTH_BY_BYTE, _MASK_BY_BYTE, ROCEV2_UDP_PORT
