@@ -21,7 +21,7 @@ Design decisions (the why of each):
   end of that read (coalesced within it), so the peer's window keeps moving.
 * **The data path** (runs of in-order WRITE Middles, all but two packets of a
   long WRITE) is checked and placed by
-  :meth:`~smcr.rdma.roce.fastpath.IcrcV4.place_middles`, one tight loop per read.
+  :meth:`~smcr.rdma.roce.fastpath.IcrcFlow.place_middles`, one tight loop per read.
 * **Whoever polls a CQ receives** (:mod:`smcr.rdma.roce.cq`): a thread that
   polls or sleeps on a QP's CQ reads the QP's socket itself, and the progress
   thread steps back from that socket while it does, so a message costs one
@@ -331,7 +331,7 @@ class RoceDevice(Device):
 
         Runs of in-order WRITE Middles (the data path: all but two packets of a
         long WRITE) are checked and placed by the flow's
-        :meth:`~smcr.rdma.roce.fastpath.IcrcV4.place_middles` straight into the
+        :meth:`~smcr.rdma.roce.fastpath.IcrcFlow.place_middles` straight into the
         target MR, a few lines per packet; every other packet, and any the run
         stops at, takes the general path (ICRC with ID recovery, then
         :meth:`RoceQp.input`).  An ACK that a read's packets asked for goes out

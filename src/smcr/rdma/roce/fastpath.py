@@ -32,7 +32,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Final
+from typing import ClassVar, Final
 
 try:  # zlib-ng: the same CRC-32, ~10x faster (carry-less multiply)
     from zlib_ng.zlib_ng import crc32
@@ -57,6 +57,8 @@ _SEED: Final = crc32(b"\xff" * 8)
 #: The parts of a masked IPv4 header that vary within a run of Middles: the ID, the
 #: fixed 30 bytes between (see :meth:`IcrcV4._split`), the PSN word.
 _ID_MID_PSN: Final = struct.Struct(">H30sI")
+#: The same for IPv6, cut at the BTH's P_Key: P_Key, the masked DestQP word, the PSN word.
+_PKEY_QP_PSN: Final = struct.Struct(">H4sI")
 #: A BTH as its fixed first 8 bytes (opcode, flags, P_Key, DestQP word) and the PSN word.
 _BTH_SPLIT: Final = struct.Struct(">QI")
 PADS: Final = (b"", b"\x00", b"\x00\x00", b"\x00\x00\x00")
@@ -128,7 +130,109 @@ class MiddleRun:
                          self.pmtu, self.count - n, self.index + n, self.ack_every)
 
 
-class IcrcV4:
+class IcrcFlow:
+    """What the ICRC calculators of both IP versions share: the flow, and the data path's
+    runs of WRITE Middles (:meth:`run_frames`, :meth:`place_middles`).
+
+    Within a run only the IPv4 ID and the PSN word of a packet's masked header
+    vary, so a subclass cuts its header there once per run (``_varying``) and
+    packs the varying part per packet with ``_VARYING`` (ID or fixed 16 bits, the
+    fixed bytes between, the PSN word); ``_ID_STEP`` is 1 where the ID counts up
+    per GSO segment (IPv4) and 0 where the cut is at a constant field (IPv6).
+
+    :param src: source address (4 or 16 bytes).
+    :param dst: destination address.
+    :param sport: UDP source port.
+    :param dport: UDP destination port (4791).
+    """
+
+    __slots__ = ("dport", "dst", "sport", "src")
+    _VARYING: ClassVar[struct.Struct]
+    _ID_STEP: ClassVar[int]
+
+    def __init__(self, src: bytes, dst: bytes, sport: int, dport: int = ROCEV2_UDP_PORT) -> None:
+        self.src = src
+        self.dst = dst
+        self.sport = sport
+        self.dport = dport
+
+    def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
+        """``(CRC of the masked header before the cut, fixed bytes to the PSN word, first
+        value of the 16-bit field at the cut)`` for packets of UDP length ``ulen``."""
+        raise NotImplementedError
+
+    def run_frames(self, run: MiddleRun, start: int, m: int, dest_qp: int) -> list[Buffer]:
+        """The ``sendmsg`` buffers of packets ``start .. start+m-1`` of ``run``, one GSO run.
+
+        What ``frames`` gives for the same packets (IPv4 IDs 0..m-1), for a
+        :class:`MiddleRun`: no extension headers, no pad, one size, so a packet is
+        a slice, two small packs and two CRC calls.  The last buffer is the last
+        packet's ICRC alone, so a caller may join a shorter packet's first buffer
+        to it.
+        """
+        parts: list[Buffer] = []
+        append = parts.append
+        pm, data, every = run.pmtu, run.data, run.ack_every
+        pre, mid, ident = self._varying(24 + pm, run.opcode, dest_qp, 0)
+        pack, step, icrc, word_of = self._VARYING.pack, self._ID_STEP, ICRC.pack, U32.pack
+        bth8 = BTH.pack(run.opcode, 0, P_KEY, dest_qp, 0)[:8]
+        psn = (run.psn + start) & U24
+        off = run.offset + start * pm
+        index = run.index + start
+        tail = b""
+        for _ in range(m):
+            word = psn | ACK_REQ if index % every == every - 1 else psn
+            payload = data[off : off + pm]
+            append(tail + bth8 + word_of(word))
+            append(payload)
+            tail = icrc(crc32(payload, crc32(pack(ident, mid, word), pre)))
+            psn = (psn + 1) & U24
+            off += pm
+            index += 1
+            ident += step
+        append(tail)
+        return parts
+
+    def place_middles(self, view: memoryview, off: int, end: int, seg: int, ip_id: int,
+                      dest_qp: int, psn: int, limit: int, target: memoryview,
+                      toff: int) -> tuple[int, int]:  # fmt: skip
+        """Check and place the in-order RDMA WRITE Middles at ``view[off:end]`` (one GRO read).
+
+        The receiver's data path: packets of ``seg`` bytes, the first with IPv4 ID
+        ``ip_id`` (its index in the read: how our own GSO runs arrive; ignored for
+        IPv6), each must be an RDMA WRITE Middle for ``dest_qp`` with PSN ``psn``,
+        ``psn + 1``..., no flags and a right ICRC; each one's payload is copied to
+        ``target`` at ``toff``, ``toff + pmtu``...  Stops before the first packet
+        that is not such (the caller's general path takes it: a different ID, a
+        NAK case, the Last) and after ``limit`` packets.
+
+        :returns: ``(packets placed, PSN of the last with AckReq or -1)``.
+        """
+        pm = seg - 16
+        pre, mid, ident = self._varying(seg + 8, 0x07, dest_qp, ip_id)
+        pack, step = self._VARYING.pack, self._ID_STEP
+        head, found = _BTH_SPLIT.unpack_from, ICRC.unpack_from
+        want = (0x07 << 56) | (P_KEY << 32) | dest_qp  # opcode, no flags, P_Key, DestQP
+        count, ack = 0, -1
+        while count < limit and off + seg <= end:
+            fixed, word = head(view, off)
+            if fixed != want or word & U24 != psn:
+                break
+            payload = view[off + 12 : off + seg - 4]
+            if crc32(payload, crc32(pack(ident, mid, word), pre)) != found(view, off + seg - 4)[0]:
+                break
+            target[toff : toff + pm] = payload
+            if word & ACK_REQ:
+                ack = psn
+            psn = (psn + 1) & U24
+            count += 1
+            off += seg
+            ident += step
+            toff += pm
+        return count, ack
+
+
+class IcrcV4(IcrcFlow):
     """The ICRC of the packets of one IPv4 flow (source/destination address and ports).
 
     :param src: source address, 4 bytes.
@@ -137,13 +241,9 @@ class IcrcV4:
     :param dport: UDP destination port (4791).
     """
 
-    __slots__ = ("dport", "dst", "sport", "src")
-
-    def __init__(self, src: bytes, dst: bytes, sport: int, dport: int = ROCEV2_UDP_PORT) -> None:
-        self.src = src
-        self.dst = dst
-        self.sport = sport
-        self.dport = dport
+    __slots__ = ()
+    _VARYING = _ID_MID_PSN
+    _ID_STEP = 1
 
     def compute(
         self, opcode: int, b1: int, dest_qp: int, psn_word: int, rest: Buffer, payload: Buffer,
@@ -245,85 +345,17 @@ class IcrcV4:
         append(tail)
         return parts
 
-    def run_frames(self, run: MiddleRun, start: int, m: int, dest_qp: int) -> list[Buffer]:
-        """The ``sendmsg`` buffers of packets ``start .. start+m-1`` of ``run``, one GSO run.
-
-        :meth:`frames` for a :class:`MiddleRun` (IPv4 IDs 0..m-1): no extension
-        headers, no pad, one size, so a packet is a slice, two small packs and two
-        CRC calls (the masked header's fixed part is CRC'd once per run, see
-        :meth:`_split`).  The last buffer is the last packet's ICRC alone, so a
-        caller may join a shorter packet's first buffer to it.
-        """
-        parts: list[Buffer] = []
-        append = parts.append
-        pm, data, every = run.pmtu, run.data, run.ack_every
-        pre, mid = self._split(24 + pm, run.opcode, dest_qp)
-        pack, icrc, word_of = _ID_MID_PSN.pack, ICRC.pack, U32.pack
-        bth8 = BTH.pack(run.opcode, 0, P_KEY, dest_qp, 0)[:8]
-        psn = (run.psn + start) & U24
-        off = run.offset + start * pm
-        index = run.index + start
-        tail = b""
-        for k in range(m):
-            word = psn | ACK_REQ if index % every == every - 1 else psn
-            payload = data[off : off + pm]
-            append(tail + bth8 + word_of(word))
-            append(payload)
-            tail = icrc(crc32(payload, crc32(pack(k, mid, word), pre)))
-            psn = (psn + 1) & U24
-            off += pm
-            index += 1
-        append(tail)
-        return parts
-
-    def _split(self, ulen: int, opcode: int, dest_qp: int) -> tuple[int, bytes]:
-        """The masked header of a packet with UDP length ``ulen``, cut around its variable
-        fields: the CRC of the bytes before the IPv4 ID, and the bytes between the
-        ID and the PSN word (``_ID_MID_PSN`` packs ID, them and the PSN word)."""
+    def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
+        """The masked header of a packet with UDP length ``ulen`` cut around what varies
+        within a run (:meth:`IcrcFlow.run_frames`): the CRC of the bytes before the
+        IPv4 ID, the 30 fixed bytes from there to the PSN word, the first ID (``id0``)."""
         h = _V4_MASKED.pack(0x45, 0xFF, ulen + 20, 0, IP_DF, 0xFF, 17, 0xFFFF, self.src, self.dst,
                             self.sport, self.dport, ulen, 0xFFFF, opcode, 0, P_KEY,
                             0xFF000000 | (dest_qp & U24), 0)  # fmt: skip
-        return crc32(h[:4], _SEED), h[6:36]
-
-    def place_middles(self, view: memoryview, off: int, end: int, seg: int, ip_id: int,
-                      dest_qp: int, psn: int, limit: int, target: memoryview,
-                      toff: int) -> tuple[int, int]:  # fmt: skip
-        """Check and place the in-order RDMA WRITE Middles at ``view[off:end]`` (one GRO read).
-
-        The receiver's data path: packets of ``seg`` bytes, the first with IPv4 ID
-        ``ip_id`` (its index in the read: how our own GSO runs arrive), each must be
-        an RDMA WRITE Middle for ``dest_qp`` with PSN ``psn``, ``psn + 1``..., no
-        flags and a right ICRC; each one's payload is copied to ``target`` at
-        ``toff``, ``toff + pmtu``...  Stops before the first packet that is not
-        such (the caller's general path takes it: a different ID, a NAK case, the
-        Last) and after ``limit`` packets.
-
-        :returns: ``(packets placed, PSN of the last with AckReq or -1)``.
-        """
-        pm = seg - 16
-        pre, mid = self._split(seg + 8, 0x07, dest_qp)
-        pack, head, found = _ID_MID_PSN.pack, _BTH_SPLIT.unpack_from, ICRC.unpack_from
-        want = (0x07 << 56) | (P_KEY << 32) | dest_qp  # opcode, no flags, P_Key, DestQP
-        count, ack = 0, -1
-        while count < limit and off + seg <= end:
-            fixed, word = head(view, off)
-            if fixed != want or word & U24 != psn:
-                break
-            payload = view[off + 12 : off + seg - 4]
-            if crc32(payload, crc32(pack(ip_id, mid, word), pre)) != found(view, off + seg - 4)[0]:
-                break
-            target[toff : toff + pm] = payload
-            if word & ACK_REQ:
-                ack = psn
-            psn = (psn + 1) & U24
-            count += 1
-            off += seg
-            ip_id += 1
-            toff += pm
-        return count, ack
+        return crc32(h[:4], _SEED), h[6:36], id0
 
 
-class IcrcV6:
+class IcrcV6(IcrcFlow):
     """The ICRC of the packets of one IPv6 flow; same interface as :class:`IcrcV4`.
 
     IPv6 has no ID, so a UDP receiver knows every covered field (addresses,
@@ -331,13 +363,9 @@ class IcrcV6:
     (spec §4.4).
     """
 
-    __slots__ = ("dport", "dst", "sport", "src")
-
-    def __init__(self, src: bytes, dst: bytes, sport: int, dport: int = ROCEV2_UDP_PORT) -> None:
-        self.src = src
-        self.dst = dst
-        self.sport = sport
-        self.dport = dport
+    __slots__ = ()
+    _VARYING = _PKEY_QP_PSN
+    _ID_STEP = 0
 
     def compute(
         self, opcode: int, b1: int, dest_qp: int, psn_word: int, rest: Buffer, payload: Buffer,
@@ -411,64 +439,13 @@ class IcrcV6:
         append(tail)
         return parts
 
-    def run_frames(self, run: MiddleRun, start: int, m: int, dest_qp: int) -> list[Buffer]:
-        """:meth:`IcrcV4.run_frames` for IPv6."""
-        parts: list[Buffer] = []
-        append = parts.append
-        pm, data, every = run.pmtu, run.data, run.ack_every
-        pre = self._prefix(24 + pm, run.opcode, dest_qp)
-        icrc, word_of = ICRC.pack, U32.pack
-        bth8 = BTH.pack(run.opcode, 0, P_KEY, dest_qp, 0)[:8]
-        psn = (run.psn + start) & U24
-        off = run.offset + start * pm
-        index = run.index + start
-        tail = b""
-        for _ in range(m):
-            word = psn | ACK_REQ if index % every == every - 1 else psn
-            payload = data[off : off + pm]
-            w = word_of(word)
-            append(tail + bth8 + w)
-            append(payload)
-            tail = icrc(crc32(payload, crc32(w, pre)))
-            psn = (psn + 1) & U24
-            off += pm
-            index += 1
-        append(tail)
-        return parts
-
-    def _prefix(self, ulen: int, opcode: int, dest_qp: int) -> int:
-        """The CRC of a packet's masked header up to its PSN word (the only field that varies
-        within a run: IPv6 has no ID)."""
+    def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
+        """As :meth:`IcrcV4._varying`; IPv6 has no ID, so the cut is at the BTH's P_Key
+        (constant), and the rest is the masked DestQP word."""
         h = _V6_MASKED.pack(0x6FFFFFFF, ulen, 17, 0xFF, self.src, self.dst, self.sport,
                             self.dport, ulen, 0xFFFF, opcode, 0, P_KEY,
                             0xFF000000 | (dest_qp & U24), 0)  # fmt: skip
-        return crc32(h[:56], _SEED)
-
-    def place_middles(self, view: memoryview, off: int, end: int, seg: int, ip_id: int,
-                      dest_qp: int, psn: int, limit: int, target: memoryview,
-                      toff: int) -> tuple[int, int]:  # fmt: skip
-        """:meth:`IcrcV4.place_middles` for IPv6 (``ip_id`` is ignored: IPv6 has none)."""
-        pm = seg - 16
-        pre = self._prefix(seg + 8, 0x07, dest_qp)
-        head, found = _BTH_SPLIT.unpack_from, ICRC.unpack_from
-        want = (0x07 << 56) | (P_KEY << 32) | dest_qp
-        count, ack = 0, -1
-        while count < limit and off + seg <= end:
-            fixed, word = head(view, off)
-            if fixed != want or word & U24 != psn:
-                break
-            payload = view[off + 12 : off + seg - 4]
-            crc = crc32(payload, crc32(view[off + 8 : off + 12], pre))
-            if crc != found(view, off + seg - 4)[0]:
-                break
-            target[toff : toff + pm] = payload
-            if word & ACK_REQ:
-                ack = psn
-            psn = (psn + 1) & U24
-            count += 1
-            off += seg
-            toff += pm
-        return count, ack
+        return crc32(h[:50], _SEED), h[52:56], P_KEY
 
 
 def flow_icrc(src: bytes, dst: bytes, sport: int, dport: int = ROCEV2_UDP_PORT) -> IcrcV4 | IcrcV6:

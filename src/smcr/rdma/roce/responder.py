@@ -164,7 +164,7 @@ class Responder:
         """Where in-order WRITE Middles go now: ``(buffer, offset, how many may come)``.
 
         For a caller that places a run of Middles itself (the device's receive
-        path, :meth:`~smcr.rdma.roce.fastpath.IcrcV4.place_middles`): the next
+        path, :meth:`~smcr.rdma.roce.fastpath.IcrcFlow.place_middles`): the next
         packet must carry PSN :attr:`epsn` and ``pmtu`` bytes, and a Middle must
         leave bytes for the Last, hence the count.  None while no multi-packet
         WRITE is in progress (or its MR is gone): every packet takes :meth:`receive`.
