@@ -303,20 +303,26 @@ def test_deregistered_during_a_write_stops_placement() -> None:
     assert bytes(b.rmb.buf[256:1024]) == bytes(768)  # nothing after the deregistration
 
 
+def hold_middles(wire: Wire, dst: End) -> list[bytes]:
+    """Keep the WRITE Middles headed for ``dst`` off the wire; the list fills with them."""
+    held: list[bytes] = []
+
+    def hold(to: End, pkt: bytes) -> bool:
+        if to is dst and pkt[0] == Opcode.RDMA_WRITE_MIDDLE:
+            held.append(pkt)
+            return False
+        return True
+
+    wire.filter = hold
+    return held
+
+
 def test_write_middle_shortcut_refuses_what_the_full_path_would() -> None:
     """The WRITE Middle shortcut only takes in-order packets of a live, accepted WRITE."""
     wire = Wire()
     a, b = pair(wire)
     fill(a, 256 * 4, 12)
-    held: list[bytes] = []
-
-    def hold_middles(dst: End, pkt: bytes) -> bool:
-        if dst is b and pkt[0] == Opcode.RDMA_WRITE_MIDDLE:
-            held.append(pkt)
-            return False
-        return True
-
-    wire.filter = hold_middles
+    held = hold_middles(wire, b)
     a.post(write_wr(a, b, 0, 256 * 4, 1), 0.0)
     wire.step((a, b))
     assert len(held) == 2 and b.resp.epsn == (a.psn + 1) & U24
@@ -340,16 +346,8 @@ def test_middle_target_offers_only_what_write_middle_would_take() -> None:
     wire = Wire()
     a, b = pair(wire)
     fill(a, 256 * 5, 13)
-    held: list[bytes] = []
-
-    def hold_middles(dst: End, pkt: bytes) -> bool:
-        if dst is b and pkt[0] == Opcode.RDMA_WRITE_MIDDLE:
-            held.append(pkt)
-            return False
-        return True
-
     assert b.resp.middle_target() is None  # no WRITE in progress
-    wire.filter = hold_middles
+    held = hold_middles(wire, b)
     a.post(write_wr(a, b, 0, 256 * 5, 1), 0.0)
     wire.step((a, b))
     assert len(held) == 3
