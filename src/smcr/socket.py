@@ -822,10 +822,11 @@ class SMCSocket:
                     stack.execute(stack.engine.shutdown_write(hc.conn_id, time.monotonic()))
                     stack.update_readiness(hc)
 
-    def _drain_tx(self, stack: Stack, hc: HostConn, wait: float | None = None) -> None:
-        """Wait (at most ``wait`` seconds, by default ``close_wait_tx``, 2 s) until the send
-        buffer is out."""
-        deadline = time.monotonic() + (stack.config.close_wait_tx if wait is None else wait)
+    def _drain_tx(self, stack: Stack, hc: HostConn, deadline: float | None = None) -> None:
+        """Wait (until ``deadline``, by default ``close_wait_tx``, 2 s, from now) until the
+        send buffer is out."""
+        if deadline is None:
+            deadline = time.monotonic() + stack.config.close_wait_tx
         with stack.lock:
             c = stack.engine_conn(hc)
             if c is not None:
@@ -856,7 +857,7 @@ class SMCSocket:
             else:
                 wait = stack.config.close_wait_tx if linger is None else linger
                 deadline = time.monotonic() + wait
-                self._drain_tx(stack, hc, wait)
+                self._drain_tx(stack, hc, deadline)
                 with stack.lock:
                     c = stack.engine_conn(hc)
                     stack.app_close(hc)

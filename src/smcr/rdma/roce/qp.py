@@ -168,16 +168,14 @@ class RoceQp(QueuePair):
                 nxt = q[i + 1] if i + 1 < n else None
                 i += 2 if self._send_run(item, None if isinstance(nxt, MiddleRun) else nxt) else 1
                 continue
-            _op, b1, _psn, ext, payload = item
-            size = 16 + len(ext) + len(payload) + ((b1 >> 4) & 3)
+            size = _wire_size(item)
             j, total = i + 1, size
             if self.gso:
                 while j < n and j - i < GSO_MAX_SEGMENTS:
                     e = q[j]
                     if isinstance(e, MiddleRun):
                         break
-                    _o, c2, _w, e2, p2 = e
-                    s2 = 16 + len(e2) + len(p2) + ((c2 >> 4) & 3)
+                    s2 = _wire_size(e)
                     if s2 > size or total + s2 > self._gso_bytes:
                         break
                     total += s2
@@ -215,13 +213,11 @@ class RoceQp(QueuePair):
             m = min(per, count - start)
             parts = icrc.run_frames(run, start, m, dqp)
             took = False
-            if start + m == count and nxt is not None and m < per:
-                _op, b1, _psn, ext, payload = nxt
-                if 16 + len(ext) + len(payload) + ((b1 >> 4) & 3) <= seg:
-                    extra = icrc.frames((nxt,), 0, 1, dqp, m)
-                    parts[-1] = bytes(parts[-1]) + bytes(extra[0])
-                    parts += extra[1:]
-                    took = True
+            if start + m == count and nxt is not None and m < per and _wire_size(nxt) <= seg:
+                extra = icrc.frames((nxt,), 0, 1, dqp, m)
+                parts[-1] = bytes(parts[-1]) + bytes(extra[0])
+                parts += extra[1:]
+                took = True
             try:
                 if m + took == 1:
                     sock.sendmsg(parts, (), 0, peer)
@@ -522,3 +518,10 @@ class RoceQp(QueuePair):
             self.resp.flush()
             self.flush_tx()
             self._arm()
+
+
+def _wire_size(packet: tuple[int, int, int, bytes, Buffer]) -> int:
+    """The UDP payload size of a queued packet ``(opcode, b1, psn_word, ext, payload)``:
+    BTH, extension headers, payload, pad (PadCnt of ``b1``) and ICRC."""
+    _op, b1, _psn, ext, payload = packet
+    return 16 + len(ext) + len(payload) + ((b1 >> 4) & 3)
