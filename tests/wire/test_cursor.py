@@ -46,8 +46,26 @@ def test_defaults_and_immutability() -> None:
     assert (cursor.wrap, cursor.count) == (0, 0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cursor.count = 5  # type: ignore[misc]
-    assert Cursor(1, 2) == Cursor(1, 2)
-    assert hash(Cursor(1, 2)) == hash(Cursor(1, 2))
+
+
+@given(st.integers(0, WRAP_LIMIT - 1), st.integers(0, 2**32 - 1),
+       st.integers(0, WRAP_LIMIT - 1), st.integers(0, 2**32 - 1))  # fmt: skip
+def test_equality_and_hash_follow_both_fields(w1: int, c1: int, w2: int, c2: int) -> None:
+    """Cursors are equal exactly when wrap and count are; equal ones hash alike."""
+    a, b = Cursor(w1, c1), Cursor(w2, c2)
+    assert (a == b) is (w1 == w2 and c1 == c2)
+    assert (a != b) is not (a == b)
+    if a == b:
+        assert hash(a) == hash(b)
+    assert len({a, b}) == (1 if (w1, c1) == (w2, c2) else 2)
+
+
+def test_equality_is_not_by_absolute_offset() -> None:
+    # wrap 1, count 0 and wrap 0, count `size` name the same byte only for a known size;
+    # a Cursor has none, so they differ (and swapped fields differ too).
+    assert Cursor(1, 0) != Cursor(0, 16)
+    assert Cursor(1, 2) != Cursor(2, 1)
+    assert Cursor(1, 2) != (1, 2)  # type: ignore[comparison-overlap]  # not a tuple
 
 
 def test_no_ordering_operators() -> None:

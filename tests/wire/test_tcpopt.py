@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import struct
 
 import pytest
@@ -269,17 +268,64 @@ def test_well_formed_blobs(case: tuple[bytes, bool]) -> None:
         assert find_smc_option(blob, strict=True) is has_smc
 
 
+def linux_parse(blob: bytes) -> tuple[bool, bool]:
+    """Linux ``tcp_parse_options`` + ``smc_parse_options`` on a SYN, transcribed as a reference.
+
+    :returns: ``(smc_ok, stopped_early)``: whether the option was seen, and whether
+        the walk stopped at a malformed option (no length byte, ``opsize < 2``, or
+        ``opsize > length``: "don't parse partial options").
+    """
+    ptr, length, smc_ok = 0, len(blob), False
+    while length > 0:
+        opcode = blob[ptr]
+        ptr += 1
+        if opcode == 0:  # TCPOPT_EOL
+            return smc_ok, False
+        if opcode == 1:  # TCPOPT_NOP
+            length -= 1
+            continue
+        if length < 2:
+            return smc_ok, True
+        opsize = blob[ptr]
+        ptr += 1
+        if opsize < 2 or opsize > length:
+            return smc_ok, True
+        value = blob[ptr : ptr + opsize - 2]
+        # TCPOPT_EXP: Fast Open's magic is looked at first, then SMC's
+        # (th->syn && !(opsize & 1) && opsize >= TCPOLEN_EXP_SMC_BASE && magic)
+        if opcode == 254 and value[:2] != b"\xf9\x89" and opsize % 2 == 0 and opsize >= 6:
+            smc_ok = smc_ok or value[:4] == b"\xe2\xd4\xc3\xd9"
+        ptr += opsize - 2
+        length -= opsize
+    return smc_ok, False
+
+
 def _fuzz_one(blob: bytes) -> None:
-    found = find_smc_option(blob)
-    assert isinstance(found, bool)
-    try:
-        strict_found = find_smc_option(blob, strict=True)
-    except WireError:
-        pass
+    found, malformed = linux_parse(blob)
+    assert find_smc_option(blob) is found
+    assert find_smc_option(blob, syn=False) is False
+    if malformed or len(blob) > 40:
+        with pytest.raises(WireError):
+            find_smc_option(blob, strict=True)
     else:
-        assert strict_found is found
-    with contextlib.suppress(WireError):
-        tcp_header_options(blob)
+        assert find_smc_option(blob, strict=True) is found
+    doff = (blob[12] >> 4) * 4 if len(blob) > 12 else 0
+    if len(blob) < 20 or doff < 20 or doff > len(blob):
+        with pytest.raises(WireError):
+            tcp_header_options(blob)
+    else:
+        assert bytes(tcp_header_options(blob)) == blob[20:doff]
+
+
+def test_reference_model_on_known_blobs() -> None:
+    """The reference itself, on hand-made cases (so a wrong model cannot pass the fuzz)."""
+    assert linux_parse(SYN_OPTIONS) == (True, False)
+    assert linux_parse(MSS + SACK_PERM) == (False, False)
+    assert linux_parse(SMC_OPTION + b"\x02") == (True, True)  # kind without a length byte
+    assert linux_parse(b"\x02\x01" + SMC_OPTION) == (False, True)  # opsize 1
+    assert linux_parse(b"\x00" + SMC_OPTION) == (False, False)  # EOL first
+    assert linux_parse(bytes.fromhex("fe07e2d4c3d900")) == (False, False)  # odd length
+    assert linux_parse(bytes.fromhex("fe08e2d4c3d9")) == (False, True)  # length past the end
 
 
 @given(st.binary(max_size=64))
