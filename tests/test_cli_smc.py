@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
+
+from smcr.tools import bench
 
 
 def test_bench_json_smoke() -> None:
@@ -20,8 +24,55 @@ def test_bench_json_smoke() -> None:
     assert [(r["test"], r["size"]) for r in rows] == [
         ("throughput", 4096), ("latency", 32), ("latency", 1024)]
     for r in rows:
-        assert r["smc"] > 0 and r["tcp"] > 0 and r["ratio"] == pytest.approx(r["smc"] / r["tcp"])
-        assert len(r["smc_runs"]) == len(r["tcp_runs"]) == 1
+        assert r["smc"] > 0 and r["tcp"] > 0
+        assert r["unit"] == ("MB/s" if r["test"] == "throughput" else "us")
+        assert r["smc_runs"] == [r["smc"]] and r["tcp_runs"] == [r["tcp"]]  # one rep: no median
+        assert r["smc_cpu"] > 0 and r["tcp_cpu"] > 0
+
+
+class ScriptedBench:
+    """Stands in for :class:`smcr.tools.bench.Bench`: each call returns the next scripted
+    figure, so the test knows what ``run`` must report."""
+
+    figures: ClassVar[dict[str, Iterator[float]]] = {}  # set by the test
+    closed: ClassVar[bool] = False
+
+    def __init__(self, bufsize: int, host: str, peer_netns: str | None) -> None:
+        pass
+
+    def throughput(self, kind: str, size: int, volume: int) -> tuple[float, float]:
+        return next(self.figures[kind]) * 1e6, 7.0  # bytes/s: run reports MB/s
+
+    def pingpong(self, kind: str, size: int, rounds: int) -> tuple[float, float]:
+        return next(self.figures[kind]), 7.0
+
+    def close(self) -> None:
+        ScriptedBench.closed = True
+
+
+def test_bench_reports_medians_and_smc_over_tcp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "Bench", ScriptedBench)
+    monkeypatch.setattr(ScriptedBench, "closed", False)
+    monkeypatch.setattr(ScriptedBench, "figures", {
+        "smc": iter([9.0, 1.0, 5.0, 40.0, 10.0, 20.0, 3.0, 3.0, 3.0]),
+        "tcp": iter([2.0, 4.0, 3.0, 8.0, 8.0, 8.0, 1.0, 2.0, 6.0])})  # fmt: skip
+    labels: list[str] = []
+    results = bench.run([4096], reps=3, volume=1 << 20, rounds=10, progress=labels.append)
+    assert ScriptedBench.closed
+    assert [(r.test, r.size, r.unit) for r in results] == [
+        ("throughput", 4096, "MB/s"), ("latency", 32, "us"), ("latency", 1024, "us")]
+    # SMC and TCP alternate within each repetition; the figure is the median of three
+    assert [(r.smc_runs, r.tcp_runs) for r in results] == [
+        ([9.0, 1.0, 5.0], [2.0, 4.0, 3.0]), ([40.0, 10.0, 20.0], [8.0, 8.0, 8.0]),
+        ([3.0, 3.0, 3.0], [1.0, 2.0, 6.0])]  # fmt: skip
+    assert [(r.smc, r.tcp, r.ratio) for r in results] == [
+        (5.0, 3.0, 5.0 / 3.0), (20.0, 8.0, 2.5), (3.0, 2.0, 1.5)]
+    assert labels[:2] == ["throughput 4096 B smc #1", "throughput 4096 B tcp #1"]
+    assert len(labels) == 3 * 3 * 2
+    rows = json.loads(bench.to_json(results))
+    assert [(r["smc"], r["tcp"], r["ratio"]) for r in rows] == [(5.0, 3.0, 5.0 / 3.0),
+                                                                (20.0, 8.0, 2.5), (3.0, 2.0, 1.5)]
+    assert bench.BenchResult("latency", 32, "us", 1.0, 0.0).ratio == 0.0  # no TCP figure
 
 
 @pytest.mark.slow
