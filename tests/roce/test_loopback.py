@@ -136,8 +136,11 @@ def test_rnr_then_delivery(pair: tuple[Side, Side]) -> None:
     a, b = pair
     a.qp.post_send(SendWr(wr_id=1, opcode=WrOpcode.SEND, send_flags=SIG,
                           sg_list=(Sge(a.buf.addr, 44, a.buf.lkey),)))  # fmt: skip
-    time.sleep(0.05)  # min_rnr_timer 5 = 0.06 ms: a few RNR rounds happen meanwhile
-    assert a.qp.req.stats["rnr"] >= 1
+    deadline = time.monotonic() + 10.0  # min_rnr_timer 5 = 0.06 ms: RNR rounds come fast
+    while a.qp.req.stats["rnr"] < 1:  # an RNR NAK came back: no receive was posted
+        assert time.monotonic() < deadline, "no RNR NAK within 10 s"
+        time.sleep(0.001)
+    assert not a.cq.poll()  # RNR retry 7 is "infinite": nothing completes meanwhile
     b.qp.post_recv(RecvWr(wr_id=9, sg_list=(Sge(b.buf.addr, 64, b.buf.lkey),)))
     assert a.wait()[0].status is WcStatus.SUCCESS
     assert b.wait()[0].byte_len == 44

@@ -176,14 +176,30 @@ def many_server(ctl: Connection, n: int) -> None:
 
 
 def oob_server(ctl: Connection) -> None:
-    """Read the normal bytes up to the mark, the urgent byte, then the rest; report them."""
+    """Read the normal bytes up to the mark, the urgent byte, then the rest; report them.
+
+    The client sends 2 bytes, 1 urgent, 2 more.  No read may cross the mark, whatever
+    has arrived, so the reads before it are collected until they hold 2 bytes (a read
+    that crossed it would bring more); the urgent byte is read once it is there (EINVAL
+    until then), within a deadline; the rest with MSG_WAITALL.
+    """
     srv = smcr.create_server((host(), 0))
     ctl.send(srv.getsockname()[1])
     c, _ = srv.accept()
     ctl.recv()  # the client has sent everything
-    before = c.recv(100)
-    urgent = c.recv(1, socket.MSG_OOB)
-    after = c.recv(100)
+    before = b""
+    while len(before) < 2 and (chunk := c.recv(100)):
+        before += chunk
+    deadline = time.monotonic() + 20.0
+    while True:
+        try:
+            urgent = c.recv(1, socket.MSG_OOB)
+            break
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.EAGAIN) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+    after = c.recv(2, socket.MSG_WAITALL)
     ctl.send((before, urgent, after))
     c.close()
 
