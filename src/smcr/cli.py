@@ -62,6 +62,63 @@ def _cmd_device(args: argparse.Namespace) -> int:
     return device.run(args.json, rnic_kind())
 
 
+def _cmd_enable(args: argparse.Namespace) -> int:
+    """Load the SMC TCP-option program for a cgroup and pin it (root, once per boot)."""
+    from smcr.discovery import bpf  # noqa: PLC0415
+
+    cgroup = Path(args.cgroup) if args.cgroup else None
+    try:
+        state = bpf.enable(cgroup)
+    except OSError as exc:
+        print(f"smcr enable: {exc.strerror or exc}", file=sys.stderr)
+        if exc.errno == 1:
+            print("smcr enable: loading a BPF program needs root (CAP_BPF, CAP_NET_ADMIN)",
+                  file=sys.stderr)
+        return 1
+    print(f"SMC TCP option enabled for cgroup {state.cgroup} (program id {state.prog_id}, "
+          f"pinned in {state.pin_dir}); smcr sockets of its processes now use discovery")
+    return 0
+
+
+def _cmd_disable(args: argparse.Namespace) -> int:
+    """Detach the TCP-option program and remove its pins."""
+    from smcr.discovery import bpf  # noqa: PLC0415
+
+    try:
+        was = bpf.disable()
+    except OSError as exc:
+        print(f"smcr disable: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print("SMC TCP option disabled" if was else "SMC TCP option was not enabled")
+    return 0
+
+
+def _cmd_discovery(args: argparse.Namespace) -> int:
+    """Which discovery mode an smcr program started here would use, and why."""
+    import json  # noqa: PLC0415
+
+    from smcr import discovery  # noqa: PLC0415
+    from smcr.discovery import bpf  # noqa: PLC0415
+
+    found = discovery.current()
+    state = bpf.status()
+    rules = [str(rule) for rule in found.rules.rules]
+    if args.json:
+        print(json.dumps({"mode": found.mode, "why": found.why, "bpf_enabled": state.enabled,
+                          "bpf_cgroup": str(state.cgroup) if state.cgroup else None,
+                          "bpf_pin_dir": str(state.pin_dir), "peers": rules}))
+        return 0
+    print(f"discovery: {found.mode} ({found.why})")
+    if state.enabled:
+        print(f"TCP option: enabled for cgroup {state.cgroup}, pinned in {state.pin_dir}"
+              + ("" if state.covers_us else "; this process is outside that cgroup"))
+    else:
+        print(f"TCP option: not enabled ({state.why})")
+    for rule in rules:
+        print(f"peer: {rule}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``smcr`` command."""
     parser = argparse.ArgumentParser(prog="smcr", description=__doc__.splitlines()[0])
@@ -99,6 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="what to do (only 'show', as in smc-tools)")
     dev.add_argument("--json", action="store_true", help="machine-readable list")
     dev.set_defaults(func=_cmd_device)
+    enable = sub.add_parser("enable", help="turn on TCP-option discovery for a cgroup (root)")
+    enable.add_argument("--cgroup", metavar="DIR",
+                        help="cgroup v2 directory (default: the root: every process)")
+    enable.set_defaults(func=_cmd_enable)
+    disable = sub.add_parser("disable", help="turn TCP-option discovery off again (root)")
+    disable.set_defaults(func=_cmd_disable)
+    disc = sub.add_parser("discovery", help="how smcr programs here learn that a peer "
+                          "speaks SMC (mode and why)")
+    disc.add_argument("--json", action="store_true", help="machine-readable")
+    disc.set_defaults(func=_cmd_discovery)
     return parser
 
 

@@ -1,0 +1,253 @@
+"""Discovery by the SMC TCP option: load, attach and pin the sock_ops program.
+
+Who needs what.  Loading a program and attaching it to a cgroup needs root
+(CAP_BPF and CAP_NET_ADMIN): that is :func:`enable` (``smcr enable``), run
+once per boot.  It attaches the program to a cgroup v2 directory (by default
+the root of the cgroup v2 hierarchy: every process of the host) and pins the
+link and the per-socket map in a bpffs directory (``/sys/fs/bpf/smcr``, or
+``SMCR_BPF_DIR``), so that they outlive the command.  The map is pinned
+readable and writable for everyone: a process reaches a map entry only
+through a socket descriptor it holds, so it can only ever mark or read its own
+sockets.  After that, any smcr process of that cgroup, root or not, opens the
+pinned map (:class:`SocketFlags`) and uses discovery: per connection it costs
+one map update before ``connect``/``listen`` and one lookup after.
+:func:`disable` (``smcr disable``) detaches the program and removes the pins.
+
+Sockets of processes outside the cgroup send no option, so their peers see a
+plain TCP client or server: they fall back, as Linux does with a peer that
+does not speak SMC.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from smcr.discovery import bpfsys, program
+
+BPFFS = Path("/sys/fs/bpf")
+DEFAULT_PIN_DIR = BPFFS / "smcr"
+MAP_PIN, LINK_PIN = "map", "link"
+_BPF_FS_MAGIC = 0xCAFE4A11
+_LINK_TYPE_CGROUP = 3
+
+
+def pin_dir() -> Path:
+    """Where ``smcr enable`` pins the map and the link (``SMCR_BPF_DIR`` overrides)."""
+    return Path(os.environ.get("SMCR_BPF_DIR") or DEFAULT_PIN_DIR)
+
+
+def cgroup2_mount() -> Path | None:
+    """The mount point of the cgroup v2 hierarchy, or None when there is none."""
+    try:
+        with open("/proc/self/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == "cgroup2":
+                    return Path(fields[1].replace("\\040", " "))
+    except OSError:
+        return None
+    return None
+
+
+def own_cgroup() -> Path | None:
+    """This process's cgroup v2 directory (from ``/proc/self/cgroup``), or None."""
+    mount = cgroup2_mount()
+    if mount is None:
+        return None
+    try:
+        with open("/proc/self/cgroup") as lines:
+            for line in lines:
+                if line.startswith("0::"):
+                    return mount / line[3:].strip().lstrip("/")
+    except OSError:
+        return None
+    return None
+
+
+def _is_bpffs(path: Path) -> bool:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    buf = ctypes.create_string_buffer(128)  # struct statfs: f_type is the first field
+    if libc.statfs(os.fsencode(path), buf) != 0:
+        return False
+    return bool(struct.unpack_from("=q", buf.raw)[0] == _BPF_FS_MAGIC)
+
+
+def _mount_bpffs(path: Path) -> None:
+    """Mount a bpffs at ``path`` unless one is there (``mount -t bpf bpf /sys/fs/bpf``)."""
+    if _is_bpffs(path):
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.mount(b"bpf", os.fsencode(path), b"bpf", 0, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount bpffs on {path}: {os.strerror(err)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """What ``smcr enable`` left in a pin directory."""
+
+    enabled: bool
+    pin_dir: Path
+    cgroup: Path | None = None  # where the program is attached
+    prog_id: int = 0
+    covers_us: bool = False  # this process is in that cgroup (or below it)
+    why: str = ""  # when not enabled: what is missing
+
+
+def _cgroup_path(cgroup_id: int) -> Path | None:
+    """The cgroup v2 directory whose inode number is ``cgroup_id``."""
+    mount = cgroup2_mount()
+    if mount is None:
+        return None
+    if mount.stat().st_ino == cgroup_id:
+        return mount
+    for root, dirs, _files in os.walk(mount):
+        for name in dirs:
+            path = Path(root) / name
+            try:
+                if path.stat().st_ino == cgroup_id:
+                    return path
+            except OSError:
+                continue
+    return None
+
+
+def status(pins: Path | None = None) -> Status:
+    """Whether discovery is enabled in ``pins`` (default :func:`pin_dir`), where, and
+    whether this process is covered."""
+    pins = pins or pin_dir()
+    if not bpfsys.supported():
+        return Status(False, pins, why="bpf(2) is not known on this architecture")
+    try:
+        link_fd = bpfsys.obj_get(str(pins / LINK_PIN))
+    except OSError as exc:
+        if exc.errno == 2:
+            return Status(False, pins, why=f"nothing pinned at {pins / LINK_PIN}")
+        return Status(False, pins, why=f"{pins / LINK_PIN}: {os.strerror(exc.errno or 0)}")
+    try:
+        link_type, prog_id, cgroup_id = bpfsys.link_info(link_fd)
+    except OSError as exc:
+        return Status(False, pins, why=f"link information: {exc.strerror}")
+    finally:
+        os.close(link_fd)
+    if link_type != _LINK_TYPE_CGROUP or cgroup_id == 0:
+        return Status(False, pins, why="the pinned link is detached")
+    cgroup = _cgroup_path(cgroup_id)
+    mine = own_cgroup()
+    covers = cgroup is not None and mine is not None and (mine == cgroup
+                                                          or cgroup in mine.parents)
+    return Status(True, pins, cgroup, prog_id, covers)
+
+
+def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
+    """Load the program, attach it to ``cgroup`` (default: the cgroup v2 root) and pin
+    it in ``pins``; does nothing when it is enabled there already.
+
+    :raises OSError: not root, no cgroup v2, or the kernel refused (its reason).
+    """
+    pins = pins or pin_dir()
+    now = status(pins)
+    if now.enabled:
+        return now
+    target = cgroup or cgroup2_mount()
+    if target is None:
+        raise OSError(2, "no cgroup v2 hierarchy is mounted")
+    _mount_bpffs(BPFFS if BPFFS in pins.parents else pins.parent)
+    pins.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for name in (MAP_PIN, LINK_PIN):  # stale pins of a detached program
+        (pins / name).unlink(missing_ok=True)
+    blob, key_type, value_type = program.btf()
+    fds: list[int] = []
+    try:
+        btf_fd = bpfsys.btf_load(blob)
+        fds.append(btf_fd)
+        map_fd = bpfsys.map_create(program.MAP_TYPE_SK_STORAGE, 4, program.VALUE.size,
+                                   program.MAP_F_NO_PREALLOC | program.MAP_F_CLONE,
+                                   b"smcr_sk", btf_fd, key_type, value_type)  # fmt: skip
+        fds.append(map_fd)
+        prog_fd = bpfsys.prog_load(program.PROG_TYPE_SOCK_OPS, program.build(map_fd),
+                                   b"smcr_sockops", program.ATTACH_CGROUP_SOCK_OPS)  # fmt: skip
+        fds.append(prog_fd)
+        cg_fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
+        fds.append(cg_fd)
+        link_fd = bpfsys.link_create(prog_fd, cg_fd, program.ATTACH_CGROUP_SOCK_OPS)
+        fds.append(link_fd)
+        bpfsys.obj_pin(map_fd, str(pins / MAP_PIN))
+        os.chmod(pins / MAP_PIN, 0o666)
+        bpfsys.obj_pin(link_fd, str(pins / LINK_PIN))
+    except OSError:
+        for name in (MAP_PIN, LINK_PIN):
+            (pins / name).unlink(missing_ok=True)
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return status(pins)
+
+
+def disable(pins: Path | None = None) -> bool:
+    """Detach the program and remove the pins; whether anything was enabled there."""
+    pins = pins or pin_dir()
+    was = False
+    try:
+        link_fd = bpfsys.obj_get(str(pins / LINK_PIN))
+    except OSError:
+        link_fd = -1
+    if link_fd >= 0:
+        try:
+            bpfsys.link_detach(link_fd)
+            was = True
+        except OSError:
+            pass
+        finally:
+            os.close(link_fd)
+    for name in (MAP_PIN, LINK_PIN):
+        try:
+            (pins / name).unlink()
+            was = True
+        except FileNotFoundError:
+            pass
+    try:
+        if pins != BPFFS:
+            pins.rmdir()
+    except OSError:
+        pass
+    return was
+
+
+class SocketFlags:
+    """The pinned map, opened by an smcr process: mark a socket, read what the peer said.
+
+    Keys are socket descriptors of this process; the kernel finds the socket's
+    own entry (an sk-storage map), so nothing here outlives the socket.
+    """
+
+    def __init__(self, pins: Path | None = None) -> None:
+        self.path = (pins or pin_dir()) / MAP_PIN
+        self.fd = bpfsys.obj_get(str(self.path))
+
+    def want(self, fd: int) -> None:
+        """Ask for the option on this socket's SYN (before ``connect``) or SYN-ACKs
+        (before ``listen``; its accepted children inherit it)."""
+        bpfsys.map_update(self.fd, struct.pack("=i", fd), program.VALUE.pack(1, 0))
+
+    def peer(self, fd: int) -> bool:
+        """Whether the peer's SYN (accepted socket) or SYN-ACK (connected socket)
+        carried the option, and this socket asked for it."""
+        raw = bpfsys.map_lookup(self.fd, struct.pack("=i", fd), program.VALUE.size)
+        if raw is None:
+            return False
+        want, peer = program.VALUE.unpack(raw)
+        return bool(want and peer)
+
+    def close(self) -> None:
+        """Let the map go (the pin stays)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
