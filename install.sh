@@ -42,6 +42,15 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 
+# Discovery: the SMC TCP option in SYN/SYN-ACK, by a BPF program that root attaches
+# once per boot for every process of the host (README, "Discovery").
+if [ "$(id -u)" = 0 ]; then
+    .venv/bin/smcr enable || echo "install.sh: TCP-option discovery is off (see above);" \
+        "smcr sockets use a peer list (SMCR_PEERS) or plain TCP" >&2
+else
+    echo "install.sh: not root: run '.venv/bin/smcr enable' as root for TCP-option discovery" >&2
+fi
+
 if [ "${SMCR_NO_DEMO:-0}" != 1 ]; then
     .venv/bin/smcr demo
 fi

@@ -44,33 +44,35 @@ a ``socket.socket``, whose own finalizer closes (and warns) as usual.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import ipaddress
 import os
+import selectors
 import socket as _socket
 import struct
 import threading
 import time
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from smcr.core import Config, FellBack, HandshakeCompleted, HandshakeFailed
+from smcr import discovery
+from smcr.core import FellBack, HandshakeCompleted
 from smcr.core.connection import Connection
 from smcr.stack.runtime import HostConn, Readiness, Stack, default_buffer_size, get_stack
+from smcr.stack.watcher import get_watcher
 from smcr.wire.clc import uncompress_bufsize
-from smcr.wire.clc_header import EYECATCHER_SMCR
 from smcr.wire.decline import DeclineCode
 
 _DONTWAIT = int(_socket.MSG_DONTWAIT)
 _PEEK = int(_socket.MSG_PEEK)
 _WAITALL = int(_socket.MSG_WAITALL)
 _OOB = int(_socket.MSG_OOB)
-FIRST_BYTES_WAIT = 2.0
-"""Seconds ``accept`` waits for a client's first bytes before treating it as plain TCP."""
 MAX_BUFFER = 16 << 20
 PEER_READ_WAIT = 0.01
 """Seconds a blocking ``sendall`` waits for the peer to read before it copies into the
@@ -128,6 +130,11 @@ class SMCSocket:
         self._rmb_size = 0
         self._sndbuf_size = 0
         self._rd_shut = False
+        self._smc_ok = False  # listening: opted in to discovery (its children may use SMC)
+        self._backlog = 128
+        self._queue: _AcceptQueue | None = None  # listening: connections of its handshakes
+        self._connecting: _Connecting | None = None  # a non-blocking connect in progress
+        self._connect_error = 0  # what getsockopt(SO_ERROR) says next (non-blocking connect)
         self._oob: int | None = None  # an urgent byte taken out of the stream, unread
         self._oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
         self._closed = False
@@ -168,7 +175,9 @@ class SMCSocket:
 
     def listen(self, backlog: int = 128) -> None:
         """Listen: serves SMC and plain TCP clients."""
+        self._smc_ok = discovery.current().opt_in(self._tcp)
         self._tcp.listen(backlog)
+        self._backlog = max(1, backlog)
         self._mode = "LISTEN"
 
     def getsockname(self) -> Any:
@@ -226,7 +235,14 @@ class SMCSocket:
         self._tcp.setsockopt(level, optname, value, *args)
 
     def getsockopt(self, level: int, optname: int, *args: Any) -> Any:
-        """SO_SNDBUF/SO_RCVBUF report smcr's buffer sizes; the rest come from TCP."""
+        """SO_SNDBUF/SO_RCVBUF report smcr's buffer sizes; SO_ERROR the outcome of a
+        non-blocking connect; the rest come from TCP."""
+        if level == _socket.SOL_SOCKET and optname == _socket.SO_ERROR and not args:
+            if self._mode == "CONNECTING":
+                return 0
+            if self._connect_error:
+                err, self._connect_error = self._connect_error, 0
+                return err
         if self._mode != "TCP" and level == _socket.SOL_SOCKET and not args:
             if optname == _socket.SO_RCVBUF:
                 return self._rmb_size or default_buffer_size()
@@ -237,21 +253,38 @@ class SMCSocket:
     # ------------------------------------------------------------ connecting
 
     def connect(self, address: Any) -> None:
-        """TCP connect, then the CLC handshake; falls back to TCP on a Decline.
+        """TCP connect; if the peer offered SMC (:mod:`smcr.discovery`), the CLC
+        handshake, falling back to TCP on a Decline; else plain TCP at once.
 
-        In non-blocking mode the connect completes before returning (bounded by the
-        CLC timeouts) instead of raising ``EINPROGRESS``: the socket's mode (SMC-R
-        or TCP) must be settled before its first send (module docstring).
+        Non-blocking: raises ``BlockingIOError`` (``EINPROGRESS``) as
+        ``socket.socket`` does; the TCP connect and the handshake finish in the
+        background, and the descriptor of :meth:`fileno` turns writable when the
+        socket is ready (``getsockopt(SO_ERROR)`` then says how it went).  Until
+        then ``send``/``recv`` raise ``BlockingIOError``.
         """
-        if self._timeout == 0.0:
-            self._tcp.settimeout(Config().clc_wait)
-            try:
-                self._tcp.connect(address)
-            finally:
-                self._tcp.settimeout(0.0)
-        else:
+        if self._mode == "CONNECTING":
+            raise BlockingIOError(errno.EALREADY, os.strerror(errno.EALREADY))
+        if self._mode != "INIT":
+            self._tcp.connect(address)  # the kernel's EISCONN (or a new connect)
+            return
+        smc_ok = discovery.current().opt_in(self._tcp)
+        if not smc_ok:
+            self._fall_back(int(DeclineCode.PEERNOSMC), 0)
             self._tcp.connect(address)
-        self._handshake(client=True)
+            return
+        if self._timeout == 0.0:
+            err = self._tcp.connect_ex(address)
+            if err not in (0, errno.EINPROGRESS):
+                raise OSError(err, os.strerror(err))
+            self._connecting = _Connecting(self)
+            self._mode = "CONNECTING"
+            self._connecting.start()
+            raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
+        self._tcp.connect(address)
+        if discovery.current().peer_offered(self._tcp, client=True):
+            self._handshake(client=True)
+        else:
+            self._fall_back(int(DeclineCode.PEERNOSMC), 0)
 
     def connect_ex(self, address: Any) -> int:
         """As ``connect``, returning an errno instead of raising."""
@@ -262,48 +295,34 @@ class SMCSocket:
         return 0
 
     def accept(self) -> tuple[SMCSocket, Any]:
-        """Accept a client: SMC if its first bytes are a CLC Proposal, else plain TCP.
+        """Accept a client: SMC-R if its SYN offered SMC (:mod:`smcr.discovery`), else
+        plain TCP at once (reason ``PEERNOSMC``), its bytes untouched.
 
-        A client whose handshake fails without a fallback (malformed CLC, Linux
-        ``-EPROTO``) is dropped and the next one accepted, as Linux's listen
-        worker never hands such a socket to ``accept``.
+        Handshakes run in the background, each on its own (:class:`_AcceptQueue`):
+        ``accept`` returns connections in the order their handshakes end, and an
+        idle or hostile client delays nobody else.  A client whose handshake fails
+        without a fallback (malformed CLC, Linux ``-EPROTO``) is reset and never
+        returned, as Linux's listen worker never hands such a socket to ``accept``.
         """
-        while True:
+        queue = self._accept_queue()
+        if queue is None:  # discovery is off: nothing but TCP can come
             tcp, addr = self._tcp.accept()
-            tcp.settimeout(self._timeout)
             sock = SMCSocket(_tcp=tcp)
-            sock._rmb_size, sock._sndbuf_size = self._rmb_size, self._sndbuf_size
-            if not sock._first_bytes_are_clc():
-                sock._fall_back(int(DeclineCode.PEERNOSMC), 0)
-                return sock, addr
-            try:
-                sock._handshake(client=False)
-            except ConnectionError:
-                continue
+            sock._fall_back(int(DeclineCode.PEERNOSMC), 0)
             return sock, addr
+        return queue.take(self._timeout)
 
-    def _first_bytes_are_clc(self) -> bool:
-        tcp = self._tcp
-        old = tcp.gettimeout()
-        deadline = time.monotonic() + FIRST_BYTES_WAIT
-        try:
-            while True:
-                tcp.settimeout(max(0.001, deadline - time.monotonic()))
-                try:
-                    head = tcp.recv(len(EYECATCHER_SMCR), _socket.MSG_PEEK)
-                except (TimeoutError, BlockingIOError):
-                    return False
-                if not head or not EYECATCHER_SMCR.startswith(head):
-                    return False
-                if len(head) == len(EYECATCHER_SMCR):
-                    return True
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.001)
-        except OSError:
-            return False
-        finally:
-            tcp.settimeout(old)
+    def _accept_queue(self) -> _AcceptQueue | None:
+        """The accept queue of a listener that may see SMC clients, watched in this
+        process from the first use on (a forked child starts its own)."""
+        if self._mode != "LISTEN":
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        if not self._smc_ok:
+            return None
+        queue = self._queue
+        if queue is None or queue.pid != os.getpid():
+            queue = self._queue = _AcceptQueue(self)
+        return queue
 
     def _local_ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
         host = self._tcp.getsockname()[0]
@@ -315,16 +334,40 @@ class SMCSocket:
         return int(name[3]) if len(name) == 4 else 0
 
     def _handshake(self, client: bool) -> None:
+        """The CLC handshake, waited for in this thread (blocking ``connect``).
+
+        :raises ConnectionResetError: when it failed with no way back to TCP (the
+            peer broke the CLC protocol): the TCP connection is reset.
+        """
+        stack, hc = self._start_handshake(client, None)
+        with stack.lock:
+            stack.wait(hc, lambda: hc.outcome is not None, None)
+        self._finish_handshake(stack, hc)
+        if self._mode == "INIT":
+            raise ConnectionResetError(errno.ECONNRESET, "SMC handshake failed: "
+                                       f"{getattr(hc.outcome, 'reason', '')}")  # fmt: skip
+
+    def _start_handshake(self, client: bool, on_outcome: Callable[[HostConn], None] | None
+                         ) -> tuple[Stack, HostConn]:  # fmt: skip
+        """Start the CLC handshake; the runtime drives it (``on_outcome`` is called
+        with its lock held when it ends, in whichever thread polled)."""
         # the RNIC of this address (and, link-local, of this interface)
         stack = self._stack = get_stack(self._local_ip(), self._scope_id())
         with stack.lock:
             hc = self._hc = stack.new_conn(self._tcp)
+            hc.on_outcome = on_outcome
             stack.start_handshake(hc, client, self._local_ip(), self._rmb_size,
                                   self._sndbuf_size)  # fmt: skip
-            stack.wait(hc, lambda: hc.outcome is not None, None)
-            outcome = hc.outcome
+            if hc.outcome is not None and on_outcome is not None:
+                on_outcome(hc)  # ended at once (no RMB: a Decline)
+        return stack, hc
+
+    def _finish_handshake(self, stack: Stack, hc: HostConn) -> None:
+        """Take the handshake's outcome: SMC-R, TCP fallback, or (mode stays INIT) a
+        failure, after which the TCP connection is reset and closed."""
+        outcome = hc.outcome
+        hc.on_outcome = None
         if isinstance(outcome, HandshakeCompleted):
-            self._mode = "SMCR"
             self._rmb_size, self._sndbuf_size = len(hc.rmb), len(hc.sndbuf)  # as allocated
             self._info = SmcInfo("SMCR", lgr_id=outcome.lgr_id,
                                  first_contact=outcome.first_contact)  # fmt: skip
@@ -332,18 +375,20 @@ class SMCSocket:
             # socket and the buffers; nothing else would ever let them go)
             self._finalizer = weakref.finalize(self, _collected, stack, hc, self._tcp)
             self._finalizer.atexit = False  # at exit the runtime itself goes (module doc)
+            self._mode = "SMCR"
             return
         trailing = hc.handshake.reader.trailing_data if hc.handshake is not None else b""
-        self._tcp.setblocking(True)
-        self._tcp.settimeout(self._timeout)
         self._hc = None
         if isinstance(outcome, FellBack):
+            self._tcp.setblocking(True)
+            self._tcp.settimeout(self._timeout)
             self._prefix = trailing
             self._fall_back(outcome.local_code, outcome.peer_code)
             return
-        assert isinstance(outcome, HandshakeFailed)
+        with contextlib.suppress(OSError):  # a reset, as Linux ends a broken handshake
+            self._tcp.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER,
+                                 struct.pack("ii", 1, 0))  # fmt: skip
         self._tcp.close()
-        raise ConnectionError(errno.EPROTO, f"SMC handshake failed: {outcome.reason}")
 
     def _fall_back(self, local: int, peer: int) -> None:
         self._mode = "TCP"
@@ -735,6 +780,8 @@ class SMCSocket:
     def _tcp_call(self) -> _socket.socket:
         if self._closed:
             raise OSError(errno.EBADF, "Bad file descriptor")
+        if self._mode == "CONNECTING":  # not a byte before SMC-R or TCP is settled
+            raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
         return self._tcp
 
     def _tcp_recv(self, bufsize: int, flags: int) -> bytes:
@@ -760,6 +807,12 @@ class SMCSocket:
         """A descriptor for select/poll/selectors that follows recv/send readiness."""
         if self._closed:
             return -1
+        if self._mode == "LISTEN":
+            queue = self._accept_queue()
+            return self._tcp.fileno() if queue is None else queue.fileno()
+        if self._mode == "CONNECTING":
+            assert self._connecting is not None
+            return self._connecting.readiness.fileno()
         if self._mode != "SMCR":
             return self._tcp.fileno()
         stack, hc = self._smc()
@@ -848,6 +901,10 @@ class SMCSocket:
             return
         if self._finalizer is not None:
             self._finalizer.detach()
+        if self._queue is not None and self._queue.pid == os.getpid():
+            self._queue.close()
+        if self._connecting is not None:
+            self._connecting.close()
         if self._mode == "SMCR" and self._stack is not None and self._hc is not None:
             stack, hc = self._stack, self._hc
             linger = _linger(self._tcp)
@@ -919,6 +976,216 @@ def _collected(stack: Stack, hc: HostConn, tcp: _socket.socket) -> None:
                           stacklevel=3)  # the frame that dropped it  # fmt: skip
     finally:
         stack.orphan(hc, _linger(tcp))
+
+
+class _AcceptQueue:
+    """The connections of a listening socket whose handshakes have ended (Linux's
+    ``smc_tcp_listen_work`` and accept queue).
+
+    The process's watcher thread (:mod:`smcr.stack.watcher`) accepts from the
+    kernel as clients come, also while the application is busy elsewhere: a
+    client whose SYN did not offer SMC is queued at once as TCP; one that did
+    gets its handshake started, which the runtime drives, and is queued when it
+    ends.  At most ``backlog`` connections wait here or in handshakes; beyond
+    that the kernel's own backlog holds them.  :meth:`fileno` is readable while
+    one waits (``select`` on a listening socket, asyncio's ``sock_accept``).
+    """
+
+    def __init__(self, listener: SMCSocket) -> None:
+        self.pid = os.getpid()
+        self.tcp = listener._tcp
+        self.tcp.setblocking(False)  # the listener's own timeout applies to take()
+        self.rmb_size, self.sndbuf_size = listener._rmb_size, listener._sndbuf_size
+        self.backlog = listener._backlog
+        self.ready: deque[tuple[SMCSocket, Any]] = deque()
+        self.pending = 0
+        self.error: OSError | None = None
+        self.cond = threading.Condition()
+        self.readiness = Readiness()
+        self.readiness.set(False, False)
+        self.closed = False
+        self.watching = False
+        self._watch()
+
+    def fileno(self) -> int:
+        """Readable while a connection (or an error) waits for ``accept``."""
+        return self.readiness.fileno()
+
+    def _watch(self) -> None:
+        self.watching = True
+        get_watcher().watch(self.tcp.fileno(), selectors.EVENT_READ, self._on_readable)
+
+    def _on_readable(self) -> None:
+        """Accept what the kernel has (watcher thread)."""
+        while True:
+            with self.cond:
+                if self.closed:
+                    return
+                if len(self.ready) + self.pending >= self.backlog:
+                    self.watching = False  # full: take() watches again
+                    get_watcher().unwatch(self.tcp.fileno())
+                    return
+            try:
+                tcp, addr = self.tcp.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:  # EMFILE, ENOBUFS...: accept() raises it
+                with self.cond:
+                    if not self.closed:
+                        self.error = exc
+                        self.watching = False
+                        get_watcher().unwatch(self.tcp.fileno())
+                        self._changed()
+                return
+            self._admit(tcp, addr)
+
+    def _admit(self, tcp: _socket.socket, addr: Any) -> None:
+        timeout = _socket.getdefaulttimeout()  # as socket.accept() leaves a new socket
+        tcp.settimeout(timeout)
+        sock = SMCSocket(_tcp=tcp)
+        sock._timeout = timeout
+        sock._rmb_size, sock._sndbuf_size = self.rmb_size, self.sndbuf_size
+        if not discovery.current().peer_offered(tcp, client=False):
+            sock._fall_back(int(DeclineCode.PEERNOSMC), 0)
+            with self.cond:
+                self.ready.append((sock, addr))
+                self._changed()
+            return
+        with self.cond:
+            self.pending += 1
+        try:
+            sock._start_handshake(False, lambda hc: self._handshake_ended(sock, addr, hc))
+        except Exception:
+            with self.cond:
+                self.pending -= 1
+            tcp.close()
+            raise
+
+    def _handshake_ended(self, sock: SMCSocket, addr: Any, hc: HostConn) -> None:
+        """The runtime's news (its lock held): queue the socket, or drop a failed one."""
+        assert sock._stack is not None
+        sock._finish_handshake(sock._stack, hc)
+        with self.cond:
+            self.pending -= 1
+            if sock._mode == "INIT":  # failed and reset: never seen by the application
+                if not self.watching and not self.closed:
+                    self._watch()
+                return
+            if self.closed:
+                self.ready.append((sock, addr))  # closed with the rest, outside the lock
+            else:
+                self.ready.append((sock, addr))
+                self._changed()
+        if self.closed:
+            self._close_ready()
+
+    def _changed(self) -> None:
+        """Wake ``take`` and the descriptor (cond held)."""
+        self.cond.notify_all()
+        self.readiness.set(bool(self.ready) or self.error is not None, False)
+
+    def take(self, timeout: float | None) -> tuple[SMCSocket, Any]:
+        """The next connection: ``BlockingIOError`` when none waits and ``timeout`` is 0,
+        ``TimeoutError`` when none came in time, an accept error of the kernel's."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            while not self.ready and self.error is None:
+                if self.closed:
+                    raise OSError(errno.EBADF, "Bad file descriptor")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    if timeout == 0.0:
+                        raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+                    raise TimeoutError("timed out")
+                self.cond.wait(left)
+            if self.error is not None and not self.ready:
+                error, self.error = self.error, None
+                self._changed()
+                self._watch()
+                raise error
+            item = self.ready.popleft()
+            self._changed()
+            if not self.watching:
+                self._watch()
+        return item
+
+    def _close_ready(self) -> None:
+        with self.cond:
+            left, self.ready = list(self.ready), deque()
+        for sock, _addr in left:
+            sock.close()
+
+    def close(self) -> None:
+        """The listener closes: connections nobody accepted are closed (Linux resets
+        them); handshakes still running close theirs when they end."""
+        with self.cond:
+            self.closed = True
+            if self.watching:
+                get_watcher().unwatch(self.tcp.fileno())
+            self.cond.notify_all()
+        self._close_ready()
+        self.readiness.close()
+
+
+class _Connecting:
+    """A non-blocking ``connect`` in progress: the TCP connect, then (if the peer
+    offered SMC) the handshake, finished by the watcher thread and the runtime.
+
+    ``readiness`` is the socket's descriptor meanwhile: writable (and readable)
+    once the socket is settled.  On SMC-R it becomes the connection's own
+    readiness descriptor, so a selector that registered it keeps working.
+    """
+
+    def __init__(self, sock: SMCSocket) -> None:
+        self.sock = sock
+        self.readiness = Readiness()
+        self.readiness.set(False, False)
+        self.fd = sock._tcp.fileno()
+        self.closed = False
+
+    def start(self) -> None:
+        """Watch for the TCP connect's end."""
+        get_watcher().watch(self.fd, selectors.EVENT_WRITE, self._connected)
+
+    def _connected(self) -> None:
+        """The TCP connect ended (watcher thread): settle the mode or start the handshake."""
+        get_watcher().unwatch(self.fd)
+        sock = self.sock
+        if self.closed:
+            return
+        err = sock._tcp.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR)
+        if err:
+            self._settle("TCP", err)
+        elif discovery.current().peer_offered(sock._tcp, client=True):
+            sock._start_handshake(True, self._handshake_ended)
+        else:
+            sock._fall_back(int(DeclineCode.PEERNOSMC), 0)
+            self._settle("TCP", 0)
+
+    def _handshake_ended(self, hc: HostConn) -> None:
+        """The runtime's news (its lock held)."""
+        sock = self.sock
+        assert sock._stack is not None
+        sock._finish_handshake(sock._stack, hc)
+        if sock._mode == "SMCR":
+            hc.readiness = self.readiness
+            sock._stack.update_readiness(hc)
+            sock._connecting = None  # the descriptor now belongs to the connection
+            return
+        self._settle("TCP", 0 if sock._mode == "TCP" else errno.ECONNRESET)
+
+    def _settle(self, mode: str, err: int) -> None:
+        self.sock._connect_error = err
+        if mode == "TCP" and self.sock._mode in ("CONNECTING", "INIT"):
+            self.sock._mode = "TCP"
+        self.readiness.set(True, True)
+
+    def close(self) -> None:
+        """The socket closes: stop watching (the descriptor goes with it)."""
+        if not self.closed:
+            self.closed = True
+            get_watcher().unwatch(self.fd)
+            self.readiness.close()
 
 
 def create_connection(address: tuple[str, int], timeout: float | None = None,

@@ -395,7 +395,7 @@ def test_ipv6(peer: PeerFactory, rnic: str) -> None:
         pytest.skip("no IPv6")
     p = peer(smc_peer.echo_server6)
     with smcr.create_connection((smc_peer.host6(), p.recv()), timeout=20) as s:
-        assert s.smc_info().mode == "SMCR" and s.family == socket.AF_INET6
+        assert s.smc_info().mode == "SMCR" and s.family == socket.AF_INET6, s.smc_info()
         if rnic != "shm":
             local = s.getsockname()[0]
             device = get_stack(ipaddress.ip_address(local)).device
@@ -479,8 +479,16 @@ def test_nonblocking_connect_completes_and_recv_raises(peer: PeerFactory) -> Non
     port = p.recv()
     s = smcr.SMCSocket()
     s.setblocking(False)
-    assert s.connect_ex((smc_peer.host(), port)) == 0
+    assert s.connect_ex((smc_peer.host(), port)) == errno.EINPROGRESS
+    with pytest.raises(BlockingIOError):  # nothing goes before SMC-R or TCP is settled
+        s.send(b"x")
+    sel = selectors.DefaultSelector()
+    sel.register(s, selectors.EVENT_WRITE)
+    assert sel.select(20.0), "writable once connected"
+    sel.close()
+    assert s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
     assert s.smc_info().mode == "SMCR" and not s.getblocking()
+    assert s.connect_ex((smc_peer.host(), port)) == 0  # the kernel's "completed" answer
     with pytest.raises(BlockingIOError):
         s.recv(1)
     s.close()

@@ -192,6 +192,9 @@ class HostConn:
     waiters: int = 0  # threads in cond.wait: notify only when someone listens (1.5 µs)
     released: bool = False
     on_release: list[Callable[[], None]] = field(default_factory=list)
+    # called (lock held) once the handshake has an outcome: accept queues and
+    # non-blocking connects finish the socket there, whichever thread polled
+    on_outcome: Callable[[HostConn], None] | None = None
 
     @property
     def rmb(self) -> memoryview:
@@ -647,6 +650,8 @@ class Stack:
                     self.conns.pop(hc.conn_id, None)
                 elif self._watch_tcp:
                     self._tcp_watch[hc.tcp.fileno()] = hc
+                if hc.on_outcome is not None:
+                    hc.on_outcome(hc)
             elif isinstance(ev, ConnectionReset):
                 hc.reset_reason = ev.reason
             hc.cond.notify_all()

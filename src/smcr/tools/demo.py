@@ -70,11 +70,41 @@ def _transfer(sock: Any) -> tuple[float, bytes, bytes]:
     return time.perf_counter() - t0, h.digest(), digest
 
 
+def _discovery(console: Console) -> None:
+    """Make sure the two ends will know of each other (:mod:`smcr.discovery`), and say how.
+
+    The TCP option if it is on; else, as root, turn it on (``smcr enable``, what
+    install.sh does); else list loopback as an SMC peer for the demo's processes.
+    """
+    from smcr import discovery  # noqa: PLC0415
+    from smcr.discovery import bpf  # noqa: PLC0415
+
+    found = discovery.current()
+    if found.mode == "off" and os.geteuid() == 0:
+        try:
+            state = bpf.enable()
+            console.print(f"discovery: turned the SMC TCP option on for cgroup {state.cgroup} "
+                          "(as `smcr enable`; `smcr disable` turns it off)")
+        except OSError as exc:
+            console.print(f"discovery: could not turn the TCP option on: {exc}")
+        discovery.reset()
+        found = discovery.current()
+    if found.mode == "off":
+        os.environ["SMCR_PEERS"] = "127.0.0.1"
+        discovery.reset()
+        found = discovery.current()
+        console.print("discovery: the TCP option is off (needs root: `smcr enable`); this demo "
+                      "lists 127.0.0.1 as an SMC peer instead (SMCR_PEERS=127.0.0.1)")
+    else:
+        console.print(f"discovery: {found.mode} ({found.why})")
+
+
 def run(console: Console) -> int:
     """Run the demo; exit status 0 when SMC-R was used and both digests matched."""
     import smcr  # noqa: PLC0415
     from smcr.stack.runtime import get_stack  # noqa: PLC0415
 
+    _discovery(console)
     ctx = mp.get_context("spawn")
     ctl, child = ctx.Pipe()
     proc = ctx.Process(target=_serve, args=(child,), daemon=True)
