@@ -85,12 +85,12 @@ def parse_rule(entry: str) -> PeerRule:
     :raises PolicyError: for anything else.
     """
     text = entry.strip()
-    ports = ""
+    ports = None
     if text.startswith("["):
         net_text, bracket, rest = text[1:].partition("]")
         if not bracket or (rest and not rest.startswith(":")):
             raise PolicyError(f"bad peer entry {entry!r}")
-        ports = rest[1:]
+        ports = rest[1:] if rest else None
     elif text.count(":") == 1:
         net_text, _, ports = text.partition(":")
     else:
@@ -99,7 +99,7 @@ def parse_rule(entry: str) -> PeerRule:
         network = ipaddress.ip_network(net_text, strict=False)
     except ValueError:
         raise PolicyError(f"bad address prefix in peer entry {entry!r}") from None
-    if ports:
+    if ports is not None:
         return PeerRule(network, *_ports(ports, entry))
     return PeerRule(network)
 

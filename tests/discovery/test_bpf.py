@@ -1,0 +1,153 @@
+"""The TCP option on the wire, by the sock_ops program (root: loading BPF needs it).
+
+The session has the program enabled host-wide (``tests/discovery_on.py``);
+these tests look at what it does to real segments, in fresh network namespaces,
+and run ``enable``/``disable`` on a private pin directory and cgroup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from smcr.discovery import bpf, program
+from tests.support import REPO_ROOT
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                       reason="needs root (BPF) and unshare"),
+]
+
+
+def run_optcheck(*args: str) -> dict[str, Any]:
+    res = subprocess.run(["unshare", "--net", sys.executable, "-m", "tests.discovery.optcheck",
+                          *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=60, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    found: dict[str, Any] = json.loads(res.stdout)
+    return found
+
+
+def test_option_only_in_syn_and_synack_when_both_ask() -> None:
+    """Both ends want SMC: option in the SYN and the SYN-ACK, both read peer=1.  Only the
+    client: in its SYN only, nobody reads peer.  Only the server: nowhere.  Data and
+    FIN segments never carry it."""
+    found = run_optcheck()
+    by_port = {r["port"]: r for r in found["results"]}
+    for r in found["results"]:
+        both = bool(r["client_wants"] and r["server_wants"])
+        assert (r["client_peer"], r["server_peer"]) == (both, both), r
+    segs = found["segments"]
+    assert len(segs) >= 4 * 6  # SYN, SYN-ACK, ACK, data, FINs per connection
+    for seg in segs:
+        client_to_server = seg["dport"] in by_port
+        r = by_port[seg["dport"] if client_to_server else seg["sport"]]
+        if seg["syn"] and not seg["ack"]:
+            assert seg["smc"] is bool(r["client_wants"]), seg
+        elif seg["syn"]:
+            assert seg["smc"] is bool(r["client_wants"] and r["server_wants"]), seg
+        else:
+            assert seg["smc"] is False, seg
+    syns = [s for s in segs if s["syn"]]
+    assert len(syns) == 8
+
+
+def test_syn_cookies_mean_plain_tcp_on_both_ends() -> None:
+    """A SYN cookie's connection keeps no SYN: the server could not know the client
+    asked, so the SYN-ACK does not echo the option and both ends stay TCP."""
+    found = run_optcheck("--syncookies")
+    for r in found["results"]:
+        assert (r["client_peer"], r["server_peer"]) == (False, False), r
+    synacks = [s for s in found["segments"] if s["syn"] and s["ack"]]
+    assert len(synacks) == 4 and not any(s["smc"] for s in synacks)
+    syn_with = [s for s in found["segments"] if s["syn"] and not s["ack"] and s["smc"]]
+    assert len(syn_with) == 2  # the clients still asked
+
+
+def test_program_passes_the_verifier_and_has_the_option_bytes() -> None:
+    insns = program.build(map_fd=1234)
+    assert len(insns) % 8 == 0
+    words = {int.from_bytes(insns[i + 4 : i + 8], "little", signed=True)
+             for i in range(0, len(insns), 8)}  # fmt: skip
+    assert int.from_bytes(bytes([254, 6, 0xE2, 0xD4]), "little", signed=True) in words
+    assert int.from_bytes(bytes([0xC3, 0xD9, 0, 0]), "little", signed=True) in words
+    status = bpf.status()
+    assert status.enabled and status.prog_id > 0  # the session's copy was loaded and runs
+
+
+@pytest.fixture
+def private() -> Iterator[tuple[Path, Path]]:
+    """A pin directory and a child cgroup of our own; both gone afterwards."""
+    mount = bpf.cgroup2_mount()
+    assert mount is not None
+    tag = uuid.uuid4().hex[:8]
+    pins, cgroup = bpf.BPFFS / f"smcr-test-{tag}", mount / f"smcr-test-{tag}"
+    cgroup.mkdir()
+    try:
+        yield pins, cgroup
+    finally:
+        bpf.disable(pins)
+        cgroup.rmdir()
+
+
+def test_enable_status_disable_on_a_cgroup(private: tuple[Path, Path]) -> None:
+    pins, cgroup = private
+    assert not bpf.status(pins).enabled
+    state = bpf.enable(cgroup, pins)
+    assert state.enabled and state.cgroup == cgroup and not state.covers_us
+    assert sorted(p.name for p in pins.iterdir()) == ["link", "map"]
+    assert (pins / "map").stat().st_mode & 0o777 == 0o666
+    assert bpf.enable(cgroup, pins).prog_id == state.prog_id  # enabled already: kept
+    # a process in that cgroup is covered, and so chooses the bpf mode
+    script = ("import os, sys; open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid()));"
+              "from smcr import discovery; print(discovery.current().mode)")
+    res = subprocess.run([sys.executable, "-c", script, str(cgroup)], capture_output=True,
+                         text=True, timeout=60, check=True,
+                         env={**os.environ, "SMCR_BPF_DIR": str(pins)})  # fmt: skip
+    assert res.stdout.strip() == "bpf"
+    # we are not in it: our choice for those pins is not bpf
+    res = subprocess.run([sys.executable, "-c", "from smcr import discovery;"
+                          "print(discovery.current().mode, discovery.current().why)"],
+                         capture_output=True, text=True, timeout=60, check=True,
+                         env={**os.environ, "SMCR_BPF_DIR": str(pins), "SMCR_PEERS": ""})
+    assert res.stdout.startswith("off ") and "which this process is not in" in res.stdout
+    assert bpf.disable(pins)
+    assert not bpf.status(pins).enabled and not pins.exists()
+    assert not bpf.disable(pins)
+
+
+def test_unprivileged_process_uses_the_pinned_map() -> None:
+    """After root's ``smcr enable``, a process of user nobody marks its own sockets and
+    reads the peer flags through the pinned map."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) missing")
+    with tempfile.TemporaryDirectory() as tmp:  # (pytest's tmp_path is root's alone)
+        src = Path(tmp) / "src"
+        shutil.copytree(REPO_ROOT / "src" / "smcr", src / "smcr")
+        for path in [Path(tmp), *src.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        assert nobody_peer_flags(src) == ["True", "True"]
+
+
+def nobody_peer_flags(src: Path) -> list[str]:
+    script = ("import socket; from smcr.discovery.bpf import SocketFlags; f = SocketFlags();"
+              "ls = socket.socket(); ls.bind(('127.0.0.1', 0)); f.want(ls.fileno()); ls.listen();"
+              "c = socket.socket(); f.want(c.fileno()); c.connect(ls.getsockname());"
+              "a, _ = ls.accept(); print(f.peer(c.fileno()), f.peer(a.fileno()))")
+    res = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                          os.path.realpath(sys.executable), "-c", script],
+                         capture_output=True, text=True, timeout=60, check=False,
+                         env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split()
