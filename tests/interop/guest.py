@@ -113,11 +113,20 @@ class Guest:
         tmp.rename(self.share / "cmd" / f"{ident}.sh")
         if background:
             return ident
+        return self.wait(ident, timeout, command)
+
+    def wait(self, ident: str, timeout: float, command: str = "") -> str:
+        """Wait for a command started with ``background=True`` to end; its output.
+
+        :raises RuntimeError: as :meth:`run`.
+        """
+        command = command or ident
         out, rc = self.share / "out" / f"{ident}.out", self.share / "out" / f"{ident}.rc"
         deadline = time.monotonic() + timeout
         while not rc.exists():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"guest command timed out: {command}\n{self.tail()}")
+                text = self.output(ident)
+                raise RuntimeError(f"guest command timed out: {command}\n{text}\n{self.tail()}")
             time.sleep(0.1)
         text = out.read_text(errors="replace")
         status = int(rc.read_text().strip() or "255")
