@@ -18,9 +18,10 @@ RoCE RNIC the runtime hands in the address with its interface prefix (an
 Over the RoCE RNIC smcr keeps this SMC-Rv1 framing between smcr peers: the GID
 is then the IPv4-mapped (or IPv6) RoCEv2 GID and the MAC the interface's.
 Linux would use SMC-Rv1 only with RoCE v1 GIDs, which rxe lacks, so a Linux
-peer over rxe declines (``NOSMCRDEV``) and both fall back to TCP; SMC-Rv2
-(UEID, v2 Accept/Confirm, v2 LLC) is the later interop step (see
-:mod:`smcr.stack.devices`).
+server over rxe declines our Proposal with ``NOSMCDEV`` (0x03030000, from
+``smc_find_rdma_v1_device_serv``; seen live in ``tests/interop/test_kernel_smc.py``)
+and both fall back to TCP; SMC-Rv2 (UEID, v2 Accept/Confirm, v2 LLC) is the
+later interop step (see :mod:`smcr.stack.devices`).
 """
 
 from __future__ import annotations
