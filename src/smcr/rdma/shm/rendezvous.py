@@ -103,7 +103,7 @@ def is_shm_gid(gid: bytes) -> bool:
 def socket_path(directory: Path, gid: bytes) -> str:
     """The rendezvous path of the device with ``gid``."""
     path = str(directory / f"{gid.hex()}.sock")
-    if len(path.encode()) >= 108:
+    if len(path.encode()) >= 108 - 16:  # (room for listen()'s temporary name)
         raise VerbsError(errno.ENAMETOOLONG, f"rendezvous path too long: {path}")
     return path
 
@@ -131,20 +131,29 @@ def remove_stale(directory: Path) -> int:
 
 
 def listen(path: str) -> socket.socket:
-    """Bind and listen on ``path`` (mode 0600, non-blocking for the engine)."""
+    """Bind and listen on ``path`` (mode 0600, non-blocking for the engine).
+
+    The socket is bound under a temporary name and renamed to ``path`` only once
+    it listens: another process's :func:`remove_stale` takes a bound socket that
+    does not listen yet (connect refused) for a dead one and would unlink it.
+    """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    tmp = f"{path}.{os.getpid()}.new"  # not "*.sock": remove_stale never looks at it
     try:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+            os.unlink(tmp)
         old = os.umask(0o177)
         try:
-            sock.bind(path)
+            sock.bind(tmp)
         finally:
             os.umask(old)
         sock.listen(64)
+        os.rename(tmp, path)
         sock.setblocking(False)
     except BaseException:
         sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
     return sock
 
