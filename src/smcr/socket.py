@@ -54,12 +54,11 @@ import socket as _socket
 import struct
 import threading
 import time
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from smcr import discovery
 from smcr.core import FellBack, HandshakeCompleted
@@ -72,6 +71,10 @@ from smcr.wire.decline import DeclineCode
 _DONTWAIT = int(_socket.MSG_DONTWAIT)
 _PEEK = int(_socket.MSG_PEEK)
 _WAITALL = int(_socket.MSG_WAITALL)
+_PlainSocket = _socket.socket
+"""``socket.socket`` as the standard library defines it (``smcr run`` replaces the
+module's name with a class of its own; this stays the original)."""
+_INET = (_socket.AF_INET, _socket.AF_INET6)
 _OOB = int(_socket.MSG_OOB)
 MAX_BUFFER = 16 << 20
 PEER_READ_WAIT = 0.01
@@ -110,15 +113,26 @@ def _bufsize(value: int) -> int:
     return uncompress_bufsize(size.bit_length() - 15)
 
 
-class SMCSocket:
-    """A stream socket that uses SMC-R when the peer does (module docstring)."""
+class SMCSocket(_PlainSocket):
+    """A stream socket that uses SMC-R when the peer does (module docstring).
 
-    def __init__(self, family: int = _socket.AF_INET, type: int = _socket.SOCK_STREAM,
-                 proto: int = 0, *, _tcp: _socket.socket | None = None) -> None:  # fmt: skip
-        self._tcp = _tcp if _tcp is not None else _socket.socket(family, type, proto)
-        self._timeout: float | None = _socket.getdefaulttimeout()
-        if _tcp is not None:
-            self._timeout = _tcp.gettimeout()
+    It is a ``socket.socket`` whose own descriptor is the TCP socket; the
+    methods that move bytes use the runtime instead in SMC-R mode.  Sockets of
+    other families and types (``smcr run`` makes every socket one of these) and
+    sockets made from a descriptor that is connected already are plain TCP.
+    """
+
+    # socket.socket's own private members (not in its type stubs)
+    _io_refs: int
+    _closed: bool
+    if TYPE_CHECKING:
+        def _accept(self) -> tuple[int, Any]: ...
+        def _real_close(self) -> None: ...
+
+    def __init__(self, family: int = -1, type: int = -1, proto: int = -1,
+                 fileno: int | None = None, *, _accepted: bool = False) -> None:  # fmt: skip
+        super().__init__(family, type, proto, fileno)
+        self._timeout: float | None = _PlainSocket.gettimeout(self)
         self._mode = "INIT"
         self._hc: HostConn | None = None
         self._stack: Stack | None = None
@@ -137,64 +151,57 @@ class SMCSocket:
         self._connect_error = 0  # what getsockopt(SO_ERROR) says next (non-blocking connect)
         self._oob: int | None = None  # an urgent byte taken out of the stream, unread
         self._oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
-        self._closed = False
-        self._io_refs = 0
         self._finalizer: weakref.finalize[Any, Any] | None = None  # SMC-R mode: _collected
         self._rlock = threading.Lock()
         self._wlock = threading.Lock()
+        if not (self.family in _INET and self.type == _socket.SOCK_STREAM
+                and self.proto in (0, _socket.IPPROTO_TCP)):
+            self._mode = "PLAIN"  # AF_UNIX, UDP, ...: a socket.socket, nothing more
+        elif fileno is not None and not _accepted:
+            self._adopt()
+
+    def _adopt(self) -> None:
+        """A socket made from a descriptor: connected ones are TCP (whatever they were
+        before, SMC cannot start in the middle of a stream), listening ones listen."""
+        try:
+            _PlainSocket.getpeername(self)
+        except OSError:
+            if _PlainSocket.getsockopt(self, _socket.SOL_SOCKET, _socket.SO_ACCEPTCONN):
+                self._smc_ok = discovery.current().opt_in(self)
+                self._mode = "LISTEN"
+            return
+        self._fall_back(int(DeclineCode.PEERNOSMC), 0)
 
     # ------------------------------------------------------------ plain attributes
 
-    @property
-    def family(self) -> int:
-        """The address family."""
-        return self._tcp.family
-
-    @property
-    def type(self) -> int:
-        """``SOCK_STREAM``."""
-        return self._tcp.type
-
-    @property
-    def proto(self) -> int:
-        """The protocol number."""
-        return self._tcp.proto
-
     def __repr__(self) -> str:
-        return f"<SMCSocket mode={self._mode} tcp={self._tcp!r}>"
-
-    def __enter__(self) -> SMCSocket:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def bind(self, address: Any) -> None:
-        """Bind the TCP socket."""
-        self._tcp.bind(address)
+        ends = ""
+        try:
+            ends = f", laddr={_PlainSocket.getsockname(self)}"
+            ends += f", raddr={_PlainSocket.getpeername(self)}"
+        except OSError:
+            pass
+        fd = _PlainSocket.fileno(self)
+        return f"<smcr.SMCSocket mode={self._mode} fd={fd}, family={self.family!s}{ends}>"
 
     def listen(self, backlog: int = 128) -> None:
         """Listen: serves SMC and plain TCP clients."""
-        self._smc_ok = discovery.current().opt_in(self._tcp)
-        self._tcp.listen(backlog)
+        if self._mode == "PLAIN":
+            _PlainSocket.listen(self, backlog)
+            return
+        self._smc_ok = discovery.current().opt_in(self)
+        _PlainSocket.listen(self, backlog)
         self._backlog = max(1, backlog)
         self._mode = "LISTEN"
-
-    def getsockname(self) -> Any:
-        """The TCP connection's local address."""
-        return self._tcp.getsockname()
-
-    def getpeername(self) -> Any:
-        """The TCP connection's peer address."""
-        return self._tcp.getpeername()
 
     def settimeout(self, value: float | None) -> None:
         """As ``socket.settimeout``."""
         if value is not None and value < 0:
             raise ValueError("Timeout value out of range")
         self._timeout = value
-        if self._mode in ("INIT", "LISTEN", "TCP"):
-            self._tcp.settimeout(value)
+        if self._mode in ("INIT", "TCP", "PLAIN") or (self._mode == "LISTEN"
+                                                      and self._queue is None):
+            _PlainSocket.settimeout(self, value)
 
     def gettimeout(self) -> float | None:
         """As ``socket.gettimeout``."""
@@ -232,7 +239,7 @@ class SMCSocket:
             self._rmb_size = _bufsize(int(value))
         elif level == _socket.SOL_SOCKET and optname == _socket.SO_SNDBUF:
             self._sndbuf_size = _bufsize(int(value))
-        self._tcp.setsockopt(level, optname, value, *args)
+        _PlainSocket.setsockopt(self, level, optname, value, *args)
 
     def getsockopt(self, level: int, optname: int, *args: Any) -> Any:
         """SO_SNDBUF/SO_RCVBUF report smcr's buffer sizes; SO_ERROR the outcome of a
@@ -243,12 +250,12 @@ class SMCSocket:
             if self._connect_error:
                 err, self._connect_error = self._connect_error, 0
                 return err
-        if self._mode != "TCP" and level == _socket.SOL_SOCKET and not args:
+        if self._mode not in ("TCP", "PLAIN") and level == _socket.SOL_SOCKET and not args:
             if optname == _socket.SO_RCVBUF:
                 return self._rmb_size or default_buffer_size()
             if optname == _socket.SO_SNDBUF:
                 return self._sndbuf_size or default_buffer_size()
-        return self._tcp.getsockopt(level, optname, *args)
+        return _PlainSocket.getsockopt(self, level, optname, *args)
 
     # ------------------------------------------------------------ connecting
 
@@ -265,23 +272,23 @@ class SMCSocket:
         if self._mode == "CONNECTING":
             raise BlockingIOError(errno.EALREADY, os.strerror(errno.EALREADY))
         if self._mode != "INIT":
-            self._tcp.connect(address)  # the kernel's EISCONN (or a new connect)
+            _PlainSocket.connect(self, address)  # the kernel's EISCONN (or a new connect)
             return
-        smc_ok = discovery.current().opt_in(self._tcp)
+        smc_ok = discovery.current().opt_in(self)
         if not smc_ok:
             self._fall_back(int(DeclineCode.PEERNOSMC), 0)
-            self._tcp.connect(address)
+            _PlainSocket.connect(self, address)
             return
         if self._timeout == 0.0:
-            err = self._tcp.connect_ex(address)
+            err = _PlainSocket.connect_ex(self, address)
             if err not in (0, errno.EINPROGRESS):
                 raise OSError(err, os.strerror(err))
             self._connecting = _Connecting(self)
             self._mode = "CONNECTING"
             self._connecting.start()
             raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
-        self._tcp.connect(address)
-        if discovery.current().peer_offered(self._tcp, client=True):
+        _PlainSocket.connect(self, address)
+        if discovery.current().peer_offered(self, client=True):
             self._handshake(client=True)
         else:
             self._fall_back(int(DeclineCode.PEERNOSMC), 0)
@@ -304,11 +311,15 @@ class SMCSocket:
         without a fallback (malformed CLC, Linux ``-EPROTO``) is reset and never
         returned, as Linux's listen worker never hands such a socket to ``accept``.
         """
+        if self._mode == "PLAIN":
+            fd, addr = self._accept()
+            return SMCSocket(self.family, self.type, self.proto, fileno=fd), addr
         queue = self._accept_queue()
         if queue is None:  # discovery is off: nothing but TCP can come
-            tcp, addr = self._tcp.accept()
-            sock = SMCSocket(_tcp=tcp)
-            sock._fall_back(int(DeclineCode.PEERNOSMC), 0)
+            fd, addr = self._accept()
+            sock = SMCSocket(self.family, self.type, self.proto, fileno=fd)
+            if _socket.getdefaulttimeout() is None and self._timeout:
+                sock.setblocking(True)  # as socket.accept(): not the listener's timeout
             return sock, addr
         return queue.take(self._timeout)
 
@@ -322,15 +333,16 @@ class SMCSocket:
         queue = self._queue
         if queue is None or queue.pid != os.getpid():
             queue = self._queue = _AcceptQueue(self)
+            weakref.finalize(self, queue.close)  # dropped unclosed: the queue goes too
         return queue
 
     def _local_ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-        host = self._tcp.getsockname()[0]
+        host = _PlainSocket.getsockname(self)[0]
         return ipaddress.ip_address(host.split("%")[0])
 
     def _scope_id(self) -> int:
         """The interface index of a link-local IPv6 local address (0 otherwise)."""
-        name = self._tcp.getsockname()
+        name = _PlainSocket.getsockname(self)
         return int(name[3]) if len(name) == 4 else 0
 
     def _handshake(self, client: bool) -> None:
@@ -354,7 +366,10 @@ class SMCSocket:
         # the RNIC of this address (and, link-local, of this interface)
         stack = self._stack = get_stack(self._local_ip(), self._scope_id())
         with stack.lock:
-            hc = self._hc = stack.new_conn(self._tcp)
+            # the runtime's own descriptor of the TCP socket: it outlives ours when the
+            # application closes first (the closing CDCs, then the FIN)
+            tcp = _PlainSocket(fileno=os.dup(_PlainSocket.fileno(self)))
+            hc = self._hc = stack.new_conn(tcp)
             hc.on_outcome = on_outcome
             stack.start_handshake(hc, client, self._local_ip(), self._rmb_size,
                                   self._sndbuf_size)  # fmt: skip
@@ -373,22 +388,22 @@ class SMCSocket:
                                  first_contact=outcome.first_contact)  # fmt: skip
             # collected unclosed: close as close() would (the runtime holds the TCP
             # socket and the buffers; nothing else would ever let them go)
-            self._finalizer = weakref.finalize(self, _collected, stack, hc, self._tcp)
+            self._finalizer = weakref.finalize(self, _collected, stack, hc, hc.tcp)
             self._finalizer.atexit = False  # at exit the runtime itself goes (module doc)
             self._mode = "SMCR"
             return
         trailing = hc.handshake.reader.trailing_data if hc.handshake is not None else b""
         self._hc = None
+        hc.tcp.close()  # the runtime's descriptor: ours goes on (TCP) or is reset
+        _PlainSocket.settimeout(self, self._timeout)  # (the runtime made it non-blocking)
         if isinstance(outcome, FellBack):
-            self._tcp.setblocking(True)
-            self._tcp.settimeout(self._timeout)
             self._prefix = trailing
             self._fall_back(outcome.local_code, outcome.peer_code)
             return
         with contextlib.suppress(OSError):  # a reset, as Linux ends a broken handshake
-            self._tcp.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER,
-                                 struct.pack("ii", 1, 0))  # fmt: skip
-        self._tcp.close()
+            _PlainSocket.setsockopt(self, _socket.SOL_SOCKET, _socket.SO_LINGER,
+                                    struct.pack("ii", 1, 0))  # fmt: skip
+        _PlainSocket.close(self)
 
     def _fall_back(self, local: int, peer: int) -> None:
         self._mode = "TCP"
@@ -422,7 +437,8 @@ class SMCSocket:
         and the RNIC takes inline WRITEs (one copy, as TCP makes one into the kernel),
         else by copying into the send buffer, which the engine RDMA-WRITEs from."""
         if self._mode != "SMCR":
-            return self._tcp_call().send(data, flags)
+            self._tcp_ok()
+            return _PlainSocket.send(self, data, flags)
         view = memoryview(data)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
@@ -514,7 +530,8 @@ class SMCSocket:
     def sendall(self, data: Any, flags: int = 0) -> None:
         """Send everything (blocking, or raising where ``socket.sendall`` would)."""
         if self._mode != "SMCR":
-            self._tcp_call().sendall(data, flags)
+            self._tcp_ok()
+            _PlainSocket.sendall(self, data, flags)
             return
         view = memoryview(data)
         if view.format != "B" or view.ndim != 1:
@@ -647,7 +664,8 @@ class SMCSocket:
         ignores them).  ``address`` is ignored, as by a connected TCP socket.
         """
         if self._mode != "SMCR":
-            return self._tcp_call().sendmsg(buffers, *args)
+            self._tcp_ok()
+            return _PlainSocket.sendmsg(self, buffers, *args)
         if len(args) > 3:
             raise TypeError(f"sendmsg() takes at most 4 arguments ({len(args) + 1} given)")
         ancdata = args[0] if args else ()
@@ -677,7 +695,8 @@ class SMCSocket:
         """As ``socket.recvmsg``: ``(data, [], msg_flags, None)`` (no control messages over
         SMC-R; no address on a connected stream); flags as :meth:`recv_into` takes them."""
         if self._mode != "SMCR" and not self._prefix:
-            return self._tcp_call().recvmsg(bufsize, ancbufsize, flags)
+            self._tcp_ok()
+            return _PlainSocket.recvmsg(self, bufsize, ancbufsize, flags)
         if bufsize < 0:
             raise ValueError("negative buffer size in recvmsg()")
         if ancbufsize < 0:
@@ -692,7 +711,8 @@ class SMCSocket:
         another as far as bytes are there (the first waits as :meth:`recv_into`
         does, MSG_WAITALL waits for all), or from one copy for MSG_PEEK/MSG_OOB."""
         if self._mode != "SMCR" and not self._prefix:
-            return self._tcp_call().recvmsg_into(buffers, ancbufsize, flags)
+            self._tcp_ok()
+            return _PlainSocket.recvmsg_into(self, buffers, ancbufsize, flags)
         if ancbufsize < 0:
             raise ValueError("invalid ancillary data buffer length")
         flags = int(flags)
@@ -735,7 +755,8 @@ class SMCSocket:
         (``os.sendfile``, zero copy).
         """
         if self._mode != "SMCR":
-            return self._tcp_call().sendfile(file, offset, count)
+            self._tcp_ok()
+            return _PlainSocket.sendfile(self, file, offset, count)
         if "b" not in getattr(file, "mode", "b"):
             raise ValueError("file should be opened in binary mode")
         if count is not None:
@@ -777,12 +798,10 @@ class SMCSocket:
 
     # ------------------------------------------------------------ TCP mode
 
-    def _tcp_call(self) -> _socket.socket:
-        if self._closed:
-            raise OSError(errno.EBADF, "Bad file descriptor")
+    def _tcp_ok(self) -> None:
+        """Before a call goes to the kernel's TCP socket: not while connecting."""
         if self._mode == "CONNECTING":  # not a byte before SMC-R or TCP is settled
             raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
-        return self._tcp
 
     def _tcp_recv(self, bufsize: int, flags: int) -> bytes:
         if self._prefix and not flags & _OOB:
@@ -790,7 +809,8 @@ class SMCSocket:
             if not flags & _PEEK:
                 self._prefix = self._prefix[len(data):]
             return data
-        return self._tcp_call().recv(bufsize, flags)
+        self._tcp_ok()
+        return _PlainSocket.recv(self, bufsize, flags)
 
     def _tcp_recv_into(self, buffer: Any, nbytes: int, flags: int) -> int:
         out = memoryview(buffer).cast("B")
@@ -799,7 +819,8 @@ class SMCSocket:
             data = self._tcp_recv(want, flags)
             out[: len(data)] = data
             return len(data)
-        return self._tcp_call().recv_into(out, want, flags)
+        self._tcp_ok()
+        return _PlainSocket.recv_into(self, out, want, flags)
 
     # ------------------------------------------------------------ readiness, files
 
@@ -809,12 +830,12 @@ class SMCSocket:
             return -1
         if self._mode == "LISTEN":
             queue = self._accept_queue()
-            return self._tcp.fileno() if queue is None else queue.fileno()
+            return _PlainSocket.fileno(self) if queue is None else queue.fileno()
         if self._mode == "CONNECTING":
             assert self._connecting is not None
             return self._connecting.readiness.fileno()
         if self._mode != "SMCR":
-            return self._tcp.fileno()
+            return _PlainSocket.fileno(self)
         stack, hc = self._smc()
         with stack.lock:
             if hc.readiness is None:
@@ -855,14 +876,18 @@ class SMCSocket:
         return text
 
     def _decref_socketios(self) -> None:
-        self._io_refs -= 1
+        if self._io_refs > 0:
+            self._io_refs -= 1
+        if self._closed and self._io_refs <= 0:
+            self._real_close()
 
     # ------------------------------------------------------------ closing
 
     def shutdown(self, how: int) -> None:
         """SHUT_RD, SHUT_WR (done-writing CDC, then TCP FIN, as Linux), SHUT_RDWR."""
         if self._mode != "SMCR":
-            self._tcp_call().shutdown(how)
+            self._tcp_ok()
+            _PlainSocket.shutdown(self, how)
             return
         stack, hc = self._smc()
         if how in (_socket.SHUT_RD, _socket.SHUT_RDWR):
@@ -907,7 +932,7 @@ class SMCSocket:
             self._connecting.close()
         if self._mode == "SMCR" and self._stack is not None and self._hc is not None:
             stack, hc = self._stack, self._hc
-            linger = _linger(self._tcp)
+            linger = _linger(self)
             if linger == 0:
                 with stack.lock:
                     stack.abort(hc)
@@ -920,13 +945,47 @@ class SMCSocket:
                     stack.app_close(hc)
                     if c is not None:
                         stack.wait(hc, lambda: _cdcs_done(c), deadline)
-        else:
-            self._tcp.close()
         self._closed = True
+        if self._io_refs <= 0:  # makefile()'s files still open: the last one closes
+            self._real_close()
 
     def detach(self) -> int:
-        """Not supported for SMC sockets (the TCP socket stays with the connection)."""
-        raise OSError(errno.EOPNOTSUPP, "detach is not supported by SMCSocket")
+        """As ``socket.detach`` for a TCP socket; not for one in SMC-R mode (its bytes
+        are in the runtime, not in the descriptor)."""
+        if self._mode in ("SMCR", "CONNECTING") or (self._mode == "LISTEN" and self._queue):
+            raise OSError(errno.EOPNOTSUPP, "detach is not supported by an SMC-R socket")
+        return _PlainSocket.detach(self)
+
+    def dup(self) -> SMCSocket:
+        """As ``socket.dup`` for a TCP or listening socket; not for one in SMC-R mode."""
+        if self._mode in ("SMCR", "CONNECTING"):
+            raise OSError(errno.EOPNOTSUPP, "dup is not supported by an SMC-R socket")
+        sock = SMCSocket(self.family, self.type, self.proto,
+                         fileno=os.dup(_PlainSocket.fileno(self)))  # fmt: skip
+        sock.settimeout(self.gettimeout())
+        return sock
+
+    def recvfrom(self, bufsize: int, flags: int = 0) -> tuple[bytes, Any]:
+        """As ``socket.recvfrom`` on a connected stream."""
+        if self._mode != "SMCR" and not self._prefix:
+            self._tcp_ok()
+            return _PlainSocket.recvfrom(self, bufsize, flags)
+        return self.recv(bufsize, flags), None
+
+    def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> tuple[int, Any]:
+        """As ``socket.recvfrom_into`` on a connected stream."""
+        if self._mode != "SMCR" and not self._prefix:
+            self._tcp_ok()
+            return _PlainSocket.recvfrom_into(self, buffer, nbytes, flags)
+        return self.recv_into(buffer, nbytes, flags), None
+
+    def sendto(self, data: Any, *args: Any) -> int:
+        """As ``socket.sendto``: on a connected stream socket the kernel refuses an
+        address (``EISCONN``); so does SMC-R mode."""
+        if self._mode != "SMCR":
+            self._tcp_ok()
+            return _PlainSocket.sendto(self, data, *args)
+        raise OSError(errno.EISCONN, os.strerror(errno.EISCONN))
 
 
 def _cdcs_done(c: Connection) -> bool:
@@ -966,16 +1025,12 @@ def _collected(stack: Stack, hc: HostConn, tcp: _socket.socket) -> None:
     """An SMC-R mode :class:`SMCSocket` was garbage-collected unclosed (``weakref.finalize``;
     it holds the runtime, the connection and the TCP socket, never the socket object).
 
-    Warns as ``socket.socket`` does, then hands the close to the runtime
-    (:meth:`Stack.orphan`): the collector may run in any thread, even one that
-    holds the runtime's lock, so nothing here takes that lock or waits.
+    The socket's own finalizer (``socket.socket``'s) has warned and closed its
+    descriptor; this hands the connection to the runtime (:meth:`Stack.orphan`):
+    the collector may run in any thread, even one that holds the runtime's lock,
+    so nothing here takes that lock or waits.
     """
-    try:
-        if os.getpid() == stack.pid:
-            warnings.warn(f"unclosed <SMCSocket mode=SMCR tcp={tcp!r}>", ResourceWarning,
-                          stacklevel=3)  # the frame that dropped it  # fmt: skip
-    finally:
-        stack.orphan(hc, _linger(tcp))
+    stack.orphan(hc, _linger(tcp))
 
 
 class _AcceptQueue:
@@ -993,8 +1048,13 @@ class _AcceptQueue:
 
     def __init__(self, listener: SMCSocket) -> None:
         self.pid = os.getpid()
-        self.tcp = listener._tcp
-        self.tcp.setblocking(False)  # the listener's own timeout applies to take()
+        # our own descriptor of the listening socket (non-blocking; the listener's
+        # timeout applies to take()): nothing here keeps the listener object alive,
+        # so one dropped unclosed is collected, and its finalizer closes this too
+        self.sock = _PlainSocket(fileno=os.dup(_PlainSocket.fileno(listener)))
+        self.sock.setblocking(False)
+        self.fd = self.sock.fileno()
+        self.family, self.type, self.proto = listener.family, listener.type, listener.proto
         self.rmb_size, self.sndbuf_size = listener._rmb_size, listener._sndbuf_size
         self.backlog = listener._backlog
         self.ready: deque[tuple[SMCSocket, Any]] = deque()
@@ -1013,7 +1073,7 @@ class _AcceptQueue:
 
     def _watch(self) -> None:
         self.watching = True
-        get_watcher().watch(self.tcp.fileno(), selectors.EVENT_READ, self._on_readable)
+        get_watcher().watch(self.fd, selectors.EVENT_READ, self._on_readable)
 
     def _on_readable(self) -> None:
         """Accept what the kernel has (watcher thread)."""
@@ -1023,10 +1083,10 @@ class _AcceptQueue:
                     return
                 if len(self.ready) + self.pending >= self.backlog:
                     self.watching = False  # full: take() watches again
-                    get_watcher().unwatch(self.tcp.fileno())
+                    get_watcher().unwatch(self.fd)
                     return
             try:
-                tcp, addr = self.tcp.accept()
+                fd, addr = self.sock._accept()  # type: ignore[attr-defined]
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:  # EMFILE, ENOBUFS...: accept() raises it
@@ -1034,18 +1094,16 @@ class _AcceptQueue:
                     if not self.closed:
                         self.error = exc
                         self.watching = False
-                        get_watcher().unwatch(self.tcp.fileno())
+                        get_watcher().unwatch(self.fd)
                         self._changed()
                 return
-            self._admit(tcp, addr)
+            self._admit(fd, addr)
 
-    def _admit(self, tcp: _socket.socket, addr: Any) -> None:
-        timeout = _socket.getdefaulttimeout()  # as socket.accept() leaves a new socket
-        tcp.settimeout(timeout)
-        sock = SMCSocket(_tcp=tcp)
-        sock._timeout = timeout
+    def _admit(self, fd: int, addr: Any) -> None:
+        sock = SMCSocket(self.family, self.type, self.proto, fileno=fd, _accepted=True)
+        sock.settimeout(_socket.getdefaulttimeout())  # as socket.accept() leaves it
         sock._rmb_size, sock._sndbuf_size = self.rmb_size, self.sndbuf_size
-        if not discovery.current().peer_offered(tcp, client=False):
+        if not discovery.current().peer_offered(sock, client=False):
             sock._fall_back(int(DeclineCode.PEERNOSMC), 0)
             with self.cond:
                 self.ready.append((sock, addr))
@@ -1058,7 +1116,7 @@ class _AcceptQueue:
         except Exception:
             with self.cond:
                 self.pending -= 1
-            tcp.close()
+            sock.close()
             raise
 
     def _handshake_ended(self, sock: SMCSocket, addr: Any, hc: HostConn) -> None:
@@ -1121,10 +1179,11 @@ class _AcceptQueue:
         with self.cond:
             self.closed = True
             if self.watching:
-                get_watcher().unwatch(self.tcp.fileno())
+                get_watcher().unwatch(self.fd)
             self.cond.notify_all()
         self._close_ready()
         self.readiness.close()
+        self.sock.close()
 
 
 class _Connecting:
@@ -1140,7 +1199,7 @@ class _Connecting:
         self.sock = sock
         self.readiness = Readiness()
         self.readiness.set(False, False)
-        self.fd = sock._tcp.fileno()
+        self.fd = _PlainSocket.fileno(sock)
         self.closed = False
 
     def start(self) -> None:
@@ -1153,10 +1212,10 @@ class _Connecting:
         sock = self.sock
         if self.closed:
             return
-        err = sock._tcp.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR)
+        err = _PlainSocket.getsockopt(sock, _socket.SOL_SOCKET, _socket.SO_ERROR)
         if err:
             self._settle("TCP", err)
-        elif discovery.current().peer_offered(sock._tcp, client=True):
+        elif discovery.current().peer_offered(sock, client=True):
             sock._start_handshake(True, self._handshake_ended)
         else:
             sock._fall_back(int(DeclineCode.PEERNOSMC), 0)

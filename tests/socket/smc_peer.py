@@ -299,6 +299,7 @@ def drop_server(ctl: Connection, size: int) -> None:
         del c
         gc.collect()
     ctl.send([(w.category.__name__, str(w.message)) for w in caught])
+    del caught  # a recorded warning holds its source, the socket: let it go now
     ctl.recv()  # the client has read everything and closed
     ctl.send(wait_released(stack, conn_id))
     srv.close()

@@ -217,11 +217,11 @@ def test_asyncio_sock_accept_sock_connect_sendall_recv() -> None:
         srv.setblocking(False)
         cli = smcr.SMCSocket()
         cli.setblocking(False)
-        accepted = asyncio.ensure_future(loop.sock_accept(srv))  # type: ignore[arg-type]
-        await asyncio.wait_for(loop.sock_connect(cli, srv.getsockname()),  # type: ignore[arg-type]
+        accepted = asyncio.ensure_future(loop.sock_accept(srv))
+        await asyncio.wait_for(loop.sock_connect(cli, srv.getsockname()),
                                20)
         conn, _ = await asyncio.wait_for(accepted, 20)
-        await loop.sock_sendall(cli, b"x" * 100000)  # type: ignore[arg-type]
+        await loop.sock_sendall(cli, b"x" * 100000)
         got = b""
         while len(got) < 100000:
             got += await asyncio.wait_for(loop.sock_recv(conn, 65536), 20)

@@ -25,6 +25,7 @@ in :attr:`Discovery.why` (``smcr info``; ``SMCR_DEBUG`` prints it).
 
 from __future__ import annotations
 
+import _socket
 import ipaddress
 import os
 import socket
@@ -54,7 +55,7 @@ class Discovery:
         if self.flags is None:
             return False
         try:
-            self.flags.want(sock.fileno())
+            self.flags.want(_kernel_fd(sock))
         except OSError:
             return False
         return True
@@ -68,7 +69,7 @@ class Discovery:
         """
         if self.mode == "bpf" and self.flags is not None:
             try:
-                return self.flags.peer(sock.fileno())
+                return self.flags.peer(_kernel_fd(sock))
             except OSError:
                 return False
         if self.mode == "policy":
@@ -80,6 +81,11 @@ class Discovery:
                 return False
             return self.rules.matches(address, int(port))
         return False
+
+
+def _kernel_fd(sock: socket.socket) -> int:
+    """The socket's own descriptor (an SMC socket's ``fileno()`` may be another one)."""
+    return int(_socket.socket.fileno(sock))
 
 
 _current: Discovery | None = None
