@@ -151,3 +151,22 @@ def nobody_peer_flags(src: Path) -> list[str]:
                          env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert res.returncode == 0, res.stderr
     return res.stdout.split()
+
+
+def test_processes_started_by_ip_netns_exec_find_the_pins() -> None:
+    """``ip netns exec`` mounts the namespace's own /sys over ours, hiding /sys/fs/bpf:
+    the second copy of the pins under /run serves such processes."""
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2 missing")
+    ns = f"smcr-test-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+    try:
+        res = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c",
+                              "import os; from smcr import discovery;"
+                              "print(os.path.exists('/sys/fs/bpf/smcr/map'),"
+                              " discovery.current().mode)"],
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                             check=True)  # fmt: skip
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False, timeout=30)
+    assert res.stdout.split() == ["False", "bpf"]

@@ -103,7 +103,8 @@ def _choose() -> Discovery:
         state = bpf.status()
         if state.enabled and state.covers_us:
             try:
-                return Discovery("bpf", f"TCP option, attached to {state.cgroup}",
+                where = state.cgroup or f"cgroup id {state.cgroup_id} (not visible here)"
+                return Discovery("bpf", f"TCP option, attached to {where}",
                                  flags=bpf.SocketFlags(state.pin_dir))  # fmt: skip
             except OSError as exc:
                 why.append(f"{state.pin_dir / bpf.MAP_PIN}: {exc.strerror}")

@@ -31,6 +31,10 @@ from smcr.discovery import bpfsys, program
 
 BPFFS = Path("/sys/fs/bpf")
 DEFAULT_PIN_DIR = BPFFS / "smcr"
+RUN_BPFFS = Path("/run/smcr-bpf")
+RUN_PIN_DIR = RUN_BPFFS / "smcr"
+"""A second copy of the pins, for processes started by ``ip netns exec``: it mounts a
+sysfs of the namespace over ``/sys``, which hides ``/sys/fs/bpf``."""
 MAP_PIN, LINK_PIN = "map", "link"
 _BPF_FS_MAGIC = 0xCAFE4A11
 _LINK_TYPE_CGROUP = 3
@@ -39,6 +43,14 @@ _LINK_TYPE_CGROUP = 3
 def pin_dir() -> Path:
     """Where ``smcr enable`` pins the map and the link (``SMCR_BPF_DIR`` overrides)."""
     return Path(os.environ.get("SMCR_BPF_DIR") or DEFAULT_PIN_DIR)
+
+
+def pin_dirs() -> list[Path]:
+    """Where to look for the pins: :func:`pin_dir`, and by default also
+    :data:`RUN_PIN_DIR`."""
+    if os.environ.get("SMCR_BPF_DIR"):
+        return [pin_dir()]
+    return [DEFAULT_PIN_DIR, RUN_PIN_DIR]
 
 
 def cgroup2_mount() -> Path | None:
@@ -98,6 +110,7 @@ class Status:
     prog_id: int = 0
     covers_us: bool = False  # this process is in that cgroup (or below it)
     why: str = ""  # when not enabled: what is missing
+    cgroup_id: int = 0
 
 
 def _cgroup_path(cgroup_id: int) -> Path | None:
@@ -119,9 +132,11 @@ def _cgroup_path(cgroup_id: int) -> Path | None:
 
 
 def status(pins: Path | None = None) -> Status:
-    """Whether discovery is enabled in ``pins`` (default :func:`pin_dir`), where, and
-    whether this process is covered."""
-    pins = pins or pin_dir()
+    """Whether discovery is enabled in ``pins`` (default: the first of :func:`pin_dirs`
+    that has it), where, and whether this process is covered."""
+    if pins is None:
+        found = [status(where) for where in pin_dirs()]
+        return next((state for state in found if state.enabled), found[0])
     if not bpfsys.supported():
         return Status(False, pins, why="bpf(2) is not known on this architecture")
     try:
@@ -140,9 +155,10 @@ def status(pins: Path | None = None) -> Status:
         return Status(False, pins, why="the pinned link is detached")
     cgroup = _cgroup_path(cgroup_id)
     mine = own_cgroup()
-    covers = cgroup is not None and mine is not None and (mine == cgroup
-                                                          or cgroup in mine.parents)
-    return Status(True, pins, cgroup, prog_id, covers)
+    # where the cgroup tree is not visible (``ip netns exec`` mounts its own /sys), take
+    # it that we are covered; if not, our SYNs carry no option and both ends see TCP
+    covers = cgroup is None or mine is None or mine == cgroup or cgroup in mine.parents
+    return Status(True, pins, cgroup, prog_id, covers, cgroup_id=cgroup_id)
 
 
 def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
@@ -151,7 +167,8 @@ def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
 
     :raises OSError: not root, no cgroup v2, or the kernel refused (its reason).
     """
-    pins = pins or pin_dir()
+    copies = [pins] if pins is not None else pin_dirs()
+    pins = copies[0]
     now = status(pins)
     if now.enabled:
         return now
@@ -181,9 +198,12 @@ def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
         bpfsys.obj_pin(map_fd, str(pins / MAP_PIN))
         os.chmod(pins / MAP_PIN, 0o666)
         bpfsys.obj_pin(link_fd, str(pins / LINK_PIN))
+        for extra in copies[1:]:
+            _pin_copy(extra, map_fd, link_fd)
     except OSError:
-        for name in (MAP_PIN, LINK_PIN):
-            (pins / name).unlink(missing_ok=True)
+        for where in copies:
+            for name in (MAP_PIN, LINK_PIN):
+                (where / name).unlink(missing_ok=True)
         raise
     finally:
         for fd in fds:
@@ -191,9 +211,22 @@ def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
     return status(pins)
 
 
+def _pin_copy(pins: Path, map_fd: int, link_fd: int) -> None:
+    """Pin the map and the link once more, in a bpffs of its own under ``/run``."""
+    _mount_bpffs(pins.parent)
+    pins.mkdir(mode=0o755, exist_ok=True)
+    for name in (MAP_PIN, LINK_PIN):
+        (pins / name).unlink(missing_ok=True)
+    bpfsys.obj_pin(map_fd, str(pins / MAP_PIN))
+    os.chmod(pins / MAP_PIN, 0o666)
+    bpfsys.obj_pin(link_fd, str(pins / LINK_PIN))
+
+
 def disable(pins: Path | None = None) -> bool:
-    """Detach the program and remove the pins; whether anything was enabled there."""
-    pins = pins or pin_dir()
+    """Detach the program and remove the pins (default: in every one of
+    :func:`pin_dirs`); whether anything was enabled there."""
+    if pins is None:
+        return any([disable(where) for where in pin_dirs()])
     was = False
     try:
         link_fd = bpfsys.obj_get(str(pins / LINK_PIN))
@@ -214,7 +247,7 @@ def disable(pins: Path | None = None) -> bool:
         except FileNotFoundError:
             pass
     try:
-        if pins != BPFFS:
+        if pins not in (BPFFS, RUN_BPFFS):
             pins.rmdir()
     except OSError:
         pass
@@ -229,7 +262,7 @@ class SocketFlags:
     """
 
     def __init__(self, pins: Path | None = None) -> None:
-        self.path = (pins or pin_dir()) / MAP_PIN
+        self.path = (pins or status().pin_dir) / MAP_PIN
         self.fd = bpfsys.obj_get(str(self.path))
 
     def want(self, fd: int) -> None:
