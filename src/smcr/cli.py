@@ -120,6 +120,16 @@ def _cmd_discovery(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    """Run a Python program with every TCP socket an SMC socket (``smc_run``)."""
+    from smcr.run.launcher import run  # noqa: PLC0415
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    return run(command, args.rmb, args.sndbuf, args.debug)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``smcr`` command."""
     parser = argparse.ArgumentParser(prog="smcr", description=__doc__.splitlines()[0])
@@ -163,6 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
     enable.set_defaults(func=_cmd_enable)
     disable = sub.add_parser("disable", help="turn TCP-option discovery off again (root)")
     disable.set_defaults(func=_cmd_disable)
+    run = sub.add_parser("run", help="run a Python program with its TCP sockets using SMC-R "
+                         "where the peer offers it (as smc_run)")
+    run.add_argument("-r", dest="rmb", metavar="SIZE", help="RMB (receive buffer) size, "
+                     "k/m suffixes (default: the RNIC's)")
+    run.add_argument("-t", dest="sndbuf", metavar="SIZE", help="send buffer size, k/m suffixes")
+    run.add_argument("-d", dest="debug", action="store_true",
+                     help="print how each connection was made (standard error)")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND [ARGS...]")
+    run.set_defaults(func=_cmd_run)
     disc = sub.add_parser("discovery", help="how smcr programs here learn that a peer "
                           "speaks SMC (mode and why)")
     disc.add_argument("--json", action="store_true", help="machine-readable")

@@ -52,6 +52,7 @@ import os
 import selectors
 import socket as _socket
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -66,7 +67,7 @@ from smcr.core.connection import Connection
 from smcr.stack.runtime import HostConn, Readiness, Stack, default_buffer_size, get_stack
 from smcr.stack.watcher import get_watcher
 from smcr.wire.clc import uncompress_bufsize
-from smcr.wire.decline import DeclineCode
+from smcr.wire.decline import DeclineCode, describe
 
 _DONTWAIT = int(_socket.MSG_DONTWAIT)
 _PEEK = int(_socket.MSG_PEEK)
@@ -122,6 +123,12 @@ class SMCSocket(_PlainSocket):
     sockets made from a descriptor that is connected already are plain TCP.
     """
 
+    _debug = False  # smcr run -d
+    default_rmb_size = 0
+    """RMB size of new sockets (0: the RNIC's default); ``smcr run -r`` sets it."""
+    default_sndbuf_size = 0
+    """Send buffer size of new sockets (0: the RNIC's default); ``smcr run -t`` sets it."""
+
     # socket.socket's own private members (not in its type stubs)
     _io_refs: int
     _closed: bool
@@ -141,8 +148,8 @@ class SMCSocket(_PlainSocket):
         # 0: the RNIC's default (smcr.stack.runtime.default_buffer_size), without
         # opening an RNIC: which one is known only once the TCP connection has a
         # local address (smcr.stack.devices); SO_RCVBUF/SO_SNDBUF set them
-        self._rmb_size = 0
-        self._sndbuf_size = 0
+        self._rmb_size = self.default_rmb_size
+        self._sndbuf_size = self.default_sndbuf_size
         self._rd_shut = False
         self._smc_ok = False  # listening: opted in to discovery (its children may use SMC)
         self._backlog = 128
@@ -151,6 +158,7 @@ class SMCSocket(_PlainSocket):
         self._connect_error = 0  # what getsockopt(SO_ERROR) says next (non-blocking connect)
         self._oob: int | None = None  # an urgent byte taken out of the stream, unread
         self._oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
+        self._gone = False  # closed for good (close(), and no makefile() file open)
         self._finalizer: weakref.finalize[Any, Any] | None = None  # SMC-R mode: _collected
         self._rlock = threading.Lock()
         self._wlock = threading.Lock()
@@ -313,11 +321,11 @@ class SMCSocket(_PlainSocket):
         """
         if self._mode == "PLAIN":
             fd, addr = self._accept()
-            return SMCSocket(self.family, self.type, self.proto, fileno=fd), addr
+            return type(self)(self.family, self.type, self.proto, fileno=fd), addr
         queue = self._accept_queue()
         if queue is None:  # discovery is off: nothing but TCP can come
             fd, addr = self._accept()
-            sock = SMCSocket(self.family, self.type, self.proto, fileno=fd)
+            sock = type(self)(self.family, self.type, self.proto, fileno=fd)
             if _socket.getdefaulttimeout() is None and self._timeout:
                 sock.setblocking(True)  # as socket.accept(): not the listener's timeout
             return sock, addr
@@ -391,6 +399,8 @@ class SMCSocket(_PlainSocket):
             self._finalizer = weakref.finalize(self, _collected, stack, hc, hc.tcp)
             self._finalizer.atexit = False  # at exit the runtime itself goes (module doc)
             self._mode = "SMCR"
+            if self._debug:
+                self._report()
             return
         trailing = hc.handshake.reader.trailing_data if hc.handshake is not None else b""
         self._hc = None
@@ -408,6 +418,18 @@ class SMCSocket(_PlainSocket):
     def _fall_back(self, local: int, peer: int) -> None:
         self._mode = "TCP"
         self._info = SmcInfo("TCP", local_code=local, peer_code=peer, state="ACTIVE")
+        if self._debug:
+            self._report()
+
+    def _report(self) -> None:
+        """``smcr run -d``: one line per connection on standard error."""
+        try:
+            ends = f"{_PlainSocket.getsockname(self)} -> {_PlainSocket.getpeername(self)}"
+        except OSError:
+            ends = "(not connected)"
+        how = (f"SMCR link group {self._info.lgr_id}" if self._mode == "SMCR"
+               else f"TCP, reason {self._info.reason} ({describe(self._info.local_code)})")
+        print(f"smcr run [{os.getpid()}]: {ends}: {how}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------ SMC data path
 
@@ -417,7 +439,7 @@ class SMCSocket(_PlainSocket):
         return None if self._timeout is None else time.monotonic() + self._timeout
 
     def _smc(self) -> tuple[Stack, HostConn]:
-        if self._closed:
+        if self._gone:
             raise OSError(errno.EBADF, "Bad file descriptor")
         assert self._stack is not None and self._hc is not None
         return self._stack, self._hc
@@ -826,7 +848,7 @@ class SMCSocket(_PlainSocket):
 
     def fileno(self) -> int:
         """A descriptor for select/poll/selectors that follows recv/send readiness."""
-        if self._closed:
+        if self._gone:
             return -1
         if self._mode == "LISTEN":
             queue = self._accept_queue()
@@ -879,7 +901,7 @@ class SMCSocket(_PlainSocket):
         if self._io_refs > 0:
             self._io_refs -= 1
         if self._closed and self._io_refs <= 0:
-            self._real_close()
+            self._close_now()
 
     # ------------------------------------------------------------ closing
 
@@ -921,9 +943,19 @@ class SMCSocket(_PlainSocket):
         linger time of 0 closes abortively (:meth:`Stack.abort`): the rest of the send buffer is
         dropped and the peer's reads end in ``ECONNRESET``, as after a TCP
         reset (Linux SMC sends a close CDC there; module docstring).
+
+        As ``socket.close``: while files of :meth:`makefile` are open, the
+        connection stays (``urllib`` closes the socket and reads the response
+        from its file); the last file to close closes it.
         """
-        if self._closed:
+        self._closed = True
+        if self._io_refs <= 0:
+            self._close_now()
+
+    def _close_now(self) -> None:
+        if self._gone:
             return
+        self._gone = True
         if self._finalizer is not None:
             self._finalizer.detach()
         if self._queue is not None and self._queue.pid == os.getpid():
@@ -945,9 +977,7 @@ class SMCSocket(_PlainSocket):
                     stack.app_close(hc)
                     if c is not None:
                         stack.wait(hc, lambda: _cdcs_done(c), deadline)
-        self._closed = True
-        if self._io_refs <= 0:  # makefile()'s files still open: the last one closes
-            self._real_close()
+        self._real_close()
 
     def detach(self) -> int:
         """As ``socket.detach`` for a TCP socket; not for one in SMC-R mode (its bytes
@@ -960,8 +990,8 @@ class SMCSocket(_PlainSocket):
         """As ``socket.dup`` for a TCP or listening socket; not for one in SMC-R mode."""
         if self._mode in ("SMCR", "CONNECTING"):
             raise OSError(errno.EOPNOTSUPP, "dup is not supported by an SMC-R socket")
-        sock = SMCSocket(self.family, self.type, self.proto,
-                         fileno=os.dup(_PlainSocket.fileno(self)))  # fmt: skip
+        sock = type(self)(self.family, self.type, self.proto,
+                          fileno=os.dup(_PlainSocket.fileno(self)))  # fmt: skip
         sock.settimeout(self.gettimeout())
         return sock
 
@@ -1055,6 +1085,7 @@ class _AcceptQueue:
         self.sock.setblocking(False)
         self.fd = self.sock.fileno()
         self.family, self.type, self.proto = listener.family, listener.type, listener.proto
+        self.cls = type(listener)  # (smcr run's socket class: its settings too)
         self.rmb_size, self.sndbuf_size = listener._rmb_size, listener._sndbuf_size
         self.backlog = listener._backlog
         self.ready: deque[tuple[SMCSocket, Any]] = deque()
@@ -1100,7 +1131,7 @@ class _AcceptQueue:
             self._admit(fd, addr)
 
     def _admit(self, fd: int, addr: Any) -> None:
-        sock = SMCSocket(self.family, self.type, self.proto, fileno=fd, _accepted=True)
+        sock = self.cls(self.family, self.type, self.proto, fileno=fd, _accepted=True)
         sock.settimeout(_socket.getdefaulttimeout())  # as socket.accept() leaves it
         sock._rmb_size, sock._sndbuf_size = self.rmb_size, self.sndbuf_size
         if not discovery.current().peer_offered(sock, client=False):

@@ -1,0 +1,140 @@
+"""``smcr run``: unmodified Python programs use SMC-R (the role of Linux's ``smc_run``).
+
+How.  ``smcr run COMMAND`` starts COMMAND with a directory of smcr's at the
+front of ``PYTHONPATH`` that holds a ``sitecustomize`` module: every Python
+interpreter started below it (COMMAND itself, its ``subprocess`` children,
+``multiprocessing`` workers of any start method) runs :func:`install` before
+the program's first line, then the ``sitecustomize`` it would have run
+otherwise.  A forked child inherits the installed interpreter as it is.
+
+What :func:`install` changes.  ``socket.socket`` becomes a subclass of
+:class:`smcr.SMCSocket`: every AF_INET/AF_INET6 stream socket the program
+makes is an SMC socket, and discovery decides per connection whether SMC-R
+is used (:mod:`smcr.discovery`); other sockets (AF_UNIX, UDP, socketpair)
+behave exactly as before.  ``isinstance(s, socket.socket)`` holds for every
+socket, made before or after, and for ``ssl.SSLSocket`` too.  When the ``ssl``
+module is imported, ``SSLContext.wrap_socket`` of a socket in SMC-R mode
+returns a TLS socket whose records travel over SMC-R (:mod:`smcr.run.tls`);
+asyncio's own TLS runs over its transports and so over SMC-R already.
+
+What it does not reach: programs that are not Python (their own children
+that are Python are covered); ``python -S``/``-I`` (no ``site``, so no
+hook); sockets wrapped by ``ssl`` before they connect (they connect as plain
+TCP, as the ``ssl`` module drives the descriptor itself).
+
+Environment (set by ``smcr run``, read by :func:`install`): ``SMCR_RUN``
+(``1``: install), ``SMC_RCVBUF`` and ``SMC_SNDBUF`` (RMB and send buffer
+sizes, as Linux's smc_run names them), ``SMCR_RUN_DEBUG`` (``1``: a line on
+standard error for each connection: its mode and, for TCP, the reason).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import socket
+import sys
+import types
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from typing import Any
+
+BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
+"""The directory whose ``sitecustomize`` installs smcr in every Python started below."""
+
+
+class _AnySocket(type):
+    """Metaclass of the class that replaces ``socket.socket``: every socket object (of the
+    standard library's class, ssl's, ours) is an instance of it, as it was of the original."""
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, _ORIGINAL)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, _ORIGINAL)
+
+
+_ORIGINAL = socket.socket
+
+
+def parse_size(text: str) -> int:
+    """``65536``, ``64k``, ``1m`` -> bytes (smc_run's ``-r``/``-t``).
+
+    :raises ValueError: for anything else, or a size outside 16 KiB .. 1 GiB.
+    """
+    t = text.strip().lower()
+    scale = 1
+    if t.endswith(("k", "m")):
+        scale = 1024 if t[-1] == "k" else 1 << 20
+        t = t[:-1]
+    value = int(t) * scale
+    if not 16 << 10 <= value <= 1 << 30:
+        raise ValueError(f"buffer size out of range (16k .. 1024m): {text}")
+    return value
+
+
+def installed() -> bool:
+    """Whether this interpreter runs with smcr installed."""
+    return getattr(socket.socket, "_smcr_run", False) is True
+
+
+def install() -> None:
+    """Make every new AF_INET/AF_INET6 stream socket an SMC socket (module docstring).
+    Idempotent; the buffer sizes and debug output come from the environment."""
+    if installed():
+        return
+    from smcr import socket as smc_socket  # noqa: PLC0415 - not before install is asked for
+
+    rmb = os.environ.get("SMC_RCVBUF")
+    sndbuf = os.environ.get("SMC_SNDBUF")
+    namespace: dict[str, Any] = {"_smcr_run": True, "__module__": "socket",
+                                 "__qualname__": "socket", "__doc__": _ORIGINAL.__doc__}
+    if rmb:
+        namespace["default_rmb_size"] = smc_socket._bufsize(parse_size(rmb))
+    if sndbuf:
+        namespace["default_sndbuf_size"] = smc_socket._bufsize(parse_size(sndbuf))
+    if os.environ.get("SMCR_RUN_DEBUG") == "1":
+        namespace["_debug"] = True
+    run_socket = _AnySocket("socket", (smc_socket.SMCSocket,), namespace)
+    socket.socket = run_socket  # type: ignore[misc, assignment]
+    if "ssl" in sys.modules:
+        _patch_ssl(sys.modules["ssl"])
+    else:
+        sys.meta_path.insert(0, _SslFinder())
+
+
+def _patch_ssl(ssl: types.ModuleType) -> None:
+    from smcr.run.tls import patch  # noqa: PLC0415 - only once ssl is there
+
+    patch(ssl)
+
+
+class _SslFinder(importlib.abc.MetaPathFinder):
+    """Patches ``ssl`` when the program imports it (importing it up front would cost
+    every Python process under ``smcr run`` several milliseconds)."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: types.ModuleType | None = None) -> ModuleSpec | None:  # fmt: skip
+        if fullname != "ssl":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module: types.ModuleType) -> None:
+            # ssl's SSLSocket must subclass the standard library's socket class (it
+            # drives the descriptor in C), not ours: give it that one while it loads
+            ours = socket.socket
+            socket.socket = _ORIGINAL  # type: ignore[misc]
+            try:
+                exec_module(module)
+            finally:
+                socket.socket = ours  # type: ignore[misc]
+            _patch_ssl(module)
+
+        loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec

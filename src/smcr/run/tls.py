@@ -1,0 +1,330 @@
+"""TLS over SMC-R for ``smcr run``: ``SSLContext.wrap_socket`` of an SMC socket.
+
+The ``ssl`` module's own socket reads and writes the descriptor in C, which
+for an SMC-R connection would be the idle TCP socket beneath it.  So a socket
+in SMC-R mode (and a listening SMC socket, whose connections may be) is
+wrapped by :class:`SmcTlsSocket` instead: the TLS engine is an
+``ssl.SSLObject`` between two memory buffers, and the records go through the
+SMC socket's ``send``/``recv``, i.e. by RDMA WRITE.  It is an
+``ssl.SSLSocket`` (``isinstance`` holds) with that class's methods and
+semantics: blocking, timeouts, non-blocking sockets raising
+``SSLWantReadError``/``SSLWantWriteError``, ``unwrap``, ``makefile``,
+ragged EOFs.  Sockets in TCP mode get the ``ssl`` module's own socket.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import ssl
+import types
+from typing import Any
+
+from smcr.socket import SMCSocket, _PlainSocket
+
+_READ_CHUNK = 256 << 10
+
+
+def patch(ssl_module: types.ModuleType) -> None:
+    """Make ``ssl_module.SSLContext.wrap_socket`` wrap SMC sockets with
+    :class:`SmcTlsSocket` (idempotent)."""
+    context_class = ssl_module.SSLContext
+    base = context_class.sslsocket_class
+    if getattr(base, "_smcr_tls", False):
+        return
+
+    class RunSSLSocket(base):  # type: ignore[valid-type, misc]
+        _smcr_tls = True
+
+        @classmethod
+        def _create(cls, sock: Any, server_side: bool = False,
+                    do_handshake_on_connect: bool = True, suppress_ragged_eofs: bool = True,
+                    server_hostname: str | None = None, context: Any = None,
+                    session: Any = None) -> Any:  # fmt: skip
+            if isinstance(sock, SMCSocket) and (sock._mode == "SMCR" or (
+                    sock._mode == "LISTEN" and sock._smc_ok)):  # fmt: skip
+                return SmcTlsSocket.wrap(sock, server_side, do_handshake_on_connect,
+                                         suppress_ragged_eofs, server_hostname, context,
+                                         session)  # fmt: skip
+            return base._create(sock, server_side, do_handshake_on_connect,
+                                suppress_ragged_eofs, server_hostname, context, session)
+
+    RunSSLSocket.__name__ = RunSSLSocket.__qualname__ = base.__name__
+    context_class.sslsocket_class = RunSSLSocket
+
+
+class SmcTlsSocket(ssl.SSLSocket):
+    """An ``ssl.SSLSocket`` whose TLS records travel over an SMC socket (module doc)."""
+
+    _inner: SMCSocket
+    _tls: ssl.SSLObject | None
+    _incoming: ssl.MemoryBIO
+    _outgoing: ssl.MemoryBIO
+    _unsent: bytes
+    # SSLSocket's plain attributes (set by its _create; not in its type stubs)
+    do_handshake_on_connect: bool
+    suppress_ragged_eofs: bool
+    _sslobj: Any
+    _closed: bool
+
+    @classmethod
+    def wrap(cls, inner: SMCSocket, server_side: bool, do_handshake_on_connect: bool,
+             suppress_ragged_eofs: bool, server_hostname: str | None, context: ssl.SSLContext,
+             session: ssl.SSLSession | None) -> SmcTlsSocket:  # fmt: skip
+        """What ``SSLContext.wrap_socket(inner, ...)`` returns for an SMC socket."""
+        if server_side and server_hostname:
+            raise ValueError("server_hostname can only be specified in client mode")
+        if session is not None and server_side:
+            raise ValueError("session can only be specified in client mode")
+        if context.check_hostname and not server_hostname and not server_side:
+            raise ValueError("check_hostname requires server_hostname")
+        self = cls.__new__(cls, inner.family, inner.type, inner.proto)  # type: ignore[call-arg]
+        # our own descriptor of the TCP socket (addresses, options); the bytes go via inner
+        _PlainSocket.__init__(self, inner.family, inner.type, inner.proto,
+                              os.dup(_PlainSocket.fileno(inner)))  # fmt: skip
+        self._inner = inner
+        self._context = context
+        self._session = session
+        self.server_side = server_side
+        self.server_hostname = context._encode_hostname(server_hostname)  # type: ignore[attr-defined]
+        self.do_handshake_on_connect = do_handshake_on_connect
+        self.suppress_ragged_eofs = suppress_ragged_eofs
+        self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._unsent = b""
+        self._tls = None
+        self._sslobj = None
+        if inner._mode == "SMCR":
+            self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side,
+                                         server_hostname, session=session)  # fmt: skip
+            if do_handshake_on_connect:
+                if inner.gettimeout() == 0.0:
+                    raise ValueError("do_handshake_on_connect should not be specified "
+                                     "for non-blocking sockets")  # fmt: skip
+                self.do_handshake()
+        return self
+
+    # ------------------------------------------------------------ the record pump
+
+    def _pump(self, op: Any, *args: Any) -> Any:
+        """Run one SSLObject call, moving records to and from the SMC socket until it
+        completes; on a non-blocking socket raise what ``ssl`` raises there."""
+        tls = self._tls
+        if tls is None:
+            raise ValueError("SSL object not connected" if not self._closed
+                             else "I/O operation on closed SSL socket")  # fmt: skip
+        while True:
+            try:
+                result = getattr(tls, op)(*args)
+            except ssl.SSLWantReadError:
+                self._flush()
+                self._fill()
+                continue
+            except ssl.SSLWantWriteError:
+                self._flush()
+                continue
+            self._flush()
+            return result
+
+    def _flush(self) -> None:
+        """Send the records the TLS engine produced (keeping what a non-blocking send
+        could not take: ``SSLWantWriteError``)."""
+        data = self._unsent + self._outgoing.read()
+        self._unsent = b""
+        view = memoryview(data)
+        while view:
+            try:
+                n = self._inner.send(view)
+            except BlockingIOError:
+                self._unsent = bytes(view)
+                raise ssl.SSLWantWriteError("The operation did not complete (write)") from None
+            view = view[n:]
+
+    def _fill(self) -> None:
+        """Receive records for the TLS engine (EOF goes to it as such)."""
+        try:
+            data = self._inner.recv(_READ_CHUNK)
+        except BlockingIOError:
+            raise ssl.SSLWantReadError("The operation did not complete (read)") from None
+        if data:
+            self._incoming.write(data)
+        else:
+            self._incoming.write_eof()
+
+    # ------------------------------------------------------------ SSLSocket's API
+
+    @property
+    def context(self) -> ssl.SSLContext:
+        return self._context
+
+    @context.setter
+    def context(self, ctx: ssl.SSLContext) -> None:
+        self._context = ctx
+        if self._tls is not None:
+            self._tls.context = ctx
+
+    @property
+    def session(self) -> ssl.SSLSession | None:
+        return self._tls.session if self._tls is not None else self._session
+
+    @session.setter
+    def session(self, session: ssl.SSLSession | None) -> None:
+        self._session = session
+        if self._tls is not None:
+            self._tls.session = session
+
+    @property
+    def session_reused(self) -> bool | None:
+        return self._tls.session_reused if self._tls is not None else None
+
+    def smc_info(self) -> Any:
+        """How the SMC socket beneath is connected."""
+        return self._inner.smc_info()
+
+    def fileno(self) -> int:
+        """The SMC socket's descriptor (readable when records came)."""
+        return self._inner.fileno()
+
+    def settimeout(self, value: float | None) -> None:
+        self._inner.settimeout(value)
+
+    def gettimeout(self) -> float | None:
+        return self._inner.gettimeout()
+
+    def setblocking(self, flag: bool) -> None:
+        self._inner.setblocking(flag)
+
+    def getblocking(self) -> bool:
+        return self._inner.getblocking()
+
+    def do_handshake(self, block: bool = False) -> None:
+        self._check_connected()
+        self._pump("do_handshake")
+
+    def _check_connected(self) -> None:
+        if self._tls is None:
+            raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
+
+    def read(self, len: int = 1024, buffer: Any = None) -> Any:
+        try:
+            if buffer is not None:
+                return self._pump("read", len, buffer)
+            return self._pump("read", len)
+        except ssl.SSLError as exc:
+            if exc.args[0] == ssl.SSL_ERROR_EOF and self.suppress_ragged_eofs:
+                return 0 if buffer is not None else b""
+            raise
+
+    def write(self, data: Any) -> int:
+        return int(self._pump("write", data))
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        if flags:
+            raise ValueError(f"non-zero flags not allowed in calls to recv() on {type(self)}")
+        return bytes(self.read(buflen))
+
+    def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
+        if flags:
+            raise ValueError(f"non-zero flags not allowed in calls to recv_into() on "
+                             f"{type(self)}")  # fmt: skip
+        if nbytes is None or nbytes == 0:
+            nbytes = len(buffer) if buffer is not None else 1024
+        return int(self.read(nbytes, buffer))
+
+    def recvfrom(self, buflen: int = 1024, flags: int = 0) -> tuple[bytes, Any]:
+        raise ValueError(f"recvfrom not allowed on instances of {type(self)}")
+
+    def recvfrom_into(self, buffer: Any, nbytes: int | None = None,
+                      flags: int = 0) -> tuple[int, Any]:  # fmt: skip
+        raise ValueError(f"recvfrom_into not allowed on instances of {type(self)}")
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        if flags:
+            raise ValueError(f"non-zero flags not allowed in calls to send() on {type(self)}")
+        return self.write(data)
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        if flags:
+            raise ValueError(f"non-zero flags not allowed in calls to sendall() on "
+                             f"{type(self)}")  # fmt: skip
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[self.write(view) :]
+
+    def sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
+        return int(self._sendfile_use_send(file, offset, count))  # type: ignore[attr-defined]
+
+    def pending(self) -> int:
+        return self._tls.pending() if self._tls is not None else 0
+
+    def getpeercert(self, binary_form: bool = False) -> Any:
+        self._check_connected()
+        assert self._tls is not None
+        return self._tls.getpeercert(binary_form)
+
+    def selected_npn_protocol(self) -> str | None:
+        return None
+
+    def selected_alpn_protocol(self) -> str | None:
+        return self._tls.selected_alpn_protocol() if self._tls is not None else None
+
+    def cipher(self) -> tuple[str, str, int] | None:
+        return self._tls.cipher() if self._tls is not None else None
+
+    def shared_ciphers(self) -> list[tuple[str, str, int]] | None:
+        return self._tls.shared_ciphers() if self._tls is not None else None
+
+    def compression(self) -> str | None:
+        return self._tls.compression() if self._tls is not None else None
+
+    def version(self) -> str | None:
+        return self._tls.version() if self._tls is not None else None
+
+    def get_channel_binding(self, cb_type: str = "tls-unique") -> bytes | None:
+        return self._tls.get_channel_binding(cb_type) if self._tls is not None else None
+
+    def verify_client_post_handshake(self) -> None:
+        self._check_connected()
+        assert self._tls is not None
+        self._tls.verify_client_post_handshake()
+
+    def unwrap(self) -> SMCSocket:
+        """Shut TLS down; the SMC socket beneath carries on (``SSLSocket.unwrap``)."""
+        self._check_connected()
+        self._pump("unwrap")
+        self._tls = None
+        return self._inner
+
+    def shutdown(self, how: int) -> None:
+        self._tls = None
+        self._inner.shutdown(how)
+
+    def connect(self, addr: Any) -> None:
+        raise ValueError("attempt to connect already-connected SSLSocket!")
+
+    def connect_ex(self, addr: Any) -> int:
+        raise ValueError("attempt to connect already-connected SSLSocket!")
+
+    def accept(self) -> tuple[ssl.SSLSocket, Any]:
+        """A listening SMC socket's next connection, wrapped in TLS (server side)."""
+        conn, addr = self._inner.accept()
+        wrapped = self.context.wrap_socket(conn, server_side=True,
+                                           do_handshake_on_connect=self.do_handshake_on_connect,
+                                           suppress_ragged_eofs=self.suppress_ragged_eofs)
+        return wrapped, addr
+
+    def listen(self, backlog: int = 128) -> None:
+        self._inner.listen(backlog)
+
+    def dup(self) -> SmcTlsSocket:
+        raise NotImplementedError(f"Can't dup() {type(self).__name__} instances")
+
+    def detach(self) -> int:
+        raise OSError(errno.EOPNOTSUPP, "detach is not supported by a TLS socket over SMC-R")
+
+    def _real_close(self) -> None:
+        self._tls = None
+        self._inner.close()
+        _PlainSocket._real_close(self)  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"<smcr.SmcTlsSocket over {self._inner!r}>"
