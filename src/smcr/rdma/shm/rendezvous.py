@@ -30,6 +30,7 @@ import socket
 import stat
 import struct
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def is_shm_gid(gid: bytes) -> bool:
 def socket_path(directory: Path, gid: bytes) -> str:
     """The rendezvous path of the device with ``gid``."""
     path = str(directory / f"{gid.hex()}.sock")
-    if len(path.encode()) >= 108 - 16:  # (room for listen()'s temporary name)
+    if len(path.encode()) >= 108:
         raise VerbsError(errno.ENAMETOOLONG, f"rendezvous path too long: {path}")
     return path
 
@@ -138,7 +139,8 @@ def listen(path: str) -> socket.socket:
     does not listen yet (connect refused) for a dead one and would unlink it.
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    tmp = f"{path}.{os.getpid()}.new"  # not "*.sock": remove_stale never looks at it
+    # beside it, shorter than it, and not "*.sock": remove_stale never looks at it
+    tmp = os.path.join(os.path.dirname(path), f".new{os.getpid()}.{threading.get_ident() % 9973}")
     try:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
