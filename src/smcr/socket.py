@@ -151,6 +151,7 @@ class SMCSocket(_PlainSocket):
         self._rmb_size = self.default_rmb_size
         self._sndbuf_size = self.default_sndbuf_size
         self._rd_shut = False
+        self._wr_shut = False
         self._smc_ok = False  # listening: opted in to discovery (its children may use SMC)
         self._backlog = 128
         self._queue: _AcceptQueue | None = None  # listening: connections of its handshakes
@@ -159,6 +160,7 @@ class SMCSocket(_PlainSocket):
         self._oob: int | None = None  # an urgent byte taken out of the stream, unread
         self._oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
         self._gone = False  # closed for good (close(), and no makefile() file open)
+        self._forked = False  # SMC-R mode, inherited by a forked child: the parent's
         self._finalizer: weakref.finalize[Any, Any] | None = None  # SMC-R mode: _collected
         self._rlock = threading.Lock()
         self._wlock = threading.Lock()
@@ -201,6 +203,7 @@ class SMCSocket(_PlainSocket):
         _PlainSocket.listen(self, backlog)
         self._backlog = max(1, backlog)
         self._mode = "LISTEN"
+        self._accept_queue()  # handshakes run from now on, as the kernel's do
 
     def settimeout(self, value: float | None) -> None:
         """As ``socket.settimeout``."""
@@ -332,8 +335,8 @@ class SMCSocket(_PlainSocket):
         return queue.take(self._timeout)
 
     def _accept_queue(self) -> _AcceptQueue | None:
-        """The accept queue of a listener that may see SMC clients, watched in this
-        process from the first use on (a forked child starts its own)."""
+        """The accept queue of a listener that may see SMC clients, from ``listen`` on (a
+        forked child starts its own on first use; see :meth:`_AcceptQueue.pause`)."""
         if self._mode != "LISTEN":
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         if not self._smc_ok:
@@ -342,6 +345,9 @@ class SMCSocket(_PlainSocket):
         if queue is None or queue.pid != os.getpid():
             queue = self._queue = _AcceptQueue(self)
             weakref.finalize(self, queue.close)  # dropped unclosed: the queue goes too
+            _accept_queues.add(queue)
+        else:
+            queue.resume()
         return queue
 
     def _local_ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -399,6 +405,7 @@ class SMCSocket(_PlainSocket):
             self._finalizer = weakref.finalize(self, _collected, stack, hc, hc.tcp)
             self._finalizer.atexit = False  # at exit the runtime itself goes (module doc)
             self._mode = "SMCR"
+            _smc_sockets.add(self)
             if self._debug:
                 self._report()
             return
@@ -441,6 +448,9 @@ class SMCSocket(_PlainSocket):
     def _smc(self) -> tuple[Stack, HostConn]:
         if self._gone:
             raise OSError(errno.EBADF, "Bad file descriptor")
+        if self._forked:
+            raise OSError(errno.EOPNOTSUPP, "this SMC-R connection belongs to the process "
+                          "that forked this one: it cannot be used here")  # fmt: skip
         assert self._stack is not None and self._hc is not None
         return self._stack, self._hc
 
@@ -483,7 +493,7 @@ class SMCSocket(_PlainSocket):
             c = stack.engine.conns.get(hc.conn_id)
             if c is None or c.reset_reason:
                 raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
-            if c.tx_flags or c.peer_closed:
+            if c.tx_flags or c.peer_closed or self._wr_shut:
                 raise BrokenPipeError(errno.EPIPE, "Broken pipe")
             inline = stack.max_inline and not flags & _OOB  # max_inline >= any buffer size
             room = c.direct_room() if inline else 0
@@ -915,12 +925,9 @@ class SMCSocket(_PlainSocket):
         if how in (_socket.SHUT_RD, _socket.SHUT_RDWR):
             self._rd_shut = True
         if how in (_socket.SHUT_WR, _socket.SHUT_RDWR):
-            self._drain_tx(stack, hc)
-            with stack.lock:
-                c = stack.engine_conn(hc)
-                if c is not None:
-                    stack.execute(stack.engine.shutdown_write(hc.conn_id, time.monotonic()))
-                    stack.update_readiness(hc)
+            self._wr_shut = True
+            with stack.lock:  # the done-writing CDC follows the send buffer (Stack doc)
+                stack.shutdown_write(hc)
 
     def _drain_tx(self, stack: Stack, hc: HostConn, deadline: float | None = None) -> None:
         """Wait (until ``deadline``, by default ``close_wait_tx``, 2 s, from now) until the
@@ -956,6 +963,11 @@ class SMCSocket(_PlainSocket):
         if self._gone:
             return
         self._gone = True
+        if self._forked:  # the parent's connection: only our descriptor goes
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            self._real_close()
+            return
         if self._finalizer is not None:
             self._finalizer.detach()
         if self._queue is not None and self._queue.pid == os.getpid():
@@ -1016,6 +1028,36 @@ class SMCSocket(_PlainSocket):
             self._tcp_ok()
             return _PlainSocket.sendto(self, data, *args)
         raise OSError(errno.EISCONN, os.strerror(errno.EISCONN))
+
+
+_accept_queues: weakref.WeakSet[_AcceptQueue] = weakref.WeakSet()
+"""The accept queues of this process (see :meth:`_AcceptQueue.pause`)."""
+
+
+def _forked_parent() -> None:
+    for queue in list(_accept_queues):
+        if queue.pid == os.getpid():
+            queue.pause()
+
+
+os.register_at_fork(after_in_parent=_forked_parent)
+
+_smc_sockets: weakref.WeakSet[SMCSocket] = weakref.WeakSet()
+"""The sockets of this process in SMC-R mode (see :func:`_forked_child`)."""
+
+
+def _forked_child() -> None:
+    """In a forked child, the SMC-R connections of the parent stay the parent's: the
+    runtime that drives them (its thread, its link groups) is not here, and using
+    them from two processes would corrupt both.  They raise ``EOPNOTSUPP``; closing
+    one closes only the child's descriptor.  (TCP sockets, and listening SMC sockets,
+    which start their own accept queue and runtime here, work as after any fork.)"""
+    for sock in list(_smc_sockets):
+        sock._forked = True
+    _smc_sockets.clear()
+
+
+os.register_at_fork(after_in_child=_forked_child)
 
 
 def _cdcs_done(c: Connection) -> bool:
@@ -1086,7 +1128,7 @@ class _AcceptQueue:
         self.fd = self.sock.fileno()
         self.family, self.type, self.proto = listener.family, listener.type, listener.proto
         self.cls = type(listener)  # (smcr run's socket class: its settings too)
-        self.rmb_size, self.sndbuf_size = listener._rmb_size, listener._sndbuf_size
+        self.listener = weakref.ref(listener)  # its buffer sizes, set after listen() too
         self.backlog = listener._backlog
         self.ready: deque[tuple[SMCSocket, Any]] = deque()
         self.pending = 0
@@ -1096,6 +1138,7 @@ class _AcceptQueue:
         self.readiness.set(False, False)
         self.closed = False
         self.watching = False
+        self.paused = False
         self._watch()
 
     def fileno(self) -> int:
@@ -1105,6 +1148,36 @@ class _AcceptQueue:
     def _watch(self) -> None:
         self.watching = True
         get_watcher().watch(self.fd, selectors.EVENT_READ, self._on_readable)
+
+    def pause(self) -> None:
+        """This process forked (:func:`_forked_parent`): stop taking connections from the
+        kernel until this process asks for one again (``accept``, ``fileno``).
+
+        A preforked server's parent listens and forks children that accept; were it
+        to go on accepting in the background, its children would see none.  Meanwhile
+        a connection the kernel holds makes :meth:`fileno` readable once, so that a
+        parent that does accept (asyncio, a forking server) wakes and resumes.
+        """
+        with self.cond:
+            if self.closed or self.paused:
+                return
+            self.paused = True
+            self.watching = False
+            get_watcher().watch(self.fd, selectors.EVENT_READ, self._on_readable_paused)
+
+    def _on_readable_paused(self) -> None:
+        with self.cond:
+            if self.paused and not self.closed:
+                get_watcher().unwatch(self.fd)
+                self.readiness.set(True, False)
+
+    def resume(self) -> None:
+        """The process wants connections (again): take them from the kernel."""
+        with self.cond:
+            if self.paused and not self.closed:
+                self.paused = False
+                self._changed()
+                self._watch()
 
     def _on_readable(self) -> None:
         """Accept what the kernel has (watcher thread)."""
@@ -1133,7 +1206,9 @@ class _AcceptQueue:
     def _admit(self, fd: int, addr: Any) -> None:
         sock = self.cls(self.family, self.type, self.proto, fileno=fd, _accepted=True)
         sock.settimeout(_socket.getdefaulttimeout())  # as socket.accept() leaves it
-        sock._rmb_size, sock._sndbuf_size = self.rmb_size, self.sndbuf_size
+        listener = self.listener()
+        if listener is not None:
+            sock._rmb_size, sock._sndbuf_size = listener._rmb_size, listener._sndbuf_size
         if not discovery.current().peer_offered(sock, client=False):
             sock._fall_back(int(DeclineCode.PEERNOSMC), 0)
             with self.cond:
@@ -1177,6 +1252,7 @@ class _AcceptQueue:
         """The next connection: ``BlockingIOError`` when none waits and ``timeout`` is 0,
         ``TimeoutError`` when none came in time, an accept error of the kernel's."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self.resume()
         with self.cond:
             while not self.ready and self.error is None:
                 if self.closed:

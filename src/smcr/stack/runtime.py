@@ -265,6 +265,7 @@ class Stack:
         """Connections whose socket was collected unclosed (:meth:`orphan`), for the progress
         thread; a deque: appended from any thread without the lock."""
         self._draining: dict[int, tuple[HostConn, float]] = {}
+        self._shutdowns: dict[int, HostConn] = {}  # SHUT_WR waiting for the send buffer
         """Orphans waiting (until the deadline) for their send buffer before the closing CDC."""
         self._running = True
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
@@ -394,10 +395,33 @@ class Stack:
 
     # ================================================================ closing
 
+    def shutdown_write(self, hc: HostConn) -> None:
+        """``shutdown(SHUT_WR)`` (lock held): the done-writing CDC goes after the last byte
+        of the send buffer, as TCP's FIN goes after its data, however long the peer takes
+        to make room for it; until then the connection is in :attr:`_shutdowns`."""
+        c = self.engine.conns.get(hc.conn_id)
+        if c is None:
+            return
+        if c.tx_pending() and not c.reset_reason and not c.peer_closed:
+            self._shutdowns[hc.conn_id] = hc
+            return
+        self.execute(self.engine.shutdown_write(hc.conn_id, time.monotonic()))
+        self.update_readiness(hc)
+
+    def _shutdown_sent(self, touched: set[int]) -> None:
+        """Send the done-writing CDCs whose send buffers are out now (lock held)."""
+        for conn_id in touched & self._shutdowns.keys():
+            c = self.engine.conns.get(conn_id)
+            if c is None or not c.tx_pending() or c.reset_reason or c.peer_closed:
+                del self._shutdowns[conn_id]
+                if c is not None:
+                    self.execute(self.engine.shutdown_write(conn_id, time.monotonic()))
+
     def app_close(self, hc: HostConn) -> None:
         """The application closed the connection (lock held; the host waited for the send
         buffer first): the closing CDC (:meth:`Engine.close`); a connection the engine has
         forgotten already is let go here."""
+        self._shutdowns.pop(hc.conn_id, None)
         self.execute(self.engine.close(hc.conn_id, time.monotonic()))
         self._let_go(hc)
 
@@ -715,6 +739,8 @@ class Stack:
         touched = engine.touched
         if not touched:
             return
+        if self._shutdowns:
+            self._shutdown_sent(touched)
         engine.touched = set()
         if self._poller == "app" and self._poller_ident != threading.get_ident():
             self.kick()  # the app poller may sleep on a doorbell this thread drained

@@ -1,0 +1,302 @@
+"""Unmodified-looking programs for the ``smcr run`` tests: standard library only.
+
+Each is run as ``[smcr run] python -m tests.run.programs NAME ARGS...`` and prints
+one JSON line (servers first print their port on a line of its own).  They
+never import smcr: what they learn about it comes from ``getattr(sock,
+"smc_info")``, which only an SMC socket has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import http.client
+import http.server
+import json
+import multiprocessing
+import os
+import selectors
+import socket
+import socketserver
+import ssl
+import struct
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+CERT, KEY = str(HERE / "cert.pem"), str(HERE / "key.pem")
+
+
+def mode(sock: Any) -> str:
+    """SMCR/TCP for an SMC socket (or a TLS socket over one), 'plain' otherwise."""
+    info = getattr(sock, "smc_info", None)
+    return info().mode if info is not None else "plain"
+
+
+def tcp_bytes(sock: socket.socket) -> tuple[int, int]:
+    """(bytes acked, bytes received) of the kernel's TCP connection under ``sock``
+    (``struct tcp_info``): what really went over TCP."""
+    import _socket  # noqa: PLC0415 - the C type: every socket class is one
+
+    raw = _socket.socket.getsockopt(sock, socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    acked, received = struct.unpack_from("=QQ", raw, 120)
+    return int(acked), int(received)
+
+
+def out(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+# ------------------------------------------------------------------ http
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = json.dumps({"mode": mode(self.connection),
+                           "is_socket": isinstance(self.connection, socket.socket)}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def http_server(requests: str) -> None:
+    """A ThreadingHTTPServer answering ``requests`` GETs with the mode of each connection."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    print(srv.server_address[1], flush=True)
+    for _ in range(int(requests)):
+        srv.handle_request()
+    srv.server_close()
+    out(done=True)
+
+
+def http_clients(port: str) -> None:
+    """urllib, then http.client: what the server said, and the client's own mode."""
+    url = f"http://127.0.0.1:{port}/"
+    first = json.loads(urllib.request.urlopen(url, timeout=20).read())
+    conn = http.client.HTTPConnection("127.0.0.1", int(port), timeout=20)
+    conn.connect()
+    own = mode(conn.sock)
+    conn.request("GET", "/")
+    second = json.loads(conn.getresponse().read())
+    conn.close()
+    out(urllib=first, http_client=second, client_mode=own)
+
+
+# ------------------------------------------------------------------ TLS
+
+
+def tls_server() -> None:
+    """One TLS connection: read to EOF, answer the SHA-256, report what it saw."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(CERT, KEY)
+    srv = socket.create_server(("127.0.0.1", 0))
+    print(srv.getsockname()[1], flush=True)
+    conn, _ = srv.accept()
+    tls = ctx.wrap_socket(conn, server_side=True)
+    version = tls.version()
+    digest = hashlib.sha256()
+    reader = tls.makefile("rb")
+    left = size = int.from_bytes(reader.read(8), "big")
+    while left and (data := reader.read(min(left, 65536))):
+        digest.update(data)
+        left -= len(data)
+    reader.close()
+    tls.sendall(digest.digest())
+    assert tls.recv(1) == b""  # the client's close_notify (or EOF)
+    out(mode=mode(tls), version=version, size=size, is_sslsocket=isinstance(tls, ssl.SSLSocket),
+        is_socket=isinstance(tls, socket.socket), tcp=tcp_bytes(tls))
+    tls.close()
+    srv.close()
+
+
+def tls_client(port: str, size: str) -> None:
+    """Send ``size`` random bytes over TLS (after their length), read the server's
+    SHA-256 of them; report whether it matched and what went over TCP."""
+    ctx = ssl.create_default_context(cafile=CERT)
+    sock = socket.create_connection(("127.0.0.1", int(port)), timeout=30)
+    tls = ctx.wrap_socket(sock, server_hostname="localhost")
+    data = os.urandom(int(size))
+    tls.sendall(len(data).to_bytes(8, "big") + data)
+    digest = b""
+    while len(digest) < 32 and (part := tls.recv(32 - len(digest))):
+        digest += part
+    out(mode=mode(tls), ok=digest == hashlib.sha256(data).digest(), tcp=tcp_bytes(tls))
+    tls.close()
+
+
+# ------------------------------------------------------------------ asyncio
+
+
+async def _asyncio_tls(size: int) -> dict[str, Any]:
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(CERT, KEY)
+    client_ctx = ssl.create_default_context(cafile=CERT)
+    seen: dict[str, Any] = {}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen["server"] = mode(writer.get_extra_info("socket")._sock)
+        digest = hashlib.sha256()
+        left = int.from_bytes(await reader.readexactly(8), "big")
+        while left:
+            data = await reader.read(min(left, 65536))
+            digest.update(data)
+            left -= len(data)
+        writer.write(digest.digest())
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_ctx,
+                                                   server_hostname="localhost")
+    client = mode(writer.get_extra_info("socket")._sock)
+    data = os.urandom(size)
+    writer.write(size.to_bytes(8, "big"))
+    for i in range(0, size, 1 << 16):
+        writer.write(data[i : i + (1 << 16)])
+        await writer.drain()  # flow control: the transport pauses us when its buffer fills
+    digest = await reader.readexactly(32)
+    writer.close()
+    server.close()
+    await server.wait_closed()
+    return {"client": client, "server": seen["server"],
+            "ok": digest == hashlib.sha256(data).digest()}
+
+
+def asyncio_tls(size: str) -> None:
+    """asyncio streams with ssl= on both ends, in one process."""
+    out(**asyncio.run(_asyncio_tls(int(size))))
+
+
+# ------------------------------------------------------------------ children
+
+
+def _report_child(queue: Any) -> None:
+    s = socket.socket()
+    queue.put(type(s).__mro__[1].__name__)
+    s.close()
+
+
+def children() -> None:
+    """Which socket class Python children get: subprocess, and multiprocessing's start
+    methods (the class right above the one socket.socket names)."""
+    found: dict[str, str] = {}
+    probe = "import socket; s = socket.socket(); print(type(s).__mro__[1].__name__)"
+    found["subprocess"] = subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                                         text=True, check=True).stdout.strip()
+    for method in ("fork", "spawn", "forkserver"):
+        ctx: Any = multiprocessing.get_context(method)
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_report_child, args=(queue,))
+        proc.start()
+        found[method] = queue.get(timeout=60)
+        proc.join(30)
+    found["self"] = type(socket.socket()).__mro__[1].__name__
+    out(**found)
+
+
+# ------------------------------------------------------------------ socket API
+
+
+def socket_api() -> None:
+    """What other socket code relies on: untouched AF_UNIX, socketpair, isinstance, dup,
+    fromfd, family/type, makefile and selectors over an SMC-R connection in one process."""
+    results: dict[str, Any] = {}
+    a, b = socket.socketpair()
+    a.sendall(b"unix")
+    results["socketpair"] = (b.recv(4) == b"unix" and mode(a) != "SMCR"
+                             and a.family == socket.AF_UNIX)  # fmt: skip
+    a.close()
+    b.close()
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(20)
+    cli = socket.create_connection(srv.getsockname(), timeout=20)
+    conn, _ = srv.accept()
+    conn.settimeout(20)
+    results["modes"] = [mode(cli), mode(conn)]
+    results["isinstance"] = all(isinstance(s, socket.socket) for s in (srv, cli, conn))
+    results["family_type"] = [cli.family == socket.AF_INET, cli.type == socket.SOCK_STREAM]
+    fw, fr = cli.makefile("wb"), conn.makefile("rb")
+    fw.write(b"line one\n")
+    fw.flush()
+    results["makefile"] = fr.readline() == b"line one\n"
+    fw.close()
+    fr.close()
+    sel = selectors.DefaultSelector()
+    sel.register(conn, selectors.EVENT_READ)
+    cli.sendall(b"x")
+    results["selectors"] = bool(sel.select(20)) and conn.recv(1) == b"x"
+    sel.close()
+    dup = srv.dup()
+    results["dup_listener"] = (isinstance(dup, socket.socket)
+                               and dup.getsockname() == srv.getsockname())  # fmt: skip
+    dup.close()
+    raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    results["udp"] = mode(raw) in ("plain", "INIT") and raw.type == socket.SOCK_DGRAM
+    raw.close()
+    for s in (cli, conn, srv):
+        s.close()
+    out(**results)
+
+
+# ------------------------------------------------------------------ servers
+
+
+class _Echo(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        line = self.rfile.readline()
+        self.wfile.write(json.dumps({"mode": mode(self.request), "line": line.decode()}).encode()
+                         + b"\n")
+
+
+def socketserver_echo(clients: str) -> None:
+    """A ThreadingTCPServer echoing one line per client, with its mode."""
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo) as srv:
+        print(srv.server_address[1], flush=True)
+        for _ in range(int(clients)):
+            srv.handle_request()
+    out(done=True)
+
+
+def line_client(port: str) -> None:
+    """One line to a line server; print its answer and our mode."""
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=20) as s:
+        s.sendall(b"hello\n")
+        answer = s.makefile("rb").readline()
+        out(answer=json.loads(answer), client_mode=mode(s))
+
+
+def prefork_server(workers: str) -> None:
+    """Listen, fork ``workers`` children that accept one client each (the parent never
+    accepts): each child answers its mode and pid."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    print(srv.getsockname()[1], flush=True)
+    pids = []
+    for _ in range(int(workers)):
+        pid = os.fork()
+        if pid == 0:
+            conn, _ = srv.accept()
+            conn.makefile("rb").readline()
+            conn.sendall(json.dumps({"mode": mode(conn), "line": str(os.getpid())}).encode()
+                         + b"\n")
+            conn.close()
+            os._exit(0)
+        pids.append(pid)
+    codes = [os.waitpid(pid, 0)[1] for pid in pids]
+    out(exit_codes=codes)
+
+
+def main() -> None:
+    name, *args = sys.argv[1:]
+    globals()[name](*args)
+
+
+if __name__ == "__main__":
+    main()

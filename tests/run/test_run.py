@@ -1,0 +1,178 @@
+"""``smcr run``: unmodified standard-library programs get SMC-R between smcr ends, TCP with
+everyone else (the programs are in :mod:`tests.run.programs`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from smcr.run import parse_size
+from smcr.run.launcher import environment
+from tests.support import REPO_ROOT
+
+SMCR = [sys.executable, "-m", "smcr", "run"]
+PROGRAM = [sys.executable, "-m", "tests.run.programs"]
+
+
+def run(name: str, *args: str, smcr: bool = True, timeout: float = 120) -> dict[str, Any]:
+    cmd = [*SMCR, *PROGRAM] if smcr else PROGRAM
+    res = subprocess.run([*cmd, name, *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=timeout, check=False)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    found: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    return found
+
+
+class Server:
+    """A program that prints its port first, then (at the end) its JSON line."""
+
+    def __init__(self, name: str, *args: str, smcr: bool = True) -> None:
+        cmd = [*SMCR, *PROGRAM] if smcr else PROGRAM
+        self.proc = subprocess.Popen([*cmd, name, *args], cwd=REPO_ROOT, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.strip().isdigit(), line + (self.proc.stderr.read() if self.proc.stderr else "")
+        self.port = line.strip()
+
+    def result(self, timeout: float = 60) -> dict[str, Any]:
+        out, err = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, err
+        found: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return found
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+@pytest.fixture
+def servers() -> Iterator[list[Server]]:
+    made: list[Server] = []
+    yield made
+    for s in made:
+        s.kill()
+
+
+def test_http_server_and_clients_use_smcr_and_plain_clients_tcp(servers: list[Server]) -> None:
+    srv = Server("http_server", "4")
+    servers.append(srv)
+    both = run("http_clients", srv.port)
+    assert both["urllib"] == {"mode": "SMCR", "is_socket": True}
+    assert both["http_client"] == {"mode": "SMCR", "is_socket": True}
+    assert both["client_mode"] == "SMCR"
+    plain = run("http_clients", srv.port, smcr=False)
+    assert plain["urllib"]["mode"] == "TCP" and plain["client_mode"] == "plain"
+    assert srv.result() == {"done": True}
+
+
+def test_tls_records_travel_over_smcr_not_tcp(servers: list[Server]) -> None:
+    """1 MiB over TLS: both ends in SMC-R mode, digest intact, and the TCP connection
+    under it carried only the CLC handshake (a few hundred bytes each way)."""
+    srv = Server("tls_server")
+    servers.append(srv)
+    client = run("tls_client", srv.port, str(1 << 20))
+    server = srv.result()
+    assert client["mode"] == "SMCR" and client["ok"] is True
+    assert server["mode"] == "SMCR" and server["size"] == 1 << 20
+    assert server["version"] == "TLSv1.3"
+    assert server["is_sslsocket"] and server["is_socket"]
+    for acked, received in (client["tcp"], server["tcp"]):
+        assert acked < 2048 and received < 2048, (acked, received)
+
+
+def test_tls_with_a_plain_peer_is_tls_over_tcp(servers: list[Server]) -> None:
+    srv = Server("tls_server", smcr=False)
+    servers.append(srv)
+    client = run("tls_client", srv.port, str(1 << 20))
+    server = srv.result()
+    # over TCP the ssl module's own socket does the work (it has no smc_info)
+    assert client["mode"] == "plain" and client["ok"] is True and server["mode"] == "plain"
+    assert client["tcp"][0] > 1 << 20  # this time the records did go over TCP
+
+
+def test_asyncio_streams_with_tls_and_flow_control() -> None:
+    found = run("asyncio_tls", str(4 << 20))
+    assert found == {"client": "SMCR", "server": "SMCR", "ok": True}
+
+
+def test_python_children_get_smcr_whatever_starts_them() -> None:
+    found = run("children")
+    assert found == {name: "SMCSocket" for name in
+                     ("subprocess", "fork", "spawn", "forkserver", "self")}  # fmt: skip
+
+
+def test_standard_socket_api_keeps_working() -> None:
+    found = run("socket_api")
+    assert found == {"socketpair": True, "modes": ["SMCR", "SMCR"], "isinstance": True,
+                     "family_type": [True, True], "makefile": True, "selectors": True,
+                     "dup_listener": True, "udp": True}
+
+
+def test_socketserver_threading_server(servers: list[Server]) -> None:
+    srv = Server("socketserver_echo", "2")
+    servers.append(srv)
+    for smcr in (True, False):
+        found = run("line_client", srv.port, smcr=smcr)
+        expect = "SMCR" if smcr else "TCP"
+        assert found["answer"] == {"mode": expect, "line": "hello\n"}
+    assert srv.result() == {"done": True}
+
+
+def test_preforked_children_accept_on_an_inherited_listener(servers: list[Server]) -> None:
+    srv = Server("prefork_server", "2")
+    servers.append(srv)
+    pids = set()
+    for _ in range(2):
+        found = run("line_client", srv.port)
+        assert found["answer"]["mode"] == "SMCR" and found["client_mode"] == "SMCR"
+        pids.add(found["answer"]["line"])
+    assert len(pids) == 2  # two children, one client each
+    assert srv.result() == {"exit_codes": [0, 0]}
+
+
+def test_without_smcr_run_nothing_changes() -> None:
+    found = run("children", smcr=False)
+    assert found == {name: "socket" for name in
+                     ("subprocess", "fork", "spawn", "forkserver", "self")}  # fmt: skip
+
+
+def test_sizes_and_environment() -> None:
+    assert parse_size("64k") == 65536 and parse_size("1M") == 1 << 20
+    for bad in ("1k", "2g", "x", "-64k"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+    env = environment({"PYTHONPATH": "/opt/lib", "PATH": "/bin"}, "64k", "1m", debug=True)
+    parts = env["PYTHONPATH"].split(os.pathsep)
+    assert parts[0].endswith(os.path.join("smcr", "run", "boot")) and parts[-1] == "/opt/lib"
+    assert (env["SMCR_RUN"], env["SMC_RCVBUF"], env["SMC_SNDBUF"], env["SMCR_RUN_DEBUG"]) == (
+        "1", "65536", "1048576", "1")
+
+
+def test_rmb_and_sndbuf_sizes_reach_the_sockets() -> None:
+    probe = ("import socket; s = socket.socket();"
+             "print(s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),"
+             " s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))")
+    res = subprocess.run([*SMCR, "-r", "64k", "-t", "128k", sys.executable, "-c", probe],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert res.stdout.split() == ["65536", "131072"]
+
+
+def test_errors_of_the_command_line() -> None:
+    res = subprocess.run([*SMCR, "no-such-command-smcr"], capture_output=True, text=True,
+                         timeout=60, check=False)  # fmt: skip
+    assert res.returncode == 127 and "command not found" in res.stderr
+    res = subprocess.run([*SMCR, "-r", "12", "true"], capture_output=True, text=True,
+                         timeout=60, check=False)  # fmt: skip
+    assert res.returncode == 2 and "out of range" in res.stderr
+    res = subprocess.run([*SMCR, "--", "sh", "-c", f"{sys.executable} -c 'import socket;"
+                          "print(type(socket.socket()).__mro__[1].__name__)'"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert res.stdout.strip() == "SMCSocket"  # a Python program below a shell is covered
