@@ -350,6 +350,7 @@ class Stack:
             hc.tcp.setblocking(False)
             self._clc_watch[hc.tcp.fileno()] = hc
             self.kick()
+            self._bg_cond.notify()  # a standing-by progress thread watches it now
 
     def _clc_read(self, hc: HostConn) -> None:
         """Feed CLC bytes from a handshaking connection's TCP socket to the engine."""
@@ -905,7 +906,10 @@ class Stack:
             while self._running:
                 if self._orphans or self._draining:
                     self._reap_orphans()
-                if self._poller == "app" or time.monotonic() - self._app_polled < STANDBY:
+                # (handshakes under way need their TCP sockets watched: an app thread
+                # that polls watches them too, a standing-by progress thread would not)
+                if self._poller == "app" or (time.monotonic() - self._app_polled < STANDBY
+                                             and not self._clc_watch):  # fmt: skip
                     self._bg_cond.wait(STANDBY)
                     self.process()
                     continue
