@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -264,20 +266,35 @@ class SocketFlags:
     def __init__(self, pins: Path | None = None) -> None:
         self.path = (pins or status().pin_dir) / MAP_PIN
         self.fd = bpfsys.obj_get(str(self.path))
+        # one key and value buffer and two attribute blocks pointing at them, made once:
+        # a connection costs two system calls, nothing else (a lock keeps threads apart)
+        self._key = ctypes.c_int(0)
+        self._value = (ctypes.c_uint32 * 2)()
+        entry = (self.fd, 0, ctypes.addressof(self._key), ctypes.addressof(self._value), 0)
+        self._update = bpfsys.prepare(struct.pack("=IIQQQ", *entry))
+        self._lookup = bpfsys.prepare(struct.pack("=IIQQQ", *entry))
+        self._lock = threading.Lock()
 
     def want(self, fd: int) -> None:
         """Ask for the option on this socket's SYN (before ``connect``) or SYN-ACKs
         (before ``listen``; its accepted children inherit it)."""
-        bpfsys.map_update(self.fd, struct.pack("=i", fd), program.VALUE.pack(1, 0))
+        with self._lock:
+            self._key.value = fd
+            self._value[0], self._value[1] = 1, 0
+            bpfsys.call_prepared(bpfsys.MAP_UPDATE_ELEM, self._update)
 
     def peer(self, fd: int) -> bool:
         """Whether the peer's SYN (accepted socket) or SYN-ACK (connected socket)
         carried the option, and this socket asked for it."""
-        raw = bpfsys.map_lookup(self.fd, struct.pack("=i", fd), program.VALUE.size)
-        if raw is None:
-            return False
-        want, peer = program.VALUE.unpack(raw)
-        return bool(want and peer)
+        with self._lock:
+            self._key.value = fd
+            try:
+                bpfsys.call_prepared(bpfsys.MAP_LOOKUP_ELEM, self._lookup)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    return False
+                raise
+            return bool(self._value[0] and self._value[1])
 
     def close(self) -> None:
         """Let the map go (the pin stays)."""
