@@ -44,6 +44,7 @@ a ``socket.socket``, whose own finalizer closes (and warns) as usual.
 
 from __future__ import annotations
 
+import _socket as _csocket
 import contextlib
 import errno
 import io
@@ -75,7 +76,12 @@ _WAITALL = int(_socket.MSG_WAITALL)
 _PlainSocket = _socket.socket
 """``socket.socket`` as the standard library defines it (``smcr run`` replaces the
 module's name with a class of its own; this stays the original)."""
-_INET = (_socket.AF_INET, _socket.AF_INET6)
+_INET = (int(_socket.AF_INET), int(_socket.AF_INET6))
+# the C type's own attribute getters: socket.socket's properties convert to enums
+_c_family = _csocket.socket.family.__get__
+_c_type = _csocket.socket.type.__get__
+_c_proto = _csocket.socket.proto.__get__
+_c_gettimeout = _csocket.socket.gettimeout
 _OOB = int(_socket.MSG_OOB)
 MAX_BUFFER = 16 << 20
 PEER_READ_WAIT = 0.01
@@ -104,6 +110,9 @@ class SmcInfo:
     def reason(self) -> str:
         """``<local>/<remote>`` in hex, as ``smcss`` prints fallback reasons."""
         return f"0x{self.local_code:08x}/0x{self.peer_code:08x}"
+
+
+_INIT_INFO = SmcInfo("INIT")
 
 
 def _bufsize(value: int) -> int:
@@ -136,36 +145,41 @@ class SMCSocket(_PlainSocket):
         def _accept(self) -> tuple[int, Any]: ...
         def _real_close(self) -> None: ...
 
+    # per-socket state; most of it set only when the socket gets there, so these
+    # class-level values are the defaults (a plain TCP socket costs little more than
+    # a socket.socket to make)
+    _hc: HostConn | None = None
+    _stack: Stack | None = None
+    _prefix = b""  # fallback: bytes the peer sent behind its last CLC message
+    _info: SmcInfo
+    _rd_shut = False
+    _wr_shut = False
+    _smc_ok = False  # listening: opted in to discovery (its children may use SMC)
+    _backlog = 128
+    _queue: _AcceptQueue | None = None  # listening: connections of its handshakes
+    _connecting: _Connecting | None = None  # a non-blocking connect in progress
+    _connect_error = 0  # what getsockopt(SO_ERROR) says next (non-blocking connect)
+    _oob: int | None = None  # an urgent byte taken out of the stream, unread
+    _oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
+    _gone = False  # closed for good (close(), and no makefile() file open)
+    _forked = False  # SMC-R mode, inherited by a forked child: the parent's
+    _finalizer: weakref.finalize[Any, Any] | None = None  # SMC-R mode: _collected
+    _rlock: threading.Lock  # SMC-R mode: one reader and one writer at a time
+    _wlock: threading.Lock
+
     def __init__(self, family: int = -1, type: int = -1, proto: int = -1,
                  fileno: int | None = None, *, _accepted: bool = False) -> None:  # fmt: skip
         super().__init__(family, type, proto, fileno)
-        self._timeout: float | None = _PlainSocket.gettimeout(self)
+        self._timeout: float | None = _c_gettimeout(self)
         self._mode = "INIT"
-        self._hc: HostConn | None = None
-        self._stack: Stack | None = None
-        self._prefix = b""
-        self._info = SmcInfo("INIT")
+        self._info = _INIT_INFO
         # 0: the RNIC's default (smcr.stack.runtime.default_buffer_size), without
         # opening an RNIC: which one is known only once the TCP connection has a
         # local address (smcr.stack.devices); SO_RCVBUF/SO_SNDBUF set them
         self._rmb_size = self.default_rmb_size
         self._sndbuf_size = self.default_sndbuf_size
-        self._rd_shut = False
-        self._wr_shut = False
-        self._smc_ok = False  # listening: opted in to discovery (its children may use SMC)
-        self._backlog = 128
-        self._queue: _AcceptQueue | None = None  # listening: connections of its handshakes
-        self._connecting: _Connecting | None = None  # a non-blocking connect in progress
-        self._connect_error = 0  # what getsockopt(SO_ERROR) says next (non-blocking connect)
-        self._oob: int | None = None  # an urgent byte taken out of the stream, unread
-        self._oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
-        self._gone = False  # closed for good (close(), and no makefile() file open)
-        self._forked = False  # SMC-R mode, inherited by a forked child: the parent's
-        self._finalizer: weakref.finalize[Any, Any] | None = None  # SMC-R mode: _collected
-        self._rlock = threading.Lock()
-        self._wlock = threading.Lock()
-        if not (self.family in _INET and self.type == _socket.SOCK_STREAM
-                and self.proto in (0, _socket.IPPROTO_TCP)):
+        if not (_c_family(self) in _INET and _c_type(self) == _socket.SOCK_STREAM
+                and _c_proto(self) in (0, _socket.IPPROTO_TCP)):
             self._mode = "PLAIN"  # AF_UNIX, UDP, ...: a socket.socket, nothing more
         elif fileno is not None and not _accepted:
             self._adopt()
@@ -404,6 +418,7 @@ class SMCSocket(_PlainSocket):
             # socket and the buffers; nothing else would ever let them go)
             self._finalizer = weakref.finalize(self, _collected, stack, hc, hc.tcp)
             self._finalizer.atexit = False  # at exit the runtime itself goes (module doc)
+            self._rlock, self._wlock = threading.Lock(), threading.Lock()
             self._mode = "SMCR"
             _smc_sockets.add(self)
             if self._debug:
