@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default 1 KiB .. 1 MiB)")
     bench.add_argument("--volume", type=int, default=64, help="MiB per throughput run")
     bench.add_argument("--rounds", type=int, default=2000, help="ping-pong round trips per run")
+    bench.add_argument("--connections", type=int, default=300,
+                       help="connections per run of the set-up tests (0: skip them)")
     bench.add_argument("--bufsize", type=int, default=0,
                        help="SO_SNDBUF/SO_RCVBUF for SMC-R (default: the RNIC's, "
                             "1 MiB shm, 4 MiB RoCE)")

@@ -78,6 +78,16 @@ def peer_main(ctl: Connection, bufsize: int, host: str = "127.0.0.1",
         if cmd[0] == "quit":
             return
         kind, arg = cmd[1], cmd[2]
+        if cmd[0] == "accept":  # arg connections: accept, one byte each way, close
+            cpu = time.process_time()
+            listener = smc if kind == "smc" else tcp
+            for _ in range(arg):
+                conn, _ = listener.accept()
+                conn.recv(1)
+                conn.sendall(b"y")
+                conn.close()
+            ctl.send(time.process_time() - cpu)
+            continue
         conn, _ = (smc if kind == "smc" else tcp).accept()
         cpu = time.process_time()
         with conn:
@@ -161,6 +171,27 @@ class Bench:
         # the peer's figure includes the warm-up round trips
         return elapsed / rounds * 1e6, (cpu / rounds + self._peer_cpu() / (rounds + warm)) * 1e6
 
+    def connections(self, kind: str, count: int, plain_peer: bool = False) -> tuple[float,
+                                                                                   float]:
+        """Microseconds per connection (connect, one byte each way, close), and CPU µs per
+        connection (both ends).  ``plain_peer``: the server is a plain TCP one, and
+        ``kind`` says whether the client is an smcr or a plain socket (what a peer that
+        does not speak SMC pays for an smcr client)."""
+        import smcr  # noqa: PLC0415
+
+        server = "tcp" if plain_peer else kind
+        port = self.ports[0] if server == "smc" else self.ports[1]
+        self.ctl.send(("accept", server, count))
+        t0, cpu = time.perf_counter(), time.process_time()
+        for _ in range(count):
+            s = smcr.SMCSocket() if kind == "smc" else socket.socket()
+            s.connect((self.host, port))
+            s.sendall(b"x")
+            s.recv(1)
+            s.close()
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu
+        return elapsed / count * 1e6, (cpu + self._peer_cpu()) / count * 1e6
+
     def _peer_cpu(self) -> float:
         """The peer's CPU seconds for the last transfer (it reports when the connection ends)."""
         if not self.ctl.poll(30):
@@ -177,10 +208,13 @@ class Bench:
 
 def run(sizes: list[int], reps: int, volume: int, rounds: int, bufsize: int = 0,
         progress: Callable[[str], None] | None = None, host: str = "127.0.0.1",
-        peer_netns: str | None = None) -> list[BenchResult]:  # fmt: skip
+        peer_netns: str | None = None, connections: int = 0) -> list[BenchResult]:  # fmt: skip
     """Measure everything; ``progress(label)`` is called before each measurement.
 
     :param host: the peer's address; :param peer_netns: the peer's namespace (``--netns``).
+    :param connections: connections per run of the set-up tests (0: none): SMC-R (link
+        group reused) against TCP, and an smcr client against a plain client, both to
+        a plain TCP server.
     """
     bench = Bench(bufsize, host, peer_netns)
     results: list[BenchResult] = []
@@ -206,6 +240,12 @@ def run(sizes: list[int], reps: int, volume: int, rounds: int, bufsize: int = 0,
             measure("throughput", "MB/s", size, functools.partial(_throughput, bench, size, volume))
         for size in PING_SIZES:
             measure("latency", "us", size, functools.partial(_pingpong, bench, size, rounds))
+        if connections:
+            bench.connections("smc", 1)  # first contact: the link group, then reused
+            bench.connections("tcp", 1)
+            measure("connect", "us", 1, functools.partial(bench.connections, count=connections))
+            measure("connect to plain", "us", 1,
+                    functools.partial(bench.connections, count=connections, plain_peer=True))
     finally:
         bench.close()
     return results

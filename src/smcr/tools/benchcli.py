@@ -24,7 +24,7 @@ from smcr.tools import bench
 def run(args: argparse.Namespace, console: Console) -> int:
     """Run the benchmark as the arguments say; print a table, or JSON with ``--json``."""
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else bench.SIZES
-    steps = (len(sizes) + len(bench.PING_SIZES)) * args.reps * 2
+    steps = (len(sizes) + len(bench.PING_SIZES) + (2 if args.connections else 0)) * args.reps * 2
     err = Console(stderr=True)
     with Progress(console=err, transient=True, disable=args.json and not err.is_terminal) as bar:
         task = bar.add_task("smcr bench", total=steps)
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
         with _hosts(args) as (host, peer_ns, where):
             results = bench.run(sizes, args.reps, args.volume << 20, args.rounds, args.bufsize,
-                                progress, host, peer_ns)  # fmt: skip
+                                progress, host, peer_ns, args.connections)  # fmt: skip
     if args.json:
         print(bench.to_json(results))
         return 0
@@ -47,6 +47,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
     console.print(table)
     console.print("throughput: higher is better; latency (round trip): lower is better; "
                   "CPU: both processes' CPU time per message or round trip")  # fmt: skip
+    for r in results:
+        if r.test.startswith("connect"):
+            console.print(f"{r.test}: {1e6 / r.smc:.0f} connections/s with smcr, "
+                          f"{1e6 / r.tcp:.0f} with TCP (connect, a byte each way, close)")
     return 0
 
 
