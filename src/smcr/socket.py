@@ -155,7 +155,6 @@ class SMCSocket(_PlainSocket):
     _rd_shut = False
     _wr_shut = False
     _smc_ok = False  # listening: opted in to discovery (its children may use SMC)
-    _backlog = 128
     _queue: _AcceptQueue | None = None  # listening: connections of its handshakes
     _connecting: _Connecting | None = None  # a non-blocking connect in progress
     _connect_error = 0  # what getsockopt(SO_ERROR) says next (non-blocking connect)
@@ -215,7 +214,6 @@ class SMCSocket(_PlainSocket):
             return
         self._smc_ok = discovery.current().opt_in(self)
         _PlainSocket.listen(self, backlog)
-        self._backlog = max(1, backlog)
         self._mode = "LISTEN"
         self._accept_queue()  # handshakes run from now on, as the kernel's do
 
@@ -1120,6 +1118,11 @@ def _collected(stack: Stack, hc: HostConn, tcp: _socket.socket) -> None:
     stack.orphan(hc, _linger(tcp))
 
 
+MAX_QUEUED = 4096
+"""Connections an accept queue holds (handshakes included) before it leaves the rest to
+the kernel: a bound for floods (each SMC-R one holds an RMB and a send buffer)."""
+
+
 class _AcceptQueue:
     """The connections of a listening socket whose handshakes have ended (Linux's
     ``smc_tcp_listen_work`` and accept queue).
@@ -1128,9 +1131,13 @@ class _AcceptQueue:
     kernel as clients come, also while the application is busy elsewhere: a
     client whose SYN did not offer SMC is queued at once as TCP; one that did
     gets its handshake started, which the runtime drives, and is queued when it
-    ends.  At most ``backlog`` connections wait here or in handshakes; beyond
-    that the kernel's own backlog holds them.  :meth:`fileno` is readable while
-    one waits (``select`` on a listening socket, asyncio's ``sock_accept``).
+    ends.  The listen backlog is not a limit here: a client whose TCP connection
+    the kernel completed has sent its Proposal and waits for an answer, and would
+    fail at the CLC timeout if its handshake waited for the application (Linux
+    enforces the backlog on SYNs instead, which we cannot reach); up to
+    :data:`MAX_QUEUED` connections wait here or in handshakes, beyond that the
+    kernel holds them.  :meth:`fileno` is readable while one waits (``select``
+    on a listening socket, asyncio's ``sock_accept``).
     """
 
     def __init__(self, listener: SMCSocket) -> None:
@@ -1144,7 +1151,7 @@ class _AcceptQueue:
         self.family, self.type, self.proto = listener.family, listener.type, listener.proto
         self.cls = type(listener)  # (smcr run's socket class: its settings too)
         self.listener = weakref.ref(listener)  # its buffer sizes, set after listen() too
-        self.backlog = listener._backlog
+        self.backlog = MAX_QUEUED
         self.ready: deque[tuple[SMCSocket, Any]] = deque()
         self.pending = 0
         self.error: OSError | None = None
