@@ -58,3 +58,23 @@ def clients(ctl: Connection, port: int, count: int) -> None:
         with smcr.create_connection(("127.0.0.1", port), timeout=20) as s:
             s.sendall(bytes([i]))
             assert s.recv(1) == bytes([i])
+
+
+def slow_reader(ctl: Connection, delay: float) -> None:
+    """Accept one client, wait ``delay`` seconds before reading anything, then read to
+    EOF: report the byte count and SHA-256."""
+    import hashlib  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    srv = smcr.create_server(("127.0.0.1", 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    time.sleep(delay)
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := c.recv(1 << 16):
+        digest.update(chunk)
+        size += len(chunk)
+    ctl.send((c.smc_info().mode, size, digest.hexdigest()))
+    c.close()
+    srv.close()

@@ -1,0 +1,128 @@
+"""The socket layer's background work: shutdown after the send buffer, non-blocking
+connect errors, fork, and the accept queue under load (see smcr.socket)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import selectors
+import socket
+import struct
+
+import pytest
+
+import smcr
+from tests.socket import discovery_peers, smc_peer
+from tests.socket.conftest import Peer
+
+
+def test_shutdown_write_keeps_every_byte_for_a_peer_that_reads_late() -> None:
+    """SHUT_WR with 3 MiB still in the send buffer and the peer's RMB full, the peer
+    starting to read only after 3 s (longer than close_wait_tx): the done-writing CDC
+    goes after the last byte, as TCP's FIN goes after its data."""
+    p = Peer(discovery_peers.slow_reader, 3.0)
+    try:
+        s = smcr.create_connection(("127.0.0.1", p.recv()), timeout=30)
+        assert s.smc_info().mode == "SMCR"
+        data = os.urandom(3 << 20)
+        s.sendall(data)  # the send buffer and the peer's RMB hold it; the peer reads later
+        s.shutdown(socket.SHUT_WR)
+        with pytest.raises(BrokenPipeError):
+            s.send(b"more")
+        assert p.recv(timeout=30) == ("SMCR", len(data), hashlib.sha256(data).hexdigest())
+        s.close()
+    finally:
+        p.stop()
+
+
+def test_nonblocking_connect_refused_reports_through_so_error() -> None:
+    port = socket.create_server(("127.0.0.1", 0))
+    addr = port.getsockname()
+    port.close()  # nobody listens there now
+    s = smcr.SMCSocket()
+    s.setblocking(False)
+    assert s.connect_ex(addr) == errno.EINPROGRESS
+    sel = selectors.DefaultSelector()
+    sel.register(s, selectors.EVENT_WRITE)
+    assert sel.select(20), "writable once the connect ended"
+    sel.close()
+    assert s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED
+    assert s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0  # read once, as the kernel's
+    s.close()
+
+
+def test_forked_child_cannot_use_the_parents_smc_connection_but_the_parent_can() -> None:
+    p = Peer(smc_peer.echo_server)
+    try:
+        s = smcr.create_connection(("127.0.0.1", p.recv()), timeout=20)
+        assert s.smc_info().mode == "SMCR"
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: a clear error, and closing touches nothing of the parent's
+            code = 1
+            try:
+                s.sendall(b"child")
+            except OSError as exc:
+                code = 0 if exc.errno == errno.EOPNOTSUPP else 2
+            s.close()
+            os.write(w, bytes([code]))
+            os._exit(0)
+        os.close(w)
+        _, status = os.waitpid(pid, 0)
+        assert os.read(r, 1) == b"\x00" and status == 0
+        os.close(r)
+        s.sendall(b"parent")
+        assert s.recv(6, socket.MSG_WAITALL) == b"parent"
+        s.close()
+        assert p.recv() == ("SMCR", 0, 0)
+    finally:
+        p.stop()
+
+
+def test_more_clients_than_the_backlog_all_connect_before_anyone_accepts() -> None:
+    """More clients than the listen backlog while nobody accepts: their handshakes run
+    anyway (a client waits for the server's CLC answer, and would time out), and every
+    client is accepted in the end, in SMC-R mode, with its own bytes."""
+    srv = smcr.create_server(("127.0.0.1", 0), backlog=4)
+    srv.settimeout(20)
+    clients = [smcr.create_connection(srv.getsockname(), timeout=20) for _ in range(10)]
+    for i, c in enumerate(clients):
+        c.sendall(struct.pack("!I", i))
+    seen = set()
+    for _ in clients:
+        conn, _ = srv.accept()
+        conn.settimeout(20)
+        assert conn.smc_info().mode == "SMCR"
+        seen.add(struct.unpack("!I", conn.recv(4, socket.MSG_WAITALL))[0])
+        conn.close()
+    assert seen == set(range(10))
+    for c in clients:
+        c.close()
+    srv.close()
+
+
+def test_garbage_instead_of_a_proposal_is_reset_and_delays_nobody() -> None:
+    """A client that offers SMC and then sends garbage: its connection is reset and never
+    accepted; a good client behind it is."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    srv.settimeout(20)
+    from smcr import discovery  # noqa: PLC0415
+
+    bad = socket.socket()
+    assert discovery.current().opt_in(bad)
+    bad.connect(srv.getsockname())
+    bad.sendall(b"\xe2\xd4\xc3\xd9" + b"\xff" * 60)  # an eyecatcher, then nonsense
+    good = smcr.create_connection(srv.getsockname(), timeout=20)
+    conn, addr = srv.accept()
+    assert addr[1] == good.getsockname()[1] and conn.smc_info().mode == "SMCR"
+    bad.settimeout(20)
+    try:
+        rest = bad.recv(4096)
+        while rest and rest[:4] == b"\xe2\xd4\xc3\xd9":  # a Decline may come before the reset
+            rest = bad.recv(4096)
+    except ConnectionResetError:
+        rest = b""
+    assert rest == b""
+    for x in (bad, good, conn, srv):
+        x.close()
