@@ -306,6 +306,7 @@ class SMCSocket(_PlainSocket):
             err = _PlainSocket.connect_ex(self, address)
             if err not in (0, errno.EINPROGRESS):
                 raise OSError(err, os.strerror(err))
+            self._stack_here()
             self._connecting = _Connecting(self)
             self._mode = "CONNECTING"
             self._connecting.start()
@@ -362,6 +363,15 @@ class SMCSocket(_PlainSocket):
             queue.resume()
         return queue
 
+    def _stack_here(self) -> None:
+        """Find the runtime of this socket's local address in the calling thread: the
+        handshake may start in the watcher thread, and a thread can be in another
+        network namespace than the process (``setns`` is per thread), where this
+        address has no RNIC."""
+        with contextlib.suppress(OSError, ValueError):
+            if not self._local_ip().is_unspecified:
+                self._stack = get_stack(self._local_ip(), self._scope_id())
+
     def _local_ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
         host = _PlainSocket.getsockname(self)[0]
         return ipaddress.ip_address(host.split("%")[0])
@@ -389,8 +399,9 @@ class SMCSocket(_PlainSocket):
                          ) -> tuple[Stack, HostConn]:  # fmt: skip
         """Start the CLC handshake; the runtime drives it (``on_outcome`` is called
         with its lock held when it ends, in whichever thread polled)."""
-        # the RNIC of this address (and, link-local, of this interface)
-        stack = self._stack = get_stack(self._local_ip(), self._scope_id())
+        # the RNIC of this address (and, link-local, of this interface); found already
+        # where the background work may run in another thread (see :meth:`_stack_here`)
+        stack = self._stack = self._stack or get_stack(self._local_ip(), self._scope_id())
         with stack.lock:
             # the runtime's own descriptor of the TCP socket: it outlives ours when the
             # application closes first (the closing CDCs, then the FIN)
@@ -1151,6 +1162,8 @@ class _AcceptQueue:
         self.family, self.type, self.proto = listener.family, listener.type, listener.proto
         self.cls = type(listener)  # (smcr run's socket class: its settings too)
         self.listener = weakref.ref(listener)  # its buffer sizes, set after listen() too
+        listener._stack_here()  # bound to one address: its runtime (SMCSocket._stack_here)
+        self.stack = listener._stack
         self.backlog = MAX_QUEUED
         self.ready: deque[tuple[SMCSocket, Any]] = deque()
         self.pending = 0
@@ -1227,6 +1240,7 @@ class _AcceptQueue:
 
     def _admit(self, fd: int, addr: Any) -> None:
         sock = self.cls(self.family, self.type, self.proto, fileno=fd, _accepted=True)
+        sock._stack = self.stack
         sock.settimeout(_socket.getdefaulttimeout())  # as socket.accept() leaves it
         listener = self.listener()
         if listener is not None:
