@@ -16,13 +16,14 @@ from smcr.tools import bench
 def test_bench_json_smoke() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "smcr", "bench", "--json", "--reps", "1", "--sizes", "4096",
-         "--volume", "1", "--rounds", "20"],
+         "--volume", "1", "--rounds", "20", "--connections", "20"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
     assert [(r["test"], r["size"]) for r in rows] == [
-        ("throughput", 4096), ("latency", 32), ("latency", 1024)]
+        ("throughput", 4096), ("latency", 32), ("latency", 1024), ("connect", 1),
+        ("connect to plain", 1)]
     for r in rows:
         assert r["smc"] > 0 and r["tcp"] > 0
         assert r["unit"] == ("MB/s" if r["test"] == "throughput" else "us")

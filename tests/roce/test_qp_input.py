@@ -101,6 +101,13 @@ def header_ok(pkt: bytes) -> bool:
     return len(pkt) - pad >= info.header_length and pkt[1] & 0x0F == 0 and p_key & 0x7FFF == 0x7FFF
 
 
+def reth_length(pkt: bytes) -> int | None:
+    """The DMA length of a request's RETH, if it has one."""
+    if reth_rkey(pkt) is None:
+        return None
+    return int.from_bytes(pkt[24:28], "big")
+
+
 def reth_rkey(pkt: bytes) -> int | None:
     """The rkey of a request's RETH, if it has one."""
     try:
@@ -164,6 +171,10 @@ def test_garbage_is_dropped_answered_or_taken_never_raises(rig: Rig, garbage: by
         if 0x0D <= pkt[0] <= 0x11:  # READ responses and Acknowledge: the requester's
             assert all(op < 0x0D for op in out), out  # retransmissions only
             assert RECV not in ids or qp.state is QpState.ERR
+        elif pkt[0] == Opcode.RDMA_READ_REQUEST and reth_length(pkt) == 0:
+            # a zero-length READ touches no memory, so its rkey is not checked (the IBA
+            # requires no valid R_Key for it; rxe does the same): an empty READ RESPONSE
+            assert out in ([], [Opcode.RDMA_READ_RESPONSE_ONLY]), out
         else:
             assert all(op == Opcode.ACKNOWLEDGE for op in out), out
             assert (READ not in ids and WRITE not in ids) or qp.state is QpState.ERR
