@@ -268,8 +268,9 @@ class SMCSocket(_PlainSocket):
         """SO_SNDBUF/SO_RCVBUF report smcr's buffer sizes; SO_ERROR the outcome of a
         non-blocking connect; the rest come from TCP."""
         if level == _socket.SOL_SOCKET and optname == _socket.SO_ERROR and not args:
-            if self._mode == "CONNECTING":
-                return 0
+            connecting = self._connecting
+            if self._mode == "CONNECTING" and connecting is not None:
+                return connecting.so_error()
             if self._connect_error:
                 err, self._connect_error = self._connect_error, 0
                 return err
@@ -618,6 +619,10 @@ class SMCSocket(_PlainSocket):
         out = memoryview(buffer)
         if out.format != "B" or out.ndim != 1:
             out = out.cast("B")
+        if nbytes < 0:
+            raise ValueError("negative buffersize in recv_into")
+        if nbytes > len(out):
+            raise ValueError("buffer too small for requested bytes")
         want = nbytes or len(out)
         if flags & _OOB:
             return self._recv_oob(out)
@@ -941,6 +946,8 @@ class SMCSocket(_PlainSocket):
 
     def shutdown(self, how: int) -> None:
         """SHUT_RD, SHUT_WR (done-writing CDC, then TCP FIN, as Linux), SHUT_RDWR."""
+        if how not in (_socket.SHUT_RD, _socket.SHUT_WR, _socket.SHUT_RDWR):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         if self._mode != "SMCR":
             self._tcp_ok()
             _PlainSocket.shutdown(self, how)
@@ -1022,6 +1029,28 @@ class SMCSocket(_PlainSocket):
             raise OSError(errno.EOPNOTSUPP, "detach is not supported by an SMC-R socket")
         return _PlainSocket.detach(self)
 
+    def _move(self) -> SMCSocket:
+        """A new socket object that owns this one's connection from now on; this one is
+        closed, as ``ssl.SSLContext.wrap_socket`` detaches the socket it wraps (the
+        caller may close the original afterwards without touching the connection)."""
+        new = type(self)(self.family, self.type, self.proto,
+                         fileno=os.dup(_PlainSocket.fileno(self)), _accepted=True)  # fmt: skip
+        for name, value in vars(self).items():
+            if name not in ("_finalizer",):
+                setattr(new, name, value)
+        if self._finalizer is not None and self._stack is not None and self._hc is not None:
+            self._finalizer.detach()
+            new._finalizer = weakref.finalize(new, _collected, self._stack, self._hc,
+                                              self._hc.tcp)  # fmt: skip
+            new._finalizer.atexit = False
+        if self in _smc_sockets:
+            _smc_sockets.discard(self)
+            _smc_sockets.add(new)
+        self._gone = self._closed = True
+        self._finalizer = None
+        self._real_close()
+        return new
+
     def dup(self) -> SMCSocket:
         """As ``socket.dup`` for a TCP or listening socket; not for one in SMC-R mode."""
         if self._mode in ("SMCR", "CONNECTING"):
@@ -1046,12 +1075,14 @@ class SMCSocket(_PlainSocket):
         return self.recv_into(buffer, nbytes, flags), None
 
     def sendto(self, data: Any, *args: Any) -> int:
-        """As ``socket.sendto``: on a connected stream socket the kernel refuses an
-        address (``EISCONN``); so does SMC-R mode."""
+        """As ``socket.sendto``: a connected TCP socket ignores the address; so does SMC-R
+        mode (``sendto(data[, flags], address)``)."""
         if self._mode != "SMCR":
             self._tcp_ok()
             return _PlainSocket.sendto(self, data, *args)
-        raise OSError(errno.EISCONN, os.strerror(errno.EISCONN))
+        if len(args) not in (1, 2):
+            raise TypeError(f"sendto() takes 2 or 3 arguments ({len(args) + 1} given)")
+        return self.send(data, int(args[0]) if len(args) == 2 else 0)
 
 
 _accept_queues: weakref.WeakSet[_AcceptQueue] = weakref.WeakSet()
@@ -1241,7 +1272,6 @@ class _AcceptQueue:
     def _admit(self, fd: int, addr: Any) -> None:
         sock = self.cls(self.family, self.type, self.proto, fileno=fd, _accepted=True)
         sock._stack = self.stack
-        sock.settimeout(_socket.getdefaulttimeout())  # as socket.accept() leaves it
         listener = self.listener()
         if listener is not None:
             sock._rmb_size, sock._sndbuf_size = listener._rmb_size, listener._sndbuf_size
@@ -1276,8 +1306,8 @@ class _AcceptQueue:
             else:
                 self.ready.append((sock, addr))
                 self._changed()
-        if self.closed:
-            self._close_ready()
+        if self.closed:  # (this runs under the runtime's lock, which close() takes)
+            threading.Thread(target=self._close_ready, name="smcr-close", daemon=True).start()
 
     def _changed(self) -> None:
         """Wake ``take`` and the descriptor (cond held)."""
@@ -1308,6 +1338,7 @@ class _AcceptQueue:
             self._changed()
             if not self.watching:
                 self._watch()
+        item[0].settimeout(_socket.getdefaulttimeout())  # as socket.accept() leaves it
         return item
 
     def _close_ready(self) -> None:
@@ -1320,9 +1351,12 @@ class _AcceptQueue:
         """The listener closes: connections nobody accepted are closed (Linux resets
         them); handshakes still running close theirs when they end."""
         with self.cond:
+            if self.closed:  # (again, from the listener's finalizer: the descriptor's
+                return  # number may be another socket's by now)
             self.closed = True
-            if self.watching:
+            if self.watching or self.paused:
                 get_watcher().unwatch(self.fd)
+            self.watching = False
             self.cond.notify_all()
         self._close_ready()
         self.readiness.close()
@@ -1344,6 +1378,22 @@ class _Connecting:
         self.readiness.set(False, False)
         self.fd = _PlainSocket.fileno(sock)
         self.closed = False
+        self.tcp_done = False  # the TCP connect's outcome is taken (watcher or SO_ERROR)
+        self.lock = threading.Lock()
+
+    def so_error(self) -> int:
+        """``getsockopt(SO_ERROR)`` while connecting: a failed TCP connect's error at once
+        (asyncio and others watch the TCP descriptor they saw before ``connect``);
+        0 while the TCP connect or the handshake goes on."""
+        with self.lock:
+            if self.tcp_done or self.closed:
+                return 0
+            err = int(_PlainSocket.getsockopt(self.sock, _socket.SOL_SOCKET, _socket.SO_ERROR))
+            if err:
+                self.tcp_done = True
+                get_watcher().unwatch(self.fd)
+                self._settle("TCP", 0)
+            return err
 
     def start(self) -> None:
         """Watch for the TCP connect's end."""
@@ -1353,9 +1403,11 @@ class _Connecting:
         """The TCP connect ended (watcher thread): settle the mode or start the handshake."""
         get_watcher().unwatch(self.fd)
         sock = self.sock
-        if self.closed:
-            return
-        err = _PlainSocket.getsockopt(sock, _socket.SOL_SOCKET, _socket.SO_ERROR)
+        with self.lock:
+            if self.closed or self.tcp_done:
+                return
+            self.tcp_done = True
+            err = _PlainSocket.getsockopt(sock, _socket.SOL_SOCKET, _socket.SO_ERROR)
         if err:
             self._settle("TCP", err)
         elif discovery.current().peer_offered(sock, client=True):

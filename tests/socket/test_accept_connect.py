@@ -126,3 +126,43 @@ def test_garbage_instead_of_a_proposal_is_reset_and_delays_nobody() -> None:
     assert rest == b""
     for x in (bad, good, conn, srv):
         x.close()
+
+
+def test_asyncio_sock_connect_to_a_closed_port_is_refused() -> None:
+    """asyncio takes fileno() before connect() (the TCP descriptor) and asks SO_ERROR once
+    that is writable: the refusal must reach it, whoever looked at the socket first."""
+    import asyncio  # noqa: PLC0415
+
+    closed = socket.create_server(("127.0.0.1", 0))
+    addr = closed.getsockname()
+    closed.close()
+
+    async def attempt() -> None:
+        s = smcr.SMCSocket()
+        s.setblocking(False)
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(s, addr), 20)
+        finally:
+            s.close()
+
+    for _ in range(20):  # the watcher thread and the loop race for the error: both orders
+        with pytest.raises(ConnectionRefusedError):
+            asyncio.run(attempt())
+
+
+def test_a_listener_closed_while_handshakes_run_does_not_hang() -> None:
+    """Clients connect and the listener closes before accepting: the connections whose
+    handshakes end after that are closed by a thread of their own (the runtime's lock is
+    held where the handshake ends), and nothing waits for anything."""
+    for _ in range(5):
+        srv = smcr.create_server(("127.0.0.1", 0))
+        clients = [smcr.create_connection(srv.getsockname(), timeout=20) for _ in range(3)]
+        srv.close()
+        for c in clients:
+            c.settimeout(20)
+            try:
+                data = c.recv(1)
+            except ConnectionResetError:
+                data = b""
+            assert data == b""
+            c.close()

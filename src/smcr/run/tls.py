@@ -78,6 +78,7 @@ class SmcTlsSocket(ssl.SSLSocket):
             raise ValueError("session can only be specified in client mode")
         if context.check_hostname and not server_hostname and not server_side:
             raise ValueError("check_hostname requires server_hostname")
+        inner = inner._move()  # ours now; the caller's object is closed, as ssl detaches it
         self = cls.__new__(cls, inner.family, inner.type, inner.proto)  # type: ignore[call-arg]
         # our own descriptor of the TCP socket (addresses, options); the bytes go via inner
         _PlainSocket.__init__(self, inner.family, inner.type, inner.proto,
@@ -97,10 +98,14 @@ class SmcTlsSocket(ssl.SSLSocket):
             self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side,
                                          server_hostname, session=session)  # fmt: skip
             if do_handshake_on_connect:
-                if inner.gettimeout() == 0.0:
-                    raise ValueError("do_handshake_on_connect should not be specified "
-                                     "for non-blocking sockets")  # fmt: skip
-                self.do_handshake()
+                try:
+                    if inner.gettimeout() == 0.0:
+                        raise ValueError("do_handshake_on_connect should not be specified "
+                                         "for non-blocking sockets")  # fmt: skip
+                    self.do_handshake()
+                except BaseException:
+                    self.close()  # as ssl does: a socket whose handshake failed is closed
+                    raise
         return self
 
     # ------------------------------------------------------------ the record pump
@@ -136,7 +141,8 @@ class SmcTlsSocket(ssl.SSLSocket):
                 n = self._inner.send(view)
             except BlockingIOError:
                 self._unsent = bytes(view)
-                raise ssl.SSLWantWriteError("The operation did not complete (write)") from None
+                raise ssl.SSLWantWriteError(ssl.SSL_ERROR_WANT_WRITE,
+                                            "The operation did not complete (write)") from None
             view = view[n:]
 
     def _fill(self) -> None:
@@ -144,7 +150,8 @@ class SmcTlsSocket(ssl.SSLSocket):
         try:
             data = self._inner.recv(_READ_CHUNK)
         except BlockingIOError:
-            raise ssl.SSLWantReadError("The operation did not complete (read)") from None
+            raise ssl.SSLWantReadError(ssl.SSL_ERROR_WANT_READ,
+                                       "The operation did not complete (read)") from None
         if data:
             self._incoming.write(data)
         else:
@@ -227,7 +234,7 @@ class SmcTlsSocket(ssl.SSLSocket):
             raise ValueError(f"non-zero flags not allowed in calls to recv_into() on "
                              f"{type(self)}")  # fmt: skip
         if nbytes is None or nbytes == 0:
-            nbytes = len(buffer) if buffer is not None else 1024
+            nbytes = memoryview(buffer).nbytes if buffer is not None else 1024
         return int(self.read(nbytes, buffer))
 
     def recvfrom(self, buflen: int = 1024, flags: int = 0) -> tuple[bytes, Any]:
