@@ -437,7 +437,8 @@ class SMCSocket(_PlainSocket):
         trailing = hc.handshake.reader.trailing_data if hc.handshake is not None else b""
         self._hc = None
         hc.tcp.close()  # the runtime's descriptor: ours goes on (TCP) or is reset
-        _PlainSocket.settimeout(self, self._timeout)  # (the runtime made it non-blocking)
+        with contextlib.suppress(OSError):  # (closed meanwhile: nothing to restore)
+            _PlainSocket.settimeout(self, self._timeout)  # the runtime made it non-blocking
         if isinstance(outcome, FellBack):
             self._prefix = trailing
             self._fall_back(outcome.local_code, outcome.peer_code)
@@ -1420,6 +1421,14 @@ class _Connecting:
         """The runtime's news (its lock held)."""
         sock = self.sock
         assert sock._stack is not None
+        if self.closed:  # the application closed the socket meanwhile: nobody wants it
+            hc.on_outcome = None
+            if isinstance(hc.outcome, HandshakeCompleted):
+                sock._stack.abort(hc)
+            else:
+                with contextlib.suppress(OSError):
+                    hc.tcp.close()
+            return
         sock._finish_handshake(sock._stack, hc)
         if sock._mode == "SMCR":
             hc.readiness = self.readiness

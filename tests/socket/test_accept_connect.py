@@ -9,6 +9,7 @@ import os
 import selectors
 import socket
 import struct
+import time
 
 import pytest
 
@@ -166,3 +167,25 @@ def test_a_listener_closed_while_handshakes_run_does_not_hang() -> None:
                 data = b""
             assert data == b""
             c.close()
+
+
+def test_closing_sockets_whose_connect_is_under_way_harms_nothing() -> None:
+    """Non-blocking connects closed at once, before their handshakes end: the runtime's
+    threads go on (a later connection works) and the server sees resets or EOFs."""
+    p = Peer(smc_peer.echo_server, False, 1)
+    try:
+        port = p.recv()
+        srv = smcr.create_server(("127.0.0.1", 0))
+        for i in range(20):  # closed at once, or a little later: mid-handshake too
+            s = smcr.SMCSocket()
+            s.setblocking(False)
+            assert s.connect_ex(srv.getsockname()) == errno.EINPROGRESS
+            time.sleep(i * 0.0003)
+            s.close()
+        srv.close()
+        with smcr.create_connection(("127.0.0.1", port), timeout=20) as s:
+            s.sendall(b"alive")
+            assert s.recv(5, socket.MSG_WAITALL) == b"alive"
+        assert p.recv() == ("SMCR", 0, 0)
+    finally:
+        p.stop()

@@ -53,8 +53,10 @@ import os
 import secrets
 import select
 import socket
+import sys
 import threading
 import time
+import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -676,7 +678,10 @@ class Stack:
                 elif self._watch_tcp:
                     self._tcp_watch[hc.tcp.fileno()] = hc
                 if hc.on_outcome is not None:
-                    hc.on_outcome(hc)
+                    try:
+                        hc.on_outcome(hc)
+                    except Exception:  # the socket layer's; progress must go on for all
+                        traceback.print_exc(file=sys.stderr)
             elif isinstance(ev, ConnectionReset):
                 hc.reset_reason = ev.reason
             hc.cond.notify_all()
