@@ -170,6 +170,37 @@ async def _asyncio_tls(size: int) -> dict[str, Any]:
             "ok": digest == hashlib.sha256(data).digest()}
 
 
+async def _asyncio_sendfile(size: int) -> dict[str, Any]:
+    import tempfile  # noqa: PLC0415
+
+    loop = asyncio.get_running_loop()
+    data = os.urandom(size)
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.setblocking(False)
+    cli = socket.socket()
+    cli.setblocking(False)
+    accepting = asyncio.ensure_future(loop.sock_accept(srv))
+    await loop.sock_connect(cli, srv.getsockname())
+    conn, _ = await accepting
+    with tempfile.TemporaryFile() as f:
+        f.write(data)
+        f.seek(0)
+        sending = asyncio.ensure_future(loop.sock_sendfile(cli, f))
+        got = bytearray()
+        while len(got) < size:
+            got += await loop.sock_recv(conn, 1 << 16)
+        sent = await sending
+    modes = [mode(cli), mode(conn)]
+    for s in (cli, conn, srv):
+        s.close()
+    return {"modes": modes, "sent": sent, "ok": bytes(got) == data}
+
+
+def asyncio_sendfile(size: str) -> None:
+    """asyncio's sock_sendfile between two sockets of one process."""
+    out(**asyncio.run(_asyncio_sendfile(int(size))))
+
+
 def asyncio_tls(size: str) -> None:
     """asyncio streams with ssl= on both ends, in one process."""
     out(**asyncio.run(_asyncio_tls(int(size))))

@@ -103,6 +103,13 @@ def test_asyncio_streams_with_tls_and_flow_control() -> None:
     assert found == {"client": "SMCR", "server": "SMCR", "ok": True}
 
 
+def test_asyncio_sock_sendfile_over_smcr() -> None:
+    """asyncio would os.sendfile() into fileno(), smcr's readiness descriptor: under
+    smcr run SMC-R sockets take asyncio's fallback, and every byte arrives."""
+    found = run("asyncio_sendfile", str(3 << 20))
+    assert found == {"modes": ["SMCR", "SMCR"], "sent": 3 << 20, "ok": True}
+
+
 def test_python_children_get_smcr_whatever_starts_them() -> None:
     found = run("children")
     assert found == {name: "SMCSocket" for name in

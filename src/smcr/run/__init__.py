@@ -98,10 +98,11 @@ def install() -> None:
         namespace["_debug"] = True
     run_socket = _AnySocket("socket", (smc_socket.SMCSocket,), namespace)
     socket.socket = run_socket  # type: ignore[misc, assignment]
-    if "ssl" in sys.modules:
-        _patch_ssl(sys.modules["ssl"])
-    else:
-        sys.meta_path.insert(0, _SslFinder())
+    waiting = {name for name in _PATCHES if name not in sys.modules}
+    for name in _PATCHES.keys() - waiting:
+        _PATCHES[name](sys.modules[name])
+    if waiting:
+        sys.meta_path.insert(0, _PatchingFinder(waiting))
 
 
 def _patch_ssl(ssl: types.ModuleType) -> None:
@@ -110,15 +111,45 @@ def _patch_ssl(ssl: types.ModuleType) -> None:
     patch(ssl)
 
 
-class _SslFinder(importlib.abc.MetaPathFinder):
-    """Patches ``ssl`` when the program imports it (importing it up front would cost
-    every Python process under ``smcr run`` several milliseconds)."""
+def _patch_asyncio(unix_events: types.ModuleType) -> None:
+    """asyncio's ``sock_sendfile`` (and ``loop.sendfile`` of its transports) calls
+    ``os.sendfile`` on ``sock.fileno()``, which for an SMC-R socket is smcr's readiness
+    descriptor, not the connection: such sockets take asyncio's own fallback, which
+    sends through the socket's methods."""
+    from asyncio import exceptions  # noqa: PLC0415
+
+    from smcr.socket import SMCSocket  # noqa: PLC0415
+
+    loop_class = unix_events._UnixSelectorEventLoop
+    native = loop_class._sock_sendfile_native
+
+    async def sock_sendfile_native(self: Any, sock: Any, file: Any, offset: int,
+                                   count: int | None) -> int:  # fmt: skip
+        if isinstance(sock, SMCSocket) and sock._mode in ("SMCR", "CONNECTING"):
+            raise exceptions.SendfileNotAvailableError("not on an SMC-R connection")
+        return int(await native(self, sock, file, offset, count))
+
+    loop_class._sock_sendfile_native = sock_sendfile_native
+
+
+_PATCHES = {"ssl": _patch_ssl, "asyncio.unix_events": _patch_asyncio}
+"""Modules that ``smcr run`` adjusts, each once it is imported (:class:`_PatchingFinder`)."""
+
+
+class _PatchingFinder(importlib.abc.MetaPathFinder):
+    """Patches modules of :data:`_PATCHES` when the program imports them (importing them
+    up front would cost every Python process under ``smcr run`` milliseconds)."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: types.ModuleType | None = None) -> ModuleSpec | None:  # fmt: skip
-        if fullname != "ssl":
+        if fullname not in self.names:
             return None
-        sys.meta_path.remove(self)
+        self.names.discard(fullname)
+        if not self.names:
+            sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
@@ -134,7 +165,7 @@ class _SslFinder(importlib.abc.MetaPathFinder):
                 exec_module(module)
             finally:
                 socket.socket = ours  # type: ignore[misc]
-            _patch_ssl(module)
+            _PATCHES[fullname](module)
 
         loader.exec_module = exec_and_patch  # type: ignore[method-assign]
         return spec
