@@ -198,14 +198,22 @@ class SMCSocket(_PlainSocket):
     # ------------------------------------------------------------ plain attributes
 
     def __repr__(self) -> str:
-        ends = ""
-        try:
-            ends = f", laddr={_PlainSocket.getsockname(self)}"
-            ends += f", raddr={_PlainSocket.getpeername(self)}"
-        except OSError:
-            pass
-        fd = _PlainSocket.fileno(self)
-        return f"<smcr.SMCSocket mode={self._mode} fd={fd}, family={self.family!s}{ends}>"
+        """``socket.socket``'s, with the mode: ``<smcr.socket.SMCSocket fd=5, family=2,
+        type=1, proto=0, laddr=..., raddr=..., mode=SMCR>``; fd is the TCP socket's (the
+        garbage collector may call this while a thread holds the runtime's lock, which
+        ``fileno()`` of an SMC-R socket takes)."""
+        cls = type(self)
+        closed = getattr(self, "_closed", False)
+        text = (f"<{cls.__module__}.{cls.__qualname__}{' [closed]' if closed else ''} "
+                f"fd={_csocket.socket.fileno(self)}, family={self.family}, type={self.type}, "
+                f"proto={self.proto}")  # fmt: skip
+        if not closed:
+            for name, get in (("laddr", _PlainSocket.getsockname),
+                              ("raddr", _PlainSocket.getpeername)):  # fmt: skip
+                with contextlib.suppress(OSError):
+                    if address := get(self):
+                        text += f", {name}={address}"
+        return f"{text}, mode={self._mode}>"
 
     def listen(self, backlog: int = 128) -> None:
         """Listen: serves SMC and plain TCP clients."""

@@ -90,7 +90,8 @@ def test_collected_unclosed_socket_drains_closes_in_order_and_is_released(
     cycle.append(cycle)
     with resource_warnings(port) as warned:
         del s, cycle
-    assert len(warned) == 1 and warned[0].startswith("unclosed <smcr.SMCSocket mode=SMCR")
+    assert len(warned) == 1 and warned[0].startswith("unclosed <smcr.socket.SMCSocket fd=")
+    assert warned[0].endswith("mode=SMCR>")
     assert p.recv() == ("eof", len(msg), hashlib.sha256(msg).hexdigest())
     assert smc_peer.wait_released(stack, hc.conn_id)
     assert hc.released
@@ -137,7 +138,8 @@ def test_collected_accepted_socket_gives_the_client_eof(peer: PeerFactory) -> No
     assert p.recv() == "SMCR"
     warned = p.recv()
     assert [m for c, m in warned if "SMCSocket" in m and c == "ResourceWarning"]
-    assert sum("unclosed <smcr.SMCSocket mode=SMCR" in m for _, m in warned) == 1
+    assert sum(m.startswith("unclosed <smcr.socket.SMCSocket") and m.endswith("mode=SMCR>")
+               for _, m in warned) == 1
     got = bytearray()
     while data := s.recv(65536):
         got += data
@@ -156,7 +158,7 @@ def test_collected_listening_and_fallen_back_sockets_behave_like_socket_socket(
     port = srv.getsockname()[1]
     with resource_warnings(port) as warned:
         del srv
-    assert len(warned) == 1 and warned[0].startswith("unclosed <smcr.SMCSocket mode=LISTEN")
+    assert len(warned) == 1 and warned[0].endswith("mode=LISTEN>")
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5)
 
@@ -167,7 +169,7 @@ def test_collected_listening_and_fallen_back_sockets_behave_like_socket_socket(
     s.sendall(b"abc")
     with resource_warnings(port) as warned:
         del s
-    assert len(warned) == 1 and warned[0].startswith("unclosed <smcr.SMCSocket mode=TCP")
+    assert len(warned) == 1 and warned[0].endswith("mode=TCP>")
     assert p.recv() == ("eof", 3, hashlib.sha256(b"abc").hexdigest())
 
 
