@@ -1,24 +1,32 @@
-"""``SMCSocket``: a drop-in for ``socket.socket`` (stream) that speaks SMC-R.
+"""``SMCSocket``: a ``socket.socket`` (stream) that speaks SMC-R where the peer does.
 
-A client always proposes SMC (until TCP-option discovery exists); a listening
-socket serves SMC clients (their first bytes are the CLC eyecatcher) and plain
-TCP clients (anything else, bytes intact) alike.  After the handshake a socket
-is in one of two modes:
+Whether it may: discovery (:mod:`smcr.discovery`) says, per connection, whether
+the peer offered SMC (the TCP option in its SYN or SYN-ACK, or a peer policy).
+If not, the socket is plain TCP at once (reason ``0x03010000``) and the peer
+never sees a CLC byte.  If so, the CLC handshake runs; after it a socket is in
+one of two modes:
 
 * ``SMCR``: data goes through the runtime (:mod:`smcr.stack`): ``send`` copies
   into the send buffer and the engine RDMA-WRITEs it into the peer's RMBE;
-  ``recv`` copies out of our own RMBE.  The TCP connection stays open, idle.
+  ``recv`` copies out of our own RMBE.  The TCP connection stays open, idle;
+  ``fileno()`` is a readiness descriptor of the runtime's.
 * ``TCP``: fallback; every call goes to the TCP socket, after any bytes the
   peer sent behind its last CLC message (they are the application's).
 
 Either way :meth:`SMCSocket.smc_info` tells how the socket is connected and the
 local/peer decline codes (what ``smcss`` prints as ``<local>/<remote>``).
 
-Deviations from ``socket.socket``: the CLC handshake runs inside ``connect``
-and ``accept`` even in non-blocking mode (it is bounded by Linux's CLC
-timeouts), as Linux's ``connect`` does for a blocking AF_SMC socket; and
-``accept`` waits up to :data:`FIRST_BYTES_WAIT` for a client's first bytes to
-tell an SMC client from a plain TCP one (no TCP option yet).
+The socket is a subclass of ``socket.socket`` whose own descriptor is the TCP
+socket (the runtime holds a duplicate of it, which outlives ours when the
+application closes first).  Sockets of other families and types are plain
+sockets (``PLAIN``), so ``smcr run`` can make every socket one of these.
+
+Background work, as Linux's workers do it: a listening socket has an accept
+queue (:class:`_AcceptQueue`) from ``listen`` on, whose handshakes run side by
+side, driven by the process's watcher thread (:mod:`smcr.stack.watcher`) and
+the runtime; ``accept`` takes what has finished.  A non-blocking ``connect``
+returns ``EINPROGRESS`` and finishes the same way (:class:`_Connecting`).
+Blocking ``connect`` runs its handshake in the caller's thread.
 
 Closing.  ``close`` gives the send buffer ``close_wait_tx`` (2 s) to go out
 before the closing CDC, as Linux's ``smc_close_active``; with ``SO_LINGER`` on
@@ -28,18 +36,24 @@ and an abort CDC sent, so the peer's reads end in ``ECONNRESET`` as after a
 TCP reset -- Linux SMC sends its ordinary close CDC there (an abort only when
 unread data remains) and resets only the idle TCP connection, so its peer reads
 EOF; we follow what a ``socket.socket`` program asks for with that option.
+``shutdown(SHUT_WR)`` sends the done-writing CDC after the send buffer's last
+byte, however long that takes, as TCP sends its FIN after its data.
 
 A socket in SMC-R mode that is garbage-collected unclosed is closed as
-``close`` would, with a ``ResourceWarning`` like ``socket.socket``'s
-(``weakref.finalize``, holding the runtime and the connection, never the
-socket).  The collector may run in any thread, even one holding the runtime's
-lock, and must not wait: the runtime's progress thread takes the connection
+``close`` would: ``socket.socket``'s own finalizer warns (``ResourceWarning``)
+and closes our descriptor, and a ``weakref.finalize`` (holding the runtime and
+the connection, never the socket) hands the connection to the runtime.  The
+collector may run in any thread, even one holding the runtime's lock, and must
+not wait: the runtime's progress thread takes the connection
 (:meth:`Stack.orphan`), waits for the send buffer without blocking anyone (the
 linger time or ``close_wait_tx``: what Linux's kernel does after ``close``,
 done here by the thread that owns progress), then sends the closing CDC.
 Sockets still referenced at interpreter exit are left to the runtime's own
-end at exit (``finalize.atexit`` is off).  Listening and TCP-mode sockets wrap
-a ``socket.socket``, whose own finalizer closes (and warns) as usual.
+end at exit (``finalize.atexit`` is off).
+
+After ``fork`` an SMC-R connection stays the parent's (:func:`_forked_child`);
+listening sockets work in the child, and a forking parent's accept queues
+pause until it accepts again (:meth:`_AcceptQueue.pause`).
 """
 
 from __future__ import annotations
