@@ -27,7 +27,7 @@ Design (the why of each):
   Why not SMC-Rv2 now: it needs a UEID on both ends, v2 Accept/Confirm and the
   v2 LLC, and buys routing across subnets, which smcr-to-smcr does not need
   yet.  Linux uses SMC-Rv1 only with RoCE v1 GIDs, which rxe lacks, so a Linux
-  peer over rxe answers our v1 offer with ``NOSMCRDEV`` and both fall back to
+  peer over rxe answers our v1 offer with ``NOSMCDEV`` (seen live) and both fall back to
   TCP cleanly; offering SMC-Rv2 beside v1 once a UEID is configured (Linux
   picks v2 then) is the interop issue's step, and nothing here stands in its
   way: the identity already is a real RoCEv2 GID.
