@@ -173,9 +173,11 @@ class Readiness:
                         self.a.send(bytes(4096))
 
     def close(self) -> None:
-        """Release both ends."""
-        self.a.close()
-        self.b.close()
+        """Release both ends (the application's end may have been closed under us by a
+        program that closes the descriptors it was given)."""
+        for end in (self.a, self.b):
+            with contextlib.suppress(OSError):
+                end.close()
 
 
 @dataclass(eq=False)
@@ -909,21 +911,29 @@ class Stack:
         """
         with self.lock:
             while self._running:
-                if self._orphans or self._draining:
-                    self._reap_orphans()
-                # (handshakes under way need their TCP sockets watched: an app thread
-                # that polls watches them too, a standing-by progress thread would not)
-                if self._poller == "app" or (time.monotonic() - self._app_polled < STANDBY
-                                             and not self._clc_watch):  # fmt: skip
-                    self._bg_cond.wait(STANDBY)
-                    self.process()
-                    continue
-                self._poller = "bg"
                 try:
-                    self._sleep_on_cq(STANDBY if self._draining else None)
-                finally:
-                    if self._poller == "bg":
-                        self._poller = None
+                    self._progress_step()
+                except Exception:  # a bug must not stop progress for every connection
+                    traceback.print_exc(file=sys.stderr)
+                    self._bg_cond.wait(STANDBY)  # (and must not spin if it persists)
+
+    def _progress_step(self) -> None:
+        """One round of :meth:`_progress_thread` (lock held)."""
+        if self._orphans or self._draining:
+            self._reap_orphans()
+        # (handshakes under way need their TCP sockets watched: an app thread that
+        # polls watches them too, a standing-by progress thread would not)
+        if self._poller == "app" or (time.monotonic() - self._app_polled < STANDBY
+                                     and not self._clc_watch):  # fmt: skip
+            self._bg_cond.wait(STANDBY)
+            self.process()
+            return
+        self._poller = "bg"
+        try:
+            self._sleep_on_cq(STANDBY if self._draining else None)
+        finally:
+            if self._poller == "bg":
+                self._poller = None
 
     def close(self) -> None:
         """Stop the thread and release the device (at exit; a second call does nothing)."""
