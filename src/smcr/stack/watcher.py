@@ -7,7 +7,9 @@ work itself is short (an ``accept``, a map lookup, starting a handshake that
 the runtime then drives); nothing here waits for a peer.
 
 Callbacks run in the watcher's thread, one at a time, without any lock of
-the watcher held (they may watch and unwatch).  A forked child gets its own
+the watcher held (they may watch and unwatch).  What was unwatched before the
+watcher woke is not called back; a call it had already picked may still run,
+so callbacks check their owner's state (closed?) first.  A forked child gets its own
 watcher on first use; the parent's thread does not exist there.
 """
 
@@ -67,20 +69,31 @@ class Watcher:
 
     def _run(self) -> None:
         while True:
-            with self._lock:
-                changes, self._changes = self._changes, []
-            for change in changes:
-                self._apply(*change)
-            for key, _mask in self._selector.select():
+            self._apply_changes()
+            events = self._selector.select()
+            # what was unwatched while we slept is not called back: a caller that has
+            # unwatched may close the descriptor, and its number may be another's by now
+            self._apply_changes()
+            watched = self._selector.get_map()
+            for key, _mask in events:
                 if key.data is None:
                     with contextlib.suppress(OSError):
                         while self._wake_r.recv(4096):
                             pass
                     continue
+                now = watched.get(key.fd)
+                if now is None or now.data is not key.data:
+                    continue
                 try:
                     key.data()
                 except Exception:  # a bug in one callback must not stop the others
                     traceback.print_exc(file=sys.stderr)
+
+    def _apply_changes(self) -> None:
+        with self._lock:
+            changes, self._changes = self._changes, []
+        for change in changes:
+            self._apply(*change)
 
 
 _watcher: Watcher | None = None
