@@ -177,6 +177,7 @@ class SMCSocket(_PlainSocket):
     _gone = False  # closed for good (close(), and no makefile() file open)
     _forked = False  # SMC-R mode, inherited by a forked child: the parent's
     _finalizer: weakref.finalize[Any, Any] | None = None  # SMC-R mode: _collected
+    _queue_finalizer: weakref.finalize[Any, Any] | None = None  # listening: the queue's
     _rlock: threading.Lock  # SMC-R mode: one reader and one writer at a time
     _wlock: threading.Lock
 
@@ -380,7 +381,8 @@ class SMCSocket(_PlainSocket):
         queue = self._queue
         if queue is None or queue.pid != os.getpid():
             queue = self._queue = _AcceptQueue(self)
-            weakref.finalize(self, queue.close)  # dropped unclosed: the queue goes too
+            # dropped unclosed: the queue goes too
+            self._queue_finalizer = weakref.finalize(self, queue.close)
             _accept_queues.add(queue)
         else:
             queue.resume()
@@ -1059,8 +1061,14 @@ class SMCSocket(_PlainSocket):
         new = type(self)(self.family, self.type, self.proto,
                          fileno=os.dup(_PlainSocket.fileno(self)), _accepted=True)  # fmt: skip
         for name, value in vars(self).items():
-            if name not in ("_finalizer",):
+            if name not in ("_finalizer", "_queue_finalizer"):
                 setattr(new, name, value)
+        queue = self._queue
+        if queue is not None and self._queue_finalizer is not None:  # a listener's queue
+            self._queue_finalizer.detach()
+            self._queue_finalizer = None
+            new._queue_finalizer = weakref.finalize(new, queue.close)
+            queue.listener = weakref.ref(new)
         if self._finalizer is not None and self._stack is not None and self._hc is not None:
             self._finalizer.detach()
             new._finalizer = weakref.finalize(new, _collected, self._stack, self._hc,

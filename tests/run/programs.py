@@ -116,6 +116,26 @@ def tls_server() -> None:
     srv.close()
 
 
+def tls_listener(clients: str) -> None:
+    """An HTTPS-style server: the *listening* socket is wrapped, accept() gives TLS
+    sockets; each client's length-prefixed bytes are answered with their SHA-256."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(CERT, KEY)
+    srv = ctx.wrap_socket(socket.create_server(("127.0.0.1", 0)), server_side=True)
+    print(srv.getsockname()[1], flush=True)
+    modes = []
+    for _ in range(int(clients)):
+        tls, _ = srv.accept()
+        reader = tls.makefile("rb")
+        size = int.from_bytes(reader.read(8), "big")
+        tls.sendall(hashlib.sha256(reader.read(size)).digest())
+        reader.close()
+        modes.append(mode(tls))
+        tls.close()
+    srv.close()
+    out(modes=modes)
+
+
 def tls_client(port: str, size: str) -> None:
     """Send ``size`` random bytes over TLS (after their length), read the server's
     SHA-256 of them; report whether it matched and what went over TCP."""

@@ -88,6 +88,17 @@ def test_tls_records_travel_over_smcr_not_tcp(servers: list[Server]) -> None:
         assert acked < 2048 and received < 2048, (acked, received)
 
 
+def test_tls_wrapped_listening_socket_accepts_tls_over_smcr(servers: list[Server]) -> None:
+    """An HTTPS-style server wraps its listening socket: what it accepts is TLS over
+    SMC-R, for several clients in turn (the wrapped listener keeps its accept queue)."""
+    srv = Server("tls_listener", "3")
+    servers.append(srv)
+    for _ in range(3):
+        client = run("tls_client", srv.port, str(256 << 10))
+        assert client["mode"] == "SMCR" and client["ok"] is True
+    assert srv.result() == {"modes": ["SMCR", "SMCR", "SMCR"]}
+
+
 def test_tls_with_a_plain_peer_is_tls_over_tcp(servers: list[Server]) -> None:
     srv = Server("tls_server", smcr=False)
     servers.append(srv)
