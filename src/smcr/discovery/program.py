@@ -169,6 +169,21 @@ def _option_on_stack(a: Assembler) -> None:
     a.store32(R10, -4, _OPT_HI)
 
 
+def _call_with_option(a: Assembler, helper: int, length: int, flags: int | None) -> None:
+    """r0 = helper(ctx, &option, length, flags) for the header-option helpers, with the
+    option on the stack; ``flags`` None: the flags are in r9."""
+    _option_on_stack(a)
+    a.mov(R1, R6)
+    a.mov(R2, R10)
+    a.addi(R2, -8)
+    a.movi(R3, length)
+    if flags is None:
+        a.mov(R4, R9)
+    else:
+        a.movi(R4, flags)
+    a.call(helper)
+
+
 def _cb_flags(a: Assembler, on: bool) -> None:
     """Switch the write-header-option callbacks of this socket on or off."""
     a.load32(R2, R6, _CTX_CB_FLAGS)
@@ -230,13 +245,7 @@ def build(map_fd: int) -> bytes:
     a.label("synack")  # echo only what the SYN asked for, and never in a SYN cookie
     a.load32(R3, R6, _CTX_ARG0)
     a.jset(R3, _SYNACK_COOKIE, "out")
-    _option_on_stack(a)
-    a.mov(R1, R6)
-    a.mov(R2, R10)
-    a.addi(R2, -8)
-    a.movi(R3, 8)
-    a.movi(R4, _LOAD_FROM_SYN)
-    a.call(_LOAD_HDR_OPT)
+    _call_with_option(a, _LOAD_HDR_OPT, 8, _LOAD_FROM_SYN)
     a.jne(R0, 6, "out")
     a.label("put")
     a.jne(R8, 0, "write")
@@ -246,13 +255,7 @@ def build(map_fd: int) -> bytes:
     a.call(_RESERVE_HDR_OPT)
     a.goto("out")
     a.label("write")
-    _option_on_stack(a)
-    a.mov(R1, R6)
-    a.mov(R2, R10)
-    a.addi(R2, -8)
-    a.movi(R3, 6)
-    a.movi(R4, 0)
-    a.call(_STORE_HDR_OPT)
+    _call_with_option(a, _STORE_HDR_OPT, 6, 0)
     a.goto("out")
 
     # the handshake is done: did the peer's SYN-ACK (r9 = 0) / SYN (r9 = 1) have it?
@@ -261,13 +264,7 @@ def build(map_fd: int) -> bytes:
     a.mov(R8, R0)
     a.load32(R1, R8, 0)
     a.jeq(R1, 0, "out")
-    _option_on_stack(a)
-    a.mov(R1, R6)
-    a.mov(R2, R10)
-    a.addi(R2, -8)
-    a.movi(R3, 8)
-    a.mov(R4, R9)
-    a.call(_LOAD_HDR_OPT)
+    _call_with_option(a, _LOAD_HDR_OPT, 8, None)
     a.jne(R0, 6, "switch_off")
     a.store32(R8, 4, 1)  # peer = 1
     a.label("switch_off")
