@@ -21,7 +21,6 @@ does not speak SMC.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import struct
@@ -84,9 +83,8 @@ def own_cgroup() -> Path | None:
 
 
 def _is_bpffs(path: Path) -> bool:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     buf = ctypes.create_string_buffer(128)  # struct statfs: f_type is the first field
-    if libc.statfs(os.fsencode(path), buf) != 0:
+    if bpfsys.libc.statfs(os.fsencode(path), buf) != 0:
         return False
     return bool(struct.unpack_from("=q", buf.raw)[0] == _BPF_FS_MAGIC)
 
@@ -96,8 +94,7 @@ def _mount_bpffs(path: Path) -> None:
     if _is_bpffs(path):
         return
     path.mkdir(parents=True, exist_ok=True)
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.mount(b"bpf", os.fsencode(path), b"bpf", 0, None) != 0:
+    if bpfsys.libc.mount(b"bpf", os.fsencode(path), b"bpf", 0, None) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount bpffs on {path}: {os.strerror(err)}")
 

@@ -32,8 +32,9 @@ _ATTR_SIZE = 144  # the fields used here end well before; the rest must be zero
 _SYSCALL_NR = {"x86_64": 321, "aarch64": 280, "arm64": 280, "riscv64": 280, "ppc64le": 361,
                "s390x": 351, "i686": 357, "armv7l": 386}  # fmt: skip
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.syscall.restype = ctypes.c_long
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+"""The C library, errno kept (also for the mount and statfs calls of :mod:`.bpf`)."""
+libc.syscall.restype = ctypes.c_long
 _NR = ctypes.c_long(_SYSCALL_NR.get(platform.machine(), -1))
 
 
@@ -51,7 +52,7 @@ def call(cmd: int, attr: bytes) -> int:
     if nr is None:
         raise OSError(38, f"bpf(2): unknown system call number on {platform.machine()}")
     buf = ctypes.create_string_buffer(attr.ljust(_ATTR_SIZE, b"\0"), _ATTR_SIZE)
-    result = int(_libc.syscall(ctypes.c_long(nr), ctypes.c_int(cmd), buf,
+    result = int(libc.syscall(ctypes.c_long(nr), ctypes.c_int(cmd), buf,
                                ctypes.c_uint(_ATTR_SIZE)))  # fmt: skip
     if result < 0:
         err = ctypes.get_errno()
@@ -65,7 +66,7 @@ def call_prepared(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> int:
 
     :raises OSError: with the kernel's errno.
     """
-    result = int(_libc.syscall(_NR, cmd, attr, _ATTR_SIZE))
+    result = int(libc.syscall(_NR, cmd, attr, _ATTR_SIZE))
     if result < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
