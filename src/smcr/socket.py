@@ -394,8 +394,9 @@ class SMCSocket(_PlainSocket):
         network namespace than the process (``setns`` is per thread), where this
         address has no RNIC."""
         with contextlib.suppress(OSError, ValueError):
-            if not self._local_ip().is_unspecified:
-                self._stack = get_stack(self._local_ip(), self._scope_id())
+            local_ip = self._local_ip()
+            if not local_ip.is_unspecified:
+                self._stack = get_stack(local_ip, self._scope_id())
 
     def _local_ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
         host = _PlainSocket.getsockname(self)[0]
@@ -426,14 +427,15 @@ class SMCSocket(_PlainSocket):
         with its lock held when it ends, in whichever thread polled)."""
         # the RNIC of this address (and, link-local, of this interface); found already
         # where the background work may run in another thread (see :meth:`_stack_here`)
-        stack = self._stack = self._stack or get_stack(self._local_ip(), self._scope_id())
+        local_ip = self._local_ip()
+        stack = self._stack = self._stack or get_stack(local_ip, self._scope_id())
         with stack.lock:
             # the runtime's own descriptor of the TCP socket: it outlives ours when the
             # application closes first (the closing CDCs, then the FIN)
             tcp = _PlainSocket(fileno=os.dup(_PlainSocket.fileno(self)))
             hc = self._hc = stack.new_conn(tcp)
             hc.on_outcome = on_outcome
-            stack.start_handshake(hc, client, self._local_ip(), self._rmb_size,
+            stack.start_handshake(hc, client, local_ip, self._rmb_size,
                                   self._sndbuf_size)  # fmt: skip
             if hc.outcome is not None and on_outcome is not None:
                 on_outcome(hc)  # ended at once (no RMB: a Decline)
