@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -22,3 +25,25 @@ GOLDEN = shared_dir() / "golden"
 LINUX_PCAP = GOLDEN / "linux-6.12-smcr-v2-rxe.pcap"
 LINUX_DECODED = GOLDEN / "linux-6.12-smcr-v2-rxe.decoded.txt"
 ROCE_EXAMPLES_PCAP = GOLDEN / "rocev2-examples.pcap"
+
+
+def port_4791_free(address: str = "127.0.0.1") -> bool:
+    """Whether UDP ``address``:4791 can be shared (not if rxe's kernel socket owns it here)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            s.bind((address, 4791))
+        except OSError:
+            return False
+    return True
+
+
+def stop_capture(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a tcpdump/dumpcap started for a test: SIGINT (it writes what it has), then kill
+    if it does not go within 10 s."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)

@@ -37,7 +37,6 @@ import json
 import os
 import select
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -57,6 +56,7 @@ from smcr.wire.decline import DeclineCode
 from tests.interop.guest import GUEST_IP, HOST_IP, NETNS, Guest
 from tests.interop.smc_host import pattern
 from tests.roce.netns import REPO
+from tests.support import stop_capture
 
 pytestmark = [pytest.mark.interop, pytest.mark.root]
 
@@ -176,12 +176,7 @@ def capture(port: int) -> Iterator[Path]:
         yield path
     finally:
         time.sleep(0.3)  # the last segments
-        cap.send_signal(signal.SIGINT)
-        try:
-            cap.wait(10)
-        except subprocess.TimeoutExpired:
-            cap.kill()
-            cap.wait(5)
+        stop_capture(cap)
         if not path.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from smcr.wire.roce_packet import verify_icrc
 from tests.interop.guest import NETNS, GuestPeer, HostPeer
 from tests.roce.netns import REPO
 from tests.roce.roce_peer import digest, pattern
+from tests.support import stop_capture
 
 pytestmark = [pytest.mark.interop, pytest.mark.root]
 MB = 1 << 20
@@ -358,12 +358,7 @@ def test_capture_icrc_verifies_and_tshark_decodes(peers: tuple[HostPeer, GuestPe
         assert got["wcs"][0][1] == "REM_ACCESS_ERR"  # and a NAK from rxe
         time.sleep(0.5)
     finally:
-        cap.send_signal(signal.SIGINT)
-        try:
-            cap.wait(10)
-        except subprocess.TimeoutExpired:
-            cap.kill()
-            cap.wait(5)
+        stop_capture(cap)
     frames = [bytes(f) for f, _ in RawPcapReader(str(capture_file))]
     senders: Counter[str] = Counter()
     sports: set[int] = set()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from scapy.utils import RawPcapReader
 
 from smcr.wire.roce_packet import verify_icrc
 from tests.roce.netns import Hosts, PeerProc, connect
+from tests.support import stop_capture
 
 pytestmark = [
     pytest.mark.root,
@@ -58,15 +58,6 @@ def start_capture(hosts: Hosts, path: Path) -> subprocess.Popen[bytes]:
         time.sleep(0.05)
     time.sleep(0.3)  # the capture filter is live once the file has its header
     return proc
-
-
-def stop_capture(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 @pytest.mark.parametrize("family", [4, 6])

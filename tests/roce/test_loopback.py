@@ -36,23 +36,14 @@ from smcr.rdma import (
 )
 from smcr.rdma.roce import RoceDevice, RocePd, RoceQp
 from smcr.rdma.roce.cq import POLLER_RX_ENV, RoceCq
+from tests.support import port_4791_free
 
 RW = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE | AccessFlag.REMOTE_READ
 SIG = SendFlag.SIGNALED
 
 
-def _port_4791_free() -> bool:
-    """Whether we may share 127.0.0.1:4791 (not if rxe's kernel socket owns it here)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            s.bind(("127.0.0.1", 4791))
-        except OSError:
-            return False
-    return True
 
-
-pytestmark = pytest.mark.skipif(not _port_4791_free(),
+pytestmark = pytest.mark.skipif(not port_4791_free(),
                                 reason="UDP port 4791 is taken here (rdma_rxe loaded?)")
 
 

@@ -31,6 +31,7 @@ from smcr.rdma import AccessFlag, MemoryRegion, QpState, RecvWr, SendFlag, SendW
 from smcr.rdma.base import CompletionQueue
 from smcr.rdma.roce import RoceDevice, RocePd
 from smcr.wire.roce import OPCODE_INFO, ExtHeader, Opcode
+from tests.support import port_4791_free
 
 RW = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE | AccessFlag.REMOTE_READ
 ADDRESS, PEER = "127.0.0.2", "127.0.0.3"
@@ -39,18 +40,8 @@ RQ_PSN, SQ_PSN = 0x123456, 0xABCDE0
 RECV, READ, WRITE = 1, 2, 3
 
 
-def _port_4791_free() -> bool:
-    """Whether we may share UDP port 4791 (not if rxe's kernel socket owns it here)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            s.bind((PEER, 4791))
-        except OSError:
-            return False
-    return True
 
-
-pytestmark = pytest.mark.skipif(not _port_4791_free(),
+pytestmark = pytest.mark.skipif(not port_4791_free(PEER),
                                 reason="UDP port 4791 is taken here (rdma_rxe loaded?)")
 
 

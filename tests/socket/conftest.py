@@ -16,7 +16,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
-import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,19 +24,9 @@ import pytest
 from smcr.stack.runtime import close_stacks
 from smcr.tools.netns import enter_netns
 from tests.socket import smc_peer
+from tests.support import port_4791_free
 
 CTX = mp.get_context("spawn")
-
-
-def port_4791_shareable() -> bool:
-    """Whether 127.0.0.1:4791 can be shared (not if rxe's kernel socket owns it here)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            s.bind(("127.0.0.1", 4791))
-        except OSError:
-            return False
-    return True
 
 
 def rnics(*, roce_slow: bool = False,
@@ -53,7 +42,7 @@ def rnics(*, roce_slow: bool = False,
         pytest.param("shm"),
         pytest.param("roce-lo", marks=[
             *slow,
-            pytest.mark.skipif(not port_4791_shareable(), reason="UDP port 4791 is taken"),
+            pytest.mark.skipif(not port_4791_free(), reason="UDP port 4791 is taken"),
         ]),
         pytest.param("roce", marks=[
             *slow,

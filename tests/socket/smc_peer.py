@@ -319,3 +319,12 @@ def wait_released(stack: Stack, conn_id: int, timeout: float = 10.0) -> bool:
                 return True
         time.sleep(0.01)
     return False
+
+
+def eof_or_reset(sock: socket.socket) -> bytes:
+    """What a client reads once its server dropped the connection: EOF (b"") or a reset,
+    which it reports as b"" too; any data is returned, for the test to fail on."""
+    try:
+        return sock.recv(1)
+    except ConnectionResetError:
+        return b""

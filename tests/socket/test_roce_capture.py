@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from scapy.utils import RawPcapReader
 from tests.roce.netns import Hosts
 from tests.socket import smc_peer
 from tests.socket.conftest import Peer
+from tests.support import stop_capture
 
 pytestmark = [
     pytest.mark.root,
@@ -66,15 +66,6 @@ def _capture(hosts: Hosts, path: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-
-
 def test_smcr_over_roce_capture_decodes_tcp_clc_llc_cdc_and_writes(
         pcap: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("SMCR_RNIC", "roce")
@@ -98,7 +89,7 @@ def test_smcr_over_roce_capture_decodes_tcp_clc_llc_cdc_and_writes(
                 p.stop()
             time.sleep(0.2)
         finally:
-            _stop(cap)
+            stop_capture(cap)
             for p in peers:
                 p.stop()
     rows = _fields(pcap)

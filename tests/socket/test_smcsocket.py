@@ -26,7 +26,8 @@ from smcr.stack.runtime import close_stacks, get_stack
 from smcr.wire.decline import DeclineCode
 from tests.roce.netns import Hosts
 from tests.socket import smc_peer
-from tests.socket.conftest import RNICS, Peer, port_4791_shareable, rnics
+from tests.socket.conftest import RNICS, Peer, rnics
+from tests.support import port_4791_free
 
 PeerFactory = Callable[..., Peer]
 
@@ -127,7 +128,7 @@ def test_declining_server_falls_back_both_sides(peer: PeerFactory) -> None:
         assert got == msg
 
 
-@pytest.mark.skipif(not port_4791_shareable(), reason="UDP port 4791 is taken")
+@pytest.mark.skipif(not port_4791_free(), reason="UDP port 4791 is taken")
 @pytest.mark.parametrize(("client", "server"), [("shm", "roce"), ("roce", "shm")],
                          ids=["shm-client-roce-server", "roce-client-shm-server"])  # fmt: skip
 def test_mixed_rnic_kinds_fall_back_fast_with_bytes_intact(
