@@ -448,3 +448,33 @@ def test_one_cq_serves_two_qps(shm_dir: Path) -> None:
     finally:
         a.dev.close()
         b.dev.close()
+
+
+def test_fail_next_fails_the_named_verb_that_many_times_then_the_qp_works(
+        pair: tuple[Side, Side]) -> None:  # fmt: skip
+    """``QueuePair.fail_next`` (fault injection): the next posts raise the given error and
+    reach nothing, both ways onto the send queue count, then the QP is itself again;
+    ``modify`` likewise, with the state unchanged by the failed call."""
+    a, b = pair
+    post_recv(b, 1)
+    a.qp.fail_next("post_send", VerbsError(errno.ENOMEM, "send queue full"), times=2)
+    with pytest.raises(VerbsError) as exc:
+        send(a, b"first")
+    assert exc.value.errno == errno.ENOMEM
+    with pytest.raises(VerbsError):
+        a.qp.post_writes_send([], b"second", 3, True)
+    assert "post_send" not in vars(a.qp) and "post_writes_send" not in vars(a.qp)
+    assert a.cq.poll() == [] and b.cq.poll() == []  # nothing went
+    send(a, b"third")
+    assert a.wait()[0].status is WcStatus.SUCCESS
+    got = b.wait()[0]
+    assert (got.status, got.byte_len, bytes(b.buf.buf[:5])) == (WcStatus.SUCCESS, 5, b"third")
+    a.qp.fail_next("modify", VerbsError(errno.EIO, "injected"))
+    with pytest.raises(VerbsError) as exc:
+        a.qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
+    assert exc.value.errno == errno.EIO
+    assert a.qp.query().qp_state is QpState.RTS
+    a.qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
+    assert a.qp.query().qp_state is QpState.ERR
+    with pytest.raises(ValueError):
+        a.qp.fail_next("post_recv", VerbsError(errno.EIO, "injected"), times=0)

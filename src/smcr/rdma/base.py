@@ -498,6 +498,32 @@ class QueuePair(ABC):
         ):
             self.modify(attr, mask)
 
+    def fail_next(self, verb: str, error: OSError, times: int = 1) -> None:
+        """Fault injection: the next ``times`` calls of ``verb`` raise ``error`` and do nothing.
+
+        For what a software RNIC cannot be made to do on purpose, so that the layers
+        above can be tested against it: a send queue that stays full (``ENOMEM``),
+        a post or a modify that fails (``EIO``, ``EINVAL``).  ``verb`` is
+        ``"post_send"`` (also :meth:`post_writes_send`, the other way onto the send
+        queue), ``"post_recv"`` or ``"modify"``.  Costs nothing when unused: the
+        instance's methods are shadowed only while failures are left, then restored.
+        """
+        if times < 1:
+            raise ValueError(f"times must be at least 1, not {times}")
+        names = {"post_send": ("post_send", "post_writes_send"), "post_recv": ("post_recv",),
+                 "modify": ("modify",)}[verb]  # fmt: skip
+        left = [times]
+
+        def failing(*_args: Any, **_kwargs: Any) -> None:
+            left[0] -= 1
+            if left[0] <= 0:
+                for name in names:
+                    self.__dict__.pop(name, None)
+            raise error
+
+        for name in names:
+            setattr(self, name, failing)
+
     def _copy_attrs(self, attr: QpAttr, mask: QpAttrMask) -> None:
         """Store the fields that ``mask`` names (the provider calls this when it commits)."""
         m = QpAttrMask
