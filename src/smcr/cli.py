@@ -130,6 +130,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run(command, args.rmb, args.sndbuf, args.debug)
 
 
+def _cmd_ueid(args: argparse.Namespace) -> int:
+    """The host's user EIDs for SMC-Rv2, as smc-tools' ``smc_ueid`` (:mod:`smcr.ueid`)."""
+    from smcr import ueid  # noqa: PLC0415
+
+    try:
+        if args.action == "add":
+            ueid.add(args.ueid or "")
+        elif args.action == "del":
+            ueid.remove(args.ueid or "")
+        elif args.action == "flush":
+            ueid.flush()
+        else:
+            for eid in ueid.load():
+                print(ueid.decode(eid))
+    except ueid.UeidError as exc:
+        print(f"smcr ueid: {exc} ({exc.errno_name})", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"smcr ueid: {ueid.path_from()}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``smcr`` command."""
     parser = argparse.ArgumentParser(prog="smcr", description=__doc__.splitlines()[0])
@@ -188,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "speaks SMC (mode and why)")
     disc.add_argument("--json", action="store_true", help="machine-readable")
     disc.set_defaults(func=_cmd_discovery)
+    ueid = sub.add_parser("ueid", help="user EIDs for SMC-Rv2 (as smc_ueid; root changes "
+                          "them for the host, every smcr process reads them)")
+    ueid.add_argument("action", nargs="?", choices=["show", "add", "del", "flush"],
+                      default="show", help="what to do (default: show)")
+    ueid.add_argument("ueid", nargs="?", help="with add/del: the UEID (up to 32 characters "
+                      "of A-Z, 0-9, '.', '-')")
+    ueid.set_defaults(func=_cmd_ueid)
     return parser
 
 
