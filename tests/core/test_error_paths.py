@@ -1,9 +1,15 @@
 """Error paths of the engine: a failed send completion, a DELETE LINK of the only link,
-an unsolicited LLC response.  Two engines wired in memory (``tests.core.pair``)."""
+an unsolicited LLC response, a first link dying during the handshake, the LLC flow
+queue on terminate.  Two engines wired in memory (``tests.core.pair``)."""
 
 from __future__ import annotations
 
-from smcr.core import ConnectionReset, LinkGroupTerminated, SmcState
+from collections.abc import Callable
+
+from smcr.core import Action, ConnectionReset, FellBack, LinkGroupTerminated, SmcState
+from smcr.core.handshake import HsState
+from smcr.wire.clc import ClcDecline
+from smcr.wire.decline import DeclineCode
 from smcr.wire.llc import DeleteLink, TestLink
 from tests.core.pair import Pair
 
@@ -55,3 +61,102 @@ def test_unsolicited_llc_response_is_dropped_and_the_link_stays() -> None:
     _, acts = p.client.write(c, b"still here")
     p.do(p.client, acts)
     assert p.server.read(s)[0] == b"still here"
+
+
+def until_client_waits_for_confirm_link(p: Pair, c: int) -> int:
+    """Step a first contact until the client has its QP up and waits for CONFIRM LINK;
+    drop what is in flight (the server has not seen the Confirm); the client's QPN."""
+    for _ in range(200):
+        hs = p.client.engine.handshakes.get(c)
+        if hs is not None and hs.state is HsState.CONFIRM_LINK_WAIT:
+            break
+        if p.pending_actions:
+            p.run(*p.pending_actions.pop(0))
+        else:
+            side, qpn, data = p.sends.popleft()
+            p.run(side, side.engine.receive_wr(qpn, memoryview(data), p.now))
+    assert hs is not None and hs.link is not None
+    p.sends.clear()
+    p.pending_actions.clear()
+    return hs.link.qpn
+
+
+def test_link_down_while_the_client_waits_for_confirm_link_waits_for_the_servers_decline() -> None:
+    """The client's first link dies while it waits for CONFIRM LINK (the server's QP
+    failed and was destroyed): as Linux ``smcr_clnt_conf_first_link`` it sends no Decline
+    at once but waits ``CLC_WAIT_TIME_SHORT`` for the server's -- two Declines crossing
+    would leave one in the fallen-back server's data -- and falls back on it."""
+    p = Pair()
+    c, _ = p.connect()
+    qpn = until_client_waits_for_confirm_link(p, c)
+    sent = len(p.client.clc_out[c])
+    p.run(p.client, p.client.engine.link_failed(qpn, "receive WR_FLUSH_ERR", p.now))
+    assert p.client.engine.handshakes[c].state is HsState.DECLINE_WAIT
+    assert not p.client.engine.lgrs and qpn in p.client.destroyed
+    assert len(p.client.clc_out[c]) == sent  # no Decline of ours
+    assert not [e for e in p.client.events if isinstance(e, FellBack)]
+    decline = ClcDecline.linux(DeclineCode.ERR_RDYLNK, b"\x00\x01" + b"\x02" * 6, version=1)
+    p.run(p.client, p.client.engine.receive_clc(c, decline.encode(), p.now + 0.5))
+    assert [e for e in p.client.events if isinstance(e, FellBack)] == [
+        FellBack(conn=c, local_code=DeclineCode.PEERDECL, peer_code=DeclineCode.ERR_RDYLNK)]
+    assert len(p.client.clc_out[c]) == sent
+
+
+def test_link_down_while_the_client_waits_for_confirm_link_and_no_decline_comes() -> None:
+    """... and when no Decline comes within the short wait, the client declines
+    TIMEOUT_CL (Linux: ``SMC_CLC_DECL_TIMEOUT_CL``) and falls back."""
+    p = Pair()
+    c, _ = p.connect()
+    qpn = until_client_waits_for_confirm_link(p, c)
+    sent = len(p.client.clc_out[c])
+    p.run(p.client, p.client.engine.link_failed(qpn, "receive WR_FLUSH_ERR", p.now))
+    p.run(p.client, p.client.engine.handle_timer(p.now + 0.9))
+    assert c in p.client.engine.handshakes
+    p.run(p.client, p.client.engine.handle_timer(p.now + 1.0))
+    assert [e for e in p.client.events if isinstance(e, FellBack)] == [
+        FellBack(conn=c, local_code=DeclineCode.TIMEOUT_CL, peer_code=0)]
+    sent_now = bytes(p.client.clc_out[c][sent:])
+    assert ClcDecline.decode(sent_now).peer_diagnosis == DeclineCode.TIMEOUT_CL
+
+
+def test_the_own_qp_failing_to_come_up_declines_at_once() -> None:
+    """Not so when the client's own QP could not be brought up (``ERR_RDYLNK``, Linux
+    ``smc_connect_rdma``): nothing is coming from the server then, the Decline goes at once."""
+    p = Pair()
+    c, _ = p.connect()
+    qpn = until_client_waits_for_confirm_link(p, c)
+    p.run(p.client, p.client.engine.link_failed(qpn, "RTR: injected", p.now,
+                                                DeclineCode.ERR_RDYLNK))  # fmt: skip
+    assert [e for e in p.client.events if isinstance(e, FellBack)] == [
+        FellBack(conn=c, local_code=DeclineCode.ERR_RDYLNK, peer_code=0)]
+
+
+def test_terminate_drains_the_llc_flow_queue_with_a_negative_outcome() -> None:
+    """Local LLC flows run one at a time per link group; the group ending (here its link
+    failing) finishes the running flow and every queued one with ok=False, in order, at
+    once: nothing waits for a timer, and no flow's request goes out afterwards."""
+    p, _, _, qpn = active_pair()
+    lgr = next(iter(p.client.engine.lgrs.values()))
+    p.drop_llc = lambda side, data: True  # the peer never answers
+    outcomes: list[tuple[int, bool]] = []
+
+    def recorder(n: int) -> Callable[[bool, float], list[Action]]:
+        def done(ok: bool, now: float) -> list[Action]:
+            outcomes.append((n, ok))
+            return []
+
+        return done
+
+    out: list[Action] = []
+    for n in range(3):
+        p.client.engine._start_flow(lgr, TestLink(), recorder(n), p.now, out)
+    p.do(p.client, out)
+    assert (lgr.flow is not None, len(lgr.flow_queue)) == (True, 2)  # one runs, two wait
+    sent_before = len(p.client.llc_sent)
+    p.run(p.client, p.client.engine.link_failed(qpn, "send RETRY_EXC_ERR", p.now))
+    assert outcomes == [(0, False), (1, False), (2, False)]
+    assert (lgr.flow, len(lgr.flow_queue)) == (None, 0)
+    assert p.client.engine.get_timer() is None  # no flow deadline left behind
+    p.advance(10.0)
+    assert outcomes == [(0, False), (1, False), (2, False)]  # each finished once
+    assert len(p.client.llc_sent) == sent_before

@@ -64,8 +64,9 @@ def test_tcp_eof_while_server_waits_for_confirm_link_response_is_not_fatal() -> 
 
 def test_link_failing_at_setup_falls_back_both_sides_with_tcp_intact() -> None:
     """A QP that cannot reach the peer's GID (shm vs RoCE RNIC) during first contact:
-    the client declines NOACTLINK, the server falls back on it; nobody resets or
-    shuts the TCP connection, and the server sends no Decline back."""
+    the client declines ERR_RDYLNK (Linux ``smc_connect_rdma`` when ``smc_ib_ready_link``
+    fails), the server falls back on it; nobody resets or shuts the TCP connection, and
+    the server sends no Decline back."""
     p = Pair()
     c, s = p.connect()
     for _ in range(200):  # step until the client has set up its QP (after the Accept)
@@ -80,11 +81,12 @@ def test_link_failing_at_setup_falls_back_both_sides_with_tcp_intact() -> None:
             p.run(side, side.engine.receive_wr(qpn, memoryview(data), p.now))
     assert hs is not None and hs.link is not None
     p.sends.clear()  # the QP never carried anything
-    p.do(p.client, p.client.engine.link_failed(hs.link.qpn, "RTR: not a shm GID", p.now))
+    p.do(p.client, p.client.engine.link_failed(hs.link.qpn, "RTR: not a shm GID", p.now,
+                                               DeclineCode.ERR_RDYLNK))  # fmt: skip
     fell = [e for side in (p.client, p.server) for e in side.events
             if isinstance(e, FellBack)]  # fmt: skip
     assert [(e.local_code, e.peer_code) for e in fell] == [
-        (DeclineCode.NOACTLINK, 0), (DeclineCode.PEERDECL, DeclineCode.NOACTLINK)]
+        (DeclineCode.ERR_RDYLNK, 0), (DeclineCode.PEERDECL, DeclineCode.ERR_RDYLNK)]
     for side in (p.client, p.server):
         assert not side.released and not side.tcp_shut
         assert not any(isinstance(e, ConnectionReset) for e in side.events)

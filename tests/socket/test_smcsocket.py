@@ -135,7 +135,8 @@ def test_mixed_rnic_kinds_fall_back_fast_with_bytes_intact(
         peer: PeerFactory, monkeypatch: pytest.MonkeyPatch, client: str,
         server: str) -> None:  # fmt: skip
     """A shm RNIC cannot reach a RoCE GID nor the other way round: the client's QP set-up
-    fails at once, it declines NOACTLINK and both ends go on over TCP."""
+    fails at once, it declines ERR_RDYLNK (as Linux when ``smc_ib_ready_link`` fails) and
+    both ends go on over TCP."""
     monkeypatch.setenv("SMCR_RNIC", server)  # the server's, read in its process
     p = peer(smc_peer.echo_server)
     port = p.recv()
@@ -144,9 +145,9 @@ def test_mixed_rnic_kinds_fall_back_fast_with_bytes_intact(
     try:
         with connect(port) as s:
             info = s.smc_info()
-            assert (info.mode, info.local_code) == ("TCP", DeclineCode.NOACTLINK)
+            assert (info.mode, info.local_code) == ("TCP", DeclineCode.ERR_RDYLNK)
             assert time.monotonic() - t0 < 2.0
-            assert p.recv() == ("TCP", DeclineCode.PEERDECL, DeclineCode.NOACTLINK)
+            assert p.recv() == ("TCP", DeclineCode.PEERDECL, DeclineCode.ERR_RDYLNK)
             s.sendall(b"intact")
             assert s.recv(6, socket.MSG_WAITALL) == b"intact"
     finally:

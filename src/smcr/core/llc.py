@@ -54,6 +54,11 @@ _CDC_SIZE, _CDC_UNPACK = CDC.size, CDC.unpack_from
 _CDC_EVENT_PFLAGS = 0xF8 & ~int(ProducerFlags.WRITE_BLOCKED)
 
 
+CLC_WAIT_TIME_SHORT = 1.0
+"""How long a first-contact client whose link died waits for the server's Decline (Linux's
+name; the engine's ``DECLINE_WAIT_SHORT`` after an unanswered CONFIRM LINK)."""
+
+
 class LlcViolationError(Exception):
     """The peer broke the LLC protocol: terminate the link group (reason 0x00040000)."""
 
@@ -345,12 +350,18 @@ class LinkLayer:
             self.touched.add(conn.id)
         return out
 
-    def link_failed(self, qpn: int, reason: str, now: float) -> list[Action]:
-        """The link's QP went to ERR (peer gone, flush): with one link, the group ends."""
+    def link_failed(self, qpn: int, reason: str, now: float,
+                    decline: DeclineCode = DeclineCode.NOACTLINK) -> list[Action]:  # fmt: skip
+        """The link's QP went to ERR (peer gone, flush): with one link, the group ends.
+
+        :param decline: the code of the Declines its unfinished handshakes get:
+            ``ERR_RDYLNK`` when the host could not bring the QP up (Linux
+            ``smc_ib_ready_link`` failing), else ``NOACTLINK``.
+        """
         out: list[Action] = []
         link = self.links.get(qpn)
         if link is not None and not link.lgr.terminated:
-            self._terminate(link.lgr, f"link down: {reason}", out)
+            self._terminate(link.lgr, f"link down: {reason}", out, decline, now)
         return out
 
     def probe_link(self, conn_id: int, now: float) -> list[Action]:
@@ -380,9 +391,19 @@ class LinkLayer:
             self._post_llc(link, DeleteLink(flags=flags, reason=reason), out)
         self._terminate(lgr, text, out)
 
-    def _terminate(self, lgr: LinkGroup, reason: str, out: list[Action]) -> None:
+    def _terminate(self, lgr: LinkGroup, reason: str, out: list[Action],
+                   decline: DeclineCode = DeclineCode.NOACTLINK,
+                   now: float | None = None) -> None:  # fmt: skip
         """End a link group: every connection is reset, every QP destroyed
-        (``smc_lgr_terminate``)."""
+        (``smc_lgr_terminate``); handshakes under way on it decline with ``decline``.
+
+        Except a first-contact client waiting for CONFIRM LINK whose link went down
+        (``now`` given): as Linux ``smcr_clnt_conf_first_link`` it waits
+        ``CLC_WAIT_TIME_SHORT`` for the server's Decline first (the server's failure
+        is the likely cause of the link's end; a Decline of ours crossing it would
+        reach the fallen-back server's application as data), then declines
+        ``TIMEOUT_CL`` (``DECLINE_WAIT``).
+        """
         if lgr.terminated:
             return
         lgr.terminated = True
@@ -398,7 +419,12 @@ class LinkLayer:
             if hs.lgr is lgr and hs.state not in (HsState.DONE, HsState.FALLBACK):
                 if hs.first_contact:
                     hs.lgr = None  # do not recurse
-                self._decline(hs, DeclineCode.NOACTLINK, out)
+                if (now is not None and decline is DeclineCode.NOACTLINK and hs.client
+                        and hs.state is HsState.CONFIRM_LINK_WAIT):  # fmt: skip
+                    hs.state = HsState.DECLINE_WAIT
+                    hs.deadline = now + CLC_WAIT_TIME_SHORT
+                    continue
+                self._decline(hs, decline, out)
         if lgr.flow is not None:
             self._finish_flow(lgr.flow, False, 0.0, out)
             lgr.flow = None

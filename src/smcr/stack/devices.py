@@ -33,7 +33,8 @@ Design (the why of each):
   way: the identity already is a real RoCEv2 GID.
 * **Mixed kinds fail fast**: a shm RNIC cannot reach a RoCE GID nor the other
   way round; the QP set-up fails at once and both ends fall back
-  (``NOACTLINK``/``PEERDECL``) with the TCP connection intact.
+  (``ERR_RDYLNK``/``PEERDECL``, as Linux when ``smc_ib_ready_link`` fails) with the
+  TCP connection intact.
 """
 
 from __future__ import annotations

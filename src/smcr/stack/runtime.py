@@ -102,6 +102,7 @@ from smcr.rdma import (
 from smcr.rdma.base import Device, QueuePair
 from smcr.rdma.shm import ShmDevice
 from smcr.stack import devices
+from smcr.wire.decline import DeclineCode
 
 _DEBUG = bool(os.environ.get("SMCR_DEBUG"))
 RMB_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
@@ -594,7 +595,8 @@ class Stack:
                 try:
                     qp.modify(*steps[2])
                 except OSError as exc:
-                    self.execute(self.engine.link_failed(a.qpn, f"RTS: {exc}", time.monotonic()))
+                    self.execute(self.engine.link_failed(a.qpn, f"RTS: {exc}", time.monotonic(),
+                                                         DeclineCode.ERR_RDYLNK))  # fmt: skip
         elif isinstance(a, DestroyQp):
             qp = self.qps.pop(a.qpn, None)
             if qp is not None:
@@ -635,7 +637,8 @@ class Stack:
                 wrs.append(wr)
             qp.post_recv(wrs)
         except (OSError, IndexError) as exc:
-            self.execute(self.engine.link_failed(a.qpn, f"RTR: {exc}", time.monotonic()))
+            self.execute(self.engine.link_failed(a.qpn, f"RTR: {exc}", time.monotonic(),
+                                                 DeclineCode.ERR_RDYLNK))  # fmt: skip
             return
         self._qp_setup[a.qpn] = steps
 
