@@ -27,6 +27,7 @@ from smcr.core import (
     QpToRts,
     RdmaWrite,
     ReleaseConnection,
+    ReuseRmb,
     Rmb,
     SendClc,
     ShutdownTcp,
@@ -65,6 +66,7 @@ class Side:
     destroyed: set[int] = field(default_factory=set)
     tcp_shut: dict[int, int] = field(default_factory=dict)
     released: set[int] = field(default_factory=set)
+    reused: list[int] = field(default_factory=list)  # ReuseRmb, in order
     clc_out: dict[int, bytearray] = field(default_factory=dict)
     llc_sent: list[bytes] = field(default_factory=list)
 
@@ -201,6 +203,8 @@ class Pair:
         elif isinstance(a, ReleaseConnection):
             side.released.add(a.conn)
             self.pending_actions.append((side, side.engine.release(a.conn, self.now)))
+        elif isinstance(a, ReuseRmb):
+            side.reused.append(a.conn)
 
     def pump(self, rounds: int = 200) -> None:
         """Deliver everything in flight until quiet; fail if it never settles."""

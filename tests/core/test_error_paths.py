@@ -10,7 +10,7 @@ from smcr.core import Action, ConnectionReset, FellBack, LinkGroupTerminated, Sm
 from smcr.core.handshake import HsState
 from smcr.wire.clc import ClcDecline
 from smcr.wire.decline import DeclineCode
-from smcr.wire.llc import DeleteLink, TestLink
+from smcr.wire.llc import DeleteLink, LlcType, TestLink
 from tests.core.pair import Pair
 
 
@@ -160,3 +160,30 @@ def test_terminate_drains_the_llc_flow_queue_with_a_negative_outcome() -> None:
     p.advance(10.0)
     assert outcomes == [(0, False), (1, False), (2, False)]  # each finished once
     assert len(p.client.llc_sent) == sent_before
+
+
+def test_a_released_rmb_is_reusable_only_once_the_peer_answered_its_delete_rkey() -> None:
+    """Release announces the RMB's end (DELETE RKEY); only the answer makes it reusable
+    (``ReuseRmb``, Linux ``smcr_buf_unuse``): a write the peer posted before it arrives
+    before it.  A peer that never answers: reusable when the flow times out."""
+    p, c, s, _ = active_pair()
+    p.drop_llc = lambda side, data: side is p.client and data[0] == LlcType.DELETE_RKEY \
+        and bool(data[3] & 0x80)  # the client's answers are lost
+    p.do(p.client, p.client.engine.close(c, p.now))
+    p.do(p.server, p.server.engine.close(s, p.now))
+    assert s in p.server.released and c in p.client.released
+    assert p.client.reused == [c]  # the server answered the client's DELETE RKEY
+    assert p.server.reused == []  # the client's answer was lost: still the peer's to write
+    p.advance(p.server.engine.config.llc_wait - 0.1)
+    assert p.server.reused == []
+    p.advance(0.1)  # no answer came: the flow gives up, the RMB is reusable
+    assert p.server.reused == [s]
+
+
+def test_a_released_rmb_of_a_dead_link_is_reusable_at_once() -> None:
+    """Released on a link group that has ended: the QP is gone, nobody can write into the
+    RMB any more, so it is reusable at once (and pending DELETE RKEY flows end with it)."""
+    p, c, _, qpn = active_pair()
+    p.run(p.client, p.client.engine.link_failed(qpn, "send RETRY_EXC_ERR", p.now))
+    p.do(p.client, p.client.engine.close(c, p.now))
+    assert c in p.client.released and p.client.reused == [c]

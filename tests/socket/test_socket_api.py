@@ -95,8 +95,13 @@ def test_collected_unclosed_socket_drains_closes_in_order_and_is_released(
     assert p.recv() == ("eof", len(msg), hashlib.sha256(msg).hexdigest())
     assert smc_peer.wait_released(stack, hc.conn_id)
     assert hc.released
-    with stack.lock:
-        assert stack._buffers_out == buffers_out - 1
+    deadline = time.monotonic() + 10  # the buffers follow once the peer answered DELETE RKEY
+    while True:
+        with stack.lock:
+            if stack._buffers_out == buffers_out - 1:
+                break
+        assert time.monotonic() < deadline, "the connection's buffers did not come back"
+        time.sleep(0.01)
 
 
 @SHM

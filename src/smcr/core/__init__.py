@@ -22,6 +22,7 @@ from smcr.core.events import (
     QpToRts,
     RdmaWrite,
     ReleaseConnection,
+    ReuseRmb,
     SendClc,
     ShutdownTcp,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "QpToRts",
     "RdmaWrite",
     "ReleaseConnection",
+    "ReuseRmb",
     "Rmb",
     "Role",
     "SendClc",

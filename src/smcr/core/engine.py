@@ -46,6 +46,7 @@ from smcr.core.events import (
     HandshakeFailed,
     QpToRtr,
     QpToRts,
+    ReuseRmb,
     SendClc,
 )
 from smcr.core.handshake import (
@@ -540,11 +541,16 @@ class Engine(LinkLayer):
         return out
 
     def release(self, conn: int, now: float) -> list[Action]:
-        """Forget a CLOSED, released connection; announce its RMB's end (DELETE RKEY)."""
+        """Forget a CLOSED, released connection; announce its RMB's end (DELETE RKEY).
+
+        :class:`ReuseRmb` follows when the peer has answered (or the flow ended
+        otherwise: no answer, the link gone), at once if there is no link to ask.
+        """
         out: list[Action] = []
         c = self.conns.pop(conn, None)
         if c is None:
             return out
+        reuse: list[Action] = [ReuseRmb(conn)]
         for lgr in list(self.lgrs.values()):
             if lgr.conns.get(c.token) is c:
                 del lgr.conns[c.token]
@@ -552,6 +558,8 @@ class Engine(LinkLayer):
                     lgr.idle_since = now
                 if not lgr.terminated and lgr.active_link is not None:
                     request = DeleteRkey(rkeys=(c.rmb.rkey,))
-                    self._start_flow(lgr, request, lambda ok, t: [], now, out)
+                    self._start_flow(lgr, request, lambda ok, t: reuse, now, out)
+                    return out
+        out += reuse
         return out
 

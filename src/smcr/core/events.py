@@ -94,8 +94,17 @@ class ReleaseConnection:
     conn: int
 
 
+@dataclass(frozen=True, slots=True)
+class ReuseRmb:
+    """A released connection's RMB is no longer the peer's to write: its DELETE RKEY was
+    answered (or its link is gone), so the RMB may serve another connection (Linux
+    ``smcr_buf_unuse``).  Until then a write the peer had posted may still arrive."""
+
+    conn: int
+
+
 Action = SendClc | QpToRtr | QpToRts | PostSend | RdmaWrite | DestroyQp | ShutdownTcp | (
-    ReleaseConnection
+    ReleaseConnection | ReuseRmb
 )
 
 # ----------------------------------------------------------------- events

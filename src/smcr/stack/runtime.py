@@ -32,7 +32,10 @@ Design (the why of each):
 * **Buffers are pooled** (Linux keeps freed RMBs in the link group for reuse):
   a released connection's RMB and send buffer go back to a per-size free list
   and come out again with the same rkey and address, re-announced by CONFIRM
-  RKEY as Linux does.  The pool is bounded by :attr:`Stack.max_buffers`; past
+  RKEY as Linux does.  They go back once the peer has answered the DELETE RKEY
+  of the RMB (:class:`~smcr.core.ReuseRmb`, Linux ``smcr_buf_unuse``): a write
+  it posted before arrives before that answer, never in the next connection's
+  bytes.  The pool is bounded by :attr:`Stack.max_buffers`; past
   it the handshake declines with ``MEM`` (which is also how the tests make a
   server decline).
 * **Readiness descriptors**: ``fileno()`` of an SMC socket is one end of a
@@ -76,6 +79,7 @@ from smcr.core import (
     QpToRts,
     RdmaWrite,
     ReleaseConnection,
+    ReuseRmb,
     Rmb,
     SendClc,
     ShutdownTcp,
@@ -244,6 +248,8 @@ class Stack:
         self.max_buffers = max_buffers
         self._buffers_out = 0
         self._pool: dict[tuple[int, bool], list[MemoryRegion]] = {}
+        self._retired: dict[int, HostConn] = {}
+        """Released connections whose RMB the peer may still write (until :class:`ReuseRmb`)."""
         self._recv_mr = self.pd.reg_mr(bytearray(SLOT * RECV_SLOTS * 64), AccessFlag.LOCAL_WRITE)
         self._recv_free = list(range(RECV_SLOTS * 64))
         self._recv_slot: dict[int, int] = {}  # wr_id -> slot
@@ -614,6 +620,10 @@ class Stack:
                     hc.tcp.shutdown(a.how)
         elif isinstance(a, ReleaseConnection):
             self._release(a.conn)
+        elif isinstance(a, ReuseRmb):
+            hc = self._retired.pop(a.conn, None)
+            if hc is not None:
+                self._give_back(hc)
 
     def _qp_rtr(self, a: QpToRtr) -> None:
         qp = self.qps[a.qpn]
@@ -653,7 +663,7 @@ class Stack:
         hc.released = True
         self.unwatch_tcp(hc)
         actions = self.engine.release(conn_id, time.monotonic())
-        self._give_back(hc)
+        self._retired[conn_id] = hc  # its buffers go back to the pool at ReuseRmb
         with contextlib.suppress(OSError):
             hc.tcp.close()
         if hc.readiness is not None:

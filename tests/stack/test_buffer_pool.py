@@ -1,0 +1,142 @@
+"""The runtime's buffer pool (``Stack.alloc_buffers`` and the release path): buffers are
+reused with their rkey and address, kept apart by size and kind, bounded, and a recycled
+RMB is not handed out while the old peer may still write into it."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from smcr.core import FellBack
+from smcr.rdma import AccessFlag
+from smcr.stack.runtime import HostConn, Stack
+from smcr.wire.decline import DeclineCode
+from tests.stack.hosts import SIZE, conn, connect, handshake_outcome, hosts, read, send, wait
+
+
+def close_both(x: Stack, hx: HostConn, y: Stack, hy: HostConn) -> None:
+    """Orderly close on both ends; wait until both runtimes let the connection go."""
+    for stack, hc in ((x, hx), (y, hy)):
+        with stack.lock:
+            stack.app_close(hc)
+    for stack, hc in ((x, hx), (y, hy)):
+        wait(stack, hc, lambda hc=hc: hc.released)  # type: ignore[misc]
+
+
+def pooled(stack: Stack, size: int = SIZE, remote: bool = True) -> list[int]:
+    """The rkeys (RMBs) or lkeys (send buffers) waiting in the pool for that size."""
+    with stack.lock:
+        return [mr.rkey if remote else mr.lkey for mr in stack._pool.get((size, remote), [])]
+
+
+def wait_pooled(stack: Stack, rkey: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while rkey not in pooled(stack):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_released_rmb_serves_the_next_connection_with_its_rkey_and_address() -> None:
+    """As Linux keeps freed RMBs for reuse: after an orderly close the RMB comes back to the
+    next connection with the same rkey and address (re-announced by CONFIRM RKEY), and
+    carries that connection's bytes."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        assert hx.rmb_mr is not None
+        rkey, addr = hx.rmb_mr.rkey, hx.rmb_mr.addr
+        close_both(x, hx, y, hy)
+        assert wait_pooled(x, rkey)
+        hx2, hy2 = connect(x, y)
+        assert hx2.rmb_mr is not None
+        assert (hx2.rmb_mr.rkey, hx2.rmb_mr.addr) == (rkey, addr)
+        assert conn(y, hy2).peer_rkey == rkey
+        send(y, hy2, b"second life")
+        assert read(x, hx2, 11) == b"second life"
+
+
+def test_the_pool_keeps_sizes_and_kinds_apart() -> None:
+    """A buffer comes back only for its own size, and a send buffer never comes out as an
+    RMB nor the other way round: only an RMB is remotely writable."""
+    with hosts(1) as (x,), x.lock:
+        bufs = x.alloc_buffers(SIZE, SIZE)
+        assert bufs is not None
+        rmb, snd = bufs
+        assert rmb.access & AccessFlag.REMOTE_WRITE
+        assert not snd.access & AccessFlag.REMOTE_WRITE
+        hc = x.new_conn(socket.socket())
+        hc.rmb_mr, hc.sndbuf_mr = rmb, snd
+        x._give_back(hc)
+        other = x.alloc_buffers(2 * SIZE, SIZE // 2)  # other sizes: new buffers
+        assert other is not None and rmb not in other and snd not in other
+        again = x.alloc_buffers(SIZE, SIZE)
+        assert again == (rmb, snd)  # each from its own kind's list
+        hc.tcp.close()
+
+
+def test_the_pool_limit_declines_mem_until_a_buffer_comes_back() -> None:
+    """``max_buffers`` connections' buffers out: the next handshake declines MEM on the
+    server (Linux ``SMC_CLC_DECL_MEM``), the client falls back on it; once a connection
+    has gone and its RMB is back, a new connection gets SMC-R again."""
+    with hosts(2, max_buffers=1) as (x, y):
+        hx, hy = connect(x, y)
+        server, client = handshake_outcome(x, y)
+        assert isinstance(server, FellBack) and isinstance(client, FellBack)
+        assert (server.local_code, client.local_code, client.peer_code) == (
+            DeclineCode.MEM, DeclineCode.PEERDECL, DeclineCode.MEM)  # fmt: skip
+        assert hx.rmb_mr is not None
+        rkey = hx.rmb_mr.rkey
+        close_both(x, hx, y, hy)
+        assert wait_pooled(x, rkey)
+        hx2, _ = connect(x, y)
+        assert hx2.rmb_mr is not None and hx2.rmb_mr.rkey == rkey
+
+
+def test_a_recycled_rmb_gets_no_stale_write_from_the_old_peer() -> None:
+    """X aborts a connection with Y (SO_LINGER 0: released at once) while Y has not yet
+    seen the abort and still writes into it.  A connection of X with Z made meanwhile
+    must not get that RMB: Y's write would land in Z's bytes.  As Linux
+    (``smcr_buf_unuse``), the RMB goes back to the pool only once Y has answered the
+    DELETE RKEY of it -- Y's writes before that answer arrive before it (RC order).
+
+    Y is held still by holding its runtime's lock: it takes no completion, no CDC."""
+    with hosts(3) as (x, y, z):
+        hx, hy = connect(x, y)
+        assert hx.rmb_mr is not None
+        old_rkey = hx.rmb_mr.rkey
+        with y.lock:
+            with x.lock:
+                x.abort(hx)
+            assert hx.released
+            hx2, hz = connect(x, z)  # X and Z go on; Y stands still
+            send(z, hz, b"B" * 1000)
+            c = conn(x, hx2)
+            wait(x, hx2, lambda: c.rx_available() >= 1000)  # Z's bytes are in X's RMB
+            # Y, not yet aware of the abort, writes on: into the old RMB
+            cy = conn(y, hy)
+            assert cy.peer_rkey == old_rkey and cy.direct_room() >= 1000
+            y.send_inline(cy, memoryview(b"S" * 1000))
+            assert read(x, hx2, 1000) == b"B" * 1000
+            assert hx2.rmb_mr is not None and hx2.rmb_mr.rkey != old_rkey
+            assert old_rkey not in pooled(x)
+        # Y takes the abort and answers the DELETE RKEY: the RMB is X's to reuse again
+        assert wait_pooled(x, old_rkey)
+
+
+def test_buffers_of_a_connection_whose_link_fails_go_back() -> None:
+    """A link that fails takes its connections down: once the application closes them,
+    their buffers are back in the pool (no DELETE RKEY to wait for: the QP is gone)."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        assert hx.rmb_mr is not None
+        rkey = hx.rmb_mr.rkey
+        with x.lock:
+            out = x._buffers_out
+            x.execute(x.engine.link_failed(conn(x, hx).qpn, "injected", time.monotonic()))
+            assert conn(x, hx).reset_reason
+            x.app_close(hx)
+            assert hx.released and x._buffers_out == out - 1
+        assert rkey in pooled(x)
+        cy = conn(y, hy)
+        wait(y, hy, lambda: bool(cy.reset_reason))  # the peer's QP went to ERR: reset too
