@@ -97,8 +97,9 @@ def read(stack: Stack, hc: HostConn, n: int) -> bytes:
     c = conn(stack, hc)
     wait(stack, hc, lambda: c.rx_available() >= n)
     with stack.lock:
-        start = c.rx_cons % c.rmb.size
-        data = bytes(hc.rmb[start : start + n])
+        start, size = c.rx_cons % c.rmb.size, c.rmb.size
+        first = min(n, size - start)  # the RMBE is a ring
+        data = bytes(hc.rmb[start : start + first]) + bytes(hc.rmb[: n - first])
         stack.execute(stack.engine.data_consumed(hc.conn_id, n, time.monotonic()))
     return data
 

@@ -1,0 +1,115 @@
+"""The runtime's action executor and work-request bookkeeping (``Stack.execute``,
+``_post``, the receive slots): WR fusion, receives reposted, slots given back with a
+QP, an orphan aborted.  Runtimes side by side in this process (``tests.stack.hosts``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from smcr.stack import runtime
+from smcr.stack.runtime import HostConn, Stack
+from tests.stack.hosts import SIZE, conn, connect, hosts, read, send, wait
+
+
+def write_via_sndbuf(stack: Stack, hc: HostConn, data: bytes) -> None:
+    """Copy ``data`` into the send buffer and let the engine RDMA-WRITE it (as ``send``
+    does when the inline path is closed)."""
+    with stack.lock:
+        c = conn(stack, hc)
+        assert c.sndbuf_space() >= len(data)
+        buf, n = hc.sndbuf, len(data)
+        start = c.tx_app % len(buf)
+        first = min(n, len(buf) - start)
+        buf[start : start + first] = data[:first]
+        buf[: n - first] = data[first:]
+        stack.execute(stack.engine.data_written(hc.conn_id, n, time.monotonic()))
+
+
+def spy(stack: Stack, hc: HostConn) -> list[tuple[str, Any]]:
+    """Record the posts on the connection's QP (and let them through)."""
+    calls: list[tuple[str, Any]] = []
+    with stack.lock:
+        qp = stack.qps[conn(stack, hc).qpn]
+    cls = type(qp)
+
+    def post_send(wrs: Any) -> None:
+        wrs = list(wrs) if not hasattr(wrs, "opcode") else [wrs]
+        calls.append(("post_send", [w.opcode.name for w in wrs]))
+        cls.post_send(qp, wrs)
+
+    def post_writes_send(writes: Any, message: bytes, wr_id: int, signaled: bool) -> None:
+        calls.append(("post_writes_send", [len(d) for _, _, d in writes]))
+        cls.post_writes_send(qp, writes, message, wr_id, signaled)
+
+    qp.post_send = post_send  # type: ignore[method-assign]
+    qp.post_writes_send = post_writes_send  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "wrs"])
+def test_writes_from_the_send_buffer_and_their_cdc_go_in_one_post(fused: bool) -> None:
+    """Bytes that wrap around the peer's RMBE go as two RDMA WRITEs, and the CDC after
+    them: one fused ``post_writes_send`` where the RNIC takes inline WRs, else one
+    ``post_send`` of WRITE, WRITE, SEND -- in that order, so the bytes are in place before
+    the CDC that announces them (RC order); the peer reads them intact."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        x._fused = fused
+        send(x, hx, bytes(SIZE - 100))
+        assert read(y, hy, SIZE - 100) == bytes(SIZE - 100)
+        c = conn(x, hx)
+        wait(x, hx, lambda: c.direct_room() == SIZE)  # the consumer cursor came back
+        calls = spy(x, hx)
+        data = bytes(range(256)) + b"wraps around"
+        write_via_sndbuf(x, hx, data)
+        expected = ("post_writes_send", [100, len(data) - 100]) if fused else (
+            "post_send", ["RDMA_WRITE", "RDMA_WRITE", "SEND"])  # fmt: skip
+        assert calls == [expected]
+        assert read(y, hy, len(data)) == data
+
+
+def test_receives_are_reposted_so_the_link_never_runs_dry() -> None:
+    """Every CDC takes one posted receive; taken ones are posted again in batches, so
+    far more messages than receive slots pass, and every slot stays accounted for."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        with x.lock:
+            free = len(x._recv_free)
+        for i in range(3 * runtime.RECV_SLOTS + 5):
+            send(y, hy, bytes([i & 0xFF]))
+            assert read(x, hx, 1) == bytes([i & 0xFF])
+        with x.lock:
+            assert len(x._recv_free) == free
+            assert len(x._qp_recv_ids[conn(x, hx).qpn]) == runtime.RECV_SLOTS
+
+
+def test_a_destroyed_qp_gives_its_receive_slots_back() -> None:
+    """A link group that ends destroys its QP; the QP's receive slots go back to the
+    runtime's pool (else every dead link would leak RECV_SLOTS of them)."""
+    with hosts(2) as (x, y):
+        with x.lock:
+            free = len(x._recv_free)
+        hx, _ = connect(x, y)
+        qpn = conn(x, hx).qpn
+        with x.lock:
+            assert len(x._recv_free) == free - runtime.RECV_SLOTS
+            x.execute(x.engine.link_failed(qpn, "injected", time.monotonic()))
+            assert qpn not in x.qps and qpn not in x._qp_recv_ids
+            assert len(x._recv_free) == free
+
+
+def test_an_orphan_with_linger_zero_is_aborted_and_the_peer_sees_the_reset() -> None:
+    """A connection handed over unclosed with a linger time of 0 (``Stack.orphan``, any
+    thread, no lock): the progress thread aborts it -- released at once, and the peer's
+    connection ends in a reset, as a TCP RST."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        send(x, hx, b"unread")
+        x.orphan(hx, 0)
+        wait(x, hx, lambda: hx.released)
+        cy = conn(y, hy)
+        wait(y, hy, lambda: cy.aborted)
+        assert cy.rx_available() <= len(b"unread")
