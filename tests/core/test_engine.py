@@ -23,7 +23,7 @@ from smcr.wire.clc_header import SmcType
 from smcr.wire.clc_proposal import IpPrefixArea
 from smcr.wire.decline import DeclineCode
 from smcr.wire.llc import AddLink, ConfirmLink, DeleteLink, LlcType, TestLink, decode_llc
-from tests.core.pair import Pair
+from tests.core.pair import Pair, Side
 
 
 def completed(side_events: Sequence[object]) -> list[HandshakeCompleted]:
@@ -345,22 +345,44 @@ def test_idle_link_group_is_ended_after_linger_with_delete_link_all_orderly() ->
     assert isinstance(sent, DeleteLink) and sent.flags == 0x60 and sent.reason == 0x30000
 
 
-def test_server_confirm_rkey_unanswered_declines_err_regbuf() -> None:
+def _aborted(side: Side, conn: int) -> bool:
+    """Reset here (an event), or by the peer's abort CDC."""
+    c = side.engine.conns.get(conn)
+    return (c is not None and c.aborted) or any(
+        isinstance(e, ConnectionReset) and e.conn == conn for e in side.events)
+
+
+def test_reuse_sends_clc_messages_without_waiting_for_confirm_rkey() -> None:
+    """Accept and Confirm go before the CONFIRM RKEY responses (Linux waits for them):
+    on a reused link group the handshake needs no LLC round trip."""
     p = Pair()
     p.connect()
     p.pump()
-    # the client stops answering CONFIRM RKEY: the server's reuse flow times out (2 s)
+    p.drop_llc = lambda side, data: data[0] == LlcType.CONFIRM_RKEY and bool(data[3] & 0x80)
+    c2, s2 = p.connect()
+    p.pump()
+    assert any(isinstance(e, HandshakeCompleted) and e.conn == c2 for e in p.client.events)
+    assert any(isinstance(e, HandshakeCompleted) and e.conn == s2 for e in p.server.events)
+    _, acts = p.client.write(c2, b"at once")
+    p.do(p.client, acts)
+    p.pump()
+    assert p.server.read(s2)[0] == b"at once"
+
+
+def test_server_confirm_rkey_unanswered_aborts_the_connection() -> None:
+    p = Pair()
+    p.connect()
+    p.pump()
+    # the client stops answering CONFIRM RKEY: the server's flow times out (2 s)
     p.drop_llc = lambda side, data: side is p.client and data[0] == LlcType.CONFIRM_RKEY
     c2, s2 = p.connect()
     p.pump()
     p.advance(2.1)
-    assert FellBack(conn=s2, local_code=DeclineCode.ERR_REGBUF, peer_code=0) in p.server.events
-    assert FellBack(conn=c2, local_code=DeclineCode.PEERDECL,
-                    peer_code=DeclineCode.ERR_REGBUF) in p.client.events
+    assert _aborted(p.server, s2) and _aborted(p.client, c2)  # the abort CDC reached it
     assert len(p.server.engine.lgrs) == 1  # the group itself stays
 
 
-def test_client_confirm_rkey_negative_declines_err_rtok() -> None:
+def test_client_confirm_rkey_negative_aborts_the_connection() -> None:
     p = Pair()
     p.connect()
     p.pump()
@@ -373,9 +395,40 @@ def test_client_confirm_rkey_negative_declines_err_rtok() -> None:
     p.mangle = negative
     c2, s2 = p.connect()
     p.pump()
-    assert FellBack(conn=c2, local_code=DeclineCode.ERR_RTOK, peer_code=0) in p.client.events
-    assert FellBack(conn=s2, local_code=DeclineCode.PEERDECL,
-                    peer_code=DeclineCode.ERR_RTOK) in p.server.events
+    assert _aborted(p.client, c2) and _aborted(p.server, s2)
+    p.mangle = lambda side, data: data
+    c3, _ = p.connect()  # the group goes on
+    p.pump()
+    assert c3 in p.client.engine.conns and not _aborted(p.client, c3)
+
+
+def test_rkey_refused_before_the_confirm_aborts_once_the_handshake_is_done() -> None:
+    """The server's Accept is out, so it cannot decline any more: the connection
+    completes when the client's Confirm comes, and is aborted at once."""
+    p = Pair()
+    p.connect()
+    p.pump()
+    held: list[bytes] = []
+
+    def hold_confirm(side: Side, conn: int, data: bytes) -> bytes:
+        if side is p.client and data[4] == 3:
+            held.append(data)
+            return b""
+        return data
+
+    def negative(side: object, data: bytes) -> bytes:
+        if side is p.client and data[0] == LlcType.CONFIRM_RKEY and data[3] & 0x80:
+            return data[:3] + bytes([0xB0]) + data[4:]
+        return data
+
+    p.clc_filter, p.mangle = hold_confirm, negative
+    c2, s2 = p.connect()
+    p.pump()
+    assert held and s2 in p.server.engine.handshakes and not _aborted(p.server, s2)
+    p.run(p.server, p.server.engine.receive_clc(s2, held[0], p.now))
+    p.pump()
+    assert any(isinstance(e, HandshakeCompleted) and e.conn == s2 for e in p.server.events)
+    assert _aborted(p.server, s2) and _aborted(p.client, c2)
 
 
 def test_smcd_only_proposal_declines_nosmcrdev() -> None:
@@ -408,9 +461,11 @@ def test_link_down_during_reuse_handshake_declines_noactlink() -> None:
     p = Pair()
     p.connect()
     p.pump()
-    p.drop_llc = lambda side, data: data[0] == LlcType.CONFIRM_RKEY
+    # the server's Accept is out (no CONFIRM RKEY wait), the client's Confirm is not
+    p.clc_filter = lambda side, conn, data: b"" if side is p.client and data[4] == 3 else data
     _, s2 = p.connect()
     p.pump()
+    assert s2 in p.server.engine.handshakes
     qpn = next(iter(p.server.engine.lgrs.values())).links[0].qpn
     p.run(p.server, p.server.engine.link_failed(qpn, "flush", p.now))
     p.pump()
