@@ -415,7 +415,7 @@ class SMCSocket(_PlainSocket):
         """
         stack, hc = self._start_handshake(client, None)
         with stack.lock:
-            stack.wait(hc, lambda: hc.outcome is not None, None)
+            stack.wait(hc, lambda: hc.outcome is not None, None, spin=0.0)
         self._finish_handshake(stack, hc)
         if self._mode == "INIT":
             raise ConnectionResetError(errno.ECONNRESET, "SMC handshake failed: "
@@ -660,10 +660,9 @@ class SMCSocket(_PlainSocket):
             if c is None:
                 return 0
             while got < want:
-                if self._rd_shut:
-                    return got
                 if c.rx_prod == c.rx_cons:
-                    if c.peer_finished:
+                    # after SHUT_RD what had arrived is still read, as Linux does
+                    if c.peer_finished or self._rd_shut:
                         return got
                     if c.aborted:
                         if got:

@@ -823,9 +823,12 @@ class Stack:
             return
         self.execute(engine.send_completed(qpn, wr_id, True, now))
 
-    def wait(self, hc: HostConn, ready: Callable[[], bool], deadline: float | None) -> bool:
+    def wait(self, hc: HostConn, ready: Callable[[], bool], deadline: float | None,
+             spin: float = SPIN) -> bool:
         """Block until ``ready()`` (lock held); polls the CQ itself when it can (module doc).
 
+        :param spin: seconds to watch the CQ before sleeping (:data:`SPIN`); 0 for a wait
+            that the CQ does not end first (a CLC message comes over TCP).
         :returns: ``ready()`` at the end (False on timeout).
         """
         while not ready():
@@ -842,7 +845,7 @@ class Stack:
             self._poller = "app"
             self._poller_ident = threading.get_ident()
             try:
-                self._sleep_on_cq(left, SPIN)
+                self._sleep_on_cq(left, spin)
             finally:
                 self._poller = None
                 self._app_polled = time.monotonic()
