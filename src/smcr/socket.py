@@ -61,6 +61,7 @@ from __future__ import annotations
 import _socket as _csocket
 import contextlib
 import errno
+import functools
 import io
 import ipaddress
 import os
@@ -414,8 +415,16 @@ class SMCSocket(_PlainSocket):
             peer broke the CLC protocol): the TCP connection is reset.
         """
         stack, hc = self._start_handshake(client, None)
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
         with stack.lock:
-            stack.wait(hc, lambda: hc.outcome is not None, None, spin=0.0)
+            if not stack.wait(hc, lambda: hc.outcome is not None, deadline, spin=0.0):
+                # the socket's timeout bounds connect() as a whole, as on TCP: the
+                # handshake is given up (its TCP shut, so that it ends at once)
+                hc.on_outcome = functools.partial(_abandon, stack)
+                with contextlib.suppress(OSError):
+                    hc.tcp.shutdown(_socket.SHUT_RDWR)
+                self._hc = None
+                raise TimeoutError("timed out")
         self._finish_handshake(stack, hc)
         if self._mode == "INIT":
             raise ConnectionResetError(errno.ECONNRESET, "SMC handshake failed: "
@@ -1453,12 +1462,7 @@ class _Connecting:
         sock = self.sock
         assert sock._stack is not None
         if self.closed:  # the application closed the socket meanwhile: nobody wants it
-            hc.on_outcome = None
-            if isinstance(hc.outcome, HandshakeCompleted):
-                sock._stack.abort(hc)
-            else:
-                with contextlib.suppress(OSError):
-                    hc.tcp.close()
+            _abandon(sock._stack, hc)
             return
         sock._finish_handshake(sock._stack, hc)
         if sock._mode == "SMCR":
@@ -1480,6 +1484,17 @@ class _Connecting:
             self.closed = True
             get_watcher().unwatch(self.fd)
             self.readiness.close()
+
+
+def _abandon(stack: Stack, hc: HostConn) -> None:
+    """A handshake nobody waits for any more has ended (runtime's lock held): a
+    connection it made is aborted, a fallback's TCP socket closed."""
+    hc.on_outcome = None
+    if isinstance(hc.outcome, HandshakeCompleted):
+        stack.abort(hc)
+    else:
+        with contextlib.suppress(OSError):
+            hc.tcp.close()
 
 
 def create_connection(address: tuple[str, int], timeout: float | None = None,

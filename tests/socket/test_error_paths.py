@@ -288,6 +288,39 @@ def test_failed_handshake_resets_the_tcp_connection_and_frees_the_buffers(
 
 
 @pytest.mark.usefixtures("propose_to_anyone")
+def test_connect_timeout_bounds_a_handshake_the_server_never_answers() -> None:
+    """A blocking connect with a timeout raises TimeoutError when the server never
+    answers the Proposal, as TCP's connect does when its timeout expires (not after the
+    CLC wait of 6 s); the handshake is given up: the server sees our end of the TCP
+    connection and the runtime keeps nothing of it."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    stack = get_stack()
+    with stack.lock:
+        first_new = stack._next_conn
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        c, _ = srv.accept()
+        with c:
+            c.settimeout(20)
+            seen.append(recv_exactly(c, 92))
+            with contextlib.suppress(ConnectionResetError):
+                seen.append(c.recv(100))  # then nothing, until our end
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        with pytest.raises(TimeoutError):
+            smcr.create_connection(srv.getsockname(), timeout=0.5)
+        t.join(20)
+        assert not t.is_alive()
+    finally:
+        srv.close()
+    assert seen[0][:4] == EYECATCHER and seen[1:] == [b""]
+    assert wait_until(lambda: first_new not in stack.conns)
+
+
+@pytest.mark.usefixtures("propose_to_anyone")
 def test_a_server_that_answers_the_proposal_with_plain_data_is_plain_tcp() -> None:
     """A listed server that does not speak SMC reads our Proposal as data and answers
     with its own bytes (no eyecatcher): the connection is TCP (reason PEERNOSMC), and
