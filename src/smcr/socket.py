@@ -51,9 +51,11 @@ done here by the thread that owns progress), then sends the closing CDC.
 Sockets still referenced at interpreter exit are left to the runtime's own
 end at exit (``finalize.atexit`` is off).
 
-After ``fork`` an SMC-R connection stays the parent's (:func:`_forked_child`);
-listening sockets work in the child, and a forking parent's accept queues
-pause until it accepts again (:meth:`_AcceptQueue.pause`).
+After ``fork`` an SMC-R connection stays in the parent's runtime; a child that
+the parent hands it to (the parent closes its copy, as a forking server does)
+uses it through the parent (:mod:`smcr.forkrelay`).  Listening sockets work in
+the child, and a forking parent's accept queues pause until it accepts again
+(:meth:`_AcceptQueue.pause`).
 """
 
 from __future__ import annotations
@@ -77,9 +79,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from smcr import discovery
+from smcr import discovery, forkrelay
 from smcr.core import FellBack, HandshakeCompleted
 from smcr.core.connection import Connection
+from smcr.diag import COUNTERS as _C
+from smcr.diag import registry as _registry
+from smcr.diag import start as _diag_start
 from smcr.stack.runtime import HostConn, Readiness, Stack, default_buffer_size, get_stack
 from smcr.stack.watcher import get_watcher
 from smcr.wire.clc import uncompress_bufsize
@@ -177,6 +182,9 @@ class SMCSocket(_PlainSocket):
     _oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
     _gone = False  # closed for good (close(), and no makefile() file open)
     _forked = False  # SMC-R mode, inherited by a forked child: the parent's
+    _parent_ends: list[_socket.socket] = []  # noqa: RUF012 - SMC-R mode: forked children's pairs
+    _fork_ends: forkrelay.ForkEnds | None = None  # during a fork (smcr.forkrelay)
+    _relayed: tuple[Any, Any] | None = None  # a forked child's: addresses of the connection
     _finalizer: weakref.finalize[Any, Any] | None = None  # SMC-R mode: _collected
     _queue_finalizer: weakref.finalize[Any, Any] | None = None  # listening: the queue's
     _rlock: threading.Lock  # SMC-R mode: one reader and one writer at a time
@@ -209,7 +217,7 @@ class SMCSocket(_PlainSocket):
                 self._smc_ok = discovery.current().opt_in(self)
                 self._mode = "LISTEN"
             return
-        self._fall_back(int(DeclineCode.PEERNOSMC), 0)
+        self._fall_back(int(DeclineCode.PEERNOSMC), 0, None)
 
     # ------------------------------------------------------------ plain attributes
 
@@ -239,6 +247,8 @@ class SMCSocket(_PlainSocket):
         self._smc_ok = discovery.current().opt_in(self)
         _PlainSocket.listen(self, backlog)
         self._mode = "LISTEN"
+        _registry.listening.add(self)  # seen by smcr ss (smcr.diag)
+        _diag_start()
         self._accept_queue()  # handshakes run from now on, as the kernel's do
 
     def settimeout(self, value: float | None) -> None:
@@ -275,22 +285,58 @@ class SMCSocket(_PlainSocket):
 
     @property
     def using_smc(self) -> bool:
-        """Whether the connection runs over SMC-R."""
-        return self._mode == "SMCR"
+        """Whether the connection runs over SMC-R (in a forked child: relayed by the
+        parent, :mod:`smcr.forkrelay`)."""
+        return self._mode == "SMCR" or self._relayed is not None
+
+    def getsockname(self) -> Any:
+        """As ``socket.getsockname`` (a forked child's relayed connection: the TCP one's)."""
+        if self._relayed is not None:
+            return self._relayed[0]
+        return _PlainSocket.getsockname(self)
+
+    def getpeername(self) -> Any:
+        """As ``socket.getpeername`` (a forked child's relayed connection: the TCP one's)."""
+        if self._relayed is not None:
+            return self._relayed[1]
+        return _PlainSocket.getpeername(self)
+
+    def _become_relayed(self, end: _socket.socket) -> None:
+        """In a forked child: this SMC-R connection is used through the parent, over
+        ``end`` (:mod:`smcr.forkrelay`), which becomes this socket's descriptor."""
+        addresses = (_PlainSocket.getsockname(self), _PlainSocket.getpeername(self))
+        os.dup2(end.fileno(), _PlainSocket.fileno(self), inheritable=False)
+        end.close()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        self._relayed = addresses
+        self._mode = "TCP"  # a stream like any other from here on
+        self._hc = self._stack = None
+        _PlainSocket.settimeout(self, self._timeout)
 
     # ------------------------------------------------------------ options
 
     def setsockopt(self, level: int, optname: int, value: Any, *args: Any) -> None:
         """SO_SNDBUF/SO_RCVBUF size smcr's buffers (before connect); the rest go to TCP."""
+        if self._relayed is not None and level == _socket.IPPROTO_TCP:
+            return  # (the TCP connection is the parent's: nothing to set here)
         if level == _socket.SOL_SOCKET and optname == _socket.SO_RCVBUF:
             self._rmb_size = _bufsize(int(value))
         elif level == _socket.SOL_SOCKET and optname == _socket.SO_SNDBUF:
             self._sndbuf_size = _bufsize(int(value))
         _PlainSocket.setsockopt(self, level, optname, value, *args)
+        if level == _socket.IPPROTO_TCP and value and self._mode == "SMCR":  # smcr stats
+            if optname == _socket.TCP_CORK:
+                _C.cork_cnt += 1
+            elif optname == _socket.TCP_NODELAY:
+                _C.ndly_cnt += 1
 
     def getsockopt(self, level: int, optname: int, *args: Any) -> Any:
         """SO_SNDBUF/SO_RCVBUF report smcr's buffer sizes; SO_ERROR the outcome of a
         non-blocking connect; the rest come from TCP."""
+        if self._relayed is not None and level == _socket.IPPROTO_TCP:
+            return 0 if not args else bytes(args[0])
         if level == _socket.SOL_SOCKET and optname == _socket.SO_ERROR and not args:
             connecting = self._connecting
             if self._mode == "CONNECTING" and connecting is not None:
@@ -434,6 +480,7 @@ class SMCSocket(_PlainSocket):
                          ) -> tuple[Stack, HostConn]:  # fmt: skip
         """Start the CLC handshake; the runtime drives it (``on_outcome`` is called
         with its lock held when it ends, in whichever thread polled)."""
+        _diag_start()  # this process answers smcr ss/stats from now on (smcr.diag)
         # the RNIC of this address (and, link-local, of this interface); found already
         # where the background work may run in another thread (see :meth:`_stack_here`)
         local_ip = self._local_ip()
@@ -455,8 +502,11 @@ class SMCSocket(_PlainSocket):
         failure, after which the TCP connection is reset and closed."""
         outcome = hc.outcome
         hc.on_outcome = None
+        server = not getattr(hc.handshake, "client", True)
         if isinstance(outcome, HandshakeCompleted):
             self._rmb_size, self._sndbuf_size = len(hc.rmb), len(hc.sndbuf)  # as allocated
+            _C.smc_established(server, getattr(outcome, "version", 1), self._rmb_size,
+                               self._sndbuf_size)  # fmt: skip
             self._info = SmcInfo("SMCR", lgr_id=outcome.lgr_id,
                                  first_contact=outcome.first_contact)  # fmt: skip
             # collected unclosed: close as close() would (the runtime holds the TCP
@@ -476,16 +526,23 @@ class SMCSocket(_PlainSocket):
             _PlainSocket.settimeout(self, self._timeout)  # the runtime made it non-blocking
         if isinstance(outcome, FellBack):
             self._prefix = trailing
-            self._fall_back(outcome.local_code, outcome.peer_code)
+            self._fall_back(outcome.local_code, outcome.peer_code, server)
             return
+        _C.handshake_failed(server)
         with contextlib.suppress(OSError):  # a reset, as Linux ends a broken handshake
             _PlainSocket.setsockopt(self, _socket.SOL_SOCKET, _socket.SO_LINGER,
                                     struct.pack("ii", 1, 0))  # fmt: skip
         _PlainSocket.close(self)
 
-    def _fall_back(self, local: int, peer: int) -> None:
+    def _fall_back(self, local: int, peer: int, server: bool | None = False) -> None:
+        """:param server: the role counted in ``smcr stats`` (None: not counted, a socket
+            made from a connected descriptor)."""
         self._mode = "TCP"
         self._info = SmcInfo("TCP", local_code=local, peer_code=peer, state="ACTIVE")
+        if server is not None:
+            _C.fell_back(server, local, peer)
+        _registry.fallbacks.add(self)  # seen by smcr ss (smcr.diag)
+        _diag_start()
         if self._debug:
             self._report()
 
@@ -549,6 +606,9 @@ class SMCSocket(_PlainSocket):
             send buffer as before (two ends that both send before they read must
             not lose it).
         """
+        _C.tx_pd[len(view).bit_length()] += 1  # smcr stats: one add (smcr.diag.counters)
+        if flags & _OOB:
+            _C.urg_data_cnt += 1
         stack, hc = self._smc()
         with self._wlock, stack.lock:
             c = stack.engine.conns.get(hc.conn_id)
@@ -587,6 +647,7 @@ class SMCSocket(_PlainSocket):
             return n + self._copy_in(stack, hc, c, view, flags)
 
     def _wait_room(self, stack: Stack, hc: HostConn, c: Any, flags: int) -> None:
+        _C.tx_buf_full_cnt += 1  # our send buffer is full (Linux rmb_tx.buf_full_cnt)
         def room() -> bool:
             return c.sndbuf_space() > 0 or bool(c.reset_reason) or c.peer_closed
 
@@ -660,6 +721,7 @@ class SMCSocket(_PlainSocket):
         if nbytes > len(out):
             raise ValueError("buffer too small for requested bytes")
         want = nbytes or len(out)
+        _C.rx_pd[want.bit_length()] += 1  # smcr stats: one add (smcr.diag.counters)
         if flags & _OOB:
             return self._recv_oob(out)
         stack, hc = self._smc()
@@ -720,6 +782,8 @@ class SMCSocket(_PlainSocket):
         n = min(avail, len(out))
         rmb = hc.rmb_mr.buf  # type: ignore[union-attr]
         size = len(rmb)
+        if avail >= size:  # our RMB was full (Linux rmb_rx.buf_full_cnt)
+            _C.rx_buf_full_cnt += 1
         start = cons % size
         if start + n <= size:
             out[:n] = rmb[start : start + n]
@@ -853,6 +917,7 @@ class SMCSocket(_PlainSocket):
         if self._mode != "SMCR":
             self._tcp_ok()
             return _PlainSocket.sendfile(self, file, offset, count)
+        _C.sendfile_cnt += 1
         if "b" not in getattr(file, "mode", "b"):
             raise ValueError("file should be opened in binary mode")
         if count is not None:
@@ -1028,6 +1093,8 @@ class SMCSocket(_PlainSocket):
     def _close_now(self) -> None:
         if self._gone:
             return
+        if self._parent_ends and self._mode == "SMCR" and forkrelay.hand_over(self):
+            return  # a forked child goes on with it (smcr.forkrelay)
         self._gone = True
         if self._forked:  # the parent's connection: only our descriptor goes
             if self._finalizer is not None:
@@ -1130,30 +1197,33 @@ _accept_queues: weakref.WeakSet[_AcceptQueue] = weakref.WeakSet()
 """The accept queues of this process (see :meth:`_AcceptQueue.pause`)."""
 
 
-def _forked_parent() -> None:
-    for queue in list(_accept_queues):
-        if queue.pid == os.getpid():
-            queue.pause()
-
-
-os.register_at_fork(after_in_parent=_forked_parent)
-
 _smc_sockets: weakref.WeakSet[SMCSocket] = weakref.WeakSet()
 """The sockets of this process in SMC-R mode (see :func:`_forked_child`)."""
 
 
+def _forking() -> None:
+    forkrelay.prepare(list(_smc_sockets))
+
+
+def _forked_parent() -> None:
+    for queue in list(_accept_queues):
+        if queue.pid == os.getpid():
+            queue.pause()
+    forkrelay.after_in_parent(list(_smc_sockets))
+
+
 def _forked_child() -> None:
-    """In a forked child, the SMC-R connections of the parent stay the parent's: the
-    runtime that drives them (its thread, its link groups) is not here, and using
-    them from two processes would corrupt both.  They raise ``EOPNOTSUPP``; closing
-    one closes only the child's descriptor.  (TCP sockets, and listening SMC sockets,
-    which start their own accept queue and runtime here, work as after any fork.)"""
-    for sock in list(_smc_sockets):
-        sock._forked = True
+    """In a forked child, the SMC-R connections of the parent are used through the
+    parent (:mod:`smcr.forkrelay`): the runtime that drives them (its thread, its
+    link groups) is not here, and driving them from two processes would corrupt
+    both.  (TCP sockets, and listening SMC sockets, which start their own accept
+    queue and runtime here, work as after any fork.)"""
+    forkrelay.after_in_child(list(_smc_sockets))
     _smc_sockets.clear()
 
 
-os.register_at_fork(after_in_child=_forked_child)
+os.register_at_fork(before=_forking, after_in_parent=_forked_parent,
+                    after_in_child=_forked_child)  # fmt: skip
 
 
 def _cdcs_done(c: Connection) -> bool:
@@ -1317,7 +1387,7 @@ class _AcceptQueue:
         if listener is not None:
             sock._rmb_size, sock._sndbuf_size = listener._rmb_size, listener._sndbuf_size
         if not discovery.current().peer_offered(sock, client=False):
-            sock._fall_back(int(DeclineCode.PEERNOSMC), 0)
+            sock._fall_back(int(DeclineCode.PEERNOSMC), 0, True)
             with self.cond:
                 self.ready.append((sock, addr))
                 self._changed()

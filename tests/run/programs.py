@@ -344,6 +344,42 @@ def prefork_server(workers: str) -> None:
     out(exit_codes=codes)
 
 
+class _DigestHandler(socketserver.StreamRequestHandler):
+    """Reads a length line and that many bytes; answers the SHA-256, the bytes reversed,
+    and a JSON line of its pid and mode."""
+
+    def handle(self) -> None:
+        n = int(self.rfile.readline())
+        data = self.rfile.read(n)
+        self.wfile.write(hashlib.sha256(data).hexdigest().encode() + b"\n" + data[::-1])
+        self.wfile.write(json.dumps({"pid": os.getpid(), "mode": mode(self.request)}).encode()
+                         + b"\n")
+
+
+def forking_server(clients: str) -> None:
+    """socketserver.ForkingTCPServer: each request served in a child of its own."""
+    with socketserver.ForkingTCPServer(("127.0.0.1", 0), _DigestHandler) as srv:
+        print(srv.server_address[1], flush=True)
+        for _ in range(int(clients)):
+            srv.handle_request()
+        srv.collect_children(blocking=True)
+        out(server_pid=os.getpid(), children_left=len(srv.active_children or ()))
+
+
+def digest_clients(port: str, sizes: str) -> None:
+    """One connection per size: send that many random bytes, check the answer."""
+    seen = []
+    for size in map(int, sizes.split(",")):
+        data = os.urandom(size)
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=60) as s:
+            s.sendall(f"{size}\n".encode() + data)
+            f = s.makefile("rb")
+            ok = f.readline().strip().decode() == hashlib.sha256(data).hexdigest()
+            ok = ok and f.read(size) == data[::-1]
+            seen.append({"ok": ok, "client_mode": mode(s), **json.loads(f.readline())})
+    out(seen=seen)
+
+
 def main() -> None:
     name, *args = sys.argv[1:]
     globals()[name](*args)

@@ -144,6 +144,22 @@ def test_socketserver_threading_server(servers: list[Server]) -> None:
     assert srv.result() == {"done": True}
 
 
+def test_forking_server_children_serve_requests_accepted_by_the_parent(
+        servers: list[Server]) -> None:  # fmt: skip
+    """socketserver.ForkingTCPServer: the parent accepts, a child serves each request over
+    the parent's SMC-R connection (smcr.forkrelay); 4 MiB intact, both ends SMC-R."""
+    sizes = "100,4194304,1"
+    srv = Server("forking_server", "3")
+    servers.append(srv)
+    seen = run("digest_clients", srv.port, sizes)["seen"]
+    end = srv.result()
+    assert [s["ok"] for s in seen] == [True, True, True]
+    assert {s["mode"] for s in seen} == {s["client_mode"] for s in seen} == {"SMCR"}
+    pids = {s["pid"] for s in seen}
+    assert len(pids) == 3 and end["server_pid"] not in pids  # each in a child of its own
+    assert end["children_left"] == 0
+
+
 def test_preforked_children_accept_on_an_inherited_listener(servers: list[Server]) -> None:
     srv = Server("prefork_server", "2")
     servers.append(srv)

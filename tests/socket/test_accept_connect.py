@@ -10,6 +10,7 @@ import selectors
 import socket
 import struct
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -53,30 +54,61 @@ def test_nonblocking_connect_refused_reports_through_so_error() -> None:
     s.close()
 
 
-def test_forked_child_cannot_use_the_parents_smc_connection_but_the_parent_can() -> None:
+def _child(work: Callable[[], bool]) -> int:
+    """Fork; the child runs ``work`` and exits 0 if it said True (1 if not, 2 on an error)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 2
+        try:
+            code = 0 if work() else 1
+        finally:
+            os._exit(code)
+    return pid
+
+
+def test_forked_child_uses_the_connection_the_parent_handed_over() -> None:
+    """The forking server's way: the parent closes its copy right after the fork and the
+    child goes on with the connection (relayed by the parent, smcr.forkrelay): 1 MiB
+    each way intact, the peer on SMC-R throughout, the child's socket saying SMCR."""
     p = Peer(smc_peer.echo_server)
     try:
         s = smcr.create_connection(("127.0.0.1", p.recv()), timeout=20)
-        assert s.smc_info().mode == "SMCR"
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: a clear error, and closing touches nothing of the parent's
-            code = 1
-            try:
-                s.sendall(b"child")
-            except OSError as exc:
-                code = 0 if exc.errno == errno.EOPNOTSUPP else 2
-            s.close()
-            os.write(w, bytes([code]))
-            os._exit(0)
-        os.close(w)
+        assert p.recv() == ("SMCR", 0, 0)
+        msg = os.urandom(1 << 20)
+
+        def work() -> bool:
+            s.sendall(msg)
+            back = b""
+            while len(back) < len(msg) and (data := s.recv(len(msg) - len(back))):
+                back += data
+            s.shutdown(socket.SHUT_WR)
+            return back == msg and s.recv(1) == b"" and s.smc_info().mode == "SMCR"
+
+        pid = _child(work)
+        s.close()  # the parent's copy: the connection is the child's now
         _, status = os.waitpid(pid, 0)
-        assert os.read(r, 1) == b"\x00" and status == 0
-        os.close(r)
+        assert status == 0
+    finally:
+        p.stop()
+
+
+def test_forked_child_that_leaves_the_connection_alone_leaves_it_to_the_parent() -> None:
+    """A child that only closes its copy: the parent's connection goes on untouched."""
+    p = Peer(smc_peer.echo_server)
+    try:
+        s = smcr.create_connection(("127.0.0.1", p.recv()), timeout=20)
+        assert p.recv() == ("SMCR", 0, 0)
+
+        def work() -> bool:
+            s.close()
+            return True
+
+        _, status = os.waitpid(_child(work), 0)
+        assert status == 0
         s.sendall(b"parent")
         assert s.recv(6, socket.MSG_WAITALL) == b"parent"
+        assert s.smc_info().mode == "SMCR"
         s.close()
-        assert p.recv() == ("SMCR", 0, 0)
     finally:
         p.stop()
 
