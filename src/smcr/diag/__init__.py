@@ -1,0 +1,97 @@
+"""Host-wide observability: each smcr process answers the tools; the tools gather.
+
+In Linux the kernel holds every SMC socket and smc-tools ask it over netlink.
+In smcr the state lives in each process, so each process that uses SMC
+(:func:`start`, called by the socket layer on its first SMC-relevant socket:
+a listen, a handshake, a fallback) opens an endpoint of its own
+(:mod:`smcr.diag.server`) in its user's private directory
+(:mod:`smcr.diag.paths`), and ``smcr ss``/``stats``/``linkgroup``/``top`` ask
+every endpoint they may see (:mod:`smcr.diag.client`).  Counters are the
+process's :data:`~smcr.diag.counters.COUNTERS`; at exit they are left in the
+directory (:mod:`smcr.diag.store`) so host totals include processes that ended.
+
+Modules: ``paths`` (where), ``protocol`` (frames), ``server`` (the endpoint's
+thread), ``snapshot`` (what a process tells), ``counters`` and ``registry``
+(what the data path and the socket layer update), ``store`` (exited
+processes, reset baseline), ``client`` (the tools' side).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from smcr.diag.counters import COUNTERS
+
+if TYPE_CHECKING:
+    from smcr.diag.server import Endpoint
+
+__all__ = ["COUNTERS", "endpoint", "start", "stop"]
+
+
+
+class _State:
+    """The process's endpoint, and the pid that made it (a forked child makes its own)."""
+
+    endpoint: Endpoint | None = None
+    pid = 0  # the process that tried last
+
+
+_state = _State()
+_lock = threading.Lock()
+
+
+def start() -> None:
+    """Open this process's endpoint if it has none (cheap after the first call).
+
+    Failures (no private directory, ``SMCR_DIAG=0``) leave the process without
+    one: observability must never stop a connection.
+    """
+    if _state.pid == os.getpid():
+        return
+    with _lock:
+        if _state.pid == os.getpid():
+            return
+        pid = _state.pid = os.getpid()
+        _state.endpoint = None  # a forked child: the parent's endpoint is the parent's
+        from smcr.diag import paths  # noqa: PLC0415 - nothing of this on import
+
+        if not paths.enabled():
+            return
+        from smcr.diag import server, snapshot  # noqa: PLC0415
+
+        try:
+            directory = paths.ensure_private(paths.own_directory())
+            _state.endpoint = server.Endpoint(paths.socket_path(directory, pid),
+                                              snapshot.answer)  # fmt: skip
+        except OSError:
+            return
+        atexit.register(_at_exit, pid)
+
+
+def endpoint() -> Endpoint | None:
+    """This process's endpoint, if it has one."""
+    return _state.endpoint if _state.pid == os.getpid() else None
+
+
+def stop() -> None:
+    """Close the endpoint (its socket file goes); the counters are not persisted."""
+    ep = endpoint()
+    if ep is not None:
+        ep.close()
+
+
+def _at_exit(pid: int) -> None:
+    """Leave the final counters (if any) and take the endpoint away."""
+    if pid != os.getpid():
+        return
+    ep = endpoint()
+    if ep is None:
+        return
+    from smcr.diag import snapshot, store  # noqa: PLC0415
+
+    if COUNTERS.any():
+        store.persist_exit(ep.path.parent, snapshot.counters()["counters"], pid)
+    ep.close()
