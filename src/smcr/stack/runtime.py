@@ -86,6 +86,7 @@ from smcr.core import (
 )
 from smcr.core.connection import Connection
 from smcr.core.handshake import Handshake
+from smcr.diag.counters import COUNTERS
 from smcr.rdma import (
     AccessFlag,
     MemoryRegion,
@@ -662,6 +663,9 @@ class Stack:
             return
         hc.released = True
         self.unwatch_tcp(hc)
+        c = self.engine.conns.get(conn_id)
+        if c is not None:  # smcr stats: its bytes, which its cursors counted (smcr.diag)
+            COUNTERS.released(c)
         actions = self.engine.release(conn_id, time.monotonic())
         self._retired[conn_id] = hc  # its buffers go back to the pool at ReuseRmb
         with contextlib.suppress(OSError):
