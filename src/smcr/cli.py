@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from smcr import __version__
 from smcr.wire.decline import describe
@@ -153,9 +154,70 @@ def _cmd_ueid(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tool(name: str) -> Callable[[argparse.Namespace], int]:
+    """The ``run(args)`` of a host-wide tool module (``smcr.tools.<name>``), imported when
+    called: ``smcr decline`` stays light."""
+    def call(args: argparse.Namespace) -> int:
+        import importlib  # noqa: PLC0415
+
+        status: int = importlib.import_module(f"smcr.tools.{name}").run(args)
+        return status
+
+    return call
+
+
+def _add_observability(sub: Any) -> None:
+    """``ss``, ``stats``, ``linkgroup``, ``info``, ``chk``, ``top``: every smcr process of the
+    host, asked through its diag endpoint (:mod:`smcr.diag`); README "Observability"."""
+    ss = sub.add_parser("ss", help="SMC sockets of every smcr process (as smcss)")
+    ss.add_argument("-a", "--all", action="store_true", help="LISTEN and INIT sockets too")
+    ss.add_argument("-l", "--listening", action="store_true", help="only LISTEN sockets")
+    ss.add_argument("-d", "--debug", action="store_true",
+                    help="shutdown state, token, buffer sizes, cursors")
+    ss.add_argument("-R", "--smcr", action="store_true",
+                    help="SMC-R sockets only, with role, RNIC, link id, GIDs")
+    ss.add_argument("-W", "--wide", action="store_true", help="do not cut addresses")
+    ss.add_argument("--json", action="store_true", help="machine-readable (README)")
+    ss.set_defaults(func=_tool("ss"))
+    stats = sub.add_parser("stats", help="SMC-R counters: host totals (as smcr stats)")
+    stats.add_argument("action", nargs="?", choices=["show", "reset", "json"], default="show")
+    stats.add_argument("-d", "--details", dest="detail", action="count", default=0,
+                       help="per role, per version, fallback reasons, special calls")
+    stats.add_argument("-a", "--absolute", action="store_true",
+                       help="since the processes started, not since the last reset")
+    stats.add_argument("--json", action="store_true", help="machine-readable (README)")
+    stats.set_defaults(func=_tool("stats"))
+    lgr = sub.add_parser("linkgroup", help="link groups and links (as smcr linkgroup)")
+    lgr.add_argument("action", nargs="?", choices=["show", "link-show"], default="show")
+    lgr.add_argument("-d", "--details", dest="detail", action="count", default=0,
+                     help="link UIDs and devices; twice: GIDs too")
+    lgr.add_argument("--json", action="store_true", help="machine-readable (README)")
+    lgr.set_defaults(func=_tool("linkgroup"))
+    info = sub.add_parser("info", help="what this smcr and this host can do")
+    info.add_argument("--json", action="store_true", help="machine-readable (README)")
+    info.set_defaults(func=_tool("info"))
+    chk = sub.add_parser("chk", help="check that SMC-R works (as smc_chk)")
+    chk.add_argument("-S", "--server", action="store_true", help="run an echo server")
+    chk.add_argument("-C", "--connect", metavar="HOST", help="check against a server there")
+    chk.add_argument("-p", "--port", type=int, default=37373, help="port (default 37373)")
+    chk.add_argument("-6", dest="ipv6", action="store_true", help="IPv6")
+    chk.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
+    chk.add_argument("--bind", help=argparse.SUPPRESS)
+    chk.add_argument("--json", action="store_true", help="machine-readable (README)")
+    chk.set_defaults(func=_tool("chk"))
+    top = sub.add_parser("top", help="live view of link groups, links and connections")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between looks")
+    top.add_argument("-n", "--iterations", type=int, default=0,
+                     help="stop after N looks (0: until Ctrl-C)")
+    top.add_argument("--json", action="store_true",
+                     help="one look (two with -n 2: rates) as JSON (README)")
+    top.set_defaults(func=_tool("top"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``smcr`` command."""
-    parser = argparse.ArgumentParser(prog="smcr", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="smcr",
+                                     description=__doc__.splitlines()[0].replace("``", ""))
     parser.add_argument("--version", action="version", version=f"smcr {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     decline = sub.add_parser("decline", help="explain SMC decline / fallback reason codes")
@@ -218,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     ueid.add_argument("ueid", nargs="?", help="with add/del: the UEID (up to 32 characters "
                       "of A-Z, 0-9, '.', '-')")
     ueid.set_defaults(func=_cmd_ueid)
+    _add_observability(sub)
     return parser
 
 

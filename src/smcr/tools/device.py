@@ -14,6 +14,9 @@ What is listed, and why so:
 * The "hardware" columns of virtual devices are shown as ``-`` where they mean
   nothing (TOOLS.md: users complain about meaningless columns), and the line
   the current ``SMCR_RNIC`` setting would use by default is marked ``*``.
+* ``#Links`` and ``Crit`` (smc-tools' columns) come from the smcr processes
+  (:mod:`smcr.diag`): the links they have on the RNIC, and "Yes" when one of
+  their link groups there has no second link to fail over to.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class RnicRow:
     mtu: str
     state: str
     default: bool = False
+    links: int = 0
+    crit: str = "No"
 
 
 def _mac(raw: bytes) -> str:
@@ -87,11 +92,40 @@ def rows(kind: str) -> list[RnicRow]:
     return roce_rows(default) + shm_rows()
 
 
+def _gid_key(text: str) -> str:
+    """A GID as :func:`_gid` or hex writes it, in one form (to match the two)."""
+    try:
+        raw = bytes.fromhex(text) if len(text) == 32 else ipaddress.IPv6Address(text).packed
+    except ValueError:
+        return text
+    return raw.hex()
+
+
+def with_links(table: list[RnicRow]) -> list[RnicRow]:
+    """``#Links`` and ``Crit`` from every smcr process this user may ask (:mod:`smcr.diag`)."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from smcr.diag import client  # noqa: PLC0415
+
+    links: dict[str, int] = {}
+    crit: dict[str, bool] = {}
+    for reply in client.gather("snapshot"):
+        for dev in client.rows_of(reply, "devices"):
+            n, gid = dev.get("links"), dev.get("gid")
+            if not isinstance(n, int) or not isinstance(gid, str):
+                continue
+            key = _gid_key(gid)
+            links[key] = links.get(key, 0) + max(0, n)
+            crit[key] = crit.get(key, False) or dev.get("crit") is True
+    return [replace(r, links=links.get(_gid_key(r.gid), 0),
+                    crit="Yes" if crit.get(_gid_key(r.gid)) else "No") for r in table]
+
+
 def render(table: list[RnicRow]) -> str:
     """The table as text, columns sized to their contents."""
-    head = ("", "Name", "Type", "Netdev", "GID", "MAC", "MTU", "State")
-    lines = [("*" if r.default else "", r.name, r.type, r.netdev, r.gid, r.mac, r.mtu, r.state)
-             for r in table]  # fmt: skip
+    head = ("", "Name", "Type", "Netdev", "GID", "MAC", "MTU", "State", "Crit", "#Links")
+    lines = [("*" if r.default else "", r.name, r.type, r.netdev, r.gid, r.mac, r.mtu, r.state,
+              r.crit, str(r.links)) for r in table]  # fmt: skip
     widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
            for line in [head, *lines]]  # fmt: skip
@@ -102,6 +136,6 @@ def render(table: list[RnicRow]) -> str:
 
 def run(as_json: bool, kind: str) -> int:
     """Print the RNIC list; 0."""
-    table = rows(kind)
+    table = with_links(rows(kind))
     print(json.dumps([asdict(r) for r in table], indent=1) if as_json else render(table))
     return 0
