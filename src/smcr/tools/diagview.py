@@ -26,7 +26,7 @@ def clean(row: dict[str, Any]) -> dict[str, Any]:
     """Known keys only, each of its type (strings printable and bounded)."""
     out: dict[str, Any] = {}
     for key in STR_KEYS:
-        if key in row and row[key] is not None:
+        if isinstance(row.get(key), str):
             out[key] = client.text(row[key], 120)
     for key in INT_KEYS:
         value = row.get(key)

@@ -1,0 +1,67 @@
+"""Peer programs for the observability tests: run as ``python diag_peers.py ROLE ...``.
+
+Each prints one line when it is ready (``ready PORT`` for servers) and then
+waits for a line on standard input (``exit``: leave normally, so that its
+counters are left behind; ``close``: close the SMC-R connection and wait again).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+
+import smcr
+
+
+def _echo(conn: socket.socket) -> None:
+    try:
+        while data := conn.recv(65536):
+            conn.sendall(data)
+    except OSError:
+        pass
+
+
+def server() -> None:
+    """Echo every client; LISTEN stays open."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    print(f"ready {srv.getsockname()[1]}", flush=True)
+
+    def accept() -> None:
+        while True:
+            conn, _ = srv.accept()
+            threading.Thread(target=_echo, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    _commands([])
+
+
+def client(port: int) -> None:
+    """One SMC-R connection (100 round trips of 1000 bytes), one plain TCP connection (the
+    server falls back: 0x03010000), then wait."""
+    conn = smcr.create_connection(("127.0.0.1", port))
+    for _ in range(100):
+        conn.sendall(b"x" * 1000)
+        got = 0
+        while got < 1000:
+            got += len(conn.recv(1000 - got))
+    plain = socket.create_connection(("127.0.0.1", port))
+    print(f"ready {conn.smc_info().mode} {plain.getsockname()[1]}", flush=True)
+    _commands([conn])
+
+
+def _commands(conns: list[socket.socket]) -> None:
+    for line in sys.stdin:
+        if line.strip() == "close":
+            for c in conns:
+                c.close()
+            print("closed", flush=True)
+        elif line.strip() == "exit":
+            return
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "server":
+        server()
+    else:
+        client(int(sys.argv[2]))

@@ -1,0 +1,346 @@
+"""smcr ss / stats / linkgroup / device / chk / top across processes (smcr.diag).
+
+Two smcr processes are connected (shm RNIC) and a third -- the ``smcr``
+command -- reports them.  Every test has its own diag directory
+(``SMCR_DIAG_DIR``): other people's smcr processes on this host stay out of it.
+Waits are for conditions, with deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from smcr.diag import paths, protocol
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+class Proc:
+    """A peer program (diag_peers.py) with its own line protocol."""
+
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.p = subprocess.Popen([sys.executable, str(HERE / "diag_peers.py"), *args],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env=env, cwd=REPO)  # fmt: skip
+        assert self.p.stdout is not None
+        self.first = self.p.stdout.readline().split()
+        assert self.first and self.first[0] == "ready", self.first
+
+    def say(self, line: str) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+
+    def exit(self) -> None:
+        self.say("exit")
+        assert self.p.wait(60) == 0
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    directory = tmp_path / "diag"
+    directory.mkdir(mode=0o700)
+    return {**os.environ, "SMCR_DIAG_DIR": str(directory)}
+
+
+@pytest.fixture
+def procs(env: dict[str, str]) -> Iterator[Callable[..., Proc]]:
+    made: list[Proc] = []
+
+    def start(*args: str) -> Proc:
+        made.append(Proc(env, *args))
+        return made[-1]
+
+    yield start
+    for p in made:
+        p.kill()
+
+
+def smcr_cmd(env: dict[str, str], *args: str, check: bool = True) -> str:
+    """Run the ``smcr`` command (a third process); its standard output."""
+    out = subprocess.run([sys.executable, "-m", "smcr", *args], env=env, capture_output=True,
+                         text=True, timeout=120, check=False, cwd=REPO)  # fmt: skip
+    if check:
+        assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def smcr_json(env: dict[str, str], *args: str) -> Any:
+    return json.loads(smcr_cmd(env, *args, "--json"))
+
+
+def wait_for(probe: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
+def pair(procs: Callable[..., Proc]) -> tuple[Proc, Proc, int]:
+    server = procs("server")
+    port = int(server.first[1])
+    client = procs("client", str(port))
+    assert client.first[1] == "SMCR"
+    return server, client, port
+
+
+def test_ss_sees_two_processes(env: dict[str, str], procs: Callable[..., Proc]) -> None:
+    server, client, port = pair(procs)
+    plain_port = int(client.first[2])
+    sp, cp = server.p.pid, client.p.pid
+
+    def rows() -> list[dict[str, Any]]:
+        got = smcr_json(env, "ss", "-a")["sockets"]
+        return got if len(got) >= 4 else []  # (the plain client is no smcr socket)
+
+    got = wait_for(rows)
+    by = {(r["pid"], r["state"], r["mode"]): r for r in got}
+    listen = by[(sp, "LISTEN", "SMCR")]
+    assert listen["local"] == f"127.0.0.1:{port}"
+    srv = by[(sp, "ACTIVE", "SMCR")]
+    cli = by[(cp, "ACTIVE", "SMCR")]
+    assert srv["local"] == cli["peer"] and srv["peer"] == cli["local"]
+    assert (srv["role"], cli["role"]) == ("SERV", "CLNT")
+    assert srv["peer_gid"] == cli["gid"] and cli["peer_gid"] == srv["gid"]
+    assert cli["tx_bytes"] == cli["rx_bytes"] == 100_000
+    fallback = by[(sp, "ACTIVE", "TCP")]
+    assert fallback["peer"] == f"127.0.0.1:{plain_port}"
+    assert (fallback["local_code"], fallback["peer_code"]) == (0x03010000, 0)
+    assert fallback["mode_text"] == "TCP 0x03010000/0x00000000"
+    assert all(r["uid"] == os.getuid() and r["inode"] > 0 for r in got)
+    assert {r["command"] for r in got} == {"python"} or all(r["command"] for r in got)
+
+    table = smcr_cmd(env, "ss")
+    head = table.splitlines()[0].split()
+    assert head[:9] == ["State", "UID", "Inode", "Local", "Address", "Peer", "Address", "Intf",
+                        "Mode"] and head[-2:] == ["PID", "Command"]  # fmt: skip
+    assert "LISTEN" not in table  # hidden without -a, as smcss hides it
+    assert "TCP 0x03010000/0x00000000" in table and " SMCR " in table
+    assert "LISTEN" in smcr_cmd(env, "ss", "-l")
+    assert "TCP 0x" not in smcr_cmd(env, "ss", "-R")
+    debug = smcr_cmd(env, "ss", "-d")
+    assert "rxprod-Cursor" in debug and "0000:000186a0" in debug  # 100000 bytes each way
+
+
+def test_closing_states_and_linkgroups(env: dict[str, str], procs: Callable[..., Proc]) -> None:
+    server, client, _ = pair(procs)
+    groups = wait_for(lambda: smcr_json(env, "linkgroup")["linkgroups"])
+    roles = sorted((g["pid"], g["role"], g["type"], len(g["links"])) for g in groups)
+    assert roles == sorted([(server.p.pid, "SERV", "SINGLE", 1),
+                            (client.p.pid, "CLNT", "SINGLE", 1)])  # fmt: skip
+    links = smcr_cmd(env, "linkgroup", "link-show", "-dd")
+    assert "LINK_ACTIVE" in links and "Local-GID" in links
+    devices = {d["name"]: d for d in smcr_json(env, "device")}
+    shm = [d for d in devices.values() if d["type"] == "shm" and d["links"]]
+    # (the device list shows this user's shm RNICs; ours have a link each, no failover)
+    assert all(d["crit"] == "Yes" for d in shm)
+
+    client.say("close")
+    assert client.p.stdout is not None and client.p.stdout.readline().strip() == "closed"
+
+    def server_state() -> str:
+        rows = smcr_json(env, "ss", "-a")["sockets"]
+        states = [r["state"] for r in rows if r["pid"] == server.p.pid and r["mode"] == "SMCR"
+                  and r["state"] != "LISTEN"]  # fmt: skip
+        return states[0] if states and states[0] != "ACTIVE" else ""
+
+    # the echo server read EOF and closed too: its side passes through the closing states
+    state = wait_for(server_state)
+    assert state in ("PEERCLOSEWAIT1", "PEERCLOSEWAIT2", "APPCLOSEWAIT1", "APPCLOSEWAIT2",
+                     "APPFINCLOSEWAIT1", "PEERFINCLOSEWAIT", "CLOSED", ""), state
+
+
+def test_stats_totals_across_processes_with_an_exited_one(env: dict[str, str],
+                                                          procs: Callable[..., Proc]) -> None:
+    server, client, _ = pair(procs)
+    client.exit()  # leaves its counters in the directory
+    exited = Path(env["SMCR_DIAG_DIR"]) / paths.EXITED
+    assert wait_for(lambda: list(exited.glob("*.json")))
+    stats = smcr_json(env, "stats", "-a")["SMCR"]
+    assert stats["clnt_v1_succ_cnt"] == 1 and stats["srv_v1_succ_cnt"] == 1
+    assert stats["srv_fback"] == [{"local": 0x03010000, "peer": 0, "count": 1}]
+    assert stats["tx_bytes"] >= 200_000 and stats["rx_bytes"] >= 200_000
+    assert stats["tx_cnt"] >= 200 and stats["tx_pd"][0] >= 200  # 1000-byte sends: <= 8 KiB
+    assert stats["rx_rmbsize"][7] == 2  # two 1 MiB RMBs
+    text = smcr_cmd(env, "stats", "show", "-d")
+    assert "SMC-R Connections Summary" in text and "TCP fallback" in text
+    assert "0x03010000/0x00000000" in text and "peer did not indicate SMC" in text
+    # folded: the single files went into the total, which counts the same
+    assert not [p for p in exited.glob("*.json") if p.name != "total.json"]
+    assert smcr_json(env, "stats", "-a")["SMCR"]["clnt_v1_succ_cnt"] == 1
+
+    smcr_cmd(env, "stats", "reset")
+    base = Path(env["SMCR_DIAG_DIR"]) / paths.BASELINE
+    assert base.stat().st_mode & 0o777 == 0o600
+    after = smcr_json(env, "stats")["SMCR"]
+    assert after["clnt_v1_succ_cnt"] == after["srv_v1_succ_cnt"] == 0
+    assert after["srv_fback_cnt"] == 0
+    client2 = Proc(env, "client", server.first[1])
+    try:
+        since = wait_for(lambda: smcr_json(env, "stats")["SMCR"]["srv_v1_succ_cnt"] == 1)
+        assert since
+        now = smcr_json(env, "stats")["SMCR"]
+        assert now["clnt_v1_succ_cnt"] == 1 and now["srv_fback_cnt"] == 1
+        assert smcr_json(env, "stats", "-a")["SMCR"]["srv_v1_succ_cnt"] == 2
+    finally:
+        client2.kill()
+
+
+# ---------------------------------------------------------------- hostile processes
+
+def _fake(directory: Path, pid: int, behave: Callable[[socket.socket], None]) -> socket.socket:
+    """A listening socket posing as process ``pid``'s endpoint; ``behave`` serves each client."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(directory / f"{pid}.sock"))
+    srv.listen(8)
+
+    def loop() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=behave, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return srv
+
+
+def _hang(conn: socket.socket) -> None:
+    time.sleep(30)
+    conn.close()
+
+
+def _garbage(conn: socket.socket) -> None:
+    conn.recv(4096)
+    conn.sendall(b"\x00\x00\x00\x10" + b"\xff" * 16)
+    conn.close()
+
+
+def _huge(conn: socket.socket) -> None:
+    conn.recv(4096)
+    conn.sendall(struct.pack(">I", 0xFFFFFFF0) + b"{")
+    time.sleep(5)
+    conn.close()
+
+
+def _half_then_die(conn: socket.socket) -> None:
+    conn.recv(4096)
+    body = json.dumps({"ok": True, "pid": 999002, "sockets": []}).encode()
+    conn.sendall(struct.pack(">I", len(body)) + body[:10])
+    conn.close()  # as a process killed mid-answer
+
+
+def _liar(pid: int) -> Callable[[socket.socket], None]:
+    def behave(conn: socket.socket) -> None:
+        conn.recv(4096)
+        answer = {"ok": True, "pid": pid, "process": {"comm": "evil\x1b[2J\x07", "pid": "x"},
+                  "sockets": [{"state": "ACTIVE\x1b[31m", "mode": "SMCR", "uid": "root",
+                               "inode": -1, "local": "1.2.3.4:5\x1b]0;pwned\x07",
+                               "peer": ["not", "a", "string"], "token": 2**80},
+                              "junk", 17, None],
+                  "linkgroups": "nope", "counters": {"tx_bytes": -5, "clnt_v1_succ_cnt": 7,
+                                                     "srv_fback": [{"local": "x"}, 3]}}
+        conn.sendall(protocol.encode(answer))
+        conn.close()
+    return behave
+
+
+def test_lying_hanging_and_garbage_processes_do_not_stall_the_tools(
+        env: dict[str, str], procs: Callable[..., Proc]) -> None:
+    server, client, _ = pair(procs)
+    directory = Path(env["SMCR_DIAG_DIR"])
+    fakes = [_fake(directory, 999001, _hang), _fake(directory, 999003, _garbage),
+             _fake(directory, 999004, _huge), _fake(directory, 999002, _half_then_die),
+             _fake(directory, 999005, _liar(999005)), _fake(directory, 999006, _liar(4))]
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(directory / "999007.sock"))
+    stale.close()  # a process killed with its socket file left behind
+    try:
+        answer = smcr_json(env, "ss", "-a")
+        errors = {p["pid"]: p.get("error", "") for p in answer["processes"]}
+        assert errors[server.p.pid] == "" and errors[client.p.pid] == ""
+        assert errors[999001] == "timed out"
+        assert "not JSON" in errors[999003]
+        assert "limit" in errors[999004]
+        assert errors[999002] == "closed before the whole answer"
+        assert errors[999006] == "answered as pid 4"
+        assert errors[999005] == ""  # its lies are cleaned, below
+        lies = [r for r in answer["sockets"] if r["pid"] == 999005]
+        assert len(lies) == 1
+        lie = lies[0]
+        assert "\x1b" not in json.dumps(lie) and "\x07" not in json.dumps(lie)
+        assert "uid" not in lie and "peer" not in lie  # wrong types dropped
+        assert {(r["pid"], r["state"]) for r in answer["sockets"]} >= {
+            (server.p.pid, "ACTIVE"), (client.p.pid, "ACTIVE")}
+        assert not (directory / "999007.sock").exists()  # stale: cleaned up
+        table = smcr_cmd(env, "ss", "-a")
+        assert "\x1b" not in table and "\x07" not in table
+        stats = smcr_json(env, "stats", "-a")["SMCR"]
+        assert stats["clnt_v1_succ_cnt"] == 1 + 7  # a liar lies about its own counts only
+        assert stats["tx_bytes"] >= 200_000  # -5 taken as 0
+        assert smcr_json(env, "linkgroup")["linkgroups"]
+    finally:
+        for f in fakes:
+            f.close()
+
+
+# ---------------------------------------------------------------- chk and top
+
+def test_chk_local_uses_smc(env: dict[str, str]) -> None:
+    result = json.loads(smcr_cmd(env, "chk", "--json"))
+    assert result["smc"] is True and result["echo_ok"] is True and result["mode"] == "SMCR"
+    assert "[OK]" in smcr_cmd(env, "chk")
+
+
+def test_chk_against_a_plain_server_says_why_not(env: dict[str, str]) -> None:
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+
+    def echo() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    threading.Thread(target=echo, daemon=True).start()
+    try:
+        out = subprocess.run([sys.executable, "-m", "smcr", "chk", "-C", "127.0.0.1", "-p",
+                              str(port), "--json"], env=env, capture_output=True, text=True,
+                             timeout=120, check=False, cwd=REPO)  # fmt: skip
+        assert out.returncode == 1, out.stderr
+        result = json.loads(out.stdout)
+        assert result["smc"] is False and result["echo_ok"] is True
+        assert (result["local_code"], result["peer_code"]) == (0x03010000, 0)
+        assert "did not indicate SMC" in result["reason"]
+    finally:
+        srv.close()
+
+
+def test_top_reports_rates(env: dict[str, str], procs: Callable[..., Proc]) -> None:
+    server, client, _ = pair(procs)
+    view = smcr_json(env, "top", "-n", "2", "--interval", "0.2")
+    smc = [c for c in view["connections"] if c["mode"] == "SMCR" and c["state"] == "ACTIVE"]
+    assert len(smc) == 2 and all("tx_rate" in c for c in smc)  # idle: 0 B/s, but known
+    assert len(view["linkgroups"]) == 2
+    assert {p["pid"] for p in view["processes"]} == {server.p.pid, client.p.pid}
