@@ -60,5 +60,7 @@ def test_smcr_device_lists_roce_and_shm_rnics(tmp_path: Path, monkeypatch: pytes
     shm = [r for r in table if r["type"] == "shm"]
     assert [r["gid"] for r in shm] == [dev.gid.hex()]
     assert sum(r["default"] for r in table) == 1
-    assert text.splitlines()[0].split() == ["Name", "Type", "Netdev", "GID", "MAC", "MTU", "State"]
+    assert text.splitlines()[0].split() == ["Name", "Type", "Netdev", "GID", "MAC", "MTU", "State",
+                                            "Crit", "#Links"]  # (smcr.diag: no process, no link)
+    assert all((r["links"], r["crit"]) == (0, "No") for r in shm)
     assert "roce_lo" in text
