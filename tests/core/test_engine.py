@@ -123,16 +123,21 @@ def test_prefix_mismatch_declines_diffprefix() -> None:
                     peer_code=DeclineCode.DIFFPREFIX) in p.client.events
 
 
-def test_smcr_v2_only_proposal_declines_noueid() -> None:
+@pytest.mark.parametrize(("eids", "code"), [
+    ((b"X".ljust(32),), DeclineCode.NOSMCDEV),  # a UEID we lack: smc_find_rdma_v1_device_serv
+    ((), DeclineCode.NOUEID),  # no UEID at all: smc_listen_v2_check
+])
+def test_smcr_v2_only_proposal_without_common_ueid_declines_as_linux(
+        eids: tuple[bytes, ...], code: DeclineCode) -> None:
     p = Pair()
     s = 7
     p.tcp[("server", s)] = ("client", 8)
     p.tcp[("client", 8)] = ("server", s)
     p.run(p.server, p.server.engine.accept(s, p.fabric.alloc(65536),
                                            ipaddress.IPv4Address("127.0.0.1"), 0))
-    v2 = ClcProposal.smcr_v2(bytes(16), (b"X".ljust(32),)).encode()
+    v2 = ClcProposal.smcr_v2(bytes(16), eids).encode()
     p.run(p.server, p.server.engine.receive_clc(s, v2, 0.0))
-    assert FellBack(conn=s, local_code=DeclineCode.NOUEID, peer_code=0) in p.server.events
+    assert FellBack(conn=s, local_code=code, peer_code=0) in p.server.events
 
 
 def test_accept_naming_unknown_link_declines_syncerr_out_of_sync() -> None:
@@ -431,16 +436,21 @@ def test_rkey_refused_before_the_confirm_aborts_once_the_handshake_is_done() -> 
     assert _aborted(p.server, s2) and _aborted(p.client, c2)
 
 
-def test_smcd_only_proposal_declines_nosmcrdev() -> None:
+@pytest.mark.parametrize(("prefix", "code"), [
+    (IpPrefixArea(ipaddress.IPv4Address("127.0.0.0"), 8), DeclineCode.NOSMCDDEV),
+    (IpPrefixArea(), DeclineCode.DIFFPREFIX),  # the prefix check's reason comes first
+])
+def test_smcd_only_proposal_declines_as_linux(prefix: IpPrefixArea, code: DeclineCode) -> None:
+    """Linux ``smc_listen_find_device``: no ISM device, no SMC-R offered."""
     p = Pair()
     s = 9
     p.tcp[("server", s)] = ("client", 10)
     p.run(p.server, p.server.engine.accept(s, p.fabric.alloc(65536),
                                            ipaddress.IPv4Address("127.0.0.1"), 0.0))
     smcd = ClcProposal(version=2, typev1=SmcType.D, typev2=SmcType.N, ip_area_offset=40,
-                       ism_gid=5, prefix=IpPrefixArea())
+                       ism_gid=5, prefix=prefix)
     p.run(p.server, p.server.engine.receive_clc(s, smcd.encode(), 0.0))
-    assert FellBack(conn=s, local_code=DeclineCode.NOSMCRDEV, peer_code=0) in p.server.events
+    assert FellBack(conn=s, local_code=code, peer_code=0) in p.server.events
 
 
 def test_silent_server_after_confirm_client_declines_timeout_cl() -> None:

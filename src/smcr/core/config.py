@@ -30,7 +30,13 @@ class Config:
     max_conns: int = 255
     """Connections per link group (Linux ``SMC_RMBS_PER_LGR_MAX``)."""
     max_links: int = 2
-    """Advertised in CONFIRM LINK (Linux ``SMC_LINKS_ADD_LNK_MAX``)."""
+    """Advertised in a v1 CONFIRM LINK (Linux ``SMC_LINKS_ADD_LNK_MAX``)."""
+    max_links_v2: int = 1
+    """SMC-Rv2.1 link negotiation: the most links per link group we offer (Linux sysctl
+    ``net.smc.smcr_max_links_per_lgr``, default 2 there).  1 here: smcr runs one link
+    per group, and a peer that negotiated 1 neither offers a second link nor waits
+    ~3 s for one after first contact (Linux ``smcr_clnt_conf_first_link``).  A peer
+    that offers one anyway (v2.0, or 2 configured) is rejected as Linux rejects it."""
     lgr_linger_server: float = 600.0
     """An empty link group is kept this long for reuse, then ended (Linux, server)."""
     lgr_linger_client: float = 610.0
@@ -41,8 +47,16 @@ class Config:
 
 @dataclass(frozen=True, slots=True)
 class LocalIdentity:
-    """This system as CLC and LLC describe it: RNIC GID and MAC, and the peer ID."""
+    """This system as CLC and LLC describe it: RNIC GID and MAC, the peer ID, and
+    what SMC-Rv2 needs besides (host name, whether the GID is usable for v2)."""
 
     gid: bytes
     mac: bytes
     peer_id: bytes
+    hostname: bytes = b" " * 32
+    """The 32-byte, blank-padded host name of the v2 first-contact extension
+    (Linux ``smc_clc_init``: the node name)."""
+    v2_capable: bool = True
+    """Whether :attr:`gid` serves SMC-Rv2 (Linux: an IPv4-mapped RoCE v2 GID on the TCP
+    connection's netdev, ``smc_ib_determine_gid`` with ``smcrv2``); the shm RNIC's
+    opaque GID serves it between smcr peers."""

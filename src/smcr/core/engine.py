@@ -35,6 +35,7 @@ import itertools
 from collections import deque
 from typing import Protocol
 
+from smcr.core import llc_msgs, negotiation
 from smcr.core.close import SmcState
 from smcr.core.config import Config, LocalIdentity
 from smcr.core.connection import Connection, Rmb
@@ -55,10 +56,8 @@ from smcr.core.handshake import (
     Handshake,
     HsState,
     IpAddress,
-    check_proposal,
-    prefix_area,
 )
-from smcr.core.linkgroup import Link, LinkGroup, LinkState, Role
+from smcr.core.linkgroup import Link, LinkGroup, LinkState, Role, V2Terms
 from smcr.core.llc import LinkLayer
 from smcr.wire.clc import (
     ClcAccept,
@@ -72,15 +71,9 @@ from smcr.wire.clc import (
 from smcr.wire.clc_header import EYECATCHER_SMCR
 from smcr.wire.decline import DeclineCode
 from smcr.wire.errors import WireError
-from smcr.wire.llc import (
-    ConfirmLink,
-    ConfirmRkey,
-    DeleteLinkReason,
-    DeleteRkey,
-)
+from smcr.wire.llc import DeleteLinkReason
 
 DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
-UNCONFIRMED_RKEY = "the peer did not confirm the RMB's rkey (CONFIRM RKEY)"
 
 
 class Provider(Protocol):
@@ -109,8 +102,9 @@ class Engine(LinkLayer):
         self.touched: set[int] = set()
         """Connections whose cursors or state changed since the host last cleared it."""
         self._llc_handlers = self._llc_table()
-        self._unconfirmed: set[int] = set()
-        """Handshakes whose RMB's CONFIRM RKEY failed before they ended (:meth:`_confirm_rkey`)."""
+        self.ueids: tuple[bytes, ...] = ()
+        """The host's user EIDs (:mod:`smcr.ueid`), kept current by the host: a
+        Proposal offers SMC-Rv2 only with one, a server chooses v2 only on a common one."""
 
     # ================================================================= output
 
@@ -152,11 +146,9 @@ class Engine(LinkLayer):
         hs = Handshake(conn, True, HsState.PROPOSAL_SENT, now + self.config.clc_wait, rmb,
                        local_ip, sndbuf_size=sndbuf_size)  # fmt: skip
         self.handshakes[conn] = hs
-        area = prefix_area(local_ip)
-        proposal = ClcProposal.smcr_v1(
-            ident.peer_id, ident.gid, ident.mac, outgoing_subnet=area.outgoing_subnet,
-            prefix_len=area.prefix_len, ipv6_prefixes=area.ipv6_prefixes,
-        )  # fmt: skip
+        proposal = negotiation.proposal(ident, local_ip, self.ueids, self.config)
+        hs.offered_v2 = proposal.v2_extension is not None
+        hs.version = 1  # Linux: v1 Declines before an Accept, unless ISMv2-capable
         return [SendClc(conn, proposal.encode())]
 
     def accept(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float,
@@ -241,8 +233,10 @@ class Engine(LinkLayer):
             hs.lgr.conns[conn.token] = conn
         return conn
 
-    def _new_lgr(self, role: Role, peer_id: bytes) -> tuple[LinkGroup, Link]:
+    def _new_lgr(self, role: Role, peer_id: bytes,
+                 terms: V2Terms | None = None) -> tuple[LinkGroup, Link]:  # fmt: skip
         lgr = LinkGroup(next(self._lgr_ids), role, peer_id)
+        lgr.version, lgr.terms = (1, None) if terms is None else (2, terms)
         qpn, psn = self.provider.new_qp()
         link = Link(qpn, psn, lgr, link_id=1)
         lgr.links.append(link)
@@ -255,12 +249,16 @@ class Engine(LinkLayer):
 
     def _client_accept(self, hs: Handshake, acc: ClcAccept, now: float, out: list[Action]) -> None:
         """``smc_connect_rdma``: first contact builds a link group, else find the named link."""
-        hs.version = acc.version
+        hs.version = 1 if acc.version == 1 else 2
         hs.accept = acc
+        hs.terms = negotiation.check_accept(acc, hs.offered_v2)
+        hs.smc_version = 1 if hs.terms is None else 2
         if hs.rmb is None:
             raise Decline(DeclineCode.MEM, "no buffer for the connection")
         if acc.first_contact:
-            lgr, link = self._new_lgr(Role.CLIENT, acc.peer_id)
+            lgr, link = self._new_lgr(Role.CLIENT, acc.peer_id, hs.terms)
+            if acc.fce is not None:  # smc_conn_save_peer_info_fce
+                lgr.peer_hostname, lgr.peer_release = acc.fce.hostname, acc.fce.release
             link.peer_qpn, link.peer_psn, link.peer_gid, link.peer_mac = (
                 acc.qpn, acc.psn, acc.gid, acc.mac)  # fmt: skip
             link.mtu = min(acc.qp_mtu, self.config.qp_mtu)
@@ -272,63 +270,57 @@ class Engine(LinkLayer):
             hs.state = HsState.CONFIRM_LINK_WAIT
             hs.deadline = now + self.config.llc_wait_first
             return
-        found = self._find_client_link(acc)
+        found = self._find_client_link(acc, hs.smc_version)
         if found is None:
             raise Decline(DeclineCode.SYNCERR, "Accept names a link we do not have")
         hs.lgr, hs.link = found.lgr, found
         conn = self._new_conn(hs, hs.rmb)
         self._attach(conn, found, acc)
-        out.append(SendClc(hs.conn, self._confirm(hs, found).encode()))
-        self._confirm_rkey(found.lgr, conn, hs.rmb, now, out)
-        self._complete(hs, out)
+        hs.state = HsState.CLIENT_RKEY_WAIT
+        hs.deadline = now + self.config.clc_wait
+        request = llc_msgs.confirm_rkey(found.lgr, hs.rmb.rkey, hs.rmb.vaddr)
+        self._start_flow(found.lgr, request, lambda ok, t: self._client_rkey_done(hs, ok, t),
+                         now, out)  # fmt: skip
 
-    def _find_client_link(self, acc: ClcAccept) -> Link | None:
+    def _find_client_link(self, acc: ClcAccept, version: int) -> Link | None:
+        """``smcr_lgr_match`` as client: same peer, the link the Accept names (its QPN
+        and GID, and in v1 its MAC)."""
         for lgr in self.lgrs.values():
             if lgr.role is Role.CLIENT and lgr.peer_id == acc.peer_id and not lgr.terminated:
                 link = lgr.active_link
-                if link and (link.peer_qpn, link.peer_gid, link.peer_mac) == (
-                    acc.qpn, acc.gid, acc.mac):  # fmt: skip
+                if (link and (link.peer_qpn, link.peer_gid) == (acc.qpn, acc.gid)
+                        and (version >= 2 or link.peer_mac == acc.mac)):  # fmt: skip
                     return link
         return None
 
-    def _confirm_rkey(self, lgr: LinkGroup, conn: Connection, rmb: Rmb, now: float,
-                      out: list[Action]) -> None:  # fmt: skip
-        """CONFIRM RKEY for a connection's RMB in a reused link group (``smcr_lgr_reg_rmbs``),
-        not waited for.
-
-        Linux sends its CLC Accept or Confirm only after the response; here the CLC
-        message goes at once: on a link group of one link the peer writes with the
-        rkey the CLC message itself carries, and the response adds nothing the
-        connection needs (a Linux peer runs our rkey flow beside its own, as it
-        lets CONFIRM RKEY flows of both sides run at once).  That saves an LLC
-        round trip per side on every connection set-up.  A refusal (the peer's
-        rkey table full, or no answer) kills the connection: an abort CDC, and
-        ``ECONNRESET`` here; where Linux would decline ``ERR_RTOK`` or ``ERR_REGBUF``,
-        the CLC message that makes a Decline impossible is out already.
-        """
-        request = ConfirmRkey(rmb_key=rmb.rkey, rmb_vaddr=rmb.vaddr)
-
-        def done(ok: bool, t: float) -> list[Action]:
-            actions: list[Action] = []
-            if ok or lgr.terminated or self.conns.get(conn.id) is not conn:
-                return actions  # (a group's end resets or declines its connections itself)
-            if conn.id in self.handshakes:  # a server still waiting for the Confirm: the
-                self._unconfirmed.add(conn.id)  # client is past Declines; abort when done
-            else:
-                self._abort(conn, UNCONFIRMED_RKEY, actions)
-                self.touched.add(conn.id)
-            return actions
-
-        self._start_flow(lgr, request, done, now, out)
+    def _client_rkey_done(self, hs: Handshake, ok: bool, now: float) -> list[Action]:
+        out: list[Action] = []
+        if self.handshakes.get(hs.conn) is not hs:
+            return out
+        if not ok:
+            self._decline(hs, DeclineCode.ERR_RTOK, out)
+            return out
+        assert hs.link is not None
+        out.append(SendClc(hs.conn, self._confirm(hs, hs.link).encode()))
+        self._complete(hs, out)
+        return out
 
     def _confirm(self, hs: Handshake, link: Link) -> ClcConfirm:
+        """Our Confirm (``smcr_clc_prep_confirm_accept``): v2 adds the EID and, on first
+        contact, the first-contact extension and our GID list (``smc_fill_gid_list``)."""
         assert hs.rmb is not None
-        ident = self.identity
+        ident, terms = self.identity, hs.terms
+        v2: dict[str, object] = {}
+        if terms is not None:
+            v2 = {"eid": terms.eid}
+            if hs.first_contact:
+                v2 |= {"fce": negotiation.first_contact_ext(terms, ident),
+                       "gid_list": (ident.gid,)}  # fmt: skip
         return ClcConfirm(
-            version=1, first_contact=hs.first_contact, peer_id=ident.peer_id, gid=ident.gid,
-            mac=ident.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey, rmbe_alert_token=hs.token,
-            rmbe_size=compress_bufsize(hs.rmb.size), qp_mtu=link.mtu, rmb_vaddr=hs.rmb.vaddr,
-            psn=link.psn,
+            version=hs.smc_version, first_contact=hs.first_contact, peer_id=ident.peer_id,
+            gid=ident.gid, mac=ident.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey,
+            rmbe_alert_token=hs.token, rmbe_size=compress_bufsize(hs.rmb.size),
+            qp_mtu=link.mtu, rmb_vaddr=hs.rmb.vaddr, psn=link.psn, **v2,  # type: ignore[arg-type]
         )  # fmt: skip
 
     # -- server -----------------------------------------------------------
@@ -337,44 +329,68 @@ class Engine(LinkLayer):
                          out: list[Action]) -> None:  # fmt: skip
         """``smc_listen_work``: checks, then reuse a link group or make a first contact."""
         hs.version = 2 if prop.version >= 2 else 1
-        check_proposal(prop, hs.local_ip)
+        choice = negotiation.choose(prop, hs.local_ip, self.ueids, self.identity, self.config)
+        hs.smc_version, hs.terms = choice.version, choice.terms
         if hs.rmb is None:
             raise Decline(DeclineCode.MEM, "no buffer for the connection")
-        link = self._find_server_link(prop)
+        link = self._find_server_link(prop.peer_id, choice)
         if link is None:
-            lgr, link = self._new_lgr(Role.SERVER, prop.peer_id)
-            link.peer_gid, link.peer_mac = prop.gid, prop.mac
+            lgr, link = self._new_lgr(Role.SERVER, prop.peer_id, choice.terms)
+            link.peer_gid, link.peer_mac = choice.peer_gid, choice.peer_mac
             hs.lgr, hs.link, hs.first_contact = lgr, link, True
             self._new_conn(hs, hs.rmb)
             self._send_accept(hs, now, out)
             return
         hs.lgr, hs.link = link.lgr, link
-        conn = self._new_conn(hs, hs.rmb)
-        self._send_accept(hs, now, out)
-        self._confirm_rkey(link.lgr, conn, hs.rmb, now, out)
+        self._new_conn(hs, hs.rmb)
+        hs.state = HsState.SERVER_RKEY_WAIT
+        hs.deadline = now + self.config.clc_wait
+        request = llc_msgs.confirm_rkey(link.lgr, hs.rmb.rkey, hs.rmb.vaddr)
+        self._start_flow(link.lgr, request, lambda ok, t: self._server_rkey_done(hs, ok, t),
+                         now, out)  # fmt: skip
 
-    def _find_server_link(self, prop: ClcProposal) -> Link | None:
-        """``smcr_lgr_match``: same peer, role server, active link to the same GID and MAC."""
+    def _find_server_link(self, peer_id: bytes,
+                          choice: negotiation.ServerChoice) -> Link | None:  # fmt: skip
+        """``smcr_lgr_match`` as server: same peer ID, an active link to the same GID
+        (and in v1 MAC), room for a connection.  As in Linux the group's own version
+        is not compared: its LLC keeps the version it was made with."""
         for lgr in self.lgrs.values():
             if (
                 lgr.role is Role.SERVER
-                and lgr.peer_id == prop.peer_id
+                and lgr.peer_id == peer_id
                 and not lgr.terminated
-                and len(lgr.conns) < self.config.max_conns
+                and len(lgr.conns) < min(self.config.max_conns, lgr.max_conns)
             ):
                 link = lgr.active_link
-                if link and (link.peer_gid, link.peer_mac) == (prop.gid, prop.mac):
+                if (link and link.peer_gid == choice.peer_gid
+                        and (choice.version >= 2 or link.peer_mac == choice.peer_mac)):  # fmt: skip
                     return link
         return None
 
+    def _server_rkey_done(self, hs: Handshake, ok: bool, now: float) -> list[Action]:
+        out: list[Action] = []
+        if self.handshakes.get(hs.conn) is not hs:
+            return out
+        if not ok:
+            self._decline(hs, DeclineCode.ERR_REGBUF, out)
+        else:
+            self._send_accept(hs, now, out)
+        return out
+
     def _send_accept(self, hs: Handshake, now: float, out: list[Action]) -> None:
         assert hs.rmb is not None and hs.link is not None
-        ident, link = self.identity, hs.link
+        ident, link, terms = self.identity, hs.link, hs.terms
+        v2: dict[str, object] = {}
+        if terms is not None:
+            v2 = {"eid": terms.eid}
+            if hs.first_contact:
+                v2["fce"] = negotiation.first_contact_ext(terms, ident)
         acc = ClcAccept(
-            version=1, first_contact=hs.first_contact, peer_id=ident.peer_id, gid=ident.gid,
-            mac=ident.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey, rmbe_alert_token=hs.token,
-            rmbe_size=compress_bufsize(hs.rmb.size), qp_mtu=self.config.qp_mtu,
-            rmb_vaddr=hs.rmb.vaddr, psn=link.psn,
+            version=hs.smc_version, first_contact=hs.first_contact, peer_id=ident.peer_id,
+            gid=ident.gid, mac=ident.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey,
+            rmbe_alert_token=hs.token, rmbe_size=compress_bufsize(hs.rmb.size),
+            qp_mtu=self.config.qp_mtu, rmb_vaddr=hs.rmb.vaddr, psn=link.psn,
+            **v2,  # type: ignore[arg-type]
         )  # fmt: skip
         out.append(SendClc(hs.conn, acc.encode()))
         hs.state = HsState.CONFIRM_WAIT
@@ -388,6 +404,10 @@ class Engine(LinkLayer):
         conn = self.conns[hs.conn]
         if conf.first_contact != hs.first_contact:
             raise Decline(DeclineCode.SYNCERR, "Confirm's first-contact bit differs")
+        if hs.first_contact and hs.terms is not None:
+            hs.terms = link.lgr.terms = negotiation.check_confirm(conf, hs.terms)
+            if conf.fce is not None:  # smc_conn_save_peer_info_fce
+                link.lgr.peer_hostname, link.lgr.peer_release = conf.fce.hostname, conf.fce.release
         self._attach(conn, link, conf)
         if not hs.first_contact:
             self._complete(hs, out)
@@ -396,13 +416,7 @@ class Engine(LinkLayer):
         link.mtu = min(conf.qp_mtu, self.config.qp_mtu)
         out.append(QpToRtr(link.qpn, link.peer_gid, conf.qpn, conf.psn, link.mtu))
         out.append(QpToRts(link.qpn, link.psn))
-        ident = self.identity
-        request = ConfirmLink(
-            sender_mac=ident.mac, sender_gid=ident.gid, sender_qp_num=link.qpn,
-            link_num=link.link_id, link_uid=(link.lgr.lgr_id + link.link_id).to_bytes(4, "big"),
-            max_links=self.config.max_links,
-        )  # fmt: skip
-        self._post_llc(link, request, out)
+        self._post_llc(link, llc_msgs.confirm_link(link, self.identity, self.config), out)
         hs.state = HsState.CONFIRM_LINK_RESP_WAIT
         hs.deadline = now + self.config.llc_wait
 
@@ -429,10 +443,6 @@ class Engine(LinkLayer):
         assert hs.lgr is not None
         self._events.append(HandshakeCompleted(conn=hs.conn, first_contact=hs.first_contact,
                                                lgr_id=hs.lgr.lgr_id))  # fmt: skip
-        if self._unconfirmed and hs.conn in self._unconfirmed:
-            self._unconfirmed.discard(hs.conn)
-            self._abort(conn, UNCONFIRMED_RKEY, out)
-            self.touched.add(conn.id)
 
     def _decline(self, hs: Handshake, code: DeclineCode, out: list[Action]) -> None:
         """Send a Decline and fall back (``smc_connect_decline_fallback``,
@@ -461,7 +471,6 @@ class Engine(LinkLayer):
         self._events.append(HandshakeFailed(conn=hs.conn, reason=reason))
 
     def _drop_conn(self, conn_id: int) -> None:
-        self._unconfirmed.discard(conn_id)
         conn = self.conns.pop(conn_id, None)
         if conn is not None:
             for lgr in self.lgrs.values():
@@ -568,7 +577,7 @@ class Engine(LinkLayer):
                 if not lgr.conns:
                     lgr.idle_since = now
                 if not lgr.terminated and lgr.active_link is not None:
-                    request = DeleteRkey(rkeys=(c.rmb.rkey,))
+                    request = llc_msgs.delete_rkey(lgr, c.rmb.rkey)
                     self._start_flow(lgr, request, lambda ok, t: reuse, now, out)
                     return out
         out += reuse

@@ -31,7 +31,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from smcr.core.connection import Rmb
-from smcr.core.linkgroup import Link, LinkGroup
+from smcr.core.linkgroup import Link, LinkGroup, V2Terms
 from smcr.wire.clc import ClcAccept, ClcProposal, ClcReader, ClcType
 from smcr.wire.clc_proposal import IpPrefixArea, Ipv6Prefix
 from smcr.wire.decline import DeclineCode
@@ -90,6 +90,9 @@ class Handshake:
     accept: ClcAccept | None = None
     token: int = 0
     sndbuf_size: int = 0  # the connection's send buffer; 0: the engine config's
+    offered_v2: bool = False  # client: the Proposal offered SMC-Rv2
+    smc_version: int = 1  # the SMC-R version chosen (server) or accepted (client)
+    terms: V2Terms | None = None  # v2: what was negotiated
 
 
 def prefix_area(ip: IpAddress) -> IpPrefixArea:

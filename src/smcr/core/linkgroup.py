@@ -24,6 +24,27 @@ from smcr.core.connection import Connection
 from smcr.core.events import Action
 from smcr.wire.llc import LlcMessage
 
+SMC_FEATURE_MASK = 0x0001
+"""``SMC_FEATURE_MASK`` (``SMC_SPF_EMULATED_ISM_DEV``), what Linux 6.12 sends."""
+
+
+@dataclass(frozen=True, slots=True)
+class V2Terms:
+    """What an SMC-Rv2 link group was agreed with (Linux ``smc_init_info`` v2 fields).
+
+    :param eid: the negotiated EID, 32 bytes.
+    :param release: the SMC release both use (0 = v2.0, 1 = v2.1).
+    :param max_conns: connections per link group (v2.1).
+    :param max_links: links per link group (v2.1).
+    :param feature_mask: the common supplemental features.
+    """
+
+    eid: bytes
+    release: int = 1
+    max_conns: int = 255
+    max_links: int = 2
+    feature_mask: int = SMC_FEATURE_MASK
+
 
 class LinkState(enum.Enum):
     """Linux ``enum smc_link_state``; values as ``smcr link-show`` prints them."""
@@ -95,6 +116,17 @@ class LinkGroup:
     peer_rkeys: set[int] = field(default_factory=set)  # confirmed peer RMBs (rtokens)
     terminated: bool = False
     idle_since: float | None = None  # when the last connection left
+    version: int = 1
+    """SMC-R version of the group (Linux ``lgr->smc_version``): its LLC messages are
+    v2 (byte 0 ``0x2X``, 16-bit length) in a v2 group."""
+    terms: V2Terms | None = None  # v2: negotiated EID, release, max conns/links
+    peer_hostname: bytes = b""  # v2: from the peer's first-contact extension
+    peer_release: int = 0
+
+    @property
+    def max_conns(self) -> int:
+        """Connections this group may hold (v2.1 negotiates it; else Linux's 255)."""
+        return self.terms.max_conns if self.terms is not None else 255
 
     @property
     def active_link(self) -> Link | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from smcr.core import llc_msgs
 from smcr.core.close import SmcState
 from smcr.core.config import Config, LocalIdentity
 from smcr.core.connection import CDC, Connection, PeerFaultError
@@ -38,13 +39,16 @@ from smcr.wire.llc import (
     LLC_FLAG_NO_RMBE_EYEC,
     LLC_FLAG_RKEY_NEG,
     AddLink,
+    AddLinkV2,
     ConfirmLink,
     ConfirmRkey,
     DeleteLink,
     DeleteLinkReason,
     DeleteRkey,
+    DeleteRkeyV2,
     LlcMessage,
     LlcType,
+    RequestAddLinkV2,
     TestLink,
     decode_llc,
 )
@@ -91,6 +95,14 @@ class LinkLayer:
             LlcType.DELETE_RKEY: self._llc_delete_rkey,
             LlcType.TEST_LINK: self._llc_test_link,
             LlcType.CONFIRM_RKEY_CONT: self._llc_ignore,
+            # v2 variants share the v1 handlers, as Linux takes the type's low nibble
+            LlcType.CONFIRM_LINK_V2: self._llc_confirm_link,
+            LlcType.ADD_LINK_V2: self._llc_add_link,
+            LlcType.DELETE_LINK_V2: self._llc_delete_link,
+            LlcType.REQ_ADD_LINK_V2: self._llc_req_add_link,
+            LlcType.CONFIRM_RKEY_V2: self._llc_confirm_rkey,
+            LlcType.DELETE_RKEY_V2: self._llc_delete_rkey,
+            LlcType.TEST_LINK_V2: self._llc_test_link,
         }
 
     # the engine's handshake steps that LLC events finish or abort
@@ -227,13 +239,7 @@ class LinkLayer:
             return
         link.link_id = msg.link_num
         out.append(QpToRts(link.qpn, link.psn))
-        ident = self.identity
-        response = ConfirmLink(
-            flags=msg.flags | 0x80 | LLC_FLAG_NO_RMBE_EYEC, sender_mac=ident.mac,
-            sender_gid=ident.gid, sender_qp_num=link.qpn, link_num=link.link_id,
-            link_uid=(link.lgr.lgr_id + link.link_id).to_bytes(4, "big"),
-            max_links=self.config.max_links,
-        )  # fmt: skip
+        response = llc_msgs.confirm_link(link, self.identity, self.config, response=True)
         self._post_llc(link, response, out)
         self._link_up(link, now)
         self._complete(hs, out)
@@ -250,12 +256,25 @@ class LinkLayer:
         link.lgr.lgr_type = LgrType.SINGLE
 
     def _llc_add_link(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
-        assert isinstance(msg, AddLink)
+        assert isinstance(msg, AddLink | AddLinkV2)
         if msg.is_response:
             self._drop(link.qpn, "ADD LINK response without a request")
         elif link.lgr.role is Role.CLIENT:
-            self._post_llc(link, msg.reject(), out)  # no second RNIC
+            # no second RNIC (smc_llc_cli_add_link -> smc_llc_cli_add_link_reject); a v2
+            # reject is the request's first 44 bytes, the header rewritten
+            self._post_llc(link, msg.reject(), out)
         # as server: a client's invitation; we have no second path to offer
+
+    def _llc_req_add_link(self, link: Link, msg: LlcMessage, now: float,
+                          out: list[Action]) -> None:  # fmt: skip
+        """REQUEST ADD LINK v2 (client -> server): Linux ``smc_llc_srv_add_link`` adds
+        no link without a second path and always answers with the zeroed response
+        (``smc_llc_send_req_add_link_response``)."""
+        assert isinstance(msg, RequestAddLinkV2)
+        if msg.is_response or link.lgr.role is Role.CLIENT:
+            self._drop(link.qpn, "REQUEST ADD LINK not for us")
+            return
+        self._post_llc(link, msg.response(), out)
 
     def _llc_delete_link(self, link: Link, msg: LlcMessage, now: float,
                          out: list[Action]) -> None:  # fmt: skip
@@ -265,8 +284,8 @@ class LinkLayer:
             return
         if msg.is_all:
             if lgr.role is Role.SERVER:
-                self._post_llc(link, DeleteLink(flags=LLC_FLAG_DEL_LINK_ALL, reason=msg.reason),
-                               out)  # fmt: skip
+                request = llc_msgs.delete_link(lgr, LLC_FLAG_DEL_LINK_ALL, msg.reason)
+                self._post_llc(link, request, out)
             self._terminate(lgr, f"peer deleted all links (reason 0x{msg.reason:08x})", out)
             return
         known = msg.link_num == link.link_id
@@ -286,17 +305,21 @@ class LinkLayer:
 
     def _llc_delete_rkey(self, link: Link, msg: LlcMessage, now: float,
                          out: list[Action]) -> None:  # fmt: skip
-        assert isinstance(msg, DeleteRkey)
+        assert isinstance(msg, DeleteRkey | DeleteRkeyV2)
         if msg.is_response:
             self._flow_response(link.lgr, msg, True, now, out)
             return
-        mask = 0
+        mask = invalid = 0
         for i, rkey in enumerate(msg.rkeys):
             if rkey in link.lgr.peer_rkeys:
                 link.lgr.peer_rkeys.discard(rkey)
             else:
                 mask |= 0x80 >> i
-        self._post_llc(link, msg.response(mask), out)
+                invalid += 1
+        # v1: a mask of the unknown ones; v2: their number, the list zeroed
+        # (smc_llc_rmt_delete_rkey)
+        response = msg.response(invalid) if isinstance(msg, DeleteRkeyV2) else msg.response(mask)
+        self._post_llc(link, response, out)
 
     def _llc_test_link(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
         assert isinstance(msg, TestLink)
@@ -380,7 +403,7 @@ class LinkLayer:
         if link is None or link.state is not LinkState.LINK_ACTIVE or link.lgr.terminated:
             return out
         if link.test_deadline is None:
-            self._post_llc(link, TestLink(), out)
+            self._post_llc(link, llc_msgs.test_link(link.lgr), out)
             link.test_deadline = now + self.config.llc_wait
         return out
 
@@ -388,7 +411,7 @@ class LinkLayer:
         link = lgr.active_link
         if link is not None:
             flags = LLC_FLAG_DEL_LINK_ALL | LLC_FLAG_DEL_LINK_ORDERLY
-            self._post_llc(link, DeleteLink(flags=flags, reason=reason), out)
+            self._post_llc(link, llc_msgs.delete_link(lgr, flags, reason), out)
         self._terminate(lgr, text, out)
 
     def _terminate(self, lgr: LinkGroup, reason: str, out: list[Action],
@@ -447,6 +470,6 @@ class LinkLayer:
             if now >= link.test_deadline:
                 self._terminate(link.lgr, "TEST LINK not answered", out)
         elif now >= link.last_rx + period:
-            self._post_llc(link, TestLink(), out)
+            self._post_llc(link, llc_msgs.test_link(link.lgr), out)
             link.test_deadline = now + self.config.llc_wait
 

@@ -399,6 +399,37 @@ class ClcProposal:
         )
 
     @classmethod
+    def smcr_v1_v2(
+        cls,
+        peer_id: bytes,
+        gid: bytes,
+        mac: bytes,
+        v2_extension: V2Extension,
+        *,
+        outgoing_subnet: ipaddress.IPv4Address = _ZERO_IPV4,
+        prefix_len: int = 0,
+        ipv6_prefixes: tuple[Ipv6Prefix, ...] = (),
+    ) -> ClcProposal:
+        """The Proposal Linux sends offering SMC-R v1 and v2 (``smc_clc_send_proposal``).
+
+        v2 header, ``typev1 = R``, ``typev2 = R``: byte 7 ``0x20``, the v1 part
+        (peer ID, GID, MAC, IP-area offset 40, prefix area at 80) and then the
+        v2 extension (v2-extension offset 28 + prefix area size);
+        ``92 + 40 + 32k`` bytes for IPv4 and k user EIDs (spec §2.3.5).
+        """
+        return cls(
+            version=2,
+            typev1=SmcType.R,
+            typev2=SmcType.R,
+            peer_id=peer_id,
+            gid=gid,
+            mac=mac,
+            ip_area_offset=_AREA_LEN,
+            prefix=IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes),
+            v2_extension=v2_extension,
+        )
+
+    @classmethod
     def rfc_v1(
         cls,
         peer_id: bytes,

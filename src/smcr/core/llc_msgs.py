@@ -1,0 +1,82 @@
+"""The LLC messages a link group sends, v1 or v2 as the group is (Linux ``smc_llc.c``).
+
+Why a module: Linux builds every LLC message through ``smc_llc_init_msg_hdr``,
+which writes the v2 header (type ``0x20 | t``, 16-bit length) when the link
+group is SMC-Rv2 (``lgr->smc_version``) and the v1 header otherwise; the
+bodies are the same.  The engine asks here for the message it wants and gets
+the class of its group's version, so no flow needs to know the version.
+
+Responses: Linux echoes some requests with only the response flag added
+(TEST LINK, DELETE LINK: the header stays the peer's) and rebuilds others
+(CONFIRM RKEY, DELETE RKEY, ADD LINK reject, REQUEST ADD LINK response: the
+header is rewritten in the group's version); the wire codecs' ``response`` /
+``reject`` methods do each the way Linux does, so the handlers call those.
+"""
+
+from __future__ import annotations
+
+from smcr.core.config import Config, LocalIdentity
+from smcr.core.linkgroup import Link, LinkGroup
+from smcr.wire.llc import (
+    LLC_FLAG_NO_RMBE_EYEC,
+    LLC_FLAG_RESP,
+    ConfirmLink,
+    ConfirmLinkV2,
+    ConfirmRkey,
+    ConfirmRkeyV2,
+    DeleteLink,
+    DeleteLinkV2,
+    DeleteRkey,
+    DeleteRkeyV2,
+    LlcMessage,
+    TestLink,
+    TestLinkV2,
+)
+
+_RELEASE_1 = 1
+
+
+def confirm_link(link: Link, identity: LocalIdentity, config: Config,
+                 response: bool = False) -> ConfirmLink:  # fmt: skip
+    """CONFIRM LINK request or response on ``link`` (``smc_llc_send_confirm_link``).
+
+    Max links is ``SMC_LINKS_ADD_LNK_MAX`` (:attr:`Config.max_links`); a v2 group
+    whose peer speaks v2.1 carries the negotiated max conns and max links instead.
+    """
+    lgr = link.lgr
+    fields = {
+        "flags": LLC_FLAG_NO_RMBE_EYEC | (LLC_FLAG_RESP if response else 0),
+        "sender_mac": identity.mac, "sender_gid": identity.gid, "sender_qp_num": link.qpn,
+        "link_num": link.link_id,
+        "link_uid": ((lgr.lgr_id + link.link_id) & 0xFFFFFFFF).to_bytes(4, "big"),
+        "max_links": config.max_links,
+    }  # fmt: skip
+    if lgr.version < 2:
+        return ConfirmLink(**fields)  # type: ignore[arg-type]
+    if lgr.terms is not None and lgr.peer_release >= _RELEASE_1:
+        fields |= {"max_links": lgr.terms.max_links, "max_conns": lgr.terms.max_conns}
+    return ConfirmLinkV2(**fields)  # type: ignore[arg-type]
+
+
+def confirm_rkey(lgr: LinkGroup, rkey: int, vaddr: int) -> ConfirmRkey:
+    """CONFIRM RKEY for a new RMB (``smc_llc_send_confirm_rkey``; one link: no others)."""
+    cls = ConfirmRkeyV2 if lgr.version >= 2 else ConfirmRkey
+    return cls(rmb_key=rkey, rmb_vaddr=vaddr)
+
+
+def delete_rkey(lgr: LinkGroup, rkey: int) -> LlcMessage:
+    """DELETE RKEY for a released RMB (``smc_llc_send_delete_rkey``: one rkey)."""
+    if lgr.version >= 2:
+        return DeleteRkeyV2.request((rkey,))
+    return DeleteRkey(rkeys=(rkey,))
+
+
+def test_link(lgr: LinkGroup) -> TestLink:
+    """TEST LINK request (``smc_llc_send_test_link``)."""
+    return TestLinkV2() if lgr.version >= 2 else TestLink()
+
+
+def delete_link(lgr: LinkGroup, flags: int, reason: int, link_num: int = 0) -> DeleteLink:
+    """DELETE LINK request (``smc_llc_send_delete_link``)."""
+    cls = DeleteLinkV2 if lgr.version >= 2 else DeleteLink
+    return cls(flags=flags, link_num=link_num, reason=reason)
