@@ -107,6 +107,15 @@ def open_roce(key: str) -> RoceDevice:
     return RoceDevice(address, ifname=ifname or None)
 
 
+def serves_v2(device: Device) -> bool:
+    """Whether the RNIC's GID serves SMC-Rv2 (Linux ``smc_ib_determine_gid`` with
+    ``smcrv2``: a RoCE v2 GID that is an IPv4-mapped address).  A RoCE RNIC on an IPv6
+    address does not; the shm RNIC's opaque GID does, between smcr peers."""
+    if not isinstance(device, RoceDevice):
+        return True
+    return device.gid[:12] == bytes(10) + b"\xff\xff"
+
+
 def prefix_ip(device: Device, local_ip: IpAddress) -> IpAddress:
     """The TCP local address as the CLC prefix check should see it (module docstring).
 

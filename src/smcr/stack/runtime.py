@@ -107,6 +107,8 @@ from smcr.rdma import (
 from smcr.rdma.base import Device, QueuePair
 from smcr.rdma.shm import ShmDevice
 from smcr.stack import devices
+from smcr.ueid import UeidTable
+from smcr.wire.clc import make_hostname
 from smcr.wire.decline import DeclineCode
 
 _DEBUG = bool(os.environ.get("SMCR_DEBUG"))
@@ -240,8 +242,12 @@ class Stack:
         self.cq = self.device.create_cq(1 << 20)
         self.lock = threading.Lock()  # not reentrant: _sleep_on_cq releases it once
         mac = self.device.mac
-        identity = LocalIdentity(self.device.gid, mac, secrets.token_bytes(2) + mac)
+        identity = LocalIdentity(self.device.gid, mac, secrets.token_bytes(2) + mac,
+                                 hostname=make_hostname(socket.gethostname()),
+                                 v2_capable=devices.serves_v2(self.device))  # fmt: skip
         self.engine = Engine(self.config, identity, self)
+        self._ueids = UeidTable()
+        """The host's UEIDs (:mod:`smcr.ueid`), handed to the engine at each handshake."""
         self.qps: dict[int, QueuePair] = {}
         self._qp_setup: dict[int, list[tuple[QpAttr, QpAttrMask]]] = {}
         self.conns: dict[int, HostConn] = {}
@@ -352,6 +358,7 @@ class Stack:
             rmb = Rmb(bufs[0].rkey, bufs[0].addr, bufs[0].length)
             snd = bufs[1].length
         now = time.monotonic()
+        self.engine.ueids = self._ueids.current()  # Linux reads its table at every handshake
         if client:
             actions = self.engine.connect(hc.conn_id, rmb, local_ip, now, snd)
         else:
