@@ -12,8 +12,8 @@ import smcr
 from smcr import ueid
 from smcr.stack.runtime import close_stacks
 from tests.socket import smc_peer
-from tests.socket.conftest import RNICS, Peer
 from tests.socket import v2_peers as peers
+from tests.socket.conftest import RNICS, Peer
 
 
 @RNICS
