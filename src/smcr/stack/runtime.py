@@ -901,6 +901,11 @@ class Stack:
                 elif fd == fds[1]:  # our own doorbell (non-blocking)
                     with contextlib.suppress(OSError):
                         os.read(fd, 4096)
+                    if self._poller == "app" and self._poller_ident != threading.get_ident():
+                        # an app thread took over polling while we slept: the ring (a new
+                        # descriptor to watch) was for it, and it may have gone into its
+                        # poll just after we drained the bell
+                        self.kick()
         self.process(wcs)
 
     def _spin(self, seconds: float) -> list[WorkCompletion]:

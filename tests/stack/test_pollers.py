@@ -1,0 +1,84 @@
+"""Who polls the runtime's CQ and descriptors (``Stack.wait``, the progress thread):
+a ring of the doorbell reaches the thread it was meant for."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from smcr.stack import runtime
+from smcr.stack.runtime import Stack
+
+
+def test_a_ring_drained_by_the_progress_thread_still_wakes_the_app_poller(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """An application thread takes over polling while the progress thread sleeps in its
+    own poll; a ring (a handshake's new descriptor to watch) comes between the app
+    thread's look at what to watch and its poll, and the progress thread drains it.
+    The app thread must wake all the same (it did not: it slept until its deadline,
+    and a handshake it should have watched timed out)."""
+    real_poll = select.poll
+    app = threading.get_ident()  # replaced by the app thread's below
+    about_to_poll, go_on = threading.Event(), threading.Event()
+
+    class HeldPoll:
+        """select.poll whose first poll in the app thread waits for ``go_on``."""
+
+        def __init__(self) -> None:
+            self.inner = real_poll()
+
+        def register(self, *args: Any) -> None:
+            self.inner.register(*args)
+
+        def poll(self, timeout: float | None = None) -> list[tuple[int, int]]:
+            if threading.get_ident() == app and not go_on.is_set():
+                about_to_poll.set()
+                go_on.wait(10)
+            return self.inner.poll(timeout)
+
+    monkeypatch.setattr(runtime.select, "poll", HeldPoll)
+    stack = Stack()  # its progress thread polls through HeldPoll too
+    standby = threading.Event()  # the progress thread gave polling up to the app thread
+    bg_wait = stack._bg_cond.wait
+
+    def watched_wait(timeout: float | None = None) -> bool:
+        if stack._poller == "app":
+            standby.set()
+        return bg_wait(timeout)
+
+    stack._bg_cond.wait = watched_wait  # type: ignore[method-assign]
+    a, b = socket.socketpair()
+    woke: list[bool] = []
+    news = threading.Event()
+
+    def app_thread() -> None:
+        nonlocal app
+        app = threading.get_ident()
+        with stack.lock:
+            hc = stack.new_conn(a)
+            woke.append(stack.wait(hc, news.is_set, time.monotonic() + 60, spin=0.0))
+
+    try:
+        t = threading.Thread(target=app_thread)
+        t.start()
+        assert about_to_poll.wait(10), "the app thread did not get to its poll"
+        standby.clear()
+        with stack.lock:
+            news.set()
+            stack.kick()  # as start_handshake rings after a new descriptor to watch
+        # the progress thread, asleep in its own poll, takes the ring and stands by
+        assert standby.wait(10), "the progress thread did not take the ring"
+        go_on.set()
+        t.join(10)
+        assert not t.is_alive(), "the app poller slept through the ring"
+        assert woke == [True]
+    finally:
+        go_on.set()
+        stack.close()
+        a.close()
+        b.close()
