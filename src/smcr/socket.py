@@ -957,6 +957,20 @@ class SMCSocket(_PlainSocket):
             if total > 0 and seekable:
                 file.seek(offset + total)
 
+    def _sendfile_use_sendfile(self, file: Any, offset: int = 0,
+                               count: int | None = None) -> int:  # fmt: skip
+        """The stdlib's ``os.sendfile`` path of ``sendfile`` (some code calls it by name):
+        in SMC-R mode, ours (:meth:`sendfile`), as ``os.sendfile`` into our
+        ``fileno()`` would write into the readiness descriptor."""
+        if self._mode != "SMCR":
+            return _PlainSocket._sendfile_use_sendfile(self, file, offset, count)  # type: ignore[attr-defined,no-any-return]
+        self._check_sendfile_params(file, offset, count)  # type: ignore[attr-defined]
+        try:  # what os.sendfile refuses, this refuses too (the caller falls back)
+            size = os.fstat(file.fileno()).st_size
+        except (AttributeError, io.UnsupportedOperation, OSError) as err:
+            raise _socket._GiveupOnSendfile(err) from err  # type: ignore[attr-defined]
+        return self.sendfile(file, offset, count) if size else 0
+
     # ------------------------------------------------------------ TCP mode
 
     def _tcp_ok(self) -> None:
