@@ -174,6 +174,7 @@ class SMCSocket(_PlainSocket):
     _info: SmcInfo
     _rd_shut = False
     _wr_shut = False
+    _sent_late = False  # a send after the peer closed was taken (the next one fails)
     _smc_ok = False  # listening: opted in to discovery (its children may use SMC)
     _queue: _AcceptQueue | None = None  # listening: connections of its handshakes
     _connecting: _Connecting | None = None  # a non-blocking connect in progress
@@ -259,6 +260,20 @@ class SMCSocket(_PlainSocket):
         if self._mode in ("INIT", "TCP", "PLAIN") or (self._mode == "LISTEN"
                                                       and self._queue is None):
             _PlainSocket.settimeout(self, value)
+            return
+        readiness = self._readiness()
+        if readiness is not None:  # what fileno() gave out: its O_NONBLOCK as the socket's
+            readiness.set_blocking(value is None)
+
+    def _readiness(self) -> Readiness | None:
+        """The readiness descriptor ``fileno()`` gives out now, if there is one."""
+        if self._mode == "LISTEN" and self._queue is not None and self._queue.pid == os.getpid():
+            return self._queue.readiness
+        if self._mode == "CONNECTING" and self._connecting is not None:
+            return self._connecting.readiness
+        if self._mode == "SMCR" and self._hc is not None:
+            return self._hc.readiness
+        return None
 
     def gettimeout(self) -> float | None:
         """As ``socket.gettimeout``."""
@@ -428,6 +443,7 @@ class SMCSocket(_PlainSocket):
         queue = self._queue
         if queue is None or queue.pid != os.getpid():
             queue = self._queue = _AcceptQueue(self)
+            queue.readiness.set_blocking(self._timeout is None)
             # dropped unclosed: the queue goes too
             self._queue_finalizer = weakref.finalize(self, queue.close)
             _accept_queues.add(queue)
@@ -615,6 +631,12 @@ class SMCSocket(_PlainSocket):
             if c is None or c.reset_reason:
                 raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
             if c.tx_flags or c.peer_closed or self._wr_shut:
+                if c.peer_closed and not (c.tx_flags or self._wr_shut or self._sent_late
+                                          or c.aborted):  # fmt: skip
+                    # as TCP takes the first send after the peer's close (the peer's
+                    # kernel answers it with a reset): the bytes go nowhere
+                    self._sent_late = True
+                    return len(view)
                 raise BrokenPipeError(errno.EPIPE, "Broken pipe")
             inline = stack.max_inline and not flags & _OOB  # max_inline >= any buffer size
             room = c.direct_room() if inline else 0
@@ -828,10 +850,23 @@ class SMCSocket(_PlainSocket):
             return _PlainSocket.sendmsg(self, buffers, *args)
         if len(args) > 3:
             raise TypeError(f"sendmsg() takes at most 4 arguments ({len(args) + 1} given)")
-        ancdata = args[0] if args else ()
-        flags = int(args[1]) if len(args) > 1 else 0
+        ancdata = list(args[0]) if args else []
+        flags = args[1] if len(args) > 1 else 0
+        if not isinstance(flags, int):
+            raise TypeError(f"'{type(flags).__name__}' object cannot be interpreted as an integer")
+        if len(args) > 2 and args[2] is not None and not isinstance(args[2], tuple):
+            raise TypeError(f"{'AF_INET' if self.family == _socket.AF_INET else 'AF_INET6'} "
+                            f"address must be tuple, not {type(args[2]).__name__}")  # fmt: skip
         views = [_byte_view(b) for b in buffers]
-        if any(True for _ in ancdata):
+        for item in ancdata:  # checked as the C code checks them, then refused
+            if not isinstance(item, tuple) or len(item) != 3:
+                raise TypeError("[sendmsg() ancillary data items]() argument must be sequence "
+                                "of length 3")  # fmt: skip
+            level, kind, data = item
+            if not isinstance(level, int) or not isinstance(kind, int):
+                raise TypeError("an integer is required")
+            _byte_view(data)
+        if ancdata:
             raise OSError(errno.EINVAL, "control messages are not supported over SMC-R")
         size = sum(len(v) for v in views)
         if len(views) > 1 and size <= _GATHER_JOIN:
@@ -1015,6 +1050,7 @@ class SMCSocket(_PlainSocket):
         with stack.lock:
             if hc.readiness is None:
                 hc.readiness = Readiness()
+                hc.readiness.set_blocking(self._timeout is None)
                 stack.update_readiness(hc)
             return hc.readiness.fileno()
 
@@ -1061,6 +1097,7 @@ class SMCSocket(_PlainSocket):
     def shutdown(self, how: int) -> None:
         """SHUT_RD, SHUT_WR (done-writing CDC, then TCP FIN, as Linux), SHUT_RDWR."""
         if how not in (_socket.SHUT_RD, _socket.SHUT_WR, _socket.SHUT_RDWR):
+            _PlainSocket.shutdown(self, how)  # OverflowError, TypeError or EINVAL, as TCP's
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         if self._mode != "SMCR":
             self._tcp_ok()

@@ -324,6 +324,18 @@ def line_client(port: str) -> None:
         out(answer=json.loads(answer), client_mode=mode(s))
 
 
+def thread_count(port: str) -> None:
+    """Threads of this process (``_thread._count()``, what CPython's tests compare) before
+    and after an SMC-R connection to a line server."""
+    import _thread  # noqa: PLC0415 - the count CPython's threading_helper reads
+
+    before = _thread._count()
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=20) as s:
+        s.sendall(b"count\n")
+        answer = json.loads(s.makefile("rb").readline())
+    out(before=before, after=_thread._count(), mode=answer["mode"], client_mode=mode(s))
+
+
 def prefork_server(workers: str) -> None:
     """Listen, fork ``workers`` children that accept one client each (the parent never
     accepts): each child answers its mode and pid."""

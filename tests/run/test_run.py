@@ -144,6 +144,16 @@ def test_socketserver_threading_server(servers: list[Server]) -> None:
     assert srv.result() == {"done": True}
 
 
+def test_the_runtime_starts_with_the_interpreter(servers: list[Server]) -> None:
+    """Under smcr run the runtime's threads run from the start: a program's first SMC-R
+    connection adds none (CPython's tests fail a test that leaves a thread behind)."""
+    srv = Server("socketserver_echo", "1")
+    servers.append(srv)
+    found = run("thread_count", srv.port)
+    assert found["mode"] == found["client_mode"] == "SMCR"
+    assert found["before"] == found["after"] > 1
+
+
 def test_forking_server_children_serve_requests_accepted_by_the_parent(
         servers: list[Server]) -> None:  # fmt: skip
     """socketserver.ForkingTCPServer: the parent accepts, a child serves each request over

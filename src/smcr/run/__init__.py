@@ -25,7 +25,9 @@ TCP, as the ``ssl`` module drives the descriptor itself).
 Environment (set by ``smcr run``, read by :func:`install`): ``SMCR_RUN``
 (``1``: install), ``SMC_RCVBUF`` and ``SMC_SNDBUF`` (RMB and send buffer
 sizes, as Linux's smc_run names them), ``SMCR_RUN_DEBUG`` (``1``: a line on
-standard error for each connection: its mode and, for TCP, the reason).
+standard error for each connection: its mode and, for TCP, the reason),
+``SMCR_RUN_EAGER`` (``0``: the runtime starts with the first socket, not with
+the interpreter; see :func:`_start_runtime`).
 """
 
 from __future__ import annotations
@@ -103,6 +105,29 @@ def install() -> None:
         _PATCHES[name](sys.modules[name])
     if waiting:
         sys.meta_path.insert(0, _PatchingFinder(waiting))
+    if os.environ.get("SMCR_RUN_EAGER", "1") != "0":
+        _start_runtime()
+
+
+def _start_runtime() -> None:
+    """Start the runtime with the interpreter: the watcher thread, the default RNIC's
+    runtime and the diag endpoint, whose threads otherwise start with the program's
+    first SMC socket.  Programs and test harnesses that count threads
+    (``threading.active_count()``, ``_thread._count()``: CPython's own tests wait for
+    the count to come back after each test) then see a steady count, as they would
+    without smcr.  Costs each interpreter a few milliseconds at start
+    (``SMCR_RUN_EAGER=0`` leaves it to the first socket).  A failure is left for
+    that first socket to meet."""
+    from smcr import diag  # noqa: PLC0415
+    from smcr.stack.runtime import get_stack  # noqa: PLC0415
+    from smcr.stack.watcher import get_watcher  # noqa: PLC0415
+
+    try:
+        get_watcher()
+        get_stack()
+        diag.start()
+    except (OSError, ValueError):
+        pass
 
 
 def _patch_ssl(ssl: types.ModuleType) -> None:

@@ -139,6 +139,9 @@ SPIN = float(os.environ.get("SMCR_SPIN_US", "50")) / 1e6
 """How long an application thread that waits polls the CQ before it arms it and sleeps."""
 
 
+_DONTWAIT = socket.MSG_DONTWAIT
+
+
 class Readiness:
     """A descriptor whose readability/writability the runtime sets (see module doc).
 
@@ -154,6 +157,13 @@ class Readiness:
         self.readable = False
         self.writable = True
 
+    def set_blocking(self, blocking: bool) -> None:
+        """Give the application's descriptor the socket's blocking mode (``O_NONBLOCK``),
+        for programs that look at the flag of what ``fileno()`` returned; the runtime's
+        own reads and writes of it never block either way."""
+        with contextlib.suppress(OSError):
+            os.set_blocking(self.a.fileno(), blocking)
+
     def fileno(self) -> int:
         """The application's descriptor."""
         return self.a.fileno()
@@ -164,21 +174,21 @@ class Readiness:
             self.readable = readable
             if readable:
                 with contextlib.suppress(OSError):
-                    self.b.send(b"r")
+                    self.b.send(b"r", _DONTWAIT)
             else:
                 with contextlib.suppress(OSError):
-                    while self.a.recv(4096):
+                    while self.a.recv(4096, _DONTWAIT):
                         pass
         if writable != self.writable:
             self.writable = writable
             if writable:
                 with contextlib.suppress(OSError):
-                    while self.b.recv(65536):
+                    while self.b.recv(65536, _DONTWAIT):
                         pass
             else:
                 with contextlib.suppress(OSError):
                     while True:
-                        self.a.send(bytes(4096))
+                        self.a.send(bytes(4096), _DONTWAIT)
 
     def close(self) -> None:
         """Release both ends (the application's end may have been closed under us by a

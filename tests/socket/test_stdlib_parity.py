@@ -1,0 +1,118 @@
+"""What CPython's own socket tests check, held against plain TCP in the same test: the
+answers an SMC-R socket gives where a program looks at the socket API's edges (a send
+after the peer closed, bad sendmsg and shutdown arguments, the blocking flag of the
+descriptor ``fileno()`` returns)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from collections.abc import Callable
+
+import pytest
+
+import smcr
+from tests.socket.test_error_paths import outcome, pair, wait_until
+
+Story = Callable[[socket.socket, socket.socket], list[object]]
+
+
+def both(story: Story) -> tuple[list[object], list[object]]:
+    with pair("tcp") as (a, b):
+        tcp = story(a, b)
+    with pair("smc") as (a, b):
+        smc = story(a, b)
+    return tcp, smc
+
+
+def send_after_peer_close(a: socket.socket, b: socket.socket) -> list[object]:
+    """The peer closes; we send until a send fails (TCP: the first is taken, the peer's
+    reset makes a later one fail)."""
+    b.close()
+    assert a.recv(10) == b""  # its close has arrived
+    seen: list[object] = [outcome(lambda: a.send(b"late"))]
+    failed: list[object] = []
+
+    def fails() -> bool:
+        result = outcome(lambda: a.send(b"x"))
+        if not isinstance(result, int):
+            failed.append(result)
+        return bool(failed)
+
+    assert wait_until(fails)
+    return seen + failed
+
+
+def test_a_send_after_the_peer_closed_is_taken_once_as_on_tcp() -> None:
+    tcp, smc = both(send_after_peer_close)
+    assert tcp[0] == smc[0] == 4
+    assert tcp[1] in (BrokenPipeError, ConnectionResetError) and smc[1] is BrokenPipeError
+
+
+def bad_sendmsg(a: socket.socket, b: socket.socket) -> list[object]:
+    """What the C sendmsg rejects before sending anything (TypeError), then one that goes."""
+    msg = b"m"
+    seen: list[object] = []
+    for args in ((b"not in an iterable",), (object(),), ([object()],), ([msg, object()],),
+                 ([msg], object()), ([msg], [], object()), ([msg], [], 0, object()),
+                 ([msg], [object()]), ([msg], [(object(), 0, b"data")]),
+                 ([msg], [(0, object(), b"data")]), ([msg], [(0, 0, object())]),
+                 ([msg], [(0, 0)]), ([msg], [(0, 0, b"data", 42)]),
+                 ([msg], [(0, 0, b""), object()])):  # fmt: skip
+        try:
+            a.sendmsg(*args)
+            seen.append("sent")
+        except TypeError:
+            seen.append(TypeError)
+    a.sendmsg([b"done"])
+    seen.append(b.recv(100))
+    return seen
+
+
+def test_sendmsg_rejects_bad_arguments_as_tcp_does() -> None:
+    tcp, smc = both(bad_sendmsg)
+    assert tcp == smc and tcp[-1] == b"done" and set(tcp[:-1]) == {TypeError}
+
+
+def bad_shutdown(a: socket.socket, b: socket.socket) -> list[object]:
+    seen: list[object] = []
+    for how in (2**31, -(2**31) - 1, 7):
+        try:
+            a.shutdown(how)
+            seen.append("done")
+        except (OverflowError, OSError) as exc:
+            seen.append(type(exc))
+    a.sendall(b"still open")
+    seen.append(b.recv(100))
+    return seen
+
+
+def test_shutdown_refuses_bad_arguments_as_tcp_does() -> None:
+    tcp, smc = both(bad_shutdown)
+    assert tcp == smc == [OverflowError, OverflowError, OSError, b"still open"]
+
+
+def blocking_flags(a: socket.socket, b: socket.socket) -> list[object]:
+    """``O_NONBLOCK`` of what ``fileno()`` returns, as the timeout changes (Python sockets
+    with a timeout are non-blocking underneath; blocking ones are not)."""
+    seen: list[object] = []
+    for timeout in (None, 0.0, 5.0, None):
+        a.settimeout(timeout)
+        seen.append(bool(fcntl.fcntl(a.fileno(), fcntl.F_GETFL) & os.O_NONBLOCK))
+    return seen
+
+
+@pytest.mark.parametrize("side", ["client", "listener"])
+def test_the_descriptor_of_fileno_is_blocking_as_the_socket_is(side: str) -> None:
+    if side == "client":
+        tcp, smc = both(blocking_flags)
+    else:
+        srv = smcr.create_server(("127.0.0.1", 0))
+        plain = socket.create_server(("127.0.0.1", 0))
+        try:
+            smc, tcp = blocking_flags(srv, srv), blocking_flags(plain, plain)
+        finally:
+            srv.close()
+            plain.close()
+    assert tcp == smc == [False, True, True, False]
