@@ -74,6 +74,7 @@ from smcr.wire.errors import WireError
 from smcr.wire.llc import DeleteLinkReason
 
 DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
+UNCONFIRMED_RKEY = "the peer did not confirm the RMB's rkey (CONFIRM RKEY)"
 
 
 class Provider(Protocol):
@@ -102,6 +103,8 @@ class Engine(LinkLayer):
         self.touched: set[int] = set()
         """Connections whose cursors or state changed since the host last cleared it."""
         self._llc_handlers = self._llc_table()
+        self._unconfirmed: set[int] = set()
+        """Handshakes whose RMB's CONFIRM RKEY failed before they ended (:meth:`_confirm_rkey`)."""
         self.ueids: tuple[bytes, ...] = ()
         """The host's user EIDs (:mod:`smcr.ueid`), kept current by the host: a
         Proposal offers SMC-Rv2 only with one, a server chooses v2 only on a common one."""
@@ -276,11 +279,9 @@ class Engine(LinkLayer):
         hs.lgr, hs.link = found.lgr, found
         conn = self._new_conn(hs, hs.rmb)
         self._attach(conn, found, acc)
-        hs.state = HsState.CLIENT_RKEY_WAIT
-        hs.deadline = now + self.config.clc_wait
-        request = llc_msgs.confirm_rkey(found.lgr, hs.rmb.rkey, hs.rmb.vaddr)
-        self._start_flow(found.lgr, request, lambda ok, t: self._client_rkey_done(hs, ok, t),
-                         now, out)  # fmt: skip
+        out.append(SendClc(hs.conn, self._confirm(hs, found).encode()))
+        self._confirm_rkey(found.lgr, conn, hs.rmb, now, out)
+        self._complete(hs, out)
 
     def _find_client_link(self, acc: ClcAccept, version: int) -> Link | None:
         """``smcr_lgr_match`` as client: same peer, the link the Accept names (its QPN
@@ -293,17 +294,35 @@ class Engine(LinkLayer):
                     return link
         return None
 
-    def _client_rkey_done(self, hs: Handshake, ok: bool, now: float) -> list[Action]:
-        out: list[Action] = []
-        if self.handshakes.get(hs.conn) is not hs:
-            return out
-        if not ok:
-            self._decline(hs, DeclineCode.ERR_RTOK, out)
-            return out
-        assert hs.link is not None
-        out.append(SendClc(hs.conn, self._confirm(hs, hs.link).encode()))
-        self._complete(hs, out)
-        return out
+    def _confirm_rkey(self, lgr: LinkGroup, conn: Connection, rmb: Rmb, now: float,
+                      out: list[Action]) -> None:  # fmt: skip
+        """CONFIRM RKEY for a connection's RMB in a reused link group (``smcr_lgr_reg_rmbs``),
+        not waited for.
+
+        Linux sends its CLC Accept or Confirm only after the response; here the CLC
+        message goes at once: on a link group of one link the peer writes with the
+        rkey the CLC message itself carries, and the response adds nothing the
+        connection needs (a Linux peer runs our rkey flow beside its own, as it
+        lets CONFIRM RKEY flows of both sides run at once).  That saves an LLC
+        round trip per side on every connection set-up.  A refusal (the peer's
+        rkey table full, or no answer) kills the connection: an abort CDC, and
+        ``ECONNRESET`` here; where Linux would decline ``ERR_RTOK`` or ``ERR_REGBUF``,
+        the CLC message that makes a Decline impossible is out already.
+        """
+        request = llc_msgs.confirm_rkey(lgr, rmb.rkey, rmb.vaddr)
+
+        def done(ok: bool, t: float) -> list[Action]:
+            actions: list[Action] = []
+            if ok or lgr.terminated or self.conns.get(conn.id) is not conn:
+                return actions  # (a group's end resets or declines its connections itself)
+            if conn.id in self.handshakes:  # a server still waiting for the Confirm: the
+                self._unconfirmed.add(conn.id)  # client is past Declines; abort when done
+            else:
+                self._abort(conn, UNCONFIRMED_RKEY, actions)
+                self.touched.add(conn.id)
+            return actions
+
+        self._start_flow(lgr, request, done, now, out)
 
     def _confirm(self, hs: Handshake, link: Link) -> ClcConfirm:
         """Our Confirm (``smcr_clc_prep_confirm_accept``): v2 adds the EID and, on first
@@ -342,12 +361,9 @@ class Engine(LinkLayer):
             self._send_accept(hs, now, out)
             return
         hs.lgr, hs.link = link.lgr, link
-        self._new_conn(hs, hs.rmb)
-        hs.state = HsState.SERVER_RKEY_WAIT
-        hs.deadline = now + self.config.clc_wait
-        request = llc_msgs.confirm_rkey(link.lgr, hs.rmb.rkey, hs.rmb.vaddr)
-        self._start_flow(link.lgr, request, lambda ok, t: self._server_rkey_done(hs, ok, t),
-                         now, out)  # fmt: skip
+        conn = self._new_conn(hs, hs.rmb)
+        self._send_accept(hs, now, out)
+        self._confirm_rkey(link.lgr, conn, hs.rmb, now, out)
 
     def _find_server_link(self, peer_id: bytes,
                           choice: negotiation.ServerChoice) -> Link | None:  # fmt: skip
@@ -366,16 +382,6 @@ class Engine(LinkLayer):
                         and (choice.version >= 2 or link.peer_mac == choice.peer_mac)):  # fmt: skip
                     return link
         return None
-
-    def _server_rkey_done(self, hs: Handshake, ok: bool, now: float) -> list[Action]:
-        out: list[Action] = []
-        if self.handshakes.get(hs.conn) is not hs:
-            return out
-        if not ok:
-            self._decline(hs, DeclineCode.ERR_REGBUF, out)
-        else:
-            self._send_accept(hs, now, out)
-        return out
 
     def _send_accept(self, hs: Handshake, now: float, out: list[Action]) -> None:
         assert hs.rmb is not None and hs.link is not None
@@ -443,6 +449,10 @@ class Engine(LinkLayer):
         assert hs.lgr is not None
         self._events.append(HandshakeCompleted(conn=hs.conn, first_contact=hs.first_contact,
                                                lgr_id=hs.lgr.lgr_id))  # fmt: skip
+        if self._unconfirmed and hs.conn in self._unconfirmed:
+            self._unconfirmed.discard(hs.conn)
+            self._abort(conn, UNCONFIRMED_RKEY, out)
+            self.touched.add(conn.id)
 
     def _decline(self, hs: Handshake, code: DeclineCode, out: list[Action]) -> None:
         """Send a Decline and fall back (``smc_connect_decline_fallback``,
@@ -471,6 +481,7 @@ class Engine(LinkLayer):
         self._events.append(HandshakeFailed(conn=hs.conn, reason=reason))
 
     def _drop_conn(self, conn_id: int) -> None:
+        self._unconfirmed.discard(conn_id)
         conn = self.conns.pop(conn_id, None)
         if conn is not None:
             for lgr in self.lgrs.values():
