@@ -69,6 +69,7 @@ import ipaddress
 import os
 import selectors
 import socket as _socket
+import stat
 import struct
 import sys
 import threading
@@ -175,6 +176,9 @@ class SMCSocket(_PlainSocket):
     _rd_shut = False
     _wr_shut = False
     _sent_late = False  # a send after the peer closed was taken (the next one fails)
+    _share: _Share | None = None  # SMC-R mode, held by several sockets (dup, detach)
+    _via_readiness = False  # made from the readiness descriptor of an SMC-R socket
+    _borrowed_fd = False  # ... that very descriptor, which the connection owns
     _smc_ok = False  # listening: opted in to discovery (its children may use SMC)
     _queue: _AcceptQueue | None = None  # listening: connections of its handshakes
     _connecting: _Connecting | None = None  # a non-blocking connect in progress
@@ -193,8 +197,15 @@ class SMCSocket(_PlainSocket):
 
     def __init__(self, family: int = -1, type: int = -1, proto: int = -1,
                  fileno: int | None = None, *, _accepted: bool = False) -> None:  # fmt: skip
+        share = _share_of(fileno) if fileno is not None and not _accepted else None
+        if share is not None:  # fromfd()/socket(fileno=) of an SMC-R socket's fileno()
+            family, type, proto = share.family, _socket.SOCK_STREAM, 0
         super().__init__(family, type, proto, fileno)
         self._timeout: float | None = _c_gettimeout(self)
+        if share is not None:
+            self._via_readiness = True
+            self._join(share, borrowed=fileno == share.readiness_fd())
+            return
         self._mode = "INIT"
         self._info = _INIT_INFO
         # 0: the RNIC's default (smcr.stack.runtime.default_buffer_size), without
@@ -308,12 +319,16 @@ class SMCSocket(_PlainSocket):
         """As ``socket.getsockname`` (a forked child's relayed connection: the TCP one's)."""
         if self._relayed is not None:
             return self._relayed[0]
+        if self._via_readiness and self._share is not None:
+            return self._share.addresses[0]
         return _PlainSocket.getsockname(self)
 
     def getpeername(self) -> Any:
         """As ``socket.getpeername`` (a forked child's relayed connection: the TCP one's)."""
         if self._relayed is not None:
             return self._relayed[1]
+        if self._via_readiness and self._share is not None:
+            return self._share.addresses[1]
         return _PlainSocket.getpeername(self)
 
     def _become_relayed(self, end: _socket.socket) -> None:
@@ -1044,7 +1059,7 @@ class SMCSocket(_PlainSocket):
         if self._mode == "CONNECTING":
             assert self._connecting is not None
             return self._connecting.readiness.fileno()
-        if self._mode != "SMCR":
+        if self._mode != "SMCR" or self._via_readiness:
             return _PlainSocket.fileno(self)
         stack, hc = self._smc()
         with stack.lock:
@@ -1154,6 +1169,9 @@ class SMCSocket(_PlainSocket):
             return
         if self._finalizer is not None:
             self._finalizer.detach()
+        if self._share is not None and self._share.release():
+            self._drop_descriptor()  # another socket (or a detached descriptor) holds it
+            return
         if self._queue is not None and self._queue.pid == os.getpid():
             self._queue.close()
         if self._connecting is not None:
@@ -1173,14 +1191,58 @@ class SMCSocket(_PlainSocket):
                     stack.app_close(hc)
                     if c is not None:
                         stack.wait(hc, lambda: _cdcs_done(c), deadline)
-        self._real_close()
+        self._drop_descriptor()
+
+    def _drop_descriptor(self) -> None:
+        """Close our descriptor (one we borrowed from the connection stays open)."""
+        if self._borrowed_fd:
+            _PlainSocket.detach(self)
+        else:
+            self._real_close()
 
     def detach(self) -> int:
-        """As ``socket.detach`` for a TCP socket; not for one in SMC-R mode (its bytes
-        are in the runtime, not in the descriptor)."""
-        if self._mode in ("SMCR", "CONNECTING") or (self._mode == "LISTEN" and self._queue):
+        """As ``socket.detach``.  In SMC-R mode it returns what :meth:`fileno` returned
+        (the readiness descriptor), and the connection waits for a socket made from it
+        (``socket.socket(fileno=...)``); the bytes are in the runtime, not in a
+        descriptor.  Not while connecting, nor for a listener whose queue runs."""
+        if self._mode == "CONNECTING" or (self._mode == "LISTEN" and self._queue):
             raise OSError(errno.EOPNOTSUPP, "detach is not supported by an SMC-R socket")
-        return _PlainSocket.detach(self)
+        if self._mode != "SMCR" or self._gone:
+            return _PlainSocket.detach(self)
+        fd = self.fileno()
+        share = self._shared()
+        share.detached.append(fd)
+        _detached_shares.add(share)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        share.release()
+        self._gone = self._closed = True
+        _smc_sockets.discard(self)
+        self._drop_descriptor()
+        return fd
+
+    def _shared(self) -> _Share:
+        """This socket's connection as something several sockets hold (made on the
+        first ``dup``/``detach``; from then on the last one to close closes it)."""
+        if self._share is None:
+            assert self._stack is not None and self._hc is not None
+            share = self._share = _Share(self)
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, share.collected)
+            self._finalizer.atexit = False
+        return self._share
+
+    def _join(self, share: _Share, borrowed: bool) -> None:
+        """Become one more holder of ``share``'s connection (a new socket object)."""
+        for name, value in share.state.items():
+            setattr(self, name, value)
+        self._share = share
+        share.holders += 1
+        self._borrowed_fd = borrowed
+        self._finalizer = weakref.finalize(self, share.collected)
+        self._finalizer.atexit = False
+        _smc_sockets.add(self)
 
     def _move(self) -> SMCSocket:
         """A new socket object that owns this one's connection from now on; this one is
@@ -1211,9 +1273,17 @@ class SMCSocket(_PlainSocket):
         return new
 
     def dup(self) -> SMCSocket:
-        """As ``socket.dup`` for a TCP or listening socket; not for one in SMC-R mode."""
-        if self._mode in ("SMCR", "CONNECTING"):
-            raise OSError(errno.EOPNOTSUPP, "dup is not supported by an SMC-R socket")
+        """As ``socket.dup``: in SMC-R mode a second socket on the same connection (the
+        last of them to close closes it); not while connecting."""
+        if self._mode == "CONNECTING":
+            raise OSError(errno.EOPNOTSUPP, "dup is not supported while connecting")
+        if self._mode == "SMCR" and not self._gone:
+            share = self._shared()
+            new = type(self)(self.family, self.type, self.proto,
+                             fileno=os.dup(_PlainSocket.fileno(self)), _accepted=True)  # fmt: skip
+            new._join(share, borrowed=False)
+            new.settimeout(self.gettimeout())
+            return new
         sock = type(self)(self.family, self.type, self.proto,
                           fileno=os.dup(_PlainSocket.fileno(self)))  # fmt: skip
         sock.settimeout(self.gettimeout())
@@ -1308,6 +1378,78 @@ def _linger(tcp: _socket.socket) -> float | None:
     except OSError:
         return None
     return float(seconds) if onoff else None
+
+
+class _Share:
+    """One SMC-R connection held by several socket objects, as dup'ed descriptors hold one
+    kernel socket: ``dup``, ``detach`` and a socket made from ``fileno()`` (``fromfd``).
+    The last holder to close (or be collected) closes the connection; a detached
+    descriptor counts as a holder until a socket is made from it."""
+
+    def __init__(self, sock: SMCSocket) -> None:
+        assert sock._stack is not None and sock._hc is not None
+        self.stack, self.hc = sock._stack, sock._hc
+        self.family = sock.family
+        self.holders = 1
+        self.detached: list[int] = []  # descriptors detach() returned, not yet made sockets
+        self.addresses = (_PlainSocket.getsockname(sock), _PlainSocket.getpeername(sock))
+        skip = {"_finalizer", "_queue_finalizer", "_share", "_borrowed_fd", "_via_readiness",
+                "_closed", "_io_refs", "_gone", "_timeout", "_parent_ends", "_fork_ends"}
+        self.state = {k: v for k, v in vars(sock).items() if k not in skip}
+        self.state["_mode"] = "SMCR"
+
+    def readiness_fd(self) -> int:
+        readiness = self.hc.readiness
+        return -1 if readiness is None else readiness.fileno()
+
+    def release(self) -> bool:
+        """A holder lets go: whether the connection is still held (by others)."""
+        self.holders -= 1
+        return self.holders > 0 or bool(self.detached)
+
+    def collected(self) -> None:
+        """A holder was garbage-collected unclosed (``weakref.finalize``)."""
+        if not self.release():
+            _collected(self.stack, self.hc, self.hc.tcp)
+
+
+_detached_shares: set[_Share] = set()
+"""Connections whose descriptor ``detach`` gave out (see :class:`_Share`)."""
+
+
+def _share_of(fd: int) -> _Share | None:
+    """The SMC-R connection whose readiness descriptor ``fd`` is (or is a dup of), if any;
+    a detached descriptor becomes the new socket's (no longer counted apart)."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    if not stat.S_ISSOCK(st.st_mode):
+        return None
+    key = (st.st_dev, st.st_ino)
+    for share in list(_detached_shares):
+        if _same_file(share.readiness_fd(), key):
+            if fd in share.detached:
+                share.detached.remove(fd)
+            elif share.detached:
+                share.detached.pop()
+            if not share.detached:
+                _detached_shares.discard(share)
+            return share
+    for sock in list(_smc_sockets):
+        hc = sock._hc
+        if hc is not None and hc.readiness is not None and _same_file(hc.readiness.fileno(),
+                                                                       key):  # fmt: skip
+            return sock._shared()
+    return None
+
+
+def _same_file(fd: int, key: tuple[int, int]) -> bool:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == key
 
 
 def _collected(stack: Stack, hc: HostConn, tcp: _socket.socket) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 import smcr
-from tests.socket.test_error_paths import outcome, pair, wait_until
+from tests.socket.test_error_paths import outcome, pair, recv_exactly, wait_until
 
 Story = Callable[[socket.socket, socket.socket], list[object]]
 
@@ -116,3 +116,38 @@ def test_the_descriptor_of_fileno_is_blocking_as_the_socket_is(side: str) -> Non
             srv.close()
             plain.close()
     assert tcp == smc == [False, True, True, False]
+
+
+def shared_descriptors(a: socket.socket, b: socket.socket) -> list[object]:
+    """dup, a socket made from (a dup of) fileno(), detach and a socket made from what it
+    returned: all on the one connection, which ends when the last of them closes."""
+    seen: list[object] = []
+    kind = type(a)
+    d = a.dup()
+    a.sendall(b"a")
+    d.sendall(b"d")
+    seen.append(recv_exactly(b, 2))
+    a.close()
+    d.sendall(b"still")
+    seen.append(recv_exactly(b, 5))
+    f = kind(d.family, d.type, d.proto, os.dup(d.fileno()))  # what socket.fromfd does
+    b.sendall(b"to fromfd")
+    seen.append(recv_exactly(f, 9))
+    f.close()
+    fd = d.fileno()
+    detached = d.detach()
+    seen += [detached == fd, d._closed, outcome(lambda: d.recv(1))]  # type: ignore[attr-defined]
+    n = kind(socket.AF_INET, socket.SOCK_STREAM, fileno=detached)
+    b.sendall(b"to the new one")
+    seen.append(recv_exactly(n, 14))
+    n.sendall(b"from it")
+    seen.append(recv_exactly(b, 7))
+    n.close()
+    seen.append(b.recv(10))  # the last holder closed: EOF
+    return seen
+
+
+def test_dup_fromfd_and_detach_share_the_connection_as_on_tcp() -> None:
+    tcp, smc = both(shared_descriptors)
+    assert tcp == smc == [b"ad", b"still", b"to fromfd", True, True, OSError,
+                          b"to the new one", b"from it", b""]  # fmt: skip
