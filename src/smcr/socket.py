@@ -1211,8 +1211,9 @@ class SMCSocket(_PlainSocket):
             return _PlainSocket.detach(self)
         fd = self.fileno()
         share = self._shared()
-        share.detached.append(fd)
-        _detached_shares.add(share)
+        if not self._borrowed_fd:  # (a borrowed one is the connection's, held by others)
+            share.detached.append(fd)
+            _detached_shares.add(share)
         if self._finalizer is not None:
             self._finalizer.detach()
         share.release()

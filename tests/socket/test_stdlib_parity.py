@@ -140,8 +140,11 @@ def shared_descriptors(a: socket.socket, b: socket.socket) -> list[object]:
     n = kind(socket.AF_INET, socket.SOCK_STREAM, fileno=detached)
     b.sendall(b"to the new one")
     seen.append(recv_exactly(n, 14))
+    borrowed = kind(fileno=n.fileno())  # http.client's response.fileno() users do this
+    borrowed.sendall(b"via ")
+    seen.append(borrowed.detach() == n.fileno())
     n.sendall(b"from it")
-    seen.append(recv_exactly(b, 7))
+    seen.append(recv_exactly(b, 11))
     n.close()
     seen.append(b.recv(10))  # the last holder closed: EOF
     return seen
@@ -150,4 +153,4 @@ def shared_descriptors(a: socket.socket, b: socket.socket) -> list[object]:
 def test_dup_fromfd_and_detach_share_the_connection_as_on_tcp() -> None:
     tcp, smc = both(shared_descriptors)
     assert tcp == smc == [b"ad", b"still", b"to fromfd", True, True, OSError,
-                          b"to the new one", b"from it", b""]  # fmt: skip
+                          b"to the new one", True, b"via from it", b""]  # fmt: skip
