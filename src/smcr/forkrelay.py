@@ -160,7 +160,10 @@ def after_in_child(sockets: list[SMCSocket]) -> None:
             sock._forked = True
             continue
         ends.parent.close()
-        sock._become_relayed(ends.child)
+        try:
+            sock._become_relayed(ends.child)
+        except OSError:  # (closed meanwhile): the others must still become relayed
+            sock._forked = True
 
 
 def hand_over(sock: SMCSocket) -> bool:

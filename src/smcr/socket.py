@@ -334,7 +334,9 @@ class SMCSocket(_PlainSocket):
     def _become_relayed(self, end: _socket.socket) -> None:
         """In a forked child: this SMC-R connection is used through the parent, over
         ``end`` (:mod:`smcr.forkrelay`), which becomes this socket's descriptor."""
-        addresses = (_PlainSocket.getsockname(self), _PlainSocket.getpeername(self))
+        addresses: tuple[Any, Any] = ("", "")
+        with contextlib.suppress(OSError):  # (a TCP connection already shut has no peer)
+            addresses = (_PlainSocket.getsockname(self), _PlainSocket.getpeername(self))
         os.dup2(end.fileno(), _PlainSocket.fileno(self), inheritable=False)
         end.close()
         if self._finalizer is not None:

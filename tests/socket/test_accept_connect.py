@@ -92,6 +92,53 @@ def test_forked_child_uses_the_connection_the_parent_handed_over() -> None:
         p.stop()
 
 
+class _Ordered(list[smcr.SMCSocket]):
+    """A stand-in for the process's set of SMC-R sockets that keeps an order."""
+
+    def add(self, sock: smcr.SMCSocket) -> None:
+        if sock not in self:
+            self.append(sock)
+
+    def discard(self, sock: smcr.SMCSocket) -> None:
+        if sock in self:
+            self.remove(sock)
+
+
+def test_a_connection_that_cannot_be_relayed_does_not_stop_the_others(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """In the child, one inherited connection fails to become relayed (its TCP connection
+    already gone: ENOTCONN); the one the parent hands over still works there."""
+    p, q = Peer(smc_peer.echo_server), Peer(smc_peer.echo_server)
+    try:
+        broken = smcr.create_connection(("127.0.0.1", p.recv()), timeout=20)
+        s = smcr.create_connection(("127.0.0.1", q.recv()), timeout=20)
+        assert p.recv() == q.recv() == ("SMCR", 0, 0)
+        real = smcr.SMCSocket._become_relayed
+
+        def failing(sock: smcr.SMCSocket, end: socket.socket) -> None:
+            if sock is broken:
+                raise OSError(errno.ENOTCONN, "Transport endpoint is not connected")
+            real(sock, end)
+
+        monkeypatch.setattr(smcr.SMCSocket, "_become_relayed", failing)
+        # the failing one first (the process's set has no order)
+        monkeypatch.setattr(smcr.socket, "_smc_sockets", _Ordered([broken, s]))
+
+        def work() -> bool:
+            relayed = s._relayed is not None  # not the parent's runtime, copied by fork
+            s.sendall(b"through the parent")
+            return relayed and s.recv(100) == b"through the parent"
+
+        pid = _child(work)
+        s.close()
+        _, status = os.waitpid(pid, 0)
+        assert status == 0
+        broken.close()
+    finally:
+        p.stop()
+        q.stop()
+
+
 def test_forked_child_that_leaves_the_connection_alone_leaves_it_to_the_parent() -> None:
     """A child that only closes its copy: the parent's connection goes on untouched."""
     p = Peer(smc_peer.echo_server)
