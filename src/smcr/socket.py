@@ -183,6 +183,7 @@ class SMCSocket(_PlainSocket):
     _queue: _AcceptQueue | None = None  # listening: connections of its handshakes
     _connecting: _Connecting | None = None  # a non-blocking connect in progress
     _connect_error = 0  # what getsockopt(SO_ERROR) says next (non-blocking connect)
+    _connect_failed = False  # TCP mode after a failed connect: a new connect may start over
     _oob: int | None = None  # an urgent byte taken out of the stream, unread
     _oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
     _gone = False  # closed for good (close(), and no makefile() file open)
@@ -396,14 +397,29 @@ class SMCSocket(_PlainSocket):
         then ``send``/``recv`` raise ``BlockingIOError``.
         """
         if self._mode == "CONNECTING":
+            connecting = self._connecting
+            if connecting is not None:
+                connecting.connect_again(address)
             raise BlockingIOError(errno.EALREADY, os.strerror(errno.EALREADY))
+        if self._mode == "TCP" and self._connect_failed:
+            # as the kernel's socket after a failed connect: the next connect reports that
+            # failure (here: if nobody read it from SO_ERROR), the one after starts anew
+            err, self._connect_error = self._connect_error, 0
+            if err:
+                _PlainSocket.connect_ex(self, address)  # (the kernel's: it forgets the attempt)
+                raise OSError(err, os.strerror(err))
+            self._again()
         if self._mode != "INIT":
             _PlainSocket.connect(self, address)  # the kernel's EISCONN (or a new connect)
             return
         smc_ok = discovery.current().opt_in(self)
         if not smc_ok:
             self._fall_back(int(DeclineCode.PEERNOSMC), 0)
-            _PlainSocket.connect(self, address)
+            try:
+                _PlainSocket.connect(self, address)
+            except OSError as exc:
+                self._connect_failed = not isinstance(exc, (BlockingIOError, InterruptedError))
+                raise
             return
         if self._timeout == 0.0:
             err = _PlainSocket.connect_ex(self, address)
@@ -419,6 +435,17 @@ class SMCSocket(_PlainSocket):
             self._handshake(client=True)
         else:
             self._fall_back(int(DeclineCode.PEERNOSMC), 0)
+
+    def _again(self) -> None:
+        """Back to a socket that never connected, after a failed connect."""
+        if self._connecting is not None:
+            self._connecting.close()
+            self._connecting = None
+        self._mode = "INIT"
+        self._info = _INIT_INFO
+        self._connect_error = 0
+        self._connect_failed = False
+        _PlainSocket.settimeout(self, self._timeout)
 
     def connect_ex(self, address: Any) -> int:
         """As ``connect``, returning an errno instead of raising."""
@@ -1699,8 +1726,23 @@ class _Connecting:
             if err:
                 self.tcp_done = True
                 get_watcher().unwatch(self.fd)
-                self._settle("TCP", 0)
+                self._settle("TCP", 0, failed=True)
             return err
+
+    def connect_again(self, address: Any) -> None:
+        """``connect`` while connecting: the kernel's answer while the TCP connect is not
+        settled here (``EALREADY``; or its failure, reported and forgotten, as the
+        kernel's next ``connect`` after a failed one does)."""
+        with self.lock:
+            if self.tcp_done or self.closed:
+                return
+            err = _PlainSocket.connect_ex(self.sock, address)
+            if err in (0, errno.EALREADY, errno.EINPROGRESS, errno.EISCONN):
+                return
+            self.tcp_done = True
+            get_watcher().unwatch(self.fd)
+            self._settle("TCP", 0, failed=True)
+        raise OSError(err, os.strerror(err))
 
     def start(self) -> None:
         """Watch for the TCP connect's end."""
@@ -1738,10 +1780,11 @@ class _Connecting:
             return
         self._settle("TCP", 0 if sock._mode == "TCP" else errno.ECONNRESET)
 
-    def _settle(self, mode: str, err: int) -> None:
+    def _settle(self, mode: str, err: int, failed: bool = False) -> None:
         self.sock._connect_error = err
         if mode == "TCP" and self.sock._mode in ("CONNECTING", "INIT"):
             self.sock._mode = "TCP"
+            self.sock._connect_failed = failed or bool(err)
         self.readiness.set(True, True)
 
     def close(self) -> None:

@@ -5,8 +5,10 @@ descriptor ``fileno()`` returns)."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import select
 import socket
 from collections.abc import Callable
 
@@ -54,6 +56,7 @@ def bad_sendmsg(a: socket.socket, b: socket.socket) -> list[object]:
     """What the C sendmsg rejects before sending anything (TypeError), then one that goes."""
     msg = b"m"
     seen: list[object] = []
+    args: tuple[object, ...]
     for args in ((b"not in an iterable",), (object(),), ([object()],), ([msg, object()],),
                  ([msg], object()), ([msg], [], object()), ([msg], [], 0, object()),
                  ([msg], [object()]), ([msg], [(object(), 0, b"data")]),
@@ -154,3 +157,30 @@ def test_dup_fromfd_and_detach_share_the_connection_as_on_tcp() -> None:
     tcp, smc = both(shared_descriptors)
     assert tcp == smc == [b"ad", b"still", b"to fromfd", True, True, OSError,
                           b"to the new one", True, b"via from it", b""]  # fmt: skip
+
+
+def connect_after_refusal(kind: type[socket.socket]) -> list[object]:
+    """A non-blocking connect to a port nobody listens on yet, then connect again: the
+    kernel reports the refusal once, and the next connect starts anew (asyncio's
+    sock_connect retries so)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    addr = listener.getsockname()
+    s = kind(socket.AF_INET, socket.SOCK_STREAM)
+    s.setblocking(False)
+    seen: list[object] = [s.connect_ex(addr)]
+    select.select([], [s], [], 10)
+    seen.append(s.connect_ex(addr))  # the refusal, reported by this call
+    listener.listen(1)
+    seen.append(s.connect_ex(addr))
+    seen.append(bool(select.select([], [s], [], 10)[1]))
+    seen.append(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+    s.close()
+    listener.close()
+    return seen
+
+
+def test_a_socket_connects_again_after_a_refused_connect_as_on_tcp() -> None:
+    tcp, smc = connect_after_refusal(socket.socket), connect_after_refusal(smcr.SMCSocket)
+    assert tcp == smc
+    assert tcp[:2] == [errno.EINPROGRESS, errno.ECONNREFUSED] and tcp[3:] == [True, 0]
