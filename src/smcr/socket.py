@@ -553,8 +553,8 @@ class SMCSocket(_PlainSocket):
             hc.on_outcome = on_outcome
             stack.start_handshake(hc, client, local_ip, self._rmb_size,
                                   self._sndbuf_size)  # fmt: skip
-            if hc.outcome is not None and on_outcome is not None:
-                on_outcome(hc)  # ended at once (no RMB: a Decline)
+            if hc.outcome is not None and hc.on_outcome is not None:
+                hc.on_outcome(hc)  # ended at once, and nobody took the news yet
         return stack, hc
 
     def _finish_handshake(self, stack: Stack, hc: HostConn) -> None:

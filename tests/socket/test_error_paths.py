@@ -28,6 +28,7 @@ from smcr.rdma import QpAttr, QpAttrMask, QpState, SendFlag, SendWr, VerbsError,
 from smcr.rdma.base import QueuePair
 from smcr.stack import runtime
 from smcr.stack.runtime import Stack, close_stacks, get_stack
+from smcr.wire.clc import ClcProposal
 from smcr.wire.decline import DeclineCode
 
 Pair = tuple[socket.socket, socket.socket]
@@ -491,3 +492,32 @@ def test_a_peer_that_resets_its_link_leaves_no_connection_hanging() -> None:
         with stack.lock:
             c = stack.engine.conns.get(b._hc.conn_id)  # type: ignore[union-attr]
             assert c is None or c.state is SmcState.CLOSED
+
+
+@pytest.mark.usefixtures("propose_to_anyone")
+def test_a_proposal_already_there_when_the_server_accepts_is_answered_once() -> None:
+    """The client's first bytes are in before the server's watcher accepts (the runtime's
+    lock held meanwhile): the server reads them at once, without waiting for another
+    thread; a Proposal it declines (SMC-Rv2 only, no UEID here) gives one connection in
+    TCP mode, accepted once, with the client's bytes behind the Proposal intact."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    srv.settimeout(20)
+    stack = get_stack()
+    proposal = ClcProposal.smcr_v2(bytes(16), ()).encode()
+    try:
+        with stack.lock:  # the watcher cannot start the handshake before the bytes are in
+            c = socket.create_connection(srv.getsockname(), timeout=20)
+            c.sendall(proposal + b"and then data")
+        got, _ = srv.accept()
+        with c, got:
+            got.settimeout(20)
+            info = got.smc_info()
+            assert info.mode == "TCP" and info.local_code == DeclineCode.NOUEID
+            decline = recv_exactly(c, 28)  # the server's v1 Decline, then nothing
+            assert decline[:4] == EYECATCHER
+            assert recv_exactly(got, 13) == b"and then data"
+            srv.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                srv.accept()  # one connection, accepted once
+    finally:
+        srv.close()

@@ -378,8 +378,11 @@ class Stack:
         if hc.outcome is None:
             hc.tcp.setblocking(False)
             self._clc_watch[hc.tcp.fileno()] = hc
-            self.kick()
-            self._bg_cond.notify()  # a standing-by progress thread watches it now
+            if not client:  # the client's Proposal is often here already: no thread hop
+                self._clc_read(hc)
+            if hc.outcome is None:
+                self.kick()
+                self._bg_cond.notify()  # a standing-by progress thread watches it now
 
     def _clc_read(self, hc: HostConn) -> None:
         """Feed CLC bytes from a handshaking connection's TCP socket to the engine."""
