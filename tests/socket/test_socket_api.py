@@ -341,11 +341,11 @@ def test_sendfile(peer: PeerFactory, decline: bool, tmp_path: Path) -> None:
     # the stdlib's os.sendfile path by name, as code calls it (CPython's own tests):
     # a regular file goes, what os.sendfile refuses is refused for the caller's fallback
     with path.open("rb") as f:
-        assert s._sendfile_use_sendfile(f, 7, 1234) == 1234  # type: ignore[attr-defined]
+        assert s._sendfile_use_sendfile(f, 7, 1234) == 1234
         assert f.tell() == 1241
     expected += data[7:1241]
     with pytest.raises(socket._GiveupOnSendfile):  # type: ignore[attr-defined]
-        s._sendfile_use_sendfile(io.BytesIO(b"in memory"))  # type: ignore[attr-defined]
+        s._sendfile_use_sendfile(io.BytesIO(b"in memory"))
     if not decline:  # socket.sendfile sends nothing from a pipe (its st_size is 0)
         r, w = os.pipe()
         os.write(w, b"piped")

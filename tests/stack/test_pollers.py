@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from smcr.stack import runtime
 from smcr.stack.runtime import Stack
 
 
@@ -41,7 +40,7 @@ def test_a_ring_drained_by_the_progress_thread_still_wakes_the_app_poller(
                 go_on.wait(10)
             return self.inner.poll(timeout)
 
-    monkeypatch.setattr(runtime.select, "poll", HeldPoll)
+    monkeypatch.setattr(select, "poll", HeldPoll)  # (the runtime's module is this one)
     stack = Stack()  # its progress thread polls through HeldPoll too
     standby = threading.Event()  # the progress thread gave polling up to the app thread
     bg_wait = stack._bg_cond.wait
