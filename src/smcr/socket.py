@@ -126,6 +126,7 @@ class SmcInfo:
     state: str = "INIT"
     rmb_size: int = 0
     peer_rmb_size: int = 0
+    version: int = 0  # SMC-R: the version agreed (1 or 2)
 
     @property
     def reason(self) -> str:
@@ -306,8 +307,10 @@ class SMCSocket(_PlainSocket):
             if c is not None:
                 return SmcInfo("SMCR", lgr_id=self._info.lgr_id,
                                first_contact=self._info.first_contact, state=c.state.value,
-                               rmb_size=c.rmb.size, peer_rmb_size=c.peer_rmb_size)  # fmt: skip
-            return SmcInfo("SMCR", lgr_id=self._info.lgr_id, state="CLOSED")
+                               rmb_size=c.rmb.size, peer_rmb_size=c.peer_rmb_size,
+                               version=self._info.version)  # fmt: skip
+            return SmcInfo("SMCR", lgr_id=self._info.lgr_id, state="CLOSED",
+                           version=self._info.version)  # fmt: skip
         return self._info
 
     @property
@@ -565,10 +568,11 @@ class SMCSocket(_PlainSocket):
         server = not getattr(hc.handshake, "client", True)
         if isinstance(outcome, HandshakeCompleted):
             self._rmb_size, self._sndbuf_size = len(hc.rmb), len(hc.sndbuf)  # as allocated
-            _C.smc_established(server, getattr(outcome, "version", 1), self._rmb_size,
+            _C.smc_established(server, outcome.version, self._rmb_size,
                                self._sndbuf_size)  # fmt: skip
             self._info = SmcInfo("SMCR", lgr_id=outcome.lgr_id,
-                                 first_contact=outcome.first_contact)  # fmt: skip
+                                 first_contact=outcome.first_contact,
+                                 version=outcome.version)  # fmt: skip
             # collected unclosed: close as close() would (the runtime holds the TCP
             # socket and the buffers; nothing else would ever let them go)
             self._finalizer = weakref.finalize(self, _collected, stack, hc, hc.tcp)

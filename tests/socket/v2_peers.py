@@ -10,14 +10,16 @@ from tests.socket import smc_peer
 
 
 def lgr_version(sock: smcr.SMCSocket) -> int:
-    """The SMC-R version of the link group a connection runs on (0 on TCP)."""
+    """The SMC-R version of a connection as its socket says it (0 on TCP), checked against
+    the version of the link group it runs on in the runtime."""
     from smcr.stack.runtime import get_stack  # noqa: PLC0415
 
     info = sock.smc_info()
     if info.mode != "SMCR":
         return 0
     stack = get_stack(ipaddress.ip_address(sock.getsockname()[0]))
-    return stack.engine.lgrs[info.lgr_id].version
+    assert info.version == stack.engine.lgrs[info.lgr_id].version
+    return info.version
 
 
 def echo_version(ctl: Connection) -> None:

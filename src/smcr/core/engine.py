@@ -448,7 +448,8 @@ class Engine(LinkLayer):
         conn.state = SmcState.ACTIVE
         assert hs.lgr is not None
         self._events.append(HandshakeCompleted(conn=hs.conn, first_contact=hs.first_contact,
-                                               lgr_id=hs.lgr.lgr_id))  # fmt: skip
+                                               lgr_id=hs.lgr.lgr_id,
+                                               version=hs.lgr.version))  # fmt: skip
         if self._unconfirmed and hs.conn in self._unconfirmed:
             self._unconfirmed.discard(hs.conn)
             self._abort(conn, UNCONFIRMED_RKEY, out)

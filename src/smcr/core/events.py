@@ -117,6 +117,7 @@ class HandshakeCompleted:
     conn: int
     first_contact: bool
     lgr_id: int
+    version: int = 1  # the SMC-R version agreed (the link group's)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
