@@ -1244,8 +1244,8 @@ class SMCSocket(_PlainSocket):
             return _PlainSocket.detach(self)
         fd = self.fileno()
         share = self._shared()
-        if not self._borrowed_fd:  # (a borrowed one is the connection's, held by others)
-            share.detached.append(fd)
+        if not self._borrowed_fd or share.holders == 1:  # (a borrowed descriptor that
+            share.detached.append(fd)  # others hold the connection for is theirs)
             _detached_shares.add(share)
         if self._finalizer is not None:
             self._finalizer.detach()
