@@ -17,11 +17,13 @@ agree: the declining side keeps it as its local reason, the other side keeps
 ``PEERDECL`` (0x05000000) with it as the peer's diagnosis, as ``smcss`` shows
 ``<local>/<remote>``.
 
-Why both directions decline today: smcr speaks SMC-Rv1 only, and the kernel
-over rxe (RoCE v2 GIDs only) only SMC-Rv2.  The kernel's Proposal offers
-SMC-Rv2 alone (typev1 N), which smcr declines with NOUEID; smcr's offers
-SMC-Rv1 alone, which the kernel declines with NOSMCDEV (it finds no RoCE v1
-GID).  When smcr speaks SMC-Rv2, these tests change to SMC-R mode.
+Why both directions decline here: smcr has no UEID configured, so it speaks
+SMC-Rv1 only, and the kernel over rxe (RoCE v2 GIDs only) only SMC-Rv2.  The
+kernel's Proposal offers SMC-Rv2 alone (typev1 N), which smcr declines with
+NOSMCDEV (no common UEID, as a Linux server does); smcr's offers SMC-Rv1 alone,
+which the kernel declines with NOSMCDEV (it finds no RoCE v1 GID).  With the
+guests' UEID configured on smcr's side these connections are to run SMC-Rv2
+(issue 12, phase 2).
 
 The controls: a plain TCP guest socket, or smcr with ``SMCR_DISCOVERY=off``
 against a kernel AF_SMC socket, give ``PEERNOSMC`` (0x03010000) on every
@@ -65,7 +67,6 @@ SMC_OPTION = (254, b"\xe2\xd4\xc3\xd9")  # kind, ExID; length 6
 PEERNOSMC = int(DeclineCode.PEERNOSMC)
 PEERDECL = int(DeclineCode.PEERDECL)
 NOSMCDEV = int(DeclineCode.NOSMCDEV)
-NOUEID = int(DeclineCode.NOUEID)
 TOOL = "python3 /mnt/host/tools/kernel_smc.py"
 _PORTS = itertools.count(20100)
 
@@ -299,13 +300,13 @@ def test_kernel_client_to_smcr_server_declined_by_smcr(kernel_smc: Guest) -> Non
     assert prop.v2_extension is not None
     assert prop.v2_extension.user_eids == (make_eid("SMC-KVM-TEST"),)
     assert prop.v2_extension.roce_gid == bytes(10) + b"\xff\xff" + bytes([10, 99, 0, 11])
-    # smcr declines: it has no UEID.  (A Linux server without a matching UEID would
-    # decline this Proposal with NOSMCDEV 0x03030000: smc_listen_find_device.)
-    assert code == NOUEID
-    assert ex.host["info"] == {"mode": "TCP", "local_code": NOUEID, "peer_code": 0}
+    # smcr has no matching UEID and declines as a Linux server then does: NOSMCDEV
+    # 0x03030000 (smc_listen_find_device; NOUEID only for a Proposal with no UEID at all)
+    assert code == NOSMCDEV
+    assert ex.host["info"] == {"mode": "TCP", "local_code": NOSMCDEV, "peer_code": 0}
     diag = ex.guest["diag"]
     assert diag["mode"] == "FALLBACK_TCP", diag
-    assert (diag["fallback_reason"], diag["peer_diagnosis"]) == (PEERDECL, NOUEID), diag
+    assert (diag["fallback_reason"], diag["peer_diagnosis"]) == (PEERDECL, NOSMCDEV), diag
 
 
 def test_smcr_client_to_kernel_server_declined_by_the_kernel(kernel_smc: Guest) -> None:
