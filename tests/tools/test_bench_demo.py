@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from smcr.tools import bench
+from smcr.tools import bench, demo
 
 
 def test_bench_json_smoke() -> None:
@@ -77,11 +78,20 @@ def test_bench_reports_medians_and_smc_over_tcp(monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.slow
-def test_demo_runs_smcr_end_to_end() -> None:
+@pytest.mark.parametrize(("rnic", "device"), [("shm", "smcr"), ("roce", "roce_lo")])
+def test_demo_runs_smcr_end_to_end(rnic: str, device: str) -> None:
+    """The demo names the RNIC it ran over, and the server sees its link group."""
     result = subprocess.run(
         [sys.executable, "-m", "smcr", "demo"],
+        env={**os.environ, "SMCR_RNIC": rnic, "COLUMNS": "200"},
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SMCR" in result.stdout and "LINK_ACTIVE" in result.stdout
-    assert "SMC-R / TCP throughput" in result.stdout
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "SMCR" in out and "LINK_ACTIVE" in out
+    assert "SMC-R / TCP throughput" in out
+    assert f"over the {rnic} RNIC" in out and f"SMC-R ({rnic} RNIC)" in out
+    assert f"{device}" in out and f"({demo.rnic_label(rnic)})" in out
+    other = "roce" if rnic == "shm" else "shm"
+    assert f"{other} RNIC" not in out and demo.rnic_label(other) not in out
+    assert "link groups [(1, 'SERV', 'SINGLE', 1)]" in out

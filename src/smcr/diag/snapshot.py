@@ -91,8 +91,8 @@ def _stacks() -> list[Any]:
     runtime = sys.modules.get("smcr.stack.runtime")
     if runtime is None:
         return []
-    stacks = dict(runtime._stacks)
-    return [s for s in stacks.values() if s.pid == os.getpid()]
+    stacks: list[Any] = runtime.process_stacks()
+    return stacks
 
 
 def _smc_row(stack: Any, hc: Any, c: Any, uid: int) -> dict[str, Any] | None:

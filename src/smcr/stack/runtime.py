@@ -1049,6 +1049,12 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
         return stack
 
 
+def process_stacks() -> list[Stack]:
+    """This process's runtimes (not those a forked child inherited from its parent)."""
+    with _stack_lock:
+        return [s for s in _stacks.values() if s.pid == os.getpid()]
+
+
 def close_stacks() -> None:
     """Close every runtime of this process (tests that tear down the RNICs' namespaces)."""
     with _stack_lock:

@@ -31,7 +31,6 @@ would set them (smcr's default on the shm RNIC; see ``smcr bench --bufsize``).""
 def _serve(ctl: Connection) -> None:
     """The server process: one SMC listener, one plain TCP listener; sink + SHA-256."""
     import smcr  # noqa: PLC0415
-    from smcr.stack.runtime import get_stack  # noqa: PLC0415
 
     smc = smcr.create_server(("127.0.0.1", 0))
     smc.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUFSIZE)
@@ -46,13 +45,33 @@ def _serve(ctl: Connection) -> None:
         while n := conn.recv_into(buf):
             h.update(buf[:n])
         conn.sendall(h.digest())
-        stack = get_stack()
-        lgrs = [(lgr.lgr_id, lgr.role.value, lgr.lgr_type.value, len(lgr.conns))
-                for lgr in stack.engine.lgrs.values()]  # fmt: skip
-        ctl.send((info, lgrs, os.getpid()))
+        ctl.send((info, _link_groups(), os.getpid()))
         conn.close()
     smc.close()
     tcp.close()
+
+
+def _link_groups() -> list[tuple[int, str, str, int]]:
+    """(id, role, type, connections) of every link group of this process's runtimes.
+
+    All of them, not those of :func:`get_stack`'s default RNIC: with ``SMCR_RNIC=roce``
+    the connection lives on the RNIC of its local address.
+    """
+    from smcr.stack.runtime import process_stacks  # noqa: PLC0415
+
+    lgrs = []
+    for stack in process_stacks():
+        with stack.lock:
+            lgrs += [(lgr.lgr_id, lgr.role.value, lgr.lgr_type.value, len(lgr.conns))
+                     for lgr in stack.engine.lgrs.values()]  # fmt: skip
+    return lgrs
+
+
+def rnic_label(kind: str) -> str:
+    """What the RNIC kind is, in the demo's words."""
+    if kind == "roce":
+        return "RoCE: user-space RoCEv2, UDP 4791"
+    return "shm: shared memory between processes"
 
 
 def _transfer(sock: Any) -> tuple[float, bytes, bytes]:
@@ -102,13 +121,15 @@ def _discovery(console: Console) -> None:
 def run(console: Console) -> int:
     """Run the demo; exit status 0 when SMC-R was used and both digests matched."""
     import smcr  # noqa: PLC0415
-    from smcr.stack.runtime import get_stack  # noqa: PLC0415
+    from smcr.stack import devices  # noqa: PLC0415
+    from smcr.stack.runtime import process_stacks  # noqa: PLC0415
 
+    kind = devices.rnic_kind()
     _discovery(console)
     ctx = mp.get_context("spawn")
     ctl, child = ctx.Pipe()
     proc = ctx.Process(target=_serve, args=(child,), daemon=True)
-    console.print("[bold]smcr demo[/bold]: SMC-R between two processes over the shm RNIC")
+    console.print(f"[bold]smcr demo[/bold]: SMC-R between two processes over the {kind} RNIC")
     proc.start()
     try:
         if not ctl.poll(30):
@@ -123,8 +144,7 @@ def run(console: Console) -> int:
         sock.connect(("127.0.0.1", smc_port))
         setup = time.perf_counter() - t0
         info = sock.smc_info()
-        stack = get_stack()
-        _show_connection(console, sock, info, stack, setup)
+        _show_connection(console, sock, info, process_stacks(), setup, kind)
         smc_time, ours, theirs = _transfer(sock)
         server_info, server_lgrs, server_pid = ctl.recv()
         sock.close()
@@ -142,7 +162,7 @@ def run(console: Console) -> int:
     for col in ("transport", "seconds", "MB/s", "SHA-256 match"):
         table.add_column(col)
     smc_rate, tcp_rate = VOLUME / smc_time / 1e6, VOLUME / tcp_time / 1e6
-    table.add_row("SMC-R (shm RNIC)", f"{smc_time:.3f}", f"{smc_rate:.0f}", str(ours == theirs))
+    table.add_row(f"SMC-R ({kind} RNIC)", f"{smc_time:.3f}", f"{smc_rate:.0f}", str(ours == theirs))
     table.add_row("TCP loopback", f"{tcp_time:.3f}", f"{tcp_rate:.0f}",
                   str(tcp_ours == tcp_theirs))  # fmt: skip
     console.print(table)
@@ -151,7 +171,8 @@ def run(console: Console) -> int:
     return 0 if ok else 1
 
 
-def _show_connection(console: Console, sock: Any, info: Any, stack: Any, setup: float) -> None:
+def _show_connection(console: Console, sock: Any, info: Any, stacks: list[Any], setup: float,
+                     kind: str) -> None:  # fmt: skip
     if info.mode != "SMCR":
         console.print(f"[red]fell back to TCP[/red], reason {info.reason}")
         return
@@ -163,9 +184,10 @@ def _show_connection(console: Console, sock: Any, info: Any, stack: Any, setup: 
     table.add_row("set-up", f"{setup * 1000:.1f} ms (first contact: {info.first_contact})")
     table.add_row("state", info.state)
     table.add_row("RMB / peer RMB", f"{info.rmb_size} / {info.peer_rmb_size} bytes")
-    with stack.lock:
-        for lgr in stack.engine.lgrs.values():
-            if lgr.lgr_id != info.lgr_id:
+    for stack in stacks:
+        with stack.lock:
+            lgr = stack.engine.lgrs.get(info.lgr_id)
+            if lgr is None:
                 continue
             table.add_row("link group", f"id {lgr.lgr_id}, role {lgr.role.value}, "
                           f"type {lgr.lgr_type.value}, {len(lgr.conns)} connection(s)")  # fmt: skip
@@ -174,5 +196,5 @@ def _show_connection(console: Console, sock: Any, info: Any, stack: Any, setup: 
                               f"peer QP {link.peer_qpn:#x}, MTU enum {link.mtu}")  # fmt: skip
                 table.add_row("  local GID", stack.device.gid.hex())
                 table.add_row("  peer GID", link.peer_gid.hex())
-    table.add_row("RNIC", f"{stack.device.name} (shm: shared memory between processes)")
+            table.add_row("RNIC", f"{stack.device.name} ({rnic_label(kind)})")
     console.print(table)
