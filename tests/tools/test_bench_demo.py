@@ -95,3 +95,21 @@ def test_demo_runs_smcr_end_to_end(rnic: str, device: str) -> None:
     other = "roce" if rnic == "shm" else "shm"
     assert f"{other} RNIC" not in out and demo.rnic_label(other) not in out
     assert "link groups [(1, 'SERV', 'SINGLE', 1)]" in out
+
+
+def test_info_reports_the_buffers_and_links_smcr_uses() -> None:
+    """``smcr info`` gives the buffer sizes a connection really gets on each RNIC kind and
+    the one link per group smcr runs (not only the engine's Linux defaults)."""
+    from smcr.core import Config  # noqa: PLC0415
+    from smcr.stack.runtime import BUFFER, ROCE_BUFFER  # noqa: PLC0415
+
+    got = subprocess.run([sys.executable, "-m", "smcr", "info", "--json"], capture_output=True,
+                         text=True, timeout=60, check=True)  # fmt: skip
+    info = json.loads(got.stdout)
+    assert info["buffers"] == {"shm": BUFFER, "roce": ROCE_BUFFER}
+    assert info["links_in_use"] == 1
+    assert info["limits"]["max_conns"] == Config().max_conns == 255
+    text = subprocess.run([sys.executable, "-m", "smcr", "info"], capture_output=True, text=True,
+                          timeout=60, check=True).stdout  # fmt: skip
+    assert f"send buffer and RMB {BUFFER >> 10} KiB on shm, {ROCE_BUFFER >> 10} KiB on roce" in text
+    assert "255 connections per link group, 1 link per link group" in text
