@@ -85,12 +85,15 @@ def test_the_pool_limit_declines_mem_until_a_buffer_comes_back() -> None:
         assert isinstance(server, FellBack) and isinstance(client, FellBack)
         assert (server.local_code, client.local_code, client.peer_code) == (
             DeclineCode.MEM, DeclineCode.PEERDECL, DeclineCode.MEM)  # fmt: skip
-        assert hx.rmb_mr is not None
-        rkey = hx.rmb_mr.rkey
+        assert hx.rmb_mr is not None and hy.rmb_mr is not None
+        rkey, client_rkey = hx.rmb_mr.rkey, hy.rmb_mr.rkey
         close_both(x, hx, y, hy)
-        assert wait_pooled(x, rkey)
-        hx2, _ = connect(x, y)
+        # Both ends are at their limit: each must have its RMB back, and an RMB comes
+        # back only once the peer answered its DELETE RKEY, after the release.
+        assert wait_pooled(x, rkey) and wait_pooled(y, client_rkey)
+        hx2, hy2 = connect(x, y)
         assert hx2.rmb_mr is not None and hx2.rmb_mr.rkey == rkey
+        assert hy2.rmb_mr is not None and hy2.rmb_mr.rkey == client_rkey
 
 
 def test_a_recycled_rmb_gets_no_stale_write_from_the_old_peer() -> None:
