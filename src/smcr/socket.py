@@ -1224,6 +1224,8 @@ class SMCSocket(_PlainSocket):
                     stack.app_close(hc)
                     if c is not None:
                         stack.wait(hc, lambda: _cdcs_done(c), deadline)
+            with stack.lock:
+                stack.drop_readiness(hc)
         self._drop_descriptor()
 
     def _drop_descriptor(self) -> None:

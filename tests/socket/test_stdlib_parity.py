@@ -184,3 +184,28 @@ def test_a_socket_connects_again_after_a_refused_connect_as_on_tcp() -> None:
     tcp, smc = connect_after_refusal(socket.socket), connect_after_refusal(smcr.SMCSocket)
     assert tcp == smc
     assert tcp[:2] == [errno.EINPROGRESS, errno.ECONNREFUSED] and tcp[3:] == [True, 0]
+
+
+def descriptor_after_close(a: socket.socket, b: socket.socket) -> list[object]:
+    """The descriptor ``fileno()`` gave is gone once ``close()`` returns (CPython's
+    test_epoll: unregistering it then fails with EBADF), whoever closed first."""
+    seen: list[object] = []
+    for sock in (a, b):
+        fd = sock.fileno()
+        ep = select.epoll()
+        try:
+            ep.register(fd, select.EPOLLIN)
+            sock.close()
+            try:
+                ep.unregister(fd)
+                seen.append("still registered")
+            except OSError as exc:
+                seen.append(errno.errorcode.get(exc.errno or 0, str(exc)))
+        finally:
+            ep.close()
+    return seen
+
+
+def test_the_descriptor_is_gone_when_close_returns_as_on_tcp() -> None:
+    tcp, smc = both(descriptor_after_close)
+    assert tcp == smc == ["EBADF", "EBADF"]

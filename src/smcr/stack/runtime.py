@@ -726,6 +726,14 @@ class Stack:
             hc.cond.notify_all()
             self.update_readiness(hc)
 
+    def drop_readiness(self, hc: HostConn) -> None:
+        """The application closed the connection: its readiness descriptor goes now (lock
+        held), not when the close handshake ends, as a closed socket's descriptor is
+        gone when ``close()`` returns (``epoll.unregister`` of it fails with EBADF)."""
+        if hc.readiness is not None:
+            hc.readiness.close()
+            hc.readiness = None
+
     def update_readiness(self, hc: HostConn) -> None:
         """Bring the connection's readiness descriptor up to date (if anyone asked for it)."""
         r = hc.readiness
