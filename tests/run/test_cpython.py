@@ -1,5 +1,5 @@
 """CPython's own regression tests of the networking modules (socket, http, socketserver,
-selectors, xmlrpc, urllib, asyncio's socket calls and event loops), under ``smcr run``
+selectors, select/poll/epoll, xmlrpc, urllib, asyncio's socket calls and event loops), under ``smcr run``
 and without it: the same tests run, and pass, either way; under ``smcr run`` the
 connections they make between their own ends are SMC-R (counted by ``smcr stats``,
 :mod:`smcr.diag`).
@@ -28,6 +28,9 @@ MODULES = {
     "test_httplib": [],
     "test_socketserver": [],
     "test_selectors": [],
+    "test_select": [],
+    "test_poll": [],
+    "test_epoll": [],
     "test_xmlrpc": [],
     "test_urllib2_localnet": [],
     "test_httpservers": [],
@@ -69,5 +72,5 @@ def test_cpython_module_passes_under_smcr_run_as_without(module: str, tmp_path: 
     smc = run_module(module, True, env)
     assert plain[1] == "SUCCESS", plain[2][-4000:]
     assert (smc[0], smc[1]) == (plain[0], plain[1]), smc[2][-6000:]
-    if module != "test_selectors":  # (its sockets are socketpairs: AF_UNIX)
+    if module not in ("test_selectors", "test_select", "test_poll"):  # (pipes, socketpairs)
         assert smc_connections(env) > 0
