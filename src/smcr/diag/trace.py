@@ -81,6 +81,7 @@ class Tracer:
         self._described: set[tuple[int, int]] = set()  # (dev, qpn) whose link was told
         self._conns_told: set[tuple[int, int]] = set()  # (dev, token) whose RMB was told
         self._clc_addr: dict[tuple[int, int], tuple[Any, Any]] = {}
+        self._fresh: set[tuple[int, int]] = set()  # (dev, qpn) of QPs made while tracing
         self._running = False
 
     # ------------------------------------------------------------ install
@@ -137,17 +138,22 @@ class Tracer:
             self.dropped += 1
 
     def _describe(self, dev: int, stack: Any, qpn: int, qp: Any = None) -> None:
-        """Tell the link of ``qpn`` once (before its first record, so that its PSNs are
-        those of the next packets)."""
+        """Tell the link of ``qpn`` once, before its first record.
+
+        PSNs: a link that came up while tracing starts at its initial PSNs (every
+        packet since is recorded: ``exact``); one up before continues from the RNIC's
+        next PSNs (:meth:`~smcr.rdma.base.QueuePair.next_psns`), which are the next
+        packets' on the send side, and past what arrived already on the receive side.
+        """
         link = stack.engine.links.get(qpn)
         if link is None or not link.peer_qpn:
             return
         self._described.add((dev, qpn))
-        psn, peer_psn, exact = link.psn, link.peer_psn, False
-        psns = getattr(qp if qp is not None else stack.qps.get(qpn), "next_psns", None)
-        now = psns() if psns is not None else None
-        if now is not None:
-            psn, peer_psn, exact = now[0], now[1], True
+        psn, peer_psn, exact = link.psn, link.peer_psn, (dev, qpn) in self._fresh
+        qp = qp if qp is not None else stack.qps.get(qpn)
+        now = qp.next_psns() if qp is not None and not exact else None
+        if now is not None:  # a link up before the trace: the RNIC's PSNs as they are now
+            psn, peer_psn = now
         self._add(("link", time.time(), dev, qpn, stack.device.gid, stack.device.mac,
                    link.peer_gid, link.peer_mac, link.peer_qpn, psn, peer_psn,
                    link.mtu, exact))  # fmt: skip
@@ -160,6 +166,7 @@ class Tracer:
 
         def traced_new_qp() -> tuple[int, int]:
             qpn, psn = new_qp()
+            self._fresh.add((dev, qpn))
             qp = stack.qps.get(qpn)
             if qp is not None:
                 self._hook_qp(dev, stack, qp)
@@ -232,7 +239,12 @@ class Tracer:
             view = lookup(wr.sg_list[0], 0)
             return length, bytes(view[:limit]) if view is not None else b""
 
+        inside = [False]  # in post_writes_send, which may hand its WRs to post_send
+
         def traced_post_send(wrs: SendWr | Iterable[SendWr]) -> None:
+            if inside[0]:
+                post_send(wrs)
+                return
             batch = [wrs] if isinstance(wrs, SendWr) else list(wrs)
             if (dev, qpn) not in described:
                 self._describe(dev, stack, qpn, qp)
@@ -249,7 +261,11 @@ class Tracer:
                                     wr_id: int, signaled: bool) -> None:  # fmt: skip
             if (dev, qpn) not in described:
                 self._describe(dev, stack, qpn, qp)
-            post_writes_send(writes, message, wr_id, signaled)
+            inside[0] = True
+            try:
+                post_writes_send(writes, message, wr_id, signaled)
+            finally:
+                inside[0] = False
             ts = time.time()
             for addr, rkey, data in writes:
                 add(("write", ts, dev, qpn, addr, rkey, len(data), bytes(data[:snap])))

@@ -76,9 +76,11 @@ class TraceFramer:
     rx: dict[tuple[int, int], _Rx] = field(default_factory=dict)
     bad: int = 0
     unframed: int = 0  # records of links never described
+    last_ts: float = 0.0
 
     def frames(self, record: Any) -> list[tuple[float, bytes]]:
-        """(timestamp, frame) for one record; [] for a record that makes none."""
+        """(timestamp, frame) for one record; [] for a record that makes none.  Timestamps
+        never go back (an inferred WRITE is stamped just before its CDC)."""
         try:
             if not isinstance(record, dict):
                 raise BadRecordError("not an object")
@@ -86,7 +88,11 @@ class TraceFramer:
             handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
             if handler is None:
                 raise BadRecordError(f"unknown record {kind!r}")
-            return handler(self, record)
+            out = []
+            for ts, frame in handler(self, record):
+                self.last_ts = max(ts, self.last_ts)
+                out.append((self.last_ts, frame))
+            return out
         except (BadRecordError, WireError, ValueError, TypeError, KeyError, OverflowError):
             self.bad += 1
             return []
