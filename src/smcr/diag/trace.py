@@ -52,7 +52,9 @@ MAX_RECORDS = 8192
 MAX_SNAP = 4096
 """Most payload bytes of an RDMA WRITE a trace keeps (a tool asks for 0 .. this)."""
 FRAME_RECORDS = 2048
-"""Most records in one frame of the stream (a frame stays far below MAX_ANSWER)."""
+"""Most records in one frame of the stream."""
+FRAME_BYTES = 1 << 20
+"""Payload bytes after which a frame is closed (a frame stays far below MAX_ANSWER)."""
 
 _SEND, _WRITE, _INLINE = WrOpcode.SEND, WrOpcode.RDMA_WRITE, SendFlag.INLINE
 _CDC = 0xFE
@@ -86,11 +88,16 @@ class Tracer:
 
     # ------------------------------------------------------------ install
 
-    def start(self) -> None:
-        """Hook every runtime of this process, and those made from now on."""
+    def start(self, stacks: list[Any] | None = None) -> None:
+        """Hook every runtime of this process, and those made from now on (or only
+        ``stacks``: the tests' runtimes side by side)."""
         from smcr.stack import runtime  # noqa: PLC0415 - loaded already in a process using SMC
 
         self._running = True
+        if stacks is not None:
+            for stack in stacks:
+                self._hook_stack(stack)
+            return
         runtime.on_new_stack.append(self._hook_stack)
         for stack in list(runtime._stacks.values()):
             if stack.pid == os.getpid():
@@ -214,10 +221,11 @@ class Tracer:
         addr = self._clc_addr.get(key)
         if addr is None:
             hc = stack.conns.get(conn)
-            try:
-                addr = (hc.tcp.getsockname()[:2], hc.tcp.getpeername()[:2])
-            except (AttributeError, OSError):
-                addr = (("0.0.0.0", 0), ("0.0.0.0", 0))
+            addr = (("0.0.0.0", 0), ("0.0.0.0", 0))  # (not an IP socket: tests' socketpairs)
+            with contextlib.suppress(AttributeError, OSError):
+                local, peer = hc.tcp.getsockname(), hc.tcp.getpeername()
+                if isinstance(local, tuple) and isinstance(peer, tuple):
+                    addr = (local[:2], peer[:2])
             self._clc_addr[key] = addr
         self._add(("clc", time.time(), dev, conn, out, addr[0], addr[1], data))
 
@@ -282,8 +290,11 @@ class Tracer:
         """Up to ``most`` records as JSON objects, oldest first (the endpoint's thread)."""
         out: list[dict[str, Any]] = []
         records = self.records
-        while records and len(out) < most:
-            out.append(_as_json(records.popleft()))
+        size = 0
+        while records and len(out) < most and size < FRAME_BYTES:
+            record = records.popleft()
+            size += len(record[-1]) if isinstance(record[-1], bytes) else 0
+            out.append(_as_json(record))
         return out
 
 
