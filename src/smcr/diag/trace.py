@@ -85,6 +85,7 @@ class Tracer:
         self._clc_addr: dict[tuple[int, int], tuple[Any, Any]] = {}
         self._fresh: set[tuple[int, int]] = set()  # (dev, qpn) of QPs made while tracing
         self._running = False
+        self._lock = threading.Lock()  # hooking and unhooking (never the data path)
 
     # ------------------------------------------------------------ install
 
@@ -105,6 +106,10 @@ class Tracer:
 
     def stop(self) -> None:
         """Take every hook away (idempotent); the records stay for the tool."""
+        with self._lock:
+            self._unhook()
+
+    def _unhook(self) -> None:
         if not self._running:
             return
         self._running = False
@@ -122,8 +127,11 @@ class Tracer:
                         del qp.__dict__[name]
 
     def _hook_stack(self, stack: Any) -> None:
-        if not self._running or any(s is stack for s in self.stacks):
-            return
+        with self._lock:  # (a runtime made while the tool goes must not keep hooks)
+            if self._running and not any(s is stack for s in self.stacks):
+                self._hook_new_stack(stack)
+
+    def _hook_new_stack(self, stack: Any) -> None:
         dev = len(self.stacks)
         self.stacks.append(stack)
         self._hook_runtime(dev, stack)  # new QPs are hooked from here on
