@@ -256,13 +256,16 @@ def test_a_killed_tool_leaves_the_process_working(env: dict[str, str],
 
 
 def test_stdout_and_count(env: dict[str, str], procs: Callable[..., Proc]) -> None:
-    """``-w -`` streams the pcap to standard output; ``-c N`` stops after N frames."""
+    """``-w -`` streams the pcap to standard output; ``-c N`` stops after N frames; without
+    ``-p`` every smcr process of the user is traced (here: the server, in this test's
+    diag directory)."""
     server = procs("server")
-    tool = subprocess.Popen([sys.executable, "-m", "smcr", "trace", "-w", "-", "-c", "5",
-                             "-p", str(server.p.pid)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=REPO)  # fmt: skip
+    tool = subprocess.Popen([sys.executable, "-m", "smcr", "trace", "-w", "-", "-c", "5"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=REPO)  # fmt: skip
     try:
-        assert tool.stderr is not None and b"tracing pid" in tool.stderr.readline()
+        assert tool.stderr is not None
+        assert f"tracing pid {server.p.pid} (".encode() in tool.stderr.readline()
         procs("client", str(server.first[1]))
         out, err = tool.communicate(timeout=60)
     finally:
