@@ -123,9 +123,12 @@ def _reader(session: Session, inbox: queue.Queue[tuple[Session, dict[str, Any] |
             inbox.put((session, frame))
             if frame.get("end") is True:
                 break
-    except (OSError, EOFError, protocol.ProtocolError) as exc:
+    except EOFError:
         if not session.ended:
-            session.error = client.text(getattr(exc, "strerror", None) or exc or "closed")
+            session.error = "the process ended the trace (it exited?)"
+    except (OSError, protocol.ProtocolError) as exc:
+        if not session.ended:
+            session.error = client.text(getattr(exc, "strerror", None) or exc)
     inbox.put((session, None))
 
 
