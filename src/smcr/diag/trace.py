@@ -76,6 +76,7 @@ class Tracer:
 
     def __init__(self, snap: int) -> None:
         self.snap = max(0, min(int(snap), MAX_SNAP))
+        self.pid = os.getpid()  # a forked child has its own runtimes and its own trace
         self.records: deque[tuple[Any, ...]] = deque()
         self.recorded = 0
         self.dropped = 0
@@ -128,7 +129,8 @@ class Tracer:
 
     def _hook_stack(self, stack: Any) -> None:
         with self._lock:  # (a runtime made while the tool goes must not keep hooks)
-            if self._running and not any(s is stack for s in self.stacks):
+            if (self._running and self.pid == os.getpid()
+                    and not any(s is stack for s in self.stacks)):  # fmt: skip
                 self._hook_new_stack(stack)
 
     def _hook_new_stack(self, stack: Any) -> None:
@@ -380,6 +382,7 @@ def open_stream(request: dict[str, Any]) -> tuple[dict[str, Any], TraceStream]:
     if not isinstance(snap, int) or isinstance(snap, bool) or not 0 <= snap <= MAX_SNAP:
         raise ValueError(f"snap must be an integer 0..{MAX_SNAP}")
     with _active_lock:
+        _active[:] = [t for t in _active if t.pid == os.getpid()]  # a parent's, in a child
         if _active:
             raise TraceBusyError("this process is being traced already (one trace at a time)")
         tracer = Tracer(snap)

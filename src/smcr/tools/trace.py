@@ -228,7 +228,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"smcr trace: tracing pid {names}; writing {args.write}; Ctrl-C stops",
           file=sys.stderr, flush=True)
     status = _loop(args, out, sessions)
-    out.close()
+    try:
+        out.close()
+    except BrokenPipeError:  # -w - into a reader that went away: nothing more goes there
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     for s in sessions:
         s.sock.close()
     _report(args, out, sessions, refused)
@@ -305,8 +308,9 @@ def _report(args: argparse.Namespace, out: _Output, sessions: list[Session],
         print(json.dumps(summary), file=stream)
         return
     dropped = sum(s.dropped for s in sessions)
+    n = len(sessions)
     print(f"smcr trace: {out.writer.frames} frames written to {args.write} "
-          f"({sum(s.records for s in sessions)} records from {len(sessions)} processes, "
+          f"({sum(s.records for s in sessions)} records from {n} process{'es' * (n != 1)}, "
           f"{dropped} dropped by slow reading)", file=sys.stderr)  # fmt: skip
     for s in sessions:
         if s.error:
