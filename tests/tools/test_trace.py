@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from smcr.tools.tshark import DecodedFrame, decode
+from tests.support import stop_capture
 from tests.tools.test_observability import REPO, Proc, smcr_json, wait_for
 
 pytestmark = pytest.mark.tshark
@@ -154,6 +158,67 @@ def _check_conversation(frames: list[DecodedFrame], port: int) -> None:
         assert any(f.first("smc.rmbe.ctrl.peer.closed.conn") in ("1", "True") for f in cdcs)
         writes = [f for f in way if _ints(f, "infiniband.bth.opcode") == [10]]  # WRITE Only
         assert sum(int(f.first("infiniband.reth.dmalen")) for f in writes) == 100 * 1000
+
+
+def _bth_rows(pcap: Path) -> list[tuple[str, ...]]:
+    """(source, destination, opcode, dest QP, PSN, DMA length) of every RoCE packet but ACKs."""
+    out = subprocess.run(["tshark", "-n", "-r", str(pcap), "-Y",
+                          "infiniband && infiniband.bth.opcode != 17", "-T", "fields",
+                          "-e", "ip.src", "-e", "ip.dst", "-e", "infiniband.bth.opcode",
+                          "-e", "infiniband.bth.destqp", "-e", "infiniband.bth.psn",
+                          "-e", "infiniband.reth.dmalen"], capture_output=True, text=True,
+                         check=True, timeout=120)  # fmt: skip
+    return [tuple(line.split("\t")) for line in out.stdout.splitlines()]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("dumpcap") is None,
+                    reason="needs root and dumpcap (a capture on lo)")
+def test_over_roce_the_trace_has_the_packets_of_the_wire(
+        env: dict[str, str], procs: Callable[..., Proc]) -> None:  # fmt: skip
+    """Over RoCE the trace's QPNs and PSNs are the real ones: every packet a capture of lo
+    sees between the two RNICs (ACKs aside) is in the trace, in order, with the same
+    addresses, opcode, QP, PSN and length.  (lo hands the capture each GSO datagram
+    unsegmented, so it shows the first packet of each; the trace has them all.)"""
+    directory = Path(tempfile.mkdtemp(prefix="smcr-trace-"))
+    os.chmod(directory, 0o755)  # dumpcap may drop to another user
+    wire, traced = directory / "wire.pcapng", directory / "trace.pcap"
+    cap = subprocess.Popen(["dumpcap", "-q", "-i", "lo", "-f", "udp port 4791", "-w",
+                            str(wire)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as mark:
+            def live() -> bool:  # a datagram of ours is in the file: it captures
+                mark.sendto(b"mark", ("127.255.255.254", 4791))
+                return wire.exists() and wire.stat().st_size > 1024
+            assert wait_for(live)
+        extra = {"SMCR_RNIC": "roce"}
+        server = procs("server", "127.0.0.2", extra=extra)
+        tracer = Trace(env, "-w", str(traced), "-p", str(server.p.pid))
+        try:
+            client = procs("client", server.first[1], "127.0.0.2", extra=extra)
+            assert client.first[1] == "SMCR"
+            client.say("close")
+            assert client.p.stdout is not None and client.p.stdout.readline().strip() == "closed"
+            assert wait_for(lambda: _connections_gone(env, server.p.pid))
+            status, _out, err = tracer.stop()
+        finally:
+            tracer.kill()
+        assert status == 0, err
+        stop_capture(cap)
+        in_trace = _bth_rows(traced)
+        ends = {row[0] for row in in_trace}
+        assert len(ends) == 2
+        on_wire = [row for row in _bth_rows(wire) if row[0] in ends and row[1] in ends]
+        assert len(on_wire) >= 200  # 100 WRITEs each way at least
+        at = 0
+        for row in on_wire:
+            found = in_trace.index(row, at)  # ValueError: a packet the trace lacks
+            at = found + 1
+    finally:
+        if cap.poll() is None:
+            stop_capture(cap)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_pid_that_cannot_be_traced(env: dict[str, str], procs: Callable[..., Proc],
