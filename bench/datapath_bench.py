@@ -1,6 +1,7 @@
 """The CPU cost of SMC-R's data path per message, without scheduling noise.
 
-Run: ``python bench/datapath_bench.py [--sizes 32,65536] [--count 20000] [--profile]``.
+Run: ``python bench/datapath_bench.py [--sizes 32,65536] [--count 20000] [--profile]
+[--trace]``.
 
 Both ends of one SMC-R connection live in this process and one thread does
 ``sendall`` then ``recv_into`` in turn, so what is measured is the Python work
@@ -10,6 +11,9 @@ of each, per message -- with no wakeups, no other process and no other core
 involved.  That makes it steady on a busy machine where ``smcr bench`` (two
 processes, wall time) is not, and the figure to watch when the data path
 changes.  ``--profile`` prints the top functions (cProfile) of the last size.
+``--trace`` measures again with ``smcr trace`` running on this process (a thread
+reads the stream and drops it, as a tool would): what the hooks cost the data
+path (the endpoint thread's work on the records is not in these thread times).
 
 This is a measurement, not a test: nothing here asserts.
 """
@@ -20,9 +24,11 @@ import argparse
 import cProfile
 import io
 import pstats
+import socket
 import statistics
 import threading
 import time
+from collections.abc import Callable
 
 import smcr
 
@@ -59,23 +65,68 @@ def run(cli: smcr.SMCSocket, srv: smcr.SMCSocket, size: int, count: int) -> tupl
     return t_send / count * 1e6, t_recv / count * 1e6
 
 
+def start_trace() -> Callable[[], None]:
+    """``smcr trace`` of this process, read and dropped by a thread; returns its stop."""
+    from smcr import diag  # noqa: PLC0415
+    from smcr.diag import protocol  # noqa: PLC0415
+
+    ep = diag.endpoint()
+    if ep is None:
+        raise RuntimeError("this process has no diag endpoint (SMCR_DIAG=0?)")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(ep.path))
+    s.sendall(protocol.encode({"op": "trace"}))
+    first = s.recv(1 << 16)  # the answer comes once the hooks are in
+    if b'"ok":true' not in first:
+        raise RuntimeError(f"no trace: {first!r}")
+
+    def drain() -> None:
+        while s.recv(1 << 20):
+            pass
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+
+    def stop() -> None:
+        s.shutdown(socket.SHUT_WR)
+        reader.join(10)
+        s.close()
+
+    return stop
+
+
+def table(cli: smcr.SMCSocket, srv: smcr.SMCSocket, sizes: list[int], count: int,
+          reps: int) -> None:  # fmt: skip
+    """One line per size: median thread-time µs of send, receive, both."""
+    print(f"{'size':>8} {'send µs':>9} {'recv µs':>9} {'total µs':>9}")
+    for size in sizes:
+        n = max(500, count * 1024 // max(size, 1024))
+        run(cli, srv, size, min(n, 2000))  # warm-up
+        runs = [run(cli, srv, size, n) for _ in range(reps)]
+        send = statistics.median(r[0] for r in runs)
+        recv = statistics.median(r[1] for r in runs)
+        print(f"{size:>8} {send:>9.2f} {recv:>9.2f} {send + recv:>9.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="32,1024,65536", help="message sizes, comma-separated")
     ap.add_argument("--count", type=int, default=20000, help="messages per repetition")
     ap.add_argument("--reps", type=int, default=3, help="repetitions (median)")
     ap.add_argument("--profile", action="store_true", help="cProfile the last size")
+    ap.add_argument("--trace", action="store_true",
+                    help="then again while smcr trace runs, then again after it")
     args = ap.parse_args()
     cli, srv = pair()
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"{'size':>8} {'send µs':>9} {'recv µs':>9} {'total µs':>9}")
-    for size in sizes:
-        count = max(500, args.count * 1024 // max(size, 1024))
-        run(cli, srv, size, min(count, 2000))  # warm-up
-        reps = [run(cli, srv, size, count) for _ in range(args.reps)]
-        send = statistics.median(r[0] for r in reps)
-        recv = statistics.median(r[1] for r in reps)
-        print(f"{size:>8} {send:>9.2f} {recv:>9.2f} {send + recv:>9.2f}")
+    table(cli, srv, sizes, args.count, args.reps)
+    if args.trace:
+        stop = start_trace()
+        print("while tracing:")
+        table(cli, srv, sizes, args.count, args.reps)
+        stop()
+        print("after the trace:")
+        table(cli, srv, sizes, args.count, args.reps)
     if args.profile:
         prof = cProfile.Profile(time.thread_time)
         prof.enable()

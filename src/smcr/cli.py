@@ -167,8 +167,9 @@ def _tool(name: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _add_observability(sub: Any) -> None:
-    """``ss``, ``stats``, ``linkgroup``, ``info``, ``chk``, ``top``: every smcr process of the
-    host, asked through its diag endpoint (:mod:`smcr.diag`); README "Observability"."""
+    """``ss``, ``stats``, ``linkgroup``, ``info``, ``chk``, ``top``, ``trace``: every smcr
+    process of the host, asked through its diag endpoint (:mod:`smcr.diag`); README
+    "Observability"."""
     ss = sub.add_parser("ss", help="SMC sockets of every smcr process (as smcss)")
     ss.add_argument("-a", "--all", action="store_true", help="LISTEN and INIT sockets too")
     ss.add_argument("-l", "--listening", action="store_true", help="only LISTEN sockets")
@@ -212,6 +213,18 @@ def _add_observability(sub: Any) -> None:
     top.add_argument("--json", action="store_true",
                      help="one look (two with -n 2: rates) as JSON (README)")
     top.set_defaults(func=_tool("top"))
+    trace = sub.add_parser("trace", help="a pcap of smcr processes' SMC-R traffic (CLC, LLC, "
+                           "CDC, RDMA WRITE headers), shm RNIC included")
+    trace.add_argument("-w", dest="write", metavar="FILE", required=True,
+                       help="the pcap to write (a new file; '-': standard output)")
+    trace.add_argument("-p", "--pid", type=int, help="trace this process (default: every "
+                       "smcr process of yours)")
+    trace.add_argument("-s", "--snaplen", type=int, default=0, metavar="BYTES",
+                       help="payload bytes kept of each RDMA WRITE (0..4096; default 0)")
+    trace.add_argument("-c", "--count", type=int, metavar="N", help="stop after N frames")
+    trace.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    trace.add_argument("--json", action="store_true", help="the summary as JSON (README)")
+    trace.set_defaults(func=_tool("trace"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,11 @@ from types import TracebackType
 from typing import BinaryIO
 
 from smcr.wire import inet
-from smcr.wire.roce_packet import RocePacket, build_ipv4_udp_roce_frame
+from smcr.wire.roce_packet import (
+    RocePacket,
+    build_ipv4_udp_roce_frame,
+    build_ipv6_udp_roce_frame,
+)
 from smcr.wire.tcpopt import build_smc_option
 
 PCAP_MAGIC = 0xA1B2C3D4
@@ -62,6 +66,10 @@ class PcapWriter:
         self._file.write(frame)
         self.frames += 1
 
+    def flush(self) -> None:
+        """Push what is written to the file (``smcr trace``: a reader may follow it)."""
+        self._file.flush()
+
     def close(self) -> None:
         """Flush, and close the file if this writer opened it."""
         self._file.flush()
@@ -95,12 +103,31 @@ def ipv4_frame(src: Endpoint, dst: Endpoint, protocol: int, l4: bytes, *, ttl: i
     return inet.ethernet_frame(src.mac, dst.mac, inet.ETH_P_IP, ip + l4)
 
 
-def roce_frame(src: Endpoint, dst: Endpoint, packet: RocePacket, *, ttl: int = 1) -> bytes:
-    """Ethernet + a RoCEv2 datagram (UDP to 4791 from ``src.port``) with its ICRC.
+def ip_frame(src: Endpoint, dst: Endpoint, protocol: int, l4: bytes) -> bytes:
+    """Ethernet + IPv4 (as :func:`ipv4_frame`) or IPv6, as the addresses are."""
+    if ":" not in src.ip:
+        return ipv4_frame(src, dst, protocol, l4)
+    ip = inet.ipv6_header(src.ip, dst.ip, len(l4), hop_limit=64, next_header=protocol)
+    return inet.ethernet_frame(src.mac, dst.mac, inet.ETH_P_IPV6, ip + l4)
 
-    IPv4 ID 0, DF and UDP checksum 0 as rxe sends them; TTL 1 is what Linux
-    SMC-R uses (spec rocev2 §1.4).
+
+def roce_frame(src: Endpoint, dst: Endpoint, packet: RocePacket, *, ttl: int = 1) -> bytes:
+    """Ethernet + a RoCEv2 datagram (UDP to 4791 from ``src.port``) with its ICRC, over
+    IPv4 or (addresses with a colon) IPv6.
+
+    IPv4 ID 0, DF and UDP checksum 0 as rxe sends them; TTL (hop limit) 1 is
+    what Linux SMC-R uses (spec rocev2 §1.4).
     """
+    if ":" in src.ip:
+        v6 = bytearray(build_ipv6_udp_roce_frame(packet, src.ip, dst.ip, src.port,
+                                                 hop_limit=ttl))  # fmt: skip
+        # IPv6 forbids UDP checksum 0 (RFC 8200 §8.1; Wireshark flags it); the ICRC
+        # leaves the field out (masked), so filling it in changes nothing else.
+        udp = v6[40:]
+        pseudo = v6[8:40] + struct.pack("!IxxxB", len(udp), inet.IPPROTO_UDP)
+        checksum = inet.internet_checksum(bytes(pseudo) + bytes(udp)) or 0xFFFF
+        struct.pack_into("!H", v6, 46, checksum)
+        return inet.ethernet_frame(src.mac, dst.mac, inet.ETH_P_IPV6, bytes(v6))
     datagram = build_ipv4_udp_roce_frame(packet, src.ip, dst.ip, src.port, ttl=ttl)
     return inet.ethernet_frame(src.mac, dst.mac, inet.ETH_P_IP, datagram)
 
@@ -128,7 +155,7 @@ class TcpFlow:
         )
         consumes_seq = bool(flags & (inet.TCP_SYN | inet.TCP_FIN))
         self._seq[from_client] = seq + len(payload) + consumes_seq
-        return ipv4_frame(src, dst, inet.IPPROTO_TCP, tcp)
+        return ip_frame(src, dst, inet.IPPROTO_TCP, tcp)
 
     def handshake(self, *, smc_option: bool = True) -> list[bytes]:
         """SYN, SYN-ACK, ACK; the SYN and SYN-ACK carry the SMC option if asked."""

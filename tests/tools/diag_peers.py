@@ -1,6 +1,7 @@
 """Peer programs for the observability tests: run as ``python diag_peers.py ROLE ...``.
 
-Each prints one line when it is ready (``ready PORT`` for servers) and then
+``server [HOST]``, ``client PORT [HOST]`` (default 127.0.0.1).  Each prints one line
+when it is ready (``ready PORT`` for servers) and then
 waits for a line on standard input (``exit``: leave normally, so that its
 counters are left behind; ``close``: close the SMC-R connection and wait again).
 """
@@ -22,9 +23,9 @@ def _echo(conn: socket.socket) -> None:
         pass
 
 
-def server() -> None:
+def server(host: str = "127.0.0.1") -> None:
     """Echo every client; LISTEN stays open."""
-    srv = smcr.create_server(("127.0.0.1", 0))
+    srv = smcr.create_server((host, 0))
     print(f"ready {srv.getsockname()[1]}", flush=True)
 
     def accept() -> None:
@@ -36,16 +37,16 @@ def server() -> None:
     _commands([])
 
 
-def client(port: int) -> None:
+def client(port: int, host: str = "127.0.0.1") -> None:
     """One SMC-R connection (100 round trips of 1000 bytes), one plain TCP connection (the
     server falls back: 0x03010000), then wait."""
-    conn = smcr.create_connection(("127.0.0.1", port))
+    conn = smcr.create_connection((host, port))
     for _ in range(100):
         conn.sendall(b"x" * 1000)
         got = 0
         while got < 1000:
             got += len(conn.recv(1000 - got))
-    plain = socket.create_connection(("127.0.0.1", port))
+    plain = socket.create_connection((host, port))
     print(f"ready {conn.smc_info().mode} {plain.getsockname()[1]}", flush=True)
     _commands([conn])
 
@@ -62,6 +63,6 @@ def _commands(conns: list[socket.socket]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "server":
-        server()
+        server(*sys.argv[2:3])
     else:
-        client(int(sys.argv[2]))
+        client(int(sys.argv[2]), *sys.argv[3:4])

@@ -13,7 +13,8 @@ directory (:mod:`smcr.diag.store`) so host totals include processes that ended.
 Modules: ``paths`` (where), ``protocol`` (frames), ``server`` (the endpoint's
 thread), ``snapshot`` (what a process tells), ``counters`` and ``registry``
 (what the data path and the socket layer update), ``store`` (exited
-processes, reset baseline), ``client`` (the tools' side).
+processes, reset baseline), ``trace`` (``smcr trace``'s hooks and stream),
+``client`` (the tools' side).
 """
 
 from __future__ import annotations
@@ -60,12 +61,13 @@ def start() -> None:
 
         if not paths.enabled():
             return
-        from smcr.diag import server, snapshot  # noqa: PLC0415
+        from smcr.diag import server, snapshot, trace  # noqa: PLC0415
 
         try:
             directory = paths.ensure_private(paths.own_directory())
             _state.endpoint = server.Endpoint(paths.socket_path(directory, pid),
-                                              snapshot.answer)  # fmt: skip
+                                              snapshot.answer,
+                                              {"trace": trace.open_stream})  # fmt: skip
         except OSError:
             return
         atexit.register(_at_exit, pid)

@@ -7,6 +7,9 @@ oversized frame before reading it (:data:`MAX_REQUEST`, :data:`MAX_ANSWER`).
 
 Requests: ``{"op": OP}`` with OP one of :data:`OPS`.  Answers:
 ``{"ok": true, "v": VERSION, "pid": ..., ...}`` or ``{"ok": false, "error": TEXT}``.
+``{"op": "trace", "snap": N}`` is answered, then followed by frames of records
+(:mod:`smcr.diag.trace`) until the tool shuts its end of the socket; the last
+frame is ``{"end": true, ...}``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ MAX_REQUEST = 4096
 """Largest request the endpoint reads; a longer length closes the connection unread."""
 MAX_ANSWER = 16 << 20
 """Largest answer a tool reads (a process with many thousands of connections fits)."""
-OPS = ("ping", "snapshot", "counters")
+OPS = ("ping", "snapshot", "counters", "trace")
 _LEN = struct.Struct(">I")
 HEADER = _LEN.size
 

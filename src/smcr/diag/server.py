@@ -17,6 +17,12 @@ Design (the why of each):
   credentials (``SO_PEERCRED``) are checked on accept: our own uid or root.
   The directory keeps others out; the check holds even where the directory
   was made open (the tests do that, to see the check work).
+* **Streams** (``smcr trace``, :mod:`smcr.diag.trace`): a ``trace`` request's
+  answer is followed by frames of records for as long as the tool stays.  The
+  thread sends them without ever blocking (what the tool does not take in time
+  stays in the tracer's bounded queue, which drops and counts); a tool that
+  takes nothing for :data:`STREAM_STALL` is dropped; the tool shuts its end to
+  say it is done, and gets what was recorded until then, then a last frame.
 """
 
 from __future__ import annotations
@@ -33,16 +39,40 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from smcr.diag import protocol
 
 CLIENT_TIMEOUT = 2.0
 """Seconds a client has, from accept to the last byte of its answer."""
 MAX_CLIENTS = 16
+STREAM_TICK = 0.05
+"""Seconds between looks at a stream's new records."""
+STREAM_STALL = 30.0
+"""Seconds a streaming client may take nothing before it is dropped (its trace ends)."""
 _CRED = struct.Struct("3i")
 
 Answer = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class Stream(Protocol):
+    """What a streaming request's client gets after its answer (:mod:`smcr.diag.trace`)."""
+
+    def next_frame(self) -> dict[str, Any] | None:
+        """The next frame, or None when there is nothing now (or nothing more after the end)."""
+
+    @property
+    def ended(self) -> bool:
+        """The last frame has been taken."""
+
+    def stop(self) -> None:
+        """The client is done: finish (the frames left, then a last one)."""
+
+    def close(self) -> None:
+        """The client is gone."""
+
+
+Opener = Callable[[dict[str, Any]], tuple[dict[str, Any], Stream]]
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -62,19 +92,24 @@ class _Client:
     deadline: float
     inbox: bytearray = field(default_factory=bytearray)
     outbox: memoryview | None = None
+    stream: Stream | None = None
+    stopping: bool = False  # a stream's client shut its end: finish, then drop
 
 
 class Endpoint:
     """The listening socket and its thread (module docstring)."""
 
-    def __init__(self, path: Path, answer: Answer) -> None:
+    def __init__(self, path: Path, answer: Answer, streams: dict[str, Opener] | None = None
+                 ) -> None:  # fmt: skip
         """Bind ``path`` (a stale file of a dead process of the same pid is replaced),
-        and start answering with ``answer(request) -> dict``.
+        and start answering with ``answer(request) -> dict``; a request whose op is in
+        ``streams`` gets ``opener(request)``'s answer, then its stream (module docstring).
 
         :raises OSError: when the socket cannot be made.
         """
         self.path = path
         self.answer = answer
+        self.streams = dict(streams or {})
         self.pid = os.getpid()
         self.answered = 0
         self.refused = 0
@@ -120,6 +155,9 @@ class Endpoint:
     def _round(self, sel: selectors.BaseSelector) -> None:
         now = time.monotonic()
         timeout = min((c.deadline for c in self._clients.values()), default=now + 60) - now
+        streaming = [c for c in self._clients.values() if c.stream is not None]
+        if streaming:
+            timeout = min(timeout, STREAM_TICK)
         for key, mask in sel.select(max(0.0, timeout)):
             if key.fileobj is self.sock:
                 self._accept(sel)
@@ -128,10 +166,15 @@ class Endpoint:
                     self._wake_r.recv(64)
             else:
                 client: _Client = key.data
-                if mask & selectors.EVENT_READ and client.outbox is None:
+                if client.stream is not None and mask & selectors.EVENT_READ:
+                    self._stream_read(sel, client)
+                elif mask & selectors.EVENT_READ and client.outbox is None:
                     self._read(sel, client)
                 elif mask & selectors.EVENT_WRITE and client.outbox is not None:
                     self._write(sel, client)
+        for client in streaming:
+            if client.outbox is None and client.sock.fileno() in self._clients:
+                self._feed(sel, client)
         now = time.monotonic()
         for client in [c for c in self._clients.values() if c.deadline <= now]:
             self._drop(sel, client)
@@ -181,17 +224,23 @@ class Endpoint:
         if len(client.inbox) > protocol.HEADER + length:  # one request per connection
             self._drop(sel, client)
             return
-        client.outbox = memoryview(self._respond(bytes(client.inbox[protocol.HEADER :])))
+        body, client.stream = self._respond(bytes(client.inbox[protocol.HEADER :]))
+        client.outbox = memoryview(body)
         sel.modify(client.sock, selectors.EVENT_WRITE, client)
         self._write(sel, client)
 
-    def _respond(self, body: bytes) -> bytes:
+    def _respond(self, body: bytes) -> tuple[bytes, Stream | None]:
+        stream = None
         try:
             request = protocol.decode(body)
             op = request.get("op")
             if op not in protocol.OPS:
                 raise protocol.ProtocolError(f"unknown op {op!r}")
-            answer = self.answer(request)
+            opener = self.streams.get(op)
+            if opener is not None:
+                answer, stream = opener(request)
+            else:
+                answer = self.answer(request)
             answer.setdefault("ok", True)
         except protocol.ProtocolError as exc:
             answer = {"ok": False, "error": str(exc)}
@@ -200,7 +249,58 @@ class Endpoint:
         answer["v"] = protocol.VERSION
         answer["pid"] = self.pid
         self.answered += 1
-        return protocol.encode(answer)
+        return protocol.encode(answer), stream
+
+    # ------------------------------------------------------------ streams
+
+    def _feed(self, sel: selectors.BaseSelector, client: _Client) -> None:
+        """Give a streaming client its next frame, if there is one (never blocks)."""
+        stream = client.stream
+        assert stream is not None
+        frame = stream.next_frame()
+        if frame is None:
+            if stream.ended:
+                self._drop(sel, client)
+            else:
+                client.deadline = time.monotonic() + STREAM_STALL  # nothing to take: not stalled
+            return
+        client.outbox = memoryview(protocol.encode(frame))
+        self._watch(sel, client)
+        self._write(sel, client)
+
+    def _watch(self, sel: selectors.BaseSelector, client: _Client) -> None:
+        """Select a streaming client for what it needs: its end (until it said it is done;
+        EOF stays readable) and room for a pending frame."""
+        events = (0 if client.stopping else selectors.EVENT_READ) | (
+            selectors.EVENT_WRITE if client.outbox is not None else 0)
+        try:
+            key: selectors.SelectorKey | None = sel.get_key(client.sock)
+        except KeyError:
+            key = None
+        if key is None:
+            if events:
+                sel.register(client.sock, events, client)
+        elif not events:
+            sel.unregister(client.sock)
+        elif key.events != events:
+            sel.modify(client.sock, events, client)
+
+    def _stream_read(self, sel: selectors.BaseSelector, client: _Client) -> None:
+        """A streaming client sends nothing but its end (done): anything else drops it."""
+        try:
+            data = client.sock.recv(64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(sel, client)
+            return
+        if data or client.stopping:
+            self._drop(sel, client)
+            return
+        client.stopping = True
+        assert client.stream is not None
+        client.stream.stop()
+        self._watch(sel, client)
 
     def _write(self, sel: selectors.BaseSelector, client: _Client) -> None:
         out = client.outbox
@@ -213,10 +313,22 @@ class Endpoint:
             self._drop(sel, client)
             return
         client.outbox = out[n:]
+        if client.stream is not None:
+            client.deadline = time.monotonic() + STREAM_STALL  # it takes what we send
+            if not client.outbox:
+                client.outbox = None
+                self._watch(sel, client)
+            return
         if not client.outbox:
             self._drop(sel, client)
 
     def _drop(self, sel: selectors.BaseSelector, client: _Client) -> None:
+        if client.stream is not None:
+            stream, client.stream = client.stream, None
+            try:
+                stream.close()
+            except Exception:  # a stream's bug must not keep the client
+                traceback.print_exc(file=sys.stderr)
         self._clients.pop(client.sock.fileno(), None)
         with contextlib.suppress(KeyError, ValueError, OSError):
             sel.unregister(client.sock)

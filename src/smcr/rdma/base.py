@@ -592,6 +592,11 @@ class QueuePair(ABC):
                           inline_data=message))  # fmt: skip
         self.post_send(wrs)
 
+    def next_psns(self) -> tuple[int, int] | None:
+        """(PSN of the next packet we send, PSN expected next from the peer), for a provider
+        that numbers packets (RoCE; ``smcr trace``), else None."""
+        return None
+
     @abstractmethod
     def post_recv(self, wrs: RecvWr | Iterable[RecvWr]) -> None:
         """Queue receive work requests, in order (``ibv_post_recv``)."""

@@ -1019,6 +1019,8 @@ def _write_wrs(writes: list[tuple[int, int, memoryview]]) -> list[SendWr]:
 
 _stacks: dict[str, Stack] = {}
 _stack_lock = threading.Lock()
+on_new_stack: list[Callable[[Stack], None]] = []
+"""Called with each runtime made (``smcr trace`` hooks the runtimes of a traced process)."""
 
 
 def default_buffer_size(kind: str | None = None) -> int:
@@ -1054,6 +1056,8 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
             size = default_buffer_size(kind)
             stack = _stacks[key] = Stack(Config(sndbuf_size=size, rmb_size=size), device=device)
             atexit.register(stack.close)
+            for hook in list(on_new_stack):
+                hook(stack)
         return stack
 
 

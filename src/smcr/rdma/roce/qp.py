@@ -476,6 +476,10 @@ class RoceQp(QueuePair):
             for w in batch
         )  # fmt: skip
 
+    def next_psns(self) -> tuple[int, int] | None:
+        """The requester's next PSN and the responder's expected one (``smcr trace``)."""
+        return self.req.next, self.resp.epsn
+
     def post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
         """``ibv_post_send``: check local memory, queue, transmit what the window allows.
 

@@ -486,6 +486,11 @@ class ShmQp(QueuePair):
                     if wr.inline_data is not None and type(wr.inline_data) is not bytes:
                         wr.inline_data = bytes(wr.inline_data)
 
+    def next_psns(self) -> tuple[int, int] | None:
+        """Our next PSN and the one the peer sends next (it keeps it in our area), for
+        ``smcr trace``: shm QPs number their packets as RoCE does."""
+        return self._next_psn, lay.U32.unpack_from(self._area, lay.OFF_EPSN)[0] & PSN_MASK
+
     def post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
                          wr_id: int, signaled: bool) -> None:  # fmt: skip
         """The data path's batch (see the base class), fused: the checks of

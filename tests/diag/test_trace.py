@@ -1,0 +1,234 @@
+"""smcr trace, the traced process's side: hooks only while tracing, a bounded queue, a stream
+that no tool can use to hurt the process, and a framer that trusts no record.
+
+In-process: two runtimes side by side (tests/stack/hosts.py) for the hooks, an
+endpoint of this process for the stream.  The whole path (processes, the tool,
+tshark) is tests/tools/test_trace.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from smcr.diag import client, protocol, server, trace
+from smcr.tools.tracepcap import TraceFramer
+from tests.stack.hosts import connect, hosts, read, send
+
+HOOKED = ("new_qp", "_received", "_control")
+
+
+def wait_for(cond: Any, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return bool(cond())
+
+
+def _hooks(stack: Any) -> list[str]:
+    names = [n for n in HOOKED if n in stack.__dict__]
+    names += [f"engine.{n}" for n in stack.engine.__dict__ if n == "receive_clc"]
+    for qp in stack.qps.values():
+        names += [f"qp.{n}" for n in ("post_send", "post_writes_send") if n in qp.__dict__]
+    return names
+
+
+def test_hooks_exist_only_while_tracing() -> None:
+    with hosts(2) as (a, b):
+        assert _hooks(a) == []
+        tracer = trace.Tracer(snap=8)
+        tracer.start([a])
+        try:
+            assert sorted(_hooks(a)) == sorted([*HOOKED, "engine.receive_clc"])
+            server_end, client_end = connect(a, b)  # a is the server
+            assert [n for n in _hooks(a) if n.startswith("qp.")] == ["qp.post_send",
+                                                                     "qp.post_writes_send"]
+            send(b, client_end, b"x" * 100)
+            assert read(a, server_end, 100) == b"x" * 100
+            send(a, server_end, bytes(range(200)))
+            assert read(b, client_end, 200) == bytes(range(200))
+        finally:
+            tracer.stop()
+        assert _hooks(a) == []
+        records = list(tracer.records)
+        kinds = [r[0] for r in records]
+        clc = [(r[4], r[7][4]) for r in records if r[0] == "clc"]  # (out, CLC type)
+        assert clc == [(False, 1), (True, 2), (False, 3)]  # Proposal in, Accept out, Confirm in
+        assert kinds.count("link") == 1 and kinds.index("link") < kinds.index("send")
+        sends = [(r[4], r[5][0]) for r in records if r[0] == "send"]
+        assert sends[:2] == [(True, 0x01), (False, 0x01)]  # CONFIRM LINK and its response
+        assert (False, 0xFE) in sends and (True, 0xFE) in sends  # CDCs both ways
+        (write,) = [r for r in records if r[0] == "write"]  # once, though the post was fused
+        assert write[6] == 200 and write[7] == bytes(range(8))  # length, payload cut to snap
+        first_cdc_in = next(i for i, r in enumerate(records)
+                            if r[0] == "send" and not r[4] and r[5][0] == 0xFE)  # fmt: skip
+        assert kinds.count("conn") == 1 and kinds.index("conn") < first_cdc_in
+        before = len(tracer.records)
+        send(b, client_end, b"y")
+        assert read(a, server_end, 1) == b"y"
+        assert len(tracer.records) == before  # nothing recorded once stopped
+
+
+def test_the_queue_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trace, "MAX_RECORDS", 10)
+    tracer = trace.Tracer(snap=0)
+    for i in range(25):
+        tracer._add(("send", float(i), 0, 1, True, b""))
+    assert (tracer.recorded, tracer.dropped, len(tracer.records)) == (10, 15, 10)
+    assert [r["ts"] for r in tracer.take()] == [float(i) for i in range(10)]
+
+
+# ---------------------------------------------------------------- the stream
+
+
+@pytest.fixture
+def endpoint(tmp_path: Path) -> Iterator[server.Endpoint]:
+    directory = tmp_path / "diag"
+    directory.mkdir(mode=0o700)
+    ep = server.Endpoint(directory / f"{os.getpid()}.sock", lambda r: {"hello": 1},
+                         {"trace": trace.open_stream})  # fmt: skip
+    yield ep
+    ep.close()
+    assert wait_for(lambda: not trace._active)
+
+
+def _open(ep: server.Endpoint, request: dict[str, Any]) -> tuple[socket.socket, dict[str, Any]]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10.0)
+    s.connect(str(ep.path))
+    s.sendall(protocol.encode(request))
+    return s, _frame(s)
+
+
+def _frame(s: socket.socket) -> dict[str, Any]:
+    header = _exactly(s, protocol.HEADER)
+    return protocol.decode(_exactly(s, protocol.frame_length(header, protocol.MAX_ANSWER)))
+
+
+def _exactly(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        assert chunk, "closed"
+        buf += chunk
+    return buf
+
+
+def _tracer() -> trace.Tracer:
+    assert wait_for(lambda: bool(trace._active))
+    return trace._active[0]
+
+
+def test_a_stream_then_its_end(endpoint: server.Endpoint) -> None:
+    s, first = _open(endpoint, {"op": "trace", "snap": 16})
+    assert first["ok"] is True and first["snap"] == 16 and first["pid"] == os.getpid()
+    busy, answer = _open(endpoint, {"op": "trace"})
+    assert answer["ok"] is False and "traced already" in answer["error"]
+    busy.close()
+    assert client.query(endpoint.path, {"op": "ping"})["ok"] is True  # others still answered
+    tracer = _tracer()
+    tracer._add(("send", 1.5, 0, 7, True, b"\xfe" + bytes(43)))
+    frame = _frame(s)
+    assert frame["records"] == [{"t": "send", "ts": 1.5, "dev": 0, "qpn": 7, "out": True,
+                                 "data": base64.b64encode(b"\xfe" + bytes(43)).decode()}]
+    tracer._add(("send", 2.5, 0, 7, False, b"\x01"))
+    s.shutdown(socket.SHUT_WR)  # the tool is done: what was recorded, then the end
+    frames: list[dict[str, Any]] = []
+    while not (frames and frames[-1].get("end")):
+        frames.append(_frame(s))
+    assert [r["ts"] for f in frames for r in f.get("records", [])] == [2.5]
+    assert frames[-1] == {"end": True, "recorded": 2, "dropped": 0}
+    assert s.recv(10) == b""
+    s.close()
+    assert wait_for(lambda: not trace._active)
+
+
+@pytest.mark.parametrize("junk", [b"more", b"\x00" * 4096])
+def test_a_client_that_talks_on_is_dropped(endpoint: server.Endpoint, junk: bytes) -> None:
+    s, first = _open(endpoint, {"op": "trace"})
+    assert first["ok"] is True
+    s.sendall(junk)
+    assert wait_for(lambda: not trace._active)  # its trace is over, its hooks gone
+    s.close()
+    s2, again = _open(endpoint, {"op": "trace"})
+    assert again["ok"] is True
+    s2.close()
+
+
+def test_a_client_that_reads_nothing_is_dropped(
+        endpoint: server.Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr(server, "STREAM_STALL", 0.5)
+    s, first = _open(endpoint, {"op": "trace", "snap": 4096})
+    assert first["ok"] is True
+    tracer = _tracer()
+    for i in range(trace.MAX_RECORDS + 100):  # far more than a socket buffer holds
+        tracer._add(("write", float(i), 0, 7, 0, 1, 4096, os.urandom(4096)))
+    assert wait_for(lambda: not trace._active)  # given up on, never waited for
+    assert client.query(endpoint.path, {"op": "ping"})["ok"] is True
+    s.close()
+
+
+@pytest.mark.parametrize("snap", [-1, 4097, "16", True, 1.5])
+def test_a_bad_snap_is_refused(endpoint: server.Endpoint, snap: Any) -> None:
+    s, answer = _open(endpoint, {"op": "trace", "snap": snap})
+    assert answer["ok"] is False and "snap" in answer["error"]
+    s.close()
+    assert not trace._active
+
+
+# ---------------------------------------------------------------- the framer
+
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(),
+                    st.text(max_size=40))  # fmt: skip
+_value = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=3)
+                      | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+_keys = st.sampled_from(["t", "ts", "dev", "qpn", "out", "data", "gid", "mac", "peer_gid",
+                         "peer_mac", "peer_qpn", "psn", "peer_psn", "mtu", "conn", "local",
+                         "peer", "va", "rkey", "len", "token", "vaddr", "size", "prod"])
+_kinds = st.sampled_from(["link", "conn", "clc", "send", "write", "other"])
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(st.one_of(_value, st.dictionaries(_keys, _value).flatmap(
+    lambda d: _kinds.map(lambda k: {**d, "t": k}))), max_size=8))
+def test_the_framer_takes_any_record(records: list[Any]) -> None:
+    framer = TraceFramer()
+    link = {"t": "link", "ts": 1.0, "dev": 0, "qpn": 7, "gid": "fd" + "00" * 15,
+            "mac": "02" * 6, "peer_gid": "fd" + "11" * 15, "peer_mac": "04" * 6, "peer_qpn": 9,
+            "psn": 1, "peer_psn": 2, "mtu": 3, "exact": True}  # fmt: skip
+    assert framer.frames(link) == []
+    for record in records:
+        for ts, frame in framer.frames(record):
+            assert isinstance(ts, float) and isinstance(frame, bytes)
+
+
+def test_a_cdc_received_brings_the_writes_it_announces() -> None:
+    """The peer's WRITEs, inferred from the producer cursor: one per piece of the ring."""
+    framer = TraceFramer()
+    framer.frames({"t": "link", "ts": 1.0, "dev": 0, "qpn": 7, "gid": "00" * 10 + "ffff7f000001",
+                   "mac": "02" * 6, "peer_gid": "00" * 10 + "ffff7f000002", "peer_mac": "04" * 6,
+                   "peer_qpn": 9, "psn": 100, "peer_psn": 200, "mtu": 1})  # fmt: skip
+    framer.frames({"t": "conn", "ts": 1.0, "dev": 0, "qpn": 7, "token": 5, "rkey": 0x1234,
+                   "vaddr": 0x10000, "size": 1000, "prod": 2 * 1000 + 900})  # fmt: skip
+    cdc = struct.pack(">BBHI2xHI2xHIBB18x", 0xFE, 44, 1, 5, 3, 300, 0, 0, 0, 0)
+    out = framer.frames({"t": "send", "ts": 2.0, "dev": 0, "qpn": 7, "out": False,
+                         "data": base64.b64encode(cdc).decode()})  # fmt: skip
+    assert framer.bad == 0 and len(out) == 3  # 900..1000 and 0..300, then the CDC
+    bths = [struct.unpack_from(">BBHII", f, 14 + 20 + 8) for _, f in out]
+    assert [(b[0], b[3] & 0xFFFFFF, b[4] & 0xFFFFFF) for b in bths] == [
+        (0x0A, 7, 200), (0x0A, 7, 201), (0x04, 7, 203)]  # to our QP, the peer's PSNs
+    # (300 bytes at a 256-byte path MTU took two packets: PSNs 201 and 202)
+    reths = [struct.unpack_from(">QII", f, 14 + 20 + 8 + 12) for _, f in out[:2]]
+    assert reths == [(0x10000 + 900, 0x1234, 100), (0x10000, 0x1234, 300)]
