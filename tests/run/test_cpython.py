@@ -1,8 +1,8 @@
 """CPython's own regression tests of the networking modules (socket, http, socketserver,
-selectors, select/poll/epoll, xmlrpc, urllib, asyncio's socket calls and event loops), under ``smcr run``
-and without it: the same tests run, and pass, either way; under ``smcr run`` the
-connections they make between their own ends are SMC-R (counted by ``smcr stats``,
-:mod:`smcr.diag`).
+selectors, select/poll/epoll, xmlrpc, urllib, asyncio's socket calls and event loops),
+under ``smcr run`` and without it: the same tests run, and pass, either way; under
+``smcr run`` the connections they make between their own ends are SMC-R (counted by
+``smcr stats``, :mod:`smcr.diag`).
 
 ``python -m test`` is CPython's test runner; its test package ships with the interpreter.
 A module that does not pass as many tests under ``smcr run`` as without it fails here
