@@ -31,8 +31,9 @@ REPO = HERE.parents[1]
 class Proc:
     """A peer program (diag_peers.py) with its own line protocol."""
 
-    def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.p = subprocess.Popen([sys.executable, str(HERE / "diag_peers.py"), *args],
+    def __init__(self, env: dict[str, str], *args: str, netns: str | None = None) -> None:
+        inside = ["ip", "netns", "exec", netns] if netns else []
+        self.p = subprocess.Popen([*inside, sys.executable, str(HERE / "diag_peers.py"), *args],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                   env=env, cwd=REPO)  # fmt: skip
         assert self.p.stdout is not None
@@ -65,8 +66,8 @@ def env(tmp_path: Path) -> dict[str, str]:
 def procs(env: dict[str, str]) -> Iterator[Callable[..., Proc]]:
     made: list[Proc] = []
 
-    def start(*args: str) -> Proc:
-        made.append(Proc(env, *args))
+    def start(*args: str, netns: str | None = None, **extra: str) -> Proc:
+        made.append(Proc({**env, **extra}, *args, netns=netns))
         return made[-1]
 
     yield start
@@ -140,6 +141,58 @@ def test_ss_sees_two_processes(env: dict[str, str], procs: Callable[..., Proc]) 
     assert "TCP 0x" not in smcr_cmd(env, "ss", "-R")
     debug = smcr_cmd(env, "ss", "-d")
     assert "rxprod-Cursor" in debug and "0000:000186a0" in debug  # 100000 bytes each way
+
+
+@pytest.mark.root
+def test_roce_processes_in_two_namespaces_seen_from_a_third(env: dict[str, str],
+                                                            procs: Callable[..., Proc]) -> None:
+    """Two smcr processes in their own network namespaces, joined by RoCE over a veth
+    pair: ``ss``, ``linkgroup`` and ``stats`` run in the host's namespace see both, each
+    with its namespace, RNIC, net device and GIDs, and their link group from both ends."""
+    from tests.roce.netns import Hosts  # noqa: PLC0415 - needs root
+
+    with Hosts() as hosts:
+        server = procs("server", hosts.addr[0], netns=hosts.ns[0], SMCR_RNIC="roce")
+        port = int(server.first[1])
+        client = procs("client", str(port), hosts.addr[0], netns=hosts.ns[1], SMCR_RNIC="roce")
+        assert client.first[1] == "SMCR"
+        sp, cp = server.p.pid, client.p.pid
+        assert sp != cp
+
+        def rows() -> list[dict[str, Any]]:
+            got = [r for r in smcr_json(env, "ss", "-a")["sockets"] if r["mode"] == "SMCR"]
+            return got if len(got) >= 3 else []
+
+        by = {(r["pid"], r["state"]): r for r in wait_for(rows)}
+        srv, cli = by[(sp, "ACTIVE")], by[(cp, "ACTIVE")]
+        assert by[(sp, "LISTEN")]["local"] == f"{hosts.addr[0]}:{port}"
+        assert srv["local"] == cli["peer"] and srv["peer"] == cli["local"]
+        assert (srv["device"], srv["netdev"]) == ("roce_veth0", "veth0")
+        assert (cli["device"], cli["netdev"]) == ("roce_veth1", "veth1")
+        assert srv["gid"] == cli["peer_gid"] == f"::ffff:{hosts.addr[0]}"
+        assert cli["gid"] == srv["peer_gid"] == f"::ffff:{hosts.addr[1]}"
+        assert srv["netns"] != cli["netns"] and own_netns() not in (srv["netns"], cli["netns"])
+        assert cli["tx_bytes"] == cli["rx_bytes"] == 100_000
+
+        groups = {(g["pid"], g["role"]): g for g in smcr_json(env, "linkgroup")["linkgroups"]}
+        mine, theirs = groups[(sp, "SERV")], groups[(cp, "CLNT")]
+        for group, netdev in ((mine, "veth0"), (theirs, "veth1")):
+            assert group["type"] == "SINGLE" and group["conns"] == 1
+            (link,) = group["links"]
+            assert link["state"] == "LINK_ACTIVE" and link["netdev"] == netdev
+        assert mine["links"][0]["qpn"] == theirs["links"][0]["peer_qpn"]
+        assert mine["links"][0]["peer_qpn"] == theirs["links"][0]["qpn"]
+
+        counts = smcr_json(env, "stats")["SMCR"]
+        assert counts["srv_v1_succ_cnt"] + counts["srv_v2_succ_cnt"] >= 1
+        assert counts["clnt_v1_succ_cnt"] + counts["clnt_v2_succ_cnt"] >= 1
+        for p in (client, server):
+            p.exit()
+
+
+def own_netns() -> int:
+    """The inode of this process's network namespace."""
+    return os.stat("/proc/self/ns/net").st_ino
 
 
 def test_closing_states_and_linkgroups(env: dict[str, str], procs: Callable[..., Proc]) -> None:
