@@ -1,0 +1,39 @@
+"""smcr.diag.start across fork: a forked child opens an endpoint of its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+import smcr.diag as diag
+
+
+def test_a_child_forked_while_the_endpoint_is_being_started_starts_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The fork comes while start() holds its lock (another thread opening the endpoint):
+    the child's own start() must not wait for a thread it does not have."""
+    monkeypatch.setenv("SMCR_DIAG_DIR", str(tmp_path / "diag"))
+    monkeypatch.delenv("SMCR_DIAG", raising=False)
+    with diag._lock:  # as if another thread were inside start() at the fork
+        pid = os.fork()
+        if pid == 0:
+            code = 2
+            try:
+                diag.start()
+                code = 0 if diag.endpoint() is not None else 1
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 20
+    done, status = os.waitpid(pid, os.WNOHANG)
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.01)
+        done, status = os.waitpid(pid, os.WNOHANG)
+    if not done:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert done, "the child's start() waited for the parent's lock"
+    assert os.waitstatus_to_exitcode(status) == 0
