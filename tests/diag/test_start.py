@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import smcr.diag as diag
+from smcr.diag import client
 
 
 def test_a_child_forked_while_the_endpoint_is_being_started_starts_its_own(
@@ -37,3 +38,39 @@ def test_a_child_forked_while_the_endpoint_is_being_started_starts_its_own(
         os.waitpid(pid, 0)
     assert done, "the child's start() waited for the parent's lock"
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_forked_child_does_not_keep_the_parents_endpoint_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The parent dies without its atexit (here: its endpoint closed, the file left) while
+    a forked child lives on: the file is stale to the tools (refused, then removed), not
+    a socket that takes connections and never answers."""
+    monkeypatch.setenv("SMCR_DIAG_DIR", str(tmp_path / "diag"))
+    monkeypatch.delenv("SMCR_DIAG", raising=False)
+    monkeypatch.setattr(diag, "_state", diag._State())
+    diag.start()
+    ep = diag.endpoint()
+    assert ep is not None
+    r, w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(w)
+            os.write(ready_w, b"x")  # (its fork handlers have run)
+            os.read(r, 1)  # until the parent is done
+        finally:
+            os._exit(0)
+    os.close(r)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"x"
+        os.close(ready_r)
+        ep.close(unlink=False)  # as if killed: the socket file stays
+        replies = client.gather("ping", timeout=2.0)
+        assert [(r.endpoint.pid, r.error) for r in replies] == [
+            (os.getpid(), "stale (process gone)")]
+        assert not ep.path.exists()
+    finally:
+        os.close(w)
+        os.waitpid(pid, 0)
