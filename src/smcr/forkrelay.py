@@ -52,14 +52,17 @@ class ForkEnds:
 
 
 def child_holds(end: _socket.socket) -> bool:
-    """Whether the child still has its end open (its EOF not seen; non-blocking)."""
+    """Whether the child still has its end open, or left bytes in it (non-blocking).
+
+    A closed end reads as EOF (``b""``), not as an error: it is the child gone.
+    """
     try:
-        end.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT)
+        data = end.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT)
     except BlockingIOError:
         return True  # open, silent
     except OSError:
         return False
-    return True  # bytes from it: open (they are the child's request, relayed later)
+    return bool(data)  # bytes from it: the child's request, relayed later; b"": gone
 
 
 class Relay:
@@ -140,12 +143,20 @@ def prepare(sockets: list[SMCSocket]) -> None:
 
 
 def after_in_parent(sockets: list[SMCSocket]) -> None:
-    """After ``fork`` (parent): keep our end of each pair, among the earlier ones."""
+    """After ``fork`` (parent): keep our end of each pair, among the earlier ones whose
+    child still holds its end (the others are closed: a parent that keeps a connection
+    open across many forks would otherwise keep a descriptor per fork)."""
     for sock in sockets:
         ends: ForkEnds | None = sock.__dict__.pop("_fork_ends", None)
         if ends is not None:
             ends.child.close()
-            sock._parent_ends = [*sock._parent_ends, ends.parent]
+            kept = []
+            for end in sock._parent_ends:
+                if child_holds(end):
+                    kept.append(end)
+                else:
+                    end.close()
+            sock._parent_ends = [*kept, ends.parent]
 
 
 def after_in_child(sockets: list[SMCSocket]) -> None:

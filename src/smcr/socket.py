@@ -324,7 +324,7 @@ class SMCSocket(_PlainSocket):
         if self._relayed is not None:
             return self._relayed[0]
         if self._via_readiness and self._share is not None:
-            return self._share.addresses[0]
+            return _shared_address(self._share.addresses[0])
         return _PlainSocket.getsockname(self)
 
     def getpeername(self) -> Any:
@@ -332,7 +332,7 @@ class SMCSocket(_PlainSocket):
         if self._relayed is not None:
             return self._relayed[1]
         if self._via_readiness and self._share is not None:
-            return self._share.addresses[1]
+            return _shared_address(self._share.addresses[1])
         return _PlainSocket.getpeername(self)
 
     def _become_relayed(self, end: _socket.socket) -> None:
@@ -1428,7 +1428,8 @@ class _Share:
         self.family = sock.family
         self.holders = 1
         self.detached: list[int] = []  # descriptors detach() returned, not yet made sockets
-        self.addresses = (_PlainSocket.getsockname(sock), _PlainSocket.getpeername(sock))
+        self.addresses = (_address_of(sock, _PlainSocket.getsockname),
+                          _address_of(sock, _PlainSocket.getpeername))  # fmt: skip
         skip = {"_finalizer", "_queue_finalizer", "_share", "_borrowed_fd", "_via_readiness",
                 "_closed", "_io_refs", "_gone", "_timeout", "_parent_ends", "_fork_ends"}
         self.state = {k: v for k, v in vars(sock).items() if k not in skip}
@@ -1478,6 +1479,22 @@ def _share_of(fd: int) -> _Share | None:
                                                                        key):  # fmt: skip
             return sock._shared()
     return None
+
+
+def _address_of(sock: SMCSocket, get: Callable[[Any], Any]) -> Any:
+    """The TCP connection's address (``getsockname``/``getpeername``), None once there is
+    none: a connection that has ended is still dup'ed and detached, as a descriptor is."""
+    try:
+        return get(sock)
+    except OSError:
+        return None
+
+
+def _shared_address(address: Any) -> Any:
+    """An address of :attr:`_Share.addresses`, or ``ENOTCONN`` as the kernel's for none."""
+    if address is None:
+        raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
+    return address
 
 
 def _same_file(fd: int, key: tuple[int, int]) -> bool:

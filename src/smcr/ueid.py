@@ -26,7 +26,9 @@ processes at their next connection, as the kernel table does.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import string
 from collections.abc import Mapping
 from pathlib import Path
@@ -110,12 +112,24 @@ def load(path: Path | None = None) -> tuple[bytes, ...]:
 
 
 def _store(path: Path, eids: tuple[bytes, ...]) -> None:
-    """Write the table atomically, readable by everyone (root writes, all read)."""
+    """Write the table atomically, readable by everyone (root writes, all read).
+
+    The temporary file has a name nobody can guess and is created new, never through a
+    symlink (``O_EXCL | O_NOFOLLOW``): with ``SMCR_UEID_FILE`` in a shared directory,
+    a name made of the pid let another user aim root's write at a file of theirs.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text("".join(decode(e) + "\n" for e in eids), encoding="ascii")
-    tmp.chmod(0o644)
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write("".join(decode(e) + "\n" for e in eids))
+        os.chmod(tmp, 0o644)  # (whatever the umask)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def add(text: str, path: Path | None = None) -> bytes:

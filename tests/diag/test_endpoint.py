@@ -251,3 +251,25 @@ def _another_user(tmp_path: Path) -> None:
         assert ping(ep)["ok"] is True  # and it still answers us
     finally:
         ep.close()
+
+
+def test_the_tools_ask_no_socket_through_a_symlink_nor_another_owners(
+        endpoint: server.Endpoint, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A ``<pid>.sock`` that is a symlink to some other socket of the host (here a live
+    endpoint elsewhere), or a socket file of another uid, is not connected to: a user
+    must not make root's ``smcr ss`` write its request into another socket."""
+    scanned = tmp_path / "scanned"
+    scanned.mkdir(mode=0o700)
+    monkeypatch.setenv("SMCR_DIAG_DIR", str(scanned))
+    (scanned / f"{os.getpid()}.sock").symlink_to(endpoint.path)
+    replies = client.gather("ping", cleanup=False)
+    assert [r.answer for r in replies] == [None]
+    assert endpoint.answered == 0
+    with pytest.raises(client.QueryError):
+        client.query(scanned / f"{os.getpid()}.sock", {"op": "ping"}, 5.0, os.getuid())
+    assert endpoint.answered == 0
+    assert client.query(endpoint.path, {"op": "ping"}, 10.0, os.getuid())["ok"] is True
+    with pytest.raises(client.QueryError):  # the real file, but not of the uid asked for
+        client.query(endpoint.path, {"op": "ping"}, 5.0, os.getuid() + 1)
+    assert endpoint.answered == 1

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 
 import smcr
+from smcr import forkrelay
 from tests.socket import discovery_peers, smc_peer
 from tests.socket.conftest import Peer
 
@@ -155,6 +156,45 @@ def test_forked_child_that_leaves_the_connection_alone_leaves_it_to_the_parent()
         s.sendall(b"parent")
         assert s.recv(6, socket.MSG_WAITALL) == b"parent"
         assert s.smc_info().mode == "SMCR"
+        s.close()
+    finally:
+        p.stop()
+
+
+def test_a_child_gone_is_not_relayed_to_when_the_parent_closes() -> None:
+    """The child exited without touching the connection: its end of the pair reads EOF,
+    which is the child gone, not a child holding it; the parent's close is the ordinary
+    one (no relay, whose first act would be a done-writing to the peer)."""
+    a, b = socket.socketpair()
+    b.close()
+    assert not forkrelay.child_holds(a)
+    a.close()
+    p = Peer(smc_peer.echo_server)
+    try:
+        s = smcr.create_connection(("127.0.0.1", p.recv()), timeout=20)
+        assert p.recv() == ("SMCR", 0, 0)
+        _, status = os.waitpid(_child(lambda: True), 0)
+        assert status == 0
+        s.close()
+        assert not forkrelay._relays
+    finally:
+        p.stop()
+
+
+def test_a_parent_that_keeps_its_connection_across_forks_keeps_no_pair_per_fork() -> None:
+    """A long-lived SMC-R connection in a parent that forks a child per job: the pairs of
+    children that are gone are closed at the next fork, not kept until the connection
+    closes (a descriptor per fork: EMFILE in the end)."""
+    p = Peer(smc_peer.echo_server)
+    try:
+        s = smcr.create_connection(("127.0.0.1", p.recv()), timeout=20)
+        assert p.recv() == ("SMCR", 0, 0)
+        for _ in range(3):
+            _, status = os.waitpid(_child(lambda: True), 0)
+            assert status == 0
+        assert len(s._parent_ends) == 1  # the last child's (the earlier ones had gone)
+        s.sendall(b"still ours")
+        assert s.recv(10, socket.MSG_WAITALL) == b"still ours"
         s.close()
     finally:
         p.stop()

@@ -159,6 +159,33 @@ def test_dup_fromfd_and_detach_share_the_connection_as_on_tcp() -> None:
                           b"to the new one", True, b"via from it", b""]  # fmt: skip
 
 
+def share_after_close(a: socket.socket, b: socket.socket) -> list[object]:
+    """Both ends closed their sides, the connection is over (getpeername: ENOTCONN);
+    dup and detach still work, as a descriptor is dup'ed whatever its connection's
+    state, and what they give reads what was left."""
+    kind = type(a)
+    b.sendall(b"last")
+    b.close()
+    seen: list[object] = [recv_exactly(a, 2)]
+    a.shutdown(socket.SHUT_WR)
+    assert wait_until(lambda: outcome(a.getpeername) is OSError)
+    d = outcome(a.dup)
+    seen.append(isinstance(d, socket.socket))
+    if isinstance(d, socket.socket):
+        seen.append(recv_exactly(d, 2))
+        d.close()
+    n = outcome(lambda: kind(socket.AF_INET, socket.SOCK_STREAM, fileno=a.detach()))
+    seen.append(n.recv(10) if isinstance(n, socket.socket) else n)  # EOF
+    if isinstance(n, socket.socket):
+        n.close()
+    return seen
+
+
+def test_dup_and_detach_after_the_connection_ended_as_on_tcp() -> None:
+    tcp, smc = both(share_after_close)
+    assert tcp == smc == [b"la", True, b"st", b""]
+
+
 def connect_after_refusal(kind: type[socket.socket]) -> list[object]:
     """A non-blocking connect to a port nobody listens on yet, then connect again: the
     kernel reports the refusal once, and the next connect starts anew (asyncio's

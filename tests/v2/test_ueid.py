@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,18 @@ def test_cli_ueid_show_add_del_flush(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert main(["ueid", "flush"]) == 0
     assert main(["ueid", "show"]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_a_planted_symlink_beside_the_table_is_not_written_through(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The table in a shared directory (``SMCR_UEID_FILE``): a symlink planted where the
+    temporary file would be named by the pid does not make the write land elsewhere."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    path = tmp_path / "ueid"
+    monkeypatch.setattr(os, "getpid", lambda: 4242)
+    (tmp_path / ".ueid.4242").symlink_to(victim)
+    ueid.add("E0", path)
+    assert victim.read_text() == "precious\n"
+    assert ueid.load(path) == (ueid.encode("E0"),)
+    assert (path.stat().st_mode & 0o777) == 0o644

@@ -44,6 +44,20 @@ _state = _State()
 _lock = threading.Lock()
 
 
+def _forked_child() -> None:
+    """A lock another thread held (in :func:`start`) when this process forked stays held
+    in the child, where that thread does not exist: the child's first :func:`start`
+    would wait for ever.  The child gets a fresh one, and lets go of the parent's
+    endpoint (:meth:`~smcr.diag.server.Endpoint.drop_inherited`)."""
+    global _lock  # noqa: PLW0603 - the module's own lock, replaced in a forked child
+    _lock = threading.Lock()
+    if _state.endpoint is not None:  # the parent's: its descriptors go (not its file)
+        _state.endpoint.drop_inherited()
+
+
+os.register_at_fork(after_in_child=_forked_child)
+
+
 def start() -> None:
     """Open this process's endpoint if it has none (cheap after the first call).
 

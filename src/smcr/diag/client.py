@@ -13,6 +13,12 @@ Design (the why of each):
   time), so one that hangs costs one :data:`TIMEOUT`, not one per process.
 * **Stale sockets** (their process died without its ``atexit``: SIGKILL)
   refuse the connect; the tools remove them (the owner, or root).
+* **Only a socket file of the directory's owner is asked**, and never through a
+  symlink: the file is opened ``O_PATH | O_NOFOLLOW``, checked, and connected
+  to through that descriptor (``/proc/self/fd/N``), so a user cannot make
+  root's ``smcr ss`` connect to some other socket of the host (a symlink
+  ``<pid>.sock`` to it) and write a request there, not even by swapping the
+  file between a check and the connect.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import contextlib
 import errno
 import os
 import socket
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -84,17 +91,39 @@ def _recv_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
     return bytes(buf)
 
 
-def query(path: Path, request: dict[str, Any], timeout: float = TIMEOUT) -> dict[str, Any]:
+def _connect_no_follow(sock: socket.socket, path: Path, owner: int | None) -> None:
+    """Connect to the socket file ``path`` itself (no symlink followed), if it is one
+    of ``owner`` (None: any owner).
+
+    :raises QueryError: not a socket file, or another's.
+    """
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISSOCK(st.st_mode) or (owner is not None and st.st_uid != owner):
+            raise QueryError("not a socket file of the directory's owner")
+        # through the descriptor: the very file checked (where /proc is not mounted, the
+        # path, checked just before: a window for a swap, but never a symlink seen)
+        proc = f"/proc/self/fd/{fd}"
+        sock.connect(proc if os.path.exists(proc) else str(path))
+    finally:
+        os.close(fd)
+
+
+def query(path: Path, request: dict[str, Any], timeout: float = TIMEOUT,
+          owner: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Ask one endpoint; its answer (a JSON object).
 
-    :raises QueryError: no answer within ``timeout``, or not a proper one.
+    :param owner: the uid the socket file must belong to (None: any).
+    :raises QueryError: no answer within ``timeout``, or not a proper one (or ``path``
+        is not a socket file of ``owner``: a symlink, say).
     :raises ConnectionRefusedError: nobody listens (a stale socket file).
     """
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:
-            sock.connect(str(path))
+            _connect_no_follow(sock, path, owner)
             sock.sendall(protocol.encode(request))
         except TimeoutError:
             raise QueryError("timed out") from None
@@ -114,7 +143,7 @@ def query(path: Path, request: dict[str, Any], timeout: float = TIMEOUT) -> dict
 
 def _ask(ep: Endpoint, request: dict[str, Any], timeout: float, cleanup: bool) -> Reply:
     try:
-        answer = query(ep.path, request, timeout)
+        answer = query(ep.path, request, timeout, ep.owner)
     except ConnectionRefusedError:
         if cleanup and (os.getuid() == 0 or ep.owner == os.getuid()):
             with contextlib.suppress(OSError):

@@ -336,6 +336,19 @@ class Endpoint:
 
     # ------------------------------------------------------------ ending
 
+    def drop_inherited(self) -> None:
+        """In a forked child: close the copies of the parent's descriptors that fork made
+        (the thread that served them is the parent's).  Kept open, the child's copy of
+        the listening socket went on taking connections nobody answered: a parent killed
+        with its file left behind looked hung to the tools (a timeout each time), not
+        stale (refused, and removed)."""
+        self._running = False
+        for sock in (self.sock, self._wake_r, self._wake_w,
+                     *(c.sock for c in self._clients.values())):  # fmt: skip
+            with contextlib.suppress(OSError):
+                sock.close()
+        self._clients.clear()
+
     def close(self, unlink: bool = True) -> None:
         """Stop the thread, close the socket and (in the process that made it) unlink it."""
         if not self._running:

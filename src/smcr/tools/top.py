@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from smcr.diag import client
 from smcr.tools import diagview
@@ -63,22 +64,30 @@ def _rate(value: float | None) -> str:
     return f"{value:.0f} B/s"
 
 
+def _cells(*values: object) -> list[Text]:
+    """Table cells as plain text: a string from another process (a command name, an
+    error) is not rich markup, which would crash the view (``[/x]``: MarkupError) or
+    put escape sequences on the terminal (``[link=...]``: OSC 8)."""
+    return [Text(str(v)) for v in values]
+
+
 def view(conns: list[dict[str, Any]], groups: list[dict[str, Any]],
          procs: list[dict[str, Any]]) -> Group:  # fmt: skip
-    """The three tables."""
+    """The three tables.  Every cell is plain text (:func:`_cells`): what other processes
+    said must not be read as rich markup."""
     pt = Table(title=f"smcr processes ({len(procs)})", expand=True)
     for col in ("PID", "Command", "Netns", "Status"):
         pt.add_column(col)
     for p in procs:
-        pt.add_row(str(p["pid"]), str(p.get("command", "?")), str(p.get("netns", "-")),
-                   str(p.get("error", "ok")))  # fmt: skip
+        pt.add_row(*_cells(str(p["pid"]), str(p.get("command", "?")), str(p.get("netns", "-")),
+                   str(p.get("error", "ok"))))  # fmt: skip
     gt = Table(title="link groups", expand=True)
     for col in ("PID", "LG-ID", "LG-Role", "LG-Type", "#Links", "#Conns", "IB-Dev"):
         gt.add_column(col)
     for g in groups:
-        gt.add_row(str(g["pid"]), f"{g.get('lgr_id', 0):08x}", str(g.get("role", "-")),
+        gt.add_row(*_cells(str(g["pid"]), f"{g.get('lgr_id', 0):08x}", str(g.get("role", "-")),
                    str(g.get("type", "-")), str(g["links"]), str(g.get("conns", 0)),
-                   str(g.get("device", "-")))  # fmt: skip
+                   str(g.get("device", "-"))))  # fmt: skip
     ct = Table(title="connections", expand=True)
     for col in ("PID", "State", "Local Address", "Peer Address", "Mode", "TX", "RX"):
         ct.add_column(col)
@@ -86,9 +95,9 @@ def view(conns: list[dict[str, Any]], groups: list[dict[str, Any]],
         mode = c.get("mode", "-")
         if mode == "TCP" and c.get("state") != "LISTEN":
             mode = f"TCP 0x{c.get('local_code', 0):08x}/0x{c.get('peer_code', 0):08x}"
-        ct.add_row(str(c["pid"]), str(c.get("state", "-")), str(c.get("local", "-")),
+        ct.add_row(*_cells(str(c["pid"]), str(c.get("state", "-")), str(c.get("local", "-")),
                    str(c.get("peer", "-")), str(mode), _rate(c.get("tx_rate")),
-                   _rate(c.get("rx_rate")))  # fmt: skip
+                   _rate(c.get("rx_rate"))))  # fmt: skip
     return Group(pt, gt, ct)
 
 
