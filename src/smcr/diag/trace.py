@@ -101,9 +101,8 @@ class Tracer:
                 self._hook_stack(stack)
             return
         runtime.on_new_stack.append(self._hook_stack)
-        for stack in list(runtime._stacks.values()):
-            if stack.pid == os.getpid():
-                self._hook_stack(stack)
+        for stack in runtime.process_stacks():
+            self._hook_stack(stack)
 
     def stop(self) -> None:
         """Take every hook away (idempotent); the records stay for the tool."""
