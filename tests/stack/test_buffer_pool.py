@@ -85,10 +85,12 @@ def test_the_pool_limit_declines_mem_until_a_buffer_comes_back() -> None:
         assert isinstance(server, FellBack) and isinstance(client, FellBack)
         assert (server.local_code, client.local_code, client.peer_code) == (
             DeclineCode.MEM, DeclineCode.PEERDECL, DeclineCode.MEM)  # fmt: skip
-        assert hx.rmb_mr is not None
-        rkey = hx.rmb_mr.rkey
+        assert hx.rmb_mr is not None and hy.rmb_mr is not None
+        rkey, client_rkey = hx.rmb_mr.rkey, hy.rmb_mr.rkey
         close_both(x, hx, y, hy)
-        assert wait_pooled(x, rkey)
+        # both ends' RMBs back (each once its peer answered DELETE RKEY): the client is at
+        # its limit too, and would decline MEM itself while its RMB is still out
+        assert wait_pooled(x, rkey) and wait_pooled(y, client_rkey)
         hx2, _ = connect(x, y)
         assert hx2.rmb_mr is not None and hx2.rmb_mr.rkey == rkey
 
