@@ -53,6 +53,17 @@ class Proc:
             self.p.kill()
             self.p.wait()
 
+    def stop(self) -> None:
+        """At the end of a test: leave normally if it still can (its atexit work runs:
+        coverage's data among it), else be killed."""
+        if self.p.poll() is None:
+            try:
+                self.say("exit")
+                self.p.wait(20)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
@@ -71,7 +82,7 @@ def procs(env: dict[str, str]) -> Iterator[Callable[..., Proc]]:
 
     yield start
     for p in made:
-        p.kill()
+        p.stop()
 
 
 def smcr_cmd(env: dict[str, str], *args: str, check: bool = True) -> str:
@@ -344,3 +355,35 @@ def test_top_reports_rates(env: dict[str, str], procs: Callable[..., Proc]) -> N
     assert len(smc) == 2 and all("tx_rate" in c for c in smc)  # idle: 0 B/s, but known
     assert len(view["linkgroups"]) == 2
     assert {p["pid"] for p in view["processes"]} == {server.p.pid, client.p.pid}
+
+
+def test_info_says_versions_rnics_discovery_ueids_limits_and_who_answers(
+        env: dict[str, str], procs: Callable[..., Proc], tmp_path: Path) -> None:  # fmt: skip
+    """``smcr info`` (and ``--json``): what the environment set (the RNIC kind, discovery,
+    the UEID file), Linux's defaults as limits, and the smcr processes of the diag
+    directory (none, then the one started)."""
+    ueids = tmp_path / "ueid"
+    ueids.write_text("SMC-KVM-TEST\nnot a ueid\nSMCR-2ND\n")  # the middle line is invalid
+    env = env | {"SMCR_UEID_FILE": str(ueids), "SMCR_DISCOVERY": "off", "SMCR_RNIC": "shm"}
+    got = smcr_json(env, "info")
+    assert got["smc_versions"] == ["SMC-Rv1", "SMC-Rv2"]
+    assert got["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert got["rnic_default"] == "shm"
+    assert "shm" in {r["type"] for r in got["rnics"]}
+    assert got["discovery"] == {"mode": "off", "why": "SMCR_DISCOVERY=off"}
+    assert got["ueids"] == ["SMC-KVM-TEST", "SMCR-2ND"]
+    limits = got["limits"]  # Linux: net.smc.wmem/rmem, SMC_RMBS_PER_LGR_MAX, CLC/LLC waits
+    assert (limits["sndbuf_size"], limits["rmb_size"], limits["max_conns"]) == (65536, 65536, 255)
+    assert (limits["clc_wait"], limits["llc_wait"], limits["testlink_time"]) == (6.0, 2.0, 30.0)
+    assert got["diag_directory"] == env["SMCR_DIAG_DIR"]
+    assert got["processes"] == 0
+    text = smcr_cmd(env, "info")
+    assert "Discovery:      off (SMCR_DISCOVERY=off)" in text
+    assert "UEIDs:          SMC-KVM-TEST, SMCR-2ND" in text
+    assert "Limits:         255 connections per link group" in text
+    assert f"Diag:           0 smcr process(es) answer in {env['SMCR_DIAG_DIR']}" in text
+    procs("server")  # an smcr process with a listening socket: its endpoint answers
+    assert wait_for(lambda: smcr_json(env, "info")["processes"] == 1)
+    ueids.write_text("")
+    assert smcr_json(env, "info")["ueids"] == []
+    assert "UEIDs:          (none)" in smcr_cmd(env, "info")
