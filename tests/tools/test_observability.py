@@ -387,3 +387,50 @@ def test_info_says_versions_rnics_discovery_ueids_limits_and_who_answers(
     ueids.write_text("")
     assert smcr_json(env, "info")["ueids"] == []
     assert "UEIDs:          (none)" in smcr_cmd(env, "info")
+
+
+def test_top_live_view_shows_processes_link_groups_and_connections(
+        env: dict[str, str], procs: Callable[..., Proc]) -> None:  # fmt: skip
+    """``smcr top`` without ``--json``: the three tables of the live view, as a terminal
+    shows them (wide enough for whole addresses)."""
+    server, client, port = pair(procs)
+    text = smcr_cmd(env | {"COLUMNS": "220"}, "top", "-n", "2", "--interval", "0.2")
+    assert "smcr processes (2)" in text and "link groups" in text and "connections" in text
+    lines = [line.replace("│", " ").split() for line in text.splitlines()]
+    sp, cp = str(server.p.pid), str(client.p.pid)
+    for pid in (sp, cp):  # the processes' table comes first
+        proc_row = next(x for x in lines if x[:1] == [pid])
+        assert (proc_row[1], proc_row[-1]) == ("python", "ok"), proc_row
+    groups = {(x[0], x[2], x[3]) for x in lines if len(x) == 7 and x[0] in (sp, cp)}
+    assert {(sp, "SERV", "SINGLE"), (cp, "CLNT", "SINGLE")} <= groups
+    conns = [x for x in lines if len(x) >= 7 and x[1] in ("ACTIVE", "LISTEN")]
+    assert [sp, "LISTEN", f"127.0.0.1:{port}", "-", "SMCR", "0", "B/s", "0", "B/s"] in conns
+    smc = [x for x in conns if x[1] == "ACTIVE" and x[4] == "SMCR"]
+    assert {x[0] for x in smc} == {sp, cp} and all(x[5:] == ["0", "B/s", "0", "B/s"] for x in smc)
+    assert any(x[0] == sp and x[4] == "TCP" and x[5] == "0x03010000/0x00000000" for x in conns)
+
+
+def test_top_rates_from_two_looks_and_their_units() -> None:
+    """A connection's rate is its byte count's growth over the time between two looks
+    (known by pid and inode; one seen once has none yet), shown in B/s, kB/s, MB/s, GB/s."""
+    from rich.console import Console  # noqa: PLC0415
+
+    from smcr.tools import top  # noqa: PLC0415
+
+    def row(inode: int, tx: int, rx: int) -> dict[str, Any]:
+        return {"pid": 7, "inode": inode, "state": "ACTIVE", "mode": "SMCR",
+                "local": f"10.0.0.1:{inode}", "peer": "10.0.0.2:80", "tx_bytes": tx,
+                "rx_bytes": rx}  # fmt: skip
+
+    first = top.add_rates([row(1, 0, 0), row(2, 0, 0)], {}, 0.0)
+    later = [row(1, 5_000_000, 1_500), row(2, 3_000_000_000, 5_000), row(3, 9, 9)]
+    top.add_rates(later, first, 2.0)
+    assert [(c.get("tx_rate"), c.get("rx_rate")) for c in later] == [
+        (2_500_000.0, 750.0), (1_500_000_000.0, 2_500.0), (None, None)]  # fmt: skip
+    console = Console(record=True, width=200)
+    console.print(top.view(later, [], [{"pid": 7, "command": "x", "netns": 1}]))
+    text = console.export_text()
+    for shown in ("2.5 MB/s", "750 B/s", "1.5 GB/s", "2.5 kB/s", "smcr processes (1)"):
+        assert shown in text, text
+    rows = [line.split("│") for line in text.splitlines() if "10.0.0.1:3" in line]
+    assert [cell.strip() for cell in rows[0][-3:-1]] == ["-", "-"]  # no rate before a 2nd look
