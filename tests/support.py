@@ -6,6 +6,8 @@ import os
 import signal
 import socket
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -47,3 +49,25 @@ def stop_capture(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)
+
+
+def wait_for_mark(path: Path, send: Callable[[bytes], object], timeout: float = 10.0) -> None:
+    """Send a marker datagram (``send(payload)``, again every 0.5 s) until its payload is in
+    the capture file ``path``.
+
+    dumpcap writes packets in the order it sees them, so once the marker is in the file the
+    capture is live (at its start) and holds everything it saw before the marker (at its
+    end); a fixed sleep instead is outlasted on a loaded machine (the CLC or the last
+    packets missed)."""
+    mark = b"smcr-capture-mark-" + os.urandom(8).hex().encode()
+    deadline = time.monotonic() + timeout
+    resend = 0.0
+    while True:
+        now = time.monotonic()
+        if now >= resend:
+            send(mark)
+            resend = now + 0.5
+        if path.exists() and mark in path.read_bytes():
+            return
+        assert now < deadline, f"the capture {path} did not show a marker within {timeout} s"
+        time.sleep(0.02)

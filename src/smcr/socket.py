@@ -491,8 +491,11 @@ class SMCSocket(_PlainSocket):
         if queue is None or queue.pid != os.getpid():
             queue = self._queue = _AcceptQueue(self)
             queue.readiness.set_blocking(self._timeout is None)
-            # dropped unclosed: the queue goes too
+            # dropped unclosed: the queue goes too; not at interpreter exit, where a
+            # socket.socket's listener stays open under a daemon thread in accept (closing
+            # it woke that thread with EBADF: a traceback at every such program's exit)
             self._queue_finalizer = weakref.finalize(self, queue.close)
+            self._queue_finalizer.atexit = False
             _accept_queues.add(queue)
         else:
             queue.resume()
@@ -1294,6 +1297,7 @@ class SMCSocket(_PlainSocket):
             self._queue_finalizer.detach()
             self._queue_finalizer = None
             new._queue_finalizer = weakref.finalize(new, queue.close)
+            new._queue_finalizer.atexit = False
             queue.listener = weakref.ref(new)
         if self._finalizer is not None and self._stack is not None and self._hc is not None:
             self._finalizer.detach()

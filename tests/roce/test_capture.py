@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ from scapy.utils import RawPcapReader
 
 from smcr.wire.roce_packet import verify_icrc
 from tests.roce.netns import Hosts, PeerProc, connect
-from tests.support import stop_capture
+from tests.support import stop_capture, wait_for_mark
 
 pytestmark = [
     pytest.mark.root,
@@ -47,16 +46,20 @@ def capture_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def mark(hosts: Hosts, payload: bytes) -> None:
+    """A UDP datagram (port 9, discard) from host A to host B, for :func:`wait_for_mark`."""
+    hosts.exec(0, sys.executable, "-c", "import socket; socket.socket(socket.AF_INET, "
+               f"socket.SOCK_DGRAM).sendto({payload!r}, ('{hosts.addr[1]}', 9))")  # fmt: skip
+
+
 def start_capture(hosts: Hosts, path: Path) -> subprocess.Popen[bytes]:
+    """dumpcap on host A's veth (RoCE and the markers), once it is live."""
     proc = subprocess.Popen(
         ["ip", "netns", "exec", hosts.ns[0], "dumpcap", "-q", "-i", hosts.ifs[0], "-w", str(path),
-         "-f", "udp port 4791"],
+         "-f", "udp port 4791 or udp port 9"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
-    deadline = time.monotonic() + 10
-    while not (path.exists() and path.stat().st_size > 0) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)  # the capture filter is live once the file has its header
+    wait_for_mark(path, lambda payload: mark(hosts, payload))
     return proc
 
 
@@ -84,13 +87,14 @@ def test_capture_decodes_in_tshark_and_every_icrc_is_right(capture_dir: Path, fa
                 got = a.ask("post", remote=b.info, expect=1,
                             wrs=[["RDMA_WRITE", 0, 8, 0, True, 0, 0x1234]])  # a NAK
                 assert got["wcs"][0][1] == "REM_ACCESS_ERR"
-                time.sleep(0.2)
+                wait_for_mark(pcap, lambda payload: mark(hosts, payload))  # the NAK is in
             finally:
                 stop_capture(cap)
         finally:
             a.close()
             b.close()
     frames = [bytes(f) for f, _ in RawPcapReader(str(pcap))]
+    frames = [f for f in frames if Ether(f)[UDP].dport == 4791]  # not the markers
     assert len(frames) >= 10
     ids: Counter[int] = Counter()
     for frame in frames:
@@ -106,7 +110,8 @@ def test_capture_decodes_in_tshark_and_every_icrc_is_right(capture_dir: Path, fa
         assert expected == frame[-4:], pkt.summary()
         assert verify_icrc(frame[14:])
     out = subprocess.run(
-        ["tshark", "-r", str(pcap), "-T", "fields", "-e", "infiniband.bth.opcode",
+        ["tshark", "-r", str(pcap), "-Y", "udp.dstport == 4791", "-T", "fields",
+         "-e", "infiniband.bth.opcode",
          "-e", "infiniband.aeth.syndrome", "-e", "infiniband.reth.dmalen"],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout.split("\n")  # fmt: skip

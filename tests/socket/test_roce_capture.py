@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from scapy.utils import RawPcapReader
 from tests.roce.netns import Hosts
 from tests.socket import smc_peer
 from tests.socket.conftest import Peer
-from tests.support import stop_capture
+from tests.support import stop_capture, wait_for_mark
 
 pytestmark = [
     pytest.mark.root,
@@ -46,23 +45,19 @@ def pcap() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _mark(hosts: Hosts, payload: bytes) -> None:
+    """A UDP datagram (port 9, discard) from host A to host B, for :func:`wait_for_mark`."""
+    hosts.exec(0, sys.executable, "-c", "import socket; socket.socket(socket.AF_INET, "
+               f"socket.SOCK_DGRAM).sendto({payload!r}, ('{hosts.addr[1]}', 9))")  # fmt: skip
+
+
 def _capture(hosts: Hosts, path: Path) -> subprocess.Popen[bytes]:
+    """dumpcap on host A's veth, once it is live (else the CLC would be missed)."""
     proc = subprocess.Popen(
         ["ip", "netns", "exec", hosts.ns[0], "dumpcap", "-q", "-i", hosts.ifs[0], "-w", str(path)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    deadline = time.monotonic() + 10
-    while not (path.exists() and path.stat().st_size > 0) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    # live once a datagram we send shows up in the file (a fixed sleep is not enough
-    # on a loaded machine: the CLC would be missed)
-    size = path.stat().st_size if path.exists() else 0
-    while time.monotonic() < deadline:
-        hosts.exec(0, sys.executable, "-c", "import socket; socket.socket(socket.AF_INET, "
-                   f"socket.SOCK_DGRAM).sendto(b'mark', ('{hosts.addr[1]}', 9))")  # fmt: skip
-        time.sleep(0.1)
-        if path.stat().st_size > size:
-            break
+    wait_for_mark(path, lambda payload: _mark(hosts, payload))
     return proc
 
 
@@ -87,7 +82,7 @@ def test_smcr_over_roce_capture_decodes_tcp_clc_llc_cdc_and_writes(
             assert server.recv() == ("SMCR", 0, 0)
             for p in peers:
                 p.stop()
-            time.sleep(0.2)
+            wait_for_mark(pcap, lambda payload: _mark(hosts, payload))  # the close is in
         finally:
             stop_capture(cap)
             for p in peers:

@@ -10,6 +10,8 @@ import fcntl
 import os
 import select
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -236,3 +238,31 @@ def descriptor_after_close(a: socket.socket, b: socket.socket) -> list[object]:
 def test_the_descriptor_is_gone_when_close_returns_as_on_tcp() -> None:
     tcp, smc = both(descriptor_after_close)
     assert tcp == smc == ["EBADF", "EBADF"]
+
+
+EXIT_WITH_A_THREAD_IN_ACCEPT = """
+import socket, sys, threading
+import smcr
+make = smcr.create_server if sys.argv[1] == "smc" else socket.create_server
+srv = make(("127.0.0.1", 0))
+served = threading.Event()
+def serve():
+    while True:
+        conn, _ = srv.accept()
+        conn.close()
+        served.set()
+threading.Thread(target=serve, daemon=True).start()
+socket.create_connection(srv.getsockname()).close()
+assert served.wait(20)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", ["tcp", "smc"])
+def test_exit_with_a_daemon_thread_in_accept_is_quiet_as_on_tcp(kind: str) -> None:
+    """A program whose daemon thread accepts forever just ends: the interpreter's exit does
+    not close the listener under that thread (as for ``socket.socket``); no traceback of
+    an ``accept`` woken by EBADF at exit."""
+    done = subprocess.run([sys.executable, "-c", EXIT_WITH_A_THREAD_IN_ACCEPT, kind],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (0, "exiting\n", "")

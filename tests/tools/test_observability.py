@@ -54,6 +54,17 @@ class Proc:
             self.p.kill()
             self.p.wait()
 
+    def stop(self) -> None:
+        """At the end of a test: leave normally if it still can (its atexit work runs:
+        coverage's data among it), else be killed."""
+        if self.p.poll() is None:
+            try:
+                self.say("exit")
+                self.p.wait(20)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
@@ -72,7 +83,7 @@ def procs(env: dict[str, str]) -> Iterator[Callable[..., Proc]]:
 
     yield start
     for p in made:
-        p.kill()
+        p.stop()
 
 
 def smcr_cmd(env: dict[str, str], *args: str, check: bool = True) -> str:
@@ -397,3 +408,82 @@ def test_top_reports_rates(env: dict[str, str], procs: Callable[..., Proc]) -> N
     assert len(smc) == 2 and all("tx_rate" in c for c in smc)  # idle: 0 B/s, but known
     assert len(view["linkgroups"]) == 2
     assert {p["pid"] for p in view["processes"]} == {server.p.pid, client.p.pid}
+
+
+def test_info_says_versions_rnics_discovery_ueids_limits_and_who_answers(
+        env: dict[str, str], procs: Callable[..., Proc], tmp_path: Path) -> None:  # fmt: skip
+    """``smcr info`` (and ``--json``): what the environment set (the RNIC kind, discovery,
+    the UEID file), Linux's defaults as limits, and the smcr processes of the diag
+    directory (none, then the one started)."""
+    ueids = tmp_path / "ueid"
+    ueids.write_text("SMC-KVM-TEST\nnot a ueid\nSMCR-2ND\n")  # the middle line is invalid
+    env = env | {"SMCR_UEID_FILE": str(ueids), "SMCR_DISCOVERY": "off", "SMCR_RNIC": "shm"}
+    got = smcr_json(env, "info")
+    assert got["smc_versions"] == ["SMC-Rv1", "SMC-Rv2"]
+    assert got["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert got["rnic_default"] == "shm"
+    assert "shm" in {r["type"] for r in got["rnics"]}
+    assert got["discovery"] == {"mode": "off", "why": "SMCR_DISCOVERY=off"}
+    assert got["ueids"] == ["SMC-KVM-TEST", "SMCR-2ND"]
+    limits = got["limits"]  # Linux: net.smc.wmem/rmem, SMC_RMBS_PER_LGR_MAX, CLC/LLC waits
+    assert (limits["sndbuf_size"], limits["rmb_size"], limits["max_conns"]) == (65536, 65536, 255)
+    assert (limits["clc_wait"], limits["llc_wait"], limits["testlink_time"]) == (6.0, 2.0, 30.0)
+    assert got["diag_directory"] == env["SMCR_DIAG_DIR"]
+    assert got["processes"] == 0
+    text = smcr_cmd(env, "info")
+    assert "Discovery:      off (SMCR_DISCOVERY=off)" in text
+    assert "UEIDs:          SMC-KVM-TEST, SMCR-2ND" in text
+    assert "Limits:         255 connections per link group" in text
+    assert f"Diag:           0 smcr process(es) answer in {env['SMCR_DIAG_DIR']}" in text
+    procs("server")  # an smcr process with a listening socket: its endpoint answers
+    assert wait_for(lambda: smcr_json(env, "info")["processes"] == 1)
+    ueids.write_text("")
+    assert smcr_json(env, "info")["ueids"] == []
+    assert "UEIDs:          (none)" in smcr_cmd(env, "info")
+
+
+def test_top_live_view_shows_processes_link_groups_and_connections(
+        env: dict[str, str], procs: Callable[..., Proc]) -> None:  # fmt: skip
+    """``smcr top`` without ``--json``: the three tables of the live view, as a terminal
+    shows them (wide enough for whole addresses)."""
+    server, client, port = pair(procs)
+    text = smcr_cmd(env | {"COLUMNS": "220"}, "top", "-n", "2", "--interval", "0.2")
+    assert "smcr processes (2)" in text and "link groups" in text and "connections" in text
+    lines = [line.replace("│", " ").split() for line in text.splitlines()]
+    sp, cp = str(server.p.pid), str(client.p.pid)
+    for pid in (sp, cp):  # the processes' table comes first
+        proc_row = next(x for x in lines if x[:1] == [pid])
+        assert (proc_row[1], proc_row[-1]) == ("python", "ok"), proc_row
+    groups = {(x[0], x[2], x[3]) for x in lines if len(x) == 7 and x[0] in (sp, cp)}
+    assert {(sp, "SERV", "SINGLE"), (cp, "CLNT", "SINGLE")} <= groups
+    conns = [x for x in lines if len(x) >= 7 and x[1] in ("ACTIVE", "LISTEN")]
+    assert [sp, "LISTEN", f"127.0.0.1:{port}", "-", "SMCR", "0", "B/s", "0", "B/s"] in conns
+    smc = [x for x in conns if x[1] == "ACTIVE" and x[4] == "SMCR"]
+    assert {x[0] for x in smc} == {sp, cp} and all(x[5:] == ["0", "B/s", "0", "B/s"] for x in smc)
+    assert any(x[0] == sp and x[4] == "TCP" and x[5] == "0x03010000/0x00000000" for x in conns)
+
+
+def test_top_rates_from_two_looks_and_their_units() -> None:
+    """A connection's rate is its byte count's growth over the time between two looks
+    (known by pid and inode; one seen once has none yet), shown in B/s, kB/s, MB/s, GB/s."""
+    from rich.console import Console  # noqa: PLC0415
+
+    from smcr.tools import top  # noqa: PLC0415
+
+    def row(inode: int, tx: int, rx: int) -> dict[str, Any]:
+        return {"pid": 7, "inode": inode, "state": "ACTIVE", "mode": "SMCR",
+                "local": f"10.0.0.1:{inode}", "peer": "10.0.0.2:80", "tx_bytes": tx,
+                "rx_bytes": rx}  # fmt: skip
+
+    first = top.add_rates([row(1, 0, 0), row(2, 0, 0)], {}, 0.0)
+    later = [row(1, 5_000_000, 1_500), row(2, 3_000_000_000, 5_000), row(3, 9, 9)]
+    top.add_rates(later, first, 2.0)
+    assert [(c.get("tx_rate"), c.get("rx_rate")) for c in later] == [
+        (2_500_000.0, 750.0), (1_500_000_000.0, 2_500.0), (None, None)]  # fmt: skip
+    console = Console(record=True, width=200)
+    console.print(top.view(later, [], [{"pid": 7, "command": "x", "netns": 1}]))
+    text = console.export_text()
+    for shown in ("2.5 MB/s", "750 B/s", "1.5 GB/s", "2.5 kB/s", "smcr processes (1)"):
+        assert shown in text, text
+    rows = [line.split("│") for line in text.splitlines() if "10.0.0.1:3" in line]
+    assert [cell.strip() for cell in rows[0][-3:-1]] == ["-", "-"]  # no rate before a 2nd look
