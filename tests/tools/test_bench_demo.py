@@ -85,3 +85,23 @@ def test_demo_runs_smcr_end_to_end() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SMCR" in result.stdout and "LINK_ACTIVE" in result.stdout
     assert "SMC-R / TCP throughput" in result.stdout
+
+
+def test_demo_in_process_with_a_small_volume(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's whole path (discovery line, connection details, both transfers, the
+    table) in the fast suite: 1 MiB instead of 64; the slow test above runs the real one."""
+    from rich.console import Console  # noqa: PLC0415
+
+    from smcr.tools import demo  # noqa: PLC0415
+
+    monkeypatch.setattr(demo, "VOLUME", 1 << 20)
+    console = Console(record=True, width=160)
+    assert demo.run(console) == 0
+    text = console.export_text()
+    assert "SMCR" in text and "LINK_ACTIVE" in text
+    assert "accepted in mode SMCR" in text
+    assert "1 MiB in 64 KiB writes, SHA-256 checked" in text
+    rows = [line for line in text.splitlines()
+            if "SMC-R (shm RNIC)" in line or "TCP loopback" in line]  # fmt: skip
+    assert len(rows) == 2 and all(row.rstrip(" │").endswith("True") for row in rows), rows
+    assert "SMC-R / TCP throughput" in text
