@@ -1,14 +1,20 @@
 """Error paths of the engine: a failed send completion, a DELETE LINK of the only link,
 an unsolicited LLC response, a first link dying during the handshake, the LLC flow
-queue on terminate.  Two engines wired in memory (``tests.core.pair``)."""
+queue on terminate, CDCs a peer should never send.  Two engines wired in memory
+(``tests.core.pair``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
+
+import pytest
 
 from smcr.core import Action, ConnectionReset, FellBack, LinkGroupTerminated, SmcState
 from smcr.core.handshake import HsState
+from smcr.wire.cdc import CdcMessage, ConnectionStateFlags, ProducerFlags
 from smcr.wire.clc import ClcDecline
+from smcr.wire.cursor import Cursor
 from smcr.wire.decline import DeclineCode
 from smcr.wire.llc import DeleteLink, LlcType, TestLink
 from tests.core.pair import Pair
@@ -187,3 +193,54 @@ def test_a_released_rmb_of_a_dead_link_is_reusable_at_once() -> None:
     p.run(p.client, p.client.engine.link_failed(qpn, "send RETRY_EXC_ERR", p.now))
     p.do(p.client, p.client.engine.close(c, p.now))
     assert c in p.client.released and p.client.reused == [c]
+
+
+# -- a peer whose CDC cannot be right: the connection is aborted, the link stays -------------
+
+
+def hostile_cdc(p: Pair, conn: int, qpn: int, seq_step: int = 1, pwrap: int = 0,
+                pcount: int = 0, cwrap: int = 0, ccount: int = 0,
+                flags: int = 0) -> None:  # fmt: skip
+    """Deliver to the client's connection ``conn`` a CDC as if from the server."""
+    c = p.client.engine.conns[conn]
+    msg = CdcMessage(sequence_number=(c.rx_seq + seq_step) & 0xFFFF, alert_token=c.token,
+                     producer_cursor=Cursor(pwrap, pcount), consumer_cursor=Cursor(cwrap, ccount),
+                     producer_flags=ProducerFlags(flags))  # fmt: skip
+    p.sends.append((p.client, qpn, msg.encode()))
+    p.pump()
+
+
+@pytest.mark.parametrize(("fields", "why"), [
+    ({"pcount": 65536}, "CDC cursor outside the ring"),  # == the RMB's size
+    ({"pwrap": 2, "pcount": 10}, "peer wrote more than our RMBE holds"),
+    ({"ccount": 100}, "peer consumed more than we wrote"),  # we wrote nothing
+    ({"flags": ProducerFlags.FAILOVER_VALIDATION},  # seq newer than the last CDC
+     "failover validation CDC newer than the last CDC received"),
+], ids=["cursor-outside", "overrun", "consumed-unwritten", "failover-newer"])  # fmt: skip
+def test_a_cdc_that_cannot_be_right_aborts_the_connection(fields: dict[str, Any],
+                                                          why: str) -> None:  # fmt: skip
+    """smcr checks the peer's cursors (one past a ring would move reads and writes outside
+    the buffers): such a CDC aborts its connection (abort CDC, as ``smc_conn_kill``), the
+    peer's connection sees the abort, and the link and its group stay."""
+    p, c, s, qpn = active_pair()
+    hostile_cdc(p, c, qpn, **fields)
+    assert [(e.conn, e.reason) for e in p.client.events if isinstance(e, ConnectionReset)] == [
+        (c, f"peer fault: {why}")]  # fmt: skip
+    assert p.client.engine.conns[c].state is SmcState.CLOSED
+    peer = p.server.engine.conns[s]  # it got our abort CDC: its reads end in a reset
+    assert peer.state is SmcState.PROCESSABORT
+    assert peer.rx_flags & ConnectionStateFlags.PEER_CONNECTION_ABORT
+    assert p.client.engine.lgrs and p.server.engine.lgrs and qpn not in p.client.destroyed
+
+
+def test_stale_and_replayed_cdcs_change_nothing() -> None:
+    """A CDC with an old sequence number is dropped (``smc_cdc_rx_handler``), and a failover
+    validation CDC no newer than the last one received is taken without effect."""
+    p, c, _, qpn = active_pair()
+    conn = p.client.engine.conns[c]
+    before = (conn.rx_prod, conn.peer_cons, conn.rx_seq)
+    hostile_cdc(p, c, qpn, seq_step=-1, pcount=100)  # would announce 100 bytes
+    hostile_cdc(p, c, qpn, seq_step=0, flags=ProducerFlags.FAILOVER_VALIDATION)
+    assert (conn.rx_prod, conn.peer_cons, conn.rx_seq) == before
+    assert conn.state is SmcState.ACTIVE
+    assert not [e for e in p.client.events if isinstance(e, ConnectionReset)]

@@ -41,7 +41,8 @@ def segments(raw: socket.socket, ports: set[int]) -> list[dict[str, Any]]:
             continue
         flags = tcp[13]
         found.append({"sport": sport, "dport": dport, "syn": bool(flags & 2),
-                      "ack": bool(flags & 0x10), "payload": len(ip) - (ip[0] & 0x0F) * 4
+                      "ack": bool(flags & 0x10), "fin": bool(flags & 1),
+                      "payload": len(ip) - (ip[0] & 0x0F) * 4
                       - (tcp[12] >> 4) * 4,
                       "smc": find_smc_option(tcp_header_options(tcp), syn=True)})
 
@@ -77,8 +78,13 @@ def main() -> None:
                         "server_peer": flags.peer(a.fileno())})
         for s in (a, c, ls):
             s.close()
-    time.sleep(0.2)  # the FIN exchanges
-    print(json.dumps({"results": results, "segments": segments(raw, ports)}))
+    # until both FINs of every connection are in (a wait for them, not a fixed sleep)
+    found: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 10.0
+    while sum(seg["fin"] for seg in found) < 2 * len(ports) and time.monotonic() < deadline:
+        found += segments(raw, ports)
+        time.sleep(0.01)
+    print(json.dumps({"results": results, "segments": found}))
 
 
 if __name__ == "__main__":

@@ -170,3 +170,66 @@ def test_processes_started_by_ip_netns_exec_find_the_pins() -> None:
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False, timeout=30)
     assert res.stdout.split() == ["False", "bpf"]
+
+
+def smcr_cli(*args: str, env: dict[str, str] | None = None,
+             prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    return subprocess.run([*prefix, sys.executable, "-m", "smcr", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def test_the_enable_discovery_disable_commands(private: tuple[Path, Path]) -> None:
+    """``smcr enable --cgroup`` / ``smcr discovery`` / ``smcr disable`` as a user types them
+    (private pins through ``SMCR_BPF_DIR``): what each says, and what ``discovery`` reports
+    of a program started here (outside that cgroup, peers listed: policy)."""
+    pins, cgroup = private
+    env = {"SMCR_BPF_DIR": str(pins), "SMCR_DISCOVERY": "auto",
+           "SMCR_PEERS": "10.1.0.0/16:5000, [fd00::/8]:8000-8099"}  # fmt: skip
+    out = smcr_cli("discovery", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) | {"why": ""} == {
+        "mode": "policy", "why": "", "bpf_enabled": False, "bpf_cgroup": None,
+        "bpf_pin_dir": str(pins), "peers": ["10.1.0.0/16:5000", "[fd00::/8]:8000-8099"]}
+    out = smcr_cli("enable", "--cgroup", str(cgroup), env=env)
+    assert out.returncode == 0, out.stderr
+    state = bpf.status(pins)
+    assert state.enabled and state.cgroup == cgroup
+    assert out.stdout.strip() == (
+        f"SMC TCP option enabled for cgroup {cgroup} (program id {state.prog_id}, pinned in "
+        f"{pins}); smcr sockets of its processes now use discovery")  # fmt: skip
+    out = smcr_cli("discovery", env=env)
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("discovery: policy (")
+    assert lines[1] == (f"TCP option: enabled for cgroup {cgroup}, pinned in {pins}; "
+                        "this process is outside that cgroup")  # fmt: skip
+    assert lines[2:] == ["peer: 10.1.0.0/16:5000", "peer: [fd00::/8]:8000-8099"]
+    out = smcr_cli("disable", env=env)
+    assert (out.returncode, out.stdout) == (0, "SMC TCP option disabled\n")
+    assert not bpf.status(pins).enabled and not pins.exists()
+    out = smcr_cli("disable", env=env)
+    assert (out.returncode, out.stdout) == (0, "SMC TCP option was not enabled\n")
+    out = smcr_cli("discovery", env=env | {"SMCR_PEERS": "", "SMCR_DISCOVERY": "off"})
+    assert out.stdout.splitlines()[:2] == ["discovery: off (SMCR_DISCOVERY=off)",
+                                           f"TCP option: not enabled ({bpf.status(pins).why})"]
+
+
+def test_enable_without_root_says_why(private: tuple[Path, Path]) -> None:
+    """A user's ``smcr enable`` fails with status 1 and says that loading BPF needs root."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) missing")
+    pins, cgroup = private
+    with tempfile.TemporaryDirectory() as tmp:  # a copy of the package user nobody can read
+        src = Path(tmp) / "src"
+        shutil.copytree(REPO_ROOT / "src" / "smcr", src / "smcr")
+        for path in [Path(tmp), *src.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        out = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             os.path.realpath(sys.executable), "-m", "smcr", "enable", "--cgroup", str(cgroup)],
+            capture_output=True, text=True, timeout=60, check=False, cwd=tmp,
+            env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin", "SMCR_BPF_DIR": str(pins)},
+        )  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "smcr enable: loading a BPF program needs root (CAP_BPF, CAP_NET_ADMIN)" in out.stderr
+    assert not bpf.status(pins).enabled

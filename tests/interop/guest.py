@@ -79,6 +79,15 @@ def ensure_image(base: Path) -> float:
     return time.monotonic() - t0
 
 
+def mark_to_guest(payload: bytes) -> None:
+    """A UDP datagram (port 9, discard) from the host side of netns ``smcnet`` to the guest:
+    the marker of :func:`tests.support.wait_for_mark` for captures on ``br0``."""
+    subprocess.run(["ip", "netns", "exec", NETNS, sys.executable, "-c",
+                    "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                    f".sendto({payload!r}, ('{GUEST_IP}', 9))"],
+                   check=True, timeout=30)  # fmt: skip
+
+
 def netns_exists(name: str = NETNS) -> bool:
     out = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True,
                          timeout=30)  # fmt: skip

@@ -55,10 +55,10 @@ from scapy.utils import RawPcapReader
 from smcr.wire.clc import ClcDecline, ClcMessage, ClcProposal, decode_clc, make_eid
 from smcr.wire.clc_header import EYECATCHER_SMCR, SmcType
 from smcr.wire.decline import DeclineCode
-from tests.interop.guest import GUEST_IP, HOST_IP, NETNS, Guest
+from tests.interop.guest import GUEST_IP, HOST_IP, NETNS, Guest, mark_to_guest
 from tests.interop.smc_host import pattern
 from tests.roce.netns import REPO
-from tests.support import stop_capture
+from tests.support import stop_capture, wait_for_mark
 
 pytestmark = [pytest.mark.interop, pytest.mark.root]
 
@@ -167,16 +167,14 @@ def capture(port: int) -> Iterator[Path]:
     os.chmod(tmp, 0o755)
     path = tmp / f"tcp{port}.pcap"
     cap = subprocess.Popen(["ip", "netns", "exec", NETNS, "tcpdump", "-Z", "root", "-i", "br0",
-                            "-s", "0", "-U", "-B", "8192", "-w", str(path), f"tcp port {port}"],
+                            "-s", "0", "-U", "-B", "8192", "-w", str(path),
+                            f"tcp port {port} or udp port 9"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
-        deadline = time.monotonic() + 10
-        while not path.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)  # the file exists before the filter is attached
+        wait_for_mark(path, mark_to_guest)  # live (the file exists before the filter is)
         yield path
+        wait_for_mark(path, mark_to_guest)  # the last segments are in (read_wire: TCP only)
     finally:
-        time.sleep(0.3)  # the last segments
         stop_capture(cap)
         if not path.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -113,3 +113,21 @@ def test_info_reports_the_buffers_and_links_smcr_uses() -> None:
                           timeout=60, check=True).stdout  # fmt: skip
     assert f"send buffer and RMB {BUFFER >> 10} KiB on shm, {ROCE_BUFFER >> 10} KiB on roce" in text
     assert "255 connections per link group, 1 link per link group" in text
+
+
+def test_demo_in_process_with_a_small_volume(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's whole path (discovery line, connection details, both transfers, the
+    table) in the fast suite: 1 MiB instead of 64; the slow test above runs the real one."""
+    from rich.console import Console  # noqa: PLC0415
+
+    monkeypatch.setattr(demo, "VOLUME", 1 << 20)
+    console = Console(record=True, width=160)
+    assert demo.run(console) == 0
+    text = console.export_text()
+    assert "SMCR" in text and "LINK_ACTIVE" in text
+    assert "accepted in mode SMCR" in text
+    assert "1 MiB in 64 KiB writes, SHA-256 checked" in text
+    rows = [line for line in text.splitlines()
+            if "SMC-R (shm RNIC)" in line or "TCP loopback" in line]  # fmt: skip
+    assert len(rows) == 2 and all(row.rstrip(" │").endswith("True") for row in rows), rows
+    assert "SMC-R / TCP throughput" in text

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from smcr.core.connection import Rmb
 from smcr.core.linkgroup import Link, LinkGroup, V2Terms
-from smcr.wire.clc import ClcAccept, ClcProposal, ClcReader, ClcType
+from smcr.wire.clc import ClcAccept, ClcReader, ClcType
 from smcr.wire.clc_proposal import IpPrefixArea, Ipv6Prefix
 from smcr.wire.decline import DeclineCode
 
@@ -114,17 +114,3 @@ def prefix_area(ip: IpAddress) -> IpPrefixArea:
         net = ipaddress.IPv4Network((ip, bits), strict=False)
         return IpPrefixArea(net.network_address, bits)
     return IpPrefixArea(ipv6_prefixes=(Ipv6Prefix(ip, 128),))
-
-
-def check_proposal(proposal: ClcProposal, local_ip: IpAddress) -> None:
-    """The server's checks (``smc_listen_find_device`` for SMC-R v1, ``smc_clc_prfx_match``).
-
-    :raises Decline: ``NOUEID`` for an SMC-Rv2-only offer (we have no UEID),
-        ``NOSMCRDEV`` without any SMC-R offer, ``DIFFPREFIX`` on a prefix mismatch.
-    """
-    if not proposal.typev1.smcr:
-        if proposal.typev2.smcr:
-            raise Decline(DeclineCode.NOUEID, "SMC-Rv2 offered, but no UEID is configured")
-        raise Decline(DeclineCode.NOSMCRDEV, "no SMC-R type offered")
-    if proposal.prefix is None or proposal.prefix != prefix_area(local_ip):
-        raise Decline(DeclineCode.DIFFPREFIX)
