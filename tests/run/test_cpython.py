@@ -1,6 +1,6 @@
 """CPython's own regression tests of the networking modules (socket, http, socketserver,
-selectors, select/poll/epoll, xmlrpc, urllib, asyncio's socket calls and event loops), under ``smcr run``
-and without it: the same tests run, and pass, either way; under ``smcr run`` the
+selectors, select/poll/epoll, xmlrpc, urllib, asyncio's socket calls and event loops),
+under ``smcr run`` and without it: the same tests run, and pass, either way; under ``smcr run`` the
 connections they make between their own ends are SMC-R (counted by ``smcr stats``,
 :mod:`smcr.diag`).
 

@@ -22,7 +22,8 @@ from typing import Any
 
 from smcr.socket import SMCSocket, _PlainSocket
 
-_READ_CHUNK = 256 << 10
+_HEADER = 5
+"""Bytes of a TLS record header (type, version, length): the length is its last two."""
 
 
 def patch(ssl_module: types.ModuleType) -> None:
@@ -61,6 +62,8 @@ class SmcTlsSocket(ssl.SSLSocket):
     _incoming: ssl.MemoryBIO
     _outgoing: ssl.MemoryBIO
     _unsent: bytes
+    _header: bytes
+    _record_left: int
     # SSLSocket's plain attributes (set by its _create; not in its type stubs)
     do_handshake_on_connect: bool
     suppress_ragged_eofs: bool
@@ -92,6 +95,8 @@ class SmcTlsSocket(ssl.SSLSocket):
         self.suppress_ragged_eofs = suppress_ragged_eofs
         self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._unsent = b""
+        self._header = b""  # the part of a record header read so far
+        self._record_left = 0  # bytes of the current record not read yet
         self._tls = None
         self._sslobj = None
         if inner._mode == "SMCR":
@@ -146,16 +151,29 @@ class SmcTlsSocket(ssl.SSLSocket):
             view = view[n:]
 
     def _fill(self) -> None:
-        """Receive records for the TLS engine (EOF goes to it as such)."""
+        """Receive records for the TLS engine (EOF goes to it as such), never past the
+        end of the record it reads: OpenSSL over a TCP socket reads a header, then its
+        record, and what comes after stays in the socket, where readiness (select,
+        poll, an event loop) sees it.  Read ahead into the memory buffer, it would be
+        seen by nobody: an event loop that stops reading once it has what it wanted
+        would wait for a readable event that never comes."""
+        want = self._record_left or _HEADER - len(self._header)
         try:
-            data = self._inner.recv(_READ_CHUNK)
+            data = self._inner.recv(want)
         except BlockingIOError:
             raise ssl.SSLWantReadError(ssl.SSL_ERROR_WANT_READ,
                                        "The operation did not complete (read)") from None
-        if data:
-            self._incoming.write(data)
-        else:
+        if not data:
             self._incoming.write_eof()
+            return
+        self._incoming.write(data)
+        if self._record_left:
+            self._record_left -= len(data)
+            return
+        self._header += data
+        if len(self._header) == _HEADER:
+            self._record_left = int.from_bytes(self._header[3:], "big")
+            self._header = b""
 
     # ------------------------------------------------------------ SSLSocket's API
 

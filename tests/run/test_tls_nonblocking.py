@@ -1,0 +1,135 @@
+"""TLS over SMC-R (:mod:`smcr.run.tls`) on non-blocking sockets driven by readiness, as
+event loops drive it (tornado's ``SSLIOStream``: ``do_handshake_on_connect=False``,
+then ``do_handshake``/``recv_into``/``send`` whenever ``selectors`` says the
+descriptor is ready), held against ``ssl``'s own socket over TCP in the same test.
+
+Both ends are in this process; the SMC-R pair is wrapped by a context class that
+``smcr.run.tls.patch`` made (what ``smcr run`` does to ``ssl.SSLContext``), so the
+TCP pair gets ``ssl.SSLSocket`` and the SMC-R pair ``SmcTlsSocket``.
+"""
+
+from __future__ import annotations
+
+import selectors
+import ssl
+import time
+import types
+from collections.abc import Callable
+
+from smcr.run.tls import SmcTlsSocket, patch
+from tests.socket.test_error_paths import pair
+from tests.support import REPO_ROOT
+
+CERT = str(REPO_ROOT / "tests" / "run" / "cert.pem")
+KEY = str(REPO_ROOT / "tests" / "run" / "key.pem")
+DEADLINE = 10.0  # seconds a story may wait for readiness before it gives up
+
+
+class Context(ssl.SSLContext):
+    """An ``SSLContext`` whose ``wrap_socket`` is ``smcr run``'s (the module's own stays)."""
+
+
+_module = types.ModuleType("ssl_of_these_tests")
+_module.SSLContext = Context  # type: ignore[attr-defined]
+patch(_module)
+
+Story = Callable[[ssl.SSLSocket, ssl.SSLSocket, selectors.BaseSelector], object]
+
+
+def tls_both(story: Story) -> tuple[object, object]:
+    """``story(client, server, selector)`` over TLS on TCP, then on SMC-R."""
+    return run_tls("tcp", story), run_tls("smc", story)
+
+
+def run_tls(kind: str, story: Story) -> object:
+    server_ctx = Context(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(CERT, KEY)
+    client_ctx = Context(ssl.PROTOCOL_TLS_CLIENT)
+    client_ctx.load_verify_locations(CERT)
+    with pair(kind) as (a, b), selectors.DefaultSelector() as sel:
+        a.setblocking(False)
+        b.setblocking(False)
+        client = client_ctx.wrap_socket(a, server_hostname="localhost",
+                                        do_handshake_on_connect=False)  # fmt: skip
+        server = server_ctx.wrap_socket(b, server_side=True, do_handshake_on_connect=False)
+        assert isinstance(client, SmcTlsSocket) == isinstance(server, SmcTlsSocket) == (
+            kind == "smc")  # fmt: skip
+        try:
+            handshake(client, server, sel)
+            return story(client, server, sel)
+        finally:
+            client.close()
+            server.close()
+
+
+def handshake(client: ssl.SSLSocket, server: ssl.SSLSocket, sel: selectors.BaseSelector) -> None:
+    """Both handshakes, each step when its descriptor is ready for what the last one wanted."""
+    todo = {client, server}
+    for tls in todo:
+        sel.register(tls, selectors.EVENT_WRITE)
+    deadline = time.monotonic() + DEADLINE
+    while todo:
+        assert time.monotonic() < deadline, "handshake: no readiness"
+        for key, _ in sel.select(1.0):
+            ready = key.fileobj
+            assert isinstance(ready, ssl.SSLSocket)
+            try:
+                ready.do_handshake()
+            except ssl.SSLWantReadError:
+                sel.modify(ready, selectors.EVENT_READ)
+            except ssl.SSLWantWriteError:
+                sel.modify(ready, selectors.EVENT_WRITE)
+            else:
+                todo.discard(ready)
+                sel.unregister(ready)
+
+
+def pump(sel: selectors.BaseSelector, sender: ssl.SSLSocket | None, data: bytes,
+         receiver: ssl.SSLSocket, chunk: int = 65536) -> bytes:  # fmt: skip
+    """Send ``data`` (from its start, if a sender is given; up to 128 KiB a call) and
+    receive until as many bytes came (up to ``chunk`` a call), one call per readiness
+    event, as an event loop does; what came."""
+    got = bytearray()
+    sent = 0
+    sel.register(receiver, selectors.EVENT_READ)
+    if sender is not None:
+        sel.register(sender, selectors.EVENT_WRITE)
+    deadline = time.monotonic() + DEADLINE
+    try:
+        while len(got) < len(data) and time.monotonic() < deadline:
+            for key, _ in sel.select(1.0):
+                if key.fileobj is sender:
+                    try:
+                        sent += sender.send(data[sent : sent + 131072])
+                    except ssl.SSLWantWriteError:
+                        continue
+                    if sent == len(data):
+                        sel.unregister(sender)
+                        sender = None
+                else:
+                    buf = bytearray(chunk)
+                    try:
+                        got += buf[: receiver.recv_into(buf)]
+                    except ssl.SSLWantReadError:
+                        continue
+    finally:
+        for tls in (sender, receiver):
+            if tls is not None:
+                sel.unregister(tls)
+    return bytes(got)
+
+
+PATTERN = bytes(range(251))  # a length prime to the record size: misplaced bytes show
+
+
+def records_behind_a_read(client: ssl.SSLSocket, server: ssl.SSLSocket,
+                          sel: selectors.BaseSelector) -> object:  # fmt: skip
+    """Many records sent at once; the receiver reads one chunk per readable event: the
+    records behind the one it read must keep the descriptor readable."""
+    data = PATTERN * 1000  # 15 records of 16 KiB
+    return pump(sel, client, data, server, chunk=16384) == data
+
+
+def test_records_not_yet_read_keep_the_descriptor_readable_as_on_tcp() -> None:
+    assert tls_both(records_behind_a_read) == (True, True)
+
