@@ -24,6 +24,9 @@ from smcr.socket import SMCSocket, _PlainSocket
 
 _HEADER = 5
 """Bytes of a TLS record header (type, version, length): the length is its last two."""
+_WRITE_PIECE = 16 << 10
+"""Plaintext bytes per ``SSLObject.write`` (one record, as OpenSSL cuts them): what a
+non-blocking ``write`` takes or leaves, record by record (:meth:`SmcTlsSocket.write`)."""
 
 
 def patch(ssl_module: types.ModuleType) -> None:
@@ -62,6 +65,7 @@ class SmcTlsSocket(ssl.SSLSocket):
     _incoming: ssl.MemoryBIO
     _outgoing: ssl.MemoryBIO
     _unsent: bytes
+    _unsent_plain: int
     _header: bytes
     _record_left: int
     # SSLSocket's plain attributes (set by its _create; not in its type stubs)
@@ -94,7 +98,8 @@ class SmcTlsSocket(ssl.SSLSocket):
         self.do_handshake_on_connect = do_handshake_on_connect
         self.suppress_ragged_eofs = suppress_ragged_eofs
         self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self._unsent = b""
+        self._unsent = b""  # records the SMC socket did not take yet
+        self._unsent_plain = 0  # plaintext bytes of a write() whose record is in _unsent
         self._header = b""  # the part of a record header read so far
         self._record_left = 0  # bytes of the current record not read yet
         self._tls = None
@@ -115,29 +120,39 @@ class SmcTlsSocket(ssl.SSLSocket):
 
     # ------------------------------------------------------------ the record pump
 
-    def _pump(self, op: Any, *args: Any) -> Any:
+    def _pump(self, op: str, *args: Any) -> Any:
         """Run one SSLObject call, moving records to and from the SMC socket until it
-        completes; on a non-blocking socket raise what ``ssl`` raises there."""
-        tls = self._tls
-        if tls is None:
-            raise ValueError("SSL object not connected" if not self._closed
-                             else "I/O operation on closed SSL socket")  # fmt: skip
+        completes; on a non-blocking socket raise what ``ssl`` raises there.
+
+        The records a ``read`` makes are sent as far as the socket takes them (the rest
+        with the next call): a read never raises ``SSLWantWriteError``, which event
+        loops do not expect there.  A ``write`` sends its own (:meth:`write`).
+        """
+        tls = self._engine()
+        quiet = op == "read"
         while True:
             try:
                 result = getattr(tls, op)(*args)
             except ssl.SSLWantReadError:
-                self._flush()
+                self._flush(quiet)
                 self._fill()
                 continue
             except ssl.SSLWantWriteError:
                 self._flush()
                 continue
-            self._flush()
+            if op != "write":
+                self._flush(quiet)
             return result
 
-    def _flush(self) -> None:
-        """Send the records the TLS engine produced (keeping what a non-blocking send
-        could not take: ``SSLWantWriteError``)."""
+    def _engine(self) -> ssl.SSLObject:
+        if self._tls is None:
+            raise ValueError("SSL object not connected" if not self._closed
+                             else "I/O operation on closed SSL socket")  # fmt: skip
+        return self._tls
+
+    def _flush(self, quiet: bool = False) -> None:
+        """Send the records the TLS engine produced, keeping what a non-blocking send
+        could not take (``SSLWantWriteError``, unless ``quiet``) for the next call."""
         data = self._unsent + self._outgoing.read()
         self._unsent = b""
         view = memoryview(data)
@@ -146,6 +161,8 @@ class SmcTlsSocket(ssl.SSLSocket):
                 n = self._inner.send(view)
             except BlockingIOError:
                 self._unsent = bytes(view)
+                if quiet:
+                    return
                 raise ssl.SSLWantWriteError(ssl.SSL_ERROR_WANT_WRITE,
                                             "The operation did not complete (write)") from None
             view = view[n:]
@@ -240,7 +257,33 @@ class SmcTlsSocket(ssl.SSLSocket):
             raise
 
     def write(self, data: Any) -> int:
-        return int(self._pump("write", data))
+        """Encrypt and send all of ``data``, or raise ``SSLWantWriteError`` (non-blocking
+        socket, full send buffer) and take the rest when called again with the same
+        data, as ``SSL_write`` does: the records made so far wait in ``_unsent``, and
+        the plaintext they hold counts as taken by the retry.  (Returning on
+        ``SSLWantWriteError`` after the engine took the data, the caller sent it twice;
+        raising only once every record went, nothing would send the last ones when
+        the caller had nothing more to write.)"""
+        tls = self._engine()
+        view = memoryview(data).cast("B")
+        done, self._unsent_plain = min(self._unsent_plain, len(view)), 0
+        try:
+            self._flush()  # what an earlier call left, first
+            while done < len(view):
+                piece = view[done : done + _WRITE_PIECE]
+                while True:
+                    try:
+                        tls.write(piece)
+                        break
+                    except ssl.SSLWantReadError:  # handshake or renegotiation first
+                        self._flush()
+                        self._fill()
+                done += len(piece)
+                self._flush()
+        except ssl.SSLWantWriteError:
+            self._unsent_plain = done
+            raise
+        return len(view)
 
     def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
         if flags:
