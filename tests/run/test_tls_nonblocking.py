@@ -42,7 +42,7 @@ def tls_both(story: Story) -> tuple[object, object]:
     return run_tls("tcp", story), run_tls("smc", story)
 
 
-def run_tls(kind: str, story: Story) -> object:
+def run_tls(kind: str, story: Story, server_hostname: str = "localhost") -> object:
     server_ctx = Context(ssl.PROTOCOL_TLS_SERVER)
     server_ctx.load_cert_chain(CERT, KEY)
     client_ctx = Context(ssl.PROTOCOL_TLS_CLIENT)
@@ -50,21 +50,23 @@ def run_tls(kind: str, story: Story) -> object:
     with pair(kind) as (a, b), selectors.DefaultSelector() as sel:
         a.setblocking(False)
         b.setblocking(False)
-        client = client_ctx.wrap_socket(a, server_hostname="localhost",
+        client = client_ctx.wrap_socket(a, server_hostname=server_hostname,
                                         do_handshake_on_connect=False)  # fmt: skip
         server = server_ctx.wrap_socket(b, server_side=True, do_handshake_on_connect=False)
         assert isinstance(client, SmcTlsSocket) == isinstance(server, SmcTlsSocket) == (
             kind == "smc")  # fmt: skip
         try:
-            handshake(client, server, sel)
             return story(client, server, sel)
         finally:
             client.close()
             server.close()
 
 
-def handshake(client: ssl.SSLSocket, server: ssl.SSLSocket, sel: selectors.BaseSelector) -> None:
-    """Both handshakes, each step when its descriptor is ready for what the last one wanted."""
+def handshake(client: ssl.SSLSocket, server: ssl.SSLSocket,
+              sel: selectors.BaseSelector) -> dict[str, str]:  # fmt: skip
+    """Both handshakes, each step when its descriptor is ready for what the last one
+    wanted; the reasons of those that failed (``SSLError.reason``) by role."""
+    failed: dict[str, str] = {}
     todo = {client, server}
     for tls in todo:
         sel.register(tls, selectors.EVENT_WRITE)
@@ -80,9 +82,14 @@ def handshake(client: ssl.SSLSocket, server: ssl.SSLSocket, sel: selectors.BaseS
                 sel.modify(ready, selectors.EVENT_READ)
             except ssl.SSLWantWriteError:
                 sel.modify(ready, selectors.EVENT_WRITE)
+            except ssl.SSLError as exc:
+                failed["server" if ready is server else "client"] = str(exc.reason)
+                todo.discard(ready)
+                sel.unregister(ready)
             else:
                 todo.discard(ready)
                 sel.unregister(ready)
+    return failed
 
 
 def pump(sel: selectors.BaseSelector, sender: ssl.SSLSocket | None, data: bytes,
@@ -127,6 +134,7 @@ def records_behind_a_read(client: ssl.SSLSocket, server: ssl.SSLSocket,
                           sel: selectors.BaseSelector) -> object:  # fmt: skip
     """Many records sent at once; the receiver reads one chunk per readable event: the
     records behind the one it read must keep the descriptor readable."""
+    assert handshake(client, server, sel) == {}
     data = PATTERN * 1000  # 15 records of 16 KiB
     return pump(sel, client, data, server, chunk=16384) == data
 
@@ -142,6 +150,7 @@ def both_ways_at_once(client: ssl.SSLSocket, server: ssl.SSLSocket,
     selector says so, retrying a send that raised ``SSLWantWriteError`` with the same
     bytes; a read raising anything but ``SSLWantReadError`` fails, as in an event
     loop.  What each end received, and whether a send ever had to wait."""
+    assert handshake(client, server, sel) == {}
     data = {client: PATTERN * 33000, server: PATTERN[::-1] * 33000}
     sent = dict.fromkeys(data, 0)
     got = {tls: bytearray() for tls in data}
@@ -175,3 +184,13 @@ def test_sends_that_wait_and_reads_between_them_as_on_tcp() -> None:
     # (TCP's buffers may take it all while both ends read; SMC-R's must make sends wait,
     # or this test would not test what it is for)
     assert tcp[1:] == (True, True) and smc == (True, True, True)  # type: ignore[index]
+
+
+def test_the_peer_learns_why_a_handshake_failed_as_on_tcp() -> None:
+    """The client rejects the server's certificate (another name): the server's
+    handshake fails with the alert the client sent, not with a bare end of stream."""
+    tcp, smc = (run_tls(kind, handshake, server_hostname="elsewhere.example")
+                for kind in ("tcp", "smc"))  # fmt: skip
+    assert tcp == smc
+    assert isinstance(tcp, dict) and tcp["client"] == "CERTIFICATE_VERIFY_FAILED"
+    assert "BAD_CERTIFICATE" in tcp["server"]

@@ -14,6 +14,7 @@ ragged EOFs.  Sockets in TCP mode get the ``ssl`` module's own socket.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import ssl
@@ -140,9 +141,19 @@ class SmcTlsSocket(ssl.SSLSocket):
             except ssl.SSLWantWriteError:
                 self._flush()
                 continue
+            except ssl.SSLError:
+                self._send_alert()
+                raise
             if op != "write":
                 self._flush(quiet)
             return result
+
+    def _send_alert(self) -> None:
+        """After a TLS error: send the alert the engine made for the peer (OpenSSL over
+        TCP writes it to the socket before it returns the error; kept in the memory BIO,
+        the peer saw only the connection end and told the wrong story, or none)."""
+        with contextlib.suppress(OSError):
+            self._flush(quiet=True)
 
     def _engine(self) -> ssl.SSLObject:
         if self._tls is None:
@@ -278,6 +289,9 @@ class SmcTlsSocket(ssl.SSLSocket):
                     except ssl.SSLWantReadError:  # handshake or renegotiation first
                         self._flush()
                         self._fill()
+                    except ssl.SSLError:
+                        self._send_alert()
+                        raise
                 done += len(piece)
                 self._flush()
         except ssl.SSLWantWriteError:
