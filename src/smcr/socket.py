@@ -641,6 +641,8 @@ class SMCSocket(_PlainSocket):
         if deadline == 0.0:
             stack.process()
             if not ready():
+                if hc.readiness is not None and hc.readiness.lost():
+                    raise OSError(errno.EBADF, "Bad file descriptor")
                 raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
             return
         if not stack.wait(hc, ready, deadline):

@@ -209,3 +209,33 @@ def descriptor_after_close(a: socket.socket, b: socket.socket) -> list[object]:
 def test_the_descriptor_is_gone_when_close_returns_as_on_tcp() -> None:
     tcp, smc = both(descriptor_after_close)
     assert tcp == smc == ["EBADF", "EBADF"]
+
+
+def closed_under_the_socket(a: socket.socket, b: socket.socket) -> list[object]:
+    """A program closes what ``fileno()`` gave (``os.close``), then reads and writes a
+    non-blocking socket with nothing to read and no room to write (TCP: calls on the
+    closed descriptor fail with EBADF; tornado's test_inline_read_error does this)."""
+    a.setblocking(False)
+    fd = a.fileno()
+    saved = os.dup(fd)  # (to put it back: the pair closes the socket afterwards)
+    os.close(fd)
+    try:
+        seen = [errno_of(lambda: a.recv(1))]
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+    seen.append(errno_of(lambda: a.recv(1)))  # it is back: nothing to read
+    return seen
+
+
+def errno_of(call: Callable[[], object]) -> object:
+    """A call's result, or the errno of its OSError."""
+    try:
+        return call()
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, exc.errno)
+
+
+def test_reads_on_a_descriptor_closed_under_the_socket_fail_as_on_tcp() -> None:
+    tcp, smc = both(closed_under_the_socket)
+    assert tcp == smc == ["EBADF", "EAGAIN"]

@@ -156,6 +156,19 @@ class Readiness:
         self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)
         self.readable = False
         self.writable = True
+        st = os.fstat(self.a.fileno())
+        self._file = (st.st_dev, st.st_ino)
+
+    def lost(self) -> bool:
+        """Whether the application's descriptor was closed under us (``os.close`` of
+        what ``fileno()`` gave) or now names another file: a socket's would-block path
+        asks, so that its call fails with ``EBADF`` as one on the closed descriptor of
+        a TCP socket does (one ``fstat``, only where the call would block anyway)."""
+        try:
+            st = os.fstat(self.a.fileno())
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != self._file
 
     def set_blocking(self, blocking: bool) -> None:
         """Give the application's descriptor the socket's blocking mode (``O_NONBLOCK``),
