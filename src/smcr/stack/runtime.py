@@ -857,14 +857,18 @@ class Stack:
                 if slot is not None:
                     self._recv_free.append(self._recv_slot.pop(wr_id))
                     self._recv_wr.pop(wr_id, None)
-                self.execute(engine.link_failed(qpn, f"receive {status.name}", now))
+                qp = self.qps.get(qpn)
+                self.execute(engine.link_failed(qpn, f"receive {status.name}", now,
+                                                peer_gone=qp is not None and qp.peer_gone))
                 return
             off = slot * SLOT
             self._received(qpn, [self._recv_mr.buf[off : off + wc.byte_len]], now)
             self._again(qpn, wr_id)
             return
         if status is not WcStatus.SUCCESS:
-            self.execute(engine.link_failed(qpn, f"send {status.name}", now))
+            qp = self.qps.get(qpn)
+            self.execute(engine.link_failed(qpn, f"send {status.name}", now,
+                                            peer_gone=qp is not None and qp.peer_gone))
             return
         self.execute(engine.send_completed(qpn, wr_id, True, now))
 
