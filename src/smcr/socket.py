@@ -707,6 +707,8 @@ class SMCSocket(_PlainSocket):
                 size = len(view)
                 if size <= room:
                     stack.send_inline(c, view)
+                    if stack.local_peer(hc, c):
+                        stack.process()
                     if hc.readiness is not None:
                         stack.update_readiness(hc)
                     return size
@@ -749,6 +751,8 @@ class SMCSocket(_PlainSocket):
             buf[start:] = view[:first]
             buf[: n - first] = view[first:n]
         stack.execute(stack.engine.data_written(hc.conn_id, n, 0.0, bool(flags & _OOB)))
+        if stack.local_peer(hc, c):
+            stack.process()
         if hc.readiness is not None:
             stack.update_readiness(hc)
         return n
@@ -828,6 +832,8 @@ class SMCSocket(_PlainSocket):
                 got += n
                 if flags & _PEEK or not flags & _WAITALL:
                     break
+            if stack.local_peer(hc, c):  # (a consumer cursor update, when one went)
+                stack.process()
             if hc.readiness is not None:
                 stack.update_readiness(hc)
         return got

@@ -239,3 +239,21 @@ def errno_of(call: Callable[[], object]) -> object:
 def test_reads_on_a_descriptor_closed_under_the_socket_fail_as_on_tcp() -> None:
     tcp, smc = both(closed_under_the_socket)
     assert tcp == smc == ["EBADF", "EAGAIN"]
+
+
+def readable_when_send_returns(a: socket.socket, b: socket.socket) -> list[object]:
+    """Both ends in this process: is the receiver's descriptor readable the moment the
+    send returns (TCP over loopback: yes, delivery is part of the send; an event loop
+    that runs both ends relies on it, as tornado's tests do)?"""
+    b.setblocking(False)
+    seen: list[object] = []
+    for _ in range(20):
+        a.send(b"x")
+        seen.append(select.select([b], [], [], 0)[0] == [b])
+        seen.append(b.recv(10))
+    return seen
+
+
+def test_the_peer_in_this_process_is_readable_when_send_returns_as_on_tcp() -> None:
+    tcp, smc = both(readable_when_send_returns)
+    assert tcp == smc == [True, b"x"] * 20

@@ -230,6 +230,7 @@ class HostConn:
     # called (lock held) once the handshake has an outcome: accept queues and
     # non-blocking connects finish the socket there, whichever thread polled
     on_outcome: Callable[[HostConn], None] | None = None
+    local_peer: bool | None = None  # the other end is in this runtime (Stack.local_peer)
 
     @property
     def rmb(self) -> memoryview:
@@ -434,6 +435,21 @@ class Stack:
     def unwatch_tcp(self, hc: HostConn) -> None:
         """Stop watching a connection's TCP socket (before it is closed; lock held)."""
         self._tcp_watch.pop(hc.tcp.fileno(), None)
+
+    def local_peer(self, hc: HostConn, c: Connection) -> bool:
+        """Whether the connection's other end is in this runtime too (its link's peer QP
+        is ours: both ends in one process).  Its sends and reads then take the
+        completions they made for the other end at once (:meth:`process`), so that the
+        other end's readiness descriptor changes before the call returns, as a TCP
+        peer's does over loopback; else it changes when the progress thread next wakes,
+        and an event loop that runs both ends sees the other end late."""
+        local = hc.local_peer
+        if local is None:
+            links = self.engine.links
+            link = links.get(c.qpn)
+            peer = links.get(link.peer_qpn) if link is not None else None
+            local = hc.local_peer = peer is not None and peer.peer_qpn == c.qpn
+        return local
 
     def engine_conn(self, hc: HostConn) -> Connection | None:
         """The engine's connection record."""
