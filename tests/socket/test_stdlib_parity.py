@@ -257,3 +257,27 @@ def readable_when_send_returns(a: socket.socket, b: socket.socket) -> list[objec
 def test_the_peer_in_this_process_is_readable_when_send_returns_as_on_tcp() -> None:
     tcp, smc = both(readable_when_send_returns)
     assert tcp == smc == [True, b"x"] * 20
+
+
+def unaccepted_when_the_listener_closes(kind: str) -> list[object]:
+    """A client connects; the listener closes without accepting it: the client's
+    connection is reset, and ``getsockopt(SO_ERROR)`` says so, once (tornado's
+    test_stop_in_callback counts on such connects failing)."""
+    make_server = smcr.create_server if kind == "smc" else socket.create_server
+    connect = smcr.create_connection if kind == "smc" else socket.create_connection
+    srv = make_server(("127.0.0.1", 0))
+    with connect(srv.getsockname(), timeout=20) as c:
+        srv.close()
+        errors: list[int] = []
+
+        def told() -> bool:
+            errors.append(c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+            return bool(errors[-1])
+
+        assert wait_until(told)
+        return [errno.errorcode[errors[-1]], c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)]
+
+
+def test_a_listener_that_closes_resets_the_connections_it_did_not_accept_as_on_tcp() -> None:
+    tcp, smc = (unaccepted_when_the_listener_closes(kind) for kind in ("tcp", "smc"))
+    assert tcp == smc == ["ECONNRESET", 0]
