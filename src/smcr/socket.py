@@ -1122,13 +1122,6 @@ class SMCSocket(_PlainSocket):
         if self._mode == "CONNECTING":
             assert self._connecting is not None
             return self._connecting.readiness.fileno()
-        if self._connect_failed and self._connecting is not None:
-            # a non-blocking connect that failed: the descriptor it gave out stays the
-            # socket's (readable and writable, as a TCP socket's with its error), as a TCP
-            # socket's descriptor does not change; event loops that look fileno() up again
-            # to unregister (tornado's) would leave it registered, to fire for whatever
-            # gets its number next
-            return self._connecting.readiness.fileno()
         if self._mode != "SMCR" or self._via_readiness:
             return _PlainSocket.fileno(self)
         stack, hc = self._smc()

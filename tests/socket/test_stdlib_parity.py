@@ -9,7 +9,6 @@ import errno
 import fcntl
 import os
 import select
-import selectors
 import socket
 from collections.abc import Callable
 
@@ -282,24 +281,3 @@ def unaccepted_when_the_listener_closes(kind: str) -> list[object]:
 def test_a_listener_that_closes_resets_the_connections_it_did_not_accept_as_on_tcp() -> None:
     tcp, smc = (unaccepted_when_the_listener_closes(kind) for kind in ("tcp", "smc"))
     assert tcp == smc == ["ECONNRESET", 0]
-
-
-def refused_without_blocking(kind: type[socket.socket]) -> list[object]:
-    """A non-blocking connect to a port nobody listens on, driven by a selector: does
-    fileno() still name what the selector registered, once the connect failed?"""
-    free = socket.create_server(("127.0.0.1", 0))
-    address = free.getsockname()
-    free.close()
-    with kind(socket.AF_INET, socket.SOCK_STREAM) as s, selectors.DefaultSelector() as sel:
-        s.setblocking(False)
-        assert s.connect_ex(address) in (errno.EINPROGRESS, errno.ECONNREFUSED)
-        fd = s.fileno()
-        sel.register(fd, selectors.EVENT_WRITE)
-        assert sel.select(10)
-        err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        return [errno.errorcode[err], s.fileno() == fd]
-
-
-def test_the_descriptor_stays_the_same_after_a_non_blocking_connect_failed_as_on_tcp() -> None:
-    tcp, smc = (refused_without_blocking(kind) for kind in (socket.socket, smcr.SMCSocket))
-    assert tcp == smc == ["ECONNREFUSED", True]
