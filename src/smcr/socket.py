@@ -184,6 +184,7 @@ class SMCSocket(_PlainSocket):
     _queue: _AcceptQueue | None = None  # listening: connections of its handshakes
     _connecting: _Connecting | None = None  # a non-blocking connect in progress
     _connect_error = 0  # what getsockopt(SO_ERROR) says next (non-blocking connect)
+    _reset_told = False  # SMC-R mode: getsockopt(SO_ERROR) reported the connection's reset
     _connect_failed = False  # TCP mode after a failed connect: a new connect may start over
     _oob: int | None = None  # an urgent byte taken out of the stream, unread
     _oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
@@ -380,12 +381,33 @@ class SMCSocket(_PlainSocket):
             if self._connect_error:
                 err, self._connect_error = self._connect_error, 0
                 return err
+            if self._mode == "SMCR" and not (self._forked or self._gone) and self._hc is not None:
+                return self._pending_reset()
         if self._mode not in ("TCP", "PLAIN") and level == _socket.SOL_SOCKET and not args:
             if optname == _socket.SO_RCVBUF:
                 return self._rmb_size or default_buffer_size()
             if optname == _socket.SO_SNDBUF:
                 return self._sndbuf_size or default_buffer_size()
         return _PlainSocket.getsockopt(self, level, optname, *args)
+
+    def _pending_reset(self) -> int:
+        """``SO_ERROR`` of a connection in SMC-R mode: ECONNRESET once after it was reset
+        (the peer's abort, its listener's close before accepting it, the link's end),
+        as TCP reports a reset there once; else 0.  An event loop's non-blocking connect
+        asks it when the socket is writable (tornado's does) and fails as over TCP."""
+        # the TCP socket's own (an abortive close resets it too): taken, so it is told once
+        tcp_err = int(_PlainSocket.getsockopt(self, _socket.SOL_SOCKET, _socket.SO_ERROR))
+        if self._reset_told:
+            return 0
+        if not tcp_err:
+            stack, hc = self._smc()
+            with stack.lock:
+                stack.process()
+                c = stack.engine.conns.get(hc.conn_id)
+                if c is None or not c.aborted or c.peer_finished:
+                    return 0
+        self._reset_told = True
+        return tcp_err or errno.ECONNRESET
 
     # ------------------------------------------------------------ connecting
 
@@ -644,6 +666,8 @@ class SMCSocket(_PlainSocket):
         if deadline == 0.0:
             stack.process()
             if not ready():
+                if hc.readiness is not None and hc.readiness.lost():
+                    raise OSError(errno.EBADF, "Bad file descriptor")
                 raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
             return
         if not stack.wait(hc, ready, deadline):
@@ -708,6 +732,8 @@ class SMCSocket(_PlainSocket):
                 size = len(view)
                 if size <= room:
                     stack.send_inline(c, view)
+                    if stack.local_peer(hc, c):
+                        stack.process()
                     if hc.readiness is not None:
                         stack.update_readiness(hc)
                     return size
@@ -750,6 +776,8 @@ class SMCSocket(_PlainSocket):
             buf[start:] = view[:first]
             buf[: n - first] = view[first:n]
         stack.execute(stack.engine.data_written(hc.conn_id, n, 0.0, bool(flags & _OOB)))
+        if stack.local_peer(hc, c):
+            stack.process()
         if hc.readiness is not None:
             stack.update_readiness(hc)
         return n
@@ -829,6 +857,8 @@ class SMCSocket(_PlainSocket):
                 got += n
                 if flags & _PEEK or not flags & _WAITALL:
                     break
+            if stack.local_peer(hc, c):  # (a consumer cursor update, when one went)
+                stack.process()
             if hc.readiness is not None:
                 stack.update_readiness(hc)
         return got
@@ -1703,9 +1733,14 @@ class _AcceptQueue:
         return item
 
     def _close_ready(self) -> None:
+        """Reset the connections nobody accepted, as a TCP listener's close resets its
+        queue's (the client's next call, or ``getsockopt(SO_ERROR)``, says ECONNRESET):
+        an abortive close (``SO_LINGER`` 0; SMC-R: the abort CDC)."""
         with self.cond:
             left, self.ready = list(self.ready), deque()
         for sock, _addr in left:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER, struct.pack("ii", 1, 0))
             sock.close()
 
     def close(self) -> None:

@@ -8,12 +8,14 @@ otherwise; these tests cross between the two paths on purpose.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
 import smcr
 from tests.socket import smc_peer
@@ -154,3 +156,68 @@ def test_both_ends_send_before_they_read(peer: PeerFactory, rnic: str) -> None:
             got += chunk
         assert bytes(got) == pattern(size)
         assert p.recv(30) is True
+
+
+def exit_server(ctl: Connection, kind: str, reply: int) -> None:
+    """Accept one client (``kind``: an smcr or a plain socket), read its 5-byte request,
+    send ``reply`` bytes of pattern (the client does not read them yet), then end the
+    process at once: ``os._exit``, no close, no atexit (a preforked server's worker that
+    dies mid-request, as tornado's process test makes them)."""
+    make = smcr.create_server if kind == "smc" else socket.create_server
+    srv = make((smc_peer.host(), 0))
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL)
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    got = b""
+    while len(got) < 5:
+        got += c.recv(5 - len(got))
+    c.settimeout(0.0)
+    sent = 0
+    with contextlib.suppress(BlockingIOError):
+        while sent < reply:
+            sent += c.send(pattern(reply)[sent:])
+    ctl.send((c.smc_info().mode if isinstance(c, smcr.SMCSocket) else None, sent))
+    os._exit(3)
+
+
+def after_the_peer_died(peer: PeerFactory, kind: str, reply: int) -> tuple[Any, ...]:
+    """What the client of :func:`exit_server` reads once that process is gone: the
+    bytes, then EOF or the error that ended them."""
+    p = peer(exit_server, kind, reply)
+    with (smcr.SMCSocket if kind == "smc" else socket.socket)() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL)  # our RMBE (smc)
+        s.settimeout(20)
+        s.connect((smc_peer.host(), p.recv()))
+        s.sendall(b"GET /")
+        mode, sent = p.recv()
+        p.proc.join(10)
+        assert not p.proc.is_alive()
+        got = bytearray()
+        end: object = b""
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except OSError as exc:
+            end = type(exc)
+        return mode, sent, bytes(got) == pattern(reply)[: len(got)], len(got), end
+
+
+def test_a_peer_process_that_dies_with_nothing_unsent_gives_eof_as_on_tcp(
+        peer: PeerFactory) -> None:  # fmt: skip
+    """Its kernel closes a TCP socket in order (FIN); over shm the RNIC delivered all
+    it posted and its last CDC said nothing waits: the same bytes, then EOF."""
+    tcp = after_the_peer_died(peer, "tcp", 1000)
+    smc = after_the_peer_died(peer, "smc", 1000)
+    assert tcp == (None, 1000, True, 1000, b"")
+    assert smc == ("SMCR", 1000, True, 1000, b"")
+
+
+def test_a_peer_process_that_dies_with_bytes_unsent_gives_a_reset_not_eof(
+        peer: PeerFactory) -> None:  # fmt: skip
+    """More than our RMBE was sent: the rest was in its send buffer, in its process,
+    and is lost with it (TCP's kernel would still deliver it): what came, then
+    ECONNRESET, never an EOF that would pass a truncated stream off as whole."""
+    mode, sent, intact, n, end = after_the_peer_died(peer, "smc", 4 * SMALL)
+    assert mode == "SMCR" and intact and end is ConnectionResetError
+    assert 0 < n < sent

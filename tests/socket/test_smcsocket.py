@@ -189,16 +189,23 @@ def test_roce_blocked_falls_back_after_confirm_link_timeout_with_bytes_intact(
 
 
 @RNICS
-def test_peer_sigkill_gives_reset_in_bounded_time(peer: PeerFactory) -> None:
+def test_peer_sigkill_ends_the_stream_in_bounded_time(peer: PeerFactory, rnic: str) -> None:
+    """Over shm the RNIC delivered all the killed process posted, and nothing waited in
+    its send buffer: EOF, as from a TCP peer, whose kernel closes in order
+    (tests/socket/test_datapath.py has one with bytes left: reset).  Over RoCE its
+    last WRITEs may die unacknowledged with it: reset."""
     p = peer(smc_peer.hold_server)
     s = connect(p.recv())
     assert p.recv() == "SMCR"
     assert s.recv(5, socket.MSG_WAITALL) == b"hello"
     p.proc.kill()
     t0 = time.monotonic()
-    with pytest.raises(ConnectionResetError):
-        s.settimeout(10)
-        s.recv(10)
+    s.settimeout(10)
+    if rnic == "shm":
+        assert s.recv(10) == b""
+    else:
+        with pytest.raises(ConnectionResetError):
+            s.recv(10)
     assert time.monotonic() - t0 < 3.0
     with pytest.raises(OSError) as exc:
         s.sendall(b"x" * 10)

@@ -266,3 +266,75 @@ def test_exit_with_a_daemon_thread_in_accept_is_quiet_as_on_tcp(kind: str) -> No
     done = subprocess.run([sys.executable, "-c", EXIT_WITH_A_THREAD_IN_ACCEPT, kind],
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert (done.returncode, done.stdout, done.stderr) == (0, "exiting\n", "")
+
+
+def closed_under_the_socket(a: socket.socket, b: socket.socket) -> list[object]:
+    """A program closes what ``fileno()`` gave (``os.close``), then reads and writes a
+    non-blocking socket with nothing to read and no room to write (TCP: calls on the
+    closed descriptor fail with EBADF; tornado's test_inline_read_error does this)."""
+    a.setblocking(False)
+    fd = a.fileno()
+    saved = os.dup(fd)  # (to put it back: the pair closes the socket afterwards)
+    os.close(fd)
+    try:
+        seen = [errno_of(lambda: a.recv(1))]
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+    seen.append(errno_of(lambda: a.recv(1)))  # it is back: nothing to read
+    return seen
+
+
+def errno_of(call: Callable[[], object]) -> object:
+    """A call's result, or the errno of its OSError."""
+    try:
+        return call()
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, exc.errno)
+
+
+def test_reads_on_a_descriptor_closed_under_the_socket_fail_as_on_tcp() -> None:
+    tcp, smc = both(closed_under_the_socket)
+    assert tcp == smc == ["EBADF", "EAGAIN"]
+
+
+def readable_when_send_returns(a: socket.socket, b: socket.socket) -> list[object]:
+    """Both ends in this process: is the receiver's descriptor readable the moment the
+    send returns (TCP over loopback: yes, delivery is part of the send; an event loop
+    that runs both ends relies on it, as tornado's tests do)?"""
+    b.setblocking(False)
+    seen: list[object] = []
+    for _ in range(20):
+        a.send(b"x")
+        seen.append(select.select([b], [], [], 0)[0] == [b])
+        seen.append(b.recv(10))
+    return seen
+
+
+def test_the_peer_in_this_process_is_readable_when_send_returns_as_on_tcp() -> None:
+    tcp, smc = both(readable_when_send_returns)
+    assert tcp == smc == [True, b"x"] * 20
+
+
+def unaccepted_when_the_listener_closes(kind: str) -> list[object]:
+    """A client connects; the listener closes without accepting it: the client's
+    connection is reset, and ``getsockopt(SO_ERROR)`` says so, once (tornado's
+    test_stop_in_callback counts on such connects failing)."""
+    make_server = smcr.create_server if kind == "smc" else socket.create_server
+    connect = smcr.create_connection if kind == "smc" else socket.create_connection
+    srv = make_server(("127.0.0.1", 0))
+    with connect(srv.getsockname(), timeout=20) as c:
+        srv.close()
+        errors: list[int] = []
+
+        def told() -> bool:
+            errors.append(c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+            return bool(errors[-1])
+
+        assert wait_until(told)
+        return [errno.errorcode[errors[-1]], c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)]
+
+
+def test_a_listener_that_closes_resets_the_connections_it_did_not_accept_as_on_tcp() -> None:
+    tcp, smc = (unaccepted_when_the_listener_closes(kind) for kind in ("tcp", "smc"))
+    assert tcp == smc == ["ECONNRESET", 0]

@@ -124,6 +124,8 @@ class Connection:
         self.rx_seq = 0
         self.rx_flags = 0  # the peer's connection state flags (sticky)
         self.peer_write_blocked = False
+        self.peer_blocked_last = False  # the peer's last CDC said: bytes wait for room
+        self.rx_complete = False  # link down after the peer's process ended, nothing lost
         self.peer_wants_update = False
         self.urg_rx_pos: int | None = None  # absolute position of an unread urgent byte
         self.released = False
@@ -165,9 +167,12 @@ class Connection:
         Its last CDC announced its last byte, written before it (RC ordering):
         once those are read, the reader sees EOF even if the link has gone down
         since -- over a user-space RNIC a peer process that closes and exits
-        takes its link with it, while TCP would still deliver the EOF.
+        takes its link with it, while TCP would still deliver the EOF.  The same
+        once a peer process that ended without closing left nothing unsent
+        (:attr:`rx_complete`, :meth:`link_down`).
         """
-        return bool(self.rx_flags & _DONE_OR_CLOSED) and not self.rx_flags & _ABORT
+        return ((bool(self.rx_flags & _DONE_OR_CLOSED) and not self.rx_flags & _ABORT)
+                or self.rx_complete)  # fmt: skip
 
     @property
     def aborted(self) -> bool:
@@ -373,7 +378,7 @@ class Connection:
             if pflags & _UPDATE_REQUESTED:
                 self.peer_wants_update = True
                 self.send_cdc(out)
-        self.peer_write_blocked = bool(pflags & _WRITE_BLOCKED)
+        self.peer_write_blocked = self.peer_blocked_last = bool(pflags & _WRITE_BLOCKED)
         if self.tx_app > self.tx_sent and self.peer_space() > 0:
             self.flush(out)
         new_flags = sflags & ~self.rx_flags
@@ -448,8 +453,19 @@ class Connection:
         """``shutdown(SHUT_WR)`` (``smc_close_shutdown_write``)."""
         self.close_step(CloseInput.APP_SHUT_WR, out)
 
-    def link_down(self, reason: str, out: list[Action]) -> None:
-        """The link is gone: the connection is reset (``smc_conn_kill``)."""
+    def link_down(self, reason: str, out: list[Action], peer_gone: bool = False) -> None:
+        """The link is gone: the connection is reset (``smc_conn_kill``).
+
+        Except for the peer's stream when its process ended (``peer_gone``: the RNIC
+        delivered all it posted) with nothing waiting in its send buffer (its last
+        CDC did not say write-blocked; the CDC that fills our RMBE always does): every
+        byte its application sent is in our RMBE, and its reader gets them, then EOF,
+        as from a TCP peer whose process exits without closing (its kernel sends FIN;
+        Linux SMC-R's kernel closes such a socket in order too).  Sends still fail.
+        Where bytes may be lost the reader gets ``ECONNRESET``, never a false EOF.
+        """
         if self.state is not SmcState.CLOSED:
+            self.rx_complete = (peer_gone and not self.peer_blocked_last
+                                and not self.rx_flags & _ABORT)  # fmt: skip
             self.reset_reason = reason
             self.close_step(CloseInput.LINK_DOWN, out)

@@ -374,17 +374,21 @@ class LinkLayer:
         return out
 
     def link_failed(self, qpn: int, reason: str, now: float,
-                    decline: DeclineCode = DeclineCode.NOACTLINK) -> list[Action]:  # fmt: skip
+                    decline: DeclineCode = DeclineCode.NOACTLINK,
+                    peer_gone: bool = False) -> list[Action]:  # fmt: skip
         """The link's QP went to ERR (peer gone, flush): with one link, the group ends.
 
         :param decline: the code of the Declines its unfinished handshakes get:
             ``ERR_RDYLNK`` when the host could not bring the QP up (Linux
             ``smc_ib_ready_link`` failing), else ``NOACTLINK``.
+        :param peer_gone: the RNIC saw the peer's process end, having delivered all
+            it posted (:attr:`smcr.rdma.base.QueuePair.peer_gone`); see
+            :meth:`Connection.link_down`.
         """
         out: list[Action] = []
         link = self.links.get(qpn)
         if link is not None and not link.lgr.terminated:
-            self._terminate(link.lgr, f"link down: {reason}", out, decline, now)
+            self._terminate(link.lgr, f"link down: {reason}", out, decline, now, peer_gone)
         return out
 
     def probe_link(self, conn_id: int, now: float) -> list[Action]:
@@ -416,7 +420,7 @@ class LinkLayer:
 
     def _terminate(self, lgr: LinkGroup, reason: str, out: list[Action],
                    decline: DeclineCode = DeclineCode.NOACTLINK,
-                   now: float | None = None) -> None:  # fmt: skip
+                   now: float | None = None, peer_gone: bool = False) -> None:  # fmt: skip
         """End a link group: every connection is reset, every QP destroyed
         (``smc_lgr_terminate``); handshakes under way on it decline with ``decline``.
 
@@ -436,7 +440,7 @@ class LinkLayer:
                 continue  # declined below: its TCP carries on as the fallback, not reset
             self.touched.add(conn.id)
             if conn.state is not SmcState.CLOSED:
-                conn.link_down(reason, out)
+                conn.link_down(reason, out, peer_gone)
                 self._events.append(ConnectionReset(conn=conn.id, reason=reason))
         for hs in list(self.handshakes.values()):
             if hs.lgr is lgr and hs.state not in (HsState.DONE, HsState.FALLBACK):

@@ -424,6 +424,14 @@ class CompletionQueue:
 class QueuePair(ABC):
     """An RC queue pair: state machine and attributes here, transport in the provider."""
 
+    peer_gone = False
+    """The provider saw the peer's process end, not its QP torn down (shm: the rendezvous
+    connection closed while the peer QP's state word still said RTR/RTS; destroy and ERR
+    write it first).  What that process posted has been delivered, as shm runs a post at
+    once -- save WRs an RNR kept in its send queue, which needs our receive queue empty
+    at the time.  Providers that cannot tell (RoCE: unacknowledged packets die with the
+    process) leave it False."""
+
     def __init__(
         self,
         pd: ProtectionDomain,

@@ -14,6 +14,7 @@ ragged EOFs.  Sockets in TCP mode get the ``ssl`` module's own socket.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import ssl
@@ -22,7 +23,11 @@ from typing import Any
 
 from smcr.socket import SMCSocket, _PlainSocket
 
-_READ_CHUNK = 256 << 10
+_HEADER = 5
+"""Bytes of a TLS record header (type, version, length): the length is its last two."""
+_WRITE_PIECE = 16 << 10
+"""Plaintext bytes per ``SSLObject.write`` (one record, as OpenSSL cuts them): what a
+non-blocking ``write`` takes or leaves, record by record (:meth:`SmcTlsSocket.write`)."""
 
 
 def patch(ssl_module: types.ModuleType) -> None:
@@ -61,6 +66,9 @@ class SmcTlsSocket(ssl.SSLSocket):
     _incoming: ssl.MemoryBIO
     _outgoing: ssl.MemoryBIO
     _unsent: bytes
+    _unsent_plain: int
+    _header: bytes
+    _record_left: int
     # SSLSocket's plain attributes (set by its _create; not in its type stubs)
     do_handshake_on_connect: bool
     suppress_ragged_eofs: bool
@@ -91,7 +99,10 @@ class SmcTlsSocket(ssl.SSLSocket):
         self.do_handshake_on_connect = do_handshake_on_connect
         self.suppress_ragged_eofs = suppress_ragged_eofs
         self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self._unsent = b""
+        self._unsent = b""  # records the SMC socket did not take yet
+        self._unsent_plain = 0  # plaintext bytes of a write() whose record is in _unsent
+        self._header = b""  # the part of a record header read so far
+        self._record_left = 0  # bytes of the current record not read yet
         self._tls = None
         self._sslobj = None
         if inner._mode == "SMCR":
@@ -110,29 +121,49 @@ class SmcTlsSocket(ssl.SSLSocket):
 
     # ------------------------------------------------------------ the record pump
 
-    def _pump(self, op: Any, *args: Any) -> Any:
+    def _pump(self, op: str, *args: Any) -> Any:
         """Run one SSLObject call, moving records to and from the SMC socket until it
-        completes; on a non-blocking socket raise what ``ssl`` raises there."""
-        tls = self._tls
-        if tls is None:
-            raise ValueError("SSL object not connected" if not self._closed
-                             else "I/O operation on closed SSL socket")  # fmt: skip
+        completes; on a non-blocking socket raise what ``ssl`` raises there.
+
+        The records a ``read`` makes are sent as far as the socket takes them (the rest
+        with the next call): a read never raises ``SSLWantWriteError``, which event
+        loops do not expect there.  A ``write`` sends its own (:meth:`write`).
+        """
+        tls = self._engine()
+        quiet = op == "read"
         while True:
             try:
                 result = getattr(tls, op)(*args)
             except ssl.SSLWantReadError:
-                self._flush()
+                self._flush(quiet)
                 self._fill()
                 continue
             except ssl.SSLWantWriteError:
                 self._flush()
                 continue
-            self._flush()
+            except ssl.SSLError:
+                self._send_alert()
+                raise
+            if op != "write":
+                self._flush(quiet)
             return result
 
-    def _flush(self) -> None:
-        """Send the records the TLS engine produced (keeping what a non-blocking send
-        could not take: ``SSLWantWriteError``)."""
+    def _send_alert(self) -> None:
+        """After a TLS error: send the alert the engine made for the peer (OpenSSL over
+        TCP writes it to the socket before it returns the error; kept in the memory BIO,
+        the peer saw only the connection end and told the wrong story, or none)."""
+        with contextlib.suppress(OSError):
+            self._flush(quiet=True)
+
+    def _engine(self) -> ssl.SSLObject:
+        if self._tls is None:
+            raise ValueError("SSL object not connected" if not self._closed
+                             else "I/O operation on closed SSL socket")  # fmt: skip
+        return self._tls
+
+    def _flush(self, quiet: bool = False) -> None:
+        """Send the records the TLS engine produced, keeping what a non-blocking send
+        could not take (``SSLWantWriteError``, unless ``quiet``) for the next call."""
         data = self._unsent + self._outgoing.read()
         self._unsent = b""
         view = memoryview(data)
@@ -141,21 +172,36 @@ class SmcTlsSocket(ssl.SSLSocket):
                 n = self._inner.send(view)
             except BlockingIOError:
                 self._unsent = bytes(view)
+                if quiet:
+                    return
                 raise ssl.SSLWantWriteError(ssl.SSL_ERROR_WANT_WRITE,
                                             "The operation did not complete (write)") from None
             view = view[n:]
 
     def _fill(self) -> None:
-        """Receive records for the TLS engine (EOF goes to it as such)."""
+        """Receive records for the TLS engine (EOF goes to it as such), never past the
+        end of the record it reads: OpenSSL over a TCP socket reads a header, then its
+        record, and what comes after stays in the socket, where readiness (select,
+        poll, an event loop) sees it.  Read ahead into the memory buffer, it would be
+        seen by nobody: an event loop that stops reading once it has what it wanted
+        would wait for a readable event that never comes."""
+        want = self._record_left or _HEADER - len(self._header)
         try:
-            data = self._inner.recv(_READ_CHUNK)
+            data = self._inner.recv(want)
         except BlockingIOError:
             raise ssl.SSLWantReadError(ssl.SSL_ERROR_WANT_READ,
                                        "The operation did not complete (read)") from None
-        if data:
-            self._incoming.write(data)
-        else:
+        if not data:
             self._incoming.write_eof()
+            return
+        self._incoming.write(data)
+        if self._record_left:
+            self._record_left -= len(data)
+            return
+        self._header += data
+        if len(self._header) == _HEADER:
+            self._record_left = int.from_bytes(self._header[3:], "big")
+            self._header = b""
 
     # ------------------------------------------------------------ SSLSocket's API
 
@@ -222,7 +268,36 @@ class SmcTlsSocket(ssl.SSLSocket):
             raise
 
     def write(self, data: Any) -> int:
-        return int(self._pump("write", data))
+        """Encrypt and send all of ``data``, or raise ``SSLWantWriteError`` (non-blocking
+        socket, full send buffer) and take the rest when called again with the same
+        data, as ``SSL_write`` does: the records made so far wait in ``_unsent``, and
+        the plaintext they hold counts as taken by the retry.  (Returning on
+        ``SSLWantWriteError`` after the engine took the data, the caller sent it twice;
+        raising only once every record went, nothing would send the last ones when
+        the caller had nothing more to write.)"""
+        tls = self._engine()
+        view = memoryview(data).cast("B")
+        done, self._unsent_plain = min(self._unsent_plain, len(view)), 0
+        try:
+            self._flush()  # what an earlier call left, first
+            while done < len(view):
+                piece = view[done : done + _WRITE_PIECE]
+                while True:
+                    try:
+                        tls.write(piece)
+                        break
+                    except ssl.SSLWantReadError:  # handshake or renegotiation first
+                        self._flush()
+                        self._fill()
+                    except ssl.SSLError:
+                        self._send_alert()
+                        raise
+                done += len(piece)
+                self._flush()
+        except ssl.SSLWantWriteError:
+            self._unsent_plain = done
+            raise
+        return len(view)
 
     def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
         if flags:

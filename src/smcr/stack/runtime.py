@@ -156,6 +156,19 @@ class Readiness:
         self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)
         self.readable = False
         self.writable = True
+        st = os.fstat(self.a.fileno())
+        self._file = (st.st_dev, st.st_ino)
+
+    def lost(self) -> bool:
+        """Whether the application's descriptor was closed under us (``os.close`` of
+        what ``fileno()`` gave) or now names another file: a socket's would-block path
+        asks, so that its call fails with ``EBADF`` as one on the closed descriptor of
+        a TCP socket does (one ``fstat``, only where the call would block anyway)."""
+        try:
+            st = os.fstat(self.a.fileno())
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != self._file
 
     def set_blocking(self, blocking: bool) -> None:
         """Give the application's descriptor the socket's blocking mode (``O_NONBLOCK``),
@@ -217,6 +230,7 @@ class HostConn:
     # called (lock held) once the handshake has an outcome: accept queues and
     # non-blocking connects finish the socket there, whichever thread polled
     on_outcome: Callable[[HostConn], None] | None = None
+    local_peer: bool | None = None  # the other end is in this runtime (Stack.local_peer)
 
     @property
     def rmb(self) -> memoryview:
@@ -421,6 +435,21 @@ class Stack:
     def unwatch_tcp(self, hc: HostConn) -> None:
         """Stop watching a connection's TCP socket (before it is closed; lock held)."""
         self._tcp_watch.pop(hc.tcp.fileno(), None)
+
+    def local_peer(self, hc: HostConn, c: Connection) -> bool:
+        """Whether the connection's other end is in this runtime too (its link's peer QP
+        is ours: both ends in one process).  Its sends and reads then take the
+        completions they made for the other end at once (:meth:`process`), so that the
+        other end's readiness descriptor changes before the call returns, as a TCP
+        peer's does over loopback; else it changes when the progress thread next wakes,
+        and an event loop that runs both ends sees the other end late."""
+        local = hc.local_peer
+        if local is None:
+            links = self.engine.links
+            link = links.get(c.qpn)
+            peer = links.get(link.peer_qpn) if link is not None else None
+            local = hc.local_peer = peer is not None and peer.peer_qpn == c.qpn
+        return local
 
     def engine_conn(self, hc: HostConn) -> Connection | None:
         """The engine's connection record."""
@@ -844,14 +873,18 @@ class Stack:
                 if slot is not None:
                     self._recv_free.append(self._recv_slot.pop(wr_id))
                     self._recv_wr.pop(wr_id, None)
-                self.execute(engine.link_failed(qpn, f"receive {status.name}", now))
+                qp = self.qps.get(qpn)
+                self.execute(engine.link_failed(qpn, f"receive {status.name}", now,
+                                                peer_gone=qp is not None and qp.peer_gone))
                 return
             off = slot * SLOT
             self._received(qpn, [self._recv_mr.buf[off : off + wc.byte_len]], now)
             self._again(qpn, wr_id)
             return
         if status is not WcStatus.SUCCESS:
-            self.execute(engine.link_failed(qpn, f"send {status.name}", now))
+            qp = self.qps.get(qpn)
+            self.execute(engine.link_failed(qpn, f"send {status.name}", now,
+                                            peer_gone=qp is not None and qp.peer_gone))
             return
         self.execute(engine.send_completed(qpn, wr_id, True, now))
 

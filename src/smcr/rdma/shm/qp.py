@@ -214,11 +214,11 @@ class ShmQp(QueuePair):
             self._rq.clear()
             self._posted = self._consumed = 0
         self._produced = 0
-        self._drop_peer()
-        self._drop_inbound()
         self.attr = QpAttr(qp_state=QpState.RESET)
         lay.U64.pack_into(self._area, lay.OFF_PRODUCED, 0)
-        self._publish(QpState.RESET)
+        self._publish(QpState.RESET)  # before the peer sees our sockets close (peer_gone)
+        self._drop_peer()
+        self._drop_inbound()
 
     def _to_error(
         self,
@@ -303,6 +303,11 @@ class ShmQp(QueuePair):
                 except OSError:
                     got = None
                 if got is None:
+                    # a process that ended left its QP's state word as it was (RTR/RTS);
+                    # one that destroyed or errored its QP wrote it first (destroy)
+                    peer = self._peer
+                    self.peer_gone = (peer is not None
+                                      and _AREA_HEADER(peer.area, 0)[0] in _LIVE)  # fmt: skip
                     self._to_error("peer closed or died")
                     self._drop_peer()
                     self._drop_inbound()
@@ -331,6 +336,8 @@ class ShmQp(QueuePair):
                 return
             self._cancel_timer()
             self.recv_cq.remove_progress(self._drain)
+            # before the peer sees our sockets close: we are alive, not gone (peer_gone)
+            lay.U32.pack_into(self._area, lay.OFF_STATE, int(QpState.ERR))
             self._drop_peer()
             self._drop_inbound()
             self.device.forget_qp(self.qp_num)
