@@ -71,7 +71,7 @@ from smcr.wire.clc import (
 from smcr.wire.clc_header import EYECATCHER_SMCR
 from smcr.wire.decline import DeclineCode
 from smcr.wire.errors import WireError
-from smcr.wire.llc import DeleteLinkReason
+from smcr.wire.llc import LLC_FLAG_DEL_LINK_ALL, DeleteLinkReason
 
 DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
 UNCONFIRMED_RKEY = "the peer did not confirm the RMB's rkey (CONFIRM RKEY)"
@@ -491,6 +491,40 @@ class Engine(LinkLayer):
     def handshake(self, conn: int) -> Handshake | None:
         """The running handshake of a connection (the host reads its trailing data)."""
         return self.handshakes.get(conn)
+
+    def shutdown(self, now: float) -> list[Action]:
+        """This host's SMC-R goes away (the process ends, and its RNIC with it): every
+        link group ends with DELETE LINK, as Linux ``smc_lgr_cleanup`` ends its groups
+        when its SMC goes (module unload, reboot: DELETE LINK ALL, not orderly, reason
+        program-initiated unless another is set).
+
+        Why: a peer that is not told keeps its link up, and whatever it still sends
+        (the last CDC of a close, a DELETE RKEY) is retried unanswered until its TEST
+        LINK gives up: a Linux peer's ``close()`` then blocks for about 30 s.
+        Connections still open here are reset, as the group's end resets them.
+        """
+        out: list[Action] = []
+        for lgr in list(self.lgrs.values()):
+            if lgr.terminated:
+                continue
+            link = lgr.active_link
+            if link is not None:
+                request = llc_msgs.delete_link(lgr, LLC_FLAG_DEL_LINK_ALL,
+                                               DeleteLinkReason.PROG_INIT_TERM)  # fmt: skip
+                self._post_llc(link, request, out)
+            self._terminate(lgr, "this host's SMC-R ends", out)
+        return out
+
+    def closing(self) -> bool:
+        """Whether a close is under way with a peer: a connection the application closed
+        that waits for the peer's side of the close, or an LLC flow (DELETE RKEY of a
+        released buffer) waiting for its answer.  The host lets these finish before
+        :meth:`shutdown` (Linux keeps them going after the application has left)."""
+        if any(c.state not in (SmcState.INIT, SmcState.ACTIVE, SmcState.CLOSED)
+               for c in self.conns.values()):  # fmt: skip
+            return True
+        return any(lgr.flow is not None or lgr.flow_queue
+                   for lgr in self.lgrs.values() if not lgr.terminated)  # fmt: skip
 
     # ================================================================ timers
 

@@ -121,6 +121,9 @@ REPOST_BATCH = 16  # receives reposted together (RECV_SLOTS - REPOST_BATCH stay 
 WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
 TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
 STANDBY = 0.01  # the progress thread's look-in period while applications poll
+EXIT_LINGER = 2.0
+"""At exit, how long closes under way may take before the links end (:meth:`Stack._end_links`;
+``SMC_MAX_STREAM_WAIT_TIMEOUT``, the wait of a close for its data)."""
 # Default send buffer and RMB on the shm RNIC, where Linux sizes them from the socket
 # buffers (SO_SNDBUF/SO_RCVBUF still override it per socket): a window of 64 KiB
 # costs a full consumer-cursor round trip per 64 KiB write; 1 MiB lets the sender
@@ -981,9 +984,15 @@ class Stack:
                 self._poller = None
 
     def close(self) -> None:
-        """Stop the thread and release the device (at exit; a second call does nothing)."""
+        """Stop the thread and release the device (at exit; a second call does nothing).
+
+        First the peers are told (:meth:`_end_links`), unless this is a forked child's
+        copy of its parent's runtime (the parent's links are not the child's to end).
+        """
         if not self._running:
             return
+        if self.pid == os.getpid():
+            self._end_links(time.monotonic() + EXIT_LINGER)
         self._running = False
         self.kick()
         self._thread.join(timeout=2.0)
@@ -995,6 +1004,19 @@ class Stack:
         if not self._thread.is_alive():  # (a thread still in poll keeps its doorbell)
             self._bell_r.close()
             self._bell_w.close()
+
+    def _end_links(self, deadline: float) -> None:
+        """Before the RNIC goes: closes under way finish (the progress thread carries
+        them: the peer's last CDCs are received and acknowledged, DELETE RKEY flows
+        answered) until ``deadline``, then every link group ends with DELETE LINK
+        (:meth:`Engine.shutdown`)."""
+        while True:
+            with self.lock:
+                if not self.engine.closing() or time.monotonic() >= deadline:
+                    self.execute(self.engine.shutdown(time.monotonic()))
+                    return
+            self.kick()
+            time.sleep(0.005)
 
 
 _SEND = WrOpcode.SEND
