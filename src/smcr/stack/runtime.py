@@ -576,8 +576,10 @@ class Stack:
         off = self._send_off
         self._send_off = (off + SLOT) % len(mr.buf)
         mr.buf[off : off + len(a.data)] = a.data
-        return SendWr(wr_id=a.wr_id, opcode=_SEND,
-                      send_flags=SendFlag.SIGNALED if a.signaled else SendFlag.NONE,
+        # solicited, as Linux smc_wr_tx_send posts every CDC and LLC message (the SE bit
+        # of the BTH on the wire)
+        flags = _SOLICITED | (SendFlag.SIGNALED if a.signaled else SendFlag.NONE)
+        return SendWr(wr_id=a.wr_id, opcode=_SEND, send_flags=flags,
                       sg_list=(Sge(mr.addr + off, len(a.data), mr.lkey),))  # fmt: skip
 
     def _post(self, qpn: int, wrs: list[SendWr], writes: Sequence[tuple[int, int, memoryview]]
@@ -1020,6 +1022,7 @@ class Stack:
 
 
 _SEND = WrOpcode.SEND
+_SOLICITED = SendFlag.SOLICITED
 _RECV, _SUCCESS = WcOpcode.RECV, WcStatus.SUCCESS
 _WRITE = WrOpcode.RDMA_WRITE
 
