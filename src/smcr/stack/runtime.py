@@ -121,6 +121,7 @@ REPOST_BATCH = 16  # receives reposted together (RECV_SLOTS - REPOST_BATCH stay 
 WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
 TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
 STANDBY = 0.01  # the progress thread's look-in period while applications poll
+TESTLINK_ENV = "SMCR_TESTLINK_TIME"
 EXIT_LINGER = 2.0
 """At exit, how long closes under way may take before the links end (:meth:`Stack._end_links`;
 ``SMC_MAX_STREAM_WAIT_TIMEOUT``, the wait of a close for its data)."""
@@ -1048,6 +1049,21 @@ def default_buffer_size(kind: str | None = None) -> int:
     return ROCE_BUFFER if kind == "roce" else BUFFER
 
 
+def testlink_time() -> float:
+    """The TEST LINK keepalive interval, seconds: ``SMCR_TESTLINK_TIME`` (as Linux's sysctl
+    ``net.smc.smcr_testlink_time``: 0 turns the keepalive off), default 30.
+
+    :raises ValueError: for a value that is not a number of seconds >= 0.
+    """
+    text = os.environ.get(TESTLINK_ENV, "").strip()
+    if not text:
+        return Config().testlink_time
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"{TESTLINK_ENV}={text!r}: expected seconds >= 0")
+    return value
+
+
 def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None,
               scope_id: int = 0) -> Stack:  # fmt: skip
     """The runtime of the RNIC a connection uses, made on first use (again in a forked child).
@@ -1069,7 +1085,8 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
                 _stacks.clear()
             device = None if kind == "shm" else devices.open_roce(key.split(":", 1)[1])
             size = default_buffer_size(kind)
-            stack = _stacks[key] = Stack(Config(sndbuf_size=size, rmb_size=size), device=device)
+            config = Config(sndbuf_size=size, rmb_size=size, testlink_time=testlink_time())
+            stack = _stacks[key] = Stack(config, device=device)
             atexit.register(stack.close)
         return stack
 
