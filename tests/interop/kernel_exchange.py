@@ -271,17 +271,19 @@ def host_result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
 
 def exchange(guest: Guest, guest_role: str, family: str, discovery: str = "bpf",
              nbytes: int = MB, ueids: list[str] | None = None, mode: str = "echo",
-             count: int = 1, iters: int = 100, size: int = 1, roce_capture: bool = False,
+             count: int = 1, iters: int = 100, size: int = 1, pause: float = 0.0,
+             roce_capture: bool = False, env: dict[str, str] | None = None,
              keep_pcap: bool = False, timeout: float = 120.0) -> Exchange:  # fmt: skip
     """``count`` connections between the guest (``guest_role``, AF_SMC or plain ``tcp``)
     and smcr (``SMCR_DISCOVERY=discovery``: ``bpf``, the TCP option, or ``off``; UEIDs
-    ``ueids``), in ``mode`` (module docstring).  ``timeout`` bounds each end's run."""
+    ``ueids``, and ``env`` for its process), in ``mode`` (module docstring; ``pause``:
+    seconds idle between ping-pong round trips).  ``timeout`` bounds each end's run."""
     port = next_port()
     seed = port
     table = ueid_file(ueids)
-    env = {"SMCR_DISCOVERY": discovery, "SMCR_UEID_FILE": str(table)}
+    env = {"SMCR_DISCOVERY": discovery, "SMCR_UEID_FILE": str(table)} | (env or {})
     opts = (f"--port {port} --count {count} --mode {mode} --bytes {nbytes} --seed {seed}"
-            f" --iters {iters} --size {size} --timeout {timeout}")  # fmt: skip
+            f" --iters {iters} --size {size} --pause {pause} --timeout {timeout}")  # fmt: skip
     server_mode = "send" if mode == "send" else "echo"
     server_opts = opts.replace(f"--mode {mode}", f"--mode {server_mode}")
     try:

@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 from scapy.contrib.roce import BTH
-from scapy.layers.inet import UDP
+from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.utils import RawPcapReader
 
@@ -213,6 +213,56 @@ def test_ueid_mismatch_falls_back_with_one_code(kernel_smc: Guest, guest_role: s
         assert (diag["fallback_reason"], diag["peer_diagnosis"]) == (code, 0), diag
         assert ex.smcr["info"] == {"mode": "TCP", "local_code": int(DeclineCode.PEERDECL),
                                    "peer_code": code}  # fmt: skip
+
+
+# ------------------------------------------------------------------ keepalive
+
+
+@pytest.mark.parametrize("prober", ["kernel", "smcr"])
+def test_test_link_both_ways(kernel_smc: Guest, prober: str) -> None:
+    """TEST LINK on an idle link, sent by either side: the kernel's with
+    ``net.smc.smcr_testlink_time`` at 1 s, smcr's with ``SMCR_TESTLINK_TIME=1``; the other
+    answers each, and the connection carries on (round trips with 2.5 s of silence
+    between them).  One prober at a time: both time the keepalive from the last message
+    received, so with both at 1 s the first to probe keeps the other from ever doing so."""
+    if prober == "kernel":
+        kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=1", timeout=30)
+    try:
+        ex = smcr_run(kernel_smc, "server", nbytes=0, mode="pingpong", iters=3, size=64,
+                      pause=2.5, roce_capture=True, keep_pcap=True,
+                      env={"SMCR_TESTLINK_TIME": "1" if prober == "smcr" else "30"})  # fmt: skip
+    finally:
+        kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=30", timeout=30)
+    assert ex.pcap is not None
+    try:
+        check_smcr_v2(ex)
+        assert ex.smcr["echoed_intact"] == 3, ex.smcr
+        tests = Counter((src, msg[3] & 0x80 != 0) for src, msg in llc_sends(ex.pcap)
+                        if msg[0] == 0x27)  # fmt: skip
+    finally:
+        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+    host, guest = "10.99.0.1", "10.99.0.11"
+    ask, answer = (guest, host) if prober == "kernel" else (host, guest)
+    # requests (about one a second of silence; smcr also probes once when the TCP
+    # connection ends) and an answer to each (the last may be in flight at the end)
+    assert tests[(ask, False)] >= 2, tests
+    assert tests[(answer, True)] >= tests[(ask, False)] - 1, tests
+    if prober == "kernel":
+        assert tests[(host, False)] <= 1, tests
+
+
+def llc_sends(pcap: Path) -> list[tuple[str, bytes]]:
+    """(sender, message) of every SEND Only on the wire that is not a CDC."""
+    out = []
+    for frame, _meta in RawPcapReader(str(pcap)):
+        raw = bytes(frame)
+        pkt = Ether(raw)
+        if UDP in pkt and pkt[UDP].dport == 4791 and pkt[BTH].opcode == SEND_ONLY:
+            ihl = (raw[14] & 0x0F) * 4
+            msg = raw[14 + ihl + 8 + 12 : -4]
+            if msg[:1] != b"\xfe":
+                out.append((pkt[IP].src, msg))
+    return out
 
 
 # ------------------------------------------------------------------ the wire

@@ -314,7 +314,9 @@ def client_one(a: argparse.Namespace, i: int) -> dict[str, Any]:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             msg = bytes(range(256)) * (a.size // 256) + bytes(a.size % 256)
             ok = 0
-            for _ in range(a.iters):
+            for k in range(a.iters):
+                if k and a.pause:  # idle: the links' keepalive runs
+                    time.sleep(a.pause)
                 s.sendall(msg)
                 got = b""
                 while len(got) < a.size:
@@ -364,6 +366,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--size", type=int, default=1)
+    p.add_argument("--pause", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=60.0)
     a = p.parse_args()
     commands: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
