@@ -156,8 +156,11 @@ def capture(port: int, roce: bool = False) -> Iterator[Path]:
     os.chmod(tmp, 0o755)
     path = tmp / f"tcp{port}.pcap"
     flt = f"tcp port {port}" + (" or udp port 4791" if roce else "") + f" or udp port {MARK_PORT}"
+    # --immediate-mode: each packet to the file as it comes; in blocks (the default),
+    # those of a block not yet handed over are lost when tcpdump stops
     cap = subprocess.Popen(["ip", "netns", "exec", NETNS, "tcpdump", "-Z", "root", "-i", "br0",
-                            "-s", "0", "-U", "-B", "16384", "-w", str(path), flt],
+                            "-s", "0", "-U", "--immediate-mode", "-B", "16384",
+                            "-w", str(path), flt],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         # live once a datagram we send shows up in the file (the file exists before the

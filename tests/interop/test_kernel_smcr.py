@@ -25,11 +25,14 @@ guest runs under QEMU without KVM (TCG), so they prove function, not speed.
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,7 @@ from tests.interop.guest import FIGURES, NETNS, Guest
 from tests.interop.kernel_exchange import (
     GUEST_UEID,
     MB,
+    TOOL,
     Exchange,
     check_data,
     exchange,
@@ -60,12 +64,36 @@ GUEST_GID = bytes(10) + b"\xff\xff" + bytes([10, 99, 0, 11])
 HOST_GID_TEXT = "0000:0000:0000:0000:0000:ffff:0a63:0001"
 GUEST_GID_TEXT = "0000:0000:0000:0000:0000:ffff:0a63:000b"
 ROLES = ["client", "server"]  # the guest's role
+LGR_END_WAIT = 15.0
+"""How long the kernel may take to end its link groups after smcr's DELETE LINK."""
 BULK = 256 * MB
 """Bytes each way of the bulk test, as issue 12 asks: ~20 s smcr -> kernel and ~35 s
 kernel -> smcr here (the guest's Python makes and hashes the pattern under TCG)."""
 
 
 SEND_ONLY = 0x04
+
+
+@pytest.fixture(autouse=True)
+def kernel_link_groups_end(kernel_smc: Guest) -> Iterator[None]:
+    """After each test the kernel's link groups with smcr are gone within seconds: smcr's
+    processes end theirs with DELETE LINK at exit (without it the kernel keeps each until
+    its TEST LINK fails, ~30 s, retrying its last messages meanwhile).  So every test,
+    and the modules after this one, start with a quiet link."""
+    yield
+    deadline = time.monotonic() + LGR_END_WAIT
+    lgrs = kernel_lgrs(kernel_smc)
+    while lgrs and time.monotonic() < deadline:
+        time.sleep(0.5)
+        lgrs = kernel_lgrs(kernel_smc)
+    assert lgrs == [], lgrs
+
+
+def kernel_lgrs(guest: Guest) -> list[dict[str, Any]]:
+    """The kernel's SMC-R link groups now (``SMC_NETLINK_GET_LGR_SMCR``)."""
+    out = guest.run(f"{TOOL} lgrs", timeout=60)
+    lgrs: list[dict[str, Any]] = json.loads(out.splitlines()[-1])["lgrs"]
+    return lgrs
 
 
 def smcr_run(guest: Guest, guest_role: str, **kw: Any) -> Exchange:

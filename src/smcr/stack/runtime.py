@@ -122,6 +122,8 @@ WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
 TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
 STANDBY = 0.01  # the progress thread's look-in period while applications poll
 TESTLINK_ENV = "SMCR_TESTLINK_TIME"
+EXIT_DELETE_WAIT = 1.0
+"""At exit, how long the peers may take to answer our DELETE LINK with theirs."""
 EXIT_LINGER = 2.0
 """At exit, how long closes under way may take before the links end (:meth:`Stack._end_links`;
 ``SMC_MAX_STREAM_WAIT_TIMEOUT``, the wait of a close for its data)."""
@@ -1011,12 +1013,21 @@ class Stack:
     def _end_links(self, deadline: float) -> None:
         """Before the RNIC goes: closes under way finish (the progress thread carries
         them: the peer's last CDCs are received and acknowledged, DELETE RKEY flows
-        answered) until ``deadline``, then every link group ends with DELETE LINK
-        (:meth:`Engine.shutdown`)."""
+        answered) until ``deadline``; then every link group ends with DELETE LINK
+        (:meth:`Engine.shutdown`), the links kept until the peer's DELETE LINK has come
+        (Linux sends one back) or :data:`EXIT_DELETE_WAIT` is over."""
         while True:
             with self.lock:
                 if not self.engine.closing() or time.monotonic() >= deadline:
                     self.execute(self.engine.shutdown(time.monotonic()))
+                    break
+            self.kick()
+            time.sleep(0.005)
+        answered = time.monotonic() + EXIT_DELETE_WAIT
+        while True:  # the peers' DELETE LINKs, received and acknowledged
+            with self.lock:
+                if not self.engine.ending() or time.monotonic() >= answered:
+                    self.execute(self.engine.shutdown(time.monotonic(), final=True))
                     return
             self.kick()
             time.sleep(0.005)
