@@ -204,18 +204,23 @@ def test_smcr_v2_with_the_kernel_pingpong(kernel_smc: Guest, guest_role: str) ->
 @pytest.mark.parametrize("guest_role", ROLES)
 def test_smcr_v2_with_the_kernel_reuses_the_link_group(kernel_smc: Guest,
                                                        guest_role: str) -> None:  # fmt: skip
-    """Connections one after another: the first makes the link group, the others reuse
-    it (CLC without first contact, CONFIRM RKEY for the RMB of a new connection where
-    one is needed, DELETE RKEY when a connection's RMB is freed)."""
-    count = 10
+    """50 connections one after another, as issue 12 asks: the first makes the link
+    group, the others reuse it (CLC without first contact, CONFIRM RKEY for the RMB of
+    a new connection, DELETE RKEY when a connection's RMB is freed); the kernel's own
+    record says the same link group each time (its diag's link group list: one)."""
+    count = 50
     ex = smcr_run(kernel_smc, guest_role, nbytes=64 * 1024, count=count)
     check_data(ex, 64 * 1024, smc=True)
-    lgr_ids = set()
+    lgr_ids: set[int] = set()
+    kernel_lgr_ids: set[tuple[int, ...]] = set()
     for i in range(count):
         check_smcr_v2(ex, i, first_contact=i == 0)
         check_clc_v2(ex, i, first_contact=i == 0)
         lgr_ids.add(ex.host["conns"][i]["info"]["lgr_id"])
+        kernel_end = ex.ends()[0 if guest_role == "client" else 1][i]
+        kernel_lgr_ids.add(tuple(lgr["id"] for lgr in kernel_end["diag"]["lgrs"]))
     assert len(lgr_ids) == 1, lgr_ids
+    assert len(kernel_lgr_ids) == 1 and len(next(iter(kernel_lgr_ids))) == 1, kernel_lgr_ids
 
 
 # ------------------------------------------------------------------ UEID mismatch
