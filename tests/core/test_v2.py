@@ -9,7 +9,8 @@ import ipaddress
 
 import pytest
 
-from smcr.core import Config, FellBack, HandshakeCompleted
+from smcr.core import Config, ConnectionReset, FellBack, HandshakeCompleted, LinkGroupTerminated
+from smcr.core.close import SmcState
 from smcr.core.negotiation import SMC_FEATURE_MASK
 from smcr.wire.clc import (
     ClcAccept,
@@ -411,3 +412,63 @@ def test_our_confirm_has_linux_layout_for_the_captured_accept() -> None:
     for r in (range(0, 8), range(45, 46), range(64, 156), range(156, 160), range(176, 180)):
         assert ours[r.start:r.stop] == linux[r.start:r.stop], r
     assert ours[160:176] == p.client.engine.identity.gid
+
+
+def test_shutdown_waits_for_closes_then_deletes_every_link() -> None:
+    """The live kernel case (a Linux client whose smcr server process ended right after
+    its close): the server is in PEERFINCLOSEWAIT, the peer's last CDC still to come, so
+    ``closing()`` holds the host back; once the peer has closed and the DELETE RKEY flows
+    are answered it does not, and ``shutdown()`` ends the group with DELETE LINK ALL v2
+    (not orderly, program-initiated: Linux ``smc_lgr_cleanup``), which ends the peer's
+    group at once instead of after its TEST LINK."""
+    p, c, s = established()
+    server, client = p.server.engine, p.client.engine
+    lgr_id = completed(p.server, s).lgr_id
+    assert not server.closing()
+    p.do(p.client, client.shutdown_write(c, p.now))
+    p.do(p.server, server.close(s, p.now))
+    assert server.conns[s].state is SmcState.PEERFINCLOSEWAIT
+    assert server.closing()
+    p.do(p.client, client.close(c, p.now))
+    assert not server.closing() and not client.closing()
+    p.server.llc_sent.clear()
+    p.client.llc_sent.clear()
+    p.do(p.server, server.shutdown(p.now))
+    # type 0x24, length 44 (little-endian, as x86 Linux), flags ALL; link 0; reason
+    delete_all = bytes.fromhex("242c0040" "00" "00030000") + bytes(35)
+    assert p.server.llc_sent == [delete_all]
+    # the client answers as a Linux client does (the live kernel, too): DELETE LINK ALL,
+    # not orderly, with our reason; that answer, received, ends our group (no final call)
+    assert p.client.llc_sent == [delete_all]
+    assert lgr_id not in server.lgrs and p.server.destroyed and not server.ending()
+    ended = [e for e in p.client.events if isinstance(e, LinkGroupTerminated)]
+    assert len(ended) == 1 and "peer deleted all links" in ended[0].reason
+    assert not client.lgrs
+    assert server.shutdown(p.now, final=True) == []  # nothing left to end
+
+
+def test_shutdown_final_ends_groups_whose_peer_does_not_answer() -> None:
+    p, _c, _s = established()
+    server = p.server.engine
+    p.drop_llc = lambda side, data: side is p.server  # our DELETE LINK is lost
+    p.do(p.server, server.shutdown(p.now))
+    assert server.ending() and server.lgrs
+    p.do(p.server, server.shutdown(p.now, final=True))
+    assert not server.ending() and not server.lgrs and p.server.destroyed
+
+
+def test_a_server_answers_delete_link_all_orderly_with_the_reason() -> None:
+    """Linux ``smc_llc_process_srv_delete_link``: DELETE LINK ALL | ORDERLY back (the
+    live kernel server answered smcr's exit so: flags 0x60, reason 0x00030000)."""
+    p, _c, _s = established()
+    p.server.llc_sent.clear()
+    p.do(p.client, p.client.engine.shutdown(p.now))
+    assert p.server.llc_sent == [bytes.fromhex("242c0060" "00" "00030000") + bytes(35)]
+    assert not p.client.engine.lgrs and not p.server.engine.lgrs
+
+
+def test_shutdown_resets_connections_still_open() -> None:
+    p, c, s = established()
+    p.do(p.server, p.server.engine.shutdown(p.now))
+    assert [e.conn for e in p.server.events if isinstance(e, ConnectionReset)] == [s]
+    assert [e.conn for e in p.client.events if isinstance(e, ConnectionReset)] == [c]

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.interop.guest import (
+    FIGURES,
     GUEST_PORT,
     NETNS,
     Guest,
@@ -30,6 +31,8 @@ from tests.interop.guest import (
     ensure_image,
     netns_exists,
 )
+from tests.interop.kernel_exchange import GUEST_UEID
+from tests.interop.kernel_exchange import TOOL as KERNEL_TOOL
 
 TIMINGS: dict[str, float] = {}
 #: How long a session waits for another one on this machine to finish.
@@ -117,3 +120,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if TIMINGS:
         text = ", ".join(f"{k} {v:.1f}" for k, v in TIMINGS.items())
         terminalreporter.write_line(f"rxe interop timings (s): {text}")
+    if FIGURES:
+        text = ", ".join(f"{k} {v}" for k, v in FIGURES.items())
+        terminalreporter.write_line(f"smcr <-> kernel SMC-R figures (guest under TCG): {text}")
+
+
+@pytest.fixture(scope="session")
+def kernel_smc(rxe_guest: Guest) -> Guest:
+    """The guest with kernel SMC set up (pnet entry and UEID; rxe0 exists already)."""
+    out = rxe_guest.run(f"modprobe smc && modprobe smc_diag && {KERNEL_TOOL} setup", timeout=60)
+    assert json.loads(out.splitlines()[-1]) == {"ueids": [GUEST_UEID]}, out
+    return rxe_guest

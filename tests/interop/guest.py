@@ -39,6 +39,8 @@ KERNEL = "6.12"
 #: Bounds: a fresh image build (debootstrap + two kernels) and a TCG boot.
 BUILD_TIMEOUT = 1800.0
 BOOT_TIMEOUT = 400.0
+#: Figures measured by the tests (throughput, round trips), for the terminal summary.
+FIGURES: dict[str, float] = {}
 
 
 def cache_dir() -> Path:

@@ -97,6 +97,10 @@ def test_smcr_over_roce_capture_decodes_tcp_clc_llc_cdc_and_writes(
     assert [t for _, t in llc].count(0xFE) >= 2  # CDC messages both ways
     first_llc = min(n for n, _ in llc)
     assert first_llc > clc[-1][0]  # the link comes up after the CLC Confirm
+    # every SEND (CDC, LLC) solicited and no WRITE, as Linux posts them (the golden
+    # capture: SE on all 36 SEND Only frames, on none of the WRITEs)
+    se = {(int(r[3], 0), r[5]) for r in rows if r[3] and int(r[3], 0) in (4, 6, 7, 8, 10)}
+    assert {op for op, flag in se if flag == "1"} == {4} and (4, "0") not in se, se
     writes = [n for n, r in enumerate(rows) if r[3] and int(r[3], 0) in (6, 7, 8, 10)]
     ops = {int(rows[n][3], 0) for n in writes}
     assert {6, 8} <= ops, ops  # 10,000 bytes at path MTU 1024: FIRST ... LAST, both ways
@@ -113,10 +117,12 @@ def test_smcr_over_roce_capture_decodes_tcp_clc_llc_cdc_and_writes(
 
 
 def _fields(pcap: Path) -> list[list[str]]:
-    """Per frame: protocols, CLC type, LLC/CDC type, BTH opcode, TCP flags (tshark's view)."""
+    """Per frame: protocols, CLC type, LLC/CDC type, BTH opcode, TCP flags, BTH solicited
+    event (tshark's view)."""
     out = subprocess.run(
         ["tshark", "-r", str(pcap), "-T", "fields", "-e", "frame.protocols", "-e", "smc.clc_msg",
-         "-e", "smc.llc_msg", "-e", "infiniband.bth.opcode", "-e", "tcp.flags"],
+         "-e", "smc.llc_msg", "-e", "infiniband.bth.opcode", "-e", "tcp.flags",
+         "-e", "infiniband.bth.se"],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     return [line.split("\t") for line in out.splitlines() if line.strip()]

@@ -11,7 +11,8 @@ import pytest
 from smcr.cli import main
 from smcr.core.handshake import prefix_area
 from smcr.rdma.shm import ShmDevice
-from smcr.stack import devices
+from smcr.stack import devices, runtime
+from smcr.stack.runtime import close_stacks
 
 
 def test_rnic_kind_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -22,6 +23,26 @@ def test_rnic_kind_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(devices.RNIC_ENV, "rxe")
     with pytest.raises(ValueError, match="SMCR_RNIC"):
         devices.rnic_kind()
+
+
+def test_testlink_time_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SMCR_TESTLINK_TIME`` as Linux's ``net.smc.smcr_testlink_time``: seconds, 0 off,
+    default 30; a runtime made afterwards keeps its keepalive at that interval."""
+    monkeypatch.delenv(runtime.TESTLINK_ENV, raising=False)
+    assert runtime.testlink_time() == 30.0
+    monkeypatch.setenv(runtime.TESTLINK_ENV, "1.5")
+    assert runtime.testlink_time() == 1.5
+    close_stacks()
+    try:
+        assert runtime.get_stack().config.testlink_time == 1.5
+    finally:
+        close_stacks()
+    monkeypatch.setenv(runtime.TESTLINK_ENV, "0")
+    assert runtime.testlink_time() == 0.0
+    for bad in ("-1", "nan", "soon"):
+        monkeypatch.setenv(runtime.TESTLINK_ENV, bad)
+        with pytest.raises(ValueError):
+            runtime.testlink_time()
 
 
 def test_loopback_rnic_addresses_differ_per_process_and_stay_in_127_8() -> None:

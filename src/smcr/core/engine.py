@@ -71,7 +71,7 @@ from smcr.wire.clc import (
 from smcr.wire.clc_header import EYECATCHER_SMCR
 from smcr.wire.decline import DeclineCode
 from smcr.wire.errors import WireError
-from smcr.wire.llc import DeleteLinkReason
+from smcr.wire.llc import LLC_FLAG_DEL_LINK_ALL, DeleteLinkReason
 
 DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
 UNCONFIRMED_RKEY = "the peer did not confirm the RMB's rkey (CONFIRM RKEY)"
@@ -105,6 +105,8 @@ class Engine(LinkLayer):
         self._llc_handlers = self._llc_table()
         self._unconfirmed: set[int] = set()
         """Handshakes whose RMB's CONFIRM RKEY failed before they ended (:meth:`_confirm_rkey`)."""
+        self._ending: set[int] = set()
+        """Link groups :meth:`shutdown` sent DELETE LINK on, waiting for the peer's."""
         self.ueids: tuple[bytes, ...] = ()
         """The host's user EIDs (:mod:`smcr.ueid`), kept current by the host: a
         Proposal offers SMC-Rv2 only with one, a server chooses v2 only on a common one."""
@@ -491,6 +493,54 @@ class Engine(LinkLayer):
     def handshake(self, conn: int) -> Handshake | None:
         """The running handshake of a connection (the host reads its trailing data)."""
         return self.handshakes.get(conn)
+
+    def shutdown(self, now: float, final: bool = False) -> list[Action]:
+        """This host's SMC-R goes away (the process ends, and its RNIC with it): every
+        link group ends with DELETE LINK, as Linux ``smc_lgr_cleanup`` ends its groups
+        when its SMC goes (module unload, reboot: DELETE LINK ALL, not orderly, reason
+        program-initiated unless another is set).
+
+        Why: a peer that is not told keeps its link up, and whatever it still sends
+        (the last CDC of a close, a DELETE RKEY) is retried unanswered until its TEST
+        LINK gives up: a Linux peer's ``close()`` then blocks for about 30 s.
+
+        In two calls: the first sends the DELETE LINKs and keeps the links, so that
+        the peer's own DELETE LINK ALL, which Linux sends back as it ends the group,
+        is received and acknowledged (unacknowledged, its RNIC retries it at whoever
+        uses our address next); a group ends when it comes (:meth:`ending` says
+        whether any has not yet).  The call with ``final`` ends what is left.
+        Connections still open are reset, as the group's end resets them.
+        """
+        out: list[Action] = []
+        for lgr in list(self.lgrs.values()):
+            if lgr.terminated:
+                continue
+            link = lgr.active_link
+            if not final and lgr.lgr_id not in self._ending and link is not None:
+                request = llc_msgs.delete_link(lgr, LLC_FLAG_DEL_LINK_ALL,
+                                               DeleteLinkReason.PROG_INIT_TERM)  # fmt: skip
+                self._post_llc(link, request, out)
+                self._ending.add(lgr.lgr_id)
+            elif final or link is None:
+                self._terminate(lgr, "this host's SMC-R ends", out)
+        return out
+
+    def ending(self) -> bool:
+        """Whether a link group :meth:`shutdown` asked to end still waits for the peer's
+        DELETE LINK."""
+        return any(lgr_id in self.lgrs and not self.lgrs[lgr_id].terminated
+                   for lgr_id in self._ending)  # fmt: skip
+
+    def closing(self) -> bool:
+        """Whether a close is under way with a peer: a connection the application closed
+        that waits for the peer's side of the close, or an LLC flow (DELETE RKEY of a
+        released buffer) waiting for its answer.  The host lets these finish before
+        :meth:`shutdown` (Linux keeps them going after the application has left)."""
+        if any(c.state not in (SmcState.INIT, SmcState.ACTIVE, SmcState.CLOSED)
+               for c in self.conns.values()):  # fmt: skip
+            return True
+        return any(lgr.flow is not None or lgr.flow_queue
+                   for lgr in self.lgrs.values() if not lgr.terminated)  # fmt: skip
 
     # ================================================================ timers
 

@@ -82,6 +82,7 @@ class LinkLayer:
     links: dict[int, Link]
     touched: set[int]
     dropped: int
+    _ending: set[int]
     _cdc_pending: dict[int, deque[tuple[int, Connection, int]]]
     _events: deque[Event]
 
@@ -283,9 +284,14 @@ class LinkLayer:
         if msg.is_response:
             return
         if msg.is_all:
-            if lgr.role is Role.SERVER:
-                request = llc_msgs.delete_link(lgr, LLC_FLAG_DEL_LINK_ALL, msg.reason)
-                self._post_llc(link, request, out)
+            # Linux answers with its own DELETE LINK ALL and the peer's reason: a server
+            # orderly (smc_llc_process_srv_delete_link), a client from the group's end
+            # (smc_lgr_cleanup); not when it is ending the group itself (ours is out)
+            if lgr.lgr_id not in self._ending:
+                flags = LLC_FLAG_DEL_LINK_ALL
+                if lgr.role is Role.SERVER:
+                    flags |= LLC_FLAG_DEL_LINK_ORDERLY
+                self._post_llc(link, llc_msgs.delete_link(lgr, flags, msg.reason), out)
             self._terminate(lgr, f"peer deleted all links (reason 0x{msg.reason:08x})", out)
             return
         known = msg.link_num == link.link_id

@@ -590,9 +590,11 @@ class QueuePair(ABC):
         one unsignaled ``RDMA_WRITE | INLINE`` WR (``wr_id`` 0) per
         ``(remote_addr, rkey, data)`` and a final ``SEND | INLINE`` WR; providers
         may fuse it (:class:`~smcr.rdma.shm.qp.ShmQp` does), this default builds
-        the WRs.  Needs ``max_inline_data`` for the largest piece.
+        the WRs.  Needs ``max_inline_data`` for the largest piece.  The SEND is
+        solicited, as Linux posts every CDC (``smc_wr_tx_send``: the BTH's SE bit).
         """
-        flags = SendFlag.INLINE | (SendFlag.SIGNALED if signaled else SendFlag.NONE)
+        flags = SendFlag.INLINE | SendFlag.SOLICITED
+        flags |= SendFlag.SIGNALED if signaled else SendFlag.NONE
         wrs = [SendWr(wr_id=0, opcode=WrOpcode.RDMA_WRITE, remote_addr=addr, rkey=rkey,
                       send_flags=SendFlag.INLINE, inline_data=data)
                for addr, rkey, data in writes]  # fmt: skip

@@ -121,6 +121,12 @@ REPOST_BATCH = 16  # receives reposted together (RECV_SLOTS - REPOST_BATCH stay 
 WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
 TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
 STANDBY = 0.01  # the progress thread's look-in period while applications poll
+TESTLINK_ENV = "SMCR_TESTLINK_TIME"
+EXIT_DELETE_WAIT = 1.0
+"""At exit, how long the peers may take to answer our DELETE LINK with theirs."""
+EXIT_LINGER = 2.0
+"""At exit, how long closes under way may take before the links end (:meth:`Stack._end_links`;
+``SMC_MAX_STREAM_WAIT_TIMEOUT``, the wait of a close for its data)."""
 # Default send buffer and RMB on the shm RNIC, where Linux sizes them from the socket
 # buffers (SO_SNDBUF/SO_RCVBUF still override it per socket): a window of 64 KiB
 # costs a full consumer-cursor round trip per 64 KiB write; 1 MiB lets the sender
@@ -602,8 +608,10 @@ class Stack:
         off = self._send_off
         self._send_off = (off + SLOT) % len(mr.buf)
         mr.buf[off : off + len(a.data)] = a.data
-        return SendWr(wr_id=a.wr_id, opcode=_SEND,
-                      send_flags=SendFlag.SIGNALED if a.signaled else SendFlag.NONE,
+        # solicited, as Linux smc_wr_tx_send posts every CDC and LLC message (the SE bit
+        # of the BTH on the wire)
+        flags = _SOLICITED | (SendFlag.SIGNALED if a.signaled else SendFlag.NONE)
+        return SendWr(wr_id=a.wr_id, opcode=_SEND, send_flags=flags,
                       sg_list=(Sge(mr.addr + off, len(a.data), mr.lkey),))  # fmt: skip
 
     def _post(self, qpn: int, wrs: list[SendWr], writes: Sequence[tuple[int, int, memoryview]]
@@ -1022,9 +1030,15 @@ class Stack:
                 self._poller = None
 
     def close(self) -> None:
-        """Stop the thread and release the device (at exit; a second call does nothing)."""
+        """Stop the thread and release the device (at exit; a second call does nothing).
+
+        First the peers are told (:meth:`_end_links`), unless this is a forked child's
+        copy of its parent's runtime (the parent's links are not the child's to end).
+        """
         if not self._running:
             return
+        if self.pid == os.getpid():
+            self._end_links(time.monotonic() + EXIT_LINGER)
         self._running = False
         self.kick()
         self._thread.join(timeout=2.0)
@@ -1037,8 +1051,31 @@ class Stack:
             self._bell_r.close()
             self._bell_w.close()
 
+    def _end_links(self, deadline: float) -> None:
+        """Before the RNIC goes: closes under way finish (the progress thread carries
+        them: the peer's last CDCs are received and acknowledged, DELETE RKEY flows
+        answered) until ``deadline``; then every link group ends with DELETE LINK
+        (:meth:`Engine.shutdown`), the links kept until the peer's DELETE LINK has come
+        (Linux sends one back) or :data:`EXIT_DELETE_WAIT` is over."""
+        while True:
+            with self.lock:
+                if not self.engine.closing() or time.monotonic() >= deadline:
+                    self.execute(self.engine.shutdown(time.monotonic()))
+                    break
+            self.kick()
+            time.sleep(0.005)
+        answered = time.monotonic() + EXIT_DELETE_WAIT
+        while True:  # the peers' DELETE LINKs, received and acknowledged
+            with self.lock:
+                if not self.engine.ending() or time.monotonic() >= answered:
+                    self.execute(self.engine.shutdown(time.monotonic(), final=True))
+                    return
+            self.kick()
+            time.sleep(0.005)
+
 
 _SEND = WrOpcode.SEND
+_SOLICITED = SendFlag.SOLICITED
 _RECV, _SUCCESS = WcOpcode.RECV, WcStatus.SUCCESS
 _WRITE = WrOpcode.RDMA_WRITE
 
@@ -1066,6 +1103,21 @@ def default_buffer_size(kind: str | None = None) -> int:
     return ROCE_BUFFER if kind == "roce" else BUFFER
 
 
+def testlink_time() -> float:
+    """The TEST LINK keepalive interval, seconds: ``SMCR_TESTLINK_TIME`` (as Linux's sysctl
+    ``net.smc.smcr_testlink_time``: 0 turns the keepalive off), default 30.
+
+    :raises ValueError: for a value that is not a number of seconds >= 0.
+    """
+    text = os.environ.get(TESTLINK_ENV, "").strip()
+    if not text:
+        return Config().testlink_time
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"{TESTLINK_ENV}={text!r}: expected seconds >= 0")
+    return value
+
+
 def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None,
               scope_id: int = 0) -> Stack:  # fmt: skip
     """The runtime of the RNIC a connection uses, made on first use (again in a forked child).
@@ -1087,7 +1139,8 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
                 _stacks.clear()
             device = None if kind == "shm" else devices.open_roce(key.split(":", 1)[1])
             size = default_buffer_size(kind)
-            stack = _stacks[key] = Stack(Config(sndbuf_size=size, rmb_size=size), device=device)
+            config = Config(sndbuf_size=size, rmb_size=size, testlink_time=testlink_time())
+            stack = _stacks[key] = Stack(config, device=device)
             atexit.register(stack.close)
             for hook in list(on_new_stack):
                 hook(stack)

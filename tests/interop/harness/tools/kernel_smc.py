@@ -1,4 +1,4 @@
-"""Guest side of the discovery interop tests: kernel SMC (AF_SMC) or plain TCP, one connection.
+"""Guest side of the kernel SMC interop tests: kernel SMC (AF_SMC) or plain TCP.
 
 Runs *inside* the QEMU guest (Debian 12, kernel 6.12), as ``python3 kernel_smc.py CMD``:
 
@@ -8,14 +8,31 @@ Runs *inside* the QEMU guest (Debian 12, kernel 6.12), as ``python3 kernel_smc.p
     generic netlink (the netlink of ``smcctl.py``, which is not copied here:
     this file is checked by the project's ruff and mypy).  Prints the UEID
     table as JSON.
-``server --family smc|tcp --port P``
-    Accept one client (prints ``listening`` first), echo until EOF.
-``client --family smc|tcp --host IP --port P --bytes N --seed S``
-    Send N bytes of a seeded pattern (in a thread) while reading the echo back.
+``server --family smc|tcp --port P [--count K] [--mode echo|send] [--bytes N --seed S]``
+    Accept K clients one after another (prints ``listening`` first).  ``echo``:
+    echo each until EOF; ``send``: send N bytes of the pattern (seed S + i for
+    the i-th connection), then close first (the close the server starts).
+``client --family smc|tcp --host IP --port P [--count K] [--mode echo|send|pingpong] ...``
+    K connections one after another.  ``echo``: send N bytes of the pattern (in
+    a thread) while reading the echo back, then shut down writing and read to
+    EOF; ``send``: read what the server sends until EOF; ``pingpong``: ITERS
+    round trips of SIZE bytes, timed.
+``lgrs``
+    The kernel's SMC-R link groups (``SMC_NETLINK_GET_LGR_SMCR``, what
+    ``smcr linkgroup`` of smc-tools shows): id, role, type, connections and the
+    SMC-Rv2 attributes (version, release, negotiated EID, peer host).
 
-Both print one JSON line at the end: bytes and SHA-256 each way and, for
-AF_SMC, the connection's row of ``smc_diag`` (what ``smcss`` shows: mode,
-fallback reason and the peer's diagnosis), taken while the socket is open.
+Each prints one JSON line at the end: per connection, bytes and SHA-256 each
+way, seconds and, for AF_SMC, the connection's row of ``smc_diag`` (what
+``smcss`` shows: mode, fallback reason and the peer's diagnosis, and for
+SMC-R the link: device, GIDs, role; the connection's token and buffer
+sizes; and the link groups as ``lgrs`` lists them), taken while the socket
+is open.
+
+The pattern is ``random.Random(seed).randbytes``, made and hashed in
+64 KiB pieces (so hundreds of MiB need no memory, and generating it costs
+little even under TCG); the host side (``tests/interop/smc_host.py``) makes
+the same.
 """
 
 from __future__ import annotations
@@ -24,9 +41,12 @@ import argparse
 import errno
 import hashlib
 import json
+import random
 import socket
 import struct
 import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 AF_SMC = 43
@@ -35,12 +55,20 @@ NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 1, 4, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 GENL_ID_CTRL, CTRL_CMD_GETFAMILY = 16, 3
 CTRL_ATTR_FAMILY_ID, CTRL_ATTR_FAMILY_NAME = 1, 2
+SMC_NETLINK_GET_LGR_SMCR = 2
 SMC_NETLINK_DUMP_UEID, SMC_NETLINK_ADD_UEID, SMC_NLA_EID_TABLE_ENTRY = 9, 10, 1
+SMC_GEN_LGR_SMCR = 2
+# SMC_GEN_LGR_SMCR attributes, and those of its nest SMC_NLA_LGR_R_V2_COMMON
+LGR_ID, LGR_ROLE, LGR_TYPE, LGR_CONNS_NUM, LGR_V2_COMMON = 1, 2, 3, 6, 7
+LGR_V2_VER, LGR_V2_REL, LGR_V2_NEG_EID, LGR_V2_PEER_HOST = 0, 1, 3, 4
+LGR_TYPES = {0: "NONE", 1: "SINGLE", 2: "SYMMETRIC", 3: "ASYMMETRIC_PEER",
+             4: "ASYMMETRIC_LOCAL"}  # fmt: skip
 SMC_PNETID_ADD = 2
 SMC_PNETID_NAME, SMC_PNETID_ETHNAME, SMC_PNETID_IBNAME, SMC_PNETID_IBPORT = 1, 2, 3, 4
 SOCK_DIAG_BY_FAMILY = 20
 SMC_DIAG_CONNINFO, SMC_DIAG_LGRINFO, SMC_DIAG_FALLBACK = 1, 2, 5
 DIAG_MODES = {0: "SMCR", 1: "FALLBACK_TCP", 2: "SMCD"}
+ROLES = {0: "CLNT", 1: "SERV"}
 UEID = "SMC-KVM-TEST"
 CHUNK = 65536
 
@@ -126,6 +154,42 @@ def setup() -> dict[str, Any]:
     return {"ueids": ueids}
 
 
+def lgrs() -> dict[str, Any]:
+    """The kernel's SMC-R link groups (module docstring)."""
+    gen = genl_family("SMC_GEN_NETLINK")
+    out: list[dict[str, Any]] = []
+    for body in genl(gen, SMC_NETLINK_GET_LGR_SMCR, dump=True):
+        for kind, nest in attrs(body):
+            if kind != SMC_GEN_LGR_SMCR:
+                continue
+            lgr: dict[str, Any] = {}
+            for k, v in attrs(nest):
+                if k == LGR_ID:
+                    lgr["id"] = struct.unpack_from("=I", v)[0]
+                elif k == LGR_ROLE:
+                    lgr["role"] = ROLES.get(v[0], str(v[0]))
+                elif k == LGR_TYPE:
+                    lgr["type"] = LGR_TYPES.get(v[0], str(v[0]))
+                elif k == LGR_CONNS_NUM:
+                    lgr["conns"] = struct.unpack_from("=I", v)[0]
+                elif k == LGR_V2_COMMON:
+                    for k2, v2 in attrs(v):
+                        if k2 == LGR_V2_VER:
+                            lgr["version"] = v2[0]
+                        elif k2 == LGR_V2_REL:
+                            lgr["release"] = v2[0]
+                        elif k2 == LGR_V2_NEG_EID:
+                            lgr["eid"] = v2.rstrip(b"\0").decode(errors="replace").rstrip()
+                        elif k2 == LGR_V2_PEER_HOST:
+                            lgr["peer_host"] = v2.rstrip(b"\0").decode(errors="replace").rstrip()
+            out.append(lgr)
+    return {"lgrs": out}
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
 def smc_diag(local_port: int, peer_port: int) -> dict[str, Any] | None:
     """The ``smc_diag`` row of the AF_SMC socket with these ports (``smcss``), or None."""
     ext = (1 << (SMC_DIAG_CONNINFO - 1)) | (1 << (SMC_DIAG_LGRINFO - 1))
@@ -140,14 +204,28 @@ def smc_diag(local_port: int, peer_port: int) -> dict[str, Any] | None:
         for kind, data in attrs(row[64:]):
             if kind == SMC_DIAG_FALLBACK and len(data) >= 8:
                 out["fallback_reason"], out["peer_diagnosis"] = struct.unpack_from("=II", data)
+            elif kind == SMC_DIAG_LGRINFO and len(data) >= 147:  # struct smc_diag_lgrinfo
+                out["link"] = {"link_id": data[0], "ibname": _text(data[1:65]),
+                               "ibport": data[65], "gid": _text(data[66:106]),
+                               "peer_gid": _text(data[106:146]),
+                               "role": ROLES.get(data[146], str(data[146]))}  # fmt: skip
+            elif kind == SMC_DIAG_CONNINFO and len(data) >= 16:  # struct smc_diag_conninfo
+                token, sndbuf, rmbe, peer_rmbe = struct.unpack_from("=IIII", data)
+                out["conn"] = {"token": token, "sndbuf": sndbuf, "rmbe": rmbe,
+                               "peer_rmbe": peer_rmbe}  # fmt: skip
         return out
     return None
 
 
-def pattern(seed: int, n: int) -> bytes:
-    """``n`` bytes of SHA-256 blocks of the seed and a counter (the host side makes the same)."""
-    blocks = (n + 31) // 32
-    return b"".join(hashlib.sha256(b"%d:%d" % (seed, i)).digest() for i in range(blocks))[:n]
+def chunks(seed: int, n: int) -> Iterator[bytes]:
+    """``n`` bytes of ``random.Random(seed).randbytes`` in pieces of :data:`CHUNK`, each a
+    whole number of the generator's 32-bit words (so any ``n`` bytes are the start of
+    any longer run; the host side makes the same)."""
+    rng = random.Random(seed)
+    while n > 0:
+        k = min(CHUNK, n)
+        yield rng.randbytes(k + (-k % 4))[:k]  # whole words: a prefix of any longer run
+        n -= k
 
 
 def make_socket(family: str) -> socket.socket:
@@ -158,69 +236,144 @@ def make_socket(family: str) -> socket.socket:
 
 
 def diag_of(sock: socket.socket, family: str) -> dict[str, Any] | None:
+    """The socket's ``smc_diag`` row, and for SMC-R the kernel's link groups at that time."""
     if family != "smc":
         return None
-    return smc_diag(sock.getsockname()[1], sock.getpeername()[1])
+    diag = smc_diag(sock.getsockname()[1], sock.getpeername()[1])
+    if diag is not None and diag["mode"] == "SMCR":
+        diag["lgrs"] = lgrs()["lgrs"]
+    return diag
+
+
+def drain(sock: socket.socket) -> tuple[int, str]:
+    """Read until EOF: how many bytes, and their SHA-256."""
+    h, total = hashlib.sha256(), 0
+    buf = bytearray(CHUNK)
+    while n := sock.recv_into(buf):
+        h.update(memoryview(buf)[:n])
+        total += n
+    return total, h.hexdigest()
+
+
+def send_pattern(sock: socket.socket, seed: int, n: int) -> str:
+    """Send ``n`` bytes of the pattern; their SHA-256."""
+    h = hashlib.sha256()
+    for piece in chunks(seed, n):
+        h.update(piece)
+        sock.sendall(piece)
+    return h.hexdigest()
+
+
+def serve_one(conn: socket.socket, a: argparse.Namespace, i: int) -> dict[str, Any]:
+    conn.settimeout(a.timeout)
+    diag = diag_of(conn, a.family)
+    t0 = time.perf_counter()
+    if a.mode == "send":
+        sent_sha = send_pattern(conn, a.seed + i, a.bytes)
+        conn.shutdown(socket.SHUT_WR)
+        total, digest = drain(conn)
+        return {"diag": diag, "sent": a.bytes, "sent_sha256": sent_sha, "received": total,
+                "received_sha256": digest, "seconds": time.perf_counter() - t0}  # fmt: skip
+    h, total = hashlib.sha256(), 0
+    buf = bytearray(CHUNK)
+    while n := conn.recv_into(buf):
+        h.update(memoryview(buf)[:n])
+        total += n
+        conn.sendall(memoryview(buf)[:n])
+    return {"diag": diag, "received": total, "received_sha256": h.hexdigest(),
+            "seconds": time.perf_counter() - t0}  # fmt: skip
 
 
 def server(a: argparse.Namespace) -> dict[str, Any]:
+    conns: list[dict[str, Any]] = []
     with make_socket(a.family) as ls:
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         ls.bind(("0.0.0.0", a.port))
-        ls.listen(4)
+        ls.listen(16)
         ls.settimeout(a.timeout)
         print("listening", flush=True)
-        conn, _peer = ls.accept()
-    with conn:
-        conn.settimeout(a.timeout)
-        diag = diag_of(conn, a.family)
-        h, total = hashlib.sha256(), 0
-        while data := conn.recv(CHUNK):
-            h.update(data)
-            total += len(data)
-            conn.sendall(data)
-        return {"diag": diag, "received": total, "received_sha256": h.hexdigest()}
+        for i in range(a.count):
+            conn, _peer = ls.accept()
+            with conn:
+                conns.append(serve_one(conn, a, i))
+    return {"conns": conns}
+
+
+def client_one(a: argparse.Namespace, i: int) -> dict[str, Any]:
+    with make_socket(a.family) as s:
+        s.settimeout(a.timeout)
+        t0 = time.perf_counter()
+        s.connect((a.host, a.port))
+        connected = time.perf_counter() - t0
+        diag = diag_of(s, a.family)
+        out: dict[str, Any] = {"diag": diag, "connect_seconds": connected}
+        t0 = time.perf_counter()
+        if a.mode == "send":
+            out["received"], out["received_sha256"] = drain(s)
+        elif a.mode == "pingpong":
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            msg = bytes(range(256)) * (a.size // 256) + bytes(a.size % 256)
+            ok = 0
+            for k in range(a.iters):
+                if k and a.pause:  # idle: the links' keepalive runs
+                    time.sleep(a.pause)
+                s.sendall(msg)
+                got = b""
+                while len(got) < a.size:
+                    piece = s.recv(a.size - len(got))
+                    if not piece:
+                        break
+                    got += piece
+                ok += got == msg
+            out |= {"iters": a.iters, "size": a.size, "echoed_intact": ok}
+            out["pingpong_seconds"] = time.perf_counter() - t0
+            s.shutdown(socket.SHUT_WR)
+            out["received"], out["received_sha256"] = drain(s)
+        else:
+            failed: list[BaseException] = []
+            sent: list[str] = []
+
+            def send() -> None:
+                try:
+                    sent.append(send_pattern(s, a.seed + i, a.bytes))
+                    s.shutdown(socket.SHUT_WR)
+                except BaseException as exc:  # reported with the result
+                    failed.append(exc)
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            out["received"], out["received_sha256"] = drain(s)
+            sender.join(a.timeout)
+            out |= {"sent": a.bytes, "sent_sha256": sent[0] if sent else None,
+                    "send_error": repr(failed[0]) if failed else None}  # fmt: skip
+        out["seconds"] = time.perf_counter() - t0
+        return out
 
 
 def client(a: argparse.Namespace) -> dict[str, Any]:
-    data = pattern(a.seed, a.bytes)
-    with make_socket(a.family) as s:
-        s.settimeout(a.timeout)
-        s.connect((a.host, a.port))
-        diag = diag_of(s, a.family)
-        failed: list[BaseException] = []
-
-        def send() -> None:
-            try:
-                s.sendall(data)
-                s.shutdown(socket.SHUT_WR)
-            except BaseException as exc:  # reported with the result
-                failed.append(exc)
-
-        sender = threading.Thread(target=send)
-        sender.start()
-        h, total = hashlib.sha256(), 0
-        while chunk := s.recv(CHUNK):
-            h.update(chunk)
-            total += len(chunk)
-        sender.join(a.timeout)
-        return {"diag": diag, "sent": len(data), "sent_sha256": hashlib.sha256(data).hexdigest(),
-                "received": total, "received_sha256": h.hexdigest(),
-                "send_error": repr(failed[0]) if failed else None}  # fmt: skip
+    return {"conns": [client_one(a, i) for i in range(a.count)]}
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("cmd", choices=["setup", "server", "client"])
+    p.add_argument("cmd", choices=["setup", "server", "client", "lgrs"])
     p.add_argument("--family", choices=["smc", "tcp"], default="smc")
     p.add_argument("--host", default="10.99.0.1")
     p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--count", type=int, default=1)
+    p.add_argument("--mode", choices=["echo", "send", "pingpong"], default="echo")
     p.add_argument("--bytes", type=int, default=1 << 20)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--size", type=int, default=1)
+    p.add_argument("--pause", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=60.0)
     a = p.parse_args()
-    result = setup() if a.cmd == "setup" else server(a) if a.cmd == "server" else client(a)
-    print(json.dumps(result), flush=True)
+    commands: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+        "setup": lambda _a: setup(), "server": server, "client": client,
+        "lgrs": lambda _a: lgrs(),
+    }  # fmt: skip
+    print(json.dumps(commands[a.cmd](a)), flush=True)
 
 
 if __name__ == "__main__":
