@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from smcr import cli
 from smcr.diag import client, protocol, server, trace
+from smcr.tools import trace as trace_tool
 from smcr.tools.tracepcap import TraceFramer
 from tests.stack.hosts import connect, hosts, read, send
 
@@ -249,6 +250,50 @@ def test_a_signal_amid_a_frame_loses_no_record(
         n += 1
     assert (at, n) == (len(data), sends)
     assert wait_for(lambda: not trace._active)  # the stream ended: another trace may start
+
+
+class _NoEnd:
+    """A process's stream that never sends its last frame (stuck, or too slow)."""
+
+    def __init__(self, stream: trace.TraceStream) -> None:
+        self.stream = stream
+        self.ended = False
+
+    def next_frame(self) -> dict[str, Any] | None:
+        return None if self.stream.ended else self.stream.next_frame()
+
+    def stop(self) -> None:
+        """The tool is done: and this process does nothing about it."""
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def test_a_last_frame_that_never_comes_is_told(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """The tool waits END_WAIT for each process's last frame; without it the count may be
+    short of what the process recorded, and the summary says so (not a silent short count)."""
+    directory = tmp_path / "diag"
+    directory.mkdir(mode=0o700)
+
+    def opener(request: dict[str, Any]) -> tuple[dict[str, Any], _NoEnd]:
+        answer, stream = trace.open_stream(request)
+        return answer, _NoEnd(stream)
+
+    ep = server.Endpoint(directory / f"{os.getpid()}.sock", lambda r: {}, {"trace": opener})
+    monkeypatch.setenv("SMCR_DIAG_DIR", str(directory))
+    monkeypatch.setattr(trace_tool, "END_WAIT", 0.3)
+    try:
+        status = cli.main(["trace", "-w", str(tmp_path / "t.pcap"), "-p", str(os.getpid()),
+                           "--duration", "0.5", "--json"])  # fmt: skip
+    finally:
+        ep.close()
+    out = capsys.readouterr()
+    assert status == 0, out.err
+    (proc,) = json.loads(out.out)["processes"]
+    assert proc["records"] == 0 and "records may be missing" in proc["error"]
+    assert wait_for(lambda: not trace._active)
 
 
 # ---------------------------------------------------------------- the framer

@@ -129,10 +129,10 @@ def _reader(session: Session, inbox: Inbox) -> None:
             if frame.get("end") is True:
                 break
     except EOFError:
-        if not session.ended:
+        if not (session.ended or session.error):
             session.error = "the process ended the trace (it exited?)"
     except (OSError, protocol.ProtocolError) as exc:
-        if not session.ended:
+        if not (session.ended or session.error):
             session.error = client.text(getattr(exc, "strerror", None) or exc)
     inbox.put((session, None))
 
@@ -271,6 +271,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"smcr trace: tracing pid {names}; writing {args.write}; Ctrl-C stops",
           file=sys.stderr, flush=True)
     status = _loop(args, out, sessions)
+    for s in sessions:  # (a count short of what the process recorded must say so)
+        if not (s.ended or s.error):
+            s.error = "stopped before the process's last frame came: records may be missing"
     try:
         out.close()
     except BrokenPipeError:  # -w - into a reader that went away: nothing more goes there
