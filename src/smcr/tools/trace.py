@@ -148,7 +148,9 @@ class _Signals:
     cut between its header and its frame), with no word to the processes.
     (``SimpleQueue.put`` may be called from a handler, even one that runs inside
     the loop's own ``get``.)  The second signal stops at once: KeyboardInterrupt.
-    Signals ignored when the tool started (a background job's Ctrl-C) stay so.
+    A SIGINT ignored when the tool started stays so, as Python leaves it (a shell
+    starts a script's background jobs so, away from the terminal's Ctrl-C: there
+    SIGTERM, ``-c`` or ``--duration`` stop the tool).
     """
 
     def __init__(self, inbox: Inbox) -> None:
@@ -160,8 +162,9 @@ class _Signals:
         if _main_thread():  # (handlers can be set, and run, only there)
             for signum in (signal.SIGINT, signal.SIGTERM):
                 old = signal.getsignal(signum)
-                if old is not None and old != signal.SIG_IGN:
-                    self.old[signum] = signal.signal(signum, self._handle)
+                if old is None or (signum == signal.SIGINT and old == signal.SIG_IGN):
+                    continue  # (not set from Python; ignored, as a background job's Ctrl-C)
+                self.old[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *_exc: object) -> None:
