@@ -11,9 +11,9 @@ a capture tool or privileges.
 It stops on Ctrl-C (or SIGTERM), after ``--count`` frames or ``--duration``
 seconds: it shuts its end of each stream, takes what the processes recorded up
 to then and their last frame (each says how many records it dropped because
-the tool was slow), and closes the file.  The file is created exclusively
-(never through a path someone else made, design/TOOLS.md); ``-w -`` writes to
-standard output (for ``| tshark -r -``).
+the tool was slow), and closes the file; a second Ctrl-C stops it at once.  The
+file is created exclusively (never through a path someone else made,
+design/TOOLS.md); ``-w -`` writes to standard output (for ``| tshark -r -``).
 """
 
 from __future__ import annotations
@@ -113,7 +113,12 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _reader(session: Session, inbox: queue.Queue[tuple[Session, dict[str, Any] | None]]) -> None:
+Inbox = queue.SimpleQueue[tuple[Session, dict[str, Any] | None] | None]
+"""What the loop takes in turn: a stream's frame, or (session, None) once a stream ends
+(or breaks), or None for Ctrl-C or SIGTERM (:class:`_Signals`)."""
+
+
+def _reader(session: Session, inbox: Inbox) -> None:
     """Frames of one stream into ``inbox``; None once it ends (or breaks)."""
     try:
         while True:
@@ -124,12 +129,53 @@ def _reader(session: Session, inbox: queue.Queue[tuple[Session, dict[str, Any] |
             if frame.get("end") is True:
                 break
     except EOFError:
-        if not session.ended:
+        if not (session.ended or session.error):
             session.error = "the process ended the trace (it exited?)"
     except (OSError, protocol.ProtocolError) as exc:
-        if not session.ended:
+        if not (session.ended or session.error):
             session.error = client.text(getattr(exc, "strerror", None) or exc)
     inbox.put((session, None))
+
+
+class _Signals:
+    """Ctrl-C and SIGTERM while the loop runs.
+
+    The first is a None in the inbox, taken in turn like the frames: the loop
+    then stops the proper way (:func:`_stop`) whatever it was doing when the
+    signal came.  Raised as KeyboardInterrupt, as Python does with Ctrl-C, it
+    ended the loop wherever it landed: amid a frame of records (the rest of it,
+    and all the processes still held, never counted nor written; a pcap record
+    cut between its header and its frame), with no word to the processes.
+    (``SimpleQueue.put`` may be called from a handler, even one that runs inside
+    the loop's own ``get``.)  The second signal stops at once: KeyboardInterrupt.
+    A SIGINT ignored when the tool started stays so, as Python leaves it (a shell
+    starts a script's background jobs so, away from the terminal's Ctrl-C: there
+    SIGTERM, ``-c`` or ``--duration`` stop the tool).
+    """
+
+    def __init__(self, inbox: Inbox) -> None:
+        self.inbox = inbox
+        self.seen = 0
+        self.old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if _main_thread():  # (handlers can be set, and run, only there)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                old = signal.getsignal(signum)
+                if old is None or (signum == signal.SIGINT and old == signal.SIG_IGN):
+                    continue  # (not set from Python; ignored, as a background job's Ctrl-C)
+                self.old[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for signum, old in self.old.items():
+            signal.signal(signum, old)
+
+    def _handle(self, _signum: int, _frame: object) -> None:
+        self.seen += 1
+        if self.seen > 1:
+            raise KeyboardInterrupt
+        self.inbox.put(None)
 
 
 class _Output:
@@ -228,6 +274,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"smcr trace: tracing pid {names}; writing {args.write}; Ctrl-C stops",
           file=sys.stderr, flush=True)
     status = _loop(args, out, sessions)
+    for s in sessions:  # (a count short of what the process recorded must say so)
+        if not (s.ended or s.error):
+            s.error = "stopped before the process's last frame came: records may be missing"
     try:
         out.close()
     except BrokenPipeError:  # -w - into a reader that went away: nothing more goes there
@@ -239,45 +288,43 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _loop(args: argparse.Namespace, out: _Output, sessions: list[Session]) -> int:
-    inbox: queue.Queue[tuple[Session, dict[str, Any] | None]] = queue.Queue()
+    inbox: Inbox = queue.SimpleQueue()
     for s in sessions:
         threading.Thread(target=_reader, args=(s, inbox), daemon=True,
                          name=f"smcr-trace-{s.pid}").start()  # fmt: skip
-    old = signal.signal(signal.SIGTERM, _interrupt) if _main_thread() else None
     live = len(sessions)
     until = None if args.duration is None else time.monotonic() + args.duration
     stopping_until: float | None = None
     try:
-        while live:
-            now = time.monotonic()
-            if stopping_until is None and (out.full or (until is not None and now >= until)):
-                stopping_until = _stop(sessions)
-            if stopping_until is not None and now >= stopping_until:
-                break
-            limit = stopping_until if stopping_until is not None else until
-            wait = 0.2 if limit is None else max(0.0, min(0.2, limit - now))
-            try:
-                session, frame = inbox.get(timeout=wait)
-            except queue.Empty:
-                continue
-            except KeyboardInterrupt:
-                if stopping_until is not None:
-                    break  # a second Ctrl-C: no waiting for the last records
-                stopping_until = _stop(sessions)
-                continue
-            if frame is None:
-                live -= 1
-                continue
-            try:
-                _take(out, session, frame)
-                out.flush()
-            except BrokenPipeError:  # -w - into a reader that went away
-                break
-    except KeyboardInterrupt:
+        with _Signals(inbox):
+            while live:
+                now = time.monotonic()
+                if stopping_until is None and (out.full or (until is not None and now >= until)):
+                    stopping_until = _stop(sessions)
+                if stopping_until is not None and now >= stopping_until:
+                    break
+                limit = stopping_until if stopping_until is not None else until
+                wait = 0.2 if limit is None else max(0.0, min(0.2, limit - now))
+                try:
+                    item = inbox.get(timeout=wait)
+                except queue.Empty:
+                    continue
+                if item is None:  # Ctrl-C or SIGTERM
+                    if stopping_until is not None:
+                        break  # stopping already (-c, --duration): no waiting for the rest
+                    stopping_until = _stop(sessions)
+                    continue
+                session, frame = item
+                if frame is None:
+                    live -= 1
+                    continue
+                try:
+                    _take(out, session, frame)
+                    out.flush()
+                except BrokenPipeError:  # -w - into a reader that went away
+                    break
+    except KeyboardInterrupt:  # a second Ctrl-C: at once
         pass
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
     return 0
 
 
@@ -287,10 +334,6 @@ def _stop(sessions: list[Session]) -> float:
         with contextlib.suppress(OSError):
             s.sock.shutdown(socket.SHUT_WR)
     return time.monotonic() + END_WAIT
-
-
-def _interrupt(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _main_thread() -> bool:
