@@ -232,9 +232,13 @@ def test_a_signal_amid_a_frame_loses_no_record(
     monkeypatch.setattr(TraceFramer, "frames", framing)
     monkeypatch.setenv("SMCR_DIAG_DIR", str(directory))
     pcap = tmp_path / "t.pcap"
+    # SIGINT as at a terminal (a test run started in the background has it ignored, and
+    # the tool leaves an ignored SIGINT ignored)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         status = cli.main(["trace", "-w", str(pcap), "-p", str(os.getpid()), "--json"])
     finally:
+        signal.signal(signal.SIGINT, before)
         ep.close()
     out = capsys.readouterr()
     assert status == 0, out.err

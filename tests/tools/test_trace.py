@@ -54,11 +54,18 @@ def procs(env: dict[str, str]) -> Iterator[Callable[..., Proc]]:
         p.kill()
 
 
+CTRL_C_HEARD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                "from smcr import cli; sys.exit(cli.main(sys.argv[1:]))")
+"""``smcr`` with SIGINT as at a terminal: a test run started in the background by a shell
+has SIGINT ignored, and the tool (as Python) leaves an ignored SIGINT ignored, so the
+tests' Ctrl-C would not reach it."""
+
+
 class Trace:
     """``smcr trace`` running in the background; started once it says it traces."""
 
     def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.p = subprocess.Popen([sys.executable, "-m", "smcr", "trace", *args], env=env,
+        self.p = subprocess.Popen([sys.executable, "-c", CTRL_C_HEARD, "trace", *args], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   cwd=REPO)  # fmt: skip
         assert self.p.stderr is not None
