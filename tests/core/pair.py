@@ -70,8 +70,24 @@ class Side:
     clc_out: dict[int, bytearray] = field(default_factory=dict)
     llc_sent: list[bytes] = field(default_factory=list)
 
-    def new_qp(self) -> tuple[int, int]:
-        return next(_qpns), 0x123456
+    qp_port: dict[int, int] = field(default_factory=dict)  # our qpn -> its port
+    registered: list[tuple[int, int, int]] = field(default_factory=list)  # (conn, port, rkey)
+
+    def new_qp(self, port: int = 0) -> tuple[int, int]:
+        assert port < len(self.engine.identity.ports), f"no port {port}"
+        qpn = next(_qpns)
+        self.qp_port[qpn] = port
+        return qpn, 0x123456
+
+    def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
+        """The connection's RMB under a new rkey (another RNIC's MR of the same memory)."""
+        assert 0 < port < len(self.engine.identity.ports), f"no port {port}"
+        rmb = self.rmbs[conn]
+        rkey = next(_keys)
+        vaddr = rkey << 20
+        self.fabric.memory[rkey] = (vaddr, self.fabric.memory[rmb.rkey][1])
+        self.registered.append((conn, port, rkey))
+        return rkey, vaddr
 
     def pull_events(self) -> list[Event]:
         while (ev := self.engine.next_event()) is not None:

@@ -25,11 +25,15 @@ import struct
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from smcr.core.close import CloseInput, Send, SmcState, step
 from smcr.core.events import Action, PostSend, RdmaWrite, ReleaseConnection, ShutdownTcp
 from smcr.wire.cdc import CdcMessage, ConnectionStateFlags, ProducerFlags, sequence_before
 from smcr.wire.cursor import WRAP_LIMIT, Cursor
+
+if TYPE_CHECKING:
+    from smcr.core.linkgroup import Link
 
 # The CDC layout of smcr.wire.cdc (spec §4), packed and unpacked here with plain
 # ints: the data path builds and reads one CDC per send and per receive, and
@@ -99,8 +103,17 @@ class Connection:
         self.rmb = rmb
         self.sndbuf_size = sndbuf_size
         self.state = SmcState.INIT
+        self.link: Link | None = None
+        """The link the connection sends on (Linux ``conn->lnk``); :attr:`qpn`,
+        :attr:`peer_rkey`, :attr:`peer_vaddr`, :attr:`wr_ids` and :attr:`cdc_pending`
+        are that link's, copied here for the data path and switched with it."""
         self.qpn = 0
+        self.rmb_keys: dict[Link, tuple[int, int]] = {}
+        """Our RMB's (rkey, vaddr) per link of the group (Linux ``rmb_desc->mr[]``)."""
         self.peer_token = 0
+        self.peer_rtoken: dict[Link, tuple[int, int]] = {}
+        """The peer RMB's (rkey, vaddr) per link (the group's rtoken, shared)."""
+        self.peer_rmbe_offset = 0  # our RMBE's place in the peer RMB (CLC rmbe_idx)
         self.peer_rkey = 0
         self.peer_vaddr = 0
         self.peer_rmb_size = 0

@@ -15,8 +15,10 @@ header is rewritten in the group's version); the wire codecs' ``response`` /
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from smcr.core.config import Config, LocalIdentity
-from smcr.core.linkgroup import Link, LinkGroup
+from smcr.core.linkgroup import Link, LinkGroup, LinkState
 from smcr.wire.llc import (
     LLC_FLAG_NO_RMBE_EYEC,
     LLC_FLAG_RESP,
@@ -29,6 +31,7 @@ from smcr.wire.llc import (
     DeleteRkey,
     DeleteRkeyV2,
     LlcMessage,
+    Rtoken,
     TestLink,
     TestLinkV2,
 )
@@ -43,10 +46,10 @@ def confirm_link(link: Link, identity: LocalIdentity, config: Config,
     Max links is ``SMC_LINKS_ADD_LNK_MAX`` (:attr:`Config.max_links`); a v2 group
     whose peer speaks v2.1 carries the negotiated max conns and max links instead.
     """
-    lgr = link.lgr
+    lgr, port = link.lgr, identity.ports[link.port]
     fields = {
         "flags": LLC_FLAG_NO_RMBE_EYEC | (LLC_FLAG_RESP if response else 0),
-        "sender_mac": identity.mac, "sender_gid": identity.gid, "sender_qp_num": link.qpn,
+        "sender_mac": port.mac, "sender_gid": port.gid, "sender_qp_num": link.qpn,
         "link_num": link.link_id,
         "link_uid": ((lgr.lgr_id + link.link_id) & 0xFFFFFFFF).to_bytes(4, "big"),
         "max_links": config.max_links,
@@ -58,10 +61,17 @@ def confirm_link(link: Link, identity: LocalIdentity, config: Config,
     return ConfirmLinkV2(**fields)  # type: ignore[arg-type]
 
 
-def confirm_rkey(lgr: LinkGroup, rkey: int, vaddr: int) -> ConfirmRkey:
-    """CONFIRM RKEY for a new RMB (``smc_llc_send_confirm_rkey``; one link: no others)."""
+def confirm_rkey(send_link: Link, keys: Mapping[Link, tuple[int, int]]) -> ConfirmRkey:
+    """CONFIRM RKEY for a new RMB (``smc_llc_send_confirm_rkey``): its rkey on the link
+    the message goes over first, then one rtoken per other active link of the group."""
+    lgr = send_link.lgr
     cls = ConfirmRkeyV2 if lgr.version >= 2 else ConfirmRkey
-    return cls(rmb_key=rkey, rmb_vaddr=vaddr)
+    rkey, vaddr = keys[send_link]
+    others = tuple(Rtoken(link_id=link.link_id, rmb_key=keys[link][0], rmb_vaddr=keys[link][1])
+                   for link in lgr.links
+                   if link is not send_link and link.state is LinkState.LINK_ACTIVE
+                   and link in keys)  # fmt: skip
+    return cls(rmb_key=rkey, rmb_vaddr=vaddr, other_rtokens=others)
 
 
 def delete_rkey(lgr: LinkGroup, rkey: int) -> LlcMessage:
