@@ -22,6 +22,7 @@ from smcr.core import (
     Engine,
     Event,
     LocalIdentity,
+    Port,
     PostSend,
     QpToRtr,
     QpToRts,
@@ -134,12 +135,13 @@ class Side:
 class Pair:
     """Client and server engines, a TCP pipe per connection pair, SEND queues."""
 
-    def __init__(self, config: Config | None = None, server_config: Config | None = None) -> None:
+    def __init__(self, config: Config | None = None, server_config: Config | None = None,
+                 client_ports: int = 1, server_ports: int = 1) -> None:  # fmt: skip
         self.fabric = Fabric()
         self.now = 0.0
         cfg = config or Config()
-        self.client = self._side("client", cfg, b"\x01" * 6)
-        self.server = self._side("server", server_config or cfg, b"\x02" * 6)
+        self.client = self._side("client", cfg, b"\x01" * 6, client_ports)
+        self.server = self._side("server", server_config or cfg, b"\x02" * 6, server_ports)
         self.tcp: dict[tuple[str, int], tuple[str, int]] = {}
         self.sends: deque[tuple[Side, int, bytes]] = deque()  # (receiver, its qpn, data)
         self.drop_llc: Callable[[Side, bytes], bool] = lambda side, data: False
@@ -148,8 +150,12 @@ class Pair:
         self.pending_actions: list[tuple[Side, list[Action]]] = []
         self._conn_ids = itertools.count(1)
 
-    def _side(self, name: str, cfg: Config, mac: bytes) -> Side:
-        ident = LocalIdentity(gid=mac * 2 + mac[:4], mac=mac, peer_id=b"\x00\x01" + mac)
+    def _side(self, name: str, cfg: Config, mac: bytes, ports: int = 1) -> Side:
+        """An engine whose identity has ``ports`` RNIC ports (port i > 0: MAC byte 1 = 0x10 + i)."""
+        more = tuple(Port(gid=(m := mac[:1] + bytes([0x10 + i]) + mac[2:]) * 2 + m[:4], mac=m,
+                          netdev=f"{name}{i}") for i in range(1, ports))  # fmt: skip
+        ident = LocalIdentity(gid=mac * 2 + mac[:4], mac=mac, peer_id=b"\x00\x01" + mac,
+                              netdev=f"{name}0", more_ports=more)  # fmt: skip
         side = Side(name, None, self.fabric)  # type: ignore[arg-type]
         side.engine = Engine(cfg, ident, side)
         return side

@@ -20,8 +20,10 @@ server decides on first contact (or the client learns it), since only then is
 it known that a QP is needed.  ``new_qp`` allocates and returns numbers only:
 it does no I/O, the QP transitions are actions.
 
-ADD LINK: the shm RNIC is one device per process, so there is no second path.
-As server we never offer ADD LINK; as client we reject one (``02 2C 01 C0``,
+ADD LINK (:mod:`smcr.core.addlink`): with :attr:`Config.add_links` a server offers a
+second link after first contact and a client answers as Linux does.  Without it
+(the runtime: one RNIC per process, so no second path), as server we never offer
+ADD LINK; as client we reject one (``02 2C 01 C0``,
 Linux ``smc_llc_cli_add_link_reject``) and do not wait 2 s for it after the
 first CONFIRM LINK (Linux does when max links > 1).  A Linux *client* talking
 to this server would wait those ~3 s (2 s for ADD LINK, then ~1 s for a
@@ -36,6 +38,7 @@ from collections import deque
 from typing import Protocol
 
 from smcr.core import llc_msgs, negotiation
+from smcr.core.addlink import AddLinkLayer
 from smcr.core.close import SmcState
 from smcr.core.config import Config, LocalIdentity
 from smcr.core.connection import Connection, Rmb
@@ -58,7 +61,6 @@ from smcr.core.handshake import (
     IpAddress,
 )
 from smcr.core.linkgroup import Link, LinkGroup, LinkState, Role, V2Terms
-from smcr.core.llc import LinkLayer
 from smcr.wire.clc import (
     ClcAccept,
     ClcConfirm,
@@ -92,7 +94,7 @@ class Provider(Protocol):
         there.  Only called with :attr:`Config.add_links`."""
 
 
-class Engine(LinkLayer):
+class Engine(AddLinkLayer):
     """SMC-R for one process: handshakes, link groups, connections (module docstring)."""
 
     def __init__(self, config: Config, identity: LocalIdentity, provider: Provider) -> None:
@@ -135,6 +137,8 @@ class Engine(LinkLayer):
                 deadlines.append(lgr.flow.deadline)
             if lgr.idle_since is not None:
                 deadlines.append(lgr.idle_since + self._linger(lgr))
+            if lgr.remote_add is not None:
+                deadlines.append(lgr.remote_add.deadline)
             for link in lgr.links:
                 if link.state is LinkState.LINK_ACTIVE and self.config.testlink_time > 0:
                     deadlines.append(
@@ -531,6 +535,8 @@ class Engine(LinkLayer):
                 self._next_flow(lgr, now, out)
             for link in list(lgr.links):
                 self._keepalive(link, now, out)
+            if lgr.remote_add is not None:
+                self._cli_add_link_timeout(lgr, now, out)
             if (lgr.idle_since is not None and not lgr.conns and not lgr.terminated
                     and now >= lgr.idle_since + self._linger(lgr)):  # fmt: skip
                 # smc_lgr_free_work: DELETE LINK ALL, orderly, program-initiated

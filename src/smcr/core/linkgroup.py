@@ -112,12 +112,28 @@ class Link:
 
 
 @dataclass(eq=False)
+class AddLinkFlow:
+    """An ADD LINK flow under way (Linux ``smc_llc_srv_add_link`` /
+    ``smc_llc_cli_add_link``): the link it talks over, the new link, the group type
+    it will make, its step, and the rkey exchange's progress."""
+
+    link: Link
+    new: Link
+    new_type: LgrType
+    step: str  # "response" (server), "cont", "confirm"
+    to_send: list[Connection]  # connections whose RMB's rkeys are still to send
+    recv_left: int = 0  # rkeys the peer still has to send (its last count)
+    deadline: float = 0.0  # the client's wait (the server's is its LocalFlow's)
+
+
+@dataclass(eq=False)
 class LocalFlow:
     """A local LLC request waiting for its response."""
 
     request: LlcMessage
     on_done: Callable[[bool, float], list[Action]]
     deadline: float = 0.0
+    add_link: AddLinkFlow | None = None  # the steps after the request, for ADD LINK
 
 
 @dataclass(eq=False)
@@ -134,6 +150,7 @@ class LinkGroup:
     flow_queue: deque[LocalFlow] = field(default_factory=deque)
     peer_rtokens: list[Rtoken] = field(default_factory=list)  # confirmed peer RMBs
     next_link_id: int = 0  # server: the last link id given (Linux lgr->next_link_id)
+    remote_add: AddLinkFlow | None = None  # client: the server's ADD LINK flow being answered
     terminated: bool = False
     idle_since: float | None = None  # when the last connection left
     version: int = 1

@@ -465,6 +465,7 @@ class LinkLayer:
         if lgr.terminated:
             return
         lgr.terminated = True
+        lgr.remote_add = None
         for conn in list(lgr.conns.values()):
             hs = self.handshakes.get(conn.id)
             if hs is not None and hs.state not in (HsState.DONE, HsState.FALLBACK):

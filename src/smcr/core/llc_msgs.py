@@ -18,10 +18,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from smcr.core.config import Config, LocalIdentity
+from smcr.core.connection import Connection
 from smcr.core.linkgroup import Link, LinkGroup, LinkState
 from smcr.wire.llc import (
     LLC_FLAG_NO_RMBE_EYEC,
     LLC_FLAG_RESP,
+    AddLink,
+    AddLinkCont,
     ConfirmLink,
     ConfirmLinkV2,
     ConfirmRkey,
@@ -31,6 +34,7 @@ from smcr.wire.llc import (
     DeleteRkey,
     DeleteRkeyV2,
     LlcMessage,
+    RkeyPair,
     Rtoken,
     TestLink,
     TestLinkV2,
@@ -90,3 +94,33 @@ def delete_link(lgr: LinkGroup, flags: int, reason: int, link_num: int = 0) -> D
     """DELETE LINK request (``smc_llc_send_delete_link``)."""
     cls = DeleteLinkV2 if lgr.version >= 2 else DeleteLink
     return cls(flags=flags, link_num=link_num, reason=reason)
+
+
+RKEYS_PER_CONT_MSG = 2
+"""``SMC_LLC_RKEYS_PER_CONT_MSG``: rkey pairs per ADD LINK CONTINUATION."""
+
+
+def add_link(new: Link, identity: LocalIdentity, response: bool = False) -> AddLink:
+    """SMC-Rv1 ADD LINK request or response for the new link (``smc_llc_send_add_link``):
+    the new link's port MAC and GID, its QP, id and initial PSN; the MTU is our own
+    in a request, min(ours, the peer's) in a response (``new.mtu`` is that then)."""
+    port = identity.ports[new.port]
+    return AddLink(flags=LLC_FLAG_RESP if response else 0, sender_mac=port.mac,
+                   sender_gid=port.gid, sender_qp_num=new.qpn, link_num=new.link_id,
+                   qp_mtu=new.mtu, initial_psn=new.psn)  # fmt: skip
+
+
+def add_link_cont(link: Link, new: Link, to_send: list[Connection],
+                  response: bool) -> AddLinkCont:  # fmt: skip
+    """One ADD LINK CONTINUATION (``smc_llc_add_link_cont``): the count of rkeys this side
+    still sends including these, then up to two (rkey on ``link``, rkey and vaddr on
+    ``new``), taken off the front of ``to_send``; the client's carries flag 0x80."""
+    count = len(to_send)
+    pairs = []
+    for conn in to_send[:RKEYS_PER_CONT_MSG]:
+        rkey_new, vaddr_new = conn.rmb_keys[new]
+        pairs.append(RkeyPair(rmb_key=conn.rmb_keys[link][0], rmb_key_new=rkey_new,
+                              rmb_vaddr_new=vaddr_new))  # fmt: skip
+    del to_send[:RKEYS_PER_CONT_MSG]
+    return AddLinkCont(flags=LLC_FLAG_RESP if response else 0, link_num=new.link_id,
+                       num_rkeys=count, rkeys=tuple(pairs))  # fmt: skip
