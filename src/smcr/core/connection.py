@@ -311,6 +311,27 @@ class Connection:
             return data, wr_id, True
         return data, wr_id, False
 
+    def switch_cursor(self, seq_fin: int, out: list[Action]) -> None:
+        """Carry on over the link now set (``smc_switch_cursor``, after ``smc_switch_conns``
+        made it the connection's): the sent cursor goes back to what the last completed
+        CDC announced (:attr:`tx_fin`; or to the peer's consumer cursor if that is ahead:
+        those bytes were read), a failover-validation CDC names ``seq_fin``, the sequence
+        number of that last completed CDC (``smcr_cdc_msg_send_validation``: cursors
+        zero, unsignaled here and not counted in :attr:`cdc_pending`, which holds
+        only cursor-carrying CDCs), then the bytes from there are written again and
+        a CDC announces them.  Rewriting bytes the peer already has is harmless (same
+        bytes, same place); a cursor it already saw, or an older sequence number,
+        it ignores.
+        """
+        self.tx_fin = max(self.tx_fin, self.peer_cons)
+        self.tx_sent = self.tx_fin
+        self.unsignaled = 0
+        if self.state in (SmcState.INIT, SmcState.CLOSED):
+            return
+        data = _PACK(0xFE, 44, seq_fin, self.peer_token, 0, 0, 0, 0, _FAILOVER, 0)
+        out.append(PostSend(self.qpn, data, next(self.wr_ids), False))
+        self.flush(out, force_cdc=True)
+
     def cdc_completed(self, tx_sent: int) -> None:
         """The CDC announcing ``tx_sent`` went out: the send buffer is free up to there."""
         self.tx_fin = max(self.tx_fin, tx_sent)

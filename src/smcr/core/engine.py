@@ -38,7 +38,6 @@ from collections import deque
 from typing import Protocol
 
 from smcr.core import llc_msgs, negotiation
-from smcr.core.addlink import AddLinkLayer
 from smcr.core.close import SmcState
 from smcr.core.config import Config, LocalIdentity
 from smcr.core.connection import Connection, Rmb
@@ -53,6 +52,7 @@ from smcr.core.events import (
     ReuseRmb,
     SendClc,
 )
+from smcr.core.failover import FailoverLayer
 from smcr.core.handshake import (
     EXPECTED,
     Decline,
@@ -94,7 +94,7 @@ class Provider(Protocol):
         there.  Only called with :attr:`Config.add_links`."""
 
 
-class Engine(AddLinkLayer):
+class Engine(FailoverLayer):
     """SMC-R for one process: handshakes, link groups, connections (module docstring)."""
 
     def __init__(self, config: Config, identity: LocalIdentity, provider: Provider) -> None:
