@@ -233,3 +233,35 @@ def test_unanswered_confirm_link_on_new_link_deletes_it() -> None:
     last = decode_llc(p.server.llc_sent[-1])
     assert last == DeleteLink(flags=0, link_num=2, reason=0x00010000)
     assert [x.link_id for x in srv.links] == [1]
+
+
+def test_connection_made_during_add_link_gets_rkeys_for_both_links() -> None:
+    """A second connection whose handshake runs while the rkey exchange of ADD LINK is under
+    way: its CONFIRM RKEY waits for the ADD LINK flow (both sides, as Linux
+    smc_llc_flow_start) and then names the new link too, so each side knows the other's
+    RMB on both links."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    p.connect()
+    for _ in range(200):  # step the first contact until the server's rkey exchange runs
+        flow = next(iter(p.server.engine.lgrs.values())).flow if p.server.engine.lgrs else None
+        if flow is not None and flow.add_link is not None and flow.add_link.step == "cont":
+            break
+        if p.pending_actions:
+            side, actions = p.pending_actions.pop(0)
+            p.run(side, actions)
+        else:
+            side, qpn, data = p.sends.popleft()
+            p.run(side, side.engine.receive_wr(qpn, memoryview(data), p.now))
+    else:
+        raise AssertionError("the ADD LINK flow never reached the rkey exchange")
+    c2, s2 = p.connect()
+    p.pump()
+    srv, cli = lgr_of(p.server), lgr_of(p.client)
+    assert srv.lgr_type is LgrType.SYMMETRIC and cli.lgr_type is LgrType.SYMMETRIC
+    conn_c, conn_s = p.client.engine.conns[c2], p.server.engine.conns[s2]
+    for link_c, link_s in zip(cli.links, srv.links, strict=True):
+        assert conn_c.peer_rtoken[link_c] == conn_s.rmb_keys[link_s]
+        assert conn_s.peer_rtoken[link_s] == conn_c.rmb_keys[link_c]
+    rkeys = [decode_llc(m) for m in p.server.llc_sent if m[0] == LlcType.CONFIRM_RKEY
+             and not m[3] & 0x80]  # fmt: skip
+    assert [len(m.other_rtokens) for m in rkeys] == [1]  # type: ignore[attr-defined]

@@ -285,6 +285,7 @@ class AddLinkLayer(LinkLayer):
         self._post_llc(link, llc_msgs.confirm_link(link, self.identity, self.config,
                                                    response=True), out)  # fmt: skip
         self._new_link_up(flow, now)
+        self._next_flow(link.lgr, now, out)  # our own flows waited for this one
         return True
 
     def _cli_add_link_timeout(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
@@ -294,6 +295,7 @@ class AddLinkLayer(LinkLayer):
             lgr.remote_add = None
             if not lgr.terminated:
                 self._clear_link(flow.new, out)
+                self._next_flow(lgr, now, out)
 
     # -- handlers ------------------------------------------------------------------
 

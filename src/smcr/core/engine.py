@@ -73,7 +73,7 @@ from smcr.wire.clc import (
 from smcr.wire.clc_header import EYECATCHER_SMCR
 from smcr.wire.decline import DeclineCode
 from smcr.wire.errors import WireError
-from smcr.wire.llc import DeleteLinkReason
+from smcr.wire.llc import DeleteLinkReason, LlcMessage
 
 DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
 UNCONFIRMED_RKEY = "the peer did not confirm the RMB's rkey (CONFIRM RKEY)"
@@ -334,7 +334,11 @@ class Engine(FailoverLayer):
         send_link = lgr.active_link
         if send_link is None:  # the group's end declines or resets the connection itself
             return
-        request = llc_msgs.confirm_rkey(send_link, conn.rmb_keys)
+
+        def build(link: Link) -> LlcMessage:  # the links active when the flow starts
+            keys = {x: self._rmb_on(conn, x) for x in lgr.links
+                    if x.state is LinkState.LINK_ACTIVE}  # fmt: skip
+            return llc_msgs.confirm_rkey(link, keys)
 
         def done(ok: bool, t: float) -> list[Action]:
             actions: list[Action] = []
@@ -347,7 +351,7 @@ class Engine(FailoverLayer):
                 self.touched.add(conn.id)
             return actions
 
-        self._start_flow(lgr, request, done, now, out)
+        self._start_flow(lgr, build(send_link), done, now, out, build)
 
     def _confirm(self, hs: Handshake, link: Link) -> ClcConfirm:
         """Our Confirm (``smcr_clc_prep_confirm_accept``): v2 adds the EID and, on first

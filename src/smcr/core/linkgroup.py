@@ -134,6 +134,9 @@ class LocalFlow:
     on_done: Callable[[bool, float], list[Action]]
     deadline: float = 0.0
     add_link: AddLinkFlow | None = None  # the steps after the request, for ADD LINK
+    build: Callable[[Link], LlcMessage] | None = None
+    """Builds the request for the link it goes over when the flow starts (CONFIRM RKEY
+    names every link active then: a link added while it waited is included)."""
 
 
 @dataclass(eq=False)

@@ -368,16 +368,21 @@ class LinkLayer:
 
     def _start_flow(self, lgr: LinkGroup, request: LlcMessage,
                     on_done: Callable[[bool, float], list[Action]], now: float,
-                    out: list[Action]) -> None:  # fmt: skip
-        """Queue a local LLC flow; it starts when the group's previous flow ended."""
-        lgr.flow_queue.append(LocalFlow(request, on_done))
+                    out: list[Action],
+                    build: Callable[[Link], LlcMessage] | None = None) -> None:  # fmt: skip
+        """Queue a local LLC flow; it starts when the group's previous flow ended (and, as
+        Linux ``smc_llc_flow_start``, not while the peer's ADD LINK is being answered)."""
+        lgr.flow_queue.append(LocalFlow(request, on_done, build=build))
         self._next_flow(lgr, now, out)
 
     def _next_flow(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
         link = lgr.active_link
-        if lgr.flow is not None or not lgr.flow_queue or link is None:
+        if (lgr.flow is not None or not lgr.flow_queue or link is None
+                or lgr.remote_add is not None):  # fmt: skip
             return
         flow = lgr.flow = lgr.flow_queue.popleft()
+        if flow.build is not None:
+            flow.request = flow.build(link)
         flow.deadline = now + self.config.llc_wait
         self._post_llc(link, flow.request, out)
 
