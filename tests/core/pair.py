@@ -22,6 +22,7 @@ from smcr.core import (
     Engine,
     Event,
     LocalIdentity,
+    Port,
     PostSend,
     QpToRtr,
     QpToRts,
@@ -70,8 +71,24 @@ class Side:
     clc_out: dict[int, bytearray] = field(default_factory=dict)
     llc_sent: list[bytes] = field(default_factory=list)
 
-    def new_qp(self) -> tuple[int, int]:
-        return next(_qpns), 0x123456
+    qp_port: dict[int, int] = field(default_factory=dict)  # our qpn -> its port
+    registered: list[tuple[int, int, int]] = field(default_factory=list)  # (conn, port, rkey)
+
+    def new_qp(self, port: int = 0) -> tuple[int, int]:
+        assert port < len(self.engine.identity.ports), f"no port {port}"
+        qpn = next(_qpns)
+        self.qp_port[qpn] = port
+        return qpn, 0x123456
+
+    def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
+        """The connection's RMB under a new rkey (another RNIC's MR of the same memory)."""
+        assert 0 < port < len(self.engine.identity.ports), f"no port {port}"
+        rmb = self.rmbs[conn]
+        rkey = next(_keys)
+        vaddr = rkey << 20
+        self.fabric.memory[rkey] = (vaddr, self.fabric.memory[rmb.rkey][1])
+        self.registered.append((conn, port, rkey))
+        return rkey, vaddr
 
     def pull_events(self) -> list[Event]:
         while (ev := self.engine.next_event()) is not None:
@@ -118,12 +135,13 @@ class Side:
 class Pair:
     """Client and server engines, a TCP pipe per connection pair, SEND queues."""
 
-    def __init__(self, config: Config | None = None, server_config: Config | None = None) -> None:
+    def __init__(self, config: Config | None = None, server_config: Config | None = None,
+                 client_ports: int = 1, server_ports: int = 1) -> None:  # fmt: skip
         self.fabric = Fabric()
         self.now = 0.0
         cfg = config or Config()
-        self.client = self._side("client", cfg, b"\x01" * 6)
-        self.server = self._side("server", server_config or cfg, b"\x02" * 6)
+        self.client = self._side("client", cfg, b"\x01" * 6, client_ports)
+        self.server = self._side("server", server_config or cfg, b"\x02" * 6, server_ports)
         self.tcp: dict[tuple[str, int], tuple[str, int]] = {}
         self.sends: deque[tuple[Side, int, bytes]] = deque()  # (receiver, its qpn, data)
         self.drop_llc: Callable[[Side, bytes], bool] = lambda side, data: False
@@ -132,8 +150,12 @@ class Pair:
         self.pending_actions: list[tuple[Side, list[Action]]] = []
         self._conn_ids = itertools.count(1)
 
-    def _side(self, name: str, cfg: Config, mac: bytes) -> Side:
-        ident = LocalIdentity(gid=mac * 2 + mac[:4], mac=mac, peer_id=b"\x00\x01" + mac)
+    def _side(self, name: str, cfg: Config, mac: bytes, ports: int = 1) -> Side:
+        """An engine whose identity has ``ports`` RNIC ports (port i > 0: MAC byte 1 = 0x10 + i)."""
+        more = tuple(Port(gid=(m := mac[:1] + bytes([0x10 + i]) + mac[2:]) * 2 + m[:4], mac=m,
+                          netdev=f"{name}{i}") for i in range(1, ports))  # fmt: skip
+        ident = LocalIdentity(gid=mac * 2 + mac[:4], mac=mac, peer_id=b"\x00\x01" + mac,
+                              netdev=f"{name}0", more_ports=more)  # fmt: skip
         side = Side(name, None, self.fabric)  # type: ignore[arg-type]
         side.engine = Engine(cfg, ident, side)
         return side

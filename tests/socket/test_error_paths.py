@@ -365,9 +365,9 @@ def test_qp_modify_failure_declines_and_both_ends_fall_back_with_bytes_intact(
     made = 0
     new_qp = stack.new_qp
 
-    def failing_new_qp() -> tuple[int, int]:
+    def failing_new_qp(port: int = 0) -> tuple[int, int]:
         nonlocal made
-        qpn, psn = new_qp()
+        qpn, psn = new_qp(port)
         made += 1
         if made == (1 if side == "server" else 2):  # the server makes its QP first
             stack.qps[qpn].fail_next("modify", VerbsError(errno.EIO, "injected"))

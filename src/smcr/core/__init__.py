@@ -4,7 +4,7 @@ See :mod:`smcr.core.engine` for the contract.
 """
 
 from smcr.core.close import CloseInput, SmcState
-from smcr.core.config import Config, LocalIdentity
+from smcr.core.config import Config, LocalIdentity, Port
 from smcr.core.connection import Connection, Rmb
 from smcr.core.engine import Engine, Provider
 from smcr.core.events import (
@@ -27,7 +27,7 @@ from smcr.core.events import (
     ShutdownTcp,
 )
 from smcr.core.handshake import HsState
-from smcr.core.linkgroup import LinkGroup, LinkState, Role
+from smcr.core.linkgroup import LgrType, LinkGroup, LinkState, Role
 
 __all__ = [
     "Action",
@@ -42,11 +42,13 @@ __all__ = [
     "HandshakeCompleted",
     "HandshakeFailed",
     "HsState",
+    "LgrType",
     "LinkGroup",
     "LinkGroupTerminated",
     "LinkState",
     "LlcDropped",
     "LocalIdentity",
+    "Port",
     "PostSend",
     "Provider",
     "QpToRtr",

@@ -43,6 +43,30 @@ class Config:
     """The same for a client's link group (Linux: 10 s more than the server's)."""
     qp_mtu: int = 5
     """Our QP MTU enum for CLC (5 = 4096: the shm RNIC's active MTU)."""
+    add_links: bool = False
+    """Whether this engine takes part in ADD LINK (SMC-Rv1): as server it offers a second
+    link after first contact, over another port of :attr:`LocalIdentity.ports` or, as
+    Linux does with one RNIC, an asymmetric one over the same; as client it accepts an
+    offer as Linux ``smc_llc_cli_add_link`` does.  It needs a host that makes a QP on any
+    port and registers every RMB there (:class:`~smcr.core.engine.Provider`).  False:
+    one link per group, the server offers none and the client rejects every offer (what
+    the runtime does while it holds one RNIC)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    """One RNIC port this system can make links over (Linux ``smcibdev`` + ``ibport``).
+
+    :param gid: the port's GID, 16 bytes.
+    :param mac: the port's MAC, 6 bytes.
+    :param netdev: the host's name for it (net device or shm RNIC name), for the host
+        and the tools only; the engine names a port by its index in
+        :attr:`LocalIdentity.ports`.
+    """
+
+    gid: bytes
+    mac: bytes
+    netdev: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +84,13 @@ class LocalIdentity:
     """Whether :attr:`gid` serves SMC-Rv2 (Linux: an IPv4-mapped RoCE v2 GID on the TCP
     connection's netdev, ``smc_ib_determine_gid`` with ``smcrv2``); the shm RNIC's
     opaque GID serves it between smcr peers."""
+    netdev: str = ""
+    """The host's name of the first port (:class:`Port`)."""
+    more_ports: tuple[Port, ...] = ()
+    """Further RNIC ports (redundant links, ADD LINK); CLC always names the first."""
+
+    @property
+    def ports(self) -> tuple[Port, ...]:
+        """Every port, the first (:attr:`gid`, :attr:`mac`: the one CLC names) at index 0;
+        a link's ``port`` and the QP actions' ``port`` are indexes into this."""
+        return (Port(self.gid, self.mac, self.netdev), *self.more_ports)

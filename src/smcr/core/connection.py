@@ -25,11 +25,15 @@ import struct
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from smcr.core.close import CloseInput, Send, SmcState, step
 from smcr.core.events import Action, PostSend, RdmaWrite, ReleaseConnection, ShutdownTcp
 from smcr.wire.cdc import CdcMessage, ConnectionStateFlags, ProducerFlags, sequence_before
 from smcr.wire.cursor import WRAP_LIMIT, Cursor
+
+if TYPE_CHECKING:
+    from smcr.core.linkgroup import Link
 
 # The CDC layout of smcr.wire.cdc (spec §4), packed and unpacked here with plain
 # ints: the data path builds and reads one CDC per send and per receive, and
@@ -99,8 +103,17 @@ class Connection:
         self.rmb = rmb
         self.sndbuf_size = sndbuf_size
         self.state = SmcState.INIT
+        self.link: Link | None = None
+        """The link the connection sends on (Linux ``conn->lnk``); :attr:`qpn`,
+        :attr:`peer_rkey`, :attr:`peer_vaddr`, :attr:`wr_ids` and :attr:`cdc_pending`
+        are that link's, copied here for the data path and switched with it."""
         self.qpn = 0
+        self.rmb_keys: dict[Link, tuple[int, int]] = {}
+        """Our RMB's (rkey, vaddr) per link of the group (Linux ``rmb_desc->mr[]``)."""
         self.peer_token = 0
+        self.peer_rtoken: dict[Link, tuple[int, int]] = {}
+        """The peer RMB's (rkey, vaddr) per link (the group's rtoken, shared)."""
+        self.peer_rmbe_offset = 0  # our RMBE's place in the peer RMB (CLC rmbe_idx)
         self.peer_rkey = 0
         self.peer_vaddr = 0
         self.peer_rmb_size = 0
@@ -302,6 +315,27 @@ class Connection:
             self.unsignaled = 0
             return data, wr_id, True
         return data, wr_id, False
+
+    def switch_cursor(self, seq_fin: int, out: list[Action]) -> None:
+        """Carry on over the link now set (``smc_switch_cursor``, after ``smc_switch_conns``
+        made it the connection's): the sent cursor goes back to what the last completed
+        CDC announced (:attr:`tx_fin`; or to the peer's consumer cursor if that is ahead:
+        those bytes were read), a failover-validation CDC names ``seq_fin``, the sequence
+        number of that last completed CDC (``smcr_cdc_msg_send_validation``: cursors
+        zero, unsignaled here and not counted in :attr:`cdc_pending`, which holds
+        only cursor-carrying CDCs), then the bytes from there are written again and
+        a CDC announces them.  Rewriting bytes the peer already has is harmless (same
+        bytes, same place); a cursor it already saw, or an older sequence number,
+        it ignores.
+        """
+        self.tx_fin = max(self.tx_fin, self.peer_cons)
+        self.tx_sent = self.tx_fin
+        self.unsignaled = 0
+        if self.state in (SmcState.INIT, SmcState.CLOSED):
+            return
+        data = _PACK(0xFE, 44, seq_fin, self.peer_token, 0, 0, 0, 0, _FAILOVER, 0)
+        out.append(PostSend(self.qpn, data, next(self.wr_ids), False))
+        self.flush(out, force_cdc=True)
 
     def cdc_completed(self, tx_sent: int) -> None:
         """The CDC announcing ``tx_sent`` went out: the send buffer is free up to there."""

@@ -20,8 +20,10 @@ server decides on first contact (or the client learns it), since only then is
 it known that a QP is needed.  ``new_qp`` allocates and returns numbers only:
 it does no I/O, the QP transitions are actions.
 
-ADD LINK: the shm RNIC is one device per process, so there is no second path.
-As server we never offer ADD LINK; as client we reject one (``02 2C 01 C0``,
+ADD LINK (:mod:`smcr.core.addlink`): with :attr:`Config.add_links` a server offers a
+second link after first contact and a client answers as Linux does.  Without it
+(the runtime: one RNIC per process, so no second path), as server we never offer
+ADD LINK; as client we reject one (``02 2C 01 C0``,
 Linux ``smc_llc_cli_add_link_reject``) and do not wait 2 s for it after the
 first CONFIRM LINK (Linux does when max links > 1).  A Linux *client* talking
 to this server would wait those ~3 s (2 s for ADD LINK, then ~1 s for a
@@ -50,6 +52,7 @@ from smcr.core.events import (
     ReuseRmb,
     SendClc,
 )
+from smcr.core.failover import FailoverLayer
 from smcr.core.handshake import (
     EXPECTED,
     Decline,
@@ -58,7 +61,6 @@ from smcr.core.handshake import (
     IpAddress,
 )
 from smcr.core.linkgroup import Link, LinkGroup, LinkState, Role, V2Terms
-from smcr.core.llc import LinkLayer
 from smcr.wire.clc import (
     ClcAccept,
     ClcConfirm,
@@ -71,7 +73,7 @@ from smcr.wire.clc import (
 from smcr.wire.clc_header import EYECATCHER_SMCR
 from smcr.wire.decline import DeclineCode
 from smcr.wire.errors import WireError
-from smcr.wire.llc import LLC_FLAG_DEL_LINK_ALL, DeleteLinkReason
+from smcr.wire.llc import LLC_FLAG_DEL_LINK_ALL, DeleteLinkReason, LlcMessage
 
 DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
 UNCONFIRMED_RKEY = "the peer did not confirm the RMB's rkey (CONFIRM RKEY)"
@@ -80,11 +82,19 @@ UNCONFIRMED_RKEY = "the peer did not confirm the RMB's rkey (CONFIRM RKEY)"
 class Provider(Protocol):
     """What the engine asks of its host synchronously (no I/O)."""
 
-    def new_qp(self) -> tuple[int, int]:
-        """Create an RC QP in RESET; return its QP number and initial send PSN."""
+    def new_qp(self, port: int = 0) -> tuple[int, int]:
+        """Create an RC QP in RESET on ``port`` (an index into
+        :attr:`LocalIdentity.ports`); return its QP number and initial send PSN.
+        QP numbers must be unique among the process's QPs over all its ports: the
+        engine finds a link by the QP number a SEND or completion came in on."""
+
+    def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
+        """Register the connection's RMB on ``port`` too (a link over that port joined
+        its group, or it joins a group of several links); return its (rkey, vaddr)
+        there.  Only called with :attr:`Config.add_links`."""
 
 
-class Engine(LinkLayer):
+class Engine(FailoverLayer):
     """SMC-R for one process: handshakes, link groups, connections (module docstring)."""
 
     def __init__(self, config: Config, identity: LocalIdentity, provider: Provider) -> None:
@@ -129,6 +139,8 @@ class Engine(LinkLayer):
                 deadlines.append(lgr.flow.deadline)
             if lgr.idle_since is not None:
                 deadlines.append(lgr.idle_since + self._linger(lgr))
+            if lgr.remote_add is not None:
+                deadlines.append(lgr.remote_add.deadline)
             for link in lgr.links:
                 if link.state is LinkState.LINK_ACTIVE and self.config.testlink_time > 0:
                     deadlines.append(
@@ -232,6 +244,9 @@ class Engine(LinkLayer):
         self.conns[hs.conn] = conn
         hs.token = conn.token
         if hs.lgr is not None:
+            # the RMB on every link of the group (smcr_buf_map_lgr, smcr_buf_reg_lgr)
+            for link in hs.lgr.links:
+                self._rmb_on(conn, link)
             hs.lgr.idle_since = None
             # registered at once, as smc_conn_create does: the client's first CDC may
             # overtake its CLC Confirm (QP vs TCP), and must find the connection
@@ -242,13 +257,19 @@ class Engine(LinkLayer):
                  terms: V2Terms | None = None) -> tuple[LinkGroup, Link]:  # fmt: skip
         lgr = LinkGroup(next(self._lgr_ids), role, peer_id)
         lgr.version, lgr.terms = (1, None) if terms is None else (2, terms)
-        qpn, psn = self.provider.new_qp()
-        link = Link(qpn, psn, lgr, link_id=1)
-        lgr.links.append(link)
+        link = self._new_link(lgr, 0, link_id=1)
+        lgr.next_link_id = 1
         self.lgrs[lgr.lgr_id] = lgr
+        return lgr, link
+
+    def _new_link(self, lgr: LinkGroup, port: int, link_id: int) -> Link:
+        """A link of ``lgr`` over our ``port``: its QP made (RESET), not yet up."""
+        qpn, psn = self.provider.new_qp(port)
+        link = Link(qpn, psn, lgr, link_id=link_id, port=port)
+        lgr.links.append(link)
         self.links[qpn] = link
         self._cdc_pending[qpn] = deque()
-        return lgr, link
+        return link
 
     # -- client -----------------------------------------------------------
 
@@ -270,7 +291,7 @@ class Engine(LinkLayer):
             hs.lgr, hs.link, hs.first_contact = lgr, link, True
             conn = self._new_conn(hs, hs.rmb)
             self._attach(conn, link, acc)
-            out.append(QpToRtr(link.qpn, acc.gid, acc.qpn, acc.psn, link.mtu))
+            out.append(QpToRtr(link.qpn, acc.gid, acc.qpn, acc.psn, link.mtu, **link.names))
             out.append(SendClc(hs.conn, self._confirm(hs, link).encode()))
             hs.state = HsState.CONFIRM_LINK_WAIT
             hs.deadline = now + self.config.llc_wait_first
@@ -290,10 +311,11 @@ class Engine(LinkLayer):
         and GID, and in v1 its MAC)."""
         for lgr in self.lgrs.values():
             if lgr.role is Role.CLIENT and lgr.peer_id == acc.peer_id and not lgr.terminated:
-                link = lgr.active_link
-                if (link and (link.peer_qpn, link.peer_gid) == (acc.qpn, acc.gid)
-                        and (version >= 2 or link.peer_mac == acc.mac)):  # fmt: skip
-                    return link
+                for link in lgr.links:
+                    if (link.state is LinkState.LINK_ACTIVE
+                            and (link.peer_qpn, link.peer_gid) == (acc.qpn, acc.gid)
+                            and (version >= 2 or link.peer_mac == acc.mac)):  # fmt: skip
+                        return link
         return None
 
     def _confirm_rkey(self, lgr: LinkGroup, conn: Connection, rmb: Rmb, now: float,
@@ -311,7 +333,14 @@ class Engine(LinkLayer):
         ``ECONNRESET`` here; where Linux would decline ``ERR_RTOK`` or ``ERR_REGBUF``,
         the CLC message that makes a Decline impossible is out already.
         """
-        request = llc_msgs.confirm_rkey(lgr, rmb.rkey, rmb.vaddr)
+        send_link = lgr.active_link
+        if send_link is None:  # the group's end declines or resets the connection itself
+            return
+
+        def build(link: Link) -> LlcMessage:  # the links active when the flow starts
+            keys = {x: self._rmb_on(conn, x) for x in lgr.links
+                    if x.state is LinkState.LINK_ACTIVE}  # fmt: skip
+            return llc_msgs.confirm_rkey(link, keys)
 
         def done(ok: bool, t: float) -> list[Action]:
             actions: list[Action] = []
@@ -324,7 +353,7 @@ class Engine(LinkLayer):
                 self.touched.add(conn.id)
             return actions
 
-        self._start_flow(lgr, request, done, now, out)
+        self._start_flow(lgr, build(send_link), done, now, out, build)
 
     def _confirm(self, hs: Handshake, link: Link) -> ClcConfirm:
         """Our Confirm (``smcr_clc_prep_confirm_accept``): v2 adds the EID and, on first
@@ -379,10 +408,11 @@ class Engine(LinkLayer):
                 and not lgr.terminated
                 and len(lgr.conns) < min(self.config.max_conns, lgr.max_conns)
             ):
-                link = lgr.active_link
-                if (link and link.peer_gid == choice.peer_gid
-                        and (choice.version >= 2 or link.peer_mac == choice.peer_mac)):  # fmt: skip
-                    return link
+                for link in lgr.links:
+                    same_mac = choice.version >= 2 or link.peer_mac == choice.peer_mac
+                    if (link.state is LinkState.LINK_ACTIVE and link.peer_gid == choice.peer_gid
+                            and same_mac):  # fmt: skip
+                        return lgr.active_link
         return None
 
     def _send_accept(self, hs: Handshake, now: float, out: list[Action]) -> None:
@@ -422,8 +452,8 @@ class Engine(LinkLayer):
             return
         link.peer_qpn, link.peer_psn = conf.qpn, conf.psn
         link.mtu = min(conf.qp_mtu, self.config.qp_mtu)
-        out.append(QpToRtr(link.qpn, link.peer_gid, conf.qpn, conf.psn, link.mtu))
-        out.append(QpToRts(link.qpn, link.psn))
+        out.append(QpToRtr(link.qpn, link.peer_gid, conf.qpn, conf.psn, link.mtu, **link.names))
+        out.append(QpToRts(link.qpn, link.psn, **link.names))
         self._post_llc(link, llc_msgs.confirm_link(link, self.identity, self.config), out)
         hs.state = HsState.CONFIRM_LINK_RESP_WAIT
         hs.deadline = now + self.config.llc_wait
@@ -431,17 +461,18 @@ class Engine(LinkLayer):
     # -- both ---------------------------------------------------------------
 
     def _attach(self, conn: Connection, link: Link, peer: ClcAccept | ClcConfirm) -> None:
-        """Learn the peer's RMBE (``smcr_conn_save_peer_info``) and bind the conn to a link."""
-        conn.qpn = link.qpn
+        """Learn the peer's RMBE (``smcr_conn_save_peer_info``) and bind the conn to a link.
+
+        The peer's rkey in the CLC message is for ``link``; a CONFIRM RKEY of the
+        peer may have brought it (and those for other links) already.
+        """
         conn.peer_token = peer.rmbe_alert_token
-        conn.peer_rkey = peer.rmb_rkey
-        conn.peer_vaddr = peer.rmb_vaddr + (peer.rmbe_idx - 1) * peer.rmbe_size_bytes
+        conn.peer_rmbe_offset = (peer.rmbe_idx - 1) * peer.rmbe_size_bytes
         conn.peer_rmb_size = peer.rmbe_size_bytes
-        conn.wr_ids = link.wr_ids
-        conn.cdc_pending = self._cdc_pending[link.qpn]
+        conn.peer_rtoken = link.lgr.rtoken_add(link, peer.rmb_rkey, peer.rmb_vaddr)
+        self._use_link(conn, link)
         link.lgr.conns[conn.token] = conn
         link.lgr.idle_since = None
-        link.lgr.peer_rkeys.add(peer.rmb_rkey)
 
     def _complete(self, hs: Handshake, out: list[Action]) -> None:
         del self.handshakes[hs.conn]
@@ -558,6 +589,8 @@ class Engine(LinkLayer):
                 self._next_flow(lgr, now, out)
             for link in list(lgr.links):
                 self._keepalive(link, now, out)
+            if lgr.remote_add is not None:
+                self._cli_add_link_timeout(lgr, now, out)
             if (lgr.idle_since is not None and not lgr.conns and not lgr.terminated
                     and now >= lgr.idle_since + self._linger(lgr)):  # fmt: skip
                 # smc_lgr_free_work: DELETE LINK ALL, orderly, program-initiated

@@ -33,21 +33,35 @@ class SendClc:
 
 @dataclass(frozen=True, slots=True)
 class QpToRtr:
-    """Bring the link's QP RESET->INIT->RTR towards the peer and post its receives."""
+    """Bring the link's QP RESET->INIT->RTR towards the peer and post its receives.
+
+    ``lgr_id``/``link_id`` name the link, ``port`` the RNIC port its QP was made on
+    (an index into :attr:`~smcr.core.config.LocalIdentity.ports`); ``qpn`` is that
+    QP's number, unique among the process's QPs over all its ports (the
+    :class:`~smcr.core.engine.Provider` contract).  A client's first link has
+    ``link_id`` 0 here: the server names it later, in CONFIRM LINK.
+    """
 
     qpn: int
     peer_gid: bytes
     peer_qpn: int
     peer_psn: int
     mtu: int
+    lgr_id: int = 0
+    link_id: int = 0
+    port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class QpToRts:
-    """Bring the link's QP RTR->RTS with our initial send PSN."""
+    """Bring the link's QP RTR->RTS with our initial send PSN (link named as in
+    :class:`QpToRtr`)."""
 
     qpn: int
     psn: int
+    lgr_id: int = 0
+    link_id: int = 0
+    port: int = 0
 
 
 @dataclass(slots=True)
@@ -74,9 +88,13 @@ class RdmaWrite:
 
 @dataclass(frozen=True, slots=True)
 class DestroyQp:
-    """Destroy the link's QP (link group gone)."""
+    """Destroy the link's QP (link group gone, or the link deleted or never confirmed);
+    link named as in :class:`QpToRtr`."""
 
     qpn: int
+    lgr_id: int = 0
+    link_id: int = 0
+    port: int = 0
 
 
 @dataclass(frozen=True, slots=True)

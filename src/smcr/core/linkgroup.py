@@ -2,9 +2,15 @@
 
 A link group holds every SMC-R connection between two peer systems in one
 role pair (the side that was server stays server); it owns its links (RC QP
-pairs) and the connections' tokens.  smcr runs one link per group: the shm
-RNIC is one device per process, so a second link would share the same path
-(see the engine's docstring for ADD LINK).
+pairs, each over one of our ports) and the connections' tokens.  The runtime
+runs one link per group (one RNIC per process); with :attr:`Config.add_links
+<smcr.core.config.Config.add_links>` the engine adds a second one (ADD LINK,
+:mod:`smcr.core.addlink`).
+
+Peer RMBs (Linux ``lgr->rtokens``): one :data:`Rtoken` per peer RMB, the
+(rkey, vaddr) the peer gave for it on each link; a connection holds its peer
+RMB's, so a link added later (ADD LINK CONTINUATION) fills in every
+connection's rkey for that link at once.
 
 LLC concurrency (``smc_llc_flow_start``): one *local* flow at a time per link
 group -- here CONFIRM RKEY and DELETE RKEY, queued in order -- while remote
@@ -67,6 +73,13 @@ class LgrType(enum.Enum):
 
     NONE = "NONE"
     SINGLE = "SINGLE"
+    SYMMETRIC = "SYMMETRIC"
+    ASYMMETRIC_PEER = "ASYMMETRIC_PEER"
+    ASYMMETRIC_LOCAL = "ASYMMETRIC_LOCAL"
+
+
+Rtoken = dict["Link", tuple[int, int]]
+"""One peer RMB: link -> (rkey, vaddr) the peer registered it with for that link."""
 
 
 @dataclass(eq=False)
@@ -77,6 +90,7 @@ class Link:
     psn: int
     lgr: LinkGroup
     link_id: int = 0
+    port: int = 0  # index into LocalIdentity.ports: the RNIC port of our QP
     state: LinkState = LinkState.LINK_ACTIVATING
     peer_qpn: int = 0
     peer_psn: int = 0
@@ -91,6 +105,26 @@ class Link:
         """A fresh per-link WR id (Linux ``smc_wr_tx_get_next_wr_id``)."""
         return next(self.wr_ids)
 
+    @property
+    def names(self) -> dict[str, int]:
+        """The QP actions' naming fields for this link (lgr_id, link_id, port)."""
+        return {"lgr_id": self.lgr.lgr_id, "link_id": self.link_id, "port": self.port}
+
+
+@dataclass(eq=False)
+class AddLinkFlow:
+    """An ADD LINK flow under way (Linux ``smc_llc_srv_add_link`` /
+    ``smc_llc_cli_add_link``): the link it talks over, the new link, the group type
+    it will make, its step, and the rkey exchange's progress."""
+
+    link: Link
+    new: Link
+    new_type: LgrType
+    step: str  # "response" (server), "cont", "confirm"
+    to_send: list[Connection]  # connections whose RMB's rkeys are still to send
+    recv_left: int = 0  # rkeys the peer still has to send (its last count)
+    deadline: float = 0.0  # the client's wait (the server's is its LocalFlow's)
+
 
 @dataclass(eq=False)
 class LocalFlow:
@@ -99,6 +133,10 @@ class LocalFlow:
     request: LlcMessage
     on_done: Callable[[bool, float], list[Action]]
     deadline: float = 0.0
+    add_link: AddLinkFlow | None = None  # the steps after the request, for ADD LINK
+    build: Callable[[Link], LlcMessage] | None = None
+    """Builds the request for the link it goes over when the flow starts (CONFIRM RKEY
+    names every link active then: a link added while it waited is included)."""
 
 
 @dataclass(eq=False)
@@ -113,7 +151,9 @@ class LinkGroup:
     conns: dict[int, Connection] = field(default_factory=dict)  # by our alert token
     flow: LocalFlow | None = None
     flow_queue: deque[LocalFlow] = field(default_factory=deque)
-    peer_rkeys: set[int] = field(default_factory=set)  # confirmed peer RMBs (rtokens)
+    peer_rtokens: list[Rtoken] = field(default_factory=list)  # confirmed peer RMBs
+    next_link_id: int = 0  # server: the last link id given (Linux lgr->next_link_id)
+    remote_add: AddLinkFlow | None = None  # client: the server's ADD LINK flow being answered
     terminated: bool = False
     idle_since: float | None = None  # when the last connection left
     version: int = 1
@@ -130,8 +170,48 @@ class LinkGroup:
 
     @property
     def active_link(self) -> Link | None:
-        """The link connections use, if it is active."""
+        """The first active link (LLC flows go over it; new connections use it)."""
         for link in self.links:
             if link.state is LinkState.LINK_ACTIVE:
                 return link
         return None
+
+    def link_by_id(self, link_id: int) -> Link | None:
+        """The link of that id, if the group has it."""
+        for link in self.links:
+            if link.link_id == link_id:
+                return link
+        return None
+
+    def new_link_id(self) -> int:
+        """``smcr_next_link_id``: the next id after the last given, never 0 nor in use."""
+        while True:
+            self.next_link_id = (self.next_link_id + 1) & 0xFF
+            if self.next_link_id and self.link_by_id(self.next_link_id) is None:
+                return self.next_link_id
+
+    # -- peer RMBs (Linux smc_rtoken_add / smc_rtoken_delete / smc_rtoken_set) ----------
+
+    def rtoken_find(self, link: Link, rkey: int) -> Rtoken | None:
+        """The peer RMB known on ``link`` by ``rkey``."""
+        for rt in self.peer_rtokens:
+            got = rt.get(link)
+            if got is not None and got[0] == rkey:
+                return rt
+        return None
+
+    def rtoken_add(self, link: Link, rkey: int, vaddr: int) -> Rtoken:
+        """Add a peer RMB by its rkey on ``link`` (the one already there if known)."""
+        rt = self.rtoken_find(link, rkey)
+        if rt is None:
+            rt = {link: (rkey, vaddr)}
+            self.peer_rtokens.append(rt)
+        return rt
+
+    def rtoken_delete(self, link: Link, rkey: int) -> bool:
+        """Forget a peer RMB named by its rkey on ``link``; False if unknown."""
+        rt = self.rtoken_find(link, rkey)
+        if rt is None:
+            return False
+        self.peer_rtokens.remove(rt)
+        return True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from smcr.core import llc_msgs
 from smcr.core.close import SmcState
@@ -30,6 +31,9 @@ from smcr.core.events import (
 )
 from smcr.core.handshake import Handshake, HsState
 from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, LocalFlow, Role
+
+if TYPE_CHECKING:
+    from smcr.core.engine import Provider
 from smcr.wire.cdc import CDC_MSG_TYPE, ConnectionStateFlags, ProducerFlags
 from smcr.wire.decline import DeclineCode
 from smcr.wire.errors import WireError
@@ -75,6 +79,7 @@ class LinkLayer:
 
     config: Config
     identity: LocalIdentity
+    provider: Provider
     _llc_handlers: dict[int, LlcHandler]
     handshakes: dict[int, Handshake]
     conns: dict[int, Connection]
@@ -202,6 +207,32 @@ class LinkLayer:
         except PeerFaultError as exc:
             self._abort(conn, f"peer fault: {exc}", out)
 
+    def _rmb_on(self, conn: Connection, link: Link) -> tuple[int, int]:
+        """Our RMB's (rkey, vaddr) for ``link``: the host's registration on the link's
+        port (:meth:`Provider.register_rmb`), the RMB's own on port 0."""
+        keys = conn.rmb_keys.get(link)
+        if keys is None:
+            for other, got in conn.rmb_keys.items():
+                if other.port == link.port:
+                    keys = got
+                    break
+            else:
+                keys = ((conn.rmb.rkey, conn.rmb.vaddr) if link.port == 0
+                        else self.provider.register_rmb(conn.id, link.port))  # fmt: skip
+            conn.rmb_keys[link] = keys
+        return keys
+
+    def _use_link(self, conn: Connection, link: Link) -> None:
+        """Make ``link`` the connection's (Linux ``conn->lnk = link``): its QP, WR ids,
+        CDC completion queue and the peer RMB's rkey on it, read by the data path."""
+        conn.link = link
+        conn.qpn = link.qpn
+        conn.wr_ids = link.wr_ids
+        conn.cdc_pending = self._cdc_pending[link.qpn]
+        rkey, vaddr = conn.peer_rtoken[link]
+        conn.peer_rkey, conn.peer_vaddr = rkey, vaddr + conn.peer_rmbe_offset
+        self._rmb_on(conn, link)
+
     def _abort(self, conn: Connection, reason: str, out: list[Action]) -> None:
         """Abort one connection: abort CDC, then CLOSED (``smc_conn_kill``)."""
         if conn.state is not SmcState.CLOSED:
@@ -239,7 +270,7 @@ class LinkLayer:
             self._decline(hs, DeclineCode.RMBE_EC, out)
             return
         link.link_id = msg.link_num
-        out.append(QpToRts(link.qpn, link.psn))
+        out.append(QpToRts(link.qpn, link.psn, **link.names))
         response = llc_msgs.confirm_link(link, self.identity, self.config, response=True)
         self._post_llc(link, response, out)
         self._link_up(link, now)
@@ -306,7 +337,13 @@ class LinkLayer:
         if msg.is_response:
             self._flow_response(link.lgr, msg, not msg.flags & LLC_FLAG_RKEY_NEG, now, out)
             return
-        link.lgr.peer_rkeys.add(msg.rmb_key)
+        # smc_llc_rmt_conf_rkey: the first rtoken is for the link it came on
+        lgr = link.lgr
+        rt = lgr.rtoken_add(link, msg.rmb_key, msg.rmb_vaddr)
+        for other in msg.other_rtokens:
+            named = lgr.link_by_id(other.link_id)
+            if named is not None:
+                rt[named] = (other.rmb_key, other.rmb_vaddr)
         self._post_llc(link, msg.response(), out)
 
     def _llc_delete_rkey(self, link: Link, msg: LlcMessage, now: float,
@@ -317,9 +354,7 @@ class LinkLayer:
             return
         mask = invalid = 0
         for i, rkey in enumerate(msg.rkeys):
-            if rkey in link.lgr.peer_rkeys:
-                link.lgr.peer_rkeys.discard(rkey)
-            else:
+            if not link.lgr.rtoken_delete(link, rkey):
                 mask |= 0x80 >> i
                 invalid += 1
         # v1: a mask of the unknown ones; v2: their number, the list zeroed
@@ -339,16 +374,21 @@ class LinkLayer:
 
     def _start_flow(self, lgr: LinkGroup, request: LlcMessage,
                     on_done: Callable[[bool, float], list[Action]], now: float,
-                    out: list[Action]) -> None:  # fmt: skip
-        """Queue a local LLC flow; it starts when the group's previous flow ended."""
-        lgr.flow_queue.append(LocalFlow(request, on_done))
+                    out: list[Action],
+                    build: Callable[[Link], LlcMessage] | None = None) -> None:  # fmt: skip
+        """Queue a local LLC flow; it starts when the group's previous flow ended (and, as
+        Linux ``smc_llc_flow_start``, not while the peer's ADD LINK is being answered)."""
+        lgr.flow_queue.append(LocalFlow(request, on_done, build=build))
         self._next_flow(lgr, now, out)
 
     def _next_flow(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
         link = lgr.active_link
-        if lgr.flow is not None or not lgr.flow_queue or link is None:
+        if (lgr.flow is not None or not lgr.flow_queue or link is None
+                or lgr.remote_add is not None):  # fmt: skip
             return
         flow = lgr.flow = lgr.flow_queue.popleft()
+        if flow.build is not None:
+            flow.request = flow.build(link)
         flow.deadline = now + self.config.llc_wait
         self._post_llc(link, flow.request, out)
 
@@ -440,6 +480,7 @@ class LinkLayer:
         if lgr.terminated:
             return
         lgr.terminated = True
+        lgr.remote_add = None
         for conn in list(lgr.conns.values()):
             hs = self.handshakes.get(conn.id)
             if hs is not None and hs.state not in (HsState.DONE, HsState.FALLBACK):
@@ -467,7 +508,7 @@ class LinkLayer:
             link.state = LinkState.LINK_INACTIVE
             self.links.pop(link.qpn, None)
             self._cdc_pending.pop(link.qpn, None)
-            out.append(DestroyQp(link.qpn))
+            out.append(DestroyQp(link.qpn, **link.names))
         self.lgrs.pop(lgr.lgr_id, None)
         self._events.append(LinkGroupTerminated(lgr_id=lgr.lgr_id, reason=reason))
 

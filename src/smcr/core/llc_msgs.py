@@ -15,11 +15,16 @@ header is rewritten in the group's version); the wire codecs' ``response`` /
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from smcr.core.config import Config, LocalIdentity
-from smcr.core.linkgroup import Link, LinkGroup
+from smcr.core.connection import Connection
+from smcr.core.linkgroup import Link, LinkGroup, LinkState
 from smcr.wire.llc import (
     LLC_FLAG_NO_RMBE_EYEC,
     LLC_FLAG_RESP,
+    AddLink,
+    AddLinkCont,
     ConfirmLink,
     ConfirmLinkV2,
     ConfirmRkey,
@@ -29,6 +34,8 @@ from smcr.wire.llc import (
     DeleteRkey,
     DeleteRkeyV2,
     LlcMessage,
+    RkeyPair,
+    Rtoken,
     TestLink,
     TestLinkV2,
 )
@@ -43,10 +50,10 @@ def confirm_link(link: Link, identity: LocalIdentity, config: Config,
     Max links is ``SMC_LINKS_ADD_LNK_MAX`` (:attr:`Config.max_links`); a v2 group
     whose peer speaks v2.1 carries the negotiated max conns and max links instead.
     """
-    lgr = link.lgr
+    lgr, port = link.lgr, identity.ports[link.port]
     fields = {
         "flags": LLC_FLAG_NO_RMBE_EYEC | (LLC_FLAG_RESP if response else 0),
-        "sender_mac": identity.mac, "sender_gid": identity.gid, "sender_qp_num": link.qpn,
+        "sender_mac": port.mac, "sender_gid": port.gid, "sender_qp_num": link.qpn,
         "link_num": link.link_id,
         "link_uid": ((lgr.lgr_id + link.link_id) & 0xFFFFFFFF).to_bytes(4, "big"),
         "max_links": config.max_links,
@@ -58,10 +65,17 @@ def confirm_link(link: Link, identity: LocalIdentity, config: Config,
     return ConfirmLinkV2(**fields)  # type: ignore[arg-type]
 
 
-def confirm_rkey(lgr: LinkGroup, rkey: int, vaddr: int) -> ConfirmRkey:
-    """CONFIRM RKEY for a new RMB (``smc_llc_send_confirm_rkey``; one link: no others)."""
+def confirm_rkey(send_link: Link, keys: Mapping[Link, tuple[int, int]]) -> ConfirmRkey:
+    """CONFIRM RKEY for a new RMB (``smc_llc_send_confirm_rkey``): its rkey on the link
+    the message goes over first, then one rtoken per other active link of the group."""
+    lgr = send_link.lgr
     cls = ConfirmRkeyV2 if lgr.version >= 2 else ConfirmRkey
-    return cls(rmb_key=rkey, rmb_vaddr=vaddr)
+    rkey, vaddr = keys[send_link]
+    others = tuple(Rtoken(link_id=link.link_id, rmb_key=keys[link][0], rmb_vaddr=keys[link][1])
+                   for link in lgr.links
+                   if link is not send_link and link.state is LinkState.LINK_ACTIVE
+                   and link in keys)  # fmt: skip
+    return cls(rmb_key=rkey, rmb_vaddr=vaddr, other_rtokens=others)
 
 
 def delete_rkey(lgr: LinkGroup, rkey: int) -> LlcMessage:
@@ -80,3 +94,33 @@ def delete_link(lgr: LinkGroup, flags: int, reason: int, link_num: int = 0) -> D
     """DELETE LINK request (``smc_llc_send_delete_link``)."""
     cls = DeleteLinkV2 if lgr.version >= 2 else DeleteLink
     return cls(flags=flags, link_num=link_num, reason=reason)
+
+
+RKEYS_PER_CONT_MSG = 2
+"""``SMC_LLC_RKEYS_PER_CONT_MSG``: rkey pairs per ADD LINK CONTINUATION."""
+
+
+def add_link(new: Link, identity: LocalIdentity, response: bool = False) -> AddLink:
+    """SMC-Rv1 ADD LINK request or response for the new link (``smc_llc_send_add_link``):
+    the new link's port MAC and GID, its QP, id and initial PSN; the MTU is our own
+    in a request, min(ours, the peer's) in a response (``new.mtu`` is that then)."""
+    port = identity.ports[new.port]
+    return AddLink(flags=LLC_FLAG_RESP if response else 0, sender_mac=port.mac,
+                   sender_gid=port.gid, sender_qp_num=new.qpn, link_num=new.link_id,
+                   qp_mtu=new.mtu, initial_psn=new.psn)  # fmt: skip
+
+
+def add_link_cont(link: Link, new: Link, to_send: list[Connection],
+                  response: bool) -> AddLinkCont:  # fmt: skip
+    """One ADD LINK CONTINUATION (``smc_llc_add_link_cont``): the count of rkeys this side
+    still sends including these, then up to two (rkey on ``link``, rkey and vaddr on
+    ``new``), taken off the front of ``to_send``; the client's carries flag 0x80."""
+    count = len(to_send)
+    pairs = []
+    for conn in to_send[:RKEYS_PER_CONT_MSG]:
+        rkey_new, vaddr_new = conn.rmb_keys[new]
+        pairs.append(RkeyPair(rmb_key=conn.rmb_keys[link][0], rmb_key_new=rkey_new,
+                              rmb_vaddr_new=vaddr_new))  # fmt: skip
+    del to_send[:RKEYS_PER_CONT_MSG]
+    return AddLinkCont(flags=LLC_FLAG_RESP if response else 0, link_num=new.link_id,
+                       num_rkeys=count, rkeys=tuple(pairs))  # fmt: skip

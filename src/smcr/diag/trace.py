@@ -180,8 +180,8 @@ class Tracer:
         receive_clc = engine.receive_clc
         add, described = self._add, self._described
 
-        def traced_new_qp() -> tuple[int, int]:
-            qpn, psn = new_qp()
+        def traced_new_qp(port: int = 0) -> tuple[int, int]:
+            qpn, psn = new_qp(port)
             self._fresh.add((dev, qpn))
             qp = stack.qps.get(qpn)
             if qp is not None:

@@ -325,13 +325,24 @@ class Stack:
 
     # ================================================================ provider
 
-    def new_qp(self) -> tuple[int, int]:
-        """:class:`~smcr.core.engine.Provider`: a QP in RESET, with a random initial PSN."""
+    def new_qp(self, port: int = 0) -> tuple[int, int]:
+        """:class:`~smcr.core.engine.Provider`: a QP in RESET, with a random initial PSN.
+
+        One RNIC: ``port`` is always 0 (the engine's identity has one port and
+        :attr:`Config.add_links` is off).
+        """
+        if port != 0:
+            raise ValueError(f"port {port}: this runtime has one RNIC")
         cap = QpCap(max_send_wr=SEND_SLOTS, max_recv_wr=RECV_SLOTS,
                     max_inline_data=self.max_inline)  # fmt: skip
         qp = self.pd.create_qp(self.cq, self.cq, cap)
         self.qps[qp.qp_num] = qp
         return qp.qp_num, secrets.randbits(24)
+
+    def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
+        """:class:`~smcr.core.engine.Provider`: never called while the runtime has one RNIC
+        (the engine asks only for a port other than the RMB's own, with ``add_links``)."""
+        raise ValueError(f"port {port}: this runtime has one RNIC")
 
     # ================================================================ buffers
 

@@ -1,0 +1,150 @@
+"""DELETE LINK of one link of several, and the failover it needs (Linux ``smc_core.c``
+``smcr_link_down`` / ``smc_switch_conns``, ``smc_llc.c`` ``smc_llc_process_cli_delete_link``
+/ ``smc_llc_process_srv_delete_link``).
+
+A group with a second active link survives the loss of one: the connections
+on the lost link move to a surviving one (``smc_switch_conns``: the
+connection's link reference is switched, then
+:meth:`~smcr.core.connection.Connection.switch_cursor` re-sends from the last
+completed CDC after a failover-validation CDC), the peer is told by DELETE LINK
+(reason lost path, orderly) and the link is cleared.
+
+* Local failure (:meth:`FailoverLayer.link_failed`): as server, a DELETE LINK
+  request over the surviving link as a local flow, answered by the client; as
+  client, a DELETE LINK request to the server, which echoes it (the client
+  answers the echo: link not found, it is gone already).
+* The peer's DELETE LINK of one link: a client answers (reason 0, or "no such
+  link") on the link it came on, switches and clears; a server echoes the
+  request as a local flow and clears the link.
+
+A group with one link keeps today's behaviour: its loss, or the peer's DELETE
+LINK of it, ends the group.  Not yet: the server's new ADD LINK once a group is
+down to one link (Linux ``smc_llc_add_link_local``), the client's wait for a
+running local flow before its DELETE LINK.
+"""
+
+from __future__ import annotations
+
+from smcr.core import llc_msgs
+from smcr.core.addlink import AddLinkLayer
+from smcr.core.events import Action, ConnectionReset
+from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, Role
+from smcr.wire.decline import DeclineCode
+from smcr.wire.llc import (
+    LLC_FLAG_DEL_LINK_ORDERLY,
+    DeleteLink,
+    DeleteLinkReason,
+    LlcMessage,
+)
+
+
+class FailoverLayer(AddLinkLayer):
+    """:class:`AddLinkLayer` with DELETE LINK of one link and failover (module docstring)."""
+
+    def _other_active(self, link: Link) -> Link | None:
+        for other in link.lgr.links:
+            if other is not link and other.state is LinkState.LINK_ACTIVE:
+                return other
+        return None
+
+    def _switch_conns(self, from_link: Link, out: list[Action]) -> Link | None:
+        """``smc_switch_conns``: move every connection of ``from_link`` to another active
+        link of its group; that link, or None if there is none."""
+        to = self._other_active(from_link)
+        if to is None:
+            return None
+        old = self._cdc_pending.get(from_link.qpn, ())
+        for conn in list(from_link.lgr.conns.values()):
+            if conn.link is not from_link:
+                continue
+            # CDCs complete in order and each one sent counted one sequence number: the
+            # last completed one is the current one less those still pending
+            unfinished = sum(1 for entry in old if entry[1] is conn)
+            seq_fin = (conn.seq - unfinished) & 0xFFFF
+            self.touched.add(conn.id)
+            if to not in conn.peer_rtoken:  # the peer never gave this RMB's rkey for it
+                reason = "failover: no rkey of the peer's RMB on the other link"
+                conn.link_down(reason, out)
+                self._events.append(ConnectionReset(conn=conn.id, reason=reason))
+                continue
+            self._use_link(conn, to)
+            conn.switch_cursor(seq_fin, out)
+        return to
+
+    def _link_gone(self, link: Link, out: list[Action]) -> None:
+        """``smcr_link_clear`` of a link that was up, and the group's new type."""
+        lgr = link.lgr
+        self._clear_link(link, out)
+        if sum(1 for x in lgr.links if x.state is LinkState.LINK_ACTIVE) == 1:
+            lgr.lgr_type = LgrType.SINGLE
+
+    def _delete_link_flow(self, lgr: LinkGroup, request: DeleteLink, now: float,
+                          out: list[Action]) -> None:  # fmt: skip
+        """A server's DELETE LINK request to the client, waited for as a local flow."""
+        self._start_flow(lgr, request, lambda ok, t: [], now, out)
+
+    # -- local failure ------------------------------------------------------------
+
+    def link_failed(self, qpn: int, reason: str, now: float,
+                    decline: DeclineCode = DeclineCode.NOACTLINK,
+                    peer_gone: bool = False) -> list[Action]:  # fmt: skip
+        """A link's QP went to ERR: with another active link in its group, its connections
+        move there and the peer is told (``smcr_link_down``); else the group ends
+        (``peer_gone``: as :meth:`LinkLayer.link_failed`)."""
+        link = self.links.get(qpn)
+        if (link is None or link.lgr.terminated or link.state is not LinkState.LINK_ACTIVE
+                or self._other_active(link) is None):  # fmt: skip
+            return super().link_failed(qpn, reason, now, decline, peer_gone)
+        out: list[Action] = []
+        lgr = link.lgr
+        link.state = LinkState.LINK_INACTIVE
+        to = self._switch_conns(link, out)
+        assert to is not None
+        self._link_gone(link, out)
+        request = llc_msgs.delete_link(lgr, LLC_FLAG_DEL_LINK_ORDERLY,
+                                       DeleteLinkReason.LOST_PATH, link.link_id)  # fmt: skip
+        if lgr.role is Role.SERVER:  # smc_llc_srv_delete_link_local
+            self._delete_link_flow(lgr, request, now, out)
+        else:
+            self._post_llc(to, request, out)
+        return out
+
+    # -- the peer's DELETE LINK -----------------------------------------------------
+
+    def _llc_delete_link(self, link: Link, msg: LlcMessage, now: float,
+                         out: list[Action]) -> None:  # fmt: skip
+        assert isinstance(msg, DeleteLink)
+        lgr = link.lgr
+        if msg.is_response:
+            flow = lgr.flow
+            if flow is not None and flow.request.TYPE == msg.TYPE:
+                self._flow_response(lgr, msg, True, now, out)
+            return
+        if msg.is_all or len(lgr.links) < 2:
+            super()._llc_delete_link(link, msg, now, out)  # one link: the group ends
+            return
+        gone = lgr.link_by_id(msg.link_num)
+        if lgr.role is Role.CLIENT:  # smc_llc_process_cli_delete_link
+            ok = gone is not None
+            self._post_llc(link, msg.response(DeleteLinkReason.OK if ok else
+                                              DeleteLinkReason.NOLNK), out)  # fmt: skip
+            if gone is None:
+                return
+            if gone.state is LinkState.LINK_ACTIVE:
+                gone.state = LinkState.LINK_INACTIVE
+                if self._switch_conns(gone, out) is None:
+                    self._terminate(lgr, "peer deleted our last link", out)
+                    return
+            self._link_gone(gone, out)
+            return
+        # smc_llc_process_srv_delete_link: the client's request, sent back to it
+        if gone is None:
+            return  # already deleted
+        if gone.state is LinkState.LINK_ACTIVE:
+            gone.state = LinkState.LINK_INACTIVE
+            if self._switch_conns(gone, out) is None:
+                self._terminate(lgr, "client deleted our last link", out)
+                return
+        self._link_gone(gone, out)
+        self._delete_link_flow(lgr, msg, now, out)
+
