@@ -8,6 +8,7 @@ Waits are for conditions, with deadlines.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,26 +65,6 @@ class Proc:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self.kill()
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    directory = tmp_path / "diag"
-    directory.mkdir(mode=0o700)
-    return {**os.environ, "SMCR_DIAG_DIR": str(directory)}
-
-
-@pytest.fixture
-def procs(env: dict[str, str]) -> Iterator[Callable[..., Proc]]:
-    made: list[Proc] = []
-
-    def start(*args: str, netns: str | None = None, **extra: str) -> Proc:
-        made.append(Proc({**env, **extra}, *args, netns=netns))
-        return made[-1]
-
-    yield start
-    for p in made:
-        p.stop()
 
 
 def smcr_cmd(env: dict[str, str], *args: str, check: bool = True) -> str:
@@ -422,7 +403,6 @@ def test_info_says_versions_rnics_discovery_ueids_limits_and_who_answers(
     assert got["smc_versions"] == ["SMC-Rv1", "SMC-Rv2"]
     assert got["python"] == ".".join(map(str, sys.version_info[:3]))
     assert got["rnic_default"] == "shm"
-    assert "shm" in {r["type"] for r in got["rnics"]}
     assert got["discovery"] == {"mode": "off", "why": "SMCR_DISCOVERY=off"}
     assert got["ueids"] == ["SMC-KVM-TEST", "SMCR-2ND"]
     limits = got["limits"]  # Linux: net.smc.wmem/rmem, SMC_RMBS_PER_LGR_MAX, CLC/LLC waits
@@ -435,8 +415,12 @@ def test_info_says_versions_rnics_discovery_ueids_limits_and_who_answers(
     assert "UEIDs:          SMC-KVM-TEST, SMCR-2ND" in text
     assert "Limits:         255 connections per link group" in text
     assert f"Diag:           0 smcr process(es) answer in {env['SMCR_DIAG_DIR']}" in text
-    procs("server")  # an smcr process with a listening socket: its endpoint answers
-    assert wait_for(lambda: smcr_json(env, "info")["processes"] == 1)
+    pair(procs)  # two smcr processes: their endpoints answer,
+    assert wait_for(lambda: smcr_json(env, "info")["processes"] == 2)
+    rnics = {(r["name"], r["type"]) for r in smcr_json(env, "info")["rnics"]}  # and their RNICs
+    (link, *_) = smcr_json(env, "linkgroup")["linkgroups"][0]["links"]
+    both = {f"shm:{ipaddress.IPv6Address(link[k]).packed[-4:].hex()}" for k in ("gid", "peer_gid")}
+    assert {name for name, kind in rnics if kind == "shm"} >= both
     ueids.write_text("")
     assert smcr_json(env, "info")["ueids"] == []
     assert "UEIDs:          (none)" in smcr_cmd(env, "info")

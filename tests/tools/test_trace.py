@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,26 +32,6 @@ from tests.tools.test_observability import REPO, Proc, smcr_json, wait_for
 pytestmark = pytest.mark.tshark
 
 NOBODY = 65534
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    directory = tmp_path / "diag"
-    directory.mkdir(mode=0o700)
-    return {**os.environ, "SMCR_DIAG_DIR": str(directory)}
-
-
-@pytest.fixture
-def procs(env: dict[str, str]) -> Iterator[Callable[..., Proc]]:
-    made: list[Proc] = []
-
-    def start(*args: str, extra: dict[str, str] | None = None) -> Proc:
-        made.append(Proc({**env, **(extra or {})}, *args))
-        return made[-1]
-
-    yield start
-    for p in made:
-        p.kill()
 
 
 CTRL_C_HEARD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
@@ -107,12 +87,12 @@ def test_trace_decodes_as_smcr(rnic: str, env: dict[str, str], procs: Callable[.
                                tmp_path: Path) -> None:  # fmt: skip
     host = "127.0.0.2" if rnic == "roce" else "127.0.0.1"
     extra = {"SMCR_RNIC": rnic}
-    server = procs("server", host, extra=extra)
+    server = procs("server", host, **extra)
     port = int(server.first[1])
     pcap = tmp_path / "trace.pcap"
     tracer = Trace(env, "-w", str(pcap), "-p", str(server.p.pid), "--json")
     try:
-        client = procs("client", str(port), host, extra=extra)
+        client = procs("client", str(port), host, **extra)
         assert client.first[1] == "SMCR"
         client.say("close")
         assert client.p.stdout is not None and client.p.stdout.readline().strip() == "closed"
@@ -200,10 +180,10 @@ def test_over_roce_the_trace_has_the_packets_of_the_wire(
                 return wire.exists() and wire.stat().st_size > 1024
             assert wait_for(live)
         extra = {"SMCR_RNIC": "roce"}
-        server = procs("server", "127.0.0.2", extra=extra)
+        server = procs("server", "127.0.0.2", **extra)
         tracer = Trace(env, "-w", str(traced), "-p", str(server.p.pid))
         try:
-            client = procs("client", server.first[1], "127.0.0.2", extra=extra)
+            client = procs("client", server.first[1], "127.0.0.2", **extra)
             assert client.first[1] == "SMCR"
             client.say("close")
             assert client.p.stdout is not None and client.p.stdout.readline().strip() == "closed"
