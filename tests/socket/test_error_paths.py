@@ -463,7 +463,12 @@ def test_a_failing_post_downs_the_link_and_a_new_connection_gets_a_new_link_grou
 def test_a_receive_completing_with_an_error_downs_the_link() -> None:
     """A SEND larger than the receive slots (64 bytes) reaches the peer's QP as a receive
     completion with LOC_LEN_ERR (and the sender's as REM_INV_REQ_ERR): the runtime takes
-    the link down, both ends' reads end in ECONNRESET, saying why."""
+    the link down, both ends' reads end in ECONNRESET, saying why.
+
+    Both ends are in this one runtime: when it takes the sender's error first and ends
+    that link before the receiver's QP has taken the SEND from its ring, the receiver's
+    first completion is a flushed receive instead (seen once in ~1000 CI tests); either
+    way the receiver's link goes down on a failed receive."""
     with pair("smc") as (a, b):
         assert isinstance(a, smcr.SMCSocket) and isinstance(b, smcr.SMCSocket)
         stack, qp, lgr_id = smc_parts(a)
@@ -471,7 +476,8 @@ def test_a_receive_completing_with_an_error_downs_the_link() -> None:
         with stack.lock:
             qp.post_send(SendWr(wr_id=0, opcode=WrOpcode.SEND, inline_data=b"L" * 100,
                                 send_flags=SendFlag.INLINE | SendFlag.SIGNALED))  # fmt: skip
-        assert "receive LOC_LEN_ERR" in expect_reset(b)
+        reason = expect_reset(b)
+        assert "receive LOC_LEN_ERR" in reason or "receive WR_FLUSH_ERR" in reason, reason
         assert "REM_INV_REQ_ERR" in expect_reset(a)
         with stack.lock:
             assert lgr_id not in stack.engine.lgrs and server_lgr not in stack.engine.lgrs
