@@ -228,16 +228,33 @@ class Pair:
         elif isinstance(a, ReuseRmb):
             side.reused.append(a.conn)
 
+    def step(self) -> bool:
+        """Deliver one thing in flight (actions before messages); False when nothing is."""
+        if self.pending_actions:
+            side, actions = self.pending_actions.pop(0)
+            self.run(side, actions)
+        elif self.sends:
+            side, qpn, data = self.sends.popleft()
+            self.run(side, side.engine.receive_wr(qpn, memoryview(data), self.now))
+        else:
+            return False
+        return True
+
+    def step_until(self, reached: Callable[[], bool], what: str, rounds: int = 200) -> None:
+        """Deliver one thing at a time until ``reached()`` (checked before each step), to
+        stop a flow at a point of its own; fail naming ``what`` if it never gets there."""
+        for _ in range(rounds):
+            if reached():
+                return
+            if not self.step():
+                break
+        if not reached():
+            raise AssertionError(f"never reached: {what}")
+
     def pump(self, rounds: int = 200) -> None:
         """Deliver everything in flight until quiet; fail if it never settles."""
         for _ in range(rounds):
-            if self.pending_actions:
-                side, actions = self.pending_actions.pop(0)
-                self.run(side, actions)
-            elif self.sends:
-                side, qpn, data = self.sends.popleft()
-                self.run(side, side.engine.receive_wr(qpn, memoryview(data), self.now))
-            else:
+            if not self.step():
                 return
         raise AssertionError("pump did not settle")
 

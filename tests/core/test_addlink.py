@@ -242,18 +242,12 @@ def test_connection_made_during_add_link_gets_rkeys_for_both_links() -> None:
     RMB on both links."""
     p = Pair(ADD, client_ports=2, server_ports=2)
     p.connect()
-    for _ in range(200):  # step the first contact until the server's rkey exchange runs
-        flow = next(iter(p.server.engine.lgrs.values())).flow if p.server.engine.lgrs else None
-        if flow is not None and flow.add_link is not None and flow.add_link.step == "cont":
-            break
-        if p.pending_actions:
-            side, actions = p.pending_actions.pop(0)
-            p.run(side, actions)
-        else:
-            side, qpn, data = p.sends.popleft()
-            p.run(side, side.engine.receive_wr(qpn, memoryview(data), p.now))
-    else:
-        raise AssertionError("the ADD LINK flow never reached the rkey exchange")
+    def exchanging_rkeys() -> bool:  # the first contact's ADD LINK at its rkey exchange
+        lgrs = p.server.engine.lgrs
+        flow = next(iter(lgrs.values())).flow if lgrs else None
+        return flow is not None and flow.add_link is not None and flow.add_link.step == "cont"
+
+    p.step_until(exchanging_rkeys, "the ADD LINK flow's rkey exchange")
     c2, s2 = p.connect()
     p.pump()
     srv, cli = lgr_of(p.server), lgr_of(p.client)

@@ -69,19 +69,18 @@ def test_unsolicited_llc_response_is_dropped_and_the_link_stays() -> None:
     assert p.server.read(s)[0] == b"still here"
 
 
+def client_waits_for_confirm_link(p: Pair, c: int) -> bool:
+    """Whether the client's handshake ``c`` has its QP up and waits for CONFIRM LINK."""
+    hs = p.client.engine.handshakes.get(c)
+    return hs is not None and hs.state is HsState.CONFIRM_LINK_WAIT
+
+
 def until_client_waits_for_confirm_link(p: Pair, c: int) -> int:
     """Step a first contact until the client has its QP up and waits for CONFIRM LINK;
     drop what is in flight (the server has not seen the Confirm); the client's QPN."""
-    for _ in range(200):
-        hs = p.client.engine.handshakes.get(c)
-        if hs is not None and hs.state is HsState.CONFIRM_LINK_WAIT:
-            break
-        if p.pending_actions:
-            p.run(*p.pending_actions.pop(0))
-        else:
-            side, qpn, data = p.sends.popleft()
-            p.run(side, side.engine.receive_wr(qpn, memoryview(data), p.now))
-    assert hs is not None and hs.link is not None
+    p.step_until(lambda: client_waits_for_confirm_link(p, c), "the client waits for CONFIRM LINK")
+    hs = p.client.engine.handshakes[c]
+    assert hs.link is not None
     p.sends.clear()
     p.pending_actions.clear()
     return hs.link.qpn

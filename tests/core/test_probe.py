@@ -43,18 +43,11 @@ def test_probe_of_a_dead_peer_resets_within_llc_wait() -> None:
 def test_tcp_eof_while_server_waits_for_confirm_link_response_is_not_fatal() -> None:
     p = Pair()
     _, s = p.connect()
-    for _ in range(200):  # step until the server waits for the CONFIRM LINK response
+    def server_waits() -> bool:
         hs = p.server.engine.handshakes.get(s)
-        if hs is not None and hs.state is HsState.CONFIRM_LINK_RESP_WAIT:
-            break
-        if p.pending_actions:
-            side, actions = p.pending_actions.pop(0)
-            p.run(side, actions)
-        else:
-            side, qpn, data = p.sends.popleft()
-            p.run(side, side.engine.receive_wr(qpn, memoryview(data), p.now))
-    else:
-        raise AssertionError("the server never waited for the response")
+        return hs is not None and hs.state is HsState.CONFIRM_LINK_RESP_WAIT
+
+    p.step_until(server_waits, "the server waits for the CONFIRM LINK response")
     # the client, done, shut its TCP down before its response reached the server
     assert p.server.engine.tcp_closed(s, p.now) == []
     p.pump()
@@ -69,17 +62,13 @@ def test_link_failing_at_setup_falls_back_both_sides_with_tcp_intact() -> None:
     the server sends no Decline back."""
     p = Pair()
     c, s = p.connect()
-    for _ in range(200):  # step until the client has set up its QP (after the Accept)
+    def client_waits() -> bool:  # its QP set up (after the Accept)
         hs = p.client.engine.handshakes.get(c)
-        if hs is not None and hs.state is HsState.CONFIRM_LINK_WAIT:
-            break
-        if p.pending_actions:
-            side, actions = p.pending_actions.pop(0)
-            p.run(side, actions)
-        else:
-            side, qpn, data = p.sends.popleft()
-            p.run(side, side.engine.receive_wr(qpn, memoryview(data), p.now))
-    assert hs is not None and hs.link is not None
+        return hs is not None and hs.state is HsState.CONFIRM_LINK_WAIT
+
+    p.step_until(client_waits, "the client waits for CONFIRM LINK")
+    hs = p.client.engine.handshakes[c]
+    assert hs.link is not None
     p.sends.clear()  # the QP never carried anything
     p.do(p.client, p.client.engine.link_failed(hs.link.qpn, "RTR: not a shm GID", p.now,
                                                DeclineCode.ERR_RDYLNK))  # fmt: skip
