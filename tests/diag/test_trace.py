@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import struct
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,18 +27,10 @@ from smcr import cli
 from smcr.diag import client, protocol, server, trace
 from smcr.tools import trace as trace_tool
 from smcr.tools.tracepcap import TraceFramer
+from tests.diag.test_endpoint import wait_for
 from tests.stack.hosts import connect, hosts, read, send
 
 HOOKED = ("new_qp", "_received", "_control")
-
-
-def wait_for(cond: Any, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return bool(cond())
 
 
 def _hooks(stack: Any) -> list[str]:
