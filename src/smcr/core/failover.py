@@ -128,23 +128,24 @@ class FailoverLayer(AddLinkLayer):
             ok = gone is not None
             self._post_llc(link, msg.response(DeleteLinkReason.OK if ok else
                                               DeleteLinkReason.NOLNK), out)  # fmt: skip
-            if gone is None:
-                return
-            if gone.state is LinkState.LINK_ACTIVE:
-                gone.state = LinkState.LINK_INACTIVE
-                if self._switch_conns(gone, out) is None:
-                    self._terminate(lgr, "peer deleted our last link", out)
-                    return
-            self._link_gone(gone, out)
+            if gone is not None:
+                self._peer_deleted(gone, "peer deleted our last link", out)
             return
         # smc_llc_process_srv_delete_link: the client's request, sent back to it
         if gone is None:
             return  # already deleted
+        if self._peer_deleted(gone, "client deleted our last link", out):
+            self._delete_link_flow(lgr, msg, now, out)
+
+    def _peer_deleted(self, gone: Link, last: str, out: list[Action]) -> bool:
+        """The peer deleted ``gone``: an active link's connections move to another link,
+        and the link goes; with no other link the group ends (``last``: why).  Whether
+        the group lives on."""
         if gone.state is LinkState.LINK_ACTIVE:
             gone.state = LinkState.LINK_INACTIVE
             if self._switch_conns(gone, out) is None:
-                self._terminate(lgr, "client deleted our last link", out)
-                return
+                self._terminate(gone.lgr, last, out)
+                return False
         self._link_gone(gone, out)
-        self._delete_link_flow(lgr, msg, now, out)
+        return True
 
