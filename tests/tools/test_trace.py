@@ -72,6 +72,22 @@ def trace_cmd(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
                           cwd=REPO)  # fmt: skip
 
 
+def _traced_round_trips(env: dict[str, str], procs: Callable[..., Proc], tracer: Trace,
+                        server: Proc, port: str, host: str,
+                        extra: dict[str, str]) -> tuple[int, str, str]:  # fmt: skip
+    """A client's 100 round trips with the traced server, then its close; once the
+    server has let the connection go, the tool is stopped: its status and output."""
+    try:
+        client = procs("client", port, host, **extra)
+        assert client.first[1] == "SMCR"
+        client.say("close")
+        assert client.p.stdout is not None and client.p.stdout.readline().strip() == "closed"
+        assert wait_for(lambda: _connections_gone(env, server.p.pid))
+        return tracer.stop()
+    finally:
+        tracer.kill()
+
+
 def _connections_gone(env: dict[str, str], pid: int) -> bool:
     rows = smcr_json(env, "ss", "-a")["sockets"]
     return not [r for r in rows
@@ -91,15 +107,7 @@ def test_trace_decodes_as_smcr(rnic: str, env: dict[str, str], procs: Callable[.
     port = int(server.first[1])
     pcap = tmp_path / "trace.pcap"
     tracer = Trace(env, "-w", str(pcap), "-p", str(server.p.pid), "--json")
-    try:
-        client = procs("client", str(port), host, **extra)
-        assert client.first[1] == "SMCR"
-        client.say("close")
-        assert client.p.stdout is not None and client.p.stdout.readline().strip() == "closed"
-        assert wait_for(lambda: _connections_gone(env, server.p.pid))
-        status, out, err = tracer.stop()
-    finally:
-        tracer.kill()
+    status, out, err = _traced_round_trips(env, procs, tracer, server, str(port), host, extra)
     assert status == 0, err
     summary = json.loads(out)
     (proc,) = summary["processes"]
@@ -182,15 +190,8 @@ def test_over_roce_the_trace_has_the_packets_of_the_wire(
         extra = {"SMCR_RNIC": "roce"}
         server = procs("server", "127.0.0.2", **extra)
         tracer = Trace(env, "-w", str(traced), "-p", str(server.p.pid))
-        try:
-            client = procs("client", server.first[1], "127.0.0.2", **extra)
-            assert client.first[1] == "SMCR"
-            client.say("close")
-            assert client.p.stdout is not None and client.p.stdout.readline().strip() == "closed"
-            assert wait_for(lambda: _connections_gone(env, server.p.pid))
-            status, _out, err = tracer.stop()
-        finally:
-            tracer.kill()
+        status, _out, err = _traced_round_trips(env, procs, tracer, server, server.first[1],
+                                                "127.0.0.2", extra)  # fmt: skip
         assert status == 0, err
         stop_capture(cap)
         in_trace = _bth_rows(traced)
