@@ -59,9 +59,14 @@ def read_all(p: Pair, s: int) -> bytes:
 
 
 def fail_link1(p: Pair, side: Side) -> None:
+    """Link 1's path goes: ``side`` sees its port 0 go down (its link 1 fails), the peer's
+    port 0 is down too but the peer has not noticed (it learns of it by DELETE LINK).
+    The server's offer of a link again (over port 1 of its own, asymmetric) is then
+    rejected by the client, whose other port is down: both end with link 2 alone."""
     link1 = lgr_of(side).links[0]
     assert link1.link_id == 1
-    p.do(side, side.engine.link_failed(link1.qpn, "injected", p.now))
+    p.peer(side).engine.ports_down.add(0)
+    p.do(side, side.engine.port_down(0, "injected", p.now))
 
 
 def assert_on_link2_only(p: Pair) -> None:
@@ -109,7 +114,9 @@ def test_failover_after_the_peer_read_more_than_completed() -> None:
     sent_before = len(p.client.llc_sent)
     fail_link1(p, p.server)
     assert conn_c.tx_fin == conn_c.tx_sent == 3000
-    assert len(p.client.llc_sent) == sent_before + 1  # the DELETE LINK response only
+    # the DELETE LINK response, then the reject of the server's new offer: no CDC
+    assert [m[:4] for m in p.client.llc_sent[sent_before:]] == [
+        bytes.fromhex("042c00a0"), bytes.fromhex("022c01c0")]
     assert read_all(p, s) == b""
     _n, actions = p.client.write(c, b"after")
     p.do(p.client, actions)

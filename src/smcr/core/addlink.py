@@ -1,39 +1,48 @@
-"""ADD LINK, SMC-Rv1: a second link in a link group, both roles (Linux ``smc_llc.c``).
+"""ADD LINK, SMC-Rv1 and SMC-Rv2: another link in a link group, both roles (Linux
+``smc_llc.c``).
 
-The server drives it right after first contact (Linux ``smcr_serv_conf_first_link``
-calls ``smc_llc_srv_add_link``), as a local LLC flow of the group, over the
-link it has:
+The server drives it, as a local LLC flow of the group over a link it has:
+right after first contact (Linux ``smcr_serv_conf_first_link`` calls
+``smc_llc_srv_add_link``), after a DELETE LINK left the group with one link
+(``smc_llc_process_srv_delete_link`` -> ``smc_llc_add_link_local``), when a
+port is usable again (``smcr_port_add``, :meth:`~smcr.core.ports.PortLayer.port_up`)
+and when the client asks (its ADD LINK invitation, v1, or REQUEST ADD LINK, v2):
 
 1. S->C ADD LINK request: the new QP (made on another of our ports, or on the
-   same one when we have one: ``ASYMMETRIC_LOCAL``), its id, MTU and PSN.
+   same one when no other is usable: ``ASYMMETRIC_LOCAL``), its id, MTU and
+   PSN; in v2 also every RMB's rkey for the new link (``smc_llc_fill_ext_v2``).
 2. The client decides as ``smc_llc_cli_add_link``: it rejects when the offer
    comes from the port it already talks to and it has no other port itself;
    else it makes its QP (on another port, or on its only one:
-   ``ASYMMETRIC_LOCAL``), brings it to RTR and answers ADD LINK with its QP.
+   ``ASYMMETRIC_LOCAL``), brings it to RTR and answers ADD LINK with its QP
+   (v2: and its rkeys, ``smc_llc_save_add_link_rkeys`` on both sides).
 3. The server brings its QP to RTR and RTS; if the answer names the port the
    first link already reaches, the group is ``ASYMMETRIC_PEER`` to it.
-4. ADD LINK CONTINUATION ping-pong on the old link, server first, until both
-   have sent the rkeys of all their RMBs for the new link
+4. v1 only: ADD LINK CONTINUATION ping-pong on the old link, server first,
+   until both have sent the rkeys of all their RMBs for the new link
    (``smc_llc_srv_rkey_exchange`` / ``smc_llc_cli_rkey_exchange``); each pair
    names the RMB by its rkey on the old link.
 5. S->C CONFIRM LINK on the *new* link; the client's QP goes to RTS and it
    answers on the new link.  Both sides' new link is active, the group
    ``SYMMETRIC`` or asymmetric.
 
-A server whose flow fails (reject, no answer in ``llc_wait``) clears the new
-link (its QP destroyed); after a CONFIRM LINK unanswered it also sends DELETE
-LINK for it (``SMC_LLC_DEL_LOST_PATH``), as ``smc_llc_srv_conf_link``.  A
-client whose flow stalls clears its new link at its own deadline.
+A server whose flow fails (reject, no answer, an unexpected message) clears the
+new link (its QP destroyed); after a CONFIRM LINK unanswered it also sends
+DELETE LINK for it (``SMC_LLC_DEL_LOST_PATH``), as ``smc_llc_srv_conf_link``.
+A client whose flow fails after it answered clears its new link and still
+sends the reject (``out_clear_lnk`` falls through to ``out_reject``); when the
+CONFIRM LINK never came it sends DELETE LINK for the new link first
+(``smc_llc_cli_conf_link``).
 
 Which of our ports pairs with the peer's (Linux: PNET ID, else subnet) is not
-decided here yet: the alternate port is the first one other than the old
-link's.  SMC-Rv2 groups (ADD LINK v2, rkeys in the message) keep today's
-single link: no offer, every offer rejected.
+decided here: the alternate port is the first usable one other than the old
+link's.
 """
 
 from __future__ import annotations
 
 from smcr.core import llc_msgs
+from smcr.core.connection import Connection
 from smcr.core.events import Action, DestroyQp, QpToRtr, QpToRts
 from smcr.core.linkgroup import (
     AddLinkFlow,
@@ -54,9 +63,15 @@ from smcr.wire.llc import (
     DeleteLinkReason,
     LlcMessage,
     LlcType,
+    RequestAddLinkV2,
+    RkeyPair,
 )
 
 _ASYMMETRIC = (LgrType.ASYMMETRIC_LOCAL, LgrType.ASYMMETRIC_PEER)
+
+LINKS_PER_LGR_MAX = 3
+"""``SMC_LINKS_PER_LGR_MAX``: link slots of a group (two plus an asymmetric one while
+it is being replaced, ``smc_llc_delete_asym_link``)."""
 
 
 class AddLinkLayer(LinkLayer):
@@ -70,28 +85,32 @@ class AddLinkLayer(LinkLayer):
     def _new_link(self, lgr: LinkGroup, port: int, link_id: int) -> Link:
         raise NotImplementedError  # the engine's: a QP from the provider
 
+    def _after_add(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
+        """A link was added as server (the failover layer deletes an asymmetric one)."""
+
     # -- helpers ---------------------------------------------------------------
 
     def _alt_port(self, link: Link) -> int | None:
-        """Another of our ports than ``link``'s (Linux ``smc_pnet_find_alt_roce``)."""
+        """A usable port of ours other than ``link``'s (Linux ``smc_pnet_find_alt_roce``:
+        another device whose port is active)."""
         for i in range(len(self.identity.ports)):
-            if i != link.port:
+            if i != link.port and i not in self.ports_down:
                 return i
         return None
 
     def _may_add(self, lgr: LinkGroup, new_type: LgrType) -> bool:
         """``smc_llc_alloc_alt_link``: a symmetric group is full, an asymmetric one takes
-        no second asymmetric link; never more links than we advertise."""
+        no second asymmetric link, and there are three link slots."""
         if lgr.lgr_type is LgrType.SYMMETRIC:
             return False
         if lgr.lgr_type is not LgrType.SINGLE and new_type in _ASYMMETRIC:
             return False
         usable = [x for x in lgr.links if x.state is not LinkState.LINK_INACTIVE]
-        return len(usable) < self.config.max_links
+        return len(usable) < LINKS_PER_LGR_MAX
 
     def _clear_link(self, new: Link, out: list[Action]) -> None:
-        """Forget a link that never became active (``smcr_link_clear``): its QP destroyed,
-        its rkeys dropped from the connections and the peer RMBs."""
+        """Forget a link (``smcr_link_clear``): its QP destroyed, its rkeys dropped from
+        the connections and the peer RMBs."""
         lgr = new.lgr
         new.state = LinkState.LINK_INACTIVE
         if new in lgr.links:
@@ -105,57 +124,105 @@ class AddLinkLayer(LinkLayer):
         out.append(DestroyQp(new.qpn, **new.names))
 
     def _new_link_up(self, flow: AddLinkFlow, now: float) -> None:
-        """``smc_llc_link_active`` and ``smcr_lgr_set_type[_asym]``."""
+        """``smc_llc_link_active`` and ``smcr_lgr_set_type[_asym]``: an asymmetric type
+        tags the new link as the asymmetric one, any type clears the others' tags."""
         flow.new.state = LinkState.LINK_ACTIVE
         flow.new.last_rx = now
-        flow.link.lgr.lgr_type = flow.new_type
+        lgr = flow.link.lgr
+        lgr.lgr_type = flow.new_type
+        for x in lgr.links:
+            x.is_asym = False
+        flow.new.is_asym = flow.new_type in _ASYMMETRIC
 
-    def _rkeys_received(self, flow: AddLinkFlow, msg: AddLinkCont) -> None:
+    def _save_rkeys(self, flow: AddLinkFlow, pairs: tuple[RkeyPair, ...]) -> None:
         """``smc_rtoken_set``: each pair's RMB, known by its rkey on the old link, gets
         its rkey and vaddr on the new one."""
         lgr = flow.link.lgr
-        for pair in msg.rkeys:
+        for pair in pairs:
             rt = lgr.rtoken_find(flow.link, pair.rmb_key)
             if rt is not None:
                 rt[flow.new] = (pair.rmb_key_new, pair.rmb_vaddr_new)
+
+    def _rkeys_received(self, flow: AddLinkFlow, msg: AddLinkCont) -> None:
+        self._save_rkeys(flow, msg.rkeys)
         flow.recv_left = msg.num_rkeys - len(msg.rkeys)
+
+    def _same_path(self, link: Link, msg: AddLink | AddLinkV2) -> bool:
+        """Whether an ADD LINK names the peer port ``link`` already reaches (GID, and in
+        v1 MAC too)."""
+        return msg.sender_gid == link.peer_gid and (
+            isinstance(msg, AddLinkV2) or msg.sender_mac == link.peer_mac)  # fmt: skip
+
+    def _map_rmbs(self, lgr: LinkGroup, new: Link) -> list[Connection]:
+        """``smcr_buf_map_lgr``: every RMB of the group registered for the new link."""
+        conns = list(lgr.conns.values())
+        for conn in conns:
+            self._rmb_on(conn, new)
+        return conns
 
     # -- server ------------------------------------------------------------------
 
-    def _srv_add_link(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
-        """Offer a second link after first contact (``smc_llc_srv_add_link``)."""
-        link = lgr.active_link
-        if not self.config.add_links or lgr.version >= 2 or link is None:
+    def _srv_add_link(self, lgr: LinkGroup, now: float, out: list[Action],
+                      invite: LlcMessage | None = None,
+                      invite_link: Link | None = None) -> None:  # fmt: skip
+        """Queue the server's ADD LINK flow (``smc_llc_add_link_local`` /
+        ``smc_llc_srv_add_link``); what it offers is decided when its turn comes.
+
+        :param invite: the client's ADD LINK invitation or REQUEST ADD LINK that asked
+            for it (Linux ignores its content); a REQUEST ADD LINK is answered when
+            no link is offered (``smc_llc_send_req_add_link_response``).
+        """
+        if lgr.terminated:
             return
-        port = self._alt_port(link)
-        new_type = LgrType.SYMMETRIC
-        if port is None:
-            port, new_type = link.port, LgrType.ASYMMETRIC_LOCAL
-        if not self._may_add(lgr, new_type):
+        if not self.config.add_links:
+            if isinstance(invite, RequestAddLinkV2) and invite_link is not None:
+                self._post_llc(invite_link, invite.response(), out)
             return
-        new = self._new_link(lgr, port, lgr.new_link_id())
-        new.mtu = self.config.qp_mtu
-        for conn in lgr.conns.values():  # smcr_buf_map_lgr
-            self._rmb_on(conn, new)
-        flow = AddLinkFlow(link, new, new_type, "response", [])
+        if any(f is not None and f.adds_link for f in (lgr.flow, *lgr.flow_queue)):
+            return  # one at a time: Linux drops a parallel ADD LINK request
+
+        def start(link: Link, t: float, actions: list[Action]) -> LlcMessage | None:
+            port = self._alt_port(link)
+            new_type = LgrType.SYMMETRIC
+            if port is None:
+                port, new_type = link.port, LgrType.ASYMMETRIC_LOCAL
+            if not self._may_add(lgr, new_type):
+                if isinstance(invite, RequestAddLinkV2) and invite_link in lgr.links:
+                    self._post_llc(invite_link, invite.response(), actions)
+                return None
+            new = self._new_link(lgr, port, lgr.new_link_id())
+            new.mtu = self.config.qp_mtu
+            conns = self._map_rmbs(lgr, new)
+            local.add_link = AddLinkFlow(link, new, new_type, "response", [])
+            return llc_msgs.add_link(new, self.identity, via=link, conns=conns)
 
         def done(ok: bool, t: float) -> list[Action]:
             actions: list[Action] = []
-            if not ok and new.state is not LinkState.LINK_ACTIVE and not lgr.terminated:
+            flow = local.add_link
+            if flow is None or lgr.terminated:
+                return actions
+            new = flow.new
+            if ok:
+                self._after_add(lgr, t, actions)
+            elif new.state is not LinkState.LINK_ACTIVE:
                 if flow.step == "confirm":  # smc_llc_srv_conf_link: DELETE LINK, lost path
                     request = llc_msgs.delete_link(lgr, 0, DeleteLinkReason.LOST_PATH,
                                                    new.link_id)  # fmt: skip
-                    self._post_llc(link, request, actions)
+                    if flow.link in lgr.links:
+                        self._post_llc(flow.link, request, actions)
                 self._clear_link(new, actions)
             return actions
 
-        request = llc_msgs.add_link(new, self.identity)
-        lgr.flow_queue.append(LocalFlow(request, done, add_link=flow))
+        local = LocalFlow(llc_msgs.add_link_local(lgr), done, start=start, adds_link=True)
+        lgr.flow_queue.append(local)
         self._next_flow(lgr, now, out)
 
-    def _srv_flow(self, lgr: LinkGroup, step: str) -> AddLinkFlow | None:
+    def _srv_flow(self, lgr: LinkGroup, step: str | None = None) -> AddLinkFlow | None:
+        """The server's running ADD LINK flow (at ``step``, if given)."""
         running = lgr.flow
-        if running is None or running.add_link is None or running.add_link.step != step:
+        if running is None or running.add_link is None:
+            return None
+        if step is not None and running.add_link.step != step:
             return None
         return running.add_link
 
@@ -166,18 +233,19 @@ class AddLinkLayer(LinkLayer):
         self._finish_flow(flow, ok, now, out)
         self._next_flow(lgr, now, out)
 
-    def _srv_add_link_response(self, link: Link, msg: AddLink, now: float,
+    def _srv_add_link_response(self, link: Link, msg: AddLink | AddLinkV2, now: float,
                                out: list[Action]) -> None:  # fmt: skip
         lgr = link.lgr
-        flow = self._srv_flow(lgr, "response")
+        flow = self._srv_flow(lgr)
         if flow is None or link is not flow.link:
             self._drop(link.qpn, "ADD LINK response without a request")
             return
-        if msg.is_rejected:
+        if flow.step != "response" or msg.is_rejected:
+            # a reject, or an ADD LINK where the flow waits for something else: Linux's
+            # smc_llc_wait drops the unexpected message and the flow fails
             self._srv_end_flow(lgr, False, now, out)
             return
-        if (lgr.lgr_type is LgrType.SINGLE and msg.sender_gid == link.peer_gid
-                and msg.sender_mac == link.peer_mac):  # fmt: skip
+        if lgr.lgr_type is LgrType.SINGLE and self._same_path(link, msg):
             flow.new_type = LgrType.ASYMMETRIC_PEER
         new = flow.new
         # smc_llc_save_add_link_info, smc_ib_ready_link (the server's QP goes to RTS)
@@ -187,9 +255,22 @@ class AddLinkLayer(LinkLayer):
         out.append(QpToRtr(new.qpn, new.peer_gid, new.peer_qpn, new.peer_psn, new.mtu,
                            **new.names))  # fmt: skip
         out.append(QpToRts(new.qpn, new.psn, **new.names))
+        assert lgr.flow is not None
+        if isinstance(msg, AddLinkV2):  # smc_llc_save_add_link_rkeys: no CONT exchange
+            self._save_rkeys(flow, msg.ext.rkeys if msg.ext is not None else ())
+            self._srv_conf_link(flow, now, out)
+            return
         flow.to_send = list(lgr.conns.values())
         flow.step = "cont"
         self._post_llc(link, llc_msgs.add_link_cont(link, new, flow.to_send, False), out)
+        lgr.flow.deadline = now + self.config.llc_wait
+
+    def _srv_conf_link(self, flow: AddLinkFlow, now: float, out: list[Action]) -> None:
+        """``smc_llc_srv_conf_link``: CONFIRM LINK over the new link, its answer awaited."""
+        lgr = flow.link.lgr
+        flow.step = "confirm"
+        self._post_llc(flow.new, llc_msgs.confirm_link(flow.new, self.identity, self.config),
+                       out)  # fmt: skip
         assert lgr.flow is not None
         lgr.flow.deadline = now + self.config.llc_wait
 
@@ -207,9 +288,7 @@ class AddLinkLayer(LinkLayer):
             self._post_llc(link, llc_msgs.add_link_cont(link, flow.new, flow.to_send, False),
                            out)  # fmt: skip
             return
-        flow.step = "confirm"  # smc_llc_srv_conf_link: CONFIRM LINK over the new link
-        self._post_llc(flow.new, llc_msgs.confirm_link(flow.new, self.identity, self.config),
-                       out)  # fmt: skip
+        self._srv_conf_link(flow, now, out)
 
     def _srv_confirm_link_response(self, link: Link, msg: ConfirmLink, now: float,
                                    out: list[Action]) -> bool:  # fmt: skip
@@ -227,16 +306,19 @@ class AddLinkLayer(LinkLayer):
                       out: list[Action]) -> None:  # fmt: skip
         """``smc_llc_cli_add_link``: accept the server's offer or reject it."""
         lgr = link.lgr
-        if isinstance(msg, AddLinkV2) or lgr.version >= 2:
-            # a v2 reject is the request's first 44 bytes, the header rewritten
-            self._post_llc(link, msg.reject(), out)
-            return
-        if not self.config.add_links or lgr.remote_add is not None or not msg.qp_mtu:
-            self._post_llc(link, msg.reject(), out)  # no second RNIC: 02 2C 01 C0
+        v2 = lgr.version >= 2
+        running = lgr.flow
+        if running is not None and isinstance(running.request, RequestAddLinkV2):
+            # the server started add_link processing: our REQUEST ADD LINK flow is over
+            lgr.flow = None
+            self._finish_flow(running, True, now, out)
+        if (not self.config.add_links or isinstance(msg, AddLinkV2) != v2
+                or lgr.remote_add is not None or not msg.qp_mtu):  # fmt: skip
+            self._post_llc(link, msg.reject(), out)  # v1 02 2C 01 C0, v2 22 2C 00 C0
             return
         port = self._alt_port(link)
         new_type = LgrType.SYMMETRIC
-        if msg.sender_gid == link.peer_gid and msg.sender_mac == link.peer_mac:
+        if self._same_path(link, msg):
             if port is None:  # the same path twice: no alternate path
                 self._post_llc(link, msg.reject(), out)
                 return
@@ -252,11 +334,35 @@ class AddLinkLayer(LinkLayer):
         new.mtu = min(self.config.qp_mtu, msg.qp_mtu)
         out.append(QpToRtr(new.qpn, new.peer_gid, new.peer_qpn, new.peer_psn, new.mtu,
                            **new.names))  # fmt: skip
-        for conn in lgr.conns.values():  # smcr_buf_map_lgr
-            self._rmb_on(conn, new)
-        self._post_llc(link, llc_msgs.add_link(new, self.identity, response=True), out)
-        lgr.remote_add = AddLinkFlow(link, new, new_type, "cont", list(lgr.conns.values()),
-                                     deadline=now + self.config.llc_wait)  # fmt: skip
+        conns = self._map_rmbs(lgr, new)
+        self._post_llc(link, llc_msgs.add_link(new, self.identity, response=True, via=link,
+                                               conns=conns), out)  # fmt: skip
+        flow = AddLinkFlow(link, new, new_type, "cont", conns,
+                           deadline=now + self.config.llc_wait, request=msg)  # fmt: skip
+        if isinstance(msg, AddLinkV2):  # smc_llc_save_add_link_rkeys, then CONFIRM LINK
+            self._save_rkeys(flow, msg.ext.rkeys if msg.ext is not None else ())
+            flow.step, flow.to_send = "confirm", []
+            flow.deadline = now + self.config.llc_wait
+        lgr.remote_add = flow
+
+    def _cli_fail(self, lgr: LinkGroup, now: float, out: list[Action],
+                  delete_link: bool = False) -> None:  # fmt: skip
+        """The client's ADD LINK flow failed after its answer (``out_clear_lnk``, then
+        ``out_reject``): the new link cleared, the server's request rejected after all;
+        ``delete_link``: the CONFIRM LINK never came, DELETE LINK for the new link first
+        (``smc_llc_cli_conf_link``)."""
+        flow = lgr.remote_add
+        lgr.remote_add = None
+        if flow is None or lgr.terminated:
+            return
+        usable = flow.link in lgr.links
+        if delete_link and usable:
+            request = llc_msgs.delete_link(lgr, 0, DeleteLinkReason.LOST_PATH, flow.new.link_id)
+            self._post_llc(flow.link, request, out)
+        self._clear_link(flow.new, out)
+        if usable and isinstance(flow.request, AddLink | AddLinkV2):
+            self._post_llc(flow.link, flow.request.reject(), out)
+        self._next_flow(lgr, now, out)
 
     def _cli_add_link_cont(self, link: Link, msg: AddLinkCont, now: float,
                            out: list[Action]) -> None:  # fmt: skip
@@ -270,6 +376,7 @@ class AddLinkLayer(LinkLayer):
         flow.deadline = now + self.config.llc_wait
         if not flow.to_send and flow.recv_left <= 0:
             flow.step = "confirm"
+            flow.deadline = now + self.config.llc_wait
 
     def _cli_confirm_link(self, link: Link, msg: ConfirmLink, now: float,
                           out: list[Action]) -> bool:  # fmt: skip
@@ -289,26 +396,62 @@ class AddLinkLayer(LinkLayer):
         return True
 
     def _cli_add_link_timeout(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
-        """The server's flow stalled: the new link is cleared (``out_clear_lnk``)."""
+        """The server's flow stalled: the new link is cleared and the offer rejected; a
+        missing CONFIRM LINK is reported with DELETE LINK first."""
         flow = lgr.remote_add
         if flow is not None and now >= flow.deadline:
-            lgr.remote_add = None
-            if not lgr.terminated:
-                self._clear_link(flow.new, out)
-                self._next_flow(lgr, now, out)
+            self._cli_fail(lgr, now, out, delete_link=flow.step == "confirm")
+
+    def _cli_invite(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
+        """Ask the server for a link over a port usable again, as a local flow
+        (``smc_llc_cli_add_link_invite``): v1 an ADD LINK request naming only the
+        port's MAC and GID, not waited for; v2 REQUEST ADD LINK with our GIDs
+        (``smc_llc_send_request_add_link``), waited for until the server answers it
+        or starts its ADD LINK."""
+
+        def start(link: Link, t: float, actions: list[Action]) -> LlcMessage | None:
+            port = self._alt_port(link)
+            if port is None or lgr.lgr_type in (LgrType.SYMMETRIC, LgrType.ASYMMETRIC_PEER):
+                return None
+            ports = self.identity.ports
+            if lgr.version >= 2:
+                return RequestAddLinkV2(gids=(ports[link.port].gid, ports[port].gid))
+            self._post_llc(link, AddLink(sender_mac=ports[port].mac, sender_gid=ports[port].gid),
+                           actions)  # fmt: skip
+            return None
+
+        stub = llc_msgs.add_link_local(lgr)
+        lgr.flow_queue.append(LocalFlow(stub, lambda ok, t: [], start=start))
+        self._next_flow(lgr, now, out)
 
     # -- handlers ------------------------------------------------------------------
 
     def _llc_add_link(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
         assert isinstance(msg, AddLink | AddLinkV2)
+        lgr = link.lgr
         if msg.is_response:
-            if isinstance(msg, AddLinkV2) or link.lgr.role is not Role.SERVER:
-                self._drop(link.qpn, "ADD LINK response without a request")
-            else:
+            if lgr.role is Role.SERVER:
                 self._srv_add_link_response(link, msg, now, out)
-        elif link.lgr.role is Role.CLIENT:
+            else:
+                self._drop(link.qpn, "ADD LINK response without a request")
+        elif lgr.role is Role.CLIENT:
             self._cli_add_link(link, msg, now, out)
-        # as server: a client's invitation; the server offers links itself after first contact
+        else:  # the client's invitation: the server starts its own flow
+            self._srv_add_link(lgr, now, out, msg, link)
+
+    def _llc_req_add_link(self, link: Link, msg: LlcMessage, now: float,
+                          out: list[Action]) -> None:  # fmt: skip
+        """REQUEST ADD LINK v2: a server starts its ADD LINK flow (answering the request
+        only if it adds no link); a client's request flow ends with the answer."""
+        assert isinstance(msg, RequestAddLinkV2)
+        lgr = link.lgr
+        if lgr.role is Role.SERVER and not msg.is_response:
+            self._srv_add_link(lgr, now, out, msg, link)
+        elif (lgr.role is Role.CLIENT and msg.is_response and lgr.flow is not None
+              and isinstance(lgr.flow.request, RequestAddLinkV2)):  # fmt: skip
+            self._flow_response(lgr, msg, True, now, out)
+        else:
+            self._drop(link.qpn, "REQUEST ADD LINK not for us")
 
     def _llc_add_link_cont(self, link: Link, msg: LlcMessage, now: float,
                            out: list[Action]) -> None:  # fmt: skip
@@ -327,7 +470,8 @@ class AddLinkLayer(LinkLayer):
                 return
             first = self._handshake_on(link)
             super()._llc_confirm_link(link, msg, now, out)
-            if first is not None and link.state is LinkState.LINK_ACTIVE:
+            if (first is not None and link.state is LinkState.LINK_ACTIVE
+                    and lgr.max_links > 1):  # fmt: skip
                 self._srv_add_link(lgr, now, out)  # smcr_serv_conf_first_link
             return
         if (not msg.is_response and lgr.role is Role.CLIENT

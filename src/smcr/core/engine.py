@@ -52,7 +52,6 @@ from smcr.core.events import (
     ReuseRmb,
     SendClc,
 )
-from smcr.core.failover import FailoverLayer
 from smcr.core.handshake import (
     EXPECTED,
     Decline,
@@ -61,6 +60,7 @@ from smcr.core.handshake import (
     IpAddress,
 )
 from smcr.core.linkgroup import Link, LinkGroup, LinkState, Role, V2Terms
+from smcr.core.ports import PortLayer
 from smcr.wire.clc import (
     ClcAccept,
     ClcConfirm,
@@ -94,7 +94,7 @@ class Provider(Protocol):
         there.  Only called with :attr:`Config.add_links`."""
 
 
-class Engine(FailoverLayer):
+class Engine(PortLayer):
     """SMC-R for one process: handshakes, link groups, connections (module docstring)."""
 
     def __init__(self, config: Config, identity: LocalIdentity, provider: Provider) -> None:
@@ -116,6 +116,9 @@ class Engine(FailoverLayer):
         self._unconfirmed: set[int] = set()
         """Handshakes whose RMB's CONFIRM RKEY failed before they ended (:meth:`_confirm_rkey`)."""
         self._ending: set[int] = set()
+        self.ports_down: set[int] = set()
+        """Ports of :attr:`LocalIdentity.ports` the host reported unusable
+        (:meth:`port_down`), until :meth:`port_up`: no new link goes over them."""
         """Link groups :meth:`shutdown` sent DELETE LINK on, waiting for the peer's."""
         self.ueids: tuple[bytes, ...] = ()
         """The host's user EIDs (:mod:`smcr.ueid`), kept current by the host: a
@@ -366,9 +369,10 @@ class Engine(FailoverLayer):
             if hs.first_contact:
                 v2 |= {"fce": negotiation.first_contact_ext(terms, ident),
                        "gid_list": (ident.gid,)}  # fmt: skip
+        port = ident.ports[link.port]  # the link's port (Linux: conn->lnk's gid and mac)
         return ClcConfirm(
             version=hs.smc_version, first_contact=hs.first_contact, peer_id=ident.peer_id,
-            gid=ident.gid, mac=ident.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey,
+            gid=port.gid, mac=port.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey,
             rmbe_alert_token=hs.token, rmbe_size=compress_bufsize(hs.rmb.size),
             qp_mtu=link.mtu, rmb_vaddr=hs.rmb.vaddr, psn=link.psn, **v2,  # type: ignore[arg-type]
         )  # fmt: skip
@@ -412,8 +416,18 @@ class Engine(FailoverLayer):
                     same_mac = choice.version >= 2 or link.peer_mac == choice.peer_mac
                     if (link.state is LinkState.LINK_ACTIVE and link.peer_gid == choice.peer_gid
                             and same_mac):  # fmt: skip
-                        return lgr.active_link
+                        return self._assign_link(lgr)
         return None
+
+    def _assign_link(self, lgr: LinkGroup) -> Link | None:
+        """The link a new connection of the server's group uses (Linux
+        ``smcr_lgr_conn_assign_link``): of the active links that are not the asymmetric
+        one, the first for an even number of connections so far, the next for an odd
+        one, so that connections alternate between two links."""
+        usable = [x for x in lgr.links if x.state is LinkState.LINK_ACTIVE and not x.is_asym]
+        if not usable:
+            return None
+        return usable[1] if len(lgr.conns) % 2 and len(usable) > 1 else usable[0]
 
     def _send_accept(self, hs: Handshake, now: float, out: list[Action]) -> None:
         assert hs.rmb is not None and hs.link is not None
@@ -423,9 +437,10 @@ class Engine(FailoverLayer):
             v2 = {"eid": terms.eid}
             if hs.first_contact:
                 v2["fce"] = negotiation.first_contact_ext(terms, ident)
+        port = ident.ports[link.port]  # the link's port: the client finds the link by it
         acc = ClcAccept(
             version=hs.smc_version, first_contact=hs.first_contact, peer_id=ident.peer_id,
-            gid=ident.gid, mac=ident.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey,
+            gid=port.gid, mac=port.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey,
             rmbe_alert_token=hs.token, rmbe_size=compress_bufsize(hs.rmb.size),
             qp_mtu=self.config.qp_mtu, rmb_vaddr=hs.rmb.vaddr, psn=link.psn,
             **v2,  # type: ignore[arg-type]

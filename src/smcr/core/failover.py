@@ -18,9 +18,15 @@ completed CDC after a failover-validation CDC), the peer is told by DELETE LINK
   request as a local flow and clears the link.
 
 A group with one link keeps today's behaviour: its loss, or the peer's DELETE
-LINK of it, ends the group.  Not yet: the server's new ADD LINK once a group is
-down to one link (Linux ``smc_llc_add_link_local``), the client's wait for a
-running local flow before its DELETE LINK.
+LINK of it, ends the group.  A server whose group is down to one link offers a
+link again at once (``smc_llc_process_srv_delete_link`` -> ``smc_llc_add_link_local``:
+over another usable port, else an asymmetric one over the same), and once a
+symmetric link is added it deletes the asymmetric one (``smc_llc_delete_asym_link``,
+reason "asymmetric link no longer needed").
+
+A local failure moves connections only to a link over another port: Linux's
+``smcr_link_down`` calls ``smc_switch_conns`` as a device error, which skips links of
+the same device and port, so an ``ASYMMETRIC_LOCAL`` group ends with its port.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from __future__ import annotations
 from smcr.core import llc_msgs
 from smcr.core.addlink import AddLinkLayer
 from smcr.core.events import Action, ConnectionReset
-from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, Role
+from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, LocalFlow, Role
 from smcr.wire.decline import DeclineCode
 from smcr.wire.llc import (
     LLC_FLAG_DEL_LINK_ORDERLY,
@@ -41,16 +47,20 @@ from smcr.wire.llc import (
 class FailoverLayer(AddLinkLayer):
     """:class:`AddLinkLayer` with DELETE LINK of one link and failover (module docstring)."""
 
-    def _other_active(self, link: Link) -> Link | None:
+    def _other_active(self, link: Link, dev_err: bool = False) -> Link | None:
+        """Another active link of the group; with ``dev_err`` not one over the same port
+        (``smc_switch_conns``' ``is_dev_err``)."""
         for other in link.lgr.links:
-            if other is not link and other.state is LinkState.LINK_ACTIVE:
+            if (other is not link and other.state is LinkState.LINK_ACTIVE
+                    and not (dev_err and other.port == link.port)):  # fmt: skip
                 return other
         return None
 
-    def _switch_conns(self, from_link: Link, out: list[Action]) -> Link | None:
+    def _switch_conns(self, from_link: Link, out: list[Action],
+                      dev_err: bool = False) -> Link | None:  # fmt: skip
         """``smc_switch_conns``: move every connection of ``from_link`` to another active
         link of its group; that link, or None if there is none."""
-        to = self._other_active(from_link)
+        to = self._other_active(from_link, dev_err)
         if to is None:
             return None
         old = self._cdc_pending.get(from_link.qpn, ())
@@ -80,8 +90,59 @@ class FailoverLayer(AddLinkLayer):
 
     def _delete_link_flow(self, lgr: LinkGroup, request: DeleteLink, now: float,
                           out: list[Action]) -> None:  # fmt: skip
-        """A server's DELETE LINK request to the client, waited for as a local flow."""
-        self._start_flow(lgr, request, lambda ok, t: [], now, out)
+        """A server's DELETE LINK request to the client, waited for as a local flow; a
+        group left with one link then offers a link again (``smc_llc_add_link_local``
+        at the end of ``smc_llc_process_srv_delete_link``)."""
+
+        def done(ok: bool, t: float) -> list[Action]:
+            actions: list[Action] = []
+            if not lgr.terminated and lgr.lgr_type is LgrType.SINGLE:
+                self._srv_add_link(lgr, t, actions)
+            return actions
+
+        self._start_flow(lgr, request, done, now, out)
+
+    # -- the asymmetric link, replaced --------------------------------------------
+
+    def _find_asym_link(self, lgr: LinkGroup) -> Link | None:
+        """``smc_llc_find_asym_link``: of two links over the same port of ours, the one
+        whose peer port another link reaches too."""
+        usable = [x for x in lgr.links if x.state is not LinkState.LINK_INACTIVE]
+        for n, a in enumerate(usable):
+            for b in usable[n + 1:]:
+                if a.port != b.port:
+                    continue
+                for k in usable:
+                    if k is not a and k.peer_gid == a.peer_gid:
+                        return a
+                    if k is not b and k.peer_gid == b.peer_gid:
+                        return b
+                return None
+        return None
+
+    def _after_add(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
+        """``smc_llc_delete_asym_link``: once symmetric, the asymmetric link goes: its
+        connections move, DELETE LINK (orderly, "no longer needed") is asked of the
+        client next, and the link is cleared when it answers (or does not)."""
+        if lgr.lgr_type is not LgrType.SYMMETRIC:
+            return
+        asym = self._find_asym_link(lgr)
+        if asym is None or asym.state is not LinkState.LINK_ACTIVE:
+            return
+        asym.state = LinkState.LINK_INACTIVE
+        if self._switch_conns(asym, out) is None:
+            return
+        request = llc_msgs.delete_link(lgr, LLC_FLAG_DEL_LINK_ORDERLY,
+                                       DeleteLinkReason.NO_ASYM_NEEDED, asym.link_id)  # fmt: skip
+
+        def done(ok: bool, t: float) -> list[Action]:
+            actions: list[Action] = []
+            if not lgr.terminated:
+                self._clear_link(asym, actions)
+            return actions
+
+        lgr.flow_queue.appendleft(LocalFlow(request, done))  # the next flow, as Linux's
+        self._next_flow(lgr, now, out)  # ADD LINK flow turns into this DELETE LINK
 
     # -- local failure ------------------------------------------------------------
 
@@ -92,13 +153,19 @@ class FailoverLayer(AddLinkLayer):
         move there and the peer is told (``smcr_link_down``); else the group ends
         (``peer_gone``: as :meth:`LinkLayer.link_failed`)."""
         link = self.links.get(qpn)
-        if (link is None or link.lgr.terminated or link.state is not LinkState.LINK_ACTIVE
-                or self._other_active(link) is None):  # fmt: skip
-            return super().link_failed(qpn, reason, now, decline, peer_gone)
         out: list[Action] = []
+        if (link is not None and link.state is LinkState.LINK_ACTIVATING
+                and not link.lgr.terminated and link.lgr.active_link is not None):  # fmt: skip
+            # the new link of an ADD LINK flow: that flow fails, the group goes on (Linux
+            # downs only active links; the flow's wait fails and clears it)
+            self._add_link_failed(link, now, out)
+            return out
+        if (link is None or link.lgr.terminated or link.state is not LinkState.LINK_ACTIVE
+                or self._other_active(link, dev_err=True) is None):  # fmt: skip
+            return super().link_failed(qpn, reason, now, decline, peer_gone)
         lgr = link.lgr
         link.state = LinkState.LINK_INACTIVE
-        to = self._switch_conns(link, out)
+        to = self._switch_conns(link, out, dev_err=True)
         assert to is not None
         self._link_gone(link, out)
         request = llc_msgs.delete_link(lgr, LLC_FLAG_DEL_LINK_ORDERLY,
@@ -109,7 +176,37 @@ class FailoverLayer(AddLinkLayer):
             self._post_llc(to, request, out)
         return out
 
+    def _add_link_failed(self, new: Link, now: float, out: list[Action]) -> None:
+        """The new link of a running ADD LINK flow failed: the flow fails."""
+        lgr = new.lgr
+        flow = self._srv_flow(lgr)
+        if flow is not None and flow.new is new:
+            self._srv_end_flow(lgr, False, now, out)
+        elif lgr.remote_add is not None and lgr.remote_add.new is new:
+            self._cli_fail(lgr, now, out, delete_link=lgr.remote_add.step == "confirm")
+
     # -- the peer's DELETE LINK -----------------------------------------------------
+
+    def _delete_during_add(self, link: Link, msg: DeleteLink, now: float,
+                           out: list[Action]) -> bool:  # fmt: skip
+        """A DELETE LINK request while our ADD LINK flow waits (Linux hands it to the
+        waiting flow): the flow fails.  Whether the request is dealt with."""
+        lgr = link.lgr
+        if lgr.role is Role.CLIENT and lgr.remote_add is not None:
+            if lgr.remote_add.step == "confirm":  # smc_llc_cli_conf_link: echoed as answer
+                self._post_llc(link, msg.response(msg.reason), out)
+            else:  # smc_llc_wait for a CONTINUATION drops it
+                self._drop(link.qpn, "DELETE LINK during the ADD LINK rkey exchange")
+            self._cli_fail(lgr, now, out)
+            return True
+        flow = self._srv_flow(lgr) if lgr.role is Role.SERVER else None
+        if flow is None:
+            return False
+        self._srv_end_flow(lgr, False, now, out)
+        if flow.step == "response":  # delayed until the flow ended (smc_llc_wait), then
+            return False  # handled as any other
+        self._drop(link.qpn, "DELETE LINK during the ADD LINK flow")
+        return True
 
     def _llc_delete_link(self, link: Link, msg: LlcMessage, now: float,
                          out: list[Action]) -> None:  # fmt: skip
@@ -119,6 +216,8 @@ class FailoverLayer(AddLinkLayer):
             flow = lgr.flow
             if flow is not None and flow.request.TYPE == msg.TYPE:
                 self._flow_response(lgr, msg, True, now, out)
+            return
+        if not msg.is_all and self._delete_during_add(link, msg, now, out):
             return
         if msg.is_all or len(lgr.links) < 2:
             super()._llc_delete_link(link, msg, now, out)  # one link: the group ends

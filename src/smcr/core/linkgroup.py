@@ -99,6 +99,8 @@ class Link:
     mtu: int = 0
     last_rx: float = 0.0
     test_deadline: float | None = None
+    is_asym: bool = False
+    """The group's asymmetric link (Linux ``link_is_asym``): new connections avoid it."""
     wr_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def next_wr_id(self) -> int:
@@ -124,6 +126,7 @@ class AddLinkFlow:
     to_send: list[Connection]  # connections whose RMB's rkeys are still to send
     recv_left: int = 0  # rkeys the peer still has to send (its last count)
     deadline: float = 0.0  # the client's wait (the server's is its LocalFlow's)
+    request: LlcMessage | None = None  # client: the server's ADD LINK (a reject echoes it)
 
 
 @dataclass(eq=False)
@@ -137,6 +140,10 @@ class LocalFlow:
     build: Callable[[Link], LlcMessage] | None = None
     """Builds the request for the link it goes over when the flow starts (CONFIRM RKEY
     names every link active then: a link added while it waited is included)."""
+    start: Callable[[Link, float, list[Action]], LlcMessage | None] | None = None
+    """Decides when the flow starts (the server's ADD LINK: which port, whether a link
+    may be added at all); the request to send, or None when there is nothing to do."""
+    adds_link: bool = False  # the server's ADD LINK flow (Linux SMC_LLC_FLOW_ADD_LINK)
 
 
 @dataclass(eq=False)
@@ -167,6 +174,12 @@ class LinkGroup:
     def max_conns(self) -> int:
         """Connections this group may hold (v2.1 negotiates it; else Linux's 255)."""
         return self.terms.max_conns if self.terms is not None else 255
+
+    @property
+    def max_links(self) -> int:
+        """Links this group may hold (Linux ``lgr->max_links``): v2.1 negotiates it, else
+        ``SMC_LINKS_ADD_LNK_MAX`` (2)."""
+        return self.terms.max_links if self.terms is not None else 2
 
     @property
     def active_link(self) -> Link | None:

@@ -88,6 +88,7 @@ class LinkLayer:
     touched: set[int]
     dropped: int
     _ending: set[int]
+    ports_down: set[int]
     _cdc_pending: dict[int, deque[tuple[int, Connection, int]]]
     _events: deque[Event]
 
@@ -382,15 +383,23 @@ class LinkLayer:
         self._next_flow(lgr, now, out)
 
     def _next_flow(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
-        link = lgr.active_link
-        if (lgr.flow is not None or not lgr.flow_queue or link is None
-                or lgr.remote_add is not None):  # fmt: skip
+        while True:
+            link = lgr.active_link
+            if (lgr.flow is not None or not lgr.flow_queue or link is None
+                    or lgr.remote_add is not None or lgr.terminated):  # fmt: skip
+                return
+            flow = lgr.flow = lgr.flow_queue.popleft()
+            if flow.start is not None:
+                request = flow.start(link, now, out)
+                if request is None:  # nothing to do once its turn came
+                    lgr.flow = None
+                    continue
+                flow.request = request
+            if flow.build is not None:
+                flow.request = flow.build(link)
+            flow.deadline = now + self.config.llc_wait
+            self._post_llc(link, flow.request, out)
             return
-        flow = lgr.flow = lgr.flow_queue.popleft()
-        if flow.build is not None:
-            flow.request = flow.build(link)
-        flow.deadline = now + self.config.llc_wait
-        self._post_llc(link, flow.request, out)
 
     def _flow_response(self, lgr: LinkGroup, msg: LlcMessage, ok: bool, now: float,
                        out: list[Action]) -> None:  # fmt: skip

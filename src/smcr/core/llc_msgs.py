@@ -15,7 +15,7 @@ header is rewritten in the group's version); the wire codecs' ``response`` /
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from smcr.core.config import Config, LocalIdentity
 from smcr.core.connection import Connection
@@ -25,6 +25,8 @@ from smcr.wire.llc import (
     LLC_FLAG_RESP,
     AddLink,
     AddLinkCont,
+    AddLinkV2,
+    AddLinkV2Ext,
     ConfirmLink,
     ConfirmLinkV2,
     ConfirmRkey,
@@ -100,14 +102,34 @@ RKEYS_PER_CONT_MSG = 2
 """``SMC_LLC_RKEYS_PER_CONT_MSG``: rkey pairs per ADD LINK CONTINUATION."""
 
 
-def add_link(new: Link, identity: LocalIdentity, response: bool = False) -> AddLink:
-    """SMC-Rv1 ADD LINK request or response for the new link (``smc_llc_send_add_link``):
-    the new link's port MAC and GID, its QP, id and initial PSN; the MTU is our own
-    in a request, min(ours, the peer's) in a response (``new.mtu`` is that then)."""
+def add_link(new: Link, identity: LocalIdentity, response: bool = False,
+             via: Link | None = None, conns: Sequence[Connection] = ()) -> AddLink | AddLinkV2:
+    """ADD LINK request or response for the new link (``smc_llc_send_add_link``): the
+    new link's port MAC and GID, its QP, id and initial PSN; the MTU is our own in a
+    request, min(ours, the peer's) in a response (``new.mtu`` is that then).
+
+    In a v2 group the message carries the extension (``smc_llc_fill_ext_v2``): direct
+    (no gateway), the new link's GID, and per RMB of ``conns`` its rkey on ``via`` (the
+    link the message goes over), its rkey and vaddr on ``new``.
+    """
     port = identity.ports[new.port]
-    return AddLink(flags=LLC_FLAG_RESP if response else 0, sender_mac=port.mac,
-                   sender_gid=port.gid, sender_qp_num=new.qpn, link_num=new.link_id,
-                   qp_mtu=new.mtu, initial_psn=new.psn)  # fmt: skip
+    fields = {"flags": LLC_FLAG_RESP if response else 0, "sender_mac": port.mac,
+              "sender_gid": port.gid, "sender_qp_num": new.qpn, "link_num": new.link_id,
+              "qp_mtu": new.mtu, "initial_psn": new.psn}  # fmt: skip
+    if new.lgr.version < 2:
+        return AddLink(**fields)  # type: ignore[arg-type]
+    assert via is not None
+    pairs = tuple(RkeyPair(rmb_key=c.rmb_keys[via][0], rmb_key_new=c.rmb_keys[new][0],
+                           rmb_vaddr_new=c.rmb_keys[new][1]) for c in conns)  # fmt: skip
+    ext = AddLinkV2Ext(direct=True, client_target_gid=port.gid, rkeys=pairs)
+    return AddLinkV2(ext=ext, **fields)  # type: ignore[arg-type]
+
+
+def add_link_local(lgr: LinkGroup) -> AddLink | AddLinkV2:
+    """The empty ADD LINK that stands for a flow of ours (Linux ``smc_llc_add_link_local``
+    enqueues one to start the server's ADD LINK flow); never sent."""
+    cls = AddLinkV2 if lgr.version >= 2 else AddLink
+    return cls(sender_mac=bytes(6), sender_gid=bytes(16))
 
 
 def add_link_cont(link: Link, new: Link, to_send: list[Connection],

@@ -1,0 +1,172 @@
+"""A link added again: after DELETE LINK, when a port is usable again (``port_up``), and
+the asymmetric link replaced once a symmetric one exists (Linux ``smcr_port_add``,
+``smc_llc_add_link_local``, ``smc_llc_cli_add_link_invite``, ``smc_llc_delete_asym_link``).
+"""
+
+from __future__ import annotations
+
+from smcr.core import Config, ConnectionReset, LgrType, LinkState
+from smcr.core.linkgroup import LinkGroup
+from smcr.wire.llc import AddLink, DeleteLink, LlcType, decode_llc
+from tests.core.pair import Pair, Side
+
+ADD = Config(add_links=True)
+
+
+def lgr_of(side: Side) -> LinkGroup:
+    (lgr,) = side.engine.lgrs.values()
+    return lgr
+
+
+def links(side: Side) -> list[tuple[int, int]]:
+    """(link id, port) of the side's active links."""
+    return [(x.link_id, x.port) for x in lgr_of(side).links if x.state is LinkState.LINK_ACTIVE]
+
+
+def transfer(p: Pair, c: int, s: int, data: bytes) -> bytes:
+    n, actions = p.client.write(c, data)
+    assert n == len(data)
+    p.do(p.client, actions)
+    got, actions = p.server.read(s)
+    p.do(p.server, actions)
+    return got
+
+
+def symmetric(client_ports: int = 2, server_ports: int = 2) -> tuple[Pair, int, int]:
+    p = Pair(ADD, client_ports=client_ports, server_ports=server_ports)
+    c, s = p.connect()
+    p.pump()
+    return p, c, s
+
+
+def path0_down(p: Pair) -> None:
+    """Port 0 goes down on both sides at once (a cable, a veth pair): each fails link 1."""
+    p.run(p.server, p.server.engine.port_down(0, "carrier lost", p.now))
+    p.run(p.client, p.client.engine.port_down(0, "carrier lost", p.now))
+    p.pump()
+
+
+def new_messages(side: Side, since: int) -> list[bytes]:
+    return side.llc_sent[since:]
+
+
+def test_path_down_both_detect_then_single_on_link2() -> None:
+    """Both sides lose port 0 at once: each moves its connection to link 2; the client's
+    DELETE LINK is dropped by the server (its own DELETE LINK flow runs, and link 1 is gone
+    already), the client answers the server's with 'no such link'; the server's offer of a
+    link again (asymmetric, over its port 1) is rejected: the client has no other port."""
+    p, c, s = symmetric()
+    path0_down(p)
+    for side in (p.client, p.server):
+        assert links(side) == [(2, 1)]
+        assert lgr_of(side).lgr_type is LgrType.SINGLE
+        assert not [e for e in side.events if isinstance(e, ConnectionReset)]
+    adds = [AddLink.decode(m) for m in p.server.llc_sent if m[0] == LlcType.ADD_LINK]
+    assert [(a.link_num, a.sender_gid) for a in adds] == [
+        (2, p.server.engine.identity.ports[1].gid), (3, p.server.engine.identity.ports[1].gid)]
+    assert p.client.llc_sent[-1][:4] == bytes.fromhex("022c01c0")
+    assert transfer(p, c, s, b"on link 2") == b"on link 2"
+
+
+def test_port_up_server_adds_the_link_again() -> None:
+    """Port 0 comes back on both sides: the server's port_up starts ADD LINK (link 3, over
+    its port 0, to the client's port 0); the client's invitation crossing it is dropped
+    (one ADD LINK flow at a time); the group is SYMMETRIC again and carries bytes."""
+    p, c, s = symmetric()
+    path0_down(p)
+    before = len(p.server.llc_sent)
+    p.run(p.server, p.server.engine.port_up(0, p.now))
+    p.run(p.client, p.client.engine.port_up(0, p.now))
+    p.pump()
+    for side in (p.client, p.server):  # link 3 was the offer rejected after the failure
+        assert links(side) == [(2, 1), (4, 0)]
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
+    add = decode_llc(new_messages(p.server, before)[0])
+    port0 = p.server.engine.identity.ports[0]
+    assert isinstance(add, AddLink) and not add.is_response
+    assert (add.link_num, add.sender_gid, add.sender_mac) == (4, port0.gid, port0.mac)
+    assert transfer(p, c, s, b"again" * 1000) == b"again" * 1000
+    # a connection made now lands on either link, and the peer knows its rkey on both
+    c2, s2 = p.connect()
+    p.pump()
+    assert transfer(p, c2, s2, b"second") == b"second"
+
+
+def test_client_port_up_sends_invitation_and_server_adds() -> None:
+    """Only the client learns that its port is back (the server's never went): its ADD
+    LINK invitation carries only that port's MAC and GID (02 2C 00 00, QPN/link/MTU/PSN 0);
+    the server answers it with its own ADD LINK flow."""
+    p, c, s = symmetric()
+    path0_down(p)
+    p.server.engine.ports_down.discard(0)  # the server's port was never reported down
+    before = len(p.client.llc_sent)
+    p.do(p.client, p.client.engine.port_up(0, p.now))
+    invite = new_messages(p.client, before)[0]
+    port0 = p.client.engine.identity.ports[0]
+    assert invite == (bytes.fromhex("022c0000") + port0.mac + bytes(2) + port0.gid
+                      + bytes(16))  # fmt: skip
+    for side in (p.client, p.server):
+        assert links(side) == [(2, 1), (4, 0)]
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
+    assert transfer(p, c, s, b"x" * 5000) == b"x" * 5000
+
+
+def test_port_up_without_add_links_does_nothing() -> None:
+    p = Pair(Config(), client_ports=2, server_ports=2)
+    p.connect()
+    p.pump()
+    before = (len(p.client.llc_sent), len(p.server.llc_sent))
+    p.do(p.server, p.server.engine.port_up(1, p.now))
+    p.do(p.client, p.client.engine.port_up(1, p.now))
+    assert (len(p.client.llc_sent), len(p.server.llc_sent)) == before
+    assert links(p.server) == [(1, 0)]
+
+
+def test_port_down_of_the_only_link_ends_the_group() -> None:
+    p, _c, s = symmetric(client_ports=1, server_ports=1)  # the offer rejected: one link
+    assert lgr_of(p.server).lgr_type is LgrType.SINGLE
+    p.do(p.server, p.server.engine.port_down(0, "gone", p.now))
+    assert not p.server.engine.lgrs
+    assert [e.conn for e in p.server.events if isinstance(e, ConnectionReset)] == [s]
+
+
+def test_link_failure_with_ports_up_server_adds_again_at_once() -> None:
+    """A link fails but every port stays usable (e.g. its TEST LINK went unanswered): after
+    the DELETE LINK the server offers a link again right away (smc_llc_add_link_local at
+    the end of smc_llc_process_srv_delete_link), symmetric over its port 0."""
+    p, c, s = symmetric()
+    link1 = lgr_of(p.client).links[0]
+    p.do(p.client, p.client.engine.link_failed(link1.qpn, "injected", p.now))
+    for side in (p.client, p.server):
+        assert links(side) == [(2, 1), (3, 0)]
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
+    assert transfer(p, c, s, b"fine") == b"fine"
+
+
+def test_asymmetric_link_replaced_when_the_port_comes_up() -> None:
+    """The server's port 1 is down at first contact: its second link goes over port 0 too
+    (ASYMMETRIC_LOCAL).  Port 1 up: a third link, symmetric, then the asymmetric one is
+    deleted (DELETE LINK 04 2C 00 20, reason 0x00050000 'no longer needed'), its
+    connections moved first."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    p.server.engine.ports_down.add(1)
+    c, s = p.connect()
+    p.pump()
+    assert lgr_of(p.server).lgr_type is LgrType.ASYMMETRIC_LOCAL
+    assert links(p.server) == [(1, 0), (2, 0)]
+    assert links(p.client) == [(1, 0), (2, 1)]
+    asym = lgr_of(p.server).links[1]
+    assert asym.is_asym
+    # a connection on the asymmetric link, to see it moved
+    p.server.engine._use_link(p.server.engine.conns[s], asym)
+    p.do(p.server, p.server.engine.port_up(1, p.now))
+    for side in (p.client, p.server):
+        assert links(side) == [(1, 0), (3, 1)]
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
+    dels = [decode_llc(m) for m in p.server.llc_sent if m[0] == LlcType.DELETE_LINK]
+    assert dels == [DeleteLink(flags=0x20, link_num=2, reason=0x00050000)]
+    resp = [decode_llc(m) for m in p.client.llc_sent if m[0] == LlcType.DELETE_LINK]
+    assert resp == [DeleteLink(flags=0xA0, link_num=2, reason=0)]
+    assert asym.qpn in p.server.destroyed
+    assert p.server.engine.conns[s].link is not asym
+    assert transfer(p, c, s, b"moved") == b"moved"
