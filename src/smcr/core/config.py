@@ -36,7 +36,8 @@ class Config:
     ``net.smc.smcr_max_links_per_lgr``, default 2 there).  1 here: smcr runs one link
     per group, and a peer that negotiated 1 neither offers a second link nor waits
     ~3 s for one after first contact (Linux ``smcr_clnt_conf_first_link``).  A peer
-    that offers one anyway (v2.0, or 2 configured) is rejected as Linux rejects it."""
+    that offers one anyway (v2.0, or 2 configured) is rejected as Linux rejects it.
+    With :attr:`add_links` at least Linux's 2 is offered (:attr:`v2_max_links`)."""
     lgr_linger_server: float = 600.0
     """An empty link group is kept this long for reuse, then ended (Linux, server)."""
     lgr_linger_client: float = 610.0
@@ -51,6 +52,13 @@ class Config:
     port and registers every RMB there (:class:`~smcr.core.engine.Provider`).  False:
     one link per group, the server offers none and the client rejects every offer (what
     the runtime does while it holds one RNIC)."""
+
+    @property
+    def v2_max_links(self) -> int:
+        """The max links SMC-Rv2.1 negotiates with (Proposal, server's choice):
+        :attr:`max_links_v2`, and at least Linux's default 2 (``smcr_max_links_per_lgr``)
+        when this engine takes part in ADD LINK."""
+        return max(self.max_links_v2, 2) if self.add_links else self.max_links_v2
 
 
 @dataclass(frozen=True, slots=True)

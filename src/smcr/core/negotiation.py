@@ -92,7 +92,7 @@ def proposal(identity: LocalIdentity, local_ip: IpAddress, ueids: tuple[bytes, .
                                    prefix_len=area.prefix_len,
                                    ipv6_prefixes=area.ipv6_prefixes)  # fmt: skip
     ext = V2Extension(release=SMC_RELEASE, roce_gid=ident.gid, max_conns=config.max_conns,
-                      max_links=config.max_links_v2, feature_mask=SMC_FEATURE_MASK,
+                      max_links=config.v2_max_links, feature_mask=SMC_FEATURE_MASK,
                       user_eids=ueids)  # fmt: skip
     return ClcProposal.smcr_v1_v2(ident.peer_id, ident.gid, ident.mac, ext,
                                   outgoing_subnet=area.outgoing_subnet,
@@ -169,7 +169,7 @@ def choose(prop: ClcProposal, local_ip: IpAddress, ueids: tuple[bytes, ...],
         max_conns = min(ext.max_conns, config.max_conns)
         if max_conns < CONN_PER_LGR_MIN:
             raise Decline(DeclineCode.MAXCONNERR, f"client's max conns {ext.max_conns}")
-        max_links = min(ext.max_links, config.max_links_v2)
+        max_links = min(ext.max_links, config.v2_max_links)
         if max_links < LINKS_ADD_LNK_MIN:
             raise Decline(DeclineCode.MAXLINKERR, f"client's max links {ext.max_links}")
     # smc_listen_find_device
