@@ -261,6 +261,12 @@ def test_connection_made_during_add_link_gets_rkeys_for_both_links() -> None:
     assert [len(m.other_rtokens) for m in rkeys] == [1]  # type: ignore[attr-defined]
 
 
+def link_id(side: Side, conn: int) -> int:
+    link = side.engine.conns[conn].link
+    assert link is not None
+    return link.link_id
+
+
 def test_new_connections_alternate_between_the_links() -> None:
     """smcr_lgr_conn_assign_link: the server puts a new connection on the first link when
     the group holds an even number of connections, on the second when odd; the client
@@ -269,8 +275,8 @@ def test_new_connections_alternate_between_the_links() -> None:
     p = Pair(ADD, client_ports=2, server_ports=2)
     pairs = [first_contact(p) for _ in range(4)]
     srv, cli = lgr_of(p.server), lgr_of(p.client)
-    assert [p.server.engine.conns[s].link.link_id for _c, s in pairs] == [1, 2, 1, 2]
-    assert [p.client.engine.conns[c].link.link_id for c, _s in pairs] == [1, 2, 1, 2]
+    assert [link_id(p.server, s) for _c, s in pairs] == [1, 2, 1, 2]
+    assert [link_id(p.client, c) for c, _s in pairs] == [1, 2, 1, 2]
     assert srv.lgr_type is cli.lgr_type is LgrType.SYMMETRIC
     for c, s in pairs:
         assert transfer_over(p, c, s, b"balanced %d" % c) == b"balanced %d" % c
@@ -283,4 +289,4 @@ def test_asymmetric_link_takes_no_new_connections() -> None:
     pairs = [first_contact(p) for _ in range(3)]
     assert lgr_of(p.server).lgr_type is LgrType.ASYMMETRIC_LOCAL
     assert lgr_of(p.server).links[1].is_asym
-    assert [p.server.engine.conns[s].link.link_id for _c, s in pairs] == [1, 1, 1]
+    assert [link_id(p.server, s) for _c, s in pairs] == [1, 1, 1]
