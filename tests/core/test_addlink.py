@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from smcr.core import Action, Config, LgrType, LinkGroup, LinkState
+from smcr.core import Action, Config, ConnectionReset, LgrType, LinkGroup, LinkState
 from smcr.core.linkgroup import Link
 from smcr.wire.llc import AddLink, AddLinkCont, ConfirmLink, DeleteLink, LlcType, decode_llc
 from tests.core.pair import Pair, Side
@@ -290,3 +290,37 @@ def test_asymmetric_link_takes_no_new_connections() -> None:
     assert lgr_of(p.server).lgr_type is LgrType.ASYMMETRIC_LOCAL
     assert lgr_of(p.server).links[1].is_asym
     assert [link_id(p.server, s) for _c, s in pairs] == [1, 1, 1]
+
+
+def test_client_answers_delete_link_instead_of_confirm_link_and_rejects() -> None:
+    """The server's CONFIRM LINK over the new link is lost: the server gives up and sends
+    DELETE LINK for link 2 (04 2C 00 00, lost path); the client, still waiting for CONFIRM
+    LINK, echoes it as answer (04 2C 00 80, reason kept), clears its new link and rejects
+    the offer after all (02 2C 01 C0), as smc_llc_cli_conf_link and out_clear_lnk."""
+    quick = dataclasses.replace(ADD, llc_wait=1.0)  # the server gives up before the client
+    p = Pair(ADD, server_config=quick, client_ports=2, server_ports=2)
+    p.drop_llc = lambda side, data: (side is p.server and data[0] == LlcType.CONFIRM_LINK
+                                     and len(side.llc_sent) > 1)
+    first_contact(p)
+    c_new = lgr_of(p.client).links[1]
+    sent = len(p.client.llc_sent)
+    p.advance(quick.llc_wait)
+    assert [m[:9].hex() for m in p.client.llc_sent[sent:]] == [
+        "042c008002" + "00010000", "022c01c0" + p.server.llc_sent[1][4:9].hex()]
+    assert c_new.qpn in p.client.destroyed
+    for side in (p.client, p.server):
+        assert [x.link_id for x in lgr_of(side).links] == [1]
+        assert lgr_of(side).lgr_type is LgrType.SINGLE
+
+
+def test_link_failure_in_an_asymmetric_local_group_ends_it() -> None:
+    """Both of the server's links are over its one port (ASYMMETRIC_LOCAL): a link failure
+    is a device error, and Linux's smc_switch_conns moves nothing to a link of the same
+    port: the group ends."""
+    p = Pair(ADD, client_ports=2, server_ports=1)
+    _c, s = first_contact(p)
+    assert lgr_of(p.server).lgr_type is LgrType.ASYMMETRIC_LOCAL
+    link1 = lgr_of(p.server).links[0]
+    p.do(p.server, p.server.engine.link_failed(link1.qpn, "injected", p.now))
+    assert not p.server.engine.lgrs
+    assert [e.conn for e in p.server.events if isinstance(e, ConnectionReset)] == [s]

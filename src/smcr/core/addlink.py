@@ -312,6 +312,8 @@ class AddLinkLayer(LinkLayer):
             # the server started add_link processing: our REQUEST ADD LINK flow is over
             lgr.flow = None
             self._finish_flow(running, True, now, out)
+        elif self._delay(link, msg):  # our CONFIRM / DELETE RKEY flow ends first
+            return
         if (not self.config.add_links or isinstance(msg, AddLinkV2) != v2
                 or lgr.remote_add is not None or not msg.qp_mtu):  # fmt: skip
             self._post_llc(link, msg.reject(), out)  # v1 02 2C 01 C0, v2 22 2C 00 C0
@@ -446,7 +448,10 @@ class AddLinkLayer(LinkLayer):
         assert isinstance(msg, RequestAddLinkV2)
         lgr = link.lgr
         if lgr.role is Role.SERVER and not msg.is_response:
-            self._srv_add_link(lgr, now, out, msg, link)
+            if lgr.flow is not None:  # smc_llc_flow_parallel drops it, unanswered
+                self._drop(link.qpn, "REQUEST ADD LINK parallel to a running flow of ours")
+            else:
+                self._srv_add_link(lgr, now, out, msg, link)
         elif (lgr.role is Role.CLIENT and msg.is_response and lgr.flow is not None
               and isinstance(lgr.flow.request, RequestAddLinkV2)):  # fmt: skip
             self._flow_response(lgr, msg, True, now, out)

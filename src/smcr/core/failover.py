@@ -217,7 +217,8 @@ class FailoverLayer(AddLinkLayer):
             if flow is not None and flow.request.TYPE == msg.TYPE:
                 self._flow_response(lgr, msg, True, now, out)
             return
-        if not msg.is_all and self._delete_during_add(link, msg, now, out):
+        if not msg.is_all and (self._delete_during_add(link, msg, now, out)
+                               or self._delay(link, msg)):  # fmt: skip
             return
         if msg.is_all or len(lgr.links) < 2:
             super()._llc_delete_link(link, msg, now, out)  # one link: the group ends

@@ -161,6 +161,9 @@ class LinkGroup:
     peer_rtokens: list[Rtoken] = field(default_factory=list)  # confirmed peer RMBs
     next_link_id: int = 0  # server: the last link id given (Linux lgr->next_link_id)
     remote_add: AddLinkFlow | None = None  # client: the server's ADD LINK flow being answered
+    delayed: tuple[Link, LlcMessage] | None = None
+    """An ADD/DELETE LINK request that came while a local flow ran (Linux
+    ``lgr->delayed_event``), handled when it ends."""
     terminated: bool = False
     idle_since: float | None = None  # when the last connection left
     version: int = 1

@@ -184,6 +184,9 @@ class LinkLayer:
         except WireError as exc:
             self._drop(qpn, f"undecodable LLC message: {exc}")
             return
+        self._dispatch(link, msg, now, out)
+
+    def _dispatch(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
         handler = self._llc_handlers.get(msg.TYPE)
         try:
             if handler is None:
@@ -191,6 +194,21 @@ class LinkLayer:
             handler(link, msg, now, out)
         except LlcViolationError as exc:
             self._delete_all(link.lgr, DeleteLinkReason.PROT_VIOL, str(exc), out)
+
+    def _delay(self, link: Link, msg: LlcMessage) -> bool:
+        """An ADD LINK or DELETE LINK request while a local flow runs (Linux
+        ``smc_llc_flow_start`` -> ``smc_llc_flow_parallel``): one of another kind waits
+        for the flow's end (one such request; more are dropped), one of the same kind is
+        dropped.  Whether it was held back."""
+        lgr = link.lgr
+        flow = lgr.flow
+        if flow is None:
+            return False
+        if (flow.request.TYPE & 0x0F) != (msg.TYPE & 0x0F) and lgr.delayed is None:
+            lgr.delayed = (link, msg)
+        else:
+            self._drop(link.qpn, "LLC request parallel to a running flow of ours")
+        return True
 
     def _receive_cdc(self, link: Link, data: memoryview, out: list[Action]) -> None:
         if len(data) != _CDC_SIZE or data[1] != _CDC_SIZE:  # smc_cdc_rx_handler drops it
@@ -383,7 +401,17 @@ class LinkLayer:
         self._next_flow(lgr, now, out)
 
     def _next_flow(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
+        """Start the next local flow, if none runs; a request held back while one ran
+        (:meth:`_delay`) is handled first, as Linux's ``smc_llc_flow_stop`` hands the
+        delayed event to the event worker before waking waiting flows."""
         while True:
+            if (lgr.delayed is not None and lgr.flow is None and lgr.remote_add is None
+                    and not lgr.terminated):  # fmt: skip
+                held, msg = lgr.delayed
+                lgr.delayed = None
+                if held in lgr.links and held.state is LinkState.LINK_ACTIVE:
+                    self._dispatch(held, msg, now, out)
+                continue
             link = lgr.active_link
             if (lgr.flow is not None or not lgr.flow_queue or link is None
                     or lgr.remote_add is not None or lgr.terminated):  # fmt: skip
