@@ -161,3 +161,27 @@ def test_delete_link_during_the_servers_add_link_flow() -> None:
         assert not [e for e in side.events if isinstance(e, ConnectionReset)]
         assert lgr_of(side).flow is None and lgr_of(side).remote_add is None
     assert transfer(p, c, s, b"still") == b"still"
+
+
+def test_clients_delete_link_waits_for_its_running_flow() -> None:
+    """The client loses link 1 while its CONFIRM RKEY flow waits for the server: its
+    connections move at once, but its DELETE LINK goes only when that flow has ended
+    (smcr_link_down waits for the local flow); the server then echoes it as usual."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    c1, s1 = p.connect()
+    p.pump()
+    c2, s2, held = second_connection_with_confirm_rkey_held(p)
+    before = len(p.client.llc_sent)
+    p.server.engine.ports_down.add(0)
+    p.do(p.client, p.client.engine.port_down(0, "injected", p.now))
+    assert p.client.engine.conns[c1].link is lgr_of(p.client).links[0]
+    assert links(p.client) == [2]
+    assert not [m for m in p.client.llc_sent[before:] if m[0] == LlcType.DELETE_LINK]
+    deliver(p, p.client, held[0])
+    dels = [(m[3], m[4]) for m in p.client.llc_sent[before:] if m[0] == LlcType.DELETE_LINK]
+    assert dels == [(0x20, 1), (0xA0, 1)]  # ours, then the answer to the server's echo
+    for side in (p.client, p.server):
+        assert links(side) == [2]
+        assert not [e for e in side.events if isinstance(e, ConnectionReset)]
+    assert transfer(p, c1, s1, b"one") == b"one"
+    assert transfer(p, c2, s2, b"two") == b"two"

@@ -172,8 +172,14 @@ class FailoverLayer(AddLinkLayer):
                                        DeleteLinkReason.LOST_PATH, link.link_id)  # fmt: skip
         if lgr.role is Role.SERVER:  # smc_llc_srv_delete_link_local
             self._delete_link_flow(lgr, request, now, out)
-        else:
+        elif lgr.flow is None and lgr.remote_add is None:
             self._post_llc(to, request, out)
+        else:  # smcr_link_down: a client's DELETE LINK waits for its running flow to end
+
+            def start(via: Link, t: float, actions: list[Action]) -> None:
+                self._post_llc(via, request, actions)  # not waited for: the server echoes it
+
+            lgr.flow_queue.appendleft(LocalFlow(request, lambda ok, t: [], start=start))
         return out
 
     def _add_link_failed(self, new: Link, now: float, out: list[Action]) -> None:
