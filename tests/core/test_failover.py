@@ -158,3 +158,24 @@ def test_last_link_failing_ends_the_group() -> None:
     p.do(p.server, p.server.engine.link_failed(link2.qpn, "injected", p.now))
     assert not p.server.engine.lgrs
     assert [e.conn for e in p.server.events if isinstance(e, ConnectionReset)] == [s]
+
+
+def test_failover_validation_cdc_bytes_as_linux() -> None:
+    """smcr_cdc_msg_send_validation writes type, length, the sequence number of the last
+    completed CDC, the peer's token and producer flag 0x08 into a send buffer Linux zeroes
+    after each use (smc_wr_tx_process_cqe / smc_wr_tx_put_slot): every other byte is 0."""
+    p, c, s = symmetric()
+    _n, actions = p.client.write(c, b"z" * 100)
+    p.do(p.client, actions)  # one CDC, completed: seq 1
+    conn = p.client.engine.conns[c]
+    p.server.engine.ports_down.add(0)
+    link2 = lgr_of(p.client).links[1]
+    out = p.client.engine.port_down(0, "injected", p.now)
+    cdcs = [a.data for a in out if isinstance(a, PostSend) and a.data[0] == 0xFE]
+    validation = cdcs[0]
+    assert validation == (bytes.fromhex("fe2c") + (1).to_bytes(2, "big")
+                          + conn.peer_token.to_bytes(4, "big") + bytes(16) + b"\x08"
+                          + bytes(19))  # fmt: skip
+    assert all(a.qpn == link2.qpn for a in out if isinstance(a, PostSend))
+    p.do(p.client, out)
+    assert read_all(p, s) == b"z" * 100
