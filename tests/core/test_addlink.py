@@ -229,6 +229,8 @@ def test_unanswered_confirm_link_on_new_link_deletes_it() -> None:
     srv = lgr_of(p.server)
     new_s = srv.links[1].qpn
     p.advance(ADD.llc_wait)
+    assert new_s not in p.server.destroyed  # SMC_LLC_WAIT_FIRST_TIME, not SMC_LLC_WAIT_TIME
+    p.advance(ADD.llc_wait_confirm - ADD.llc_wait)
     assert new_s in p.server.destroyed
     last = decode_llc(p.server.llc_sent[-1])
     assert last == DeleteLink(flags=0, link_num=2, reason=0x00010000)
@@ -297,14 +299,14 @@ def test_client_answers_delete_link_instead_of_confirm_link_and_rejects() -> Non
     DELETE LINK for link 2 (04 2C 00 00, lost path); the client, still waiting for CONFIRM
     LINK, echoes it as answer (04 2C 00 80, reason kept), clears its new link and rejects
     the offer after all (02 2C 01 C0), as smc_llc_cli_conf_link and out_clear_lnk."""
-    quick = dataclasses.replace(ADD, llc_wait=1.0)  # the server gives up before the client
+    quick = dataclasses.replace(ADD, llc_wait_confirm=1.0)  # the server gives up first
     p = Pair(ADD, server_config=quick, client_ports=2, server_ports=2)
     p.drop_llc = lambda side, data: (side is p.server and data[0] == LlcType.CONFIRM_LINK
                                      and len(side.llc_sent) > 1)
     first_contact(p)
     c_new = lgr_of(p.client).links[1]
     sent = len(p.client.llc_sent)
-    p.advance(quick.llc_wait)
+    p.advance(quick.llc_wait_confirm)
     assert [m[:9].hex() for m in p.client.llc_sent[sent:]] == [
         "042c008002" + "00010000", "022c01c0" + p.server.llc_sent[1][4:9].hex()]
     assert c_new.qpn in p.client.destroyed

@@ -136,7 +136,7 @@ def test_client_accepts_the_kernels_add_link_v2() -> None:
     # no CONFIRM LINK: DELETE LINK for the new link (lost path), the QP destroyed, and the
     # offer rejected after all (22 2C 00 C0), as smc_llc_cli_conf_link / out_clear_lnk
     p.client.llc_sent.clear()
-    p.advance(ADD.llc_wait)
+    p.advance(ADD.llc_wait_confirm)
     assert [m[:4] for m in p.client.llc_sent] == [bytes.fromhex("242c0000"),
                                                   bytes.fromhex("222c00c0")]
     assert p.client.llc_sent[0][4] == 2

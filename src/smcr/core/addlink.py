@@ -272,7 +272,7 @@ class AddLinkLayer(LinkLayer):
         self._post_llc(flow.new, llc_msgs.confirm_link(flow.new, self.identity, self.config),
                        out)  # fmt: skip
         assert lgr.flow is not None
-        lgr.flow.deadline = now + self.config.llc_wait
+        lgr.flow.deadline = now + self.config.llc_wait_confirm
 
     def _srv_add_link_cont(self, link: Link, msg: AddLinkCont, now: float,
                            out: list[Action]) -> None:  # fmt: skip
@@ -344,7 +344,7 @@ class AddLinkLayer(LinkLayer):
         if isinstance(msg, AddLinkV2):  # smc_llc_save_add_link_rkeys, then CONFIRM LINK
             self._save_rkeys(flow, msg.ext.rkeys if msg.ext is not None else ())
             flow.step, flow.to_send = "confirm", []
-            flow.deadline = now + self.config.llc_wait
+            flow.deadline = now + self.config.llc_wait_confirm
         lgr.remote_add = flow
 
     def _cli_fail(self, lgr: LinkGroup, now: float, out: list[Action],
@@ -378,7 +378,7 @@ class AddLinkLayer(LinkLayer):
         flow.deadline = now + self.config.llc_wait
         if not flow.to_send and flow.recv_left <= 0:
             flow.step = "confirm"
-            flow.deadline = now + self.config.llc_wait
+            flow.deadline = now + self.config.llc_wait_confirm
 
     def _cli_confirm_link(self, link: Link, msg: ConfirmLink, now: float,
                           out: list[Action]) -> bool:  # fmt: skip

@@ -23,6 +23,9 @@ class Config:
     """``SMC_LLC_WAIT_TIME``: wait for an LLC response."""
     llc_wait_first: float = 4.0
     """``2 * SMC_LLC_WAIT_TIME``: client waits for the first CONFIRM LINK."""
+    llc_wait_confirm: float = 5.0
+    """``SMC_LLC_WAIT_FIRST_TIME``: both sides' wait for the CONFIRM LINK (response) of a
+    link added by ADD LINK (``smc_llc_srv_conf_link``, ``smc_llc_cli_conf_link``)."""
     testlink_time: float = 30.0
     """``SMC_LLC_TESTLINK_DEFAULT_TIME``; 0 disables the keepalive."""
     close_wait_tx: float = 2.0
