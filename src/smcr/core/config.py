@@ -48,13 +48,16 @@ class Config:
     qp_mtu: int = 5
     """Our QP MTU enum for CLC (5 = 4096: the shm RNIC's active MTU)."""
     add_links: bool = False
-    """Whether this engine takes part in ADD LINK (SMC-Rv1): as server it offers a second
-    link after first contact, over another port of :attr:`LocalIdentity.ports` or, as
-    Linux does with one RNIC, an asymmetric one over the same; as client it accepts an
-    offer as Linux ``smc_llc_cli_add_link`` does.  It needs a host that makes a QP on any
-    port and registers every RMB there (:class:`~smcr.core.engine.Provider`).  False:
-    one link per group, the server offers none and the client rejects every offer (what
-    the runtime does while it holds one RNIC)."""
+    """Whether this engine takes part in ADD LINK (SMC-Rv1 and v2): as server it offers
+    another link after first contact, after a DELETE LINK left one, and on
+    :meth:`~smcr.core.engine.Engine.port_up`, over another port of
+    :attr:`LocalIdentity.ports` or, as Linux does with one usable RNIC, an asymmetric one
+    over the same; as client it accepts an offer as Linux ``smc_llc_cli_add_link`` does
+    and asks for a link on ``port_up``; SMC-Rv2.1 negotiates 2 links.  It needs a host
+    that makes a QP on any port and registers every RMB there
+    (:class:`~smcr.core.engine.Provider`).  False: one link per group, the server offers
+    none and the client rejects every offer (what the runtime does while it holds one
+    RNIC)."""
 
     @property
     def v2_max_links(self) -> int:

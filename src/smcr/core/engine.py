@@ -3,10 +3,11 @@
 Inputs (each takes ``now``, monotonic seconds; the engine never reads a clock):
 ``connect``/``accept``/``receive_clc`` (CLC over TCP), ``receive_wr`` (a SEND
 that arrived on a link), ``send_completed`` and ``link_failed`` (verbs
-completions), ``handle_timer``, and the application's ``data_written``,
-``data_consumed``, ``shutdown_write``, ``close``.  Each returns the actions the
-host must execute, in order; events are pulled with :meth:`Engine.next_event`,
-the next deadline with :meth:`Engine.get_timer`.
+completions), ``port_down``/``port_up`` (the host's RNIC ports), ``handle_timer``,
+and the application's ``data_written``, ``data_consumed``, ``shutdown_write``,
+``close``.  Each returns the actions the host must execute, in order; events are
+pulled with :meth:`Engine.next_event`, the next deadline with
+:meth:`Engine.get_timer`.
 
 Why one engine per process and not per link group (as STYLE suggests): a
 connection's handshake runs before anyone knows which link group it will use
@@ -20,15 +21,16 @@ server decides on first contact (or the client learns it), since only then is
 it known that a QP is needed.  ``new_qp`` allocates and returns numbers only:
 it does no I/O, the QP transitions are actions.
 
-ADD LINK (:mod:`smcr.core.addlink`): with :attr:`Config.add_links` a server offers a
-second link after first contact and a client answers as Linux does.  Without it
-(the runtime: one RNIC per process, so no second path), as server we never offer
-ADD LINK; as client we reject one (``02 2C 01 C0``,
-Linux ``smc_llc_cli_add_link_reject``) and do not wait 2 s for it after the
-first CONFIRM LINK (Linux does when max links > 1).  A Linux *client* talking
-to this server would wait those ~3 s (2 s for ADD LINK, then ~1 s for a
-Decline) unless the server sent an ADD LINK it can reject; doing so needs a
-spare QP per first contact, which the RoCE RNIC path can add (see the report).
+ADD LINK (:mod:`smcr.core.addlink`, SMC-Rv1 and v2): with :attr:`Config.add_links` a
+server offers another link after first contact, after a DELETE LINK left one, and when
+the host reports a port usable again (:meth:`port_up`); a client answers as Linux does
+and asks for a link on :meth:`port_up`.  Without it (the runtime while it holds one
+RNIC), as server we never offer ADD LINK; as client we reject one (``02 2C 01 C0``,
+Linux ``smc_llc_cli_add_link_reject``) and do not wait 2 s for it after the first
+CONFIRM LINK (Linux does when max links > 1).  A Linux *client* talking to this server
+would wait those ~3 s (2 s for ADD LINK, then ~1 s for a Decline) unless the server sent
+an ADD LINK it can reject; with ``add_links`` the server sends one (asymmetric, over the
+same port, when it has no other).
 """
 
 from __future__ import annotations

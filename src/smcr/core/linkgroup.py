@@ -2,10 +2,10 @@
 
 A link group holds every SMC-R connection between two peer systems in one
 role pair (the side that was server stays server); it owns its links (RC QP
-pairs, each over one of our ports) and the connections' tokens.  The runtime
-runs one link per group (one RNIC per process); with :attr:`Config.add_links
-<smcr.core.config.Config.add_links>` the engine adds a second one (ADD LINK,
-:mod:`smcr.core.addlink`).
+pairs, each over one of our ports) and the connections' tokens.  With
+:attr:`Config.add_links <smcr.core.config.Config.add_links>` the engine adds a second
+one (ADD LINK, :mod:`smcr.core.addlink`; a third for a moment while an asymmetric
+link is replaced), else a group has one link.
 
 Peer RMBs (Linux ``lgr->rtokens``): one :data:`Rtoken` per peer RMB, the
 (rkey, vaddr) the peer gave for it on each link; a connection holds its peer
@@ -13,9 +13,12 @@ RMB's, so a link added later (ADD LINK CONTINUATION) fills in every
 connection's rkey for that link at once.
 
 LLC concurrency (``smc_llc_flow_start``): one *local* flow at a time per link
-group -- here CONFIRM RKEY and DELETE RKEY, queued in order -- while remote
-requests are answered at once.  A response that does not fit the running
-local flow is dropped.
+group -- CONFIRM RKEY, DELETE RKEY, the server's ADD LINK and DELETE LINK, the
+client's REQUEST ADD LINK, queued in order -- while remote CONFIRM / DELETE RKEY
+requests are answered at once; a remote ADD LINK or DELETE LINK request that comes
+while a local flow of another kind runs waits for its end (``delayed``), one of the
+same kind is dropped.  A response that does not fit the running local flow is
+dropped.
 """
 
 from __future__ import annotations
