@@ -170,3 +170,25 @@ def test_asymmetric_link_replaced_when_the_port_comes_up() -> None:
     assert asym.qpn in p.server.destroyed
     assert p.server.engine.conns[s].link is not asym
     assert transfer(p, c, s, b"moved") == b"moved"
+
+
+def test_delete_rkey_names_the_rmb_by_its_rkey_on_the_link_it_goes_over() -> None:
+    """After link 1 is gone the group talks over link 2: a released RMB's DELETE RKEY
+    carries its rkey for link 2 (smc_llc_send_delete_rkey), which the peer knows there:
+    the answer is positive and the peer forgets the RMB."""
+    p, c, s = symmetric()
+    c2, s2 = p.connect()
+    p.pump()
+    path0_down(p)
+    rkey2 = p.client.engine.conns[c2].rmb_keys[lgr_of(p.client).links[0]][0]
+    assert rkey2 != p.client.rmbs[c2].rkey
+    before = len(p.client.llc_sent)
+    known = len(lgr_of(p.server).peer_rtokens)
+    for side, conn in ((p.client, c2), (p.server, s2)):
+        p.do(side, side.engine.close(conn, p.now))
+    dels = [m for m in p.client.llc_sent[before:] if m[0] == LlcType.DELETE_RKEY]
+    assert dels and dels[0][8:12] == rkey2.to_bytes(4, "big")
+    answers = [m for m in p.server.llc_sent if m[0] == LlcType.DELETE_RKEY and m[3] & 0x80]
+    assert answers and not answers[-1][3] & 0x20  # positive
+    assert len(lgr_of(p.server).peer_rtokens) == known - 1
+    assert transfer(p, c, s, b"left") == b"left"

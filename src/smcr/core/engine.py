@@ -689,8 +689,14 @@ class Engine(PortLayer):
                 if not lgr.conns:
                     lgr.idle_since = now
                 if not lgr.terminated and lgr.active_link is not None:
-                    request = llc_msgs.delete_rkey(lgr, c.rmb.rkey)
-                    self._start_flow(lgr, request, lambda ok, t: reuse, now, out)
+                    def build(link: Link, lgr: LinkGroup = lgr) -> LlcMessage:
+                        # the RMB's rkey on the link the request goes over, as Linux
+                        # smc_llc_send_delete_rkey (the peer looks it up on that link)
+                        rkey = c.rmb_keys.get(link, (c.rmb.rkey, 0))[0]
+                        return llc_msgs.delete_rkey(lgr, rkey)
+
+                    request = build(lgr.active_link)
+                    self._start_flow(lgr, request, lambda ok, t: reuse, now, out, build)
                     return out
         out += reuse
         return out
