@@ -179,3 +179,35 @@ def test_failover_validation_cdc_bytes_as_linux() -> None:
     assert all(a.qpn == link2.qpn for a in out if isinstance(a, PostSend))
     p.do(p.client, out)
     assert read_all(p, s) == b"z" * 100
+
+
+def test_unanswered_test_link_fails_over_not_ends_the_group() -> None:
+    """Link 1's path breaks silently (nothing the client sends on it arrives): the TEST
+    LINK probes of the idle links go unanswered on link 1, which each side then takes
+    down as for any failure (smc_llc_testlink_work -> smcr_link_down_cond_sched): the
+    connection moves to link 2, the group lives on, and, every port being up, the server
+    adds a link again (link 3)."""
+    p = Pair(Config(add_links=True, testlink_time=5.0), client_ports=2, server_ports=2)
+    c, s = p.connect()
+    p.pump()
+    link1_c, link1_s = lgr_of(p.client).links[0], lgr_of(p.server).links[0]
+    real = p._execute
+
+    def execute(side: Side, a: Action) -> None:
+        if side is p.client and isinstance(a, PostSend) and a.qpn == link1_c.qpn:
+            return  # lost on the way
+        real(side, a)
+
+    p._execute = execute  # type: ignore[method-assign]
+    p.advance(5.0)  # both sides probe their idle links
+    assert link1_s.state is LinkState.LINK_ACTIVE  # waiting for the answer
+    p.advance(ADD.llc_wait)
+    for side, link1 in ((p.client, link1_c), (p.server, link1_s)):
+        assert link1.state is LinkState.LINK_INACTIVE and link1.qpn in side.destroyed
+        lgr = lgr_of(side)
+        assert [x.link_id for x in lgr.links] == [2, 3] and lgr.lgr_type is LgrType.SYMMETRIC
+        assert not [e for e in side.events if isinstance(e, ConnectionReset)]
+    assert p.server.engine.conns[s].link is lgr_of(p.server).links[0]
+    _n, actions = p.client.write(c, b"after the probe")
+    p.do(p.client, actions)
+    assert read_all(p, s) == b"after the probe"

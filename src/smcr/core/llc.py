@@ -555,8 +555,8 @@ class LinkLayer:
         if period <= 0 or link.state is not LinkState.LINK_ACTIVE:
             return
         if link.test_deadline is not None:
-            if now >= link.test_deadline:
-                self._terminate(link.lgr, "TEST LINK not answered", out)
+            if now >= link.test_deadline:  # smcr_link_down_cond_sched: the link is down
+                out.extend(self.link_failed(link.qpn, "TEST LINK not answered", now))
         elif now >= link.last_rx + period:
             self._post_llc(link, llc_msgs.test_link(link.lgr), out)
             link.test_deadline = now + self.config.llc_wait
