@@ -211,3 +211,25 @@ def test_unanswered_test_link_fails_over_not_ends_the_group() -> None:
     _n, actions = p.client.write(c, b"after the probe")
     p.do(p.client, actions)
     assert read_all(p, s) == b"after the probe"
+
+
+@pytest.mark.parametrize("detector", ["server", "client"])
+def test_many_connections_on_both_links_survive_a_path_loss(detector: str) -> None:
+    """Twenty connections, balanced over links 1 and 2, each with bytes in flight (WRITEs
+    done, CDCs lost) when port 0 goes: every connection ends on link 2 and the server
+    reads every byte of each once, in order; then more bytes flow on each."""
+    p, c0, s0 = symmetric()
+    pairs = [(c0, s0)]
+    for _ in range(19):
+        pairs.append(p.connect())
+        p.pump()
+    on_link1 = [c for c, _s in pairs if p.client.engine.conns[c].link is lgr_of(p.client).links[0]]
+    assert 5 <= len(on_link1) <= 15
+    for i, (c, _s) in enumerate(pairs):
+        write_stalled(p, c, DATA[: 500 + i], deliver_cdc=False)
+    fail_link1(p, p.server if detector == "server" else p.client)
+    assert_on_link2_only(p)
+    for i, (c, s) in enumerate(pairs):
+        _n, actions = p.client.write(c, b"tail %d" % i)
+        p.do(p.client, actions)
+        assert read_all(p, s) == DATA[: 500 + i] + b"tail %d" % i
