@@ -326,3 +326,15 @@ def test_link_failure_in_an_asymmetric_local_group_ends_it() -> None:
     p.do(p.server, p.server.engine.link_failed(link1.qpn, "injected", p.now))
     assert not p.server.engine.lgrs
     assert [e.conn for e in p.server.events if isinstance(e, ConnectionReset)] == [s]
+
+
+def test_second_link_only_over_a_port_of_the_same_pnetid() -> None:
+    """smc_pnet_find_alt_roce: the alternate RNIC must have the group's PNET ID; a port of
+    another PNET ID is passed over for the next one that matches."""
+    p = Pair(ADD, client_ports=2, server_ports=3)
+    ident = p.server.engine.identity
+    more = (dataclasses.replace(ident.more_ports[0], pnetid="OTHERNET"), ident.more_ports[1])
+    p.server.engine.identity = dataclasses.replace(ident, more_ports=more)
+    first_contact(p)
+    assert [(x.link_id, x.port) for x in active(lgr_of(p.server))] == [(1, 0), (2, 2)]
+    assert lgr_of(p.server).lgr_type is LgrType.SYMMETRIC

@@ -34,9 +34,9 @@ sends the reject (``out_clear_lnk`` falls through to ``out_reject``); when the
 CONFIRM LINK never came it sends DELETE LINK for the new link first
 (``smc_llc_cli_conf_link``).
 
-Which of our ports pairs with the peer's (Linux: PNET ID, else subnet) is not
-decided here: the alternate port is the first usable one other than the old
-link's.
+Which of our ports a new link uses: the first usable one other than the old
+link's with the same PNET ID (:attr:`Port.pnetid <smcr.core.config.Port.pnetid>`);
+the peer decides its own side the same way.
 """
 
 from __future__ import annotations
@@ -91,10 +91,12 @@ class AddLinkLayer(LinkLayer):
     # -- helpers ---------------------------------------------------------------
 
     def _alt_port(self, link: Link) -> int | None:
-        """A usable port of ours other than ``link``'s (Linux ``smc_pnet_find_alt_roce``:
-        another device whose port is active)."""
-        for i in range(len(self.identity.ports)):
-            if i != link.port and i not in self.ports_down:
+        """A usable port of ours other than ``link``'s, of the same PNET ID (Linux
+        ``smc_pnet_find_alt_roce``: another device, its port active, ``smc_pnet_match``)."""
+        ports = self.identity.ports
+        pnetid = ports[link.port].pnetid.strip()
+        for i, port in enumerate(ports):
+            if i != link.port and i not in self.ports_down and port.pnetid.strip() == pnetid:
                 return i
         return None
 

@@ -76,11 +76,15 @@ class Port:
     :param netdev: the host's name for it (net device or shm RNIC name), for the host
         and the tools only; the engine names a port by its index in
         :attr:`LocalIdentity.ports`.
+    :param pnetid: its PNET ID (Linux ``smcibdev->pnetid``): a link group's further
+        links go only over ports of the same PNET ID as its first (``smc_pnet_match``;
+        two empty ones match).
     """
 
     gid: bytes
     mac: bytes
     netdev: str = ""
+    pnetid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
