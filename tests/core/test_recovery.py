@@ -192,3 +192,23 @@ def test_delete_rkey_names_the_rmb_by_its_rkey_on_the_link_it_goes_over() -> Non
     assert answers and not answers[-1][3] & 0x20  # positive
     assert len(lgr_of(p.server).peer_rtokens) == known - 1
     assert transfer(p, c, s, b"left") == b"left"
+
+
+def test_link_added_again_over_a_port_reuses_the_rmb_registration() -> None:
+    """Port 1 goes and comes back: the new link over it uses the RMB registration the host
+    made for the first link over port 1 (register_rmb is asked once per RMB and port)."""
+    p, c, s = symmetric()
+    assert [r[:2] for r in p.server.registered] == [(s, 1)]
+    p.run(p.server, p.server.engine.port_down(1, "carrier lost", p.now))
+    p.run(p.client, p.client.engine.port_down(1, "carrier lost", p.now))
+    p.pump()
+    assert links(p.server) == [(1, 0)]
+    p.run(p.server, p.server.engine.port_up(1, p.now))
+    p.run(p.client, p.client.engine.port_up(1, p.now))
+    p.pump()
+    assert [lid for lid, port in links(p.server) if port == 1]
+    assert [r[:2] for r in p.server.registered] == [(s, 1)]
+    assert [r[:2] for r in p.client.registered] == [(c, 1)]
+    for side, conn in ((p.client, c), (p.server, s)):
+        side.engine._use_link(side.engine.conns[conn], lgr_of(side).links[1])
+    assert transfer(p, c, s, b"over port 1 again") == b"over port 1 again"

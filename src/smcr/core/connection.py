@@ -110,6 +110,9 @@ class Connection:
         self.qpn = 0
         self.rmb_keys: dict[Link, tuple[int, int]] = {}
         """Our RMB's (rkey, vaddr) per link of the group (Linux ``rmb_desc->mr[]``)."""
+        self.port_keys: dict[int, tuple[int, int]] = {}
+        """Our RMB's registrations per port the host made (``Provider.register_rmb``),
+        kept when a link goes: a link over that port later uses them again."""
         self.peer_token = 0
         self.peer_rtoken: dict[Link, tuple[int, int]] = {}
         """The peer RMB's (rkey, vaddr) per link (the group's rtoken, shared)."""

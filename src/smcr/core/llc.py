@@ -231,13 +231,11 @@ class LinkLayer:
         port (:meth:`Provider.register_rmb`), the RMB's own on port 0."""
         keys = conn.rmb_keys.get(link)
         if keys is None:
-            for other, got in conn.rmb_keys.items():
-                if other.port == link.port:
-                    keys = got
-                    break
-            else:
+            keys = conn.port_keys.get(link.port)
+            if keys is None:
                 keys = ((conn.rmb.rkey, conn.rmb.vaddr) if link.port == 0
                         else self.provider.register_rmb(conn.id, link.port))  # fmt: skip
+                conn.port_keys[link.port] = keys
             conn.rmb_keys[link] = keys
         return keys
 
