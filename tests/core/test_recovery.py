@@ -212,3 +212,34 @@ def test_link_added_again_over_a_port_reuses_the_rmb_registration() -> None:
     for side, conn in ((p.client, c), (p.server, s)):
         side.engine._use_link(side.engine.conns[conn], lgr_of(side).links[1])
     assert transfer(p, c, s, b"over port 1 again") == b"over port 1 again"
+
+
+def test_new_connection_while_port0_is_down_joins_the_group_over_port1() -> None:
+    """Port 0 down on both sides: a new connection's Proposal names the client's port 1
+    (Linux takes an RNIC whose port is active), so the server finds the group by its
+    surviving link and the Accept names that link (the server's port 1 GID); no new group."""
+    p, c, s = symmetric()
+    path0_down(p)
+    c2, s2 = p.connect()
+    p.pump()
+    assert len(p.server.engine.lgrs) == len(p.client.engine.lgrs) == 1
+    proposal = bytes(p.client.clc_out[c2])
+    port1 = p.client.engine.identity.ports[1]
+    assert port1.gid in proposal and port1.mac in proposal
+    assert p.server.engine.conns[s2].link is lgr_of(p.server).links[0]
+    assert transfer(p, c2, s2, b"joined") == b"joined"
+    assert transfer(p, c, s, b"old") == b"old"
+
+
+def test_first_contact_while_port0_is_down_starts_on_port1() -> None:
+    """No group yet and port 0 down on both sides: the first link goes over port 1 of
+    each, and CLC names those ports."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    for side in (p.client, p.server):
+        side.engine.ports_down.add(0)
+    c, s = p.connect()
+    p.pump()
+    for side in (p.client, p.server):
+        assert links(side) == [(1, 1)]
+        assert lgr_of(side).lgr_type is LgrType.SINGLE  # no other usable port: rejected
+    assert transfer(p, c, s, b"port 1") == b"port 1"

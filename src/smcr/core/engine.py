@@ -35,6 +35,7 @@ same port, when it has no other).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import deque
 from typing import Protocol
@@ -168,6 +169,10 @@ class Engine(PortLayer):
         hs = Handshake(conn, True, HsState.PROPOSAL_SENT, now + self.config.clc_wait, rmb,
                        local_ip, sndbuf_size=sndbuf_size)  # fmt: skip
         self.handshakes[conn] = hs
+        hs.port = self._usable_port()  # the Proposal names it; a first contact uses it
+        if hs.port:
+            port = ident.ports[hs.port]
+            ident = dataclasses.replace(ident, gid=port.gid, mac=port.mac)
         proposal = negotiation.proposal(ident, local_ip, self.ueids, self.config)
         hs.offered_v2 = proposal.v2_extension is not None
         hs.version = 1  # Linux: v1 Declines before an Accept, unless ISMv2-capable
@@ -258,11 +263,16 @@ class Engine(PortLayer):
             hs.lgr.conns[conn.token] = conn
         return conn
 
-    def _new_lgr(self, role: Role, peer_id: bytes,
-                 terms: V2Terms | None = None) -> tuple[LinkGroup, Link]:  # fmt: skip
+    def _usable_port(self) -> int:
+        """The port a new link group starts on: the first one not reported down (Linux
+        ``smc_pnet_find_roce_resource`` takes an RNIC whose port is active), else 0."""
+        return next((i for i in range(len(self.identity.ports)) if i not in self.ports_down), 0)
+
+    def _new_lgr(self, role: Role, peer_id: bytes, terms: V2Terms | None = None,
+                 port: int = 0) -> tuple[LinkGroup, Link]:  # fmt: skip
         lgr = LinkGroup(next(self._lgr_ids), role, peer_id)
         lgr.version, lgr.terms = (1, None) if terms is None else (2, terms)
-        link = self._new_link(lgr, 0, link_id=1)
+        link = self._new_link(lgr, port, link_id=1)
         lgr.next_link_id = 1
         self.lgrs[lgr.lgr_id] = lgr
         return lgr, link
@@ -287,7 +297,7 @@ class Engine(PortLayer):
         if hs.rmb is None:
             raise Decline(DeclineCode.MEM, "no buffer for the connection")
         if acc.first_contact:
-            lgr, link = self._new_lgr(Role.CLIENT, acc.peer_id, hs.terms)
+            lgr, link = self._new_lgr(Role.CLIENT, acc.peer_id, hs.terms, hs.port)
             if acc.fce is not None:  # smc_conn_save_peer_info_fce
                 lgr.peer_hostname, lgr.peer_release = acc.fce.hostname, acc.fce.release
             link.peer_qpn, link.peer_psn, link.peer_gid, link.peer_mac = (
@@ -370,7 +380,7 @@ class Engine(PortLayer):
             v2 = {"eid": terms.eid}
             if hs.first_contact:
                 v2 |= {"fce": negotiation.first_contact_ext(terms, ident),
-                       "gid_list": (ident.gid,)}  # fmt: skip
+                       "gid_list": (ident.ports[link.port].gid,)}  # fmt: skip
         port = ident.ports[link.port]  # the link's port (Linux: conn->lnk's gid and mac)
         return ClcConfirm(
             version=hs.smc_version, first_contact=hs.first_contact, peer_id=ident.peer_id,
@@ -391,7 +401,8 @@ class Engine(PortLayer):
             raise Decline(DeclineCode.MEM, "no buffer for the connection")
         link = self._find_server_link(prop.peer_id, choice)
         if link is None:
-            lgr, link = self._new_lgr(Role.SERVER, prop.peer_id, choice.terms)
+            lgr, link = self._new_lgr(Role.SERVER, prop.peer_id, choice.terms,
+                                      self._usable_port())  # fmt: skip
             link.peer_gid, link.peer_mac = choice.peer_gid, choice.peer_mac
             hs.lgr, hs.link, hs.first_contact = lgr, link, True
             self._new_conn(hs, hs.rmb)

@@ -93,6 +93,7 @@ class Handshake:
     offered_v2: bool = False  # client: the Proposal offered SMC-Rv2
     smc_version: int = 1  # the SMC-R version chosen (server) or accepted (client)
     terms: V2Terms | None = None  # v2: what was negotiated
+    port: int = 0  # client: our port the Proposal named (a first contact's link uses it)
 
 
 def prefix_area(ip: IpAddress) -> IpPrefixArea:
