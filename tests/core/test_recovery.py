@@ -5,7 +5,7 @@ the asymmetric link replaced once a symmetric one exists (Linux ``smcr_port_add`
 
 from __future__ import annotations
 
-from smcr.core import Config, ConnectionReset, LgrType, LinkState
+from smcr.core import Config, ConnectionReset, LgrType, LinkAdded, LinkRemoved, LinkState
 from smcr.core.linkgroup import LinkGroup
 from smcr.wire.llc import AddLink, DeleteLink, LlcType, decode_llc
 from tests.core.pair import Pair, Side
@@ -243,3 +243,24 @@ def test_first_contact_while_port0_is_down_starts_on_port1() -> None:
         assert links(side) == [(1, 1)]
         assert lgr_of(side).lgr_type is LgrType.SINGLE  # no other usable port: rejected
     assert transfer(p, c, s, b"port 1") == b"port 1"
+
+
+def test_link_events_for_the_host() -> None:
+    """The host hears of links that come and go in a living group: LinkRemoved (with the
+    reason) when port 0 goes, LinkAdded (with the group's new type) when it is back."""
+    p, _c, _s = symmetric()
+    added = [e for e in p.server.events if isinstance(e, LinkAdded)]
+    assert added == [LinkAdded(lgr_id=lgr_of(p.server).lgr_id, link_id=2, port=1,
+                               lgr_type="SYMMETRIC")]
+    path0_down(p)
+    for side in (p.server, p.client):
+        removed = [e for e in side.events if isinstance(e, LinkRemoved)]
+        assert [(e.link_id, e.port) for e in removed] == [(1, 0)]
+        assert "port 0 down" in removed[0].reason
+    p.run(p.server, p.server.engine.port_up(0, p.now))
+    p.run(p.client, p.client.engine.port_up(0, p.now))
+    p.pump()
+    for side in (p.server, p.client):
+        added = [e for e in side.events if isinstance(e, LinkAdded)]
+        assert [(e.link_id, e.port, e.lgr_type) for e in added] == [(2, 1, "SYMMETRIC"),
+                                                                     (4, 0, "SYMMETRIC")]

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from smcr.core import llc_msgs
 from smcr.core.connection import Connection
-from smcr.core.events import Action, DestroyQp, QpToRtr, QpToRts
+from smcr.core.events import Action, DestroyQp, LinkAdded, QpToRtr, QpToRts
 from smcr.core.linkgroup import (
     AddLinkFlow,
     LgrType,
@@ -135,6 +135,8 @@ class AddLinkLayer(LinkLayer):
         for x in lgr.links:
             x.is_asym = False
         flow.new.is_asym = flow.new_type in _ASYMMETRIC
+        self._events.append(LinkAdded(lgr_id=lgr.lgr_id, link_id=flow.new.link_id,
+                                      port=flow.new.port, lgr_type=lgr.lgr_type.value))  # fmt: skip
 
     def _save_rkeys(self, flow: AddLinkFlow, pairs: tuple[RkeyPair, ...]) -> None:
         """``smc_rtoken_set``: each pair's RMB, known by its rkey on the old link, gets

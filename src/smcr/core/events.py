@@ -172,6 +172,28 @@ class LinkGroupTerminated:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LinkAdded:
+    """A link joined a link group by ADD LINK (not the group's first link): what the
+    group's type is now (Linux logs "link added" and the state change)."""
+
+    lgr_id: int
+    link_id: int
+    port: int
+    lgr_type: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkRemoved:
+    """A link of a group that lives on went (its failure, or DELETE LINK): its
+    connections moved to another link first (Linux logs "link removed")."""
+
+    lgr_id: int
+    link_id: int
+    port: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LlcDropped:
     """An LLC/CDC message was dropped (counted and traced, STYLE §4)."""
 
@@ -180,7 +202,7 @@ class LlcDropped:
 
 
 Event = HandshakeCompleted | FellBack | HandshakeFailed | ConnectionReset | (
-    LinkGroupTerminated | LlcDropped
+    LinkGroupTerminated | LinkAdded | LinkRemoved | LlcDropped
 )
 
 __all__ = [
@@ -192,7 +214,9 @@ __all__ = [
     "FellBack",
     "HandshakeCompleted",
     "HandshakeFailed",
+    "LinkAdded",
     "LinkGroupTerminated",
+    "LinkRemoved",
     "LlcDropped",
     "PostSend",
     "QpToRtr",

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from smcr.core import llc_msgs
 from smcr.core.addlink import AddLinkLayer
-from smcr.core.events import Action, ConnectionReset
+from smcr.core.events import Action, ConnectionReset, LinkRemoved
 from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, LocalFlow, Role
 from smcr.wire.decline import DeclineCode
 from smcr.wire.llc import (
@@ -81,12 +81,14 @@ class FailoverLayer(AddLinkLayer):
             conn.switch_cursor(seq_fin, out)
         return to
 
-    def _link_gone(self, link: Link, out: list[Action]) -> None:
+    def _link_gone(self, link: Link, out: list[Action], reason: str = "") -> None:
         """``smcr_link_clear`` of a link that was up, and the group's new type."""
         lgr = link.lgr
         self._clear_link(link, out)
         if sum(1 for x in lgr.links if x.state is LinkState.LINK_ACTIVE) == 1:
             lgr.lgr_type = LgrType.SINGLE
+        self._events.append(LinkRemoved(lgr_id=lgr.lgr_id, link_id=link.link_id,
+                                        port=link.port, reason=reason))  # fmt: skip
 
     def _delete_link_flow(self, lgr: LinkGroup, request: DeleteLink, now: float,
                           out: list[Action]) -> None:  # fmt: skip
@@ -138,7 +140,7 @@ class FailoverLayer(AddLinkLayer):
         def done(ok: bool, t: float) -> list[Action]:
             actions: list[Action] = []
             if not lgr.terminated:
-                self._clear_link(asym, actions)
+                self._link_gone(asym, actions, "asymmetric link no longer needed")
             return actions
 
         lgr.flow_queue.appendleft(LocalFlow(request, done))  # the next flow, as Linux's
@@ -167,7 +169,7 @@ class FailoverLayer(AddLinkLayer):
         link.state = LinkState.LINK_INACTIVE
         to = self._switch_conns(link, out, dev_err=True)
         assert to is not None
-        self._link_gone(link, out)
+        self._link_gone(link, out, reason)
         request = llc_msgs.delete_link(lgr, LLC_FLAG_DEL_LINK_ORDERLY,
                                        DeleteLinkReason.LOST_PATH, link.link_id)  # fmt: skip
         if lgr.role is Role.SERVER:  # smc_llc_srv_delete_link_local
@@ -252,6 +254,6 @@ class FailoverLayer(AddLinkLayer):
             if self._switch_conns(gone, out) is None:
                 self._terminate(gone.lgr, last, out)
                 return False
-        self._link_gone(gone, out)
+        self._link_gone(gone, out, "the peer's DELETE LINK")
         return True
 
