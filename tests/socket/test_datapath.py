@@ -53,6 +53,39 @@ def digest_server(ctl: Connection) -> None:
     srv.close()
 
 
+def count_server(ctl: Connection, size: int) -> None:
+    """Accept one client; read ``size`` bytes, report their SHA-256 (then wait for EOF)."""
+    srv = smcr.create_server((smc_peer.host(), 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    h, n = hashlib.sha256(), 0
+    buf = bytearray(65536)
+    while n < size and (got := c.recv_into(buf, min(len(buf), size - n))):
+        h.update(buf[:got])
+        n += got
+    ctl.send((n, h.hexdigest()))
+    while c.recv(65536):
+        pass
+    c.close()
+    srv.close()
+
+
+def test_a_burst_of_small_sends_arrives_whole_while_the_sender_does_nothing_more(
+        peer: PeerFactory) -> None:  # fmt: skip
+    """Autocorking holds small sends of a burst in the send buffer until the peer answers
+    the CDC before them; the answer must flush them though the application makes no
+    further call on the socket (the progress thread takes it), and the bytes come in
+    order across the inline and the corked path."""
+    chunks = [os.urandom(n) for n in [1024] * 300 + [1, 7, 4096, 3, 1024, 100]]
+    total = sum(map(len, chunks))
+    p = peer(count_server, total)
+    with smcr.create_connection((smc_peer.host(), p.recv()), timeout=20) as s:
+        for chunk in chunks:
+            s.sendall(chunk)
+        # nothing more on the socket until the peer has it all
+        assert p.recv(20) == (total, hashlib.sha256(b"".join(chunks)).hexdigest())
+
+
 def send_first_server(ctl: Connection, size: int) -> None:
     """Accept one client; send ``size`` bytes before reading any, then read ``size``."""
     srv = smcr.create_server((smc_peer.host(), 0))

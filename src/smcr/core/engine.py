@@ -241,6 +241,7 @@ class Engine(FailoverLayer):
     def _new_conn(self, hs: Handshake, rmb: Rmb) -> Connection:
         conn = Connection(hs.conn, next(self._tokens) & 0xFFFFFFFF or 1, rmb,
                           hs.sndbuf_size or self.config.sndbuf_size)  # fmt: skip
+        conn.autocork = min(self.config.autocork_size, conn.sndbuf_size // 2)
         self.conns[hs.conn] = conn
         hs.token = conn.token
         if hs.lgr is not None:

@@ -1,0 +1,113 @@
+"""Autocorking (Connection.cork, echo_wanted): small sends of a burst wait in the send
+buffer while a CDC that asked the peer to answer is unanswered, and go with one CDC."""
+
+from __future__ import annotations
+
+import os
+
+from smcr.core import Config
+from smcr.core.connection import AUTOCORK_WINDOW
+from smcr.wire.cdc import CdcMessage, ProducerFlags
+from tests.core.pair import Pair, Side
+
+CORK = Config(sndbuf_size=65536, rmb_size=65536, autocork_size=16384)
+REQ = ProducerFlags.CONSUMER_CURSOR_UPDATE_REQUESTED
+
+
+def ready(cfg: Config = CORK) -> tuple[Pair, int, int]:
+    p = Pair(cfg)
+    c, s = p.connect(rmb_size=cfg.rmb_size)
+    p.pump()
+    return p, c, s
+
+
+def send(p: Pair, side: Side, conn: int, data: bytes, now: float) -> str:
+    """One application send as the socket layer makes it (SMCSocket._send): corked, or
+    inline with the CDC asking for an answer when echo_wanted says so; the actions run
+    but nothing is delivered.  Returns "corked", "asked" or "plain"."""
+    c = side.engine.conns[conn]
+    if c.echo_pending and c.cork(len(data)):
+        side.cork_write(conn, data)
+        return "corked"
+    request = c.autocork > 0 and c.echo_wanted(now)
+    n, acts = side.write_inline(conn, data, request)
+    assert n == len(data)
+    p.run(side, acts)
+    return "asked" if request else "plain"
+
+
+def cdcs_in_flight(p: Pair) -> list[CdcMessage]:
+    return [CdcMessage.decode(bytes(d)) for _, _, d in p.sends if d[0] == 0xFE]
+
+
+def test_a_burst_is_corked_behind_one_asking_cdc_and_flushed_by_the_answer() -> None:
+    p, c, s = ready()
+    conn = p.client.engine.conns[c]
+    data = [os.urandom(1024) for _ in range(10)]
+    kinds = [send(p, p.client, c, d, p.now + i * 1e-5) for i, d in enumerate(data)]
+    # the first goes as it is, the second asks the peer to answer, the rest wait
+    assert kinds == ["plain", "asked"] + ["corked"] * 8
+    flags = [m.producer_flags for m in cdcs_in_flight(p)]
+    assert len(flags) == 2 and not flags[0] & REQ and flags[1] & REQ
+    assert conn.tx_app - conn.tx_sent == 8 * 1024
+    p.step_until(lambda: conn.tx_app == conn.tx_sent, "the answer flushes the corked bytes")
+    flush = cdcs_in_flight(p)[-1]
+    assert flush.producer_cursor.count == 10 * 1024 and flush.producer_flags & REQ
+    p.pump()
+    got, acts = p.server.read(s)
+    p.do(p.server, acts)
+    assert got == b"".join(data)
+
+
+def test_corked_bytes_stay_within_the_corking_size() -> None:
+    p, c, _ = ready()
+    conn = p.client.engine.conns[c]
+    assert send(p, p.client, c, bytes(1000), 0.0) == "plain"
+    assert send(p, p.client, c, bytes(1000), 1e-5) == "asked"
+    corked = 0
+    while conn.cork(1000):
+        p.client.cork_write(c, bytes(1000))
+        corked += 1000
+    assert corked == 16000  # 16 sends of 1000 bytes: 16384 is the corking size
+    assert not conn.cork(4096 + 1)  # more than a quarter of it is never corked
+    assert conn.cork(384)
+
+
+def test_lone_sends_spaced_sends_and_answers_never_ask_nor_cork() -> None:
+    p, c, s = ready()
+    # sends further apart than the window: not a burst
+    for i in range(5):
+        assert send(p, p.client, c, b"x" * 100, i * 2 * AUTOCORK_WINDOW) == "plain"
+    p.pump()
+    # request/response: each send follows the peer's message
+    t = 1.0
+    for _ in range(5):
+        t += 1e-6
+        assert send(p, p.client, c, b"q" * 100, t) == "plain"
+        p.pump()
+        _, acts = p.server.read(s)
+        p.do(p.server, acts)
+        t += 1e-6
+        assert send(p, p.server, s, b"r" * 100, t) == "plain"
+        p.pump()
+        _, acts = p.client.read(c)
+        p.do(p.client, acts)
+    assert not any(m.producer_flags & REQ for m in cdcs_in_flight(p))
+
+
+def test_off_when_the_corking_size_is_zero() -> None:
+    p, c, _ = ready(Config(sndbuf_size=65536, rmb_size=65536))
+    for i in range(10):
+        assert send(p, p.client, c, bytes(100), i * 1e-6) == "plain"
+
+
+def test_no_corking_past_the_peers_free_space() -> None:
+    """A corked byte must go with the flush the answer brings: never more than the peer's
+    RMBE has room for now."""
+    p, c, _ = ready(Config(sndbuf_size=65536, rmb_size=16384, autocork_size=16384))
+    conn = p.client.engine.conns[c]
+    send(p, p.client, c, bytes(10000), 0.0)
+    send(p, p.client, c, bytes(1000), 1e-6)
+    assert conn.echo_pending and conn.peer_space() == 16384 - 11000
+    assert send(p, p.client, c, bytes(4096), 2e-6) == "corked"
+    assert conn.cork(1288) and not conn.cork(1289)  # 5384 bytes were free
