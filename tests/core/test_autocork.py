@@ -111,3 +111,30 @@ def test_no_corking_past_the_peers_free_space() -> None:
     assert conn.echo_pending and conn.peer_space() == 16384 - 11000
     assert send(p, p.client, c, bytes(4096), 2e-6) == "corked"
     assert conn.cork(1288) and not conn.cork(1289)  # 5384 bytes were free
+
+
+def test_asking_backs_off_while_answers_find_nothing_corked() -> None:
+    """A sender no faster than the peer's answers (each comes before the next send):
+    asking would cost the peer a CDC per two sends for nothing; after each vain answer
+    twice as many sends go without asking, up to 64.  A burst that corks again resets it."""
+    p, c, s = ready()
+    conn = p.client.engine.conns[c]
+    kinds = []
+    for i in range(300):
+        kinds.append(send(p, p.client, c, b"m" * 100, i * 1e-5))
+        p.pump()  # the peer's answer (if asked) comes before the next send
+        _, acts = p.server.read(s)
+        p.do(p.server, acts)
+    asked = kinds.count("asked")
+    assert 1 <= asked <= 10  # 1 + 1, 2, 4, ... 64 sends between: 7 in 300
+    assert "corked" not in kinds
+    # a burst (no answer between sends) corks once the sends to skip are used up
+    t = 1.0
+    burst = []
+    for _ in range(200):
+        t += 1e-6
+        burst.append(send(p, p.client, c, b"b" * 100, t))
+    assert "corked" in burst
+    p.step_until(lambda: conn.tx_app == conn.tx_sent, "the answer flushes the burst")
+    assert conn.ask_backoff == 0  # that answer found bytes corked
+    p.pump()

@@ -129,6 +129,8 @@ class Connection:
         self.unanswered = False  # a CDC with new data went out, no CDC came from the peer since
         self.echo_pending = False  # and one of them asked for an answer (UPDATE_REQUESTED)
         self.tx_time = 0.0  # when the application last sent (echo_wanted)
+        self.ask_backoff = 0  # sends that go without asking after an answer found nothing corked
+        self.ask_skip = 0  # of which this many are left
         # tx side
         self.tx_app = 0  # bytes the application put into the send buffer
         self.tx_sent = 0  # bytes RDMA-written = our producer cursor
@@ -250,11 +252,19 @@ class Connection:
         CDC with data, none asked yet, and the last send was at most
         :data:`AUTOCORK_WINDOW` ago: a burst.  A lone send, a send that answers
         the peer's message (request/response) and sends far apart ask nothing,
-        and cost the peer no extra CDC.
+        and cost the peer no extra CDC.  Nor do the sends of a connection whose
+        answers came with nothing corked meanwhile (the application sends no
+        faster than the peer answers): after each such answer, twice as many
+        sends as the last time (up to 64) go before one asks again.
         """
         last, self.tx_time = self.tx_time, now
-        return (self.autocork > 0 and self.unanswered and not self.echo_pending
-                and now - last <= AUTOCORK_WINDOW)  # fmt: skip
+        if not (self.autocork > 0 and self.unanswered and not self.echo_pending
+                and now - last <= AUTOCORK_WINDOW):  # fmt: skip
+            return False  # (the caller may skip the call when one of the flags says no)
+        if self.ask_skip:
+            self.ask_skip -= 1
+            return False
+        return True
 
     def write_inline(self, data: memoryview, request: bool = False
                      ) -> tuple[list[tuple[int, int, memoryview]], bytes, int, bool]:  # fmt: skip
@@ -449,7 +459,12 @@ class Connection:
         if sequence_before(seq, self.rx_seq):
             return  # old sequence number: dropped, as smc_cdc_rx_handler does
         self.rx_seq = seq
-        self.unanswered = self.echo_pending = False  # (autocorking: cork, echo_wanted)
+        if self.echo_pending:  # (autocorking: cork, echo_wanted)
+            if self.tx_app > self.tx_sent:
+                self.ask_backoff = 0
+            else:  # asking was in vain: ask less often
+                self.ask_backoff = self.ask_skip = min(64, self.ask_backoff * 2 or 1)
+        self.unanswered = self.echo_pending = False
         size = self.rmb.size
         peer_size = self.peer_rmb_size or 1  # 0: the CLC Confirm is still on its way
         if pcount >= size or ccount >= peer_size:
