@@ -488,6 +488,8 @@ class Engine(FailoverLayer):
             self._unconfirmed.discard(hs.conn)
             self._abort(conn, UNCONFIRMED_RKEY, out)
             self.touched.add(conn.id)
+        elif conn.peer_wants_update:  # a CDC that overtook the CLC Confirm asked for an answer
+            conn.send_cdc(out)
 
     def _decline(self, hs: Handshake, code: DeclineCode, out: list[Action]) -> None:
         """Send a Decline and fall back (``smc_connect_decline_fallback``,
