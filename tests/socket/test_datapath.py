@@ -17,6 +17,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+import pytest
+
 import smcr
 from tests.socket import smc_peer
 from tests.socket.conftest import RNICS, Peer
@@ -84,6 +86,27 @@ def test_a_burst_of_small_sends_arrives_whole_while_the_sender_does_nothing_more
             s.sendall(chunk)
         # nothing more on the socket until the peer has it all
         assert p.recv(20) == (total, hashlib.sha256(b"".join(chunks)).hexdigest())
+
+
+@pytest.mark.parametrize("end", ["close", "shutdown"])
+def test_a_burst_then_close_or_shutdown_delivers_every_byte_before_eof(
+        peer: PeerFactory, end: str) -> None:  # fmt: skip
+    """Bytes corked at the end of a burst go out before the closing (or done-writing) CDC:
+    close and shutdown wait for the send buffer, which the peer's answer flushes."""
+    p = peer(digest_server)
+    s = smcr.SMCSocket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL)
+    s.settimeout(20)
+    s.connect((smc_peer.host(), p.recv()))
+    data = os.urandom(1000 * 200)
+    for i in range(0, len(data), 1000):
+        s.sendall(data[i : i + 1000])
+    if end == "close":
+        s.close()
+    else:
+        s.shutdown(socket.SHUT_WR)
+    assert p.recv(30) == (len(data), hashlib.sha256(data).hexdigest(), "SMCR")
+    s.close()
 
 
 def send_first_server(ctl: Connection, size: int) -> None:
