@@ -732,8 +732,7 @@ class SMCSocket(_PlainSocket):
             n = 0
             if room:
                 size = len(view)
-                request = (c.unanswered and not c.echo_pending and c.autocork > 0
-                           and c.echo_wanted(time.monotonic()))  # fmt: skip
+                request = c.unanswered and not c.echo_pending and c.echo_wanted(size)
                 if size <= room:
                     stack.send_inline(c, view, request)
                     if stack.local_peer(hc, c):

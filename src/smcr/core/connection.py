@@ -58,9 +58,6 @@ _CLOSED = int(CSF.PEER_CONNECTION_CLOSED)
 _DONE = int(CSF.PEER_DONE_WRITING)
 _DONE_OR_CLOSED = _DONE | _CLOSED
 SIGNAL_EVERY = 16  # CDC sends between two signaled ones (see Connection.send_cdc)
-AUTOCORK_WINDOW = 0.0005
-"""Autocorking: two sends with data further apart than this (seconds) are not a burst,
-and the second asks for no answer (:meth:`Connection.echo_wanted`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +125,6 @@ class Connection:
         self.autocork = 0  # bytes (Config.autocork_size, at most half the send buffer); 0: off
         self.unanswered = False  # a CDC with new data went out, no CDC came from the peer since
         self.echo_pending = False  # and one of them asked for an answer (UPDATE_REQUESTED)
-        self.tx_time = 0.0  # when the application last sent (echo_wanted)
         self.ask_backoff = 0  # sends that go without asking after an answer found nothing corked
         self.ask_skip = 0  # of which this many are left
         # tx side
@@ -243,23 +239,21 @@ class Connection:
         said yes: they wait there for the peer's answer, no CDC now."""
         self.tx_app += n
 
-    def echo_wanted(self, now: float) -> bool:
-        """Whether the CDC of a send made ``now`` asks the peer to answer it
+    def echo_wanted(self, n: int) -> bool:
+        """Whether the CDC of a send of ``n`` bytes asks the peer to answer it
         (``UPDATE_REQUESTED``: the peer sends its cursors at once), so that sends
         behind it may be corked (:meth:`cork`).
 
         Yes when autocorking is on, the peer has not answered since our last
-        CDC with data, none asked yet, and the last send was at most
-        :data:`AUTOCORK_WINDOW` ago: a burst.  A lone send, a send that answers
-        the peer's message (request/response) and sends far apart ask nothing,
-        and cost the peer no extra CDC.  Nor do the sends of a connection whose
-        answers came with nothing corked meanwhile (the application sends no
-        faster than the peer answers): after each such answer, twice as many
-        sends as the last time (up to 64) go before one asks again.
+        CDC with data (so this send follows another: a burst may be under way),
+        none asked yet, and sends this size may be corked.  A lone send and a
+        send that answers the peer's message (request/response) ask nothing,
+        and cost the peer no extra CDC.  Nor, mostly, do the sends of a
+        connection whose answers come with nothing corked meanwhile (sends no
+        faster than the peer answers, or far apart): after each such answer,
+        twice as many sends as the last time (up to 64) go before one asks again.
         """
-        last, self.tx_time = self.tx_time, now
-        if not (self.autocork > 0 and self.unanswered and not self.echo_pending
-                and now - last <= AUTOCORK_WINDOW):  # fmt: skip
+        if not (self.unanswered and not self.echo_pending and 0 < n * 4 <= self.autocork):
             return False  # (the caller may skip the call when one of the flags says no)
         if self.ask_skip:
             self.ask_skip -= 1
