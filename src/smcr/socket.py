@@ -1223,6 +1223,7 @@ class SMCSocket(_PlainSocket):
         with stack.lock:
             c = stack.engine_conn(hc)
             if c is not None:
+                stack.uncork(hc)  # (nothing follows: corked bytes go now)
                 stack.wait(hc, lambda: c.tx_pending() == 0 or bool(c.reset_reason)
                            or c.peer_closed, deadline)  # fmt: skip
 

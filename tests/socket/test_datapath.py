@@ -109,6 +109,38 @@ def test_a_burst_then_close_or_shutdown_delivers_every_byte_before_eof(
     s.close()
 
 
+def burst_and_leave_server(ctl: Connection, drop: bool) -> None:
+    """Accept one client, send it a burst of 1 KiB writes and end the process without
+    closing the socket (``drop``: the socket collected first; else still referenced)."""
+    import gc  # noqa: PLC0415
+
+    srv = smcr.create_server((smc_peer.host(), 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    for i in range(300):
+        c.sendall(pattern(1024 * (i + 1))[-1024:])
+    ctl.send("sent")
+    if drop:
+        del c
+        gc.collect()
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_a_burst_then_process_exit_without_close_delivers_every_byte(
+        peer: PeerFactory, drop: bool) -> None:  # fmt: skip
+    """A process that ends without closing: the bytes it sent arrive, corked ones too
+    (at exit they go before the links end, Stack.uncork; the end may then be a reset,
+    as it was before autocorking)."""
+    p = peer(burst_and_leave_server, drop)
+    got = bytearray()
+    with smcr.create_connection((smc_peer.host(), p.recv()), timeout=20) as s:
+        assert p.recv(20) == "sent"
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(65536):
+                got += chunk
+    assert bytes(got) == pattern(300 * 1024)
+
+
 def send_first_server(ctl: Connection, size: int) -> None:
     """Accept one client; send ``size`` bytes before reading any, then read ``size``."""
     srv = smcr.create_server((smc_peer.host(), 0))

@@ -486,6 +486,7 @@ class Stack:
         c = self.engine.conns.get(hc.conn_id)
         if c is None:
             return
+        self.uncork(hc)
         if c.tx_pending() and not c.reset_reason and not c.peer_closed:
             self._shutdowns[hc.conn_id] = hc
             return
@@ -629,6 +630,19 @@ class Stack:
         if not self._corked:
             self._corked = True
             self._bg_cond.notify()
+
+    def uncork(self, hc: HostConn | None = None) -> None:
+        """Send the corked bytes (:meth:`corked`) of ``hc``'s connection, or of every
+        connection, now (lock held): no send will come after a close or at exit, and
+        waiting for the peer's answer would only delay the close -- or, at exit, lose
+        the bytes when the links end first."""
+        conns = self.engine.conns
+        ids = list(conns) if hc is None else [hc.conn_id]
+        now = time.monotonic()
+        for conn_id in ids:
+            c = conns.get(conn_id)
+            if c is not None and c.tx_app > c.tx_sent and not c.reset_reason:
+                self.execute(self.engine.data_written(conn_id, 0, now))
 
     def _send_wr(self, a: PostSend) -> SendWr:
         mr = self._send_mr
@@ -1085,7 +1099,11 @@ class Stack:
         them: the peer's last CDCs are received and acknowledged, DELETE RKEY flows
         answered) until ``deadline``; then every link group ends with DELETE LINK
         (:meth:`Engine.shutdown`), the links kept until the peer's DELETE LINK has come
-        (Linux sends one back) or :data:`EXIT_DELETE_WAIT` is over."""
+        (Linux sends one back) or :data:`EXIT_DELETE_WAIT` is over.  Corked bytes go
+        first (:meth:`uncork`): the peer's answer that would send them may come after
+        the links have ended, and they would be lost."""
+        with self.lock:
+            self.uncork()
         while True:
             with self.lock:
                 if not self.engine.closing() or time.monotonic() >= deadline:
