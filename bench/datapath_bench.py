@@ -1,7 +1,7 @@
 """The CPU cost of SMC-R's data path per message, without scheduling noise.
 
 Run: ``python bench/datapath_bench.py [--sizes 32,65536] [--count 20000] [--profile]
-[--trace]``.
+[--trace] [--burst N]``.
 
 Both ends of one SMC-R connection live in this process and one thread does
 ``sendall`` then ``recv_into`` in turn, so what is measured is the Python work
@@ -14,6 +14,9 @@ changes.  ``--profile`` prints the top functions (cProfile) of the last size.
 ``--trace`` measures again with ``smcr trace`` running on this process (a thread
 reads the stream and drops it, as a tool would): what the hooks cost the data
 path (the endpoint thread's work on the records is not in these thread times).
+``--burst N`` sends N messages before receiving them all (the figures stay per
+message): a burst, which autocorking batches, where one message at a time never
+corks.
 
 This is a measurement, not a test: nothing here asserts.
 """
@@ -47,22 +50,27 @@ def pair() -> tuple[smcr.SMCSocket, smcr.SMCSocket]:
     return cli, got[0]
 
 
-def run(cli: smcr.SMCSocket, srv: smcr.SMCSocket, size: int, count: int) -> tuple[float, float]:
-    """Thread-time µs per ``sendall`` and per receive of one ``size``-byte message."""
+def run(cli: smcr.SMCSocket, srv: smcr.SMCSocket, size: int, count: int,
+        burst: int = 1) -> tuple[float, float]:  # fmt: skip
+    """Thread-time µs per ``sendall`` and per receive of one ``size``-byte message
+    (``burst`` messages sent, then received)."""
     msg = bytearray(size)
-    buf = memoryview(bytearray(max(size, 65536)))
+    buf = memoryview(bytearray(max(size * burst, 65536)))
     clock = time.thread_time
     t_send = t_recv = 0.0
-    for _ in range(count):
+    rounds = max(1, count // burst)
+    for _ in range(rounds):
         a = clock()
-        cli.sendall(msg)
+        for _ in range(burst):
+            cli.sendall(msg)
         b = clock()
-        got = 0
-        while got < size:
-            got += srv.recv_into(buf, size - got)
+        got, want = 0, size * burst
+        while got < want:
+            got += srv.recv_into(buf, want - got)
         t_send += b - a
         t_recv += clock() - b
-    return t_send / count * 1e6, t_recv / count * 1e6
+    n = rounds * burst
+    return t_send / n * 1e6, t_recv / n * 1e6
 
 
 def start_trace() -> Callable[[], None]:
@@ -96,13 +104,13 @@ def start_trace() -> Callable[[], None]:
 
 
 def table(cli: smcr.SMCSocket, srv: smcr.SMCSocket, sizes: list[int], count: int,
-          reps: int) -> None:  # fmt: skip
+          reps: int, burst: int = 1) -> None:  # fmt: skip
     """One line per size: median thread-time µs of send, receive, both."""
     print(f"{'size':>8} {'send µs':>9} {'recv µs':>9} {'total µs':>9}")
     for size in sizes:
         n = max(500, count * 1024 // max(size, 1024))
-        run(cli, srv, size, min(n, 2000))  # warm-up
-        runs = [run(cli, srv, size, n) for _ in range(reps)]
+        run(cli, srv, size, min(n, 2000), burst)  # warm-up
+        runs = [run(cli, srv, size, n, burst) for _ in range(reps)]
         send = statistics.median(r[0] for r in runs)
         recv = statistics.median(r[1] for r in runs)
         print(f"{size:>8} {send:>9.2f} {recv:>9.2f} {send + recv:>9.2f}")
@@ -114,23 +122,25 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=20000, help="messages per repetition")
     ap.add_argument("--reps", type=int, default=3, help="repetitions (median)")
     ap.add_argument("--profile", action="store_true", help="cProfile the last size")
+    ap.add_argument("--burst", type=int, default=1,
+                    help="messages sent before they are received (default 1)")
     ap.add_argument("--trace", action="store_true",
                     help="then again while smcr trace runs, then again after it")
     args = ap.parse_args()
     cli, srv = pair()
     sizes = [int(s) for s in args.sizes.split(",")]
-    table(cli, srv, sizes, args.count, args.reps)
+    table(cli, srv, sizes, args.count, args.reps, args.burst)
     if args.trace:
         stop = start_trace()
         print("while tracing:")
-        table(cli, srv, sizes, args.count, args.reps)
+        table(cli, srv, sizes, args.count, args.reps, args.burst)
         stop()
         print("after the trace:")
-        table(cli, srv, sizes, args.count, args.reps)
+        table(cli, srv, sizes, args.count, args.reps, args.burst)
     if args.profile:
         prof = cProfile.Profile(time.thread_time)
         prof.enable()
-        run(cli, srv, sizes[-1], args.count // 4)
+        run(cli, srv, sizes[-1], args.count // 4, args.burst)
         prof.disable()
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)

@@ -107,20 +107,32 @@ class Side:
         buf[: n - first] = data[first:n]
         return n, self.engine.data_written(conn, n, now)
 
-    def write_inline(self, conn: int, data: bytes) -> tuple[int, list[Action]]:
+    def write_inline(self, conn: int, data: bytes, request: bool = False
+                     ) -> tuple[int, list[Action]]:  # fmt: skip
         """As the runtime's inline data path: at most ``direct_room()`` bytes placed
-        straight into the peer's RMB (no send buffer), then their CDC as an action."""
+        straight into the peer's RMB (no send buffer), then their CDC as an action
+        (``request``: it asks the peer to answer, autocorking)."""
         c = self.engine.conns[conn]
         n = min(len(data), c.direct_room())
         if n == 0:
             return 0, []
-        writes, cdc, wr_id, signaled = c.write_inline(memoryview(data)[:n])
+        writes, cdc, wr_id, signaled = c.write_inline(memoryview(data)[:n], request)
         for addr, rkey, piece in writes:
             vaddr, mem = self.fabric.memory[rkey]
             off = addr - vaddr
             assert off >= 0 and off + len(piece) <= len(mem), "WRITE outside the RMB"
             mem[off : off + len(piece)] = piece
         return n, [PostSend(c.qpn, cdc, wr_id, signaled)]
+
+    def cork_write(self, conn: int, data: bytes) -> None:
+        """As the socket layer's corked send: the bytes into the send buffer, no CDC."""
+        c = self.engine.conns[conn]
+        buf = self.sndbufs[conn]
+        start = c.tx_app % len(buf)
+        first = min(len(data), len(buf) - start)
+        buf[start : start + first] = data[:first]
+        buf[: len(data) - first] = data[first:]
+        c.corked(len(data))
 
     def read(self, conn: int, limit: int = 1 << 30, now: float = 0.0) -> tuple[bytes, list[Action]]:
         c = self.engine.conns[conn]

@@ -336,6 +336,36 @@ def test_first_cdc_overtaking_the_confirm_is_not_lost() -> None:
     assert p.server.read(s)[0] == b"early"
 
 
+def test_a_cdc_asking_for_an_answer_before_the_confirm_is_answered_after_it() -> None:
+    """A client CDC that asks for an answer (autocorking) may reach the server before the
+    client's Confirm: the server cannot send a CDC yet (no peer RMB, no link), so it
+    answers once the Confirm is in (it used to divide by the unknown RMB size)."""
+    p = Pair(Config(autocork_size=65536))
+    p.connect()
+    p.pump()
+    held: list[bytes] = []
+    real = p.clc_filter
+
+    def hold_confirm(side: object, conn: int, data: bytes) -> bytes:
+        if side is p.client and data[4] == 3:
+            held.append(data)
+            return b""
+        return real(side, conn, data)  # type: ignore[arg-type]
+
+    p.clc_filter = hold_confirm
+    c, s = p.connect()
+    p.pump()
+    assert held
+    _, acts = p.client.write_inline(c, b"early", request=True)
+    p.do(p.client, acts)
+    assert p.client.engine.conns[c].echo_pending  # no answer yet
+    p.clc_filter = real
+    p.run(p.server, p.server.engine.receive_clc(s, held[0], p.now))
+    p.pump()
+    assert not p.client.engine.conns[c].echo_pending  # answered
+    assert p.server.read(s)[0] == b"early"
+
+
 def test_idle_link_group_is_ended_after_linger_with_delete_link_all_orderly() -> None:
     p = Pair(Config(lgr_linger_server=600.0, lgr_linger_client=610.0, testlink_time=0))
     c, s = p.connect()

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+import pytest
+
 import smcr
 from tests.socket import smc_peer
 from tests.socket.conftest import RNICS, Peer
@@ -51,6 +53,92 @@ def digest_server(ctl: Connection) -> None:
     ctl.send((n, h.hexdigest(), c.smc_info().mode))
     c.close()
     srv.close()
+
+
+def count_server(ctl: Connection, size: int) -> None:
+    """Accept one client; read ``size`` bytes, report their SHA-256 (then wait for EOF)."""
+    srv = smcr.create_server((smc_peer.host(), 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    h, n = hashlib.sha256(), 0
+    buf = bytearray(65536)
+    while n < size and (got := c.recv_into(buf, min(len(buf), size - n))):
+        h.update(buf[:got])
+        n += got
+    ctl.send((n, h.hexdigest()))
+    while c.recv(65536):
+        pass
+    c.close()
+    srv.close()
+
+
+def test_a_burst_of_small_sends_arrives_whole_while_the_sender_does_nothing_more(
+        peer: PeerFactory) -> None:  # fmt: skip
+    """Autocorking holds small sends of a burst in the send buffer until the peer answers
+    the CDC before them; the answer must flush them though the application makes no
+    further call on the socket (the progress thread takes it), and the bytes come in
+    order across the inline and the corked path."""
+    chunks = [os.urandom(n) for n in [1024] * 300 + [1, 7, 4096, 3, 1024, 100]]
+    total = sum(map(len, chunks))
+    p = peer(count_server, total)
+    with smcr.create_connection((smc_peer.host(), p.recv()), timeout=20) as s:
+        for chunk in chunks:
+            s.sendall(chunk)
+        # nothing more on the socket until the peer has it all
+        assert p.recv(20) == (total, hashlib.sha256(b"".join(chunks)).hexdigest())
+
+
+@pytest.mark.parametrize("end", ["close", "shutdown"])
+def test_a_burst_then_close_or_shutdown_delivers_every_byte_before_eof(
+        peer: PeerFactory, end: str) -> None:  # fmt: skip
+    """Bytes corked at the end of a burst go out before the closing (or done-writing) CDC:
+    close and shutdown wait for the send buffer, which the peer's answer flushes."""
+    p = peer(digest_server)
+    s = smcr.SMCSocket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SMALL)
+    s.settimeout(20)
+    s.connect((smc_peer.host(), p.recv()))
+    data = os.urandom(1000 * 200)
+    for i in range(0, len(data), 1000):
+        s.sendall(data[i : i + 1000])
+    if end == "close":
+        s.close()
+    else:
+        s.shutdown(socket.SHUT_WR)
+    assert p.recv(30) == (len(data), hashlib.sha256(data).hexdigest(), "SMCR")
+    s.close()
+
+
+def burst_and_leave_server(ctl: Connection, drop: bool) -> None:
+    """Accept one client, send it a burst of 1 KiB writes and end the process without
+    closing the socket (``drop``: the socket collected first; else still referenced)."""
+    import gc  # noqa: PLC0415
+
+    srv = smcr.create_server((smc_peer.host(), 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    for i in range(300):
+        c.sendall(pattern(1024 * (i + 1))[-1024:])
+    ctl.send("sent")
+    if drop:
+        del c
+        gc.collect()
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_a_burst_then_process_exit_without_close_delivers_every_byte(
+        peer: PeerFactory, drop: bool) -> None:  # fmt: skip
+    """A process that ends without closing: the bytes it sent arrive, corked ones too
+    (at exit they go before the links end, Stack.uncork; the end may then be a reset,
+    as it was before autocorking)."""
+    p = peer(burst_and_leave_server, drop)
+    got = bytearray()
+    with smcr.create_connection((smc_peer.host(), p.recv()), timeout=20) as s:
+        assert p.recv(20) == "sent"
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(65536):
+                got += chunk
+    assert bytes(got) == pattern(300 * 1024)
 
 
 def send_first_server(ctl: Connection, size: int) -> None:

@@ -47,6 +47,14 @@ class Config:
     """The same for a client's link group (Linux: 10 s more than the server's)."""
     qp_mtu: int = 5
     """Our QP MTU enum for CLC (5 = 4096: the shm RNIC's active MTU)."""
+    autocork_size: int = 0
+    """Autocorking (Linux ``smc_should_autocork``, sysctl ``net.smc.autocorking_size``, 64 KiB
+    there): a small send waits in the send buffer while an earlier CDC awaits the
+    peer's answer, up to this many bytes (at most half the send buffer), and goes with
+    the next CDC.  0 turns it off.  Linux waits for the CDC's completion; an RNIC
+    whose sends complete when posted (the shm RNIC) has none to wait for, so this
+    engine asks the peer to answer (:meth:`Connection.echo_wanted`).  The runtime turns
+    it on where it pays (:mod:`smcr.stack.runtime`)."""
     add_links: bool = False
     """Whether this engine takes part in ADD LINK (SMC-Rv1 and v2): as server it offers
     another link after first contact, after a DELETE LINK left one, and on

@@ -251,6 +251,7 @@ class Engine(PortLayer):
     def _new_conn(self, hs: Handshake, rmb: Rmb) -> Connection:
         conn = Connection(hs.conn, next(self._tokens) & 0xFFFFFFFF or 1, rmb,
                           hs.sndbuf_size or self.config.sndbuf_size)  # fmt: skip
+        conn.autocork = min(self.config.autocork_size, conn.sndbuf_size // 2)
         self.conns[hs.conn] = conn
         hs.token = conn.token
         if hs.lgr is not None:
@@ -515,6 +516,8 @@ class Engine(PortLayer):
             self._unconfirmed.discard(hs.conn)
             self._abort(conn, UNCONFIRMED_RKEY, out)
             self.touched.add(conn.id)
+        elif conn.peer_wants_update:  # a CDC that overtook the CLC Confirm asked for an answer
+            conn.send_cdc(out)
 
     def _decline(self, hs: Handshake, code: DeclineCode, out: list[Action]) -> None:
         """Send a Decline and fall back (``smc_connect_decline_fallback``,

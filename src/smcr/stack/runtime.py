@@ -141,6 +141,9 @@ BUFFER = 1 << 20
 # 0.40x to 0.56x TCP (smcr bench --bufsize, session 3).  The MRs are anonymous
 # mappings, backed only where written (RocePd.alloc_mr).
 ROCE_BUFFER = 4 << 20
+AUTOCORK = 64 << 10
+"""Autocorking size on the shm RNIC (Linux's ``autocorking_size`` default; see
+:attr:`Config.autocork_size`): 1 KiB writes in a stream go as one CDC per batch."""
 SPIN = float(os.environ.get("SMCR_SPIN_US", "50")) / 1e6
 """How long an application thread that waits polls the CQ before it arms it and sleeps."""
 
@@ -315,6 +318,8 @@ class Stack:
         self._draining: dict[int, tuple[HostConn, float]] = {}
         self._shutdowns: dict[int, HostConn] = {}  # SHUT_WR waiting for the send buffer
         """Orphans waiting (until the deadline) for their send buffer before the closing CDC."""
+        self._corked = False
+        """Some connection may hold corked bytes (:meth:`corked`)."""
         self._running = True
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
         self.fallback_reasons: Counter[tuple[int, int]] = Counter()
@@ -481,6 +486,7 @@ class Stack:
         c = self.engine.conns.get(hc.conn_id)
         if c is None:
             return
+        self.uncork(hc)
         if c.tx_pending() and not c.reset_reason and not c.peer_closed:
             self._shutdowns[hc.conn_id] = hc
             return
@@ -598,12 +604,14 @@ class Stack:
             self._post(wr_qpn, wrs + _write_wrs(writes))
         self._dispatch_events()
 
-    def send_inline(self, c: Connection, data: memoryview) -> None:
+    def send_inline(self, c: Connection, data: memoryview, request: bool = False) -> None:
         """The data path (lock held): ``data`` (at most ``c.direct_room()`` bytes, at most
         :attr:`max_inline`) RDMA-written from the caller's buffer, then its CDC, as one
         fused batch (:meth:`Connection.write_inline`, :meth:`QueuePair.post_writes_send`).
+
+        :param request: the CDC asks the peer to answer (:meth:`Connection.echo_wanted`).
         """
-        writes, cdc, wr_id, signaled = c.write_inline(data)
+        writes, cdc, wr_id, signaled = c.write_inline(data, request)
         qp = self.qps.get(c.qpn)
         try:
             if qp is None:
@@ -613,6 +621,28 @@ class Stack:
             self._post(c.qpn, [], writes, PostSend(c.qpn, cdc, wr_id, signaled))
         if self.engine.has_events():
             self._dispatch_events()
+
+    def corked(self, c: Connection) -> None:
+        """A send of ``c`` was corked (lock held): the peer's answer flushes it, and someone
+        must be there to take that answer while the application does other things -- the
+        progress thread, which therefore does not stand by (:meth:`_progress_step`) while
+        bytes are corked.  Free when a corking was already under way."""
+        if not self._corked:
+            self._corked = True
+            self._bg_cond.notify()
+
+    def uncork(self, hc: HostConn | None = None) -> None:
+        """Send the corked bytes (:meth:`corked`) of ``hc``'s connection, or of every
+        connection, now (lock held): no send will come after a close or at exit, and
+        waiting for the peer's answer would only delay the close -- or, at exit, lose
+        the bytes when the links end first."""
+        conns = self.engine.conns
+        ids = list(conns) if hc is None else [hc.conn_id]
+        now = time.monotonic()
+        for conn_id in ids:
+            c = conns.get(conn_id)
+            if c is not None and c.tx_app > c.tx_sent and not c.reset_reason:
+                self.execute(self.engine.data_written(conn_id, 0, now))
 
     def _send_wr(self, a: PostSend) -> SendWr:
         mr = self._send_mr
@@ -1028,8 +1058,10 @@ class Stack:
             self._reap_orphans()
         # (handshakes under way need their TCP sockets watched: an app thread that
         # polls watches them too, a standing-by progress thread would not)
+        if self._corked:  # (corked bytes wait for a CDC: someone must take it promptly)
+            self._corked = any(c.tx_app > c.tx_sent for c in self.engine.conns.values())
         if self._poller == "app" or (time.monotonic() - self._app_polled < STANDBY
-                                     and not self._clc_watch):  # fmt: skip
+                                     and not self._clc_watch and not self._corked):  # fmt: skip
             self._bg_cond.wait(STANDBY)
             self.process()
             return
@@ -1067,7 +1099,11 @@ class Stack:
         them: the peer's last CDCs are received and acknowledged, DELETE RKEY flows
         answered) until ``deadline``; then every link group ends with DELETE LINK
         (:meth:`Engine.shutdown`), the links kept until the peer's DELETE LINK has come
-        (Linux sends one back) or :data:`EXIT_DELETE_WAIT` is over."""
+        (Linux sends one back) or :data:`EXIT_DELETE_WAIT` is over.  Corked bytes go
+        first (:meth:`uncork`): the peer's answer that would send them may come after
+        the links have ended, and they would be lost."""
+        with self.lock:
+            self.uncork()
         while True:
             with self.lock:
                 if not self.engine.closing() or time.monotonic() >= deadline:
@@ -1114,6 +1150,16 @@ def default_buffer_size(kind: str | None = None) -> int:
     return ROCE_BUFFER if kind == "roce" else BUFFER
 
 
+def autocork_size(kind: str) -> int:
+    """The autocorking size (:attr:`Config.autocork_size`) of a runtime on RNIC ``kind``:
+    ``SMCR_AUTOCORK`` bytes (0 turns it off), default :data:`AUTOCORK` on the shm RNIC and
+    off on RoCE (not measured there yet: each answer costs a SEND and its ACK)."""
+    text = os.environ.get("SMCR_AUTOCORK", "").strip()
+    if text:
+        return int(text)
+    return AUTOCORK if kind == "shm" else 0
+
+
 def testlink_time() -> float:
     """The TEST LINK keepalive interval, seconds: ``SMCR_TESTLINK_TIME`` (as Linux's sysctl
     ``net.smc.smcr_testlink_time``: 0 turns the keepalive off), default 30.
@@ -1150,7 +1196,8 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
                 _stacks.clear()
             device = None if kind == "shm" else devices.open_roce(key.split(":", 1)[1])
             size = default_buffer_size(kind)
-            config = Config(sndbuf_size=size, rmb_size=size, testlink_time=testlink_time())
+            config = Config(sndbuf_size=size, rmb_size=size, testlink_time=testlink_time(),
+                            autocork_size=autocork_size(kind))  # fmt: skip
             stack = _stacks[key] = Stack(config, device=device)
             atexit.register(stack.close)
             for hook in list(on_new_stack):
