@@ -107,6 +107,7 @@ from smcr.rdma import (
 from smcr.rdma.base import Device, QueuePair
 from smcr.rdma.shm import ShmDevice
 from smcr.stack import devices
+from smcr.stack.descriptors import put_at
 from smcr.ueid import UeidTable
 from smcr.wire.clc import make_hostname
 from smcr.wire.decline import DeclineCode
@@ -163,18 +164,24 @@ class Readiness:
         self.readable = False
         self.writable = True
         st = os.fstat(self.a.fileno())
-        self._file = (st.st_dev, st.st_ino)
+        self.file = (st.st_dev, st.st_ino)
+        """(device, inode) of the descriptor's file: whether a number names it."""
+        self.app = -1
+        """The application's number for ``a``'s file (:meth:`fileno`), -1 before it asks."""
 
     def lost(self) -> bool:
         """Whether the application's descriptor was closed under us (``os.close`` of
         what ``fileno()`` gave) or now names another file: a socket's would-block path
         asks, so that its call fails with ``EBADF`` as one on the closed descriptor of
         a TCP socket does (one ``fstat``, only where the call would block anyway)."""
+        return self.app >= 0 and not self._names_ours(self.app)
+
+    def _names_ours(self, number: int) -> bool:
         try:
-            st = os.fstat(self.a.fileno())
+            st = os.fstat(number)
         except OSError:
-            return True
-        return (st.st_dev, st.st_ino) != self._file
+            return False
+        return (st.st_dev, st.st_ino) == self.file
 
     def set_blocking(self, blocking: bool) -> None:
         """Give the application's descriptor the socket's blocking mode (``O_NONBLOCK``),
@@ -184,8 +191,27 @@ class Readiness:
             os.set_blocking(self.a.fileno(), blocking)
 
     def fileno(self) -> int:
-        """The application's descriptor."""
-        return self.a.fileno()
+        """The application's descriptor: a number of its own for ``a``'s file, apart from
+        the one the runtime reads and writes, so that a program that closes what it was
+        given (``os.close(sock.fileno())``) never has the runtime write into whatever
+        file takes that number next."""
+        if self.app < 0:
+            self.app = os.dup(self.a.fileno())
+        return self.app
+
+    def place(self, number: int) -> None:
+        """Give the application this descriptor under ``number`` from now on (whatever it
+        named before goes: :func:`smcr.stack.descriptors.put_at`)."""
+        put_at(number, self.a.fileno())
+        if self.app >= 0 and self.app != number:
+            with contextlib.suppress(OSError):
+                os.close(self.app)
+        self.app = number
+
+    def disown(self) -> None:
+        """The application's number names another file now (the socket's TCP socket):
+        :meth:`close` leaves it alone."""
+        self.app = -1
 
     def set(self, readable: bool, writable: bool) -> None:
         """Make the descriptor's readiness match (syscalls only on a change)."""
@@ -215,6 +241,10 @@ class Readiness:
         for end in (self.a, self.b):
             with contextlib.suppress(OSError):
                 end.close()
+        app, self.app = self.app, -1
+        if app >= 0 and self._names_ours(app):  # (not a number closed and taken since)
+            with contextlib.suppress(OSError):
+                os.close(app)
 
 
 @dataclass(eq=False)
