@@ -267,6 +267,7 @@ class HostConn:
     # non-blocking connects finish the socket there, whichever thread polled
     on_outcome: Callable[[HostConn], None] | None = None
     local_peer: bool | None = None  # the other end is in this runtime (Stack.local_peer)
+    ends: tuple[object, object] | None = None  # handshaking: (ours, peer's) TCP addresses
 
     @property
     def rmb(self) -> memoryview:
@@ -335,6 +336,11 @@ class Stack:
         self._bell_r, self._bell_w = socket.socketpair()
         self._bell_r.setblocking(False)
         self._clc_watch: dict[int, HostConn] = {}
+        self._clc_ends: dict[tuple[object, object], HostConn] = {}
+        """Handshakes under way by their TCP connection's (ours, peer's) addresses: the
+        other end of one is found when both ends are ours (:meth:`_clc_sent`)."""
+        self._clc_local: list[HostConn] = []  # handshakes of ours that CLC was sent to
+        self._clc_feeding = False
         self._tcp_watch: dict[int, HostConn] = {}
         """TCP sockets of SMC-R connections, watched for the peer's end (:meth:`_tcp_ended`);
         not over shm, whose RNIC itself sees a peer process die."""
@@ -439,6 +445,9 @@ class Stack:
         if hc.outcome is None:
             hc.tcp.setblocking(False)
             self._clc_watch[hc.tcp.fileno()] = hc
+            with contextlib.suppress(OSError):
+                hc.ends = (hc.tcp.getsockname(), hc.tcp.getpeername())
+                self._clc_ends[hc.ends] = hc
             if not client:  # the client's Proposal is often here already: no thread hop
                 self._clc_read(hc)
             if hc.outcome is None:
@@ -457,8 +466,43 @@ class Stack:
         if data:
             self.execute(self.engine.receive_clc(hc.conn_id, data, now))
         else:
-            self._clc_watch.pop(hc.tcp.fileno(), None)  # EOF stays readable: look no more
+            self._unwatch_clc(hc)  # EOF stays readable: look no more
             self.execute(self.engine.tcp_closed(hc.conn_id, now))
+
+    def _unwatch_clc(self, hc: HostConn) -> None:
+        """The handshake reads no more CLC (lock held)."""
+        self._clc_watch.pop(hc.tcp.fileno(), None)
+        if hc.ends is not None:
+            self._clc_ends.pop(hc.ends, None)
+            hc.ends = None
+
+    def _clc_sent(self, hc: HostConn) -> None:
+        """CLC went out on ``hc``'s TCP connection: if its other end is a handshake of this
+        runtime too (both ends in one process), that end reads it now (:meth:`execute`
+        ends with it), not when the progress thread next looks -- as TCP over loopback
+        has delivered when ``send`` returns.  Why: the server's handshake then ends,
+        and its connection is in the accept queue, before the client's ``connect``
+        returns; a program that connects, talks, closes and then closes its listener
+        (CPython's asyncio test_streams does) found it closed before it was queued,
+        one time in four."""
+        if hc.ends is None:
+            return
+        peer = self._clc_ends.get((hc.ends[1], hc.ends[0]))
+        if peer is not None and peer is not hc:
+            self._clc_local.append(peer)
+
+    def _feed_local_clc(self) -> None:
+        """Let the handshakes of ours that CLC was sent to read it (:meth:`_clc_sent`)."""
+        if self._clc_feeding:
+            return  # (the outermost execute feeds them)
+        self._clc_feeding = True
+        try:
+            while self._clc_local:
+                peer = self._clc_local.pop(0)
+                if peer.ends is not None and peer.outcome is None:
+                    self._clc_read(peer)
+        finally:
+            self._clc_feeding = False
 
     def _tcp_ended(self, hc: HostConn) -> None:
         """An SMC-R connection's TCP socket became readable: the peer closed it, or died.
@@ -627,6 +671,8 @@ class Stack:
         if wrs or writes:
             self._post(wr_qpn, wrs + _write_wrs(writes))
         self._dispatch_events()
+        if self._clc_local:
+            self._feed_local_clc()
 
     def send_inline(self, c: Connection, data: memoryview) -> None:
         """The data path (lock held): ``data`` (at most ``c.direct_room()`` bytes, at most
@@ -691,6 +737,7 @@ class Stack:
             if hc is not None:
                 with contextlib.suppress(OSError):
                     hc.tcp.sendall(a.data)
+                    self._clc_sent(hc)
         elif isinstance(a, QpToRtr):
             self._qp_rtr(a)
         elif isinstance(a, QpToRts):
@@ -781,7 +828,7 @@ class Stack:
                 continue
             if isinstance(ev, (HandshakeCompleted, FellBack, HandshakeFailed)):
                 hc.outcome = ev
-                self._clc_watch.pop(hc.tcp.fileno(), None)
+                self._unwatch_clc(hc)
                 if self._poller == "app" and self._poller_ident != threading.get_ident():
                     self.kick()  # the waiting app thread sleeps on the CQ, not on hc.cond
                 key = {HandshakeCompleted: "smc", FellBack: "fallback",
