@@ -1079,9 +1079,14 @@ class Stack:
         return self.cq.poll(64)
 
     def kick(self) -> None:
-        """Wake a sleeping poller (to re-check for a new deadline)."""
+        """Wake a sleeping poller (to re-check for a new deadline).
+
+        Never blocks: a full doorbell (kicks faster than a poller drains them) already
+        wakes the poller.  Blocking there, the kicker held the runtime's lock while the
+        poller that would drain the bell waited for that lock: every thread of the
+        process stopped (asyncio's test_ssl, TLS over TLS with ten client threads)."""
         with contextlib.suppress(OSError):
-            self._bell_w.send(b"k")
+            self._bell_w.send(b"k", _DONTWAIT)
 
     def _progress_thread(self) -> None:
         """Own progress while no application thread waits; stand by while one does.
