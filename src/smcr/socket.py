@@ -28,14 +28,16 @@ the runtime; ``accept`` takes what has finished.  A non-blocking ``connect``
 returns ``EINPROGRESS`` and finishes the same way (:class:`_Connecting`).
 Blocking ``connect`` runs its handshake in the caller's thread.
 
-Closing.  ``close`` gives the send buffer ``close_wait_tx`` (2 s) to go out
-before the closing CDC, as Linux's ``smc_close_active``; with ``SO_LINGER`` on
-(kept on the TCP socket, where ``setsockopt`` passes it), its linger time
-instead.  A linger time of 0 is an abortive close: the send buffer is dropped
-and an abort CDC sent, so the peer's reads end in ``ECONNRESET`` as after a
-TCP reset -- Linux SMC sends its ordinary close CDC there (an abort only when
-unread data remains) and resets only the idle TCP connection, so its peer reads
-EOF; we follow what a ``socket.socket`` program asks for with that option.
+Closing.  ``close`` leaves what the send buffer still holds to the runtime,
+which sends it and then the closing CDC, giving the peer ``close_wait_tx`` (2 s,
+as Linux's ``smc_close_active``) after each read to take more; ``close`` returns
+at once, as TCP's does.  With ``SO_LINGER`` on (kept on the TCP socket, where
+``setsockopt`` passes it), ``close`` itself waits its linger time.  A linger
+time of 0 is an abortive close: the send buffer is dropped and an abort CDC
+sent, so the peer's reads end in ``ECONNRESET`` as after a TCP reset -- Linux
+SMC sends its ordinary close CDC there (an abort only when unread data remains)
+and resets only the idle TCP connection, so its peer reads EOF; we follow what a
+``socket.socket`` program asks for with that option.
 ``shutdown(SHUT_WR)`` sends the done-writing CDC after the send buffer's last
 byte, however long that takes, as TCP sends its FIN after its data.
 
@@ -1272,10 +1274,13 @@ class SMCSocket(_PlainSocket):
     def close(self) -> None:
         """Close: drain the send buffer, closing CDC; TCP goes when CLOSED.
 
-        The send buffer gets ``close_wait_tx`` (2 s, Linux's
-        ``SMC_MAX_STREAM_WAIT_TIMEOUT``) to go out, or with ``SO_LINGER`` on its
-        linger time, as ``smc_close_active`` waits; within the same time it then
-        waits for the peer to confirm the closing CDC (:func:`_cdcs_done`).  A
+        Without ``SO_LINGER``, bytes still in the send buffer (the peer's RMBE is
+        full) go in the background and ``close`` returns at once, as TCP's does
+        (:meth:`Stack.close_later`: the peer gets ``close_wait_tx``, 2 s, Linux's
+        ``SMC_MAX_STREAM_WAIT_TIMEOUT``, to read something, again after each read).
+        With ``SO_LINGER`` on, ``close`` waits its linger time for them, as
+        ``smc_close_active`` waits.  Then, within the same time, it waits for the
+        peer to confirm the closing CDC (:func:`_cdcs_done`).  A
         linger time of 0 closes abortively (:meth:`Stack.abort`): the rest of the send buffer is
         dropped and the peer's reads end in ``ECONNRESET``, as after a TCP
         reset (Linux SMC sends a close CDC there; module docstring).
@@ -1314,6 +1319,9 @@ class SMCSocket(_PlainSocket):
             if linger == 0:
                 with stack.lock:
                     stack.abort(hc)
+            elif linger is None and self._unsent(stack, hc):
+                with stack.lock:  # the rest goes in the background, as TCP's (Stack.close_later)
+                    stack.close_later(hc)
             else:
                 wait = stack.config.close_wait_tx if linger is None else linger
                 deadline = time.monotonic() + wait
@@ -1326,6 +1334,15 @@ class SMCSocket(_PlainSocket):
             with stack.lock:
                 stack.drop_readiness(hc)
         self._drop_descriptor()
+
+    @staticmethod
+    def _unsent(stack: Stack, hc: HostConn) -> bool:
+        """Whether bytes of the send buffer wait for the peer's room (lock taken here)."""
+        with stack.lock:
+            stack.process()
+            c = stack.engine_conn(hc)
+            return c is not None and c.tx_pending() > 0 and not (c.reset_reason
+                                                                  or c.peer_closed)
 
     def _drop_descriptor(self) -> None:
         """Close our descriptor (one we borrowed from the connection stays open)."""

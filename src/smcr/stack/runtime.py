@@ -348,9 +348,11 @@ class Stack:
         self._orphans: deque[tuple[HostConn, float | None]] = deque()
         """Connections whose socket was collected unclosed (:meth:`orphan`), for the progress
         thread; a deque: appended from any thread without the lock."""
-        self._draining: dict[int, tuple[HostConn, float]] = {}
+        self._draining: dict[int, tuple[HostConn, float, int]] = {}
         self._shutdowns: dict[int, HostConn] = {}  # SHUT_WR waiting for the send buffer
-        """Orphans waiting (until the deadline) for their send buffer before the closing CDC."""
+        """Closed connections (orphans, and closes without SO_LINGER: :meth:`close_later`)
+        waiting for their send buffer before the closing CDC: (connection, deadline,
+        bytes unsent at the last look)."""
         self._running = True
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
         self.fallback_reasons: Counter[tuple[int, int]] = Counter()
@@ -608,6 +610,21 @@ class Stack:
         self._orphans.append((hc, linger))
         self.kick()
 
+    def close_later(self, hc: HostConn) -> None:
+        """The application closed a connection whose send buffer is not out yet, without
+        ``SO_LINGER`` (lock held): ``close`` returns at once, as TCP's does, and the
+        progress thread sends the rest, then the closing CDC (:meth:`_reap_orphans`).
+        Why: TCP's kernel goes on sending after ``close``; a program whose peer is
+        served by the very thread that closes (an event loop running both ends)
+        would wait in ``close`` for a peer that cannot read meanwhile, and lose the
+        rest when the wait ended (CPython's asyncio test_sendfile).  The wait ends
+        after ``close_wait_tx`` (2 s) in which the peer took nothing, not 2 s in all."""
+        c = self.engine_conn(hc)
+        self._draining[hc.conn_id] = (hc, time.monotonic() + self.config.close_wait_tx,
+                                      c.tx_pending() if c is not None else 0)  # fmt: skip
+        self.kick()
+        self._bg_cond.notify()
+
     def _reap_orphans(self) -> None:
         """Close the orphans whose send buffer is out or whose wait is over (lock held)."""
         now = time.monotonic()
@@ -617,13 +634,17 @@ class Stack:
                 self.abort(hc)
             else:
                 wait = self.config.close_wait_tx if linger is None else linger
-                self._draining[hc.conn_id] = (hc, now + wait)
-        for conn_id, (hc, deadline) in list(self._draining.items()):
+                c = self.engine_conn(hc)
+                self._draining[hc.conn_id] = (hc, now + wait, c.tx_pending() if c else 0)
+        for conn_id, (hc, deadline, unsent) in list(self._draining.items()):
             c = self.engine_conn(hc)
             if (c is None or c.tx_pending() == 0 or bool(c.reset_reason) or c.peer_closed
                     or now >= deadline):  # fmt: skip
                 del self._draining[conn_id]
                 self.app_close(hc)
+            elif c.tx_pending() < unsent:  # the peer reads: it gets the time again
+                self._draining[conn_id] = (hc, now + self.config.close_wait_tx,
+                                           c.tx_pending())  # fmt: skip
 
     # ================================================================ actions
 
@@ -1152,7 +1173,8 @@ class Stack:
         (Linux sends one back) or :data:`EXIT_DELETE_WAIT` is over."""
         while True:
             with self.lock:
-                if not self.engine.closing() or time.monotonic() >= deadline:
+                if (not (self.engine.closing() or self._draining or self._orphans)
+                        or time.monotonic() >= deadline):  # fmt: skip
                     self.execute(self.engine.shutdown(time.monotonic()))
                     break
             self.kick()
