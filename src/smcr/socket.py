@@ -371,12 +371,24 @@ class SMCSocket(_PlainSocket):
             self._rmb_size = _bufsize(int(value))
         elif level == _socket.SOL_SOCKET and optname == _socket.SO_SNDBUF:
             self._sndbuf_size = _bufsize(int(value))
+            if self._mode == "SMCR" and not self._forked and self._hc is not None:
+                self._limit_sndbuf()
         _PlainSocket.setsockopt(self, level, optname, value, *args)
         if level == _socket.IPPROTO_TCP and value and self._mode == "SMCR":  # smcr stats
             if optname == _socket.TCP_CORK:
                 _C.cork_cnt += 1
             elif optname == _socket.TCP_NODELAY:
                 _C.ndly_cnt += 1
+
+    def _limit_sndbuf(self) -> None:
+        """``SO_SNDBUF`` after the send buffer was allocated: what a send may have in flight
+        from now on (as TCP's buffer shrinks; never beyond what was allocated)."""
+        stack, hc = self._smc()
+        with stack.lock:
+            c = stack.engine_conn(hc)
+            if c is not None:
+                c.sndbuf_limit = self._sndbuf_size = min(self._sndbuf_size, c.sndbuf_size)
+                stack.update_readiness(hc)
 
     def getsockopt(self, level: int, optname: int, *args: Any) -> Any:
         """SO_SNDBUF/SO_RCVBUF report smcr's buffer sizes; SO_ERROR the outcome of a

@@ -370,3 +370,34 @@ def close_with_bytes_unsent(kind: str) -> list[object]:
 
 def test_close_with_bytes_the_peer_has_not_read_yet_loses_none_as_on_tcp() -> None:
     assert close_with_bytes_unsent("tcp") == close_with_bytes_unsent("smc") == [True, True]
+
+
+def taken_before_it_would_block(kind: str, sndbuf: int | None) -> int:
+    """Bytes a non-blocking sender gets rid of while its peer reads nothing, with
+    ``SO_SNDBUF`` lowered after ``connect`` (or left alone)."""
+    make_server = smcr.create_server if kind == "smc" else socket.create_server
+    make_client = smcr.create_connection if kind == "smc" else socket.create_connection
+    with make_server(("127.0.0.1", 0)) as srv:
+        client = make_client(srv.getsockname(), timeout=20)
+        conn, _ = srv.accept()
+    if sndbuf is not None:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    client.setblocking(False)
+    taken = 0
+    try:
+        while True:
+            taken += client.send(b"z" * 65536)
+    except BlockingIOError:
+        pass
+    client.close()
+    conn.close()
+    return taken
+
+
+def test_sndbuf_lowered_after_connect_takes_less_as_on_tcp() -> None:
+    """TCP's send buffer shrinks when ``SO_SNDBUF`` is lowered on a connected socket; over
+    SMC-R what a send may have in flight shrinks too (the allocated buffer stays):
+    asyncio's sendfile tests lower it to see a transfer that cannot finish at once."""
+    for kind in ("tcp", "smc"):
+        small, default = (taken_before_it_would_block(kind, n) for n in (4096, None))
+        assert small < default, (kind, small, default)
