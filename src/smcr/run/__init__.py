@@ -163,21 +163,38 @@ def _patch_asyncio(unix_events: types.ModuleType) -> None:
             raise exceptions.SendfileNotAvailableError("not a regular file") from err
         if not (count or size):
             return 0  # empty file
-        total = 0
+        total = 0  # bytes the socket took: the file position behind them, also on errors
         try:
             while count is None or total < count:
                 want = _SENDFILE_PIECE if count is None else min(_SENDFILE_PIECE, count - total)
-                data = os.pread(fileno, want, offset + total)
-                if not data:
+                view = memoryview(os.pread(fileno, want, offset + total))
+                if not view:
                     break
-                await self.sock_sendall(sock, data)
-                total += len(data)
+                while view:
+                    try:
+                        n = sock.send(view)
+                    except (BlockingIOError, InterruptedError):
+                        await _writable(self, sock)
+                        continue
+                    total += n
+                    view = view[n:]
         finally:
             if total:
                 os.lseek(fileno, offset + total, os.SEEK_SET)
         return total
 
     loop_class._sock_sendfile_native = sock_sendfile_native
+
+
+async def _writable(loop: Any, sock: Any) -> None:
+    """Until ``sock`` is writable (the event loop watching its ``fileno()``)."""
+    fut = loop.create_future()
+    fd = sock.fileno()
+    loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
+    try:
+        await fut
+    finally:
+        loop.remove_writer(fd)
 
 
 _SENDFILE_PIECE = 1 << 18

@@ -350,12 +350,22 @@ class SmcTlsSocket(ssl.SSLSocket):
             raise
         return len(view)
 
+    def _raw(self) -> SMCSocket | None:
+        """The SMC socket itself when there is no TLS on it (after ``shutdown``, or never
+        connected): ssl's socket then reads and writes its descriptor's bytes as they
+        are, and so does this one (``_closed``: the ``ssl`` module's error instead)."""
+        return self._inner if self._tls is None and not self._closed else None
+
     def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        if (raw := self._raw()) is not None:
+            return raw.recv(buflen, flags)
         if flags:
             raise ValueError(f"non-zero flags not allowed in calls to recv() on {type(self)}")
         return bytes(self.read(buflen))
 
     def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
+        if (raw := self._raw()) is not None:
+            return raw.recv_into(buffer, nbytes or 0, flags)
         if flags:
             raise ValueError(f"non-zero flags not allowed in calls to recv_into() on "
                              f"{type(self)}")  # fmt: skip
@@ -371,11 +381,16 @@ class SmcTlsSocket(ssl.SSLSocket):
         raise ValueError(f"recvfrom_into not allowed on instances of {type(self)}")
 
     def send(self, data: Any, flags: int = 0) -> int:
+        if (raw := self._raw()) is not None:
+            return raw.send(data, flags)
         if flags:
             raise ValueError(f"non-zero flags not allowed in calls to send() on {type(self)}")
         return self.write(data)
 
     def sendall(self, data: Any, flags: int = 0) -> None:
+        if (raw := self._raw()) is not None:
+            raw.sendall(data, flags)
+            return
         if flags:
             raise ValueError(f"non-zero flags not allowed in calls to sendall() on "
                              f"{type(self)}")  # fmt: skip
