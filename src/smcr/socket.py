@@ -1188,12 +1188,11 @@ class SMCSocket(_PlainSocket):
         readiness = self._app_readiness()
         if readiness is None:
             if self._shown_tcp is None and _PlainSocket.fileno(self) != number:
-                hc_readiness = self._hc.readiness if self._hc is not None else None
-                for old in (self._queue, self._connecting, hc_readiness):
-                    old_readiness = old if isinstance(old, Readiness) else getattr(
-                        old, "readiness", None)  # fmt: skip
-                    if old_readiness is not None and old_readiness.app == number:
-                        old_readiness.disown()
+                for old in (self._queue.readiness if self._queue else None,
+                            self._connecting.readiness if self._connecting else None,
+                            self._hc.readiness if self._hc else None):  # fmt: skip
+                    if old is not None and old.app == number:
+                        old.disown()  # (the number is the TCP socket's now)
                 put_at(number, _PlainSocket.fileno(self))
                 self._shown_tcp = weakref.finalize(self, _close_number, number)
                 self._shown_tcp.atexit = False
