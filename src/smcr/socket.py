@@ -28,14 +28,16 @@ the runtime; ``accept`` takes what has finished.  A non-blocking ``connect``
 returns ``EINPROGRESS`` and finishes the same way (:class:`_Connecting`).
 Blocking ``connect`` runs its handshake in the caller's thread.
 
-Closing.  ``close`` gives the send buffer ``close_wait_tx`` (2 s) to go out
-before the closing CDC, as Linux's ``smc_close_active``; with ``SO_LINGER`` on
-(kept on the TCP socket, where ``setsockopt`` passes it), its linger time
-instead.  A linger time of 0 is an abortive close: the send buffer is dropped
-and an abort CDC sent, so the peer's reads end in ``ECONNRESET`` as after a
-TCP reset -- Linux SMC sends its ordinary close CDC there (an abort only when
-unread data remains) and resets only the idle TCP connection, so its peer reads
-EOF; we follow what a ``socket.socket`` program asks for with that option.
+Closing.  ``close`` leaves what the send buffer still holds to the runtime,
+which sends it and then the closing CDC, giving the peer ``close_wait_tx`` (2 s,
+as Linux's ``smc_close_active``) after each read to take more; ``close`` returns
+at once, as TCP's does.  With ``SO_LINGER`` on (kept on the TCP socket, where
+``setsockopt`` passes it), ``close`` itself waits its linger time.  A linger
+time of 0 is an abortive close: the send buffer is dropped and an abort CDC
+sent, so the peer's reads end in ``ECONNRESET`` as after a TCP reset -- Linux
+SMC sends its ordinary close CDC there (an abort only when unread data remains)
+and resets only the idle TCP connection, so its peer reads EOF; we follow what a
+``socket.socket`` program asks for with that option.
 ``shutdown(SHUT_WR)`` sends the done-writing CDC after the send buffer's last
 byte, however long that takes, as TCP sends its FIN after its data.
 
@@ -86,6 +88,7 @@ from smcr.core.connection import Connection
 from smcr.diag import COUNTERS as _C
 from smcr.diag import registry as _registry
 from smcr.diag import start as _diag_start
+from smcr.stack.descriptors import put_at
 from smcr.stack.runtime import HostConn, Readiness, Stack, default_buffer_size, get_stack
 from smcr.stack.watcher import get_watcher
 from smcr.wire.clc import uncompress_bufsize
@@ -165,7 +168,6 @@ class SMCSocket(_PlainSocket):
     _closed: bool
     if TYPE_CHECKING:
         def _accept(self) -> tuple[int, Any]: ...
-        def _real_close(self) -> None: ...
 
     # per-socket state; most of it set only when the socket gets there, so these
     # class-level values are the defaults (a plain TCP socket costs little more than
@@ -194,6 +196,8 @@ class SMCSocket(_PlainSocket):
     _fork_ends: forkrelay.ForkEnds | None = None  # during a fork (smcr.forkrelay)
     _relayed: tuple[Any, Any] | None = None  # a forked child's: addresses of the connection
     _finalizer: weakref.finalize[Any, Any] | None = None  # SMC-R mode: _collected
+    _shown = -1  # the number fileno() gave out, the socket's for life (_reshow); -1: none yet
+    _shown_tcp: weakref.finalize[Any, Any] | None = None  # _shown is a TCP number of ours
     _queue_finalizer: weakref.finalize[Any, Any] | None = None  # listening: the queue's
     _rlock: threading.Lock  # SMC-R mode: one reader and one writer at a time
     _wlock: threading.Lock
@@ -343,6 +347,11 @@ class SMCSocket(_PlainSocket):
         with contextlib.suppress(OSError):  # (a TCP connection already shut has no peer)
             addresses = (_PlainSocket.getsockname(self), _PlainSocket.getpeername(self))
         os.dup2(end.fileno(), _PlainSocket.fileno(self), inheritable=False)
+        if self._shown >= 0 and self._shown != _PlainSocket.fileno(self):
+            # the number the program has names the parent's readiness descriptor: the relay
+            put_at(self._shown, end.fileno())
+            self._shown_tcp = weakref.finalize(self, _close_number, self._shown)
+            self._shown_tcp.atexit = False
         end.close()
         if self._finalizer is not None:
             self._finalizer.detach()
@@ -362,12 +371,24 @@ class SMCSocket(_PlainSocket):
             self._rmb_size = _bufsize(int(value))
         elif level == _socket.SOL_SOCKET and optname == _socket.SO_SNDBUF:
             self._sndbuf_size = _bufsize(int(value))
+            if self._mode == "SMCR" and not self._forked and self._hc is not None:
+                self._limit_sndbuf()
         _PlainSocket.setsockopt(self, level, optname, value, *args)
         if level == _socket.IPPROTO_TCP and value and self._mode == "SMCR":  # smcr stats
             if optname == _socket.TCP_CORK:
                 _C.cork_cnt += 1
             elif optname == _socket.TCP_NODELAY:
                 _C.ndly_cnt += 1
+
+    def _limit_sndbuf(self) -> None:
+        """``SO_SNDBUF`` after the send buffer was allocated: what a send may have in flight
+        from now on (as TCP's buffer shrinks; never beyond what was allocated)."""
+        stack, hc = self._smc()
+        with stack.lock:
+            c = stack.engine_conn(hc)
+            if c is not None:
+                c.sndbuf_limit = self._sndbuf_size = min(self._sndbuf_size, c.sndbuf_size)
+                stack.update_readiness(hc)
 
     def getsockopt(self, level: int, optname: int, *args: Any) -> Any:
         """SO_SNDBUF/SO_RCVBUF report smcr's buffer sizes; SO_ERROR the outcome of a
@@ -430,6 +451,8 @@ class SMCSocket(_PlainSocket):
             # as the kernel's socket after a failed connect: the next connect reports that
             # failure (here: if nobody read it from SO_ERROR), the one after starts anew
             err, self._connect_error = self._connect_error, 0
+            if not err:  # the kernel's, when nobody read it (SO_ERROR)
+                err = int(_PlainSocket.getsockopt(self, _socket.SOL_SOCKET, _socket.SO_ERROR))
             if err:
                 _PlainSocket.connect_ex(self, address)  # (the kernel's: it forgets the attempt)
                 raise OSError(err, os.strerror(err))
@@ -453,6 +476,7 @@ class SMCSocket(_PlainSocket):
             self._stack_here()
             self._connecting = _Connecting(self)
             self._mode = "CONNECTING"
+            self._reshow()
             self._connecting.start()
             raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
         _PlainSocket.connect(self, address)
@@ -511,8 +535,11 @@ class SMCSocket(_PlainSocket):
             return None
         queue = self._queue
         if queue is None or queue.pid != os.getpid():
+            if queue is not None:  # the parent's (forked): its number becomes ours
+                queue.readiness.disown()
             queue = self._queue = _AcceptQueue(self)
             queue.readiness.set_blocking(self._timeout is None)
+            self._reshow()
             # dropped unclosed: the queue goes too; not at interpreter exit, where a
             # socket.socket's listener stays open under a daemon thread in accept (closing
             # it woke that thread with EBADF: a traceback at every such program's exit)
@@ -560,6 +587,7 @@ class SMCSocket(_PlainSocket):
                 self._hc = None
                 raise TimeoutError("timed out")
         self._finish_handshake(stack, hc)
+        self._reshow()  # (SMC-R: a number given out before connect names its readiness)
         if self._mode == "INIT":
             raise ConnectionResetError(errno.ECONNRESET, "SMC handshake failed: "
                                        f"{getattr(hc.outcome, 'reason', '')}")  # fmt: skip
@@ -1139,24 +1167,75 @@ class SMCSocket(_PlainSocket):
     # ------------------------------------------------------------ readiness, files
 
     def fileno(self) -> int:
-        """A descriptor for select/poll/selectors that follows recv/send readiness."""
+        """A descriptor for select/poll/selectors that follows recv/send readiness.
+
+        One number for the socket's whole life, as a TCP socket's: what it names
+        changes with the mode (the TCP socket; the accept queue's or the
+        connection's readiness descriptor), moved under the number by
+        :meth:`_reshow`, so that a selector or event loop that registered it
+        before ``connect`` or ``listen`` keeps watching the right file."""
         if self._gone:
             return -1
         if self._mode == "LISTEN":
-            queue = self._accept_queue()
-            return _PlainSocket.fileno(self) if queue is None else queue.fileno()
-        if self._mode == "CONNECTING":
-            assert self._connecting is not None
-            return self._connecting.readiness.fileno()
-        if self._mode != "SMCR" or self._via_readiness:
+            self._accept_queue()  # (a forked parent's queue resumes: _AcceptQueue.pause)
+        if self._shown >= 0:
+            return self._shown
+        if self._mode == "PLAIN" or self._via_readiness:
             return _PlainSocket.fileno(self)
+        readiness = self._app_readiness()
+        self._shown = _PlainSocket.fileno(self) if readiness is None else readiness.fileno()
+        return self._shown
+
+    def _app_readiness(self) -> Readiness | None:
+        """The readiness descriptor the application's number names now (SMC-R mode: made
+        on first use), or None where it names the TCP socket."""
+        if self._mode != "SMCR" or self._hc is None:
+            return self._readiness()
         stack, hc = self._smc()
         with stack.lock:
             if hc.readiness is None:
                 hc.readiness = Readiness()
                 hc.readiness.set_blocking(self._timeout is None)
                 stack.update_readiness(hc)
-            return hc.readiness.fileno()
+            return hc.readiness
+
+    def _reshow(self) -> None:
+        """The mode changed: put under the number :meth:`fileno` gave out (if it gave
+        one) the file that follows the socket now (:func:`put_at`; epoll
+        registrations move along).  A readiness descriptor takes the number and our
+        TCP socket moves to a number of its own; back in TCP mode the TCP socket
+        takes the number again (our socket object keeps its own, a duplicate)."""
+        number = self._shown
+        if number < 0 or self._gone:
+            return
+        readiness = self._app_readiness()
+        if readiness is None:
+            if self._shown_tcp is None and _PlainSocket.fileno(self) != number:
+                for old in (self._queue.readiness if self._queue else None,
+                            self._connecting.readiness if self._connecting else None,
+                            self._hc.readiness if self._hc else None):  # fmt: skip
+                    if old is not None and old.app == number:
+                        old.disown()  # (the number is the TCP socket's now)
+                put_at(number, _PlainSocket.fileno(self))
+                self._shown_tcp = weakref.finalize(self, _close_number, number)
+                self._shown_tcp.atexit = False
+            return
+        if readiness.app == number:
+            return
+        if _PlainSocket.fileno(self) == number:  # the TCP socket moves off the number
+            _rebind(self, os.dup(number))
+        if self._shown_tcp is not None:
+            self._shown_tcp.detach()
+            self._shown_tcp = None
+        readiness.place(number)
+
+    def _real_close(self) -> None:
+        """socket.socket's, and the TCP socket's duplicate under the application's number
+        (after a fallback: :meth:`_reshow`)."""
+        if self._shown_tcp is not None:
+            self._shown_tcp()  # (closes it, once)
+            self._shown_tcp = None
+        _PlainSocket._real_close(self)  # type: ignore[attr-defined]
 
     def makefile(self, mode: str = "r", buffering: int | None = None, *,
                  encoding: str | None = None, errors: str | None = None,
@@ -1230,10 +1309,13 @@ class SMCSocket(_PlainSocket):
     def close(self) -> None:
         """Close: drain the send buffer, closing CDC; TCP goes when CLOSED.
 
-        The send buffer gets ``close_wait_tx`` (2 s, Linux's
-        ``SMC_MAX_STREAM_WAIT_TIMEOUT``) to go out, or with ``SO_LINGER`` on its
-        linger time, as ``smc_close_active`` waits; within the same time it then
-        waits for the peer to confirm the closing CDC (:func:`_cdcs_done`).  A
+        Without ``SO_LINGER``, bytes still in the send buffer (the peer's RMBE is
+        full) go in the background and ``close`` returns at once, as TCP's does
+        (:meth:`Stack.close_later`: the peer gets ``close_wait_tx``, 2 s, Linux's
+        ``SMC_MAX_STREAM_WAIT_TIMEOUT``, to read something, again after each read).
+        With ``SO_LINGER`` on, ``close`` waits its linger time for them, as
+        ``smc_close_active`` waits.  Then, within the same time, it waits for the
+        peer to confirm the closing CDC (:func:`_cdcs_done`).  A
         linger time of 0 closes abortively (:meth:`Stack.abort`): the rest of the send buffer is
         dropped and the peer's reads end in ``ECONNRESET``, as after a TCP
         reset (Linux SMC sends a close CDC there; module docstring).
@@ -1272,6 +1354,9 @@ class SMCSocket(_PlainSocket):
             if linger == 0:
                 with stack.lock:
                     stack.abort(hc)
+            elif linger is None and self._unsent(stack, hc):
+                with stack.lock:  # the rest goes in the background, as TCP's (Stack.close_later)
+                    stack.close_later(hc)
             else:
                 wait = stack.config.close_wait_tx if linger is None else linger
                 deadline = time.monotonic() + wait
@@ -1284,6 +1369,15 @@ class SMCSocket(_PlainSocket):
             with stack.lock:
                 stack.drop_readiness(hc)
         self._drop_descriptor()
+
+    @staticmethod
+    def _unsent(stack: Stack, hc: HostConn) -> bool:
+        """Whether bytes of the send buffer wait for the peer's room (lock taken here)."""
+        with stack.lock:
+            stack.process()
+            c = stack.engine_conn(hc)
+            return c is not None and c.tx_pending() > 0 and not (c.reset_reason
+                                                                  or c.peer_closed)
 
     def _drop_descriptor(self) -> None:
         """Close our descriptor (one we borrowed from the connection stays open)."""
@@ -1300,6 +1394,11 @@ class SMCSocket(_PlainSocket):
         if self._mode == "CONNECTING" or (self._mode == "LISTEN" and self._queue):
             raise OSError(errno.EOPNOTSUPP, "detach is not supported by an SMC-R socket")
         if self._mode != "SMCR" or self._gone:
+            if self._shown_tcp is not None and not self._gone:  # (after a fallback)
+                self._shown_tcp.detach()
+                self._shown_tcp = None
+                os.close(_PlainSocket.detach(self))
+                return self._shown
             return _PlainSocket.detach(self)
         fd = self.fileno()
         share = self._shared()
@@ -1344,8 +1443,13 @@ class SMCSocket(_PlainSocket):
         new = type(self)(self.family, self.type, self.proto,
                          fileno=os.dup(_PlainSocket.fileno(self)), _accepted=True)  # fmt: skip
         for name, value in vars(self).items():
-            if name not in ("_finalizer", "_queue_finalizer"):
+            if name not in ("_finalizer", "_queue_finalizer", "_shown_tcp"):
                 setattr(new, name, value)
+        if self._shown_tcp is not None:
+            self._shown_tcp.detach()
+            self._shown_tcp = None
+            new._shown_tcp = weakref.finalize(new, _close_number, new._shown)
+            new._shown_tcp.atexit = False
         queue = self._queue
         if queue is not None and self._queue_finalizer is not None:  # a listener's queue
             self._queue_finalizer.detach()
@@ -1416,6 +1520,14 @@ _smc_sockets: weakref.WeakSet[SMCSocket] = weakref.WeakSet()
 """The sockets of this process in SMC-R mode (see :func:`_forked_child`)."""
 
 
+def smc_socket_with_number(fd: int) -> SMCSocket | None:
+    """The open socket of this process in SMC-R mode whose ``fileno()`` gave out ``fd``."""
+    for sock in list(_smc_sockets):
+        if sock._shown == fd and not sock._gone and sock._mode == "SMCR":
+            return sock
+    return None
+
+
 def _forking() -> None:
     forkrelay.prepare(list(_smc_sockets))
 
@@ -1439,6 +1551,25 @@ def _forked_child() -> None:
 
 os.register_at_fork(before=_forking, after_in_parent=_forked_parent,
                     after_in_child=_forked_child)  # fmt: skip
+
+
+def _rebind(sock: SMCSocket, fd: int) -> None:
+    """Make ``fd`` (a duplicate of the socket's TCP socket) the descriptor of the socket
+    object itself, its blocking mode and timeout as they were; the old number is left
+    to the caller (:meth:`SMCSocket._reshow` puts another file under it)."""
+    timeout = _c_gettimeout(sock)
+    blocking = os.get_blocking(fd)
+    kind = _c_family(sock), _c_type(sock), _c_proto(sock)
+    _csocket.socket.detach(sock)
+    _csocket.socket.__init__(sock, *kind, fd)
+    _csocket.socket.settimeout(sock, timeout)
+    os.set_blocking(fd, blocking)  # (the runtime's duplicate shares the flag)
+
+
+def _close_number(number: int) -> None:
+    """Close the application's number of a TCP socket (:meth:`SMCSocket._reshow`)."""
+    with contextlib.suppress(OSError):
+        os.close(number)
 
 
 def _cdcs_done(c: Connection) -> bool:
@@ -1489,6 +1620,7 @@ class _Share:
         self.addresses = (_address_of(sock, _PlainSocket.getsockname),
                           _address_of(sock, _PlainSocket.getpeername))  # fmt: skip
         skip = {"_finalizer", "_queue_finalizer", "_share", "_borrowed_fd", "_via_readiness",
+                "_shown", "_shown_tcp",
                 "_closed", "_io_refs", "_gone", "_timeout", "_parent_ends", "_fork_ends"}
         self.state = {k: v for k, v in vars(sock).items() if k not in skip}
         self.state["_mode"] = "SMCR"
@@ -1533,8 +1665,7 @@ def _share_of(fd: int) -> _Share | None:
             return share
     for sock in list(_smc_sockets):
         hc = sock._hc
-        if hc is not None and hc.readiness is not None and _same_file(hc.readiness.fileno(),
-                                                                       key):  # fmt: skip
+        if hc is not None and hc.readiness is not None and hc.readiness.file == key:
             return sock._shared()
     return None
 
@@ -1796,7 +1927,7 @@ class _Connecting:
         self.sock = sock
         self.readiness = Readiness()
         self.readiness.set(False, False)
-        self.fd = _PlainSocket.fileno(sock)
+        self.fd = -1  # the TCP socket's (start(): after SMCSocket._reshow moved it)
         self.closed = False
         self.tcp_done = False  # the TCP connect's outcome is taken (watcher or SO_ERROR)
         self.lock = threading.Lock()
@@ -1832,6 +1963,7 @@ class _Connecting:
 
     def start(self) -> None:
         """Watch for the TCP connect's end."""
+        self.fd = _PlainSocket.fileno(self.sock)
         get_watcher().watch(self.fd, selectors.EVENT_WRITE, self._connected)
 
     def _connected(self) -> None:
@@ -1842,14 +1974,20 @@ class _Connecting:
             if self.closed or self.tcp_done:
                 return
             self.tcp_done = True
-            err = _PlainSocket.getsockopt(sock, _socket.SOL_SOCKET, _socket.SO_ERROR)
-        if err:
-            self._settle("TCP", err)
-        elif discovery.current().peer_offered(sock, client=True):
+            try:
+                _PlainSocket.getpeername(sock)
+            except OSError:
+                # failed: its error stays the kernel's (SO_ERROR, EPOLLERR on the number
+                # the application has, which names the TCP socket again), as on TCP
+                self._settle("TCP", 0, failed=True)
+                return
+        if discovery.current().peer_offered(sock, client=True):
             sock._start_handshake(True, self._handshake_ended)
         else:
             sock._fall_back(int(DeclineCode.PEERNOSMC), 0)
-            self._settle("TCP", 0)
+            with self.lock:
+                if not self.closed:
+                    self._settle("TCP", 0)
 
     def _handshake_ended(self, hc: HostConn) -> None:
         """The runtime's news (its lock held)."""
@@ -1864,21 +2002,26 @@ class _Connecting:
             sock._stack.update_readiness(hc)
             sock._connecting = None  # the descriptor now belongs to the connection
             return
-        self._settle("TCP", 0 if sock._mode == "TCP" else errno.ECONNRESET)
+        with self.lock:
+            if not self.closed:
+                self._settle("TCP", 0 if sock._mode == "TCP" else errno.ECONNRESET)
 
     def _settle(self, mode: str, err: int, failed: bool = False) -> None:
         self.sock._connect_error = err
         if mode == "TCP" and self.sock._mode in ("CONNECTING", "INIT"):
             self.sock._mode = "TCP"
             self.sock._connect_failed = failed or bool(err)
+            with contextlib.suppress(OSError):  # (closed meanwhile)
+                self.sock._reshow()  # the application's number names the TCP socket again
         self.readiness.set(True, True)
 
     def close(self) -> None:
         """The socket closes: stop watching (the descriptor goes with it)."""
-        if not self.closed:
-            self.closed = True
-            get_watcher().unwatch(self.fd)
-            self.readiness.close()
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                get_watcher().unwatch(self.fd)
+                self.readiness.close()
 
 
 def _abandon(stack: Stack, hc: HostConn) -> None:

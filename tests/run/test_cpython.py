@@ -1,5 +1,6 @@
 """CPython's own regression tests of the networking modules (socket, http, socketserver,
-selectors, select/poll/epoll, xmlrpc, urllib, asyncio's socket calls and event loops),
+selectors, select/poll/epoll, xmlrpc, urllib, ssl, asyncio's socket calls, event loops,
+streams, sendfile and TLS),
 under ``smcr run`` and without it: the same tests run, and pass, either way; under
 ``smcr run`` the connections they make between their own ends are SMC-R (counted by
 ``smcr stats``, :mod:`smcr.diag`).
@@ -36,6 +37,11 @@ MODULES = {
     "test_httpservers": [],
     "test_asyncio.test_sock_lowlevel": [],
     "test_asyncio.test_events": [],
+    "test_ssl": [],
+    "test_asyncio.test_ssl": [],
+    "test_asyncio.test_sslproto": [],
+    "test_asyncio.test_streams": [],
+    "test_asyncio.test_sendfile": [],
 }
 
 SUMMARY = re.compile(r"^Total tests: (.*)$", re.MULTILINE)

@@ -304,3 +304,38 @@ def test_closing_sockets_whose_connect_is_under_way_harms_nothing() -> None:
         assert p.recv() == ("SMCR", 0, 0)
     finally:
         p.stop()
+
+
+Make = Callable[..., socket.socket]
+
+
+def accepted_when_connect_returns(make_server: Make, make_client: Make) -> list[bool]:
+    """For connections made in this process: whether a non-blocking ``accept`` has each one
+    the moment ``connect`` returned."""
+    srv = make_server(("127.0.0.1", 0))
+    srv.setblocking(False)
+    seen = []
+    try:
+        for _ in range(10):
+            client = make_client(srv.getsockname(), timeout=20)
+            try:
+                conn, _ = srv.accept()
+                seen.append(True)
+                conn.close()
+            except BlockingIOError:
+                seen.append(False)
+            client.close()
+    finally:
+        srv.close()
+    return seen
+
+
+def test_a_connection_from_this_process_is_queued_when_connect_returns_as_on_tcp() -> None:
+    """Over TCP loopback the kernel has queued the connection when ``connect`` returns; a
+    program that connects, talks, closes and then closes its listener relies on it
+    (CPython's asyncio test_streams test_unhandled_exceptions).  Both ends in one
+    process: the server's handshake reads the client's last CLC message as it is sent
+    (``Stack._clc_sent``), so it has ended too."""
+    tcp = accepted_when_connect_returns(socket.create_server, socket.create_connection)
+    smc = accepted_when_connect_returns(smcr.create_server, smcr.create_connection)
+    assert tcp == smc == [True] * 10

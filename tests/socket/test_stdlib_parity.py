@@ -338,3 +338,66 @@ def unaccepted_when_the_listener_closes(kind: str) -> list[object]:
 def test_a_listener_that_closes_resets_the_connections_it_did_not_accept_as_on_tcp() -> None:
     tcp, smc = (unaccepted_when_the_listener_closes(kind) for kind in ("tcp", "smc"))
     assert tcp == smc == ["ECONNRESET", 0]
+
+
+def close_with_bytes_unsent(kind: str) -> list[object]:
+    """A sender fills what a peer that does not read yet can take, closes, and only then
+    (the same thread: an event loop running both ends) the peer reads: TCP's ``close``
+    returns at once and its kernel sends the rest; every byte arrives, then EOF."""
+    make_server = smcr.create_server if kind == "smc" else socket.create_server
+    make_client = smcr.create_connection if kind == "smc" else socket.create_connection
+    srv = make_server(("127.0.0.1", 0))
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (smcr: a 16 KiB RMB)
+    client = make_client(srv.getsockname(), timeout=20)
+    conn, _ = srv.accept()
+    srv.close()
+    client.setblocking(False)
+    sent = 0
+    chunk = b"y" * 65536
+    try:
+        while True:
+            sent += client.send(chunk)
+    except BlockingIOError:
+        pass
+    client.close()
+    conn.settimeout(20)
+    got = 0
+    while data := conn.recv(1 << 20):
+        got += len(data)
+    conn.close()
+    return [sent > 65536, got == sent]
+
+
+def test_close_with_bytes_the_peer_has_not_read_yet_loses_none_as_on_tcp() -> None:
+    assert close_with_bytes_unsent("tcp") == close_with_bytes_unsent("smc") == [True, True]
+
+
+def taken_before_it_would_block(kind: str, sndbuf: int | None) -> int:
+    """Bytes a non-blocking sender gets rid of while its peer reads nothing, with
+    ``SO_SNDBUF`` lowered after ``connect`` (or left alone)."""
+    make_server = smcr.create_server if kind == "smc" else socket.create_server
+    make_client = smcr.create_connection if kind == "smc" else socket.create_connection
+    with make_server(("127.0.0.1", 0)) as srv:
+        client = make_client(srv.getsockname(), timeout=20)
+        conn, _ = srv.accept()
+    if sndbuf is not None:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    client.setblocking(False)
+    taken = 0
+    try:
+        while True:
+            taken += client.send(b"z" * 65536)
+    except BlockingIOError:
+        pass
+    client.close()
+    conn.close()
+    return taken
+
+
+def test_sndbuf_lowered_after_connect_takes_less_as_on_tcp() -> None:
+    """TCP's send buffer shrinks when ``SO_SNDBUF`` is lowered on a connected socket; over
+    SMC-R what a send may have in flight shrinks too (the allocated buffer stays):
+    asyncio's sendfile tests lower it to see a transfer that cannot finish at once."""
+    for kind in ("tcp", "smc"):
+        small, default = (taken_before_it_would_block(kind, n) for n in (4096, None))
+        assert small < default, (kind, small, default)

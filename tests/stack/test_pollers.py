@@ -81,3 +81,22 @@ def test_a_ring_drained_by_the_progress_thread_still_wakes_the_app_poller(
         stack.close()
         a.close()
         b.close()
+
+
+def test_kicks_while_nobody_drains_the_doorbell_never_block() -> None:
+    """Kicks from a thread that holds the runtime's lock, more than the doorbell holds:
+    none blocks (a full bell wakes a poller already).  A kick that blocked held the lock
+    that the poller which would drain the bell waited for: the whole process stopped."""
+    stack = Stack()
+    done = threading.Event()
+
+    def kick_a_lot() -> None:
+        with stack.lock:  # (the progress thread cannot drain meanwhile)
+            for _ in range(100_000):
+                stack.kick()
+        done.set()
+
+    t = threading.Thread(target=kick_a_lot, daemon=True)
+    t.start()
+    assert done.wait(30), "a kick blocked on the full doorbell"  # (its lock stays held)
+    stack.close()

@@ -102,6 +102,11 @@ class Connection:
         self.token = token
         self.rmb = rmb
         self.sndbuf_size = sndbuf_size
+        self.sndbuf_limit = sndbuf_size
+        """Bytes of the send buffer the application may have in flight (written, not yet
+        confirmed): its size, or less once the application lowers ``SO_SNDBUF`` after
+        the buffer was allocated (TCP's send buffer shrinks then; the ring keeps its
+        size, :attr:`sndbuf_size`, for the cursors' arithmetic)."""
         self.state = SmcState.INIT
         self.link: Link | None = None
         """The link the connection sends on (Linux ``conn->lnk``); :attr:`qpn`,
@@ -157,7 +162,7 @@ class Connection:
 
     def sndbuf_space(self) -> int:
         """Bytes the application may copy into the send buffer now."""
-        return self.sndbuf_size - (self.tx_app - self.tx_fin)
+        return self.sndbuf_limit - (self.tx_app - self.tx_fin)
 
     def peer_space(self) -> int:
         """Free bytes in the peer's RMBE (``smc_cdc_... peer_rmbe_space``)."""
@@ -214,8 +219,8 @@ class Connection:
         sent = self.tx_sent
         if self.tx_app != sent or self.urg_tx_end is not None:
             return 0
-        return min(self.sndbuf_size - (sent - self.tx_fin),
-                   self.peer_rmb_size - (sent - self.peer_cons))  # fmt: skip
+        return max(0, min(self.sndbuf_limit - (sent - self.tx_fin),
+                          self.peer_rmb_size - (sent - self.peer_cons)))  # fmt: skip
 
     def cork(self, n: int) -> bool:
         """Whether a send of ``n`` bytes should wait in the send buffer (autocorking).
@@ -283,7 +288,7 @@ class Connection:
         """
         n, sent, rsize = len(data), self.tx_sent, self.peer_rmb_size
         peer_free = rsize - (sent - self.peer_cons)
-        if (not 0 < n <= peer_free or n > self.sndbuf_size - (sent - self.tx_fin)
+        if (not 0 < n <= peer_free or n > self.sndbuf_limit - (sent - self.tx_fin)
                 or self.tx_app != sent or self.urg_tx_end is not None):  # fmt: skip
             raise ValueError(f"inline write of {n} bytes: {self.direct_room()} fit now")
         vaddr, rkey = self.peer_vaddr, self.peer_rkey
@@ -377,7 +382,7 @@ class Connection:
         # signaled too when the sender may now have to wait (the peer's RMBE is full,
         # or bytes wait in the send buffer): no later CDC may come to free the space
         # this one's bytes hold until the peer reads
-        if (unsignaled >= SIGNAL_EVERY or (tx_sent - self.tx_fin) * 4 > self.sndbuf_size
+        if (unsignaled >= SIGNAL_EVERY or (tx_sent - self.tx_fin) * 4 > self.sndbuf_limit
                 or self.tx_flags or flags & _WRITE_BLOCKED or self.tx_app > tx_sent):  # fmt: skip
             self.unsignaled = 0
             return data, wr_id, True

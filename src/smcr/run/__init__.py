@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import io
 import os
 import socket
 import sys
@@ -139,8 +140,11 @@ def _patch_ssl(ssl: types.ModuleType) -> None:
 def _patch_asyncio(unix_events: types.ModuleType) -> None:
     """asyncio's ``sock_sendfile`` (and ``loop.sendfile`` of its transports) calls
     ``os.sendfile`` on ``sock.fileno()``, which for an SMC-R socket is smcr's readiness
-    descriptor, not the connection: such sockets take asyncio's own fallback, which
-    sends through the socket's methods."""
+    descriptor, not the connection: for such sockets its "native" sendfile reads the
+    file (``os.pread``, the file position untouched until the end, as ``os.sendfile``
+    leaves it) and sends it with ``sock_sendall``.  Native, not asyncio's fallback: a
+    transport's ``write`` during the transfer raises "sendfile is in progress", as over
+    TCP, and the same files are refused (``SendfileNotAvailableError``)."""
     from asyncio import exceptions  # noqa: PLC0415
 
     from smcr.socket import SMCSocket  # noqa: PLC0415
@@ -150,11 +154,51 @@ def _patch_asyncio(unix_events: types.ModuleType) -> None:
 
     async def sock_sendfile_native(self: Any, sock: Any, file: Any, offset: int,
                                    count: int | None) -> int:  # fmt: skip
-        if isinstance(sock, SMCSocket) and sock._mode in ("SMCR", "CONNECTING"):
-            raise exceptions.SendfileNotAvailableError("not on an SMC-R connection")
-        return int(await native(self, sock, file, offset, count))
+        if not (isinstance(sock, SMCSocket) and sock._mode in ("SMCR", "CONNECTING")):
+            return int(await native(self, sock, file, offset, count))
+        try:
+            fileno = file.fileno()
+            size = os.fstat(fileno).st_size
+        except (AttributeError, io.UnsupportedOperation, OSError) as err:
+            raise exceptions.SendfileNotAvailableError("not a regular file") from err
+        if not (count or size):
+            return 0  # empty file
+        total = 0  # bytes the socket took: the file position behind them, also on errors
+        try:
+            while count is None or total < count:
+                want = _SENDFILE_PIECE if count is None else min(_SENDFILE_PIECE, count - total)
+                view = memoryview(os.pread(fileno, want, offset + total))
+                if not view:
+                    break
+                while view:
+                    try:
+                        n = sock.send(view)
+                    except (BlockingIOError, InterruptedError):
+                        await _writable(self, sock)
+                        continue
+                    total += n
+                    view = view[n:]
+        finally:
+            if total:
+                os.lseek(fileno, offset + total, os.SEEK_SET)
+        return total
 
     loop_class._sock_sendfile_native = sock_sendfile_native
+
+
+async def _writable(loop: Any, sock: Any) -> None:
+    """Until ``sock`` is writable (the event loop watching its ``fileno()``)."""
+    fut = loop.create_future()
+    fd = sock.fileno()
+    loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
+    try:
+        await fut
+    finally:
+        loop.remove_writer(fd)
+
+
+_SENDFILE_PIECE = 1 << 18
+"""Bytes of the file read and sent at a time by asyncio's sendfile over SMC-R."""
 
 
 _PATCHES = {"ssl": _patch_ssl, "asyncio.unix_events": _patch_asyncio}

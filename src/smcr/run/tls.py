@@ -17,11 +17,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import socket as _socket
 import ssl
 import types
 from typing import Any
 
-from smcr.socket import SMCSocket, _PlainSocket
+from smcr.socket import SMCSocket, _PlainSocket, smc_socket_with_number
 
 _HEADER = 5
 """Bytes of a TLS record header (type, version, length): the length is its last two."""
@@ -46,9 +47,10 @@ def patch(ssl_module: types.ModuleType) -> None:
                     do_handshake_on_connect: bool = True, suppress_ragged_eofs: bool = True,
                     server_hostname: str | None = None, context: Any = None,
                     session: Any = None) -> Any:  # fmt: skip
-            if isinstance(sock, SMCSocket) and (sock._mode == "SMCR" or (
-                    sock._mode == "LISTEN" and sock._smc_ok)):  # fmt: skip
-                return SmcTlsSocket.wrap(sock, server_side, do_handshake_on_connect,
+            inner = _smc_socket_of(sock)
+            if inner is not None and (inner._mode == "SMCR" or (
+                    inner._mode == "LISTEN" and inner._smc_ok)):  # fmt: skip
+                return SmcTlsSocket.wrap(inner, server_side, do_handshake_on_connect,
                                          suppress_ragged_eofs, server_hostname, context,
                                          session)  # fmt: skip
             return base._create(sock, server_side, do_handshake_on_connect,
@@ -56,6 +58,20 @@ def patch(ssl_module: types.ModuleType) -> None:
 
     RunSSLSocket.__name__ = RunSSLSocket.__qualname__ = base.__name__
     context_class.sslsocket_class = RunSSLSocket
+
+
+def _smc_socket_of(sock: Any) -> SMCSocket | None:
+    """The SMC socket that ``wrap_socket`` is given: ``sock`` itself, or the one behind an
+    object that stands in for it (CPython's asyncio tests wrap theirs in a class that
+    passes every call on), found by its ``fileno()``: ssl's own socket would read and
+    write that number, a readiness descriptor in SMC-R mode."""
+    if isinstance(sock, SMCSocket):
+        return sock
+    try:
+        fd = sock.fileno()
+    except (AttributeError, OSError):
+        return None
+    return smc_socket_with_number(fd) if isinstance(fd, int) and fd >= 0 else None
 
 
 class SmcTlsSocket(ssl.SSLSocket):
@@ -105,6 +121,8 @@ class SmcTlsSocket(ssl.SSLSocket):
         self._record_left = 0  # bytes of the current record not read yet
         self._tls = None
         self._sslobj = None
+        if inner._mode == "SMCR" and not self._still_connected():
+            return self  # (as ssl's socket: not connected, every call says so)
         if inner._mode == "SMCR":
             self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side,
                                          server_hostname, session=session)  # fmt: skip
@@ -118,6 +136,39 @@ class SmcTlsSocket(ssl.SSLSocket):
                     self.close()  # as ssl does: a socket whose handshake failed is closed
                     raise
         return self
+
+    def _still_connected(self) -> bool:
+        """Whether the connection is still there to wrap, as ``ssl.SSLSocket._create``
+        asks (``getpeername``): a peer that reset it before the handshake leaves it
+        unconnected, and bytes it sent before its reset end the wrap with ssl's
+        "Closed before TLS handshake with data in recv buffer" (they must not pass
+        for the peer's TLS, and OpenSSL would read them as a bad record instead).
+
+        :raises ssl.SSLError: that error (the socket is closed, as ssl closes it).
+        :raises OSError: the read's error, as ssl raises it (``ECONNRESET``).
+        """
+        try:
+            self._inner.getpeername()
+        except OSError as exc:
+            if exc.errno != errno.ENOTCONN:
+                raise
+        else:
+            return True
+        try:
+            data = self._inner.recv(1, _socket.MSG_DONTWAIT)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTCONN, errno.EINVAL):
+                self.close()
+                raise
+            data = b""
+        if data:
+            self.close()
+            reason = "Closed before TLS handshake with data in recv buffer."
+            error = ssl.SSLError(errno.ENOTCONN, reason)
+            error.reason = reason  # (the attributes _ssl.c gives its errors)
+            error.library = None  # type: ignore[assignment]
+            raise error
+        return False
 
     # ------------------------------------------------------------ the record pump
 
@@ -299,12 +350,22 @@ class SmcTlsSocket(ssl.SSLSocket):
             raise
         return len(view)
 
+    def _raw(self) -> SMCSocket | None:
+        """The SMC socket itself when there is no TLS on it (after ``shutdown``, or never
+        connected): ssl's socket then reads and writes its descriptor's bytes as they
+        are, and so does this one (``_closed``: the ``ssl`` module's error instead)."""
+        return self._inner if self._tls is None and not self._closed else None
+
     def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        if (raw := self._raw()) is not None:
+            return raw.recv(buflen, flags)
         if flags:
             raise ValueError(f"non-zero flags not allowed in calls to recv() on {type(self)}")
         return bytes(self.read(buflen))
 
     def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
+        if (raw := self._raw()) is not None:
+            return raw.recv_into(buffer, nbytes or 0, flags)
         if flags:
             raise ValueError(f"non-zero flags not allowed in calls to recv_into() on "
                              f"{type(self)}")  # fmt: skip
@@ -320,11 +381,16 @@ class SmcTlsSocket(ssl.SSLSocket):
         raise ValueError(f"recvfrom_into not allowed on instances of {type(self)}")
 
     def send(self, data: Any, flags: int = 0) -> int:
+        if (raw := self._raw()) is not None:
+            return raw.send(data, flags)
         if flags:
             raise ValueError(f"non-zero flags not allowed in calls to send() on {type(self)}")
         return self.write(data)
 
     def sendall(self, data: Any, flags: int = 0) -> None:
+        if (raw := self._raw()) is not None:
+            raw.sendall(data, flags)
+            return
         if flags:
             raise ValueError(f"non-zero flags not allowed in calls to sendall() on "
                              f"{type(self)}")  # fmt: skip

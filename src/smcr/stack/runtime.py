@@ -107,6 +107,7 @@ from smcr.rdma import (
 from smcr.rdma.base import Device, QueuePair
 from smcr.rdma.shm import ShmDevice
 from smcr.stack import devices
+from smcr.stack.descriptors import put_at
 from smcr.ueid import UeidTable
 from smcr.wire.clc import make_hostname
 from smcr.wire.decline import DeclineCode
@@ -166,18 +167,24 @@ class Readiness:
         self.readable = False
         self.writable = True
         st = os.fstat(self.a.fileno())
-        self._file = (st.st_dev, st.st_ino)
+        self.file = (st.st_dev, st.st_ino)
+        """(device, inode) of the descriptor's file: whether a number names it."""
+        self.app = -1
+        """The application's number for ``a``'s file (:meth:`fileno`), -1 before it asks."""
 
     def lost(self) -> bool:
         """Whether the application's descriptor was closed under us (``os.close`` of
         what ``fileno()`` gave) or now names another file: a socket's would-block path
         asks, so that its call fails with ``EBADF`` as one on the closed descriptor of
         a TCP socket does (one ``fstat``, only where the call would block anyway)."""
+        return self.app >= 0 and not self._names_ours(self.app)
+
+    def _names_ours(self, number: int) -> bool:
         try:
-            st = os.fstat(self.a.fileno())
+            st = os.fstat(number)
         except OSError:
-            return True
-        return (st.st_dev, st.st_ino) != self._file
+            return False
+        return (st.st_dev, st.st_ino) == self.file
 
     def set_blocking(self, blocking: bool) -> None:
         """Give the application's descriptor the socket's blocking mode (``O_NONBLOCK``),
@@ -187,8 +194,27 @@ class Readiness:
             os.set_blocking(self.a.fileno(), blocking)
 
     def fileno(self) -> int:
-        """The application's descriptor."""
-        return self.a.fileno()
+        """The application's descriptor: a number of its own for ``a``'s file, apart from
+        the one the runtime reads and writes, so that a program that closes what it was
+        given (``os.close(sock.fileno())``) never has the runtime write into whatever
+        file takes that number next."""
+        if self.app < 0:
+            self.app = os.dup(self.a.fileno())
+        return self.app
+
+    def place(self, number: int) -> None:
+        """Give the application this descriptor under ``number`` from now on (whatever it
+        named before goes: :func:`smcr.stack.descriptors.put_at`)."""
+        put_at(number, self.a.fileno())
+        if self.app >= 0 and self.app != number:
+            with contextlib.suppress(OSError):
+                os.close(self.app)
+        self.app = number
+
+    def disown(self) -> None:
+        """The application's number names another file now (the socket's TCP socket):
+        :meth:`close` leaves it alone."""
+        self.app = -1
 
     def set(self, readable: bool, writable: bool) -> None:
         """Make the descriptor's readiness match (syscalls only on a change)."""
@@ -218,6 +244,10 @@ class Readiness:
         for end in (self.a, self.b):
             with contextlib.suppress(OSError):
                 end.close()
+        app, self.app = self.app, -1
+        if app >= 0 and self._names_ours(app):  # (not a number closed and taken since)
+            with contextlib.suppress(OSError):
+                os.close(app)
 
 
 @dataclass(eq=False)
@@ -240,6 +270,7 @@ class HostConn:
     # non-blocking connects finish the socket there, whichever thread polled
     on_outcome: Callable[[HostConn], None] | None = None
     local_peer: bool | None = None  # the other end is in this runtime (Stack.local_peer)
+    ends: tuple[object, object] | None = None  # handshaking: (ours, peer's) TCP addresses
 
     @property
     def rmb(self) -> memoryview:
@@ -308,6 +339,11 @@ class Stack:
         self._bell_r, self._bell_w = socket.socketpair()
         self._bell_r.setblocking(False)
         self._clc_watch: dict[int, HostConn] = {}
+        self._clc_ends: dict[tuple[object, object], HostConn] = {}
+        """Handshakes under way by their TCP connection's (ours, peer's) addresses: the
+        other end of one is found when both ends are ours (:meth:`_clc_sent`)."""
+        self._clc_local: list[HostConn] = []  # handshakes of ours that CLC was sent to
+        self._clc_feeding = False
         self._tcp_watch: dict[int, HostConn] = {}
         """TCP sockets of SMC-R connections, watched for the peer's end (:meth:`_tcp_ended`);
         not over shm, whose RNIC itself sees a peer process die."""
@@ -315,9 +351,11 @@ class Stack:
         self._orphans: deque[tuple[HostConn, float | None]] = deque()
         """Connections whose socket was collected unclosed (:meth:`orphan`), for the progress
         thread; a deque: appended from any thread without the lock."""
-        self._draining: dict[int, tuple[HostConn, float]] = {}
+        self._draining: dict[int, tuple[HostConn, float, int]] = {}
+        """Closed connections (orphans, and closes without SO_LINGER: :meth:`close_later`)
+        waiting for their send buffer before the closing CDC: (connection, deadline,
+        bytes unsent at the last look)."""
         self._shutdowns: dict[int, HostConn] = {}  # SHUT_WR waiting for the send buffer
-        """Orphans waiting (until the deadline) for their send buffer before the closing CDC."""
         self._corked = False
         """Some connection may hold corked bytes (:meth:`corked`)."""
         self._running = True
@@ -414,6 +452,9 @@ class Stack:
         if hc.outcome is None:
             hc.tcp.setblocking(False)
             self._clc_watch[hc.tcp.fileno()] = hc
+            with contextlib.suppress(OSError):
+                hc.ends = (hc.tcp.getsockname(), hc.tcp.getpeername())
+                self._clc_ends[hc.ends] = hc
             if not client:  # the client's Proposal is often here already: no thread hop
                 self._clc_read(hc)
             if hc.outcome is None:
@@ -432,8 +473,43 @@ class Stack:
         if data:
             self.execute(self.engine.receive_clc(hc.conn_id, data, now))
         else:
-            self._clc_watch.pop(hc.tcp.fileno(), None)  # EOF stays readable: look no more
+            self._unwatch_clc(hc)  # EOF stays readable: look no more
             self.execute(self.engine.tcp_closed(hc.conn_id, now))
+
+    def _unwatch_clc(self, hc: HostConn) -> None:
+        """The handshake reads no more CLC (lock held)."""
+        self._clc_watch.pop(hc.tcp.fileno(), None)
+        if hc.ends is not None:
+            self._clc_ends.pop(hc.ends, None)
+            hc.ends = None
+
+    def _clc_sent(self, hc: HostConn) -> None:
+        """CLC went out on ``hc``'s TCP connection: if its other end is a handshake of this
+        runtime too (both ends in one process), that end reads it now (:meth:`execute`
+        ends with it), not when the progress thread next looks -- as TCP over loopback
+        has delivered when ``send`` returns.  Why: the server's handshake then ends,
+        and its connection is in the accept queue, before the client's ``connect``
+        returns; a program that connects, talks, closes and then closes its listener
+        (CPython's asyncio test_streams does) found it closed before it was queued,
+        one time in four."""
+        if hc.ends is None:
+            return
+        peer = self._clc_ends.get((hc.ends[1], hc.ends[0]))
+        if peer is not None and peer is not hc:
+            self._clc_local.append(peer)
+
+    def _feed_local_clc(self) -> None:
+        """Let the handshakes of ours that CLC was sent to read it (:meth:`_clc_sent`)."""
+        if self._clc_feeding:
+            return  # (the outermost execute feeds them)
+        self._clc_feeding = True
+        try:
+            while self._clc_local:
+                peer = self._clc_local.pop(0)
+                if peer.ends is not None and peer.outcome is None:
+                    self._clc_read(peer)
+        finally:
+            self._clc_feeding = False
 
     def _tcp_ended(self, hc: HostConn) -> None:
         """An SMC-R connection's TCP socket became readable: the peer closed it, or died.
@@ -540,6 +616,22 @@ class Stack:
         self._orphans.append((hc, linger))
         self.kick()
 
+    def close_later(self, hc: HostConn) -> None:
+        """The application closed a connection whose send buffer is not out yet, without
+        ``SO_LINGER`` (lock held): ``close`` returns at once, as TCP's does, and the
+        progress thread sends the rest, then the closing CDC (:meth:`_reap_orphans`).
+        Why: TCP's kernel goes on sending after ``close``; a program whose peer is
+        served by the very thread that closes (an event loop running both ends)
+        would wait in ``close`` for a peer that cannot read meanwhile, and lose the
+        rest when the wait ended (CPython's asyncio test_sendfile).  The wait ends
+        after ``close_wait_tx`` (2 s) in which the peer took nothing, not 2 s in all."""
+        self.uncork(hc)  # (nothing follows: corked bytes go now)
+        c = self.engine_conn(hc)
+        self._draining[hc.conn_id] = (hc, time.monotonic() + self.config.close_wait_tx,
+                                      c.tx_pending() if c is not None else 0)  # fmt: skip
+        self.kick()
+        self._bg_cond.notify()
+
     def _reap_orphans(self) -> None:
         """Close the orphans whose send buffer is out or whose wait is over (lock held)."""
         now = time.monotonic()
@@ -549,13 +641,17 @@ class Stack:
                 self.abort(hc)
             else:
                 wait = self.config.close_wait_tx if linger is None else linger
-                self._draining[hc.conn_id] = (hc, now + wait)
-        for conn_id, (hc, deadline) in list(self._draining.items()):
+                c = self.engine_conn(hc)
+                self._draining[hc.conn_id] = (hc, now + wait, c.tx_pending() if c else 0)
+        for conn_id, (hc, deadline, unsent) in list(self._draining.items()):
             c = self.engine_conn(hc)
             if (c is None or c.tx_pending() == 0 or bool(c.reset_reason) or c.peer_closed
                     or now >= deadline):  # fmt: skip
                 del self._draining[conn_id]
                 self.app_close(hc)
+            elif c.tx_pending() < unsent:  # the peer reads: it gets the time again
+                self._draining[conn_id] = (hc, now + self.config.close_wait_tx,
+                                           c.tx_pending())  # fmt: skip
 
     # ================================================================ actions
 
@@ -603,6 +699,8 @@ class Stack:
         if wrs or writes:
             self._post(wr_qpn, wrs + _write_wrs(writes))
         self._dispatch_events()
+        if self._clc_local:
+            self._feed_local_clc()
 
     def send_inline(self, c: Connection, data: memoryview, request: bool = False) -> None:
         """The data path (lock held): ``data`` (at most ``c.direct_room()`` bytes, at most
@@ -691,6 +789,7 @@ class Stack:
             if hc is not None:
                 with contextlib.suppress(OSError):
                     hc.tcp.sendall(a.data)
+                    self._clc_sent(hc)
         elif isinstance(a, QpToRtr):
             self._qp_rtr(a)
         elif isinstance(a, QpToRts):
@@ -781,7 +880,7 @@ class Stack:
                 continue
             if isinstance(ev, (HandshakeCompleted, FellBack, HandshakeFailed)):
                 hc.outcome = ev
-                self._clc_watch.pop(hc.tcp.fileno(), None)
+                self._unwatch_clc(hc)
                 if self._poller == "app" and self._poller_ident != threading.get_ident():
                     self.kick()  # the waiting app thread sleeps on the CQ, not on hc.cond
                 key = {HandshakeCompleted: "smc", FellBack: "fallback",
@@ -1032,9 +1131,14 @@ class Stack:
         return self.cq.poll(64)
 
     def kick(self) -> None:
-        """Wake a sleeping poller (to re-check for a new deadline)."""
+        """Wake a sleeping poller (to re-check for a new deadline).
+
+        Never blocks: a full doorbell (kicks faster than a poller drains them) already
+        wakes the poller.  Blocking there, the kicker held the runtime's lock while the
+        poller that would drain the bell waited for that lock: every thread of the
+        process stopped (asyncio's test_ssl, TLS over TLS with ten client threads)."""
         with contextlib.suppress(OSError):
-            self._bell_w.send(b"k")
+            self._bell_w.send(b"k", _DONTWAIT)
 
     def _progress_thread(self) -> None:
         """Own progress while no application thread waits; stand by while one does.
@@ -1106,7 +1210,8 @@ class Stack:
             self.uncork()
         while True:
             with self.lock:
-                if not self.engine.closing() or time.monotonic() >= deadline:
+                if (not (self.engine.closing() or self._draining or self._orphans)
+                        or time.monotonic() >= deadline):  # fmt: skip
                     self.execute(self.engine.shutdown(time.monotonic()))
                     break
             self.kick()
