@@ -506,7 +506,9 @@ class Stack:
 
     def abort(self, hc: HostConn) -> None:
         """Abortive close (lock held): ``SO_LINGER`` on with a linger time of 0
-        (:meth:`Engine.abort`): the send buffer dropped, an abort CDC, released at once."""
+        (:meth:`Engine.abort`): the send buffer dropped, an abort CDC; the application is
+        done at once, the connection and its RMB go when the peer's closing CDC answers
+        (:meth:`Connection.app_abort`)."""
         self.execute(self.engine.abort(hc.conn_id, time.monotonic()))
         self._let_go(hc)
 
