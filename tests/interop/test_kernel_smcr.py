@@ -72,6 +72,7 @@ kernel -> smcr here (the guest's Python makes and hashes the pattern under TCG).
 
 
 SEND_ONLY = 0x04
+ACKNOWLEDGE = 0x11
 
 
 @pytest.fixture(autouse=True)
@@ -284,18 +285,21 @@ def test_test_link_both_ways(kernel_smc: Guest, prober: str) -> None:
         assert tests[(host, False)] <= 1, tests
 
 
-def llc_sends(pcap: Path) -> list[tuple[str, bytes]]:
-    """(sender, message) of every SEND Only on the wire that is not a CDC."""
+def sends(pcap: Path) -> list[tuple[str, bytes]]:
+    """(sender, message) of every SEND Only on the wire: CDCs (0xFE) and LLC messages."""
     out = []
     for frame, _meta in RawPcapReader(str(pcap)):
         raw = bytes(frame)
         pkt = Ether(raw)
         if UDP in pkt and pkt[UDP].dport == 4791 and pkt[BTH].opcode == SEND_ONLY:
             ihl = (raw[14] & 0x0F) * 4
-            msg = raw[14 + ihl + 8 + 12 : -4]
-            if msg[:1] != b"\xfe":
-                out.append((pkt[IP].src, msg))
+            out.append((pkt[IP].src, raw[14 + ihl + 8 + 12 : -4]))
     return out
+
+
+def llc_sends(pcap: Path) -> list[tuple[str, bytes]]:
+    """(sender, message) of every SEND Only on the wire that is not a CDC."""
+    return [(src, msg) for src, msg in sends(pcap) if msg[:1] != b"\xfe"]
 
 
 # ------------------------------------------------------------------ the wire
@@ -372,3 +376,110 @@ def check_capture(pcap: Path) -> None:
         else:
             assert ":smc" not in protocols and not malformed, rows[number]
     assert not [r for n, r in rows.items() if r[4] and n not in frames], rows
+
+
+# ------------------------------------------------------------------ abort
+
+
+ABORTED = 0x20  # CDC connection state flags (byte 25): peer_conn_abort
+CLOSED = 0x40  # peer_conn_closed
+CLOSE_FLAGS = 0xE0  # with peer_done_writing
+
+
+@pytest.mark.parametrize("guest_role", ROLES)
+@pytest.mark.parametrize("aborter", ["smcr", "kernel"])
+def test_abortive_close_with_the_kernel(kernel_smc: Guest, guest_role: str, aborter: str) -> None:
+    """``SO_LINGER`` 0 closes by either end, in both roles, on one link group: ``mid`` (the
+    other end is sending), ``unread`` (64 bytes sent, left unread), ``idle``; then an
+    echo on the same group (``after``).
+
+    What each end does is Linux's (``smc_close.c``, ``smc_cdc.c``, ``smc_rx.c``):
+    smcr's abortive close always sends peer_conn_abort; the kernel's is its ordinary
+    close with no wait for the send buffer (``smc_close_final``): abort when unread data
+    remains, else closed, so smcr reads EOF after an idle one.  Receiving an abort, the
+    kernel sets ECONNRESET as the socket's error and shuts its reading down: its send
+    fails (EPIPE or ECONNRESET), its read sees EOF and the error stays pending
+    (``SO_ERROR``) unless the send took it; its
+    own close then answers with abort (``smc_close_passive_abort_received``,
+    PROCESSABORT).  smcr's send or read fails with ECONNRESET, as after a TCP reset, and
+    it answers an abort with abort too."""
+    ex = smcr_run(kernel_smc, guest_role, nbytes=BULK, mode="abort", count=4, aborter=aborter,
+                  roce_capture=True, keep_pcap=True, timeout=30.0)  # fmt: skip
+    assert ex.pcap is not None
+    try:
+        flags = close_flags(ex.pcap)
+        naks = [f for f in acks(ex.pcap) if f[1] & 0x60 == 0x60]
+    finally:
+        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+    # no RDMA error: smcr keeps an aborted connection's RMB until the kernel's closing CDC
+    # (before, the kernel wrote on after smcr's DELETE RKEY, with rkey 0: NAK remote
+    # access error, and the link group was gone)
+    assert naks == [], naks
+    smcr_recs, kernel_recs = ex.host["conns"], ex.guest["conns"]
+    for i in range(4):
+        check_smcr_v2(ex, i, first_contact=i == 0)
+    assert len({rec["info"]["lgr_id"] for rec in smcr_recs}) == 1, smcr_recs  # the group lives on
+    other = kernel_recs if aborter == "smcr" else smcr_recs
+    for i, scenario in enumerate(["mid", "unread", "idle"]):
+        aborting = (smcr_recs if aborter == "smcr" else kernel_recs)[i]
+        assert (aborting["scenario"], aborting["aborted"]) == (scenario, True), aborting
+        rec = other[i]
+        assert rec["scenario"] == scenario, rec
+        if aborter == "smcr" and scenario == "mid":  # the kernel's view of an abort
+            # EPIPE, which its sendmsg turns into the pending ECONNRESET if set by then
+            # (sk_stream_error), or ECONNRESET from its wait for room (any close came)
+            assert rec["send"] in ("EPIPE", "ECONNRESET") and rec["read"] == "EOF", rec
+            assert "ECONNRESET" in (rec["send"], rec["so_error"]), rec
+        elif aborter == "smcr":
+            assert rec["send"] == {"unread": "ok", "idle": None}[scenario], rec
+            assert (rec["read"], rec["so_error"]) == ("EOF", "ECONNRESET"), rec
+        elif scenario == "mid":  # smcr's send fails; a read after it has nothing more to say
+            assert rec["send"] == "ECONNRESET" and rec["read"] in ("ECONNRESET", "EOF"), rec
+        else:  # the kernel's close: abort with unread bytes, closed without
+            read = "ECONNRESET" if scenario == "unread" else "EOF"
+            assert (rec["send"], rec["read"]) == ({"unread": "ok"}.get(scenario), read), rec
+        if scenario == "mid":
+            assert 0 < rec["sent"] < BULK, rec
+    check_data_after(ex)
+    # the wire: the aborter's first closing CDC and the other end's answer, per connection
+    host, guest = "10.99.0.1", "10.99.0.11"
+    aborter_ip, other_ip = (host, guest) if aborter == "smcr" else (guest, host)
+    closes = [ABORTED, ABORTED, ABORTED if aborter == "smcr" else CLOSED]
+    first = {ip: [f[0] if f else 0 for f in conns] for ip, conns in flags.items()}
+    assert len(first[host]) == len(first[guest]) == 4, flags
+    assert first[aborter_ip][:3] == closes and first[other_ip][:3] == closes, flags
+    assert not any(f & ABORTED for ip in (host, guest) for f in flags[ip][3]), flags
+
+
+def check_data_after(ex: Exchange) -> None:
+    """The ``after`` connection's 64 KiB echo came back whole at both ends."""
+    clients, servers = ex.ends()
+    client, server = clients[3], servers[3]
+    assert client["sent_sha256"] == client["received_sha256"] == server["received_sha256"]
+    assert client["received"] == server["received"] == 65536, (client, server)
+
+
+def acks(pcap: Path) -> list[tuple[str, int]]:
+    """(sender, AETH syndrome) of every RoCEv2 Acknowledge on the wire (0x60 and up: NAKs)."""
+    out = []
+    for frame, _meta in RawPcapReader(str(pcap)):
+        raw = bytes(frame)
+        pkt = Ether(raw)
+        if UDP in pkt and pkt[UDP].dport == 4791 and pkt[BTH].opcode == ACKNOWLEDGE:
+            ihl = (raw[14] & 0x0F) * 4
+            out.append((pkt[IP].src, raw[14 + ihl + 8 + 12]))
+    return out
+
+
+def close_flags(pcap: Path) -> dict[str, list[tuple[int, ...]]]:
+    """Per sender, per connection in order (told apart by the CDC's token): the connection
+    state flags of each CDC that carried any, in order, deduplicated (they are sticky)."""
+    per: dict[str, dict[int, list[int]]] = {}
+    for src, msg in sends(pcap):
+        if msg[:1] != b"\xfe":
+            continue
+        token, state = int.from_bytes(msg[4:8], "big"), msg[25] & CLOSE_FLAGS
+        seen = per.setdefault(src, {}).setdefault(token, [])
+        if state and (not seen or seen[-1] != state):
+            seen.append(state)
+    return {src: [tuple(v) for v in conns.values()] for src, conns in per.items()}
