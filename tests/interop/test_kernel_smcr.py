@@ -483,3 +483,62 @@ def close_flags(pcap: Path) -> dict[str, list[tuple[int, ...]]]:
         if state and (not seen or seen[-1] != state):
             seen.append(state)
     return {src: [tuple(v) for v in conns.values()] for src, conns in per.items()}
+
+
+# ------------------------------------------------------------------ the peer going away
+
+
+def peer_gone(scenario: str) -> dict[str, Any]:
+    """``tests/interop/peer_gone.py``: smcr's side of a scenario, its record."""
+    proc = subprocess.run([sys.executable, "-m", "tests.interop.peer_gone", scenario],
+                          check=False, capture_output=True, text=True, cwd=REPO,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stdout + proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    return result
+
+
+def test_the_kernel_process_killed_mid_transfer(kernel_smc: Guest) -> None:
+    """The kernel's server process, sending, is killed (``kill -9``): the kernel closes its
+    socket as ``close`` would (at exit, without waiting: ``smc_close_active``, closed
+    since nothing was left unread), so smcr reads EOF (as from a TCP peer whose process
+    died: its FIN) within the socket's 30 s bound; the link group stays, and the next
+    connection (a new server process) reuses it."""
+    r = peer_gone("kill")
+    killed, after = r["killed"], r["after"]
+    assert killed["info"]["mode"] == "SMCR" and killed["received"] == 4 * MB, killed
+    assert killed["read"] == "EOF", killed
+    assert "Killed" in killed["guest_end"], killed  # the shell's word for SIGKILL
+    assert (after["received"], after["received_sha256"]) == (MB, after["sent_sha256"]), after
+    assert after["info"]["lgr_id"] == killed["info"]["lgr_id"], (killed, after)
+    assert after["info"]["first_contact"] is False, after
+    record("kernel_killed_smcr_eof_s", killed["seconds"])
+
+
+KERNEL_ENDS = {
+    False: "BrokenPipeError: [Errno 32] Broken pipe",  # the sending server: killed conn, EPIPE
+    # the server blocked in recv: its link group gone, smc_rx_recvmsg finds the socket
+    # CLOSED without SOCK_DONE (no close came from the peer) and says ENOTCONN
+    True: "OSError: [Errno 107] Transport endpoint is not connected",
+}
+
+
+def test_the_kernel_interface_down_mid_transfer_and_idle(kernel_smc: Guest) -> None:
+    """The guest's eth0 (rxe0's netdev) goes down, once while the kernel sends and once on
+    an idle connection: nothing more comes, and rxe's RC retries have no end, so smcr's
+    TEST LINK (``SMCR_TESTLINK_TIME=1``) finds the link dead and smcr's read fails with
+    ECONNRESET within the socket's 30 s bound.  The kernel ends its link group at once
+    (port event) and its socket fails (KERNEL_ENDS).  Once eth0 is back, a new connection
+    makes a new link group and carries 1 MiB intact."""
+    r = peer_gone("linkdown")
+    mid, idle, after = r["mid"], r["idle"], r["after"]
+    for step in (mid, idle):
+        assert step["info"]["mode"] == "SMCR" and step["info"]["first_contact"], step
+        assert step["read"] == "ECONNRESET", step
+        assert step["guest_end"].endswith(KERNEL_ENDS[step is idle]), step
+    assert (after["received"], after["received_sha256"]) == (MB, after["sent_sha256"]), after
+    assert after["info"]["first_contact"] is True, after
+    lgrs = {step["info"]["lgr_id"] for step in (mid, idle, after)}
+    assert len(lgrs) == 3, lgrs
+    record("ifdown_mid_smcr_reset_s", mid["seconds"])
+    record("ifdown_idle_smcr_reset_s", idle["seconds"])

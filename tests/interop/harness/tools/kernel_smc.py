@@ -26,6 +26,11 @@ Runs *inside* the QEMU guest (Debian 12, kernel 6.12), as ``python3 kernel_smc.p
     echo on the link group that carried the aborts).  The end that does not
     abort records how its send and its read ended (``EPIPE``, ``ECONNRESET``,
     ``EOF``...); the pattern is the host side's (``tests/interop/smc_host.py``).
+``client --mode drain``
+    Read what the server sends until EOF or an error, and say how it ended
+    (the peer-gone tests: ``tests/interop/peer_gone.py``).
+``socks``
+    Every AF_SMC socket of the kernel (``smcss -a``): state, mode, ports.
 ``lgrs``
     The kernel's SMC-R link groups (``SMC_NETLINK_GET_LGR_SMCR``, what
     ``smcr linkgroup`` of smc-tools shows): id, role, type, connections and the
@@ -230,6 +235,18 @@ def smc_diag(local_port: int, peer_port: int) -> dict[str, Any] | None:
     return None
 
 
+def socks() -> dict[str, Any]:
+    """Every AF_SMC socket the kernel has (``smcss -a``): state, mode, ports."""
+    req = struct.pack("=BBBB", AF_SMC, 0, 0, 0) + bytes(48)
+    rows = []
+    for row in request(NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLM_F_DUMP, req):
+        _family, state, mode, _shut = struct.unpack_from("=BBBB", row)
+        sport, dport = struct.unpack_from(">HH", row, 4)
+        rows.append({"state": state, "mode": DIAG_MODES.get(mode, str(mode)), "sport": sport,
+                     "dport": dport})  # fmt: skip
+    return {"socks": rows}
+
+
 def chunks(seed: int, n: int) -> Iterator[bytes]:
     """``n`` bytes of ``random.Random(seed).randbytes`` in pieces of :data:`CHUNK`, each a
     whole number of the generator's 32-bit words (so any ``n`` bytes are the start of
@@ -387,6 +404,10 @@ def client_one(a: argparse.Namespace, i: int) -> dict[str, Any]:
             a = argparse.Namespace(**(vars(a) | {"mode": "echo", "bytes": CHUNK}))
         if a.mode == "send":
             out["received"], out["received_sha256"] = drain(s)
+        elif a.mode == "drain":  # what the server sends, until EOF or an error (recorded)
+            out["read"], out["received"] = read_outcome(s)
+            err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            out["so_error"] = errno.errorcode.get(err, str(err)) if err else None
         elif a.mode == "pingpong":
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             msg = bytes(range(256)) * (a.size // 256) + bytes(a.size % 256)
@@ -433,12 +454,13 @@ def client(a: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("cmd", choices=["setup", "server", "client", "lgrs"])
+    p.add_argument("cmd", choices=["setup", "server", "client", "lgrs", "socks"])
     p.add_argument("--family", choices=["smc", "tcp"], default="smc")
     p.add_argument("--host", default="10.99.0.1")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--count", type=int, default=1)
-    p.add_argument("--mode", choices=["echo", "send", "pingpong", "abort"], default="echo")
+    p.add_argument("--mode", choices=["echo", "send", "pingpong", "abort", "drain"],
+                   default="echo")
     p.add_argument("--aborter", choices=["kernel", "smcr"], default="smcr")
     p.add_argument("--bytes", type=int, default=1 << 20)
     p.add_argument("--seed", type=int, default=1)
@@ -451,7 +473,7 @@ def main() -> None:
         print(json.dumps({"pid": os.getpid()}), flush=True)  # for the tests that kill it
     commands: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
         "setup": lambda _a: setup(), "server": server, "client": client,
-        "lgrs": lambda _a: lgrs(),
+        "lgrs": lambda _a: lgrs(), "socks": lambda _a: socks(),
     }  # fmt: skip
     print(json.dumps(commands[a.cmd](a)), flush=True)
 
