@@ -46,7 +46,7 @@ from smcr.wire.clc import ClcAccept, ClcConfirm, ClcDecline, ClcProposal, make_e
 from smcr.wire.clc_header import SmcType
 from smcr.wire.decline import DeclineCode
 from smcr.wire.roce_packet import verify_icrc
-from tests.interop.guest import FIGURES, NETNS, Guest
+from tests.interop.guest import FIGURES, HOST_IP, NETNS, Guest
 from tests.interop.kernel_exchange import (
     GUEST_UEID,
     MB,
@@ -54,6 +54,9 @@ from tests.interop.kernel_exchange import (
     Exchange,
     check_data,
     exchange,
+    host_proc,
+    next_port,
+    ueid_file,
 )
 from tests.roce.netns import REPO
 
@@ -542,3 +545,54 @@ def test_the_kernel_interface_down_mid_transfer_and_idle(kernel_smc: Guest) -> N
     assert len(lgrs) == 3, lgrs
     record("ifdown_mid_smcr_reset_s", mid["seconds"])
     record("ifdown_idle_smcr_reset_s", idle["seconds"])
+
+
+def test_smcr_killed_mid_transfer_the_kernel_ends_cleanly(kernel_smc: Guest) -> None:
+    """smcr's server process, sending, is killed (``kill -9``): no closing CDC, no DELETE
+    LINK, its QP gone.  The kernel, whose RC sends are retried without end, finds the dead
+    link by its TEST LINK (``net.smc.smcr_testlink_time`` 1 s here, 30 s by default),
+    ends the link group and its connection: its client's read ends in about 3 s, and
+    within seconds ``smc_diag`` has no socket and no link group left."""
+    port = next_port()
+    table = ueid_file([GUEST_UEID])
+    kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=1", timeout=30)
+    proc = host_proc(["server", "--port", str(port), "--mode", "send", "--bytes", str(1 << 40),
+                      "--timeout", "30"],
+                     {"SMCR_DISCOVERY": "bpf", "SMCR_UEID_FILE": str(table)})  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline()) == {"listening": port}
+        ident = kernel_smc.run(f"{TOOL} client --family smc --host {HOST_IP} --port {port}"
+                               " --mode drain --timeout 30", background=True)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not any(s["dport"] == port and s["mode"] == "SMCR" for s in kernel_socks(kernel_smc)):
+            assert time.monotonic() < deadline, kernel_smc.output(ident)
+            time.sleep(0.2)
+        time.sleep(1.0)  # mid-transfer: the kernel reads what smcr writes
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+        shutil.rmtree(table.parent, ignore_errors=True)
+    try:
+        t0 = time.monotonic()
+        conn = json.loads(kernel_smc.wait(ident, 90).splitlines()[-1])["conns"][0]
+        ended = time.monotonic() - t0
+        deadline = time.monotonic() + LGR_END_WAIT
+        while (socks := kernel_socks(kernel_smc)) or (lgrs := kernel_lgrs(kernel_smc)):
+            assert time.monotonic() < deadline, (socks, lgrs)
+            time.sleep(0.5)
+    finally:
+        kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=30", timeout=30)
+    assert conn["diag"]["mode"] == "SMCR" and conn["received"] > 0, conn
+    # the link group's end kills the connection (smc_close_active_abort: ECONNABORTED as
+    # the socket's error); the blocked read then finds it CLOSED with no close received
+    # from the peer, which smc_rx_recvmsg reports as ENOTCONN (the idle case above too)
+    assert (conn["read"], conn["so_error"]) == ("ENOTCONN", "ECONNABORTED"), conn
+    record("smcr_killed_kernel_end_s", ended)
+
+
+def kernel_socks(guest: Guest) -> list[dict[str, Any]]:
+    """The kernel's AF_SMC sockets now (``smcss -a``)."""
+    out = guest.run(f"{TOOL} socks", timeout=60)
+    socks: list[dict[str, Any]] = json.loads(out.splitlines()[-1])["socks"]
+    return socks
