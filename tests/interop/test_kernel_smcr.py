@@ -596,3 +596,85 @@ def kernel_socks(guest: Guest) -> list[dict[str, Any]]:
     out = guest.run(f"{TOOL} socks", timeout=60)
     socks: list[dict[str, Any]] = json.loads(out.splitlines()[-1])["socks"]
     return socks
+
+
+# ------------------------------------------------------------------ figures to compare
+
+FIGURE_BULK = 32 * MB
+"""Bytes of the comparison transfers (TCP, kernel to kernel): enough for a steady rate
+under TCG, an eighth of BULK to keep the suite short."""
+
+
+def test_tcp_figures_between_the_same_ends(kernel_smc: Guest) -> None:
+    """TCP between smcr's process and the guest with the same tools (smcr without the
+    option falls back: its socket is TCP; the guest's a plain TCP socket), for the
+    summary line next to the SMC-R figures: throughput each way and a 64-byte round trip
+    with each end the client."""
+    for guest_role in ROLES:
+        ex = exchange(kernel_smc, guest_role, "tcp", discovery="off", nbytes=FIGURE_BULK,
+                      mode="send", timeout=120.0)  # fmt: skip
+        check_data(ex, FIGURE_BULK)
+        assert ex.smcr["info"]["mode"] == "TCP", ex.smcr
+        receiver = ex.kernel if guest_role == "client" else ex.smcr
+        direction = "smcr_to_kernel" if guest_role == "client" else "kernel_to_smcr"
+        record(f"tcp_bulk_{direction}_MBps", FIGURE_BULK / receiver["seconds"] / 1e6)
+        ex = exchange(kernel_smc, guest_role, "tcp", discovery="off", nbytes=0,
+                      mode="pingpong", iters=200, size=64)  # fmt: skip
+        clients, _servers = ex.ends()
+        assert clients[0]["echoed_intact"] == 200, clients[0]
+        client = "kernel" if guest_role == "client" else "smcr"
+        record(f"tcp_rtt_64B_{client}_client_us", clients[0]["pingpong_seconds"] / 200 * 1e6)
+
+
+RXE0 = ("modprobe rdma_rxe && rdma link add rxe0 type rxe netdev eth0 && for _ in $(seq 100);"
+        " do grep -qs ffff:0a63 /sys/class/infiniband/rxe0/ports/1/gids/* && break;"
+        " sleep 0.1; done")
+"""rxe0 on eth0 and its RoCE v2 GID (rxe-setup.sh without the pyverbs check, seconds under
+TCG: the kernel's SMC-R needs no pyverbs)."""
+
+
+def test_kernel_to_kernel_figures(kernel_smc: Guest) -> None:
+    """A second guest (g2, 10.99.0.12) for the kernel-to-kernel SMC-R figures of the same
+    run: FIGURE_BULK from g2 to g1 and 200 round trips of 64 bytes, SMC-R on both ends by
+    their smc_diag; g2 is stopped afterwards (it costs a TCG boot, ~20-30 s)."""
+    g2 = Guest(kernel_smc.base, index=2)
+    # g1 would keep its idle link group with g2 for minutes (SMC_LGR_FREE_DELAY_CLNT); with
+    # a short keepalive, taken when the group is made, it finds g2 gone within seconds
+    kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=1", timeout=30)
+    try:
+        g2.boot()
+        record("g2_boot_s", g2.boot_seconds)
+        out = g2.run(f"{RXE0} && modprobe smc && modprobe smc_diag && {TOOL} setup",
+                     timeout=120)  # fmt: skip
+        assert json.loads(out.splitlines()[-1]) == {"ueids": [GUEST_UEID]}, out
+        port, echo_port = next_port(), next_port()
+        opts = f"--family smc --bytes {FIGURE_BULK} --seed {port} --timeout 120"
+        server = g2.run(f"{TOOL} server {opts} --port {port} --mode send", background=True)
+        echo = g2.run(f"{TOOL} server {opts} --port {echo_port} --mode echo", background=True)
+        deadline = time.monotonic() + 60
+        while not all("listening" in g2.output(c) for c in (server, echo)):
+            assert time.monotonic() < deadline, (g2.output(server), g2.output(echo))
+            time.sleep(0.1)
+        client = kernel_smc.run(f"{TOOL} client {opts} --port {port} --host 10.99.0.12"
+                                " --mode send", timeout=240)  # fmt: skip
+        rtt = kernel_smc.run(f"{TOOL} client {opts} --port {echo_port} --host 10.99.0.12"
+                             " --mode pingpong --iters 200 --size 64", timeout=120)  # fmt: skip
+        g2.wait(echo, 60)
+        served = json.loads(g2.wait(server, 120).splitlines()[-1])["conns"]
+        bulk = json.loads(client.splitlines()[-1])["conns"][0]
+        ping = json.loads(rtt.splitlines()[-1])["conns"][0]
+        assert bulk["received"] == FIGURE_BULK == served[0]["sent"], (bulk, served)
+        assert bulk["received_sha256"] == served[0]["sent_sha256"], (bulk, served)
+        assert ping["echoed_intact"] == 200, ping
+        for end in (bulk["diag"], ping["diag"], served[0]["diag"]):
+            assert end["mode"] == "SMCR" and end["link"]["ibname"] == "rxe0", end
+        record("kernel_to_kernel_bulk_MBps", FIGURE_BULK / bulk["seconds"] / 1e6)
+        record("kernel_to_kernel_rtt_64B_us", ping["pingpong_seconds"] / 200 * 1e6)
+    finally:
+        g2.stop()
+        try:
+            deadline = time.monotonic() + LGR_END_WAIT
+            while kernel_lgrs(kernel_smc) and time.monotonic() < deadline:
+                time.sleep(0.5)
+        finally:
+            kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=30", timeout=30)
