@@ -122,6 +122,7 @@ WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
 TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
 STANDBY = 0.01  # the progress thread's look-in period while applications poll
 TESTLINK_ENV = "SMCR_TESTLINK_TIME"
+MAX_LINKS_ENV = "SMCR_MAX_LINKS"
 EXIT_DELETE_WAIT = 1.0
 """At exit, how long the peers may take to answer our DELETE LINK with theirs."""
 EXIT_LINGER = 2.0
@@ -1131,6 +1132,22 @@ def testlink_time() -> float:
     return value
 
 
+def max_links() -> int:
+    """The most links per link group smcr offers in SMC-Rv2.1: ``SMCR_MAX_LINKS`` (as Linux's
+    sysctl ``net.smc.smcr_max_links_per_lgr``: 1 or 2), default 1 (:class:`Config`).  With
+    2 a Linux peer offers a second link at first contact, which smcr, with one RNIC,
+    rejects as Linux does (the interop suite sees it live).
+
+    :raises ValueError: for anything but 1 or 2 (Linux's range).
+    """
+    text = os.environ.get(MAX_LINKS_ENV, "").strip()
+    if not text:
+        return Config().max_links_v2
+    if text not in ("1", "2"):
+        raise ValueError(f"{MAX_LINKS_ENV}={text!r}: expected 1 or 2")
+    return int(text)
+
+
 def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None,
               scope_id: int = 0) -> Stack:  # fmt: skip
     """The runtime of the RNIC a connection uses, made on first use (again in a forked child).
@@ -1152,7 +1169,8 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
                 _stacks.clear()
             device = None if kind == "shm" else devices.open_roce(key.split(":", 1)[1])
             size = default_buffer_size(kind)
-            config = Config(sndbuf_size=size, rmb_size=size, testlink_time=testlink_time())
+            config = Config(sndbuf_size=size, rmb_size=size, testlink_time=testlink_time(),
+                            max_links_v2=max_links())  # fmt: skip
             stack = _stacks[key] = Stack(config, device=device)
             atexit.register(stack.close)
             for hook in list(on_new_stack):
