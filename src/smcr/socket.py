@@ -184,7 +184,7 @@ class SMCSocket(_PlainSocket):
     _queue: _AcceptQueue | None = None  # listening: connections of its handshakes
     _connecting: _Connecting | None = None  # a non-blocking connect in progress
     _connect_error = 0  # what getsockopt(SO_ERROR) says next (non-blocking connect)
-    _reset_told = False  # SMC-R mode: getsockopt(SO_ERROR) reported the connection's reset
+    _reset_told = False  # SMC-R mode: SO_ERROR or a send reported the connection's reset
     _connect_failed = False  # TCP mode after a failed connect: a new connect may start over
     _oob: int | None = None  # an urgent byte taken out of the stream, unread
     _oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
@@ -712,6 +712,11 @@ class SMCSocket(_PlainSocket):
                     # kernel answers it with a reset): the bytes go nowhere
                     self._sent_late = True
                     return len(view)
+                if c.aborted and not c.tx_flags and not self._reset_told:
+                    # the peer's abort is told once, as ECONNRESET, as after a TCP reset
+                    # (and Linux: sk_stream_error turns its EPIPE into the pending error)
+                    self._reset_told = True
+                    raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
                 raise BrokenPipeError(errno.EPIPE, "Broken pipe")
             inline = stack.max_inline and not flags & _OOB  # max_inline >= any buffer size
             room = c.direct_room() if inline else 0
