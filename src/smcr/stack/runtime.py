@@ -116,6 +116,11 @@ RMB_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 QP_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 RECV_SLOTS = 256  # per QP; Linux posts 48 (we answer from one thread, so keep more)
 SLOT = 64  # receive buffer per slot: v1 LLC and CDC are 44 bytes (Linux: 48)
+V2_MSG = 8192
+"""The longest SMC-Rv2 LLC message a receive takes (Linux ``SMC_WR_BUF_V2_SIZE``): ADD LINK
+v2 is 88 bytes and more (its rkey list), which a :data:`SLOT` alone would refuse with
+LOC_LEN_ERR, ending the link.  As Linux's, each receive has a second SGE for the rest, in
+one buffer per QP (Linux: per link group): LLC flows come one at a time."""
 SEND_SLOTS = 4096
 REPOST_BATCH = 16  # receives reposted together (RECV_SLOTS - REPOST_BATCH stay posted)
 WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
@@ -297,6 +302,7 @@ class Stack:
         self._repost: dict[int, list[RecvWr]] = {}
         self._repost_due = False  # some QP has REPOST_BATCH receives to post again
         self._qp_recv_ids: dict[int, list[int]] = {}  # qpn -> its receive WR ids (slots)
+        self._recv_tail: dict[int, MemoryRegion] = {}  # qpn -> where long messages go on
         self._wr_ids = 1
         self._poller: str | None = None
         self._poller_ident = 0
@@ -680,6 +686,10 @@ class Stack:
             if qp is not None:
                 qp.destroy()
             self._repost.pop(a.qpn, None)
+            tail = self._recv_tail.pop(a.qpn, None)
+            if tail is not None:
+                with contextlib.suppress(OSError):
+                    tail.dereg()
             for wr_id in self._qp_recv_ids.pop(a.qpn, ()):  # receive slots back to the pool
                 slot = self._recv_slot.pop(wr_id, None)
                 if slot is not None:
@@ -707,14 +717,18 @@ class Stack:
             qp.modify(*steps[1])
             wrs = []
             ids = self._qp_recv_ids.setdefault(a.qpn, [])
+            tail = self._recv_tail.get(a.qpn)
+            if tail is None:
+                tail = self._recv_tail[a.qpn] = self.pd.reg_mr(bytearray(V2_MSG - SLOT),
+                                                               AccessFlag.LOCAL_WRITE)  # fmt: skip
             for _ in range(RECV_SLOTS):
                 slot = self._recv_free.pop()
                 wr_id = self._wr_ids
                 self._wr_ids += 1
                 ids.append(wr_id)
                 self._recv_slot[wr_id] = slot
-                wr = RecvWr(wr_id=wr_id, sg_list=(Sge(self._recv_mr.addr + slot * SLOT, SLOT,
-                                                      self._recv_mr.lkey),))  # fmt: skip
+                head = Sge(self._recv_mr.addr + slot * SLOT, SLOT, self._recv_mr.lkey)
+                wr = RecvWr(wr_id=wr_id, sg_list=(head, Sge(tail.addr, tail.length, tail.lkey)))
                 self._recv_wr[wr_id] = wr
                 wrs.append(wr)
             qp.post_recv(wrs)
@@ -822,7 +836,10 @@ class Stack:
                     batch = []
                 batch_qpn = wc.qp_num
                 off = slot * SLOT
-                batch.append(recv_buf[off : off + wc.byte_len])
+                if wc.byte_len <= SLOT:
+                    batch.append(recv_buf[off : off + wc.byte_len])
+                else:
+                    batch.append(self._long_message(wc, off))
                 self._again(batch_qpn, wc.wr_id)
             if batch:
                 self._received(batch_qpn, batch, now)
@@ -855,6 +872,12 @@ class Stack:
                     hc.cond.notify_all()
                 if hc.readiness is not None:
                     self.update_readiness(hc)
+
+    def _long_message(self, wc: WorkCompletion, off: int) -> memoryview:
+        """A message longer than a slot: its slot, then the rest in its QP's tail buffer."""
+        tail = self._recv_tail[wc.qp_num]
+        data = bytes(self._recv_mr.buf[off : off + SLOT]) + bytes(tail.buf[: wc.byte_len - SLOT])
+        return memoryview(data)
 
     def _received(self, qpn: int, messages: list[memoryview], now: float) -> None:
         """SENDs that arrived on a QP, in order, to the engine (their slots are not
@@ -900,7 +923,10 @@ class Stack:
                                                 peer_gone=qp is not None and qp.peer_gone))
                 return
             off = slot * SLOT
-            self._received(qpn, [self._recv_mr.buf[off : off + wc.byte_len]], now)
+            if wc.byte_len <= SLOT:
+                self._received(qpn, [self._recv_mr.buf[off : off + wc.byte_len]], now)
+            else:
+                self._received(qpn, [self._long_message(wc, off)], now)
             self._again(qpn, wr_id)
             return
         if status is not WcStatus.SUCCESS:
