@@ -33,9 +33,11 @@ before the closing CDC, as Linux's ``smc_close_active``; with ``SO_LINGER`` on
 (kept on the TCP socket, where ``setsockopt`` passes it), its linger time
 instead.  A linger time of 0 is an abortive close: the send buffer is dropped
 and an abort CDC sent, so the peer's reads end in ``ECONNRESET`` as after a
-TCP reset -- Linux SMC sends its ordinary close CDC there (an abort only when
-unread data remains) and resets only the idle TCP connection, so its peer reads
-EOF; we follow what a ``socket.socket`` program asks for with that option.
+TCP reset (the runtime keeps the connection's RMB until the peer's closing CDC
+answers, as Linux does: the peer may still be writing) -- Linux SMC sends its
+ordinary close CDC there (an abort only when unread data remains) and resets
+only the idle TCP connection, so its peer reads EOF; we follow what a
+``socket.socket`` program asks for with that option.
 ``shutdown(SHUT_WR)`` sends the done-writing CDC after the send buffer's last
 byte, however long that takes, as TCP sends its FIN after its data.
 
