@@ -34,7 +34,9 @@ as Linux's ``smc_close_active``) after each read to take more; ``close`` returns
 at once, as TCP's does.  With ``SO_LINGER`` on (kept on the TCP socket, where
 ``setsockopt`` passes it), ``close`` itself waits its linger time.  A linger
 time of 0 is an abortive close: the send buffer is dropped and an abort CDC
-sent, so the peer's reads end in ``ECONNRESET`` as after a TCP reset -- Linux
+sent, so the peer's reads end in ``ECONNRESET`` as after a TCP reset (the
+runtime keeps the connection's RMB until the peer's closing CDC answers, as
+Linux does: the peer may still be writing) -- Linux
 SMC sends its ordinary close CDC there (an abort only when unread data remains)
 and resets only the idle TCP connection, so its peer reads EOF; we follow what a
 ``socket.socket`` program asks for with that option.
@@ -186,7 +188,7 @@ class SMCSocket(_PlainSocket):
     _queue: _AcceptQueue | None = None  # listening: connections of its handshakes
     _connecting: _Connecting | None = None  # a non-blocking connect in progress
     _connect_error = 0  # what getsockopt(SO_ERROR) says next (non-blocking connect)
-    _reset_told = False  # SMC-R mode: getsockopt(SO_ERROR) reported the connection's reset
+    _reset_told = False  # SMC-R mode: SO_ERROR or a send reported the connection's reset
     _connect_failed = False  # TCP mode after a failed connect: a new connect may start over
     _oob: int | None = None  # an urgent byte taken out of the stream, unread
     _oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
@@ -740,6 +742,11 @@ class SMCSocket(_PlainSocket):
                     # kernel answers it with a reset): the bytes go nowhere
                     self._sent_late = True
                     return len(view)
+                if c.aborted and not c.tx_flags and not self._reset_told:
+                    # the peer's abort is told once, as ECONNRESET, as after a TCP reset
+                    # (and Linux: sk_stream_error turns its EPIPE into the pending error)
+                    self._reset_told = True
+                    raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
                 raise BrokenPipeError(errno.EPIPE, "Broken pipe")
             if c.echo_pending and not flags & _OOB and c.cork(len(view)):
                 return self._cork_in(stack, hc, c, view)

@@ -300,6 +300,44 @@ def test_close_with_unread_data_sends_abort() -> None:
     assert s in p.server.released
 
 
+def test_an_abort_keeps_the_connection_and_its_rmb_until_the_peer_answers() -> None:
+    """SO_LINGER 0 (``Engine.abort``) while the peer is sending: the abort CDC goes out and
+    the application is done, but the connection (its RMB registered with the peer) waits
+    in PEERCLOSEWAIT1, as Linux's after its linger-0 close, until the peer's closing CDC:
+    only then is it released and its RMB's DELETE RKEY sent.  Released at once, its DELETE
+    RKEY reached the Linux kernel while it still wrote into the RMB; the kernel, which
+    clears the rtoken on DELETE RKEY, wrote with rkey 0, and the access error ended the
+    link group (seen live, tests/interop)."""
+    p, c, s = ready()
+    _, acts = p.server.write(s, b"x" * 5000)  # the peer sends, the client reads nothing
+    p.do(p.server, acts)
+    p.client.llc_sent.clear()
+    p.do(p.client, p.client.engine.abort(c, p.now))
+    client = p.client.engine.conns[c]
+    assert client.tx_flags == ConnectionStateFlags.PEER_CONNECTION_ABORT
+    assert (client.state, client.released) == (SmcState.PEERCLOSEWAIT1, True)
+    assert c not in p.client.released and p.client.llc_sent == []  # no DELETE RKEY yet
+    server = p.server.engine.conns[s]
+    assert server.state is SmcState.PROCESSABORT and server.aborted
+    _, acts = p.server.write(s, b"y" * 100)  # the peer's write before it has closed lands
+    p.do(p.server, acts)
+    assert c not in p.client.released
+    p.do(p.server, p.server.engine.close(s, p.now))  # its close answers with abort
+    assert server.tx_flags & ConnectionStateFlags.PEER_CONNECTION_ABORT
+    assert s in p.server.released
+    assert c in p.client.released and client.state is SmcState.CLOSED
+    requests = [m[0] for m in p.client.llc_sent if not m[3] & 0x80]
+    assert requests == [0x09]  # now the DELETE RKEY of its RMB
+
+
+def test_an_abort_after_the_peer_closed_releases_at_once() -> None:
+    p, c, s = ready()
+    p.do(p.server, p.server.engine.close(s, p.now))
+    assert p.client.engine.conns[c].state is SmcState.APPCLOSEWAIT1
+    p.do(p.client, p.client.engine.abort(c, p.now))
+    assert c in p.client.released and s in p.server.released
+
+
 def test_simultaneous_close() -> None:
     p, c, s = ready()
     a1 = p.client.engine.close(c, p.now)

@@ -97,21 +97,39 @@ def netns_exists(name: str = NETNS) -> bool:
 
 
 class Guest:
-    """One booted guest (g1), driven through the 9p agent of the image."""
+    """One booted guest (g1, or with ``index`` 2 g2 at 10.99.0.12), driven through the 9p
+    agent of the image."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, index: int = 1) -> None:
         self.base = base
-        self.share = base / "share" / "g1"
-        self.console = base / "run" / "g1.console"
+        self.index = index
+        self.share = base / "share" / f"g{index}"
+        self.console = base / "run" / f"g{index}.console"
         self.boot_seconds = 0.0
         self.server: str | None = None  # the pyverbs server's command id
 
     def boot(self) -> None:
+        """Boot this guest (``boot.sh``; the namespace and bridge are made if missing)."""
         t0 = time.monotonic()
-        subprocess.run(["bash", str(HARNESS / "boot.sh"), "1"], env=_env(self.base) | {"WAIT": "1"},
+        subprocess.run(["bash", str(HARNESS / "boot.sh"), str(self.index)],
+                       env=_env(self.base) | {"WAIT": "1", "FIRST": str(self.index)},
                        check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                        timeout=BOOT_TIMEOUT)  # fmt: skip
         self.boot_seconds = time.monotonic() - t0
+
+    def stop(self) -> None:
+        """Stop this guest's QEMU (its pidfile), leaving the others and the namespace."""
+        pidfile = self.base / "run" / f"g{self.index}.pid"
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pidfile.read_text().strip())
+            os.kill(pid, 15)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                os.kill(pid, 0)  # raises once it is gone
+                time.sleep(0.1)
+            os.kill(pid, 9)
+        pidfile.unlink(missing_ok=True)
+        (self.share / "out" / "READY").unlink(missing_ok=True)
 
     def run(self, command: str, timeout: float = 60.0, background: bool = False) -> str:
         """Run a shell command in the guest (as ``run-in-guest.sh``); its output.

@@ -263,18 +263,21 @@ def exchange(guest: Guest, guest_role: str, family: str, discovery: str = "bpf",
              nbytes: int = MB, ueids: list[str] | None = None, mode: str = "echo",
              count: int = 1, iters: int = 100, size: int = 1, pause: float = 0.0,
              roce_capture: bool = False, env: dict[str, str] | None = None,
-             keep_pcap: bool = False, timeout: float = 120.0) -> Exchange:  # fmt: skip
+             keep_pcap: bool = False, timeout: float = 120.0,
+             aborter: str = "smcr") -> Exchange:  # fmt: skip
     """``count`` connections between the guest (``guest_role``, AF_SMC or plain ``tcp``)
     and smcr (``SMCR_DISCOVERY=discovery``: ``bpf``, the TCP option, or ``off``; UEIDs
     ``ueids``, and ``env`` for its process), in ``mode`` (module docstring; ``pause``:
-    seconds idle between ping-pong round trips).  ``timeout`` bounds each end's run."""
+    seconds idle between ping-pong round trips; ``abort``: the abort scenarios with
+    ``aborter``, ``smcr`` or ``kernel``).  ``timeout`` bounds each end's run."""
     port = next_port()
     seed = port
     table = ueid_file(ueids)
     env = {"SMCR_DISCOVERY": discovery, "SMCR_UEID_FILE": str(table)} | (env or {})
     opts = (f"--port {port} --count {count} --mode {mode} --bytes {nbytes} --seed {seed}"
-            f" --iters {iters} --size {size} --pause {pause} --timeout {timeout}")  # fmt: skip
-    server_mode = "send" if mode == "send" else "echo"
+            f" --iters {iters} --size {size} --pause {pause} --timeout {timeout}"
+            f" --aborter {aborter}")  # fmt: skip
+    server_mode = mode if mode in ("send", "abort") else "echo"
     server_opts = opts.replace(f"--mode {mode}", f"--mode {server_mode}")
     try:
         with capture(port, roce_capture) as pcap:

@@ -9,6 +9,9 @@ and closes first.
 connections one after another: ``echo`` sends N bytes of the seeded pattern (in
 a thread) while reading the echo back, ``send`` reads until EOF, ``pingpong``
 times I round trips of Z bytes.
+``--mode abort --aborter smcr|kernel`` runs the abort scenarios of
+``kernel_smc.py`` (``mid``, ``unread``, ``idle``, then an ``after`` echo), the
+same on both ends.
 The guest's ``harness/tools/kernel_smc.py`` is the other end, with the same
 modes and the same pattern (``random.Random(seed + i).randbytes(N)`` for the
 i-th connection, made in pieces).  Both print one JSON line at the end: per
@@ -28,11 +31,14 @@ against the guest; ``SMCR_DISCOVERY=off`` is the control without the option;
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import ipaddress
 import json
 import random
+import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -47,6 +53,8 @@ from smcr.tools.netns import enter_netns
 NETNS = "smcnet"
 HOST_IP = "10.99.0.1"
 CHUNK = 65536
+ABORT_SCENARIOS = ("mid", "unread", "idle", "after")
+ABORT_READ = 1 << 20  # what the aborter reads in ``mid`` before it aborts
 
 
 def chunks(seed: int, n: int) -> Iterator[bytes]:
@@ -115,10 +123,70 @@ def send_pattern(sock: SMCSocket, seed: int, n: int) -> str:
     return h.hexdigest()
 
 
+def outcome(exc: BaseException | None) -> str:
+    """How a send or a read ended: ``ok``, or the errno's name (``timeout``)."""
+    if exc is None:
+        return "ok"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+    return repr(exc)
+
+
+def read_outcome(sock: SMCSocket) -> tuple[str, int]:
+    """Read until EOF or an error: how it ended, and the bytes read."""
+    total = 0
+    try:
+        while piece := sock.recv(CHUNK):
+            total += len(piece)
+    except OSError as exc:
+        return outcome(exc), total
+    return "EOF", total
+
+
+def abort_one(sock: SMCSocket, a: argparse.Namespace, i: int) -> dict[str, Any]:
+    """This end's part of abort scenario ``i``, as ``kernel_smc.py``'s ``abort_one``."""
+    scenario = ABORT_SCENARIOS[i % len(ABORT_SCENARIOS)]
+    out: dict[str, Any] = {"scenario": scenario}
+    t0 = time.perf_counter()
+    if a.aborter == "smcr":  # this end aborts
+        if scenario == "mid":
+            got = 0
+            while got < ABORT_READ and (piece := sock.recv(CHUNK)):
+                got += len(piece)
+            out["received"] = got  # and more is coming: abort with it unread
+            out["readable"] = bool(select.select([sock], [], [], a.timeout)[0])
+        elif scenario == "unread":
+            out["readable"] = bool(select.select([sock], [], [], a.timeout)[0])
+        else:
+            time.sleep(0.5)  # idle: the other end is blocked in its read
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        out["aborted"] = True
+    else:  # the kernel aborts: how do our send and read end?
+        sent, failed = 0, None
+        if scenario in ("mid", "unread"):
+            try:
+                for piece in chunks(a.seed + i, a.bytes if scenario == "mid" else 64):
+                    sock.sendall(piece)
+                    sent += len(piece)
+            except OSError as exc:
+                failed = exc
+        out |= {"sent": sent, "send": outcome(failed) if scenario != "idle" else None}
+        out["read"], out["received"] = read_outcome(sock)
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)  # what is left pending
+        out["so_error"] = errno.errorcode.get(err, str(err)) if err else None
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
 def serve_one(conn: SMCSocket, a: argparse.Namespace, i: int) -> dict[str, Any]:
     conn.settimeout(a.timeout)
     got = info(conn)
     t0 = time.perf_counter()
+    if a.mode == "abort" and ABORT_SCENARIOS[i % len(ABORT_SCENARIOS)] != "after":
+        return {"info": got} | abort_one(conn, a, i)
     if a.mode == "send":
         sent = send_pattern(conn, a.seed + i, a.bytes)
         conn.shutdown(socket.SHUT_WR)
@@ -154,6 +222,10 @@ def client_one(a: argparse.Namespace, i: int) -> dict[str, Any]:
     with smcr.create_connection((a.host, a.port), timeout=a.timeout) as s:
         out: dict[str, Any] = {"connect_seconds": time.perf_counter() - t0, "info": info(s)}
         t0 = time.perf_counter()
+        if a.mode == "abort" and ABORT_SCENARIOS[i % len(ABORT_SCENARIOS)] != "after":
+            return out | abort_one(s, a, i)
+        if a.mode == "abort":  # after the aborts: a short echo
+            a = argparse.Namespace(**(vars(a) | {"mode": "echo", "bytes": CHUNK}))
         if a.mode == "send":
             out["received"], out["received_sha256"] = drain(s)
         elif a.mode == "pingpong":
@@ -217,7 +289,8 @@ def main() -> None:
     p.add_argument("--host", default="10.99.0.11")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--count", type=int, default=1)
-    p.add_argument("--mode", choices=["echo", "send", "pingpong"], default="echo")
+    p.add_argument("--mode", choices=["echo", "send", "pingpong", "abort"], default="echo")
+    p.add_argument("--aborter", choices=["kernel", "smcr"], default="smcr")
     p.add_argument("--bytes", type=int, default=1 << 20)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--iters", type=int, default=100)

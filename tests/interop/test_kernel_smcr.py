@@ -46,7 +46,7 @@ from smcr.wire.clc import ClcAccept, ClcConfirm, ClcDecline, ClcProposal, make_e
 from smcr.wire.clc_header import SmcType
 from smcr.wire.decline import DeclineCode
 from smcr.wire.roce_packet import verify_icrc
-from tests.interop.guest import FIGURES, NETNS, Guest
+from tests.interop.guest import FIGURES, HOST_IP, NETNS, Guest
 from tests.interop.kernel_exchange import (
     GUEST_UEID,
     MB,
@@ -54,6 +54,9 @@ from tests.interop.kernel_exchange import (
     Exchange,
     check_data,
     exchange,
+    host_proc,
+    next_port,
+    ueid_file,
 )
 from tests.roce.netns import REPO
 
@@ -72,6 +75,7 @@ kernel -> smcr here (the guest's Python makes and hashes the pattern under TCG).
 
 
 SEND_ONLY = 0x04
+ACKNOWLEDGE = 0x11
 
 
 @pytest.fixture(autouse=True)
@@ -284,18 +288,21 @@ def test_test_link_both_ways(kernel_smc: Guest, prober: str) -> None:
         assert tests[(host, False)] <= 1, tests
 
 
-def llc_sends(pcap: Path) -> list[tuple[str, bytes]]:
-    """(sender, message) of every SEND Only on the wire that is not a CDC."""
+def sends(pcap: Path) -> list[tuple[str, bytes]]:
+    """(sender, message) of every SEND Only on the wire: CDCs (0xFE) and LLC messages."""
     out = []
     for frame, _meta in RawPcapReader(str(pcap)):
         raw = bytes(frame)
         pkt = Ether(raw)
         if UDP in pkt and pkt[UDP].dport == 4791 and pkt[BTH].opcode == SEND_ONLY:
             ihl = (raw[14] & 0x0F) * 4
-            msg = raw[14 + ihl + 8 + 12 : -4]
-            if msg[:1] != b"\xfe":
-                out.append((pkt[IP].src, msg))
+            out.append((pkt[IP].src, raw[14 + ihl + 8 + 12 : -4]))
     return out
+
+
+def llc_sends(pcap: Path) -> list[tuple[str, bytes]]:
+    """(sender, message) of every SEND Only on the wire that is not a CDC."""
+    return [(src, msg) for src, msg in sends(pcap) if msg[:1] != b"\xfe"]
 
 
 # ------------------------------------------------------------------ the wire
@@ -372,3 +379,336 @@ def check_capture(pcap: Path) -> None:
         else:
             assert ":smc" not in protocols and not malformed, rows[number]
     assert not [r for n, r in rows.items() if r[4] and n not in frames], rows
+
+
+# ------------------------------------------------------------------ ADD LINK
+
+
+def test_the_kernels_second_link_is_rejected_live(kernel_smc: Guest) -> None:
+    """smcr offering two links per group (``SMCR_MAX_LINKS=2``, SMC-Rv2.1 max links 2), the
+    kernel server offers a second link at first contact (ADD LINK v2 on rxe0 again:
+    ``smc_llc_srv_add_link``, asymmetric local); smcr, with one RNIC, rejects it as Linux
+    does (the golden kernel-to-kernel capture): its ADD LINK v2 answer with flags
+    response|reject, the start of the offer echoed.  The
+    connection carries on on the one link; the kernel's group stays SINGLE."""
+    ex = smcr_run(kernel_smc, "server", nbytes=MB, roce_capture=True, keep_pcap=True,
+                  env={"SMCR_MAX_LINKS": "2"})  # fmt: skip
+    assert ex.pcap is not None
+    try:
+        llc = llc_sends(ex.pcap)
+    finally:
+        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+    check_data(ex, MB, smc=True)
+    check_smcr_v2(ex)  # the kernel's link group: SINGLE, while the connection is open
+    offers = [m for src, m in llc if src == "10.99.0.11" and m[0] == 0x22 and not m[3] & 0x80]
+    answers = [m for src, m in llc if src == "10.99.0.1" and m[0] == 0x22]
+    assert len(offers) == 1 and len(answers) == 1, llc
+    # as frame 17 of the golden capture: 44 bytes, flags 0xC0, the offer's first 40 echoed
+    assert answers[0] == bytes.fromhex("222c00c0") + offers[0][4:44], (answers[0].hex(),
+                                                                      offers[0].hex())
+
+
+# ------------------------------------------------------------------ abort
+
+
+ABORTED = 0x20  # CDC connection state flags (byte 25): peer_conn_abort
+CLOSED = 0x40  # peer_conn_closed
+CLOSE_FLAGS = 0xE0  # with peer_done_writing
+
+
+@pytest.mark.parametrize("guest_role", ROLES)
+@pytest.mark.parametrize("aborter", ["smcr", "kernel"])
+def test_abortive_close_with_the_kernel(kernel_smc: Guest, guest_role: str, aborter: str) -> None:
+    """``SO_LINGER`` 0 closes by either end, in both roles, on one link group: ``mid`` (the
+    other end is sending), ``unread`` (64 bytes sent, left unread), ``idle``; then an
+    echo on the same group (``after``).
+
+    What each end does is Linux's (``smc_close.c``, ``smc_cdc.c``, ``smc_rx.c``):
+    smcr's abortive close always sends peer_conn_abort; the kernel's is its ordinary
+    close with no wait for the send buffer (``smc_close_final``): abort when unread data
+    remains, else closed, so smcr reads EOF after an idle one.  Receiving an abort, the
+    kernel sets ECONNRESET as the socket's error and shuts its reading down: its send
+    fails (EPIPE or ECONNRESET), its read sees EOF and the error stays pending
+    (``SO_ERROR``) unless the send took it; its
+    own close then answers with abort (``smc_close_passive_abort_received``,
+    PROCESSABORT).  smcr's send or read fails with ECONNRESET, as after a TCP reset, and
+    it answers an abort with abort too."""
+    ex = smcr_run(kernel_smc, guest_role, nbytes=BULK, mode="abort", count=4, aborter=aborter,
+                  roce_capture=True, keep_pcap=True, timeout=30.0)  # fmt: skip
+    assert ex.pcap is not None
+    try:
+        flags = close_flags(ex.pcap)
+        naks = [f for f in acks(ex.pcap) if f[1] & 0x60 == 0x60]
+    finally:
+        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+    # no RDMA error: smcr keeps an aborted connection's RMB until the kernel's closing CDC
+    # (before, the kernel wrote on after smcr's DELETE RKEY, with rkey 0: NAK remote
+    # access error, and the link group was gone)
+    assert naks == [], naks
+    smcr_recs, kernel_recs = ex.host["conns"], ex.guest["conns"]
+    for i in range(4):
+        check_smcr_v2(ex, i, first_contact=i == 0)
+    assert len({rec["info"]["lgr_id"] for rec in smcr_recs}) == 1, smcr_recs  # the group lives on
+    other = kernel_recs if aborter == "smcr" else smcr_recs
+    for i, scenario in enumerate(["mid", "unread", "idle"]):
+        aborting = (smcr_recs if aborter == "smcr" else kernel_recs)[i]
+        assert (aborting["scenario"], aborting["aborted"]) == (scenario, True), aborting
+        rec = other[i]
+        assert rec["scenario"] == scenario, rec
+        if aborter == "smcr" and scenario == "mid":  # the kernel's view of an abort
+            # EPIPE, which its sendmsg turns into the pending ECONNRESET if set by then
+            # (sk_stream_error), or ECONNRESET from its wait for room (any close came)
+            assert rec["send"] in ("EPIPE", "ECONNRESET") and rec["read"] == "EOF", rec
+            assert "ECONNRESET" in (rec["send"], rec["so_error"]), rec
+        elif aborter == "smcr":
+            assert rec["send"] == {"unread": "ok", "idle": None}[scenario], rec
+            assert (rec["read"], rec["so_error"]) == ("EOF", "ECONNRESET"), rec
+        elif scenario == "mid":  # smcr's send fails; a read after it has nothing more to say
+            assert rec["send"] == "ECONNRESET" and rec["read"] in ("ECONNRESET", "EOF"), rec
+        else:  # the kernel's close: abort with unread bytes, closed without
+            read = "ECONNRESET" if scenario == "unread" else "EOF"
+            assert (rec["send"], rec["read"]) == ({"unread": "ok"}.get(scenario), read), rec
+        if scenario == "mid":
+            assert 0 < rec["sent"] < BULK, rec
+    check_data_after(ex)
+    # the wire: the aborter's first closing CDC and the other end's answer, per connection
+    host, guest = "10.99.0.1", "10.99.0.11"
+    aborter_ip, other_ip = (host, guest) if aborter == "smcr" else (guest, host)
+    closes = [ABORTED, ABORTED, ABORTED if aborter == "smcr" else CLOSED]
+    first = {ip: [f[0] if f else 0 for f in conns] for ip, conns in flags.items()}
+    assert len(first[host]) == len(first[guest]) == 4, flags
+    assert first[aborter_ip][:3] == closes and first[other_ip][:3] == closes, flags
+    for ip in (host, guest):  # the echo after: closed in order (abort flags may follow the
+        # close: smcr's exit ends the group while the kernel still frees that connection's
+        # buffer, and Linux's smc_conn_kill then sends abort on it)
+        after = flags[ip][3]
+        first_closed = next(i for i, f in enumerate(after) if f & CLOSED)
+        assert not any(f & ABORTED for f in after[: first_closed + 1]), flags
+
+
+def check_data_after(ex: Exchange) -> None:
+    """The ``after`` connection's 64 KiB echo came back whole at both ends."""
+    clients, servers = ex.ends()
+    client, server = clients[3], servers[3]
+    assert client["sent_sha256"] == client["received_sha256"] == server["received_sha256"]
+    assert client["received"] == server["received"] == 65536, (client, server)
+
+
+def acks(pcap: Path) -> list[tuple[str, int]]:
+    """(sender, AETH syndrome) of every RoCEv2 Acknowledge on the wire (0x60 and up: NAKs)."""
+    out = []
+    for frame, _meta in RawPcapReader(str(pcap)):
+        raw = bytes(frame)
+        pkt = Ether(raw)
+        if UDP in pkt and pkt[UDP].dport == 4791 and pkt[BTH].opcode == ACKNOWLEDGE:
+            ihl = (raw[14] & 0x0F) * 4
+            out.append((pkt[IP].src, raw[14 + ihl + 8 + 12]))
+    return out
+
+
+def close_flags(pcap: Path) -> dict[str, list[tuple[int, ...]]]:
+    """Per sender, per connection in order (told apart by the CDC's token): the connection
+    state flags of each CDC that carried any, in order, deduplicated (they are sticky)."""
+    per: dict[str, dict[int, list[int]]] = {}
+    for src, msg in sends(pcap):
+        if msg[:1] != b"\xfe":
+            continue
+        token, state = int.from_bytes(msg[4:8], "big"), msg[25] & CLOSE_FLAGS
+        seen = per.setdefault(src, {}).setdefault(token, [])
+        if state and (not seen or seen[-1] != state):
+            seen.append(state)
+    return {src: [tuple(v) for v in conns.values()] for src, conns in per.items()}
+
+
+# ------------------------------------------------------------------ the peer going away
+
+
+def peer_gone(scenario: str) -> dict[str, Any]:
+    """``tests/interop/peer_gone.py``: smcr's side of a scenario, its record."""
+    proc = subprocess.run([sys.executable, "-m", "tests.interop.peer_gone", scenario],
+                          check=False, capture_output=True, text=True, cwd=REPO,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stdout + proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    return result
+
+
+def test_the_kernel_process_killed_mid_transfer(kernel_smc: Guest) -> None:
+    """The kernel's server process, sending, is killed (``kill -9``): the kernel closes its
+    socket as ``close`` would (at exit, without waiting: ``smc_close_active``, closed
+    since nothing was left unread), so smcr reads EOF (as from a TCP peer whose process
+    died: its FIN) within the socket's 30 s bound; the link group stays, and the next
+    connection (a new server process) reuses it."""
+    r = peer_gone("kill")
+    killed, after = r["killed"], r["after"]
+    assert killed["info"]["mode"] == "SMCR" and killed["received"] == 4 * MB, killed
+    assert killed["read"] == "EOF", killed
+    assert "Killed" in killed["guest_end"], killed  # the shell's word for SIGKILL
+    assert (after["received"], after["received_sha256"]) == (MB, after["sent_sha256"]), after
+    assert after["info"]["lgr_id"] == killed["info"]["lgr_id"], (killed, after)
+    assert after["info"]["first_contact"] is False, after
+    record("kernel_killed_smcr_eof_s", killed["seconds"])
+
+
+KERNEL_ENDS = {
+    # the sending server: its connection killed, smc_tx_sendmsg says EPIPE
+    False: ("BrokenPipeError: [Errno 32] Broken pipe",),
+    # the server blocked in recv: its link group gone, smc_rx_recvmsg finds the connection
+    # killed (EOF: the echo server ends as after a close, its record the last line) or the
+    # socket CLOSED without SOCK_DONE, no close having come from the peer (ENOTCONN)
+    True: ("OSError: [Errno 107] Transport endpoint is not connected", "}]}"),
+}
+
+
+def test_the_kernel_interface_down_mid_transfer_and_idle(kernel_smc: Guest) -> None:
+    """The guest's eth0 (rxe0's netdev) goes down, once while the kernel sends and once on
+    an idle connection: nothing more comes, and rxe's RC retries have no end, so smcr's
+    TEST LINK (``SMCR_TESTLINK_TIME=1``) finds the link dead and smcr's read fails with
+    ECONNRESET within the socket's 30 s bound.  The kernel ends its link group at once
+    (port event) and its socket fails (KERNEL_ENDS).  Once eth0 is back, a new connection
+    makes a new link group and carries 1 MiB intact."""
+    r = peer_gone("linkdown")
+    mid, idle, after = r["mid"], r["idle"], r["after"]
+    for step in (mid, idle):
+        assert step["info"]["mode"] == "SMCR" and step["info"]["first_contact"], step
+        assert step["read"] == "ECONNRESET", step
+        assert step["guest_end"].endswith(KERNEL_ENDS[step is idle]), step  # it ended
+    assert (after["received"], after["received_sha256"]) == (MB, after["sent_sha256"]), after
+    assert after["info"]["first_contact"] is True, after
+    lgrs = {step["info"]["lgr_id"] for step in (mid, idle, after)}
+    assert len(lgrs) == 3, lgrs
+    record("ifdown_mid_smcr_reset_s", mid["seconds"])
+    record("ifdown_idle_smcr_reset_s", idle["seconds"])
+
+
+def test_smcr_killed_mid_transfer_the_kernel_ends_cleanly(kernel_smc: Guest) -> None:
+    """smcr's server process, sending, is killed (``kill -9``): no closing CDC, no DELETE
+    LINK, its QP gone.  The kernel, whose RC sends are retried without end, finds the dead
+    link by its TEST LINK (``net.smc.smcr_testlink_time`` 1 s here, 30 s by default),
+    ends the link group and its connection: its client's read ends in about 3 s, and
+    within seconds ``smc_diag`` has no socket and no link group left."""
+    port = next_port()
+    table = ueid_file([GUEST_UEID])
+    kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=1", timeout=30)
+    proc = host_proc(["server", "--port", str(port), "--mode", "send", "--bytes", str(1 << 40),
+                      "--timeout", "30"],
+                     {"SMCR_DISCOVERY": "bpf", "SMCR_UEID_FILE": str(table)})  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline()) == {"listening": port}
+        ident = kernel_smc.run(f"{TOOL} client --family smc --host {HOST_IP} --port {port}"
+                               " --mode drain --timeout 30", background=True)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not any(s["dport"] == port and s["mode"] == "SMCR" for s in kernel_socks(kernel_smc)):
+            assert time.monotonic() < deadline, kernel_smc.output(ident)
+            time.sleep(0.2)
+        time.sleep(1.0)  # mid-transfer: the kernel reads what smcr writes
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+        shutil.rmtree(table.parent, ignore_errors=True)
+    try:
+        t0 = time.monotonic()
+        conn = json.loads(kernel_smc.wait(ident, 90).splitlines()[-1])["conns"][0]
+        ended = time.monotonic() - t0
+        deadline = time.monotonic() + LGR_END_WAIT
+        while (socks := kernel_socks(kernel_smc)) or (lgrs := kernel_lgrs(kernel_smc)):
+            assert time.monotonic() < deadline, (socks, lgrs)
+            time.sleep(0.5)
+    finally:
+        kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=30", timeout=30)
+    assert conn["diag"]["mode"] == "SMCR" and conn["received"] > 0, conn
+    # the link group's end kills the connection (smc_close_active_abort: ECONNABORTED as
+    # the socket's error); the blocked read then ends as smc_rx_recvmsg finds it: killed
+    # (EOF) or CLOSED with no close received from the peer (ENOTCONN), a race in the kernel
+    assert conn["read"] in ("EOF", "ENOTCONN") and conn["so_error"] == "ECONNABORTED", conn
+    record("smcr_killed_kernel_end_s", ended)
+
+
+def kernel_socks(guest: Guest) -> list[dict[str, Any]]:
+    """The kernel's AF_SMC sockets now (``smcss -a``)."""
+    out = guest.run(f"{TOOL} socks", timeout=60)
+    socks: list[dict[str, Any]] = json.loads(out.splitlines()[-1])["socks"]
+    return socks
+
+
+# ------------------------------------------------------------------ figures to compare
+
+FIGURE_BULK = 32 * MB
+"""Bytes of the comparison transfers (TCP, kernel to kernel): enough for a steady rate
+under TCG, an eighth of BULK to keep the suite short."""
+
+
+def test_tcp_figures_between_the_same_ends(kernel_smc: Guest) -> None:
+    """TCP between smcr's process and the guest with the same tools (smcr without the
+    option falls back: its socket is TCP; the guest's a plain TCP socket), for the
+    summary line next to the SMC-R figures: throughput each way and a 64-byte round trip
+    with each end the client."""
+    for guest_role in ROLES:
+        ex = exchange(kernel_smc, guest_role, "tcp", discovery="off", nbytes=FIGURE_BULK,
+                      mode="send", timeout=120.0)  # fmt: skip
+        check_data(ex, FIGURE_BULK)
+        assert ex.smcr["info"]["mode"] == "TCP", ex.smcr
+        receiver = ex.kernel if guest_role == "client" else ex.smcr
+        direction = "smcr_to_kernel" if guest_role == "client" else "kernel_to_smcr"
+        record(f"tcp_bulk_{direction}_MBps", FIGURE_BULK / receiver["seconds"] / 1e6)
+        ex = exchange(kernel_smc, guest_role, "tcp", discovery="off", nbytes=0,
+                      mode="pingpong", iters=200, size=64)  # fmt: skip
+        clients, _servers = ex.ends()
+        assert clients[0]["echoed_intact"] == 200, clients[0]
+        client = "kernel" if guest_role == "client" else "smcr"
+        record(f"tcp_rtt_64B_{client}_client_us", clients[0]["pingpong_seconds"] / 200 * 1e6)
+
+
+RXE0 = ("modprobe rdma_rxe && rdma link add rxe0 type rxe netdev eth0 && for _ in $(seq 100);"
+        " do grep -qs ffff:0a63 /sys/class/infiniband/rxe0/ports/1/gids/* && break;"
+        " sleep 0.1; done")
+"""rxe0 on eth0 and its RoCE v2 GID (rxe-setup.sh without the pyverbs check, seconds under
+TCG: the kernel's SMC-R needs no pyverbs)."""
+
+
+def test_kernel_to_kernel_figures(kernel_smc: Guest) -> None:
+    """A second guest (g2, 10.99.0.12) for the kernel-to-kernel SMC-R figures of the same
+    run: FIGURE_BULK from g2 to g1 and 200 round trips of 64 bytes, SMC-R on both ends by
+    their smc_diag; g2 is stopped afterwards (it costs a TCG boot, ~20-30 s)."""
+    g2 = Guest(kernel_smc.base, index=2)
+    # g1 would keep its idle link group with g2 for minutes (SMC_LGR_FREE_DELAY_CLNT); with
+    # a short keepalive, taken when the group is made, it finds g2 gone within seconds
+    kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=1", timeout=30)
+    try:
+        g2.boot()
+        record("g2_boot_s", g2.boot_seconds)
+        out = g2.run(f"{RXE0} && modprobe smc && modprobe smc_diag && {TOOL} setup",
+                     timeout=120)  # fmt: skip
+        assert json.loads(out.splitlines()[-1]) == {"ueids": [GUEST_UEID]}, out
+        port, echo_port = next_port(), next_port()
+        opts = f"--family smc --bytes {FIGURE_BULK} --seed {port} --timeout 120"
+        server = g2.run(f"{TOOL} server {opts} --port {port} --mode send", background=True)
+        echo = g2.run(f"{TOOL} server {opts} --port {echo_port} --mode echo", background=True)
+        deadline = time.monotonic() + 60
+        while not all("listening" in g2.output(c) for c in (server, echo)):
+            assert time.monotonic() < deadline, (g2.output(server), g2.output(echo))
+            time.sleep(0.1)
+        client = kernel_smc.run(f"{TOOL} client {opts} --port {port} --host 10.99.0.12"
+                                " --mode send", timeout=240)  # fmt: skip
+        rtt = kernel_smc.run(f"{TOOL} client {opts} --port {echo_port} --host 10.99.0.12"
+                             " --mode pingpong --iters 200 --size 64", timeout=120)  # fmt: skip
+        g2.wait(echo, 60)
+        served = json.loads(g2.wait(server, 120).splitlines()[-1])["conns"]
+        bulk = json.loads(client.splitlines()[-1])["conns"][0]
+        ping = json.loads(rtt.splitlines()[-1])["conns"][0]
+        assert bulk["received"] == FIGURE_BULK == served[0]["sent"], (bulk, served)
+        assert bulk["received_sha256"] == served[0]["sent_sha256"], (bulk, served)
+        assert ping["echoed_intact"] == 200, ping
+        for end in (bulk["diag"], ping["diag"], served[0]["diag"]):
+            assert end["mode"] == "SMCR" and end["link"]["ibname"] == "rxe0", end
+        record("kernel_to_kernel_bulk_MBps", FIGURE_BULK / bulk["seconds"] / 1e6)
+        record("kernel_to_kernel_rtt_64B_us", ping["pingpong_seconds"] / 200 * 1e6)
+    finally:
+        g2.stop()
+        try:
+            deadline = time.monotonic() + LGR_END_WAIT
+            while kernel_lgrs(kernel_smc) and time.monotonic() < deadline:
+                time.sleep(0.5)
+        finally:
+            kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=30", timeout=30)

@@ -10,6 +10,7 @@ import fcntl
 import os
 import select
 import socket
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -52,6 +53,24 @@ def test_a_send_after_the_peer_closed_is_taken_once_as_on_tcp() -> None:
     tcp, smc = both(send_after_peer_close)
     assert tcp[0] == smc[0] == 4
     assert tcp[1] in (BrokenPipeError, ConnectionResetError) and smc[1] is BrokenPipeError
+
+
+def send_after_peer_abort(a: socket.socket, b: socket.socket) -> list[object]:
+    """The peer closes abortively (SO_LINGER 0: a TCP reset, over SMC-R the abort CDC); once
+    it has arrived (we turn readable), we send twice."""
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    b.close()
+    assert select.select([a], [], [], 10.0)[0], "the reset did not arrive"
+    return [outcome(lambda: a.send(b"x")), outcome(lambda: a.send(b"x"))]
+
+
+def test_a_send_after_the_peers_abort_says_reset_once_then_broken_pipe() -> None:
+    """As TCP after a reset (and Linux SMC, whose sendmsg gives the pending ECONNRESET for
+    its EPIPE): ECONNRESET once, then EPIPE.  smcr said EPIPE at once when the abort had
+    come before the send (seen live against the kernel, tests/interop), so a program could
+    not tell the peer's reset from its close."""
+    tcp, smc = both(send_after_peer_abort)
+    assert tcp == smc == [ConnectionResetError, BrokenPipeError], (tcp, smc)
 
 
 def bad_sendmsg(a: socket.socket, b: socket.socket) -> list[object]:

@@ -97,11 +97,13 @@ def test_the_pool_limit_declines_mem_until_a_buffer_comes_back() -> None:
 
 
 def test_a_recycled_rmb_gets_no_stale_write_from_the_old_peer() -> None:
-    """X aborts a connection with Y (SO_LINGER 0: released at once) while Y has not yet
-    seen the abort and still writes into it.  A connection of X with Z made meanwhile
-    must not get that RMB: Y's write would land in Z's bytes.  As Linux
-    (``smcr_buf_unuse``), the RMB goes back to the pool only once Y has answered the
-    DELETE RKEY of it -- Y's writes before that answer arrive before it (RC order).
+    """X aborts a connection with Y (SO_LINGER 0: the application is done at once) while Y
+    has not yet seen the abort and still writes into it.  A connection of X with Z made
+    meanwhile must not get that RMB: Y's write would land in Z's bytes.  As Linux, X keeps
+    the connection and its RMB until Y's closing CDC answers the abort (Y's application
+    closes), and (``smcr_buf_unuse``) the RMB goes back to the pool only once Y has
+    answered the DELETE RKEY of it -- Y's writes before each answer arrive before it (RC
+    order).
 
     Y is held still by holding its runtime's lock: it takes no completion, no CDC."""
     with hosts(3) as (x, y, z):
@@ -111,7 +113,7 @@ def test_a_recycled_rmb_gets_no_stale_write_from_the_old_peer() -> None:
         with y.lock:
             with x.lock:
                 x.abort(hx)
-            assert hx.released
+            assert conn(x, hx).released
             hx2, hz = connect(x, z)  # X and Z go on; Y stands still
             send(z, hz, b"B" * 1000)
             c = conn(x, hx2)
@@ -123,8 +125,14 @@ def test_a_recycled_rmb_gets_no_stale_write_from_the_old_peer() -> None:
             assert read(x, hx2, 1000) == b"B" * 1000
             assert hx2.rmb_mr is not None and hx2.rmb_mr.rkey != old_rkey
             assert old_rkey not in pooled(x)
-        # Y takes the abort and answers the DELETE RKEY: the RMB is X's to reuse again
+        # Y takes the abort; X keeps the RMB until Y's application closes and Y answers
+        wait(y, hy, lambda: conn(y, hy).aborted)
+        assert old_rkey not in pooled(x) and not hx.released
+        with y.lock:
+            y.app_close(hy)
+        # then X releases it, and once Y answers the DELETE RKEY it is X's to reuse again
         assert wait_pooled(x, old_rkey)
+        assert hx.released
 
 
 def test_buffers_of_a_connection_whose_link_fails_go_back() -> None:

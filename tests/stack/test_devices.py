@@ -25,6 +25,24 @@ def test_rnic_kind_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         devices.rnic_kind()
 
 
+def test_max_links_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SMCR_MAX_LINKS`` as Linux's ``net.smc.smcr_max_links_per_lgr`` (1 or 2), default 1;
+    a runtime made afterwards offers that many in its SMC-Rv2.1 Proposal."""
+    monkeypatch.delenv(runtime.MAX_LINKS_ENV, raising=False)
+    assert runtime.max_links() == 1
+    monkeypatch.setenv(runtime.MAX_LINKS_ENV, "2")
+    assert runtime.max_links() == 2
+    close_stacks()
+    try:
+        assert runtime.get_stack().config.max_links_v2 == 2
+    finally:
+        close_stacks()
+    for bad in ("0", "3", "two"):
+        monkeypatch.setenv(runtime.MAX_LINKS_ENV, bad)
+        with pytest.raises(ValueError, match="SMCR_MAX_LINKS"):
+            runtime.max_links()
+
+
 def test_testlink_time_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """``SMCR_TESTLINK_TIME`` as Linux's ``net.smc.smcr_testlink_time``: seconds, 0 off,
     default 30; a runtime made afterwards keeps its keepalive at that interval."""

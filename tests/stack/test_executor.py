@@ -103,13 +103,15 @@ def test_a_destroyed_qp_gives_its_receive_slots_back() -> None:
 
 def test_an_orphan_with_linger_zero_is_aborted_and_the_peer_sees_the_reset() -> None:
     """A connection handed over unclosed with a linger time of 0 (``Stack.orphan``, any
-    thread, no lock): the progress thread aborts it -- released at once, and the peer's
-    connection ends in a reset, as a TCP RST."""
+    thread, no lock): the progress thread aborts it, and the peer's connection ends in a
+    reset, as a TCP RST; it is released once the peer's close answers the abort."""
     with hosts(2) as (x, y):
         hx, hy = connect(x, y)
         send(x, hx, b"unread")
         x.orphan(hx, 0)
-        wait(x, hx, lambda: hx.released)
         cy = conn(y, hy)
         wait(y, hy, lambda: cy.aborted)
         assert cy.rx_available() <= len(b"unread")
+        with y.lock:
+            y.app_close(hy)
+        wait(x, hx, lambda: hx.released)

@@ -548,7 +548,14 @@ class Connection:
 
         What the send buffer still holds is dropped (a TCP reset drops it too),
         an abort CDC tells the peer, whose reads end in ``ECONNRESET``, and the
-        connection is CLOSED and released at once, without waiting for the peer.
+        application is done with the connection at once.  The connection itself,
+        with its RMB, stays until the peer's closing CDC answers (the state an
+        ordinary close goes to: PEERCLOSEWAIT1 from ACTIVE), unless the peer has
+        closed already, as Linux's ``smc_close_active`` keeps a connection it
+        closed with linger time 0.  Until that answer the peer may still be
+        writing into our RMB: freeing it at once (DELETE RKEY) made the Linux
+        kernel, which clears the rtoken on DELETE RKEY, send its next RDMA WRITE
+        with rkey 0, and the access error ended the link and its link group.
 
         :returns: False if already released or CLOSED (then it is an ordinary close).
         """
@@ -557,10 +564,15 @@ class Connection:
         self.tx_app = self.tx_sent
         self.urg_tx_end = None
         self.released = True
+        first_close_cdc = not self.tx_flags
         self.tx_flags |= _ABORT
         self.send_cdc(out)
-        self.state = SmcState.CLOSED
-        out.append(ReleaseConnection(self.id))
+        if first_close_cdc:  # as after any first close CDC (close_step)
+            out.append(ShutdownTcp(self.id, SHUT_RDWR))
+        new = SmcState.CLOSED if self.peer_closed else step(self.state, CloseInput.APP_CLOSE)[1]
+        self.state = new  # it was not CLOSED (above)
+        if new is SmcState.CLOSED:
+            out.append(ReleaseConnection(self.id))
         return True
 
     def app_shutdown_write(self, out: list[Action]) -> None:

@@ -117,12 +117,18 @@ RMB_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 QP_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 RECV_SLOTS = 256  # per QP; Linux posts 48 (we answer from one thread, so keep more)
 SLOT = 64  # receive buffer per slot: v1 LLC and CDC are 44 bytes (Linux: 48)
+V2_MSG = 8192
+"""The longest SMC-Rv2 LLC message a receive takes (Linux ``SMC_WR_BUF_V2_SIZE``): ADD LINK
+v2 is 88 bytes and more (its rkey list), which a :data:`SLOT` alone would refuse with
+LOC_LEN_ERR, ending the link.  As Linux's, each receive has a second SGE for the rest, in
+one buffer per QP (Linux: per link group): LLC flows come one at a time."""
 SEND_SLOTS = 4096
 REPOST_BATCH = 16  # receives reposted together (RECV_SLOTS - REPOST_BATCH stay posted)
 WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
 TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
 STANDBY = 0.01  # the progress thread's look-in period while applications poll
 TESTLINK_ENV = "SMCR_TESTLINK_TIME"
+MAX_LINKS_ENV = "SMCR_MAX_LINKS"
 EXIT_DELETE_WAIT = 1.0
 """At exit, how long the peers may take to answer our DELETE LINK with theirs."""
 EXIT_LINGER = 2.0
@@ -330,6 +336,7 @@ class Stack:
         self._repost: dict[int, list[RecvWr]] = {}
         self._repost_due = False  # some QP has REPOST_BATCH receives to post again
         self._qp_recv_ids: dict[int, list[int]] = {}  # qpn -> its receive WR ids (slots)
+        self._recv_tail: dict[int, MemoryRegion] = {}  # qpn -> where long messages go on
         self._wr_ids = 1
         self._poller: str | None = None
         self._poller_ident = 0
@@ -588,7 +595,9 @@ class Stack:
 
     def abort(self, hc: HostConn) -> None:
         """Abortive close (lock held): ``SO_LINGER`` on with a linger time of 0
-        (:meth:`Engine.abort`): the send buffer dropped, an abort CDC, released at once."""
+        (:meth:`Engine.abort`): the send buffer dropped, an abort CDC; the application is
+        done at once, the connection and its RMB go when the peer's closing CDC answers
+        (:meth:`Connection.app_abort`)."""
         self.execute(self.engine.abort(hc.conn_id, time.monotonic()))
         self._let_go(hc)
 
@@ -806,6 +815,10 @@ class Stack:
             if qp is not None:
                 qp.destroy()
             self._repost.pop(a.qpn, None)
+            tail = self._recv_tail.pop(a.qpn, None)
+            if tail is not None:
+                with contextlib.suppress(OSError):
+                    tail.dereg()
             for wr_id in self._qp_recv_ids.pop(a.qpn, ()):  # receive slots back to the pool
                 slot = self._recv_slot.pop(wr_id, None)
                 if slot is not None:
@@ -833,14 +846,18 @@ class Stack:
             qp.modify(*steps[1])
             wrs = []
             ids = self._qp_recv_ids.setdefault(a.qpn, [])
+            tail = self._recv_tail.get(a.qpn)
+            if tail is None:
+                tail = self._recv_tail[a.qpn] = self.pd.reg_mr(bytearray(V2_MSG - SLOT),
+                                                               AccessFlag.LOCAL_WRITE)  # fmt: skip
             for _ in range(RECV_SLOTS):
                 slot = self._recv_free.pop()
                 wr_id = self._wr_ids
                 self._wr_ids += 1
                 ids.append(wr_id)
                 self._recv_slot[wr_id] = slot
-                wr = RecvWr(wr_id=wr_id, sg_list=(Sge(self._recv_mr.addr + slot * SLOT, SLOT,
-                                                      self._recv_mr.lkey),))  # fmt: skip
+                head = Sge(self._recv_mr.addr + slot * SLOT, SLOT, self._recv_mr.lkey)
+                wr = RecvWr(wr_id=wr_id, sg_list=(head, Sge(tail.addr, tail.length, tail.lkey)))
                 self._recv_wr[wr_id] = wr
                 wrs.append(wr)
             qp.post_recv(wrs)
@@ -948,7 +965,10 @@ class Stack:
                     batch = []
                 batch_qpn = wc.qp_num
                 off = slot * SLOT
-                batch.append(recv_buf[off : off + wc.byte_len])
+                if wc.byte_len <= SLOT:
+                    batch.append(recv_buf[off : off + wc.byte_len])
+                else:
+                    batch.append(self._long_message(wc, off))
                 self._again(batch_qpn, wc.wr_id)
             if batch:
                 self._received(batch_qpn, batch, now)
@@ -981,6 +1001,12 @@ class Stack:
                     hc.cond.notify_all()
                 if hc.readiness is not None:
                     self.update_readiness(hc)
+
+    def _long_message(self, wc: WorkCompletion, off: int) -> memoryview:
+        """A message longer than a slot: its slot, then the rest in its QP's tail buffer."""
+        tail = self._recv_tail[wc.qp_num]
+        data = bytes(self._recv_mr.buf[off : off + SLOT]) + bytes(tail.buf[: wc.byte_len - SLOT])
+        return memoryview(data)
 
     def _received(self, qpn: int, messages: list[memoryview], now: float) -> None:
         """SENDs that arrived on a QP, in order, to the engine (their slots are not
@@ -1026,7 +1052,10 @@ class Stack:
                                                 peer_gone=qp is not None and qp.peer_gone))
                 return
             off = slot * SLOT
-            self._received(qpn, [self._recv_mr.buf[off : off + wc.byte_len]], now)
+            if wc.byte_len <= SLOT:
+                self._received(qpn, [self._recv_mr.buf[off : off + wc.byte_len]], now)
+            else:
+                self._received(qpn, [self._long_message(wc, off)], now)
             self._again(qpn, wr_id)
             return
         if status is not WcStatus.SUCCESS:
@@ -1280,6 +1309,22 @@ def testlink_time() -> float:
     return value
 
 
+def max_links() -> int:
+    """The most links per link group smcr offers in SMC-Rv2.1: ``SMCR_MAX_LINKS`` (as Linux's
+    sysctl ``net.smc.smcr_max_links_per_lgr``: 1 or 2), default 1 (:class:`Config`).  With
+    2 a Linux peer offers a second link at first contact, which smcr, with one RNIC,
+    rejects as Linux does (the interop suite sees it live).
+
+    :raises ValueError: for anything but 1 or 2 (Linux's range).
+    """
+    text = os.environ.get(MAX_LINKS_ENV, "").strip()
+    if not text:
+        return Config().max_links_v2
+    if text not in ("1", "2"):
+        raise ValueError(f"{MAX_LINKS_ENV}={text!r}: expected 1 or 2")
+    return int(text)
+
+
 def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None,
               scope_id: int = 0) -> Stack:  # fmt: skip
     """The runtime of the RNIC a connection uses, made on first use (again in a forked child).
@@ -1302,7 +1347,8 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
             device = None if kind == "shm" else devices.open_roce(key.split(":", 1)[1])
             size = default_buffer_size(kind)
             config = Config(sndbuf_size=size, rmb_size=size, testlink_time=testlink_time(),
-                            autocork_size=autocork_size(kind))  # fmt: skip
+                            autocork_size=autocork_size(kind),
+                            max_links_v2=max_links())  # fmt: skip
             stack = _stacks[key] = Stack(config, device=device)
             atexit.register(stack.close)
             for hook in list(on_new_stack):

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Copied from shared/interop/boot.sh for smcr's interop suite (tests/interop): unchanged but for
-# copying only the tools' *.py/*.sh files (a __pycache__ directory there would stop `cp`).
+# copying only the tools' *.py/*.sh files (a __pycache__ directory there would stop `cp`), and
+# FIRST=i (default 1) to boot guests i..N only (a second guest next to a running first one).
 # Boot N Debian guests (TCG by default; ACCEL=kvm is experimental, see the README) on bridge br0 inside netns "smcnet".
 #   netns side (br0): 10.99.0.1/24 ; guest i: 10.99.0.(10+i)/24 (g1=10.99.0.11, g2=10.99.0.12, ...)
 # Usage: ./boot.sh [N=2]     env: MEM=1024 SMP=1 ACCEL=kvm|tcg WAIT=1
@@ -8,6 +9,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)   # harness dir: tools/ are copied into the guests from here
 BASE=${KVM_BASE:-$HOME/.cache/smcr-interop}          # data dir: img/ (build-image.sh), run/, share/
 N=${1:-2}
+FIRST=${FIRST:-1}
 MEM=${MEM:-1024}
 SMP=${SMP:-1}
 NS=smcnet
@@ -44,7 +46,7 @@ if ! ip -n "$NS" link show br0 >/dev/null 2>&1; then
 fi
 
 t0=$(date +%s.%N)
-for i in $(seq 1 "$N"); do
+for i in $(seq "$FIRST" "$N"); do
   name=g$i
   tap=tap$i
   share=$BASE/share/$name
@@ -77,7 +79,7 @@ for i in $(seq 1 "$N"); do
 done
 
 if [ "${WAIT:-1}" = 1 ]; then
-  for i in $(seq 1 "$N"); do
+  for i in $(seq "$FIRST" "$N"); do
     for t in $(seq 1 1200); do
       [ -e "$BASE/share/g$i/out/READY" ] && break
       sleep 0.25

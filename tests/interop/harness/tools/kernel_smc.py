@@ -17,6 +17,20 @@ Runs *inside* the QEMU guest (Debian 12, kernel 6.12), as ``python3 kernel_smc.p
     a thread) while reading the echo back, then shut down writing and read to
     EOF; ``send``: read what the server sends until EOF; ``pingpong``: ITERS
     round trips of SIZE bytes, timed.
+``--mode abort --aborter kernel|smcr`` (server and client)
+    Abortive closes (``SO_LINGER`` 0), four connections in turn: ``mid`` (the
+    aborter reads 1 MiB of what the other end keeps sending, then aborts once
+    more has come in, unread),
+    ``unread`` (the other end sends 64 bytes, the aborter aborts with them
+    unread), ``idle`` (nothing sent; the aborter aborts) and ``after`` (a 64 KiB
+    echo on the link group that carried the aborts).  The end that does not
+    abort records how its send and its read ended (``EPIPE``, ``ECONNRESET``,
+    ``EOF``...); the pattern is the host side's (``tests/interop/smc_host.py``).
+``client --mode drain``
+    Read what the server sends until EOF or an error, and say how it ended
+    (the peer-gone tests: ``tests/interop/peer_gone.py``).
+``socks``
+    Every AF_SMC socket of the kernel (``smcss -a``): state, mode, ports.
 ``lgrs``
     The kernel's SMC-R link groups (``SMC_NETLINK_GET_LGR_SMCR``, what
     ``smcr linkgroup`` of smc-tools shows): id, role, type, connections and the
@@ -41,7 +55,9 @@ import argparse
 import errno
 import hashlib
 import json
+import os
 import random
+import select
 import socket
 import struct
 import threading
@@ -71,6 +87,8 @@ DIAG_MODES = {0: "SMCR", 1: "FALLBACK_TCP", 2: "SMCD"}
 ROLES = {0: "CLNT", 1: "SERV"}
 UEID = "SMC-KVM-TEST"
 CHUNK = 65536
+ABORT_SCENARIOS = ("mid", "unread", "idle", "after")
+ABORT_READ = 1 << 20  # what the aborter reads in ``mid`` before it aborts
 
 
 def nla(kind: int, data: bytes) -> bytes:
@@ -217,6 +235,18 @@ def smc_diag(local_port: int, peer_port: int) -> dict[str, Any] | None:
     return None
 
 
+def socks() -> dict[str, Any]:
+    """Every AF_SMC socket the kernel has (``smcss -a``): state, mode, ports."""
+    req = struct.pack("=BBBB", AF_SMC, 0, 0, 0) + bytes(48)
+    rows = []
+    for row in request(NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLM_F_DUMP, req):
+        _family, state, mode, _shut = struct.unpack_from("=BBBB", row)
+        sport, dport = struct.unpack_from(">HH", row, 4)
+        rows.append({"state": state, "mode": DIAG_MODES.get(mode, str(mode)), "sport": sport,
+                     "dport": dport})  # fmt: skip
+    return {"socks": rows}
+
+
 def chunks(seed: int, n: int) -> Iterator[bytes]:
     """``n`` bytes of ``random.Random(seed).randbytes`` in pieces of :data:`CHUNK`, each a
     whole number of the generator's 32-bit words (so any ``n`` bytes are the start of
@@ -264,10 +294,70 @@ def send_pattern(sock: socket.socket, seed: int, n: int) -> str:
     return h.hexdigest()
 
 
+def outcome(exc: BaseException | None) -> str:
+    """How a send or a read ended: ``ok``/``EOF``, or the errno's name (``timeout``)."""
+    if exc is None:
+        return "ok"
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timeout"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+    return repr(exc)
+
+
+def read_outcome(sock: socket.socket) -> tuple[str, int]:
+    """Read until EOF or an error: how it ended, and the bytes read."""
+    total = 0
+    try:
+        while piece := sock.recv(CHUNK):
+            total += len(piece)
+    except OSError as exc:
+        return outcome(exc), total
+    return "EOF", total
+
+
+def abort_one(sock: socket.socket, a: argparse.Namespace, i: int) -> dict[str, Any]:
+    """This end's part of abort scenario ``i`` (module docstring)."""
+    scenario = ABORT_SCENARIOS[i % len(ABORT_SCENARIOS)]
+    out: dict[str, Any] = {"scenario": scenario}
+    t0 = time.perf_counter()
+    if a.aborter == "kernel":  # this end aborts
+        if scenario == "mid":
+            got = 0
+            while got < ABORT_READ and (piece := sock.recv(CHUNK)):
+                got += len(piece)
+            out["received"] = got  # and more is coming: abort with it unread
+            out["readable"] = bool(select.select([sock], [], [], a.timeout)[0])
+        elif scenario == "unread":
+            out["readable"] = bool(select.select([sock], [], [], a.timeout)[0])
+        else:
+            time.sleep(0.5)  # idle: the other end is blocked in its read
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        out["aborted"] = True
+    else:  # the other end aborts: how do our send and read end?
+        sent, failed = 0, None
+        if scenario in ("mid", "unread"):
+            try:
+                for piece in chunks(a.seed + i, a.bytes if scenario == "mid" else 64):
+                    sock.sendall(piece)
+                    sent += len(piece)
+            except OSError as exc:
+                failed = exc
+        out |= {"sent": sent, "send": outcome(failed) if scenario != "idle" else None}
+        out["read"], out["received"] = read_outcome(sock)
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)  # what is left pending
+        out["so_error"] = errno.errorcode.get(err, str(err)) if err else None
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
 def serve_one(conn: socket.socket, a: argparse.Namespace, i: int) -> dict[str, Any]:
     conn.settimeout(a.timeout)
     diag = diag_of(conn, a.family)
     t0 = time.perf_counter()
+    if a.mode == "abort" and ABORT_SCENARIOS[i % len(ABORT_SCENARIOS)] != "after":
+        return {"diag": diag} | abort_one(conn, a, i)
     if a.mode == "send":
         sent_sha = send_pattern(conn, a.seed + i, a.bytes)
         conn.shutdown(socket.SHUT_WR)
@@ -308,8 +398,16 @@ def client_one(a: argparse.Namespace, i: int) -> dict[str, Any]:
         diag = diag_of(s, a.family)
         out: dict[str, Any] = {"diag": diag, "connect_seconds": connected}
         t0 = time.perf_counter()
+        if a.mode == "abort" and ABORT_SCENARIOS[i % len(ABORT_SCENARIOS)] != "after":
+            return out | abort_one(s, a, i)
+        if a.mode == "abort":  # after the aborts: a short echo
+            a = argparse.Namespace(**(vars(a) | {"mode": "echo", "bytes": CHUNK}))
         if a.mode == "send":
             out["received"], out["received_sha256"] = drain(s)
+        elif a.mode == "drain":  # what the server sends, until EOF or an error (recorded)
+            out["read"], out["received"] = read_outcome(s)
+            err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            out["so_error"] = errno.errorcode.get(err, str(err)) if err else None
         elif a.mode == "pingpong":
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             msg = bytes(range(256)) * (a.size // 256) + bytes(a.size % 256)
@@ -356,12 +454,14 @@ def client(a: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("cmd", choices=["setup", "server", "client", "lgrs"])
+    p.add_argument("cmd", choices=["setup", "server", "client", "lgrs", "socks"])
     p.add_argument("--family", choices=["smc", "tcp"], default="smc")
     p.add_argument("--host", default="10.99.0.1")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--count", type=int, default=1)
-    p.add_argument("--mode", choices=["echo", "send", "pingpong"], default="echo")
+    p.add_argument("--mode", choices=["echo", "send", "pingpong", "abort", "drain"],
+                   default="echo")
+    p.add_argument("--aborter", choices=["kernel", "smcr"], default="smcr")
     p.add_argument("--bytes", type=int, default=1 << 20)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--iters", type=int, default=100)
@@ -369,9 +469,11 @@ def main() -> None:
     p.add_argument("--pause", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=60.0)
     a = p.parse_args()
+    if a.cmd in ("server", "client"):
+        print(json.dumps({"pid": os.getpid()}), flush=True)  # for the tests that kill it
     commands: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
         "setup": lambda _a: setup(), "server": server, "client": client,
-        "lgrs": lambda _a: lgrs(),
+        "lgrs": lambda _a: lgrs(), "socks": lambda _a: socks(),
     }  # fmt: skip
     print(json.dumps(commands[a.cmd](a)), flush=True)
 
