@@ -3,6 +3,7 @@ receives scatter into a per-QP tail buffer, as Linux's second SGE into its v2 bu
 
 from __future__ import annotations
 
+from smcr.core.events import Action, PostSend
 from smcr.rdma import AccessFlag
 from smcr.rdma.verbs import SendFlag, SendWr, Sge, WrOpcode
 from smcr.stack import runtime
@@ -35,3 +36,32 @@ def test_an_88_byte_add_link_v2_keeps_the_link() -> None:
         assert read(y, hy, 15) == b"after the offer"
         c = conn(y, hy)
         assert not c.aborted and not c.reset_reason, c.reset_reason
+
+
+def test_a_message_longer_than_a_send_slot_goes_whole_even_at_the_ring_end() -> None:
+    """The runtime sending an SMC-Rv2 LLC message longer than a send slot (ADD LINK v2
+    with its rkeys, 88 bytes and more): it takes as many slots as it needs, never past
+    the ring's end (where one slot's room refused it), and the peer gets it whole, then
+    the CDCs that follow."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        qpn = conn(x, hx).qpn
+        seen: list[bytes] = []
+        real = y.engine.receive_wrs
+
+        def record(q: int, messages: list[memoryview], now: float) -> list[Action]:
+            seen.extend(bytes(m) for m in messages if m[0] == ADD_LINK_V2[0])
+            return real(q, messages, now)
+
+        y.engine.receive_wrs = record  # type: ignore[method-assign,assignment]
+        with x.lock:
+            # the send slots, as a RoCE RNIC uses them (the shm RNIC's inline fused
+            # batches carry the CDC in the WR itself)
+            x._fused = False
+            x._send_off = len(x._send_mr.buf) - runtime.SLOT  # the ring's last slot
+            x.execute([PostSend(qpn, ADD_LINK_V2, 1 << 60, signaled=False)])
+            assert x._send_off == 2 * runtime.SLOT  # it went from the ring's start
+        send(x, hx, b"after the offer")
+        assert read(y, hy, 15) == b"after the offer"
+        assert seen == [ADD_LINK_V2]
+        assert not conn(y, hy).reset_reason

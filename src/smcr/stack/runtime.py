@@ -752,9 +752,15 @@ class Stack:
                 self.execute(self.engine.data_written(conn_id, 0, now))
 
     def _send_wr(self, a: PostSend) -> SendWr:
+        """``a``'s message copied into the next send slot (a message longer than one, an
+        SMC-Rv2 LLC message such as ADD LINK v2 with its rkeys, takes as many slots as it
+        needs, never wrapping around the ring's end)."""
         mr = self._send_mr
         off = self._send_off
-        self._send_off = (off + SLOT) % len(mr.buf)
+        span = max(1, -(-len(a.data) // SLOT)) * SLOT
+        if off + span > len(mr.buf):
+            off = 0
+        self._send_off = (off + span) % len(mr.buf)
         mr.buf[off : off + len(a.data)] = a.data
         # solicited, as Linux smc_wr_tx_send posts every CDC and LLC message (the SE bit
         # of the BTH on the wire)
