@@ -223,16 +223,13 @@ class Readiness:
         self.app = -1
 
     def set(self, readable: bool, writable: bool) -> None:
-        """Make the descriptor's readiness match (syscalls only on a change)."""
-        if readable != self.readable:
-            self.readable = readable
-            if readable:
-                with contextlib.suppress(OSError):
-                    self.b.send(b"r", _DONTWAIT)
-            else:
-                with contextlib.suppress(OSError):
-                    while self.a.recv(4096, _DONTWAIT):
-                        pass
+        """Make the descriptor's readiness match (syscalls only on a change).
+
+        Writability first: a connect that settles turns writable before readable, so
+        a program waiting for ``EPOLLOUT`` never sees ``EPOLLIN`` alone meanwhile (a
+        loop that counts wakeups, or one that reads on ``EPOLLIN`` only, took such an
+        in-between state for the socket's: the thread setting it may wait for the GIL
+        while the program polls and spins)."""
         if writable != self.writable:
             self.writable = writable
             if writable:
@@ -243,6 +240,29 @@ class Readiness:
                 with contextlib.suppress(OSError):
                     while True:
                         self.a.send(bytes(4096), _DONTWAIT)
+        if readable != self.readable:
+            self.readable = readable
+            if readable:
+                with contextlib.suppress(OSError):
+                    self.b.send(b"r", _DONTWAIT)
+            else:
+                with contextlib.suppress(OSError):
+                    while self.a.recv(4096, _DONTWAIT):
+                        pass
+
+    def fail(self) -> None:
+        """Ready for good, as a TCP socket whose connect failed: readable, writable, and
+        ``EPOLLERR``/``EPOLLHUP`` in poll (a program waiting for either wakes as over TCP).
+
+        How: ``b`` goes while it holds unread bytes of ``a``'s (the not-writable fill),
+        and Linux then gives ``a`` the error ``ECONNRESET`` (``unix_release_sock``) and
+        both shutdowns; ``b``'s queue freed makes ``a`` writable.  Later :meth:`set`
+        calls change nothing (``b`` is closed: their sends and drains fail quietly)."""
+        if self.writable:
+            self.set(self.readable, False)  # (``b`` must hold unread bytes)
+        with contextlib.suppress(OSError):
+            self.b.close()  # (one change: all of a's events at once)
+        self.readable = self.writable = True
 
     def close(self) -> None:
         """Release both ends (the application's end may have been closed under us by a
