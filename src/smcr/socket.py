@@ -200,6 +200,7 @@ class SMCSocket(_PlainSocket):
     _finalizer: weakref.finalize[Any, Any] | None = None  # SMC-R mode: _collected
     _shown = -1  # the number fileno() gave out, the socket's for life (_reshow); -1: none yet
     _shown_tcp: weakref.finalize[Any, Any] | None = None  # _shown is a TCP number of ours
+    _reshow_due = False  # settled in a background thread: _reshow in the program's (_catch_up)
     _queue_finalizer: weakref.finalize[Any, Any] | None = None  # listening: the queue's
     _rlock: threading.Lock  # SMC-R mode: one reader and one writer at a time
     _wlock: threading.Lock
@@ -397,10 +398,13 @@ class SMCSocket(_PlainSocket):
         non-blocking connect; the rest come from TCP."""
         if self._relayed is not None and level == _socket.IPPROTO_TCP:
             return 0 if not args else bytes(args[0])
+        self._catch_up()
         if level == _socket.SOL_SOCKET and optname == _socket.SO_ERROR and not args:
             connecting = self._connecting
             if self._mode == "CONNECTING" and connecting is not None:
-                return connecting.so_error()
+                err = connecting.so_error()
+                self._catch_up()
+                return err
             if self._connect_error:
                 err, self._connect_error = self._connect_error, 0
                 return err
@@ -444,10 +448,14 @@ class SMCSocket(_PlainSocket):
         socket is ready (``getsockopt(SO_ERROR)`` then says how it went).  Until
         then ``send``/``recv`` raise ``BlockingIOError``.
         """
+        self._catch_up()  # (before _again() below closes the readiness under the number)
         if self._mode == "CONNECTING":
             connecting = self._connecting
             if connecting is not None:
-                connecting.connect_again(address)
+                try:
+                    connecting.connect_again(address)
+                finally:
+                    self._catch_up()
             raise BlockingIOError(errno.EALREADY, os.strerror(errno.EALREADY))
         if self._mode == "TCP" and self._connect_failed:
             # as the kernel's socket after a failed connect: the next connect reports that
@@ -1151,6 +1159,7 @@ class SMCSocket(_PlainSocket):
         """Before a call goes to the kernel's TCP socket: not while connecting."""
         if self._mode == "CONNECTING":  # not a byte before SMC-R or TCP is settled
             raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+        self._catch_up()
 
     def _tcp_recv(self, bufsize: int, flags: int) -> bytes:
         if self._prefix and not flags & _OOB:
@@ -1186,6 +1195,7 @@ class SMCSocket(_PlainSocket):
         if self._mode == "LISTEN":
             self._accept_queue()  # (a forked parent's queue resumes: _AcceptQueue.pause)
         if self._shown >= 0:
+            self._catch_up()
             return self._shown
         if self._mode == "PLAIN" or self._via_readiness:
             return _PlainSocket.fileno(self)
@@ -1205,6 +1215,22 @@ class SMCSocket(_PlainSocket):
                 hc.readiness.set_blocking(self._timeout is None)
                 stack.update_readiness(hc)
             return hc.readiness
+
+    def _catch_up(self) -> None:
+        """The program's thread calls in: do the :meth:`_reshow` a background thread left
+        due (a non-blocking connect settled to TCP in the watcher or runtime thread).
+
+        Why not there: :func:`put_at` moves the program's epoll registrations of the
+        number (read, unregister, ``dup2``, register), and a program's ``epoll_ctl`` of
+        that number in between (tornado's and the tests' ``modify`` right after
+        ``connect``) was lost (the events read before it came back) or failed with
+        ``ENOENT``.  Meanwhile the number names the connect's readiness descriptor,
+        which is ready (:meth:`_Connecting._settle`), so the program wakes and calls
+        in: ``getsockopt(SO_ERROR)``, ``send``/``recv``, ``fileno``."""
+        if self._reshow_due:
+            self._reshow_due = False
+            with contextlib.suppress(OSError):  # (closed meanwhile)
+                self._reshow()
 
     def _reshow(self) -> None:
         """The mode changed: put under the number :meth:`fileno` gave out (if it gave
@@ -2014,13 +2040,22 @@ class _Connecting:
                 self._settle("TCP", 0 if sock._mode == "TCP" else errno.ECONNRESET)
 
     def _settle(self, mode: str, err: int, failed: bool = False) -> None:
-        self.sock._connect_error = err
-        if mode == "TCP" and self.sock._mode in ("CONNECTING", "INIT"):
-            self.sock._mode = "TCP"
-            self.sock._connect_failed = failed or bool(err)
-            with contextlib.suppress(OSError):  # (closed meanwhile)
-                self.sock._reshow()  # the application's number names the TCP socket again
-        self.readiness.set(True, True)
+        """Settle to TCP (connect failed, peer without SMC, handshake declined or failed):
+        the program's number names the TCP socket again, moved there by the program's
+        next call (:meth:`SMCSocket._catch_up`; a fallback already set the mode TCP).
+        Until then the readiness descriptor under it says what the TCP socket says:
+        writable (and readable, so that a program waiting to read calls in too), and
+        after a failure with ``EPOLLERR``/``EPOLLHUP`` as well (:meth:`Readiness.fail`)."""
+        sock = self.sock
+        sock._connect_error = err
+        if mode == "TCP" and sock._mode in ("CONNECTING", "INIT", "TCP"):
+            sock._mode = "TCP"
+            sock._connect_failed = failed or bool(err)
+            sock._reshow_due = True
+        if failed or err:
+            self.readiness.fail()
+        else:
+            self.readiness.set(True, True)
 
     def close(self) -> None:
         """The socket closes: stop watching (the descriptor goes with it)."""
