@@ -15,11 +15,15 @@ import errno
 import os
 import select
 import socket
+import threading
 from collections.abc import Callable
 
 import pytest
 
 import smcr
+import smcr.socket as smcr_socket
+import smcr.stack.descriptors as smcr_descriptors
+import smcr.stack.runtime as smcr_runtime
 
 Make = Callable[..., socket.socket]
 KINDS: dict[str, Make] = {"tcp": socket.socket, "smc": smcr.SMCSocket}
@@ -91,6 +95,8 @@ def connect_registered_before(kind: Make, target: str) -> list[object]:
             conn.sendall(b"pong")
             wait_events(ep, number, select.EPOLLIN)
             seen.append(s.recv(4))
+            # read: nothing more to read, as on TCP (the number names what follows the socket)
+            seen.append(select.select([number], [], [], 0)[0])
             conn.close()
         else:
             seen.append(bool(events & select.EPOLLERR))
@@ -112,7 +118,32 @@ def test_a_connect_keeps_the_number_and_its_epoll_registration_as_on_tcp(target:
     if target == "nobody":
         assert tcp == ["EINPROGRESS", True, "ECONNREFUSED", True, []]
     else:
-        assert tcp == ["EINPROGRESS", True, 0, b"pong", []]
+        assert tcp == ["EINPROGRESS", True, 0, b"pong", [], []]
+
+
+@pytest.mark.parametrize("target", ["tcp", "nobody"])
+def test_a_settled_connect_moves_the_number_in_the_programs_thread_only(
+        target: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A connect that settles to TCP in the background (the watcher thread sees the
+    TCP connect end) moves the number to the TCP socket on the program's next call,
+    in the program's thread: moved in the watcher's, the move (read the epoll
+    registrations, unregister, ``dup2``, register) raced the program's ``ep.modify``
+    right after ``connect``, whose events were lost or which failed with ``ENOENT``."""
+    threads: list[str] = []
+    real = smcr_descriptors.put_at
+
+    def put_at(number: int, source: int) -> None:
+        threads.append(threading.current_thread().name)
+        real(number, source)
+
+    monkeypatch.setattr(smcr_socket, "put_at", put_at)
+    monkeypatch.setattr(smcr_runtime, "put_at", put_at)
+    tcp = connect_registered_before(socket.socket, target)
+    smc = connect_registered_before(smcr.SMCSocket, target)
+    assert tcp == smc
+    me = threading.current_thread().name
+    assert threads[:2] == [me, me]  # the connect's readiness in, the TCP socket back
+    assert set(threads) == {me}
 
 
 def test_a_number_closed_by_the_program_is_not_used_by_smcr() -> None:

@@ -34,6 +34,41 @@ def test_readiness_follows_what_the_runtime_sets() -> None:
         r.close()
 
 
+def poll_events(fd: int, deadline_s: float = 20.0) -> int:
+    """poll's events of ``fd`` once it has any (at most ``deadline_s``)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLOUT)
+    got = poller.poll(deadline_s * 1000)
+    return got[0][1] if got else 0
+
+
+def test_a_failed_readiness_polls_as_a_refused_tcp_connect() -> None:
+    """:meth:`Readiness.fail` (a non-blocking connect that failed, before the program's
+    next call puts the TCP socket under its number): the events of a TCP socket
+    whose connect was refused, ERR and HUP included, from either writability."""
+    probe = socket.create_server(("127.0.0.1", 0))
+    addr = probe.getsockname()
+    probe.close()
+    tcp = socket.socket()
+    tcp.setblocking(False)
+    try:
+        tcp.connect_ex(addr)
+        refused = poll_events(tcp.fileno())
+    finally:
+        tcp.close()
+    assert refused & select.POLLERR and refused & select.POLLHUP
+    for writable in (False, True):
+        r = Readiness()
+        try:
+            r.set(False, writable)
+            r.fail()
+            assert poll_events(r.fileno()) == refused
+            r.set(True, True)  # (changes nothing any more)
+            assert poll_events(r.fileno()) == refused
+        finally:
+            r.close()
+
+
 def test_readiness_close_survives_a_descriptor_closed_under_it() -> None:
     """A program that closes the descriptors it was given (tornado's close(all_fds=True))
     must not make the runtime's own close fail."""
