@@ -16,6 +16,7 @@ import os
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -31,7 +32,8 @@ KINDS: dict[str, Make] = {"tcp": socket.socket, "smc": smcr.SMCSocket}
 
 def wait_events(ep: select.epoll, fd: int, mask: int) -> int:
     """The events of ``fd`` once one of ``mask`` is there (at most 20 s)."""
-    for _ in range(200):
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
         for got_fd, events in ep.poll(0.1):
             assert got_fd == fd, f"an event for {got_fd}, registered: {fd}"
             if events & mask:
