@@ -420,3 +420,34 @@ def test_sndbuf_lowered_after_connect_takes_less_as_on_tcp() -> None:
     for kind in ("tcp", "smc"):
         small, default = (taken_before_it_would_block(kind, n) for n in (4096, None))
         assert small < default, (kind, small, default)
+
+
+def peer_after_an_abortive_close(kind: str) -> list[object]:
+    """A client sends, then closes with SO_LINGER 0: the server's connection is reset at
+    once, as a TCP reset leaves it -- ``getpeername`` says ENOTCONN before the server
+    has done anything (ssl's ``wrap_socket`` asks exactly that to tell "closed before
+    the TLS handshake")."""
+    make_server = smcr.create_server if kind == "smc" else socket.create_server
+    connect = smcr.create_connection if kind == "smc" else socket.create_connection
+    with make_server(("127.0.0.1", 0)) as srv:
+        srv.settimeout(20)
+        c = connect(srv.getsockname(), timeout=20)
+        s, _ = srv.accept()
+        with s:
+            c.sendall(b"early")
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            c.close()
+
+            def unconnected() -> bool:
+                try:
+                    s.getpeername()
+                except OSError as exc:
+                    return exc.errno == errno.ENOTCONN
+                return False
+
+            return [wait_until(unconnected)]
+
+
+def test_an_abortive_close_resets_the_peers_connection_at_once_as_on_tcp() -> None:
+    tcp, smc = (peer_after_an_abortive_close(kind) for kind in ("tcp", "smc"))
+    assert tcp == smc == [True]

@@ -56,6 +56,7 @@ import os
 import secrets
 import select
 import socket
+import struct
 import sys
 import threading
 import time
@@ -116,6 +117,7 @@ _DEBUG = bool(os.environ.get("SMCR_DEBUG"))
 RMB_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 QP_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 RECV_SLOTS = 256  # per QP; Linux posts 48 (we answer from one thread, so keep more)
+_LINGER_ZERO = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 SLOT = 64  # receive buffer per slot: v1 LLC and CDC are 44 bytes (Linux: 48)
 V2_MSG = 8192
 """The longest SMC-Rv2 LLC message a receive takes (Linux ``SMC_WR_BUF_V2_SIZE``): ADD LINK
@@ -617,8 +619,18 @@ class Stack:
         """Abortive close (lock held): ``SO_LINGER`` on with a linger time of 0
         (:meth:`Engine.abort`): the send buffer dropped, an abort CDC; the application is
         done at once, the connection and its RMB go when the peer's closing CDC answers
-        (:meth:`Connection.app_abort`)."""
-        self.execute(self.engine.abort(hc.conn_id, time.monotonic()))
+        (:meth:`Connection.app_abort`).  The TCP connection is reset now, as a TCP
+        socket's abortive close resets it (a peer that looks at its TCP socket, ssl's
+        ``wrap_socket`` for one, sees it unconnected at once); only the RMB waits."""
+        actions = self.engine.abort(hc.conn_id, time.monotonic())
+        if self.engine_conn(hc) is None or hc.released:
+            self.execute(actions)
+        else:  # (no FIN before the reset: a peer in CLOSE_WAIT would read EPIPE, not ECONNRESET)
+            self.execute([a for a in actions if not isinstance(a, ShutdownTcp)])
+            self.unwatch_tcp(hc)
+            with contextlib.suppress(OSError):
+                hc.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
+                hc.tcp.close()
         self._let_go(hc)
 
     def _let_go(self, hc: HostConn) -> None:
