@@ -233,3 +233,28 @@ def test_many_connections_on_both_links_survive_a_path_loss(detector: str) -> No
         _n, actions = p.client.write(c, b"tail %d" % i)
         p.do(p.client, actions)
         assert read_all(p, s) == DATA[: 500 + i] + b"tail %d" % i
+
+
+def test_cdcs_delivered_on_a_cleared_link_still_count() -> None:
+    """A CDC the peer saw complete on link 1 is taken from the CQ only after link 1 was
+    cleared (Linux drains the link's CQ first): it is applied, by token, and the peer's
+    failover-validation CDC naming it is then no fault."""
+    p, c, s = symmetric()
+    actions = write_stalled(p, c, DATA[:4000], deliver_cdc=False)
+    cdc = next(a for a in actions if isinstance(a, PostSend))
+    link1 = lgr_of(p.server).links[0]
+    # the client saw its CDC complete, then the server's link 1 went (its port down)
+    p.do(p.client, p.client.engine.send_completed(cdc.qpn, cdc.wr_id, True, p.now))
+    actions = p.server.engine.link_failed(link1.qpn, "injected", p.now)
+    assert link1.qpn in p.server.engine.late_links
+    # the CDC's completion was in the CQ before anything the peer sends after the failover
+    actions += p.server.engine.receive_wr(link1.qpn, memoryview(cdc.data), p.now)
+    p.do(p.server, actions)
+    for side in (p.client, p.server):  # (the server has added a link again meanwhile)
+        assert all(x.link is not None and x.link.link_id == 2 for x in lgr_of(side).conns.values())
+        assert not [e for e in side.events if isinstance(e, ConnectionReset)]
+    assert read_all(p, s) == DATA[:4000]
+    # an LLC message on the cleared link is dropped with it
+    late = p.server.engine.receive_wr(link1.qpn, memoryview(bytes([LlcType.TEST_LINK]) + bytes(43)),
+                                      p.now)  # fmt: skip
+    assert late == []

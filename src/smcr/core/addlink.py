@@ -74,8 +74,14 @@ LINKS_PER_LGR_MAX = 3
 it is being replaced, ``smc_llc_delete_asym_link``)."""
 
 
+LATE_LINKS = 64
+"""Cleared links remembered for their late CDCs (:meth:`LinkLayer._receive_late`)."""
+
+
 class AddLinkLayer(LinkLayer):
     """:class:`LinkLayer` with the ADD LINK flows (module docstring)."""
+
+    ports_down: set[int]
 
     def _llc_table(self) -> dict[int, LlcHandler]:
         table = super()._llc_table()
@@ -117,7 +123,10 @@ class AddLinkLayer(LinkLayer):
         new.state = LinkState.LINK_INACTIVE
         if new in lgr.links:
             lgr.links.remove(new)
-        self.links.pop(new.qpn, None)
+        if self.links.pop(new.qpn, None) is not None and not lgr.terminated:
+            self.late_links[new.qpn] = new
+            while len(self.late_links) > LATE_LINKS:
+                del self.late_links[next(iter(self.late_links))]
         self._cdc_pending.pop(new.qpn, None)
         for conn in lgr.conns.values():
             conn.rmb_keys.pop(new, None)

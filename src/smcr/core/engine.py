@@ -108,6 +108,7 @@ class Engine(PortLayer):
         self.handshakes: dict[int, Handshake] = {}
         self.lgrs: dict[int, LinkGroup] = {}
         self.links: dict[int, Link] = {}
+        self.late_links: dict[int, Link] = {}
         self._cdc_pending: dict[int, deque[tuple[int, Connection, int]]] = {}
         self._events: deque[Event] = deque()
         self._tokens = itertools.count(1)
@@ -119,10 +120,10 @@ class Engine(PortLayer):
         self._unconfirmed: set[int] = set()
         """Handshakes whose RMB's CONFIRM RKEY failed before they ended (:meth:`_confirm_rkey`)."""
         self._ending: set[int] = set()
+        """Link groups :meth:`shutdown` sent DELETE LINK on, waiting for the peer's."""
         self.ports_down: set[int] = set()
         """Ports of :attr:`LocalIdentity.ports` the host reported unusable
         (:meth:`port_down`), until :meth:`port_up`: no new link goes over them."""
-        """Link groups :meth:`shutdown` sent DELETE LINK on, waiting for the peer's."""
         self.ueids: tuple[bytes, ...] = ()
         """The host's user EIDs (:mod:`smcr.ueid`), kept current by the host: a
         Proposal offers SMC-Rv2 only with one, a server chooses v2 only on a common one."""
