@@ -374,7 +374,12 @@ class Engine(PortLayer):
 
     def _confirm(self, hs: Handshake, link: Link) -> ClcConfirm:
         """Our Confirm (``smcr_clc_prep_confirm_accept``): v2 adds the EID and, on first
-        contact, the first-contact extension and our GID list (``smc_fill_gid_list``)."""
+        contact, the first-contact extension and our GID list (``smc_fill_gid_list``).
+
+        The RMB's rkey and address are those for ``link`` (Linux
+        ``conn->rmb_desc->mr[link->link_idx]``): a connection on a link over another
+        port than 0 is written through that port's RNIC, where the RMB's own (port 0)
+        rkey is unknown."""
         assert hs.rmb is not None
         ident, terms = self.identity, hs.terms
         v2: dict[str, object] = {}
@@ -384,11 +389,12 @@ class Engine(PortLayer):
                 v2 |= {"fce": negotiation.first_contact_ext(terms, ident),
                        "gid_list": (ident.ports[link.port].gid,)}  # fmt: skip
         port = ident.ports[link.port]  # the link's port (Linux: conn->lnk's gid and mac)
+        rkey, vaddr = self._rmb_on(self.conns[hs.conn], link)  # the RMB on the link's RNIC
         return ClcConfirm(
             version=hs.smc_version, first_contact=hs.first_contact, peer_id=ident.peer_id,
-            gid=port.gid, mac=port.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey,
+            gid=port.gid, mac=port.mac, qpn=link.qpn, rmb_rkey=rkey,
             rmbe_alert_token=hs.token, rmbe_size=compress_bufsize(hs.rmb.size),
-            qp_mtu=link.mtu, rmb_vaddr=hs.rmb.vaddr, psn=link.psn, **v2,  # type: ignore[arg-type]
+            qp_mtu=link.mtu, rmb_vaddr=vaddr, psn=link.psn, **v2,  # type: ignore[arg-type]
         )  # fmt: skip
 
     # -- server -----------------------------------------------------------
@@ -453,11 +459,12 @@ class Engine(PortLayer):
             if hs.first_contact:
                 v2["fce"] = negotiation.first_contact_ext(terms, ident)
         port = ident.ports[link.port]  # the link's port: the client finds the link by it
+        rkey, vaddr = self._rmb_on(self.conns[hs.conn], link)  # the RMB on the link's RNIC
         acc = ClcAccept(
             version=hs.smc_version, first_contact=hs.first_contact, peer_id=ident.peer_id,
-            gid=port.gid, mac=port.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey,
+            gid=port.gid, mac=port.mac, qpn=link.qpn, rmb_rkey=rkey,
             rmbe_alert_token=hs.token, rmbe_size=compress_bufsize(hs.rmb.size),
-            qp_mtu=self.config.qp_mtu, rmb_vaddr=hs.rmb.vaddr, psn=link.psn,
+            qp_mtu=self.config.qp_mtu, rmb_vaddr=vaddr, psn=link.psn,
             **v2,  # type: ignore[arg-type]
         )  # fmt: skip
         out.append(SendClc(hs.conn, acc.encode()))
