@@ -258,3 +258,41 @@ def test_cdcs_delivered_on_a_cleared_link_still_count() -> None:
     late = p.server.engine.receive_wr(link1.qpn, memoryview(bytes([LlcType.TEST_LINK]) + bytes(43)),
                                       p.now)  # fmt: skip
     assert late == []
+
+
+def exchange(p: Pair, c: int, s: int, data: bytes) -> None:
+    """``data`` from the client to the server and back: both sides' WRITEs over the
+    connection's link, each landing only with the rkey the peer's RNIC on that link's
+    port knows (the fake fabric checks it)."""
+    for src, dst, a, b in ((p.client, p.server, c, s), (p.server, p.client, s, c)):
+        n, actions = src.write(a, data)
+        assert n == len(data)
+        p.do(src, actions)
+        got, actions = dst.read(b)
+        p.do(dst, actions)
+        assert got == data
+
+
+@pytest.mark.parametrize("detector", ["server", "client"])
+def test_a_connection_on_the_second_link_carries_bytes_and_survives_its_loss(
+        detector: str) -> None:  # fmt: skip
+    """A connection the server put on link 2 (port 1 to port 1): its CLC messages name the
+    RMBs' rkeys on port 1's RNICs (not the RMBs' own, port 0's), and the CONFIRM RKEY that
+    gave the rkeys for link 1 too counts for it although its CLC message came first; so
+    when port 1 goes, it moves to link 1 with the peer's rkey there and goes on."""
+    p, c0, s0 = symmetric()
+    c, s = p.connect()
+    p.pump()
+    for side, conn in ((p.client, c), (p.server, s)):
+        link = side.engine.conns[conn].link
+        assert link is not None and link.link_id == 2 and link.port == 1
+    exchange(p, c, s, DATA[:3000])
+    side = p.server if detector == "server" else p.client
+    p.peer(side).engine.ports_down.add(1)
+    p.do(side, side.engine.port_down(1, "injected", p.now))
+    for each in (p.client, p.server):
+        lgr = lgr_of(each)
+        assert [x.link_id for x in lgr.links if x.state is LinkState.LINK_ACTIVE] == [1]
+        assert not [e for e in each.events if isinstance(e, ConnectionReset)]
+    exchange(p, c, s, DATA[3000:6000])
+    exchange(p, c0, s0, DATA[6000:7000])

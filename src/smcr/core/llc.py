@@ -376,11 +376,22 @@ class LinkLayer:
             return
         # smc_llc_rmt_conf_rkey: the first rtoken is for the link it came on
         lgr = link.lgr
-        rt = lgr.rtoken_add(link, msg.rmb_key, msg.rmb_vaddr)
-        for other in msg.other_rtokens:
-            named = lgr.link_by_id(other.link_id)
-            if named is not None:
-                rt[named] = (other.rmb_key, other.rmb_vaddr)
+        named = [(x, other) for other in msg.other_rtokens
+                 if (x := lgr.link_by_id(other.link_id)) is not None]  # fmt: skip
+        rt = lgr.rtoken_find(link, msg.rmb_key)
+        for x, other in named if rt is None else ():
+            # a peer of ours sends its CLC message without waiting for this flow's end
+            # (Engine._confirm_rkey): for a connection on another link than the one
+            # this came on, the CLC message may have brought the RMB first, by its rkey
+            # on that link; Linux's peer never does (its CLC message comes after)
+            rt = lgr.rtoken_find(x, other.rmb_key)
+            if rt is not None:
+                break
+        if rt is None:
+            rt = lgr.rtoken_add(link, msg.rmb_key, msg.rmb_vaddr)
+        rt[link] = (msg.rmb_key, msg.rmb_vaddr)
+        for x, other in named:
+            rt[x] = (other.rmb_key, other.rmb_vaddr)
         self._post_llc(link, msg.response(), out)
 
     def _llc_delete_rkey(self, link: Link, msg: LlcMessage, now: float,
