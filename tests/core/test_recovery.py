@@ -172,6 +172,31 @@ def test_asymmetric_link_replaced_when_the_port_comes_up() -> None:
     assert transfer(p, c, s, b"moved") == b"moved"
 
 
+def test_asymmetric_link_failing_while_it_is_deleted_ends_nothing() -> None:
+    """The asymmetric link's QP fails while the server's DELETE LINK of it waits for the
+    client's answer (the client answered and destroyed its QP; the server's QP saw the
+    peer go first): the link is not active any more, so as Linux's
+    ``smcr_link_down_cond`` nothing happens; the group goes on, SYMMETRIC, when the
+    answer comes."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    p.server.engine.ports_down.add(1)
+    c, s = p.connect()
+    p.pump()
+    asym = lgr_of(p.server).links[1]
+    assert asym.is_asym
+    p.server.engine._use_link(p.server.engine.conns[s], asym)
+    p.run(p.server, p.server.engine.port_up(1, p.now))
+    p.step_until(lambda: asym.state is LinkState.LINK_INACTIVE, "the asymmetric link deleted")
+    p.run(p.server, p.server.engine.link_failed(asym.qpn, "receive WR_FLUSH_ERR", p.now))
+    p.pump()
+    for side in (p.client, p.server):
+        assert links(side) == [(1, 0), (3, 1)]
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC and not lgr_of(side).terminated
+        assert not [e for e in side.events if isinstance(e, ConnectionReset)]
+    assert asym.qpn in p.server.destroyed
+    assert transfer(p, c, s, b"moved") == b"moved"
+
+
 def test_delete_rkey_names_the_rmb_by_its_rkey_on_the_link_it_goes_over() -> None:
     """After link 1 is gone the group talks over link 2: a released RMB's DELETE RKEY
     carries its rkey for link 2 (smc_llc_send_delete_rkey), which the peer knows there:

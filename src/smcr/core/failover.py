@@ -162,6 +162,13 @@ class FailoverLayer(AddLinkLayer):
             # downs only active links; the flow's wait fails and clears it)
             self._add_link_failed(link, now, out)
             return out
+        if (link is not None and link.state is LinkState.LINK_INACTIVE
+                and not link.lgr.terminated and link.lgr.active_link is not None):  # fmt: skip
+            # a link being deleted (the asymmetric one, its connections moved, our DELETE
+            # LINK out): the client may answer and destroy its QP before we read the
+            # answer, and our QP sees the peer go.  Linux's smcr_link_down_cond downs only
+            # an active link; the DELETE LINK flow's end clears it
+            return out
         if (link is None or link.lgr.terminated or link.state is not LinkState.LINK_ACTIVE
                 or self._other_active(link, dev_err=True) is None):  # fmt: skip
             return super().link_failed(qpn, reason, now, decline, peer_gone)
