@@ -197,6 +197,34 @@ def test_asymmetric_link_failing_while_it_is_deleted_ends_nothing() -> None:
     assert transfer(p, c, s, b"moved") == b"moved"
 
 
+def test_offer_failing_in_the_rkey_exchange_tells_the_client_and_the_next_one_is_taken() -> None:
+    """The server's port 0 goes (the client has not noticed): its asymmetric offer, link 3
+    from its port 1 to the client's port 0, is answered, then its new QP fails during the
+    rkey exchange (over RoCE: no route from one veth to the other).  The client is told
+    by DELETE LINK of link 3 and ends its flow at once; when port 0 is back, the server's
+    offer of link 4 is taken (the client's late reject of link 3 does not end it) and
+    the group is SYMMETRIC again."""
+    p, c, s = symmetric()
+    p.run(p.server, p.server.engine.port_down(0, "carrier lost", p.now))
+    lgr = lgr_of(p.server)
+    p.step_until(lambda: lgr.flow is not None and lgr.flow.add_link is not None
+                 and lgr.flow.add_link.step == "cont", "the server's offer answered")
+    assert lgr.flow is not None and lgr.flow.add_link is not None
+    new = lgr.flow.add_link.new
+    assert (new.link_id, new.port) == (3, 1)
+    sent = len(p.server.llc_sent)
+    p.run(p.server, p.server.engine.link_failed(new.qpn, "RTR: network unreachable", p.now))
+    dels = [decode_llc(m) for m in new_messages(p.server, sent) if m[0] == LlcType.DELETE_LINK]
+    assert [(d.link_num, d.reason) for d in dels] == [(3, 0x00010000)]
+    p.do(p.server, p.server.engine.port_up(0, p.now))
+    for side in (p.client, p.server):
+        assert lgr_of(side).remote_add is None
+        assert links(side) == [(2, 1), (4, 0)]
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
+        assert not [e for e in side.events if isinstance(e, ConnectionReset)]
+    assert transfer(p, c, s, b"back") == b"back"
+
+
 def test_delete_rkey_names_the_rmb_by_its_rkey_on_the_link_it_goes_over() -> None:
     """After link 1 is gone the group talks over link 2: a released RMB's DELETE RKEY
     carries its rkey for link 2 (smc_llc_send_delete_rkey), which the peer knows there:
