@@ -215,7 +215,7 @@ def test_offer_failing_in_the_rkey_exchange_tells_the_client_and_the_next_one_is
     sent = len(p.server.llc_sent)
     p.run(p.server, p.server.engine.link_failed(new.qpn, "RTR: network unreachable", p.now))
     dels = [decode_llc(m) for m in new_messages(p.server, sent) if m[0] == LlcType.DELETE_LINK]
-    assert [(d.link_num, d.reason) for d in dels] == [(3, 0x00010000)]
+    assert dels == [DeleteLink(flags=0, link_num=3, reason=0x00010000)]
     p.do(p.server, p.server.engine.port_up(0, p.now))
     for side in (p.client, p.server):
         assert lgr_of(side).remote_add is None
