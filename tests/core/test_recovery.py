@@ -225,6 +225,26 @@ def test_offer_failing_in_the_rkey_exchange_tells_the_client_and_the_next_one_is
     assert transfer(p, c, s, b"back") == b"back"
 
 
+def test_port_back_while_the_asymmetric_offer_runs_is_offered_after_it() -> None:
+    """The server's port 1 is down at first contact: it offers an asymmetric link over port
+    0.  Port 1 comes back while that flow runs (its own offer dropped: one ADD LINK flow
+    at a time): once the asymmetric link is up, the symmetric one is offered and the
+    asymmetric one deleted."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    p.server.engine.ports_down.add(1)
+    c, s = p.connect()
+    lgr = p.server.engine.lgrs
+    p.step_until(lambda: any(g.flow is not None and g.flow.add_link is not None
+                             and g.flow.add_link.step == "cont" for g in lgr.values()),
+                 "the asymmetric offer answered")  # fmt: skip
+    p.run(p.server, p.server.engine.port_up(1, p.now))
+    p.pump()
+    for side in (p.client, p.server):
+        assert links(side) == [(1, 0), (3, 1)]
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
+    assert transfer(p, c, s, b"both ports") == b"both ports"
+
+
 def test_delete_rkey_names_the_rmb_by_its_rkey_on_the_link_it_goes_over() -> None:
     """After link 1 is gone the group talks over link 2: a released RMB's DELETE RKEY
     carries its rkey for link 2 (smc_llc_send_delete_rkey), which the peer knows there:

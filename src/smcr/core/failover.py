@@ -125,7 +125,17 @@ class FailoverLayer(AddLinkLayer):
     def _after_add(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
         """``smc_llc_delete_asym_link``: once symmetric, the asymmetric link goes: its
         connections move, DELETE LINK (orderly, "no longer needed") is asked of the
-        client next, and the link is cleared when it answers (or does not)."""
+        client next, and the link is cleared when it answers (or does not).
+
+        An asymmetric link of ours (``ASYMMETRIC_LOCAL``) added while another port of
+        ours came back: that port's offer (:meth:`port_up`) was dropped, one ADD LINK
+        flow at a time, as Linux drops it; the symmetric link is offered now instead of
+        never (Linux has that race; over RoCE a veth up again mid-flow met it)."""
+        if lgr.lgr_type is LgrType.ASYMMETRIC_LOCAL:
+            link = lgr.active_link
+            if link is not None and self._alt_port(link) is not None:
+                self._srv_add_link(lgr, now, out)
+            return
         if lgr.lgr_type is not LgrType.SYMMETRIC:
             return
         asym = self._find_asym_link(lgr)
