@@ -3,7 +3,10 @@
 ``smc_pair()`` gives a client and a server :class:`Side`; ``pump()`` moves CLC
 bytes, SENDs and completions until nothing moves (bounded, fails after 200
 rounds).  RDMA WRITEs copy into the peer's RMB bytearray found by rkey, so
-the data tests check real bytes end to end.  Hooks: ``drop_llc``,
+the data tests check real bytes end to end; as a real RNIC (and the shm one),
+the fabric takes a WRITE only with an rkey registered on the port of the QP it
+arrives at (each port is its own RNIC: an RMB has an rkey per port), else it
+fails the test with the REM_ACCESS_ERR the sender's RNIC would report.  Hooks: ``drop_llc``,
 ``mangle`` (rewrite a SEND), ``clc_filter`` (rewrite CLC bytes).
 """
 
@@ -40,16 +43,32 @@ _keys = itertools.count(0x1000)
 
 
 class Fabric:
-    """Memory of every RMB by rkey, shared by both sides."""
+    """Memory of every RMB by rkey, shared by both sides, and where each rkey and QP is."""
 
     def __init__(self) -> None:
         self.memory: dict[int, tuple[int, bytearray]] = {}  # rkey -> (vaddr, bytes)
+        self.rkey_port: dict[int, int] = {}  # rkey -> the port (RNIC) it is valid on
+        self.qp_port: dict[int, int] = {}  # qpn (unique over both sides) -> its port
 
     def alloc(self, size: int) -> Rmb:
+        """An RMB registered on port 0 (the RMB's own rkey)."""
         rkey = next(_keys)
         vaddr = rkey << 20
         self.memory[rkey] = (vaddr, bytearray(size))
+        self.rkey_port[rkey] = 0
         return Rmb(rkey, vaddr, size)
+
+    def target(self, writer: Side, qpn: int, rkey: int) -> tuple[int, bytearray]:
+        """The RMB a WRITE posted on ``writer``'s QP ``qpn`` with ``rkey`` lands in: the
+        rkey must be registered on the port of the peer QP (as an RNIC checks the rkey
+        against its own MRs), else REM_ACCESS_ERR."""
+        peer_qpn = writer.qp_peer.get(qpn)
+        if peer_qpn is not None and self.rkey_port.get(rkey) != self.qp_port.get(peer_qpn):
+            raise AssertionError(
+                f"REM_ACCESS_ERR: {writer.name}'s WRITE on QP {qpn:#x} with rkey {rkey:#x} "
+                f"(port {self.rkey_port.get(rkey)}) reached port "
+                f"{self.qp_port.get(peer_qpn)}")  # fmt: skip
+        return self.memory[rkey]
 
 
 @dataclass
@@ -77,7 +96,7 @@ class Side:
     def new_qp(self, port: int = 0) -> tuple[int, int]:
         assert port < len(self.engine.identity.ports), f"no port {port}"
         qpn = next(_qpns)
-        self.qp_port[qpn] = port
+        self.qp_port[qpn] = self.fabric.qp_port[qpn] = port
         return qpn, 0x123456
 
     def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
@@ -87,6 +106,7 @@ class Side:
         rkey = next(_keys)
         vaddr = rkey << 20
         self.fabric.memory[rkey] = (vaddr, self.fabric.memory[rmb.rkey][1])
+        self.fabric.rkey_port[rkey] = port
         self.registered.append((conn, port, rkey))
         return rkey, vaddr
 
@@ -118,7 +138,7 @@ class Side:
             return 0, []
         writes, cdc, wr_id, signaled = c.write_inline(memoryview(data)[:n], request)
         for addr, rkey, piece in writes:
-            vaddr, mem = self.fabric.memory[rkey]
+            vaddr, mem = self.fabric.target(self, c.qpn, rkey)
             off = addr - vaddr
             assert off >= 0 and off + len(piece) <= len(mem), "WRITE outside the RMB"
             mem[off : off + len(piece)] = piece
@@ -226,7 +246,7 @@ class Pair:
             sndbuf = side.sndbufs[a.conn]
             assert a.src_offset + a.length <= len(sndbuf), "WRITE outside the send buffer"
             src = sndbuf[a.src_offset : a.src_offset + a.length]
-            vaddr, mem = self.fabric.memory[a.rkey]
+            vaddr, mem = self.fabric.target(side, a.qpn, a.rkey)
             off = a.remote_addr - vaddr
             assert off >= 0 and off + a.length <= len(mem), "WRITE outside the RMB"
             mem[off : off + a.length] = src

@@ -233,3 +233,66 @@ def test_many_connections_on_both_links_survive_a_path_loss(detector: str) -> No
         _n, actions = p.client.write(c, b"tail %d" % i)
         p.do(p.client, actions)
         assert read_all(p, s) == DATA[: 500 + i] + b"tail %d" % i
+
+
+def test_cdcs_delivered_on_a_cleared_link_still_count() -> None:
+    """A CDC the peer saw complete on link 1 is taken from the CQ only after link 1 was
+    cleared (Linux drains the link's CQ first): it is applied, by token, and the peer's
+    failover-validation CDC naming it is then no fault."""
+    p, c, s = symmetric()
+    actions = write_stalled(p, c, DATA[:4000], deliver_cdc=False)
+    cdc = next(a for a in actions if isinstance(a, PostSend))
+    link1 = lgr_of(p.server).links[0]
+    # the client saw its CDC complete, then the server's link 1 went (its port down)
+    p.do(p.client, p.client.engine.send_completed(cdc.qpn, cdc.wr_id, True, p.now))
+    actions = p.server.engine.link_failed(link1.qpn, "injected", p.now)
+    assert link1.qpn in p.server.engine.late_links
+    # the CDC's completion was in the CQ before anything the peer sends after the failover
+    actions += p.server.engine.receive_wr(link1.qpn, memoryview(cdc.data), p.now)
+    p.do(p.server, actions)
+    for side in (p.client, p.server):  # (the server has added a link again meanwhile)
+        assert all(x.link is not None and x.link.link_id == 2 for x in lgr_of(side).conns.values())
+        assert not [e for e in side.events if isinstance(e, ConnectionReset)]
+    assert read_all(p, s) == DATA[:4000]
+    # an LLC message on the cleared link is dropped with it
+    late = p.server.engine.receive_wr(link1.qpn, memoryview(bytes([LlcType.TEST_LINK]) + bytes(43)),
+                                      p.now)  # fmt: skip
+    assert late == []
+
+
+def exchange(p: Pair, c: int, s: int, data: bytes) -> None:
+    """``data`` from the client to the server and back: both sides' WRITEs over the
+    connection's link, each landing only with the rkey the peer's RNIC on that link's
+    port knows (the fake fabric checks it)."""
+    for src, dst, a, b in ((p.client, p.server, c, s), (p.server, p.client, s, c)):
+        n, actions = src.write(a, data)
+        assert n == len(data)
+        p.do(src, actions)
+        got, actions = dst.read(b)
+        p.do(dst, actions)
+        assert got == data
+
+
+@pytest.mark.parametrize("detector", ["server", "client"])
+def test_a_connection_on_the_second_link_carries_bytes_and_survives_its_loss(
+        detector: str) -> None:  # fmt: skip
+    """A connection the server put on link 2 (port 1 to port 1): its CLC messages name the
+    RMBs' rkeys on port 1's RNICs (not the RMBs' own, port 0's), and the CONFIRM RKEY that
+    gave the rkeys for link 1 too counts for it although its CLC message came first; so
+    when port 1 goes, it moves to link 1 with the peer's rkey there and goes on."""
+    p, c0, s0 = symmetric()
+    c, s = p.connect()
+    p.pump()
+    for side, conn in ((p.client, c), (p.server, s)):
+        link = side.engine.conns[conn].link
+        assert link is not None and link.link_id == 2 and link.port == 1
+    exchange(p, c, s, DATA[:3000])
+    side = p.server if detector == "server" else p.client
+    p.peer(side).engine.ports_down.add(1)
+    p.do(side, side.engine.port_down(1, "injected", p.now))
+    for each in (p.client, p.server):
+        lgr = lgr_of(each)
+        assert [x.link_id for x in lgr.links if x.state is LinkState.LINK_ACTIVE] == [1]
+        assert not [e for e in each.events if isinstance(e, ConnectionReset)]
+    exchange(p, c, s, DATA[3000:6000])
+    exchange(p, c0, s0, DATA[6000:7000])

@@ -172,6 +172,79 @@ def test_asymmetric_link_replaced_when_the_port_comes_up() -> None:
     assert transfer(p, c, s, b"moved") == b"moved"
 
 
+def test_asymmetric_link_failing_while_it_is_deleted_ends_nothing() -> None:
+    """The asymmetric link's QP fails while the server's DELETE LINK of it waits for the
+    client's answer (the client answered and destroyed its QP; the server's QP saw the
+    peer go first): the link is not active any more, so as Linux's
+    ``smcr_link_down_cond`` nothing happens; the group goes on, SYMMETRIC, when the
+    answer comes."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    p.server.engine.ports_down.add(1)
+    c, s = p.connect()
+    p.pump()
+    asym = lgr_of(p.server).links[1]
+    assert asym.is_asym
+    p.server.engine._use_link(p.server.engine.conns[s], asym)
+    p.run(p.server, p.server.engine.port_up(1, p.now))
+    p.step_until(lambda: asym.state is LinkState.LINK_INACTIVE, "the asymmetric link deleted")
+    p.run(p.server, p.server.engine.link_failed(asym.qpn, "receive WR_FLUSH_ERR", p.now))
+    p.pump()
+    for side in (p.client, p.server):
+        assert links(side) == [(1, 0), (3, 1)]
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC and not lgr_of(side).terminated
+        assert not [e for e in side.events if isinstance(e, ConnectionReset)]
+    assert asym.qpn in p.server.destroyed
+    assert transfer(p, c, s, b"moved") == b"moved"
+
+
+def test_offer_failing_in_the_rkey_exchange_tells_the_client_and_the_next_one_is_taken() -> None:
+    """The server's port 0 goes (the client has not noticed): its asymmetric offer, link 3
+    from its port 1 to the client's port 0, is answered, then its new QP fails during the
+    rkey exchange (over RoCE: no route from one veth to the other).  The client is told
+    by DELETE LINK of link 3 and ends its flow at once; when port 0 is back, the server's
+    offer of link 4 is taken (the client's late reject of link 3 does not end it) and
+    the group is SYMMETRIC again."""
+    p, c, s = symmetric()
+    p.run(p.server, p.server.engine.port_down(0, "carrier lost", p.now))
+    lgr = lgr_of(p.server)
+    p.step_until(lambda: lgr.flow is not None and lgr.flow.add_link is not None
+                 and lgr.flow.add_link.step == "cont", "the server's offer answered")
+    assert lgr.flow is not None and lgr.flow.add_link is not None
+    new = lgr.flow.add_link.new
+    assert (new.link_id, new.port) == (3, 1)
+    sent = len(p.server.llc_sent)
+    p.run(p.server, p.server.engine.link_failed(new.qpn, "RTR: network unreachable", p.now))
+    dels = [decode_llc(m) for m in new_messages(p.server, sent) if m[0] == LlcType.DELETE_LINK]
+    assert dels == [DeleteLink(flags=0, link_num=3, reason=0x00010000)]
+    p.do(p.server, p.server.engine.port_up(0, p.now))
+    for side in (p.client, p.server):
+        assert lgr_of(side).remote_add is None
+        assert links(side) == [(2, 1), (4, 0)]
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
+        assert not [e for e in side.events if isinstance(e, ConnectionReset)]
+    assert transfer(p, c, s, b"back") == b"back"
+
+
+def test_port_back_while_the_asymmetric_offer_runs_is_offered_after_it() -> None:
+    """The server's port 1 is down at first contact: it offers an asymmetric link over port
+    0.  Port 1 comes back while that flow runs (its own offer dropped: one ADD LINK flow
+    at a time): once the asymmetric link is up, the symmetric one is offered and the
+    asymmetric one deleted."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    p.server.engine.ports_down.add(1)
+    c, s = p.connect()
+    lgr = p.server.engine.lgrs
+    p.step_until(lambda: any(g.flow is not None and g.flow.add_link is not None
+                             and g.flow.add_link.step == "cont" for g in lgr.values()),
+                 "the asymmetric offer answered")  # fmt: skip
+    p.run(p.server, p.server.engine.port_up(1, p.now))
+    p.pump()
+    for side in (p.client, p.server):
+        assert links(side) == [(1, 0), (3, 1)]
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
+    assert transfer(p, c, s, b"both ports") == b"both ports"
+
+
 def test_delete_rkey_names_the_rmb_by_its_rkey_on_the_link_it_goes_over() -> None:
     """After link 1 is gone the group talks over link 2: a released RMB's DELETE RKEY
     carries its rkey for link 2 (smc_llc_send_delete_rkey), which the peer knows there:

@@ -74,8 +74,14 @@ LINKS_PER_LGR_MAX = 3
 it is being replaced, ``smc_llc_delete_asym_link``)."""
 
 
+LATE_LINKS = 64
+"""Cleared links remembered for their late CDCs (:meth:`LinkLayer._receive_late`)."""
+
+
 class AddLinkLayer(LinkLayer):
     """:class:`LinkLayer` with the ADD LINK flows (module docstring)."""
+
+    ports_down: set[int]
 
     def _llc_table(self) -> dict[int, LlcHandler]:
         table = super()._llc_table()
@@ -117,7 +123,10 @@ class AddLinkLayer(LinkLayer):
         new.state = LinkState.LINK_INACTIVE
         if new in lgr.links:
             lgr.links.remove(new)
-        self.links.pop(new.qpn, None)
+        if self.links.pop(new.qpn, None) is not None and not lgr.terminated:
+            self.late_links[new.qpn] = new
+            while len(self.late_links) > LATE_LINKS:
+                del self.late_links[next(iter(self.late_links))]
         self._cdc_pending.pop(new.qpn, None)
         for conn in lgr.conns.values():
             conn.rmb_keys.pop(new, None)
@@ -209,7 +218,11 @@ class AddLinkLayer(LinkLayer):
             if ok:
                 self._after_add(lgr, t, actions)
             elif new.state is not LinkState.LINK_ACTIVE:
-                if flow.step == "confirm":  # smc_llc_srv_conf_link: DELETE LINK, lost path
+                # smc_llc_srv_conf_link: DELETE LINK, lost path.  Also when the flow fails
+                # during the rkey exchange (our new QP failed: no path to the client's
+                # port): the client answered and waits with its new link; told, it ends
+                # its flow at once (not after its wait) and takes our next offer
+                if flow.step in ("cont", "confirm"):
                     request = llc_msgs.delete_link(lgr, 0, DeleteLinkReason.LOST_PATH,
                                                    new.link_id)  # fmt: skip
                     if flow.link in lgr.links:
@@ -243,6 +256,11 @@ class AddLinkLayer(LinkLayer):
         flow = self._srv_flow(lgr)
         if flow is None or link is not flow.link:
             self._drop(link.qpn, "ADD LINK response without a request")
+            return
+        if msg.link_num != flow.new.link_id:
+            # the reject of an offer of ours that failed already (a client's reject echoes
+            # the request: its link number), come after our next offer
+            self._drop(link.qpn, "ADD LINK response for another link")
             return
         if flow.step != "response" or msg.is_rejected:
             # a reject, or an ADD LINK where the flow waits for something else: Linux's

@@ -108,6 +108,7 @@ class Engine(PortLayer):
         self.handshakes: dict[int, Handshake] = {}
         self.lgrs: dict[int, LinkGroup] = {}
         self.links: dict[int, Link] = {}
+        self.late_links: dict[int, Link] = {}
         self._cdc_pending: dict[int, deque[tuple[int, Connection, int]]] = {}
         self._events: deque[Event] = deque()
         self._tokens = itertools.count(1)
@@ -119,10 +120,10 @@ class Engine(PortLayer):
         self._unconfirmed: set[int] = set()
         """Handshakes whose RMB's CONFIRM RKEY failed before they ended (:meth:`_confirm_rkey`)."""
         self._ending: set[int] = set()
+        """Link groups :meth:`shutdown` sent DELETE LINK on, waiting for the peer's."""
         self.ports_down: set[int] = set()
         """Ports of :attr:`LocalIdentity.ports` the host reported unusable
         (:meth:`port_down`), until :meth:`port_up`: no new link goes over them."""
-        """Link groups :meth:`shutdown` sent DELETE LINK on, waiting for the peer's."""
         self.ueids: tuple[bytes, ...] = ()
         """The host's user EIDs (:mod:`smcr.ueid`), kept current by the host: a
         Proposal offers SMC-Rv2 only with one, a server chooses v2 only on a common one."""
@@ -373,7 +374,12 @@ class Engine(PortLayer):
 
     def _confirm(self, hs: Handshake, link: Link) -> ClcConfirm:
         """Our Confirm (``smcr_clc_prep_confirm_accept``): v2 adds the EID and, on first
-        contact, the first-contact extension and our GID list (``smc_fill_gid_list``)."""
+        contact, the first-contact extension and our GID list (``smc_fill_gid_list``).
+
+        The RMB's rkey and address are those for ``link`` (Linux
+        ``conn->rmb_desc->mr[link->link_idx]``): a connection on a link over another
+        port than 0 is written through that port's RNIC, where the RMB's own (port 0)
+        rkey is unknown."""
         assert hs.rmb is not None
         ident, terms = self.identity, hs.terms
         v2: dict[str, object] = {}
@@ -383,11 +389,12 @@ class Engine(PortLayer):
                 v2 |= {"fce": negotiation.first_contact_ext(terms, ident),
                        "gid_list": (ident.ports[link.port].gid,)}  # fmt: skip
         port = ident.ports[link.port]  # the link's port (Linux: conn->lnk's gid and mac)
+        rkey, vaddr = self._rmb_on(self.conns[hs.conn], link)  # the RMB on the link's RNIC
         return ClcConfirm(
             version=hs.smc_version, first_contact=hs.first_contact, peer_id=ident.peer_id,
-            gid=port.gid, mac=port.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey,
+            gid=port.gid, mac=port.mac, qpn=link.qpn, rmb_rkey=rkey,
             rmbe_alert_token=hs.token, rmbe_size=compress_bufsize(hs.rmb.size),
-            qp_mtu=link.mtu, rmb_vaddr=hs.rmb.vaddr, psn=link.psn, **v2,  # type: ignore[arg-type]
+            qp_mtu=link.mtu, rmb_vaddr=vaddr, psn=link.psn, **v2,  # type: ignore[arg-type]
         )  # fmt: skip
 
     # -- server -----------------------------------------------------------
@@ -452,11 +459,12 @@ class Engine(PortLayer):
             if hs.first_contact:
                 v2["fce"] = negotiation.first_contact_ext(terms, ident)
         port = ident.ports[link.port]  # the link's port: the client finds the link by it
+        rkey, vaddr = self._rmb_on(self.conns[hs.conn], link)  # the RMB on the link's RNIC
         acc = ClcAccept(
             version=hs.smc_version, first_contact=hs.first_contact, peer_id=ident.peer_id,
-            gid=port.gid, mac=port.mac, qpn=link.qpn, rmb_rkey=hs.rmb.rkey,
+            gid=port.gid, mac=port.mac, qpn=link.qpn, rmb_rkey=rkey,
             rmbe_alert_token=hs.token, rmbe_size=compress_bufsize(hs.rmb.size),
-            qp_mtu=self.config.qp_mtu, rmb_vaddr=hs.rmb.vaddr, psn=link.psn,
+            qp_mtu=self.config.qp_mtu, rmb_vaddr=vaddr, psn=link.psn,
             **v2,  # type: ignore[arg-type]
         )  # fmt: skip
         out.append(SendClc(hs.conn, acc.encode()))

@@ -125,7 +125,17 @@ class FailoverLayer(AddLinkLayer):
     def _after_add(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
         """``smc_llc_delete_asym_link``: once symmetric, the asymmetric link goes: its
         connections move, DELETE LINK (orderly, "no longer needed") is asked of the
-        client next, and the link is cleared when it answers (or does not)."""
+        client next, and the link is cleared when it answers (or does not).
+
+        An asymmetric link of ours (``ASYMMETRIC_LOCAL``) added while another port of
+        ours came back: that port's offer (:meth:`port_up`) was dropped, one ADD LINK
+        flow at a time, as Linux drops it; the symmetric link is offered now instead of
+        never (Linux has that race; over RoCE a veth up again mid-flow met it)."""
+        if lgr.lgr_type is LgrType.ASYMMETRIC_LOCAL:
+            link = lgr.active_link
+            if link is not None and self._alt_port(link) is not None:
+                self._srv_add_link(lgr, now, out)
+            return
         if lgr.lgr_type is not LgrType.SYMMETRIC:
             return
         asym = self._find_asym_link(lgr)
@@ -161,6 +171,13 @@ class FailoverLayer(AddLinkLayer):
             # the new link of an ADD LINK flow: that flow fails, the group goes on (Linux
             # downs only active links; the flow's wait fails and clears it)
             self._add_link_failed(link, now, out)
+            return out
+        if (link is not None and link.state is LinkState.LINK_INACTIVE
+                and not link.lgr.terminated and link.lgr.active_link is not None):  # fmt: skip
+            # a link being deleted (the asymmetric one, its connections moved, our DELETE
+            # LINK out): the client may answer and destroy its QP before we read the
+            # answer, and our QP sees the peer go.  Linux's smcr_link_down_cond downs only
+            # an active link; the DELETE LINK flow's end clears it
             return out
         if (link is None or link.lgr.terminated or link.state is not LinkState.LINK_ACTIVE
                 or self._other_active(link, dev_err=True) is None):  # fmt: skip

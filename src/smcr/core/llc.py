@@ -85,6 +85,9 @@ class LinkLayer:
     conns: dict[int, Connection]
     lgrs: dict[int, LinkGroup]
     links: dict[int, Link]
+    late_links: dict[int, Link]
+    """Links cleared while their group lives, by QPN: CDCs they delivered may still be in the
+    host's CQ (:meth:`_receive_late`)."""
     touched: set[int]
     dropped: int
     _ending: set[int]
@@ -127,7 +130,22 @@ class LinkLayer:
         link = self._heard(qpn, now)
         if link is not None:
             self._receive_one(link, data, now, out)
+        elif qpn in self.late_links:
+            self._receive_late(qpn, [data], out)
         return out
+
+    def _receive_late(self, qpn: int, datas: list[memoryview], out: list[Action]) -> None:
+        """SENDs that were delivered on a link before it was cleared, taken from the CQ after
+        (Linux drains a link's CQ before it clears it, ``smc_wr_drain_cq``): its CDCs still
+        count, found by token in the group (``smc_cdc_rx_handler``), as the peer saw them
+        complete; its LLC messages are dropped with the link."""
+        link = self.late_links[qpn]
+        if link.lgr.terminated:
+            del self.late_links[qpn]
+            return
+        for data in datas:
+            if data and data[0] == CDC_MSG_TYPE:
+                self._receive_cdc(link, data, out)
 
     def _heard(self, qpn: int, now: float) -> Link | None:
         """The link a message came in on, marked alive (no TEST LINK due); None if unknown."""
@@ -155,6 +173,8 @@ class LinkLayer:
         out: list[Action] = []
         link = self._heard(qpn, now)
         if link is None:
+            if qpn in self.late_links:
+                self._receive_late(qpn, datas, out)
             return out
         conns = link.lgr.conns
         deferred: dict[int, memoryview] = {}  # token -> its latest cursor-only CDC
@@ -356,11 +376,22 @@ class LinkLayer:
             return
         # smc_llc_rmt_conf_rkey: the first rtoken is for the link it came on
         lgr = link.lgr
-        rt = lgr.rtoken_add(link, msg.rmb_key, msg.rmb_vaddr)
-        for other in msg.other_rtokens:
-            named = lgr.link_by_id(other.link_id)
-            if named is not None:
-                rt[named] = (other.rmb_key, other.rmb_vaddr)
+        named = [(x, other) for other in msg.other_rtokens
+                 if (x := lgr.link_by_id(other.link_id)) is not None]  # fmt: skip
+        rt = lgr.rtoken_find(link, msg.rmb_key)
+        for x, other in named if rt is None else ():
+            # a peer of ours sends its CLC message without waiting for this flow's end
+            # (Engine._confirm_rkey): for a connection on another link than the one
+            # this came on, the CLC message may have brought the RMB first, by its rkey
+            # on that link; Linux's peer never does (its CLC message comes after)
+            rt = lgr.rtoken_find(x, other.rmb_key)
+            if rt is not None:
+                break
+        if rt is None:
+            rt = lgr.rtoken_add(link, msg.rmb_key, msg.rmb_vaddr)
+        rt[link] = (msg.rmb_key, msg.rmb_vaddr)
+        for x, other in named:
+            rt[x] = (other.rmb_key, other.rmb_vaddr)
         self._post_llc(link, msg.response(), out)
 
     def _llc_delete_rkey(self, link: Link, msg: LlcMessage, now: float,

@@ -6,6 +6,12 @@ Design (the why of each):
   :mod:`smcr.stack.devices`): the shm RNIC (one per process, the default), or
   with ``SMCR_RNIC=roce`` the RoCE RNIC of the TCP connection's local address.
   Everything above the verbs is the same for both.
+* **Further RNICs are ports of the same engine** (``more_devices``,
+  :mod:`smcr.stack.ports`): a link group then has a link over each (ADD LINK), every
+  RMB registered on each (:meth:`Stack.register_rmb`), one CQ for all their QPs
+  (:class:`PortRes`).  An RNIC that fails (:meth:`Stack.port_down`: its net device,
+  or an injected failure) has its links failed over by the engine; when it is back
+  (:meth:`Stack.port_up`) a link is added again.
 
 * **One lock serialises the engine** (STYLE §9): application threads and the
   progress thread call the engine only while holding :attr:`Stack.lock`.
@@ -75,6 +81,7 @@ from smcr.core import (
     HandshakeCompleted,
     HandshakeFailed,
     LocalIdentity,
+    Port,
     PostSend,
     QpToRtr,
     QpToRts,
@@ -95,6 +102,7 @@ from smcr.rdma import (
     QpAttr,
     QpAttrMask,
     QpCap,
+    QpState,
     RecvWr,
     SendFlag,
     SendWr,
@@ -105,9 +113,10 @@ from smcr.rdma import (
     WrOpcode,
     rc_bring_up,
 )
-from smcr.rdma.base import Device, QueuePair
-from smcr.rdma.shm import ShmDevice
-from smcr.stack import devices
+from smcr.rdma.base import Device, ProtectionDomain, QueuePair
+from smcr.rdma.roce import RoceDevice
+from smcr.rdma.shm import ShmDevice, ShmPd
+from smcr.stack import devices, ports
 from smcr.stack.descriptors import put_at
 from smcr.ueid import UeidTable
 from smcr.wire.clc import make_hostname
@@ -279,6 +288,33 @@ class Readiness:
 
 
 @dataclass(eq=False)
+class PortRes:
+    """One RNIC of a runtime (a port of its engine's identity) and what is registered on it.
+
+    Why one CQ for every port's QPs: the software RNICs' CQs are process objects any
+    of their QPs may complete into, and one CQ keeps the poll loop, the sleep and the
+    spin of the data path as they are with one RNIC (one descriptor to sleep on).
+    The receive and send slots are one buffer each, registered on every RNIC: a slot
+    index means the same bytes whichever port's QP used it.
+    """
+
+    device: Device
+    pd: ProtectionDomain
+    recv_mr: MemoryRegion
+    send_mr: MemoryRegion
+    up: bool = True
+    """False from :meth:`Stack.port_down` to :meth:`Stack.port_up`."""
+
+
+def _alias(pd: ProtectionDomain, mr: MemoryRegion) -> MemoryRegion:
+    """``mr``'s memory registered on another RNIC's PD, same access (shm: the same shared
+    segment mapped again, :meth:`ShmPd.alias_mr`)."""
+    if isinstance(pd, ShmPd):
+        return pd.alias_mr(mr)
+    return pd.reg_mr(mr.buf, mr.access)
+
+
+@dataclass(eq=False)
 class HostConn:
     """The runtime's side of one SMC connection: TCP socket, buffers, waiters."""
 
@@ -299,6 +335,9 @@ class HostConn:
     on_outcome: Callable[[HostConn], None] | None = None
     local_peer: bool | None = None  # the other end is in this runtime (Stack.local_peer)
     ends: tuple[object, object] | None = None  # handshaking: (ours, peer's) TCP addresses
+    aliases: dict[int, tuple[MemoryRegion, MemoryRegion]] = field(default_factory=dict)
+    """Port -> (RMB, send buffer) registered on that port's RNIC too (:meth:`Stack.register_rmb`;
+    port 0's are :attr:`rmb_mr` and :attr:`sndbuf_mr`)."""
 
     @property
     def rmb(self) -> memoryview:
@@ -317,17 +356,23 @@ class Stack:
     """The per-process runtime (module docstring)."""
 
     def __init__(self, config: Config | None = None, max_buffers: int = 4096,
-                 device: Device | None = None) -> None:  # fmt: skip
-        """:param device: the RNIC (default: a new shm RNIC); see :func:`get_stack`."""
+                 device: Device | None = None,
+                 more_devices: Sequence[Device] = ()) -> None:  # fmt: skip
+        """:param device: the RNIC (default: a new shm RNIC); see :func:`get_stack`.
+        :param more_devices: further RNICs of the same kind (ports 1, 2...): links of a
+            group go over them too (:mod:`smcr.stack.ports`); the runtime owns them."""
         if config is None:
             config = Config(sndbuf_size=BUFFER, rmb_size=BUFFER)
         self.config = config
         self.pid = os.getpid()
         self.device = device if device is not None else ShmDevice(f"smcr{self.pid}")
-        mtu = int(self.device.attr.active_mtu)
+        all_devices = [self.device, *more_devices]
+        mtu = min(int(d.attr.active_mtu) for d in all_devices)
         if mtu < self.config.qp_mtu:  # CLC announces what this RNIC's port can carry
             self.config = replace(self.config, qp_mtu=mtu)
-        self.max_inline = self.device.attr.max_inline_data
+        if more_devices:  # a second RNIC: the server offers a second link (ADD LINK)
+            self.config = replace(self.config, add_links=True)
+        self.max_inline = min(d.attr.max_inline_data for d in all_devices)
         """Inline WRITE limit of this RNIC's QPs: a send this small skips the send buffer."""
         self._fused = self.max_inline >= SLOT  # CDCs go inline, with their WRITEs fused
         self.pd = self.device.alloc_pd()
@@ -336,7 +381,10 @@ class Stack:
         mac = self.device.mac
         identity = LocalIdentity(self.device.gid, mac, secrets.token_bytes(2) + mac,
                                  hostname=make_hostname(socket.gethostname()),
-                                 v2_capable=devices.serves_v2(self.device))  # fmt: skip
+                                 v2_capable=devices.serves_v2(self.device),
+                                 netdev=self.device.netdev or self.device.name,
+                                 more_ports=tuple(Port(d.gid, d.mac, d.netdev or d.name)
+                                                  for d in more_devices))  # fmt: skip
         self.engine = Engine(self.config, identity, self)
         self._ueids = UeidTable()
         """The host's UEIDs (:mod:`smcr.ueid`), handed to the engine at each handshake."""
@@ -349,11 +397,23 @@ class Stack:
         self._pool: dict[tuple[int, bool], list[MemoryRegion]] = {}
         self._retired: dict[int, HostConn] = {}
         """Released connections whose RMB the peer may still write (until :class:`ReuseRmb`)."""
-        self._recv_mr = self.pd.reg_mr(bytearray(SLOT * RECV_SLOTS * 64), AccessFlag.LOCAL_WRITE)
+        recv_buf, send_buf = bytearray(SLOT * RECV_SLOTS * 64), bytearray(SLOT * SEND_SLOTS)
+        self._recv_mr = self.pd.reg_mr(recv_buf, AccessFlag.LOCAL_WRITE)
         self._recv_free = list(range(RECV_SLOTS * 64))
         self._recv_slot: dict[int, int] = {}  # wr_id -> slot
         self._recv_wr: dict[int, RecvWr] = {}  # wr_id -> its receive WR, reposted as is
-        self._send_mr = self.pd.reg_mr(bytearray(SLOT * SEND_SLOTS), AccessFlag.LOCAL_WRITE)
+        self._send_mr = self.pd.reg_mr(send_buf, AccessFlag.LOCAL_WRITE)
+        self.ports = [PortRes(self.device, self.pd, self._recv_mr, self._send_mr)]
+        """The runtime's RNICs by port (index into the engine's ``identity.ports``)."""
+        for dev in more_devices:
+            pd = dev.alloc_pd()  # the same slot buffers, registered on each RNIC
+            self.ports.append(PortRes(dev, pd, pd.reg_mr(recv_buf, AccessFlag.LOCAL_WRITE),
+                                      pd.reg_mr(send_buf, AccessFlag.LOCAL_WRITE)))  # fmt: skip
+        self._keep_copy = len(self.ports) > 1
+        """Inline sends also copy into the send buffer (:meth:`_copy_to_sndbuf`)."""
+        self._qp_port: dict[int, int] = {}
+        self._port_watcher: ports.PortWatcher | None = None
+        """QPN -> port, for the QPs of ports other than 0."""
         self._send_off = 0
         self._repost: dict[int, list[RecvWr]] = {}
         self._repost_due = False  # some QP has REPOST_BATCH receives to post again
@@ -367,6 +427,9 @@ class Stack:
         self._bg_cond = threading.Condition(self.lock)
         self._bell_r, self._bell_w = socket.socketpair()
         self._bell_r.setblocking(False)
+        # a full doorbell already means a wake-up is pending: kick() must never block (it
+        # is called with the lock held, and the poller it wakes needs the lock to drain it)
+        self._bell_w.setblocking(False)
         self._clc_watch: dict[int, HostConn] = {}
         self._clc_ends: dict[tuple[object, object], HostConn] = {}
         """Handshakes under way by their TCP connection's (ours, peer's) addresses: the
@@ -398,23 +461,90 @@ class Stack:
     # ================================================================ provider
 
     def new_qp(self, port: int = 0) -> tuple[int, int]:
-        """:class:`~smcr.core.engine.Provider`: a QP in RESET, with a random initial PSN.
+        """:class:`~smcr.core.engine.Provider`: a QP in RESET on ``port``'s RNIC, with a
+        random initial PSN.
 
-        One RNIC: ``port`` is always 0 (the engine's identity has one port and
-        :attr:`Config.add_links` is off).
+        Every port's QPs complete into the one CQ (:class:`PortRes`).  QP numbers are
+        unique in the process (the engine finds a link by it): the RoCE RNIC draws
+        them process-wide, the shm RNIC per device, so a number another port uses is
+        drawn again.
         """
-        if port != 0:
-            raise ValueError(f"port {port}: this runtime has one RNIC")
+        res = self.ports[port]
         cap = QpCap(max_send_wr=SEND_SLOTS, max_recv_wr=RECV_SLOTS,
                     max_inline_data=self.max_inline)  # fmt: skip
-        qp = self.pd.create_qp(self.cq, self.cq, cap)
+        qp = res.pd.create_qp(self.cq, self.cq, cap)
+        while qp.qp_num in self.qps or qp.qp_num in self._qp_port:
+            again = res.pd.create_qp(self.cq, self.cq, cap)
+            qp.destroy()
+            qp = again
         self.qps[qp.qp_num] = qp
+        if port:
+            self._qp_port[qp.qp_num] = port
         return qp.qp_num, secrets.randbits(24)
 
     def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
-        """:class:`~smcr.core.engine.Provider`: never called while the runtime has one RNIC
-        (the engine asks only for a port other than the RMB's own, with ``add_links``)."""
-        raise ValueError(f"port {port}: this runtime has one RNIC")
+        """:class:`~smcr.core.engine.Provider`: the connection's RMB registered on ``port``'s
+        RNIC too (a link over it joined the group), with its send buffer for local
+        access (WRITEs posted on that port's QPs take it as source); they are
+        deregistered when the buffers go back to the pool (:meth:`_give_back`)."""
+        hc = self.conns.get(conn) or self._retired.get(conn)
+        if hc is None or hc.rmb_mr is None or hc.sndbuf_mr is None or port == 0:
+            raise ValueError(f"connection {conn}: no buffers to register on port {port}")
+        pair = hc.aliases.get(port)
+        if pair is None:
+            pd = self.ports[port].pd
+            rmb = _alias(pd, hc.rmb_mr)
+            try:
+                pair = hc.aliases[port] = (rmb, _alias(pd, hc.sndbuf_mr))
+            except BaseException:
+                rmb.dereg()
+                raise
+        return pair[0].rkey, pair[0].addr
+
+    # ================================================================ ports
+
+    def port_of(self, qpn: int) -> int:
+        """The port (RNIC) a QP of this runtime is on."""
+        return self._qp_port.get(qpn, 0)
+
+    def port_down(self, port: int, reason: str) -> None:
+        """An RNIC is gone (net device down, address lost, injected failure; lock held):
+        every link over it fails (Linux ``smcr_port_err`` -> ``smcr_link_down_cond``).
+
+        A link with an active sibling fails over (the engine moves its connections and
+        tells the peer by DELETE LINK); a group's last link ends the group.  The QP goes
+        to ERR, so what it still had posted completes as flushes (ignored: the link is
+        gone by then), and no new link is made over the port until :meth:`port_up`.
+        """
+        res = self.ports[port]
+        if not res.up:
+            return
+        res.up = False
+        now = time.monotonic()
+        qpns = [q for q in self.qps if self.port_of(q) == port]
+        self.execute(self.engine.port_down(port, reason, now))
+        for qpn in qpns:  # (the engine's links over the port are failed; any other QP too)
+            if qpn in self.qps:
+                self.execute(self.engine.link_failed(qpn, f"port {port} down: {reason}", now))
+            qp = self.qps.get(qpn)
+            if qp is not None:
+                with contextlib.suppress(OSError):
+                    qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
+
+    def watch_ports(self) -> None:
+        """Follow the RoCE ports' net devices (:class:`smcr.stack.ports.PortWatcher`) until
+        :meth:`close`."""
+        if self._port_watcher is None:
+            self._port_watcher = ports.PortWatcher(self)
+
+    def port_up(self, port: int) -> None:
+        """An RNIC is back (lock held): groups down to one link add a link over it again
+        (the server offers ADD LINK, Linux ``smcr_port_add``)."""
+        res = self.ports[port]
+        if res.up:
+            return
+        res.up = True
+        self.execute(self.engine.port_up(port, time.monotonic()))
 
     # ================================================================ buffers
 
@@ -439,6 +569,10 @@ class Stack:
         return self.pd.alloc_mr(size, access)
 
     def _give_back(self, hc: HostConn) -> None:
+        for pair in hc.aliases.values():  # the other RNICs' registrations end with the conn
+            for alias in pair:
+                alias.dereg()
+        hc.aliases.clear()
         for mr, remote in ((hc.rmb_mr, True), (hc.sndbuf_mr, False)):
             if mr is not None:
                 self._pool.setdefault((mr.length, remote), []).append(mr)
@@ -717,7 +851,9 @@ class Stack:
                     wrs, writes = [], []
                 wr_qpn = a.qpn  # type: ignore[union-attr]
                 if isinstance(a, RdmaWrite):
-                    mr = self.conns[a.conn].sndbuf_mr
+                    hc = self.conns[a.conn]
+                    mr = hc.aliases[self._qp_port[a.qpn]][1] if a.qpn in self._qp_port \
+                        else hc.sndbuf_mr  # fmt: skip
                     assert mr is not None
                     if fused:
                         off = a.src_offset
@@ -750,6 +886,8 @@ class Stack:
 
         :param request: the CDC asks the peer to answer (:meth:`Connection.echo_wanted`).
         """
+        if self._keep_copy:
+            self._copy_to_sndbuf(c, data)
         writes, cdc, wr_id, signaled = c.write_inline(data, request)
         qp = self.qps.get(c.qpn)
         try:
@@ -783,11 +921,23 @@ class Stack:
             if c is not None and c.tx_app > c.tx_sent and not c.reset_reason:
                 self.execute(self.engine.data_written(conn_id, 0, now))
 
+    def _copy_to_sndbuf(self, c: Connection, data: memoryview) -> None:
+        """Put inline-sent bytes into the send buffer too, where they would have been copied
+        on the general path: with several links a failover re-sends from the last
+        completed CDC, out of the send buffer (:meth:`Connection.switch_cursor`)."""
+        buf = self.conns[c.id].sndbuf
+        size, n = c.sndbuf_size, len(data)
+        start = c.tx_sent % size
+        first = min(n, size - start)
+        buf[start : start + first] = data[:first]
+        if first < n:
+            buf[: n - first] = data[first:]
+
     def _send_wr(self, a: PostSend) -> SendWr:
         """``a``'s message copied into the next send slot (a message longer than one, an
         SMC-Rv2 LLC message such as ADD LINK v2 with its rkeys, takes as many slots as it
         needs, never wrapping around the ring's end)."""
-        mr = self._send_mr
+        mr = self.ports[self._qp_port[a.qpn]].send_mr if a.qpn in self._qp_port else self._send_mr
         off = self._send_off
         span = max(1, -(-len(a.data) // SLOT)) * SLOT
         if off + span > len(mr.buf):
@@ -849,19 +999,7 @@ class Stack:
                     self.execute(self.engine.link_failed(a.qpn, f"RTS: {exc}", time.monotonic(),
                                                          DeclineCode.ERR_RDYLNK))  # fmt: skip
         elif isinstance(a, DestroyQp):
-            qp = self.qps.pop(a.qpn, None)
-            if qp is not None:
-                qp.destroy()
-            self._repost.pop(a.qpn, None)
-            tail = self._recv_tail.pop(a.qpn, None)
-            if tail is not None:
-                with contextlib.suppress(OSError):
-                    tail.dereg()
-            for wr_id in self._qp_recv_ids.pop(a.qpn, ()):  # receive slots back to the pool
-                slot = self._recv_slot.pop(wr_id, None)
-                if slot is not None:
-                    self._recv_free.append(slot)
-                    self._recv_wr.pop(wr_id, None)
+            self._destroy_qp(a.qpn)
         elif isinstance(a, ShutdownTcp):
             hc = self.conns.get(a.conn)
             if hc is not None:
@@ -874,6 +1012,39 @@ class Stack:
             if hc is not None:
                 self._give_back(hc)
 
+    def _destroy_qp(self, qpn: int) -> None:
+        """Destroy a QP; its receive slots go back to the pool.
+
+        A link cleared while its group lives (failover) is first moved to ERR: what it
+        had delivered completes into the CQ and its other receives flush (Linux
+        ``smc_wr_drain_cq`` before ``smcr_link_clear``); their slots come back as those
+        completions are taken, and the engine still applies the CDCs among them
+        (:attr:`Engine.late_links`).  Otherwise the slots come back at once.
+        """
+        self._qp_port.pop(qpn, None)
+        qp = self.qps.pop(qpn, None)
+        drained = False
+        if qp is not None:
+            if qpn in self.engine.late_links:
+                with contextlib.suppress(OSError):
+                    qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
+                    drained = True
+            qp.destroy()
+        ids = self._qp_recv_ids.pop(qpn, ())
+        if drained:  # (its receives taken from the CQ next are not reposted: slots back)
+            self._repost_due = True
+            return  # (its tail buffer stays: a long message may be among them)
+        tail = self._recv_tail.pop(qpn, None)
+        if tail is not None:
+            with contextlib.suppress(OSError):
+                tail.dereg()
+        self._repost.pop(qpn, None)
+        for wr_id in ids:  # receive slots back to the pool
+            slot = self._recv_slot.pop(wr_id, None)
+            if slot is not None:
+                self._recv_free.append(slot)
+                self._recv_wr.pop(wr_id, None)
+
     def _qp_rtr(self, a: QpToRtr) -> None:
         qp = self.qps[a.qpn]
         steps = rc_bring_up(dgid=a.peer_gid, dest_qp_num=a.peer_qpn, rq_psn=a.peer_psn,
@@ -884,9 +1055,11 @@ class Stack:
             qp.modify(*steps[1])
             wrs = []
             ids = self._qp_recv_ids.setdefault(a.qpn, [])
+            port = self.ports[self._qp_port.get(a.qpn, 0)]
+            recv_mr = port.recv_mr
             tail = self._recv_tail.get(a.qpn)
             if tail is None:
-                tail = self._recv_tail[a.qpn] = self.pd.reg_mr(bytearray(V2_MSG - SLOT),
+                tail = self._recv_tail[a.qpn] = port.pd.reg_mr(bytearray(V2_MSG - SLOT),
                                                                AccessFlag.LOCAL_WRITE)  # fmt: skip
             for _ in range(RECV_SLOTS):
                 slot = self._recv_free.pop()
@@ -894,7 +1067,7 @@ class Stack:
                 self._wr_ids += 1
                 ids.append(wr_id)
                 self._recv_slot[wr_id] = slot
-                head = Sge(self._recv_mr.addr + slot * SLOT, SLOT, self._recv_mr.lkey)
+                head = Sge(recv_mr.addr + slot * SLOT, SLOT, recv_mr.lkey)
                 wr = RecvWr(wr_id=wr_id, sg_list=(head, Sge(tail.addr, tail.length, tail.lkey)))
                 self._recv_wr[wr_id] = wr
                 wrs.append(wr)
@@ -1068,13 +1241,19 @@ class Stack:
         :data:`REPOST_BATCH` (a post costs microseconds; :data:`RECV_SLOTS` stay
         ahead of the peer by far), or ``everything``."""
         for qpn, wrs in list(self._repost.items()):
-            if len(wrs) < REPOST_BATCH and not everything:
+            if len(wrs) < REPOST_BATCH and not everything and qpn in self.qps:
                 continue
             del self._repost[qpn]
             qp = self.qps.get(qpn)
             if qp is not None:
                 with contextlib.suppress(OSError):
                     qp.post_recv(wrs)
+            else:  # a drained QP's last receives (:meth:`_destroy_qp`): slots back to the pool
+                for wr in wrs:
+                    slot = self._recv_slot.pop(wr.wr_id, None)
+                    if slot is not None:
+                        self._recv_free.append(slot)
+                        self._recv_wr.pop(wr.wr_id, None)
 
     def _completion(self, wc: WorkCompletion, now: float) -> None:
         engine = self.engine
@@ -1251,6 +1430,8 @@ class Stack:
         """
         if not self._running:
             return
+        if self._port_watcher is not None:
+            self._port_watcher.close()
         if self.pid == os.getpid():
             self._end_links(time.monotonic() + EXIT_LINGER)
         self._running = False
@@ -1260,7 +1441,8 @@ class Stack:
             for qp in list(self.qps.values()):
                 qp.destroy()
             self.qps.clear()
-        self.device.close()
+        for res in self.ports:
+            res.device.close()
         if not self._thread.is_alive():  # (a thread still in poll keeps its doorbell)
             self._bell_r.close()
             self._bell_w.close()
@@ -1382,16 +1564,32 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
         if stack is None or stack.pid != os.getpid():
             if stack is not None:  # a forked child: the parent's stacks are not ours
                 _stacks.clear()
-            device = None if kind == "shm" else devices.open_roce(key.split(":", 1)[1])
+            device, more = _open_rnics(kind, key)
             size = default_buffer_size(kind)
             config = Config(sndbuf_size=size, rmb_size=size, testlink_time=testlink_time(),
                             autocork_size=autocork_size(kind),
                             max_links_v2=max_links())  # fmt: skip
-            stack = _stacks[key] = Stack(config, device=device)
+            stack = _stacks[key] = Stack(config, device=device, more_devices=more)
+            if any(isinstance(d, RoceDevice) for d in more):
+                stack.watch_ports()
             atexit.register(stack.close)
             for hook in list(on_new_stack):
                 hook(stack)
         return stack
+
+
+def _open_rnics(kind: str, key: str) -> tuple[Device | None, list[Device]]:
+    """The RNICs of a new runtime: the first (None: a new shm RNIC) and the others
+    (:mod:`smcr.stack.ports`: ``SMCR_SHM_RNICS``, ``SMCR_ROCE_DEVS``)."""
+    if kind == "shm":
+        pid = os.getpid()
+        return None, [ShmDevice(f"smcr{pid}_{i}") for i in range(1, ports.shm_rnics())]
+    first = devices.open_roce(key.split(":", 1)[1])
+    try:
+        return first, list(ports.roce_more(first))
+    except BaseException:
+        first.close()
+        raise
 
 
 def process_stacks() -> list[Stack]:
