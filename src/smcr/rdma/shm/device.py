@@ -283,6 +283,35 @@ class ShmPd(ProtectionDomain):
             raise VerbsError(errno.EINVAL, "buffer is read-only")
         return self._register(view, access, None)
 
+    def alias_mr(self, mr: MemoryRegion) -> MemoryRegion:
+        """Register on this PD the memory of ``mr``, an MR of another shm device's PD, with
+        the same access: the same pages under this device's key and address (a runtime
+        over two RNICs gives each link its rkey of one RMB, Linux ``smcr_buf_map_link``).
+
+        A remote-accessible ``mr`` is a shared segment: its memfd is duplicated and
+        mapped again, so a peer's WRITE through either key lands in the same pages.
+
+        :raises VerbsError: EINVAL when ``mr`` is not a live MR of a shm device.
+        """
+        if not mr.access & REMOTE_ACCESS:
+            return self.reg_mr(mr.buf, mr.access)
+        owner = getattr(mr.pd, "device", None)
+        entry = owner._remote.get(mr.rkey) if isinstance(owner, ShmDevice) else None
+        if entry is None:
+            raise VerbsError(errno.EINVAL, "not a live remote-accessible shm MR")
+        fd = os.dup(entry[1])
+        try:
+            mm = mmap(fd, mr.length)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            return self._register(memoryview(mm), mr.access, (fd, mm))
+        except BaseException:
+            mm.close()
+            os.close(fd)
+            raise
+
     def _register(
         self, view: memoryview, access: AccessFlag, shared: tuple[int, mmap] | None
     ) -> MemoryRegion:
