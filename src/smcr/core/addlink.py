@@ -59,8 +59,14 @@ from smcr.wire.llc import (
 _ASYMMETRIC = (LgrType.ASYMMETRIC_LOCAL, LgrType.ASYMMETRIC_PEER)
 
 
+LATE_LINKS = 64
+"""Cleared links remembered for their late CDCs (:meth:`LinkLayer._receive_late`)."""
+
+
 class AddLinkLayer(LinkLayer):
     """:class:`LinkLayer` with the ADD LINK flows (module docstring)."""
+
+    ports_down: set[int]
 
     def _llc_table(self) -> dict[int, LlcHandler]:
         table = super()._llc_table()
@@ -75,9 +81,32 @@ class AddLinkLayer(LinkLayer):
     def _alt_port(self, link: Link) -> int | None:
         """Another of our ports than ``link``'s (Linux ``smc_pnet_find_alt_roce``)."""
         for i in range(len(self.identity.ports)):
-            if i != link.port:
+            if i != link.port and i not in self.ports_down:
                 return i
         return None
+
+    def port_state(self, port: int, up: bool, now: float) -> list[Action]:
+        """The host's news that one of its ports (RNICs) went down or came back (Linux
+        ``smcr_port_err`` / ``smcr_port_add``).  Down: no new link is made over it
+        (the host fails its links, :meth:`link_failed`).  Up: each group down to one
+        link gets a link again: a server offers it (``smc_llc_srv_add_link``), a client
+        invites its server to (``smc_llc_add_link_local``: an ADD LINK request with
+        only the port's MAC and GID)."""
+        out: list[Action] = []
+        if not up:
+            self.ports_down.add(port)
+            return out
+        self.ports_down.discard(port)
+        for lgr in list(self.lgrs.values()):
+            link = lgr.active_link
+            if lgr.terminated or lgr.lgr_type is not LgrType.SINGLE or link is None:
+                continue
+            if lgr.role is Role.SERVER:
+                self._srv_add_link(lgr, now, out)
+            elif self.config.add_links and lgr.version < 2 and port != link.port:
+                self._post_llc(link, llc_msgs.add_link_invitation(self.identity.ports[port]),
+                               out)  # fmt: skip
+        return out
 
     def _may_add(self, lgr: LinkGroup, new_type: LgrType) -> bool:
         """``smc_llc_alloc_alt_link``: a symmetric group is full, an asymmetric one takes
@@ -96,7 +125,10 @@ class AddLinkLayer(LinkLayer):
         new.state = LinkState.LINK_INACTIVE
         if new in lgr.links:
             lgr.links.remove(new)
-        self.links.pop(new.qpn, None)
+        if self.links.pop(new.qpn, None) is not None and not lgr.terminated:
+            self.late_links[new.qpn] = new
+            while len(self.late_links) > LATE_LINKS:
+                del self.late_links[next(iter(self.late_links))]
         self._cdc_pending.pop(new.qpn, None)
         for conn in lgr.conns.values():
             conn.rmb_keys.pop(new, None)
@@ -308,7 +340,9 @@ class AddLinkLayer(LinkLayer):
                 self._srv_add_link_response(link, msg, now, out)
         elif link.lgr.role is Role.CLIENT:
             self._cli_add_link(link, msg, now, out)
-        # as server: a client's invitation; the server offers links itself after first contact
+        elif link.lgr.lgr_type is LgrType.SINGLE and not link.lgr.terminated:
+            # a client's invitation (it has an RNIC back): the server's ADD LINK flow
+            self._srv_add_link(link.lgr, now, out)
 
     def _llc_add_link_cont(self, link: Link, msg: LlcMessage, now: float,
                            out: list[Action]) -> None:  # fmt: skip

@@ -105,6 +105,9 @@ class Engine(FailoverLayer):
         self.handshakes: dict[int, Handshake] = {}
         self.lgrs: dict[int, LinkGroup] = {}
         self.links: dict[int, Link] = {}
+        self.late_links: dict[int, Link] = {}
+        self.ports_down: set[int] = set()
+        """Ports the host said are down (:meth:`port_state`): no new link over them."""
         self._cdc_pending: dict[int, deque[tuple[int, Connection, int]]] = {}
         self._events: deque[Event] = deque()
         self._tokens = itertools.count(1)

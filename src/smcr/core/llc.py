@@ -85,6 +85,9 @@ class LinkLayer:
     conns: dict[int, Connection]
     lgrs: dict[int, LinkGroup]
     links: dict[int, Link]
+    late_links: dict[int, Link]
+    """Links cleared while their group lives, by QPN: CDCs they delivered may still be in the
+    host's CQ (:meth:`_receive_late`)."""
     touched: set[int]
     dropped: int
     _ending: set[int]
@@ -126,7 +129,22 @@ class LinkLayer:
         link = self._heard(qpn, now)
         if link is not None:
             self._receive_one(link, data, now, out)
+        elif qpn in self.late_links:
+            self._receive_late(qpn, [data], out)
         return out
+
+    def _receive_late(self, qpn: int, datas: list[memoryview], out: list[Action]) -> None:
+        """SENDs that were delivered on a link before it was cleared, taken from the CQ after
+        (Linux drains a link's CQ before it clears it, ``smc_wr_drain_cq``): its CDCs still
+        count, found by token in the group (``smc_cdc_rx_handler``), as the peer saw them
+        complete; its LLC messages are dropped with the link."""
+        link = self.late_links[qpn]
+        if link.lgr.terminated:
+            del self.late_links[qpn]
+            return
+        for data in datas:
+            if data and data[0] == CDC_MSG_TYPE:
+                self._receive_cdc(link, data, out)
 
     def _heard(self, qpn: int, now: float) -> Link | None:
         """The link a message came in on, marked alive (no TEST LINK due); None if unknown."""
@@ -154,6 +172,8 @@ class LinkLayer:
         out: list[Action] = []
         link = self._heard(qpn, now)
         if link is None:
+            if qpn in self.late_links:
+                self._receive_late(qpn, datas, out)
             return out
         conns = link.lgr.conns
         deferred: dict[int, memoryview] = {}  # token -> its latest cursor-only CDC

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from smcr.core.config import Config, LocalIdentity
+from smcr.core.config import Config, LocalIdentity, Port
 from smcr.core.connection import Connection
 from smcr.core.linkgroup import Link, LinkGroup, LinkState
 from smcr.wire.llc import (
@@ -108,6 +108,13 @@ def add_link(new: Link, identity: LocalIdentity, response: bool = False) -> AddL
     return AddLink(flags=LLC_FLAG_RESP if response else 0, sender_mac=port.mac,
                    sender_gid=port.gid, sender_qp_num=new.qpn, link_num=new.link_id,
                    qp_mtu=new.mtu, initial_psn=new.psn)  # fmt: skip
+
+
+def add_link_invitation(port: Port) -> AddLink:
+    """A client's ADD LINK "invitation" (``smc_llc_add_link_local``): a request carrying
+    only the MAC and GID of the port it gained; QPN, link number, MTU and PSN are 0."""
+    return AddLink(flags=0, sender_mac=port.mac, sender_gid=port.gid, sender_qp_num=0,
+                   link_num=0, qp_mtu=0, initial_psn=0)  # fmt: skip
 
 
 def add_link_cont(link: Link, new: Link, to_send: list[Connection],
