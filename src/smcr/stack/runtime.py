@@ -74,6 +74,7 @@ from smcr.core import (
     HandshakeCompleted,
     HandshakeFailed,
     LocalIdentity,
+    Port,
     PostSend,
     QpToRtr,
     QpToRts,
@@ -94,6 +95,7 @@ from smcr.rdma import (
     QpAttr,
     QpAttrMask,
     QpCap,
+    QpState,
     RecvWr,
     SendFlag,
     SendWr,
@@ -104,8 +106,8 @@ from smcr.rdma import (
     WrOpcode,
     rc_bring_up,
 )
-from smcr.rdma.base import Device, QueuePair
-from smcr.rdma.shm import ShmDevice
+from smcr.rdma.base import Device, ProtectionDomain, QueuePair
+from smcr.rdma.shm import ShmDevice, ShmPd
 from smcr.stack import devices
 from smcr.ueid import UeidTable
 from smcr.wire.clc import make_hostname
@@ -218,6 +220,33 @@ class Readiness:
 
 
 @dataclass(eq=False)
+class PortRes:
+    """One RNIC of a runtime (a port of its engine's identity) and what is registered on it.
+
+    Why one CQ for every port's QPs: the software RNICs' CQs are process objects any
+    of their QPs may complete into, and one CQ keeps the poll loop, the sleep and the
+    spin of the data path as they are with one RNIC (one descriptor to sleep on).
+    The receive and send slots are one buffer each, registered on every RNIC: a slot
+    index means the same bytes whichever port's QP used it.
+    """
+
+    device: Device
+    pd: ProtectionDomain
+    recv_mr: MemoryRegion
+    send_mr: MemoryRegion
+    up: bool = True
+    """False from :meth:`Stack.port_down` to :meth:`Stack.port_up`."""
+
+
+def _alias(pd: ProtectionDomain, mr: MemoryRegion) -> MemoryRegion:
+    """``mr``'s memory registered on another RNIC's PD, same access (shm: the same shared
+    segment mapped again, :meth:`ShmPd.alias_mr`)."""
+    if isinstance(pd, ShmPd):
+        return pd.alias_mr(mr)
+    return pd.reg_mr(mr.buf, mr.access)
+
+
+@dataclass(eq=False)
 class HostConn:
     """The runtime's side of one SMC connection: TCP socket, buffers, waiters."""
 
@@ -237,6 +266,9 @@ class HostConn:
     # non-blocking connects finish the socket there, whichever thread polled
     on_outcome: Callable[[HostConn], None] | None = None
     local_peer: bool | None = None  # the other end is in this runtime (Stack.local_peer)
+    aliases: dict[int, tuple[MemoryRegion, MemoryRegion]] = field(default_factory=dict)
+    """Port -> (RMB, send buffer) registered on that port's RNIC too (:meth:`Stack.register_rmb`;
+    port 0's are :attr:`rmb_mr` and :attr:`sndbuf_mr`)."""
 
     @property
     def rmb(self) -> memoryview:
@@ -255,17 +287,23 @@ class Stack:
     """The per-process runtime (module docstring)."""
 
     def __init__(self, config: Config | None = None, max_buffers: int = 4096,
-                 device: Device | None = None) -> None:  # fmt: skip
-        """:param device: the RNIC (default: a new shm RNIC); see :func:`get_stack`."""
+                 device: Device | None = None,
+                 more_devices: Sequence[Device] = ()) -> None:  # fmt: skip
+        """:param device: the RNIC (default: a new shm RNIC); see :func:`get_stack`.
+        :param more_devices: further RNICs of the same kind (ports 1, 2...): links of a
+            group go over them too (:mod:`smcr.stack.ports`); the runtime owns them."""
         if config is None:
             config = Config(sndbuf_size=BUFFER, rmb_size=BUFFER)
         self.config = config
         self.pid = os.getpid()
         self.device = device if device is not None else ShmDevice(f"smcr{self.pid}")
-        mtu = int(self.device.attr.active_mtu)
+        all_devices = [self.device, *more_devices]
+        mtu = min(int(d.attr.active_mtu) for d in all_devices)
         if mtu < self.config.qp_mtu:  # CLC announces what this RNIC's port can carry
             self.config = replace(self.config, qp_mtu=mtu)
-        self.max_inline = self.device.attr.max_inline_data
+        if more_devices:  # a second RNIC: the server offers a second link (ADD LINK)
+            self.config = replace(self.config, add_links=True)
+        self.max_inline = min(d.attr.max_inline_data for d in all_devices)
         """Inline WRITE limit of this RNIC's QPs: a send this small skips the send buffer."""
         self._fused = self.max_inline >= SLOT  # CDCs go inline, with their WRITEs fused
         self.pd = self.device.alloc_pd()
@@ -274,7 +312,10 @@ class Stack:
         mac = self.device.mac
         identity = LocalIdentity(self.device.gid, mac, secrets.token_bytes(2) + mac,
                                  hostname=make_hostname(socket.gethostname()),
-                                 v2_capable=devices.serves_v2(self.device))  # fmt: skip
+                                 v2_capable=devices.serves_v2(self.device),
+                                 netdev=self.device.netdev or self.device.name,
+                                 more_ports=tuple(Port(d.gid, d.mac, d.netdev or d.name)
+                                                  for d in more_devices))  # fmt: skip
         self.engine = Engine(self.config, identity, self)
         self._ueids = UeidTable()
         """The host's UEIDs (:mod:`smcr.ueid`), handed to the engine at each handshake."""
@@ -287,11 +328,22 @@ class Stack:
         self._pool: dict[tuple[int, bool], list[MemoryRegion]] = {}
         self._retired: dict[int, HostConn] = {}
         """Released connections whose RMB the peer may still write (until :class:`ReuseRmb`)."""
-        self._recv_mr = self.pd.reg_mr(bytearray(SLOT * RECV_SLOTS * 64), AccessFlag.LOCAL_WRITE)
+        recv_buf, send_buf = bytearray(SLOT * RECV_SLOTS * 64), bytearray(SLOT * SEND_SLOTS)
+        self._recv_mr = self.pd.reg_mr(recv_buf, AccessFlag.LOCAL_WRITE)
         self._recv_free = list(range(RECV_SLOTS * 64))
         self._recv_slot: dict[int, int] = {}  # wr_id -> slot
         self._recv_wr: dict[int, RecvWr] = {}  # wr_id -> its receive WR, reposted as is
-        self._send_mr = self.pd.reg_mr(bytearray(SLOT * SEND_SLOTS), AccessFlag.LOCAL_WRITE)
+        self._send_mr = self.pd.reg_mr(send_buf, AccessFlag.LOCAL_WRITE)
+        self.ports = [PortRes(self.device, self.pd, self._recv_mr, self._send_mr)]
+        """The runtime's RNICs by port (index into the engine's ``identity.ports``)."""
+        for dev in more_devices:
+            pd = dev.alloc_pd()  # the same slot buffers, registered on each RNIC
+            self.ports.append(PortRes(dev, pd, pd.reg_mr(recv_buf, AccessFlag.LOCAL_WRITE),
+                                      pd.reg_mr(send_buf, AccessFlag.LOCAL_WRITE)))  # fmt: skip
+        self._keep_copy = len(self.ports) > 1
+        """Inline sends also copy into the send buffer (:meth:`_copy_to_sndbuf`)."""
+        self._qp_port: dict[int, int] = {}
+        """QPN -> port, for the QPs of ports other than 0."""
         self._send_off = 0
         self._repost: dict[int, list[RecvWr]] = {}
         self._repost_due = False  # some QP has REPOST_BATCH receives to post again
@@ -326,23 +378,82 @@ class Stack:
     # ================================================================ provider
 
     def new_qp(self, port: int = 0) -> tuple[int, int]:
-        """:class:`~smcr.core.engine.Provider`: a QP in RESET, with a random initial PSN.
+        """:class:`~smcr.core.engine.Provider`: a QP in RESET on ``port``'s RNIC, with a
+        random initial PSN.
 
-        One RNIC: ``port`` is always 0 (the engine's identity has one port and
-        :attr:`Config.add_links` is off).
+        Every port's QPs complete into the one CQ (:class:`PortRes`).  QP numbers are
+        unique in the process (the engine finds a link by it): the RoCE RNIC draws
+        them process-wide, the shm RNIC per device, so a number another port uses is
+        drawn again.
         """
-        if port != 0:
-            raise ValueError(f"port {port}: this runtime has one RNIC")
+        res = self.ports[port]
         cap = QpCap(max_send_wr=SEND_SLOTS, max_recv_wr=RECV_SLOTS,
                     max_inline_data=self.max_inline)  # fmt: skip
-        qp = self.pd.create_qp(self.cq, self.cq, cap)
+        qp = res.pd.create_qp(self.cq, self.cq, cap)
+        while qp.qp_num in self.qps or qp.qp_num in self._qp_port:
+            again = res.pd.create_qp(self.cq, self.cq, cap)
+            qp.destroy()
+            qp = again
         self.qps[qp.qp_num] = qp
+        if port:
+            self._qp_port[qp.qp_num] = port
         return qp.qp_num, secrets.randbits(24)
 
     def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
-        """:class:`~smcr.core.engine.Provider`: never called while the runtime has one RNIC
-        (the engine asks only for a port other than the RMB's own, with ``add_links``)."""
-        raise ValueError(f"port {port}: this runtime has one RNIC")
+        """:class:`~smcr.core.engine.Provider`: the connection's RMB registered on ``port``'s
+        RNIC too (a link over it joined the group), with its send buffer for local
+        access (WRITEs posted on that port's QPs take it as source); they are
+        deregistered when the buffers go back to the pool (:meth:`_give_back`)."""
+        hc = self.conns.get(conn) or self._retired.get(conn)
+        if hc is None or hc.rmb_mr is None or hc.sndbuf_mr is None or port == 0:
+            raise ValueError(f"connection {conn}: no buffers to register on port {port}")
+        pair = hc.aliases.get(port)
+        if pair is None:
+            pd = self.ports[port].pd
+            rmb = _alias(pd, hc.rmb_mr)
+            try:
+                pair = hc.aliases[port] = (rmb, _alias(pd, hc.sndbuf_mr))
+            except BaseException:
+                rmb.dereg()
+                raise
+        return pair[0].rkey, pair[0].addr
+
+    # ================================================================ ports
+
+    def port_of(self, qpn: int) -> int:
+        """The port (RNIC) a QP of this runtime is on."""
+        return self._qp_port.get(qpn, 0)
+
+    def port_down(self, port: int, reason: str) -> None:
+        """An RNIC is gone (net device down, address lost, injected failure; lock held):
+        every link over it fails (Linux ``smcr_port_err`` -> ``smcr_link_down_cond``).
+
+        A link with an active sibling fails over (the engine moves its connections and
+        tells the peer by DELETE LINK); a group's last link ends the group.  The QP goes
+        to ERR, so what it still had posted completes as flushes (ignored: the link is
+        gone by then), and no new link is made over the port until :meth:`port_up`.
+        """
+        res = self.ports[port]
+        if not res.up:
+            return
+        res.up = False
+        now = time.monotonic()
+        self.execute(self.engine.port_state(port, False, now))
+        for qpn in [q for q in self.qps if self.port_of(q) == port]:
+            self.execute(self.engine.link_failed(qpn, f"port {port} down: {reason}", now))
+            qp = self.qps.get(qpn)
+            if qp is not None:
+                with contextlib.suppress(OSError):
+                    qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
+
+    def port_up(self, port: int) -> None:
+        """An RNIC is back (lock held): groups down to one link add a link over it again
+        (the server offers ADD LINK, Linux ``smcr_port_add``)."""
+        res = self.ports[port]
+        if res.up:
+            return
+        res.up = True
+        self.execute(self.engine.port_state(port, True, time.monotonic()))
 
     # ================================================================ buffers
 
@@ -367,6 +478,10 @@ class Stack:
         return self.pd.alloc_mr(size, access)
 
     def _give_back(self, hc: HostConn) -> None:
+        for pair in hc.aliases.values():  # the other RNICs' registrations end with the conn
+            for alias in pair:
+                alias.dereg()
+        hc.aliases.clear()
         for mr, remote in ((hc.rmb_mr, True), (hc.sndbuf_mr, False)):
             if mr is not None:
                 self._pool.setdefault((mr.length, remote), []).append(mr)
@@ -574,7 +689,9 @@ class Stack:
                     wrs, writes = [], []
                 wr_qpn = a.qpn  # type: ignore[union-attr]
                 if isinstance(a, RdmaWrite):
-                    mr = self.conns[a.conn].sndbuf_mr
+                    hc = self.conns[a.conn]
+                    mr = hc.aliases[self._qp_port[a.qpn]][1] if a.qpn in self._qp_port \
+                        else hc.sndbuf_mr  # fmt: skip
                     assert mr is not None
                     if fused:
                         off = a.src_offset
@@ -603,6 +720,8 @@ class Stack:
         :attr:`max_inline`) RDMA-written from the caller's buffer, then its CDC, as one
         fused batch (:meth:`Connection.write_inline`, :meth:`QueuePair.post_writes_send`).
         """
+        if self._keep_copy:
+            self._copy_to_sndbuf(c, data)
         writes, cdc, wr_id, signaled = c.write_inline(data)
         qp = self.qps.get(c.qpn)
         try:
@@ -614,8 +733,20 @@ class Stack:
         if self.engine.has_events():
             self._dispatch_events()
 
+    def _copy_to_sndbuf(self, c: Connection, data: memoryview) -> None:
+        """Put inline-sent bytes into the send buffer too, where they would have been copied
+        on the general path: with several links a failover re-sends from the last
+        completed CDC, out of the send buffer (:meth:`Connection.switch_cursor`)."""
+        buf = self.conns[c.id].sndbuf
+        size, n = c.sndbuf_size, len(data)
+        start = c.tx_sent % size
+        first = min(n, size - start)
+        buf[start : start + first] = data[:first]
+        if first < n:
+            buf[: n - first] = data[first:]
+
     def _send_wr(self, a: PostSend) -> SendWr:
-        mr = self._send_mr
+        mr = self.ports[self._qp_port[a.qpn]].send_mr if a.qpn in self._qp_port else self._send_mr
         off = self._send_off
         self._send_off = (off + SLOT) % len(mr.buf)
         mr.buf[off : off + len(a.data)] = a.data
@@ -673,15 +804,7 @@ class Stack:
                     self.execute(self.engine.link_failed(a.qpn, f"RTS: {exc}", time.monotonic(),
                                                          DeclineCode.ERR_RDYLNK))  # fmt: skip
         elif isinstance(a, DestroyQp):
-            qp = self.qps.pop(a.qpn, None)
-            if qp is not None:
-                qp.destroy()
-            self._repost.pop(a.qpn, None)
-            for wr_id in self._qp_recv_ids.pop(a.qpn, ()):  # receive slots back to the pool
-                slot = self._recv_slot.pop(wr_id, None)
-                if slot is not None:
-                    self._recv_free.append(slot)
-                    self._recv_wr.pop(wr_id, None)
+            self._destroy_qp(a.qpn)
         elif isinstance(a, ShutdownTcp):
             hc = self.conns.get(a.conn)
             if hc is not None:
@@ -694,6 +817,35 @@ class Stack:
             if hc is not None:
                 self._give_back(hc)
 
+    def _destroy_qp(self, qpn: int) -> None:
+        """Destroy a QP; its receive slots go back to the pool.
+
+        A link cleared while its group lives (failover) is first moved to ERR: what it
+        had delivered completes into the CQ and its other receives flush (Linux
+        ``smc_wr_drain_cq`` before ``smcr_link_clear``); their slots come back as those
+        completions are taken, and the engine still applies the CDCs among them
+        (:attr:`Engine.late_links`).  Otherwise the slots come back at once.
+        """
+        self._qp_port.pop(qpn, None)
+        qp = self.qps.pop(qpn, None)
+        drained = False
+        if qp is not None:
+            if qpn in self.engine.late_links:
+                with contextlib.suppress(OSError):
+                    qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
+                    drained = True
+            qp.destroy()
+        ids = self._qp_recv_ids.pop(qpn, ())
+        if drained:  # (its receives taken from the CQ next are not reposted: slots back)
+            self._repost_due = True
+            return
+        self._repost.pop(qpn, None)
+        for wr_id in ids:  # receive slots back to the pool
+            slot = self._recv_slot.pop(wr_id, None)
+            if slot is not None:
+                self._recv_free.append(slot)
+                self._recv_wr.pop(wr_id, None)
+
     def _qp_rtr(self, a: QpToRtr) -> None:
         qp = self.qps[a.qpn]
         steps = rc_bring_up(dgid=a.peer_gid, dest_qp_num=a.peer_qpn, rq_psn=a.peer_psn,
@@ -704,14 +856,15 @@ class Stack:
             qp.modify(*steps[1])
             wrs = []
             ids = self._qp_recv_ids.setdefault(a.qpn, [])
+            recv_mr = self.ports[self._qp_port.get(a.qpn, 0)].recv_mr
             for _ in range(RECV_SLOTS):
                 slot = self._recv_free.pop()
                 wr_id = self._wr_ids
                 self._wr_ids += 1
                 ids.append(wr_id)
                 self._recv_slot[wr_id] = slot
-                wr = RecvWr(wr_id=wr_id, sg_list=(Sge(self._recv_mr.addr + slot * SLOT, SLOT,
-                                                      self._recv_mr.lkey),))  # fmt: skip
+                wr = RecvWr(wr_id=wr_id, sg_list=(Sge(recv_mr.addr + slot * SLOT, SLOT,
+                                                      recv_mr.lkey),))  # fmt: skip
                 self._recv_wr[wr_id] = wr
                 wrs.append(wr)
             qp.post_recv(wrs)
@@ -875,13 +1028,19 @@ class Stack:
         :data:`REPOST_BATCH` (a post costs microseconds; :data:`RECV_SLOTS` stay
         ahead of the peer by far), or ``everything``."""
         for qpn, wrs in list(self._repost.items()):
-            if len(wrs) < REPOST_BATCH and not everything:
+            if len(wrs) < REPOST_BATCH and not everything and qpn in self.qps:
                 continue
             del self._repost[qpn]
             qp = self.qps.get(qpn)
             if qp is not None:
                 with contextlib.suppress(OSError):
                     qp.post_recv(wrs)
+            else:  # a drained QP's last receives (:meth:`_destroy_qp`): slots back to the pool
+                for wr in wrs:
+                    slot = self._recv_slot.pop(wr.wr_id, None)
+                    if slot is not None:
+                        self._recv_free.append(slot)
+                        self._recv_wr.pop(wr.wr_id, None)
 
     def _completion(self, wc: WorkCompletion, now: float) -> None:
         engine = self.engine
@@ -1057,7 +1216,8 @@ class Stack:
             for qp in list(self.qps.values()):
                 qp.destroy()
             self.qps.clear()
-        self.device.close()
+        for res in self.ports:
+            res.device.close()
         if not self._thread.is_alive():  # (a thread still in poll keeps its doorbell)
             self._bell_r.close()
             self._bell_w.close()
