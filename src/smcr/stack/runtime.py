@@ -107,8 +107,9 @@ from smcr.rdma import (
     rc_bring_up,
 )
 from smcr.rdma.base import Device, ProtectionDomain, QueuePair
+from smcr.rdma.roce import RoceDevice
 from smcr.rdma.shm import ShmDevice, ShmPd
-from smcr.stack import devices
+from smcr.stack import devices, ports
 from smcr.ueid import UeidTable
 from smcr.wire.clc import make_hostname
 from smcr.wire.decline import DeclineCode
@@ -343,6 +344,7 @@ class Stack:
         self._keep_copy = len(self.ports) > 1
         """Inline sends also copy into the send buffer (:meth:`_copy_to_sndbuf`)."""
         self._qp_port: dict[int, int] = {}
+        self._port_watcher: ports.PortWatcher | None = None
         """QPN -> port, for the QPs of ports other than 0."""
         self._send_off = 0
         self._repost: dict[int, list[RecvWr]] = {}
@@ -445,6 +447,12 @@ class Stack:
             if qp is not None:
                 with contextlib.suppress(OSError):
                     qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
+
+    def watch_ports(self) -> None:
+        """Follow the RoCE ports' net devices (:class:`smcr.stack.ports.PortWatcher`) until
+        :meth:`close`."""
+        if self._port_watcher is None:
+            self._port_watcher = ports.PortWatcher(self)
 
     def port_up(self, port: int) -> None:
         """An RNIC is back (lock held): groups down to one link add a link over it again
@@ -1207,6 +1215,8 @@ class Stack:
         """
         if not self._running:
             return
+        if self._port_watcher is not None:
+            self._port_watcher.close()
         if self.pid == os.getpid():
             self._end_links(time.monotonic() + EXIT_LINGER)
         self._running = False
@@ -1308,14 +1318,30 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
         if stack is None or stack.pid != os.getpid():
             if stack is not None:  # a forked child: the parent's stacks are not ours
                 _stacks.clear()
-            device = None if kind == "shm" else devices.open_roce(key.split(":", 1)[1])
+            device, more = _open_rnics(kind, key)
             size = default_buffer_size(kind)
             config = Config(sndbuf_size=size, rmb_size=size, testlink_time=testlink_time())
-            stack = _stacks[key] = Stack(config, device=device)
+            stack = _stacks[key] = Stack(config, device=device, more_devices=more)
+            if any(isinstance(d, RoceDevice) for d in more):
+                stack.watch_ports()
             atexit.register(stack.close)
             for hook in list(on_new_stack):
                 hook(stack)
         return stack
+
+
+def _open_rnics(kind: str, key: str) -> tuple[Device | None, list[Device]]:
+    """The RNICs of a new runtime: the first (None: a new shm RNIC) and the others
+    (:mod:`smcr.stack.ports`: ``SMCR_SHM_RNICS``, ``SMCR_ROCE_DEVS``)."""
+    if kind == "shm":
+        pid = os.getpid()
+        return None, [ShmDevice(f"smcr{pid}_{i}") for i in range(1, ports.shm_rnics())]
+    first = devices.open_roce(key.split(":", 1)[1])
+    try:
+        return first, list(ports.roce_more(first))
+    except BaseException:
+        first.close()
+        raise
 
 
 def process_stacks() -> list[Stack]:

@@ -1,0 +1,168 @@
+"""Which RNICs a runtime uses beside the first, and the watcher that tells it when one fails.
+
+Design (the why of each):
+
+* **More RNICs are asked for, not taken by default**, so that a host's existing
+  single-link behaviour does not change under it: ``SMCR_ROCE_DEVS`` lists the net
+  devices (or ``all``: every IPv4 RoCE RNIC but loopback) whose RoCE RNICs a runtime
+  adds to the one of the TCP connection's address; ``SMCR_SHM_RNICS=N`` gives a
+  process N shm RNICs (tests, and ``smcr demo --failover``).  With two or more the
+  server side of each new link group offers a second link (ADD LINK) over the other
+  RNIC (:class:`smcr.stack.runtime.Stack`).
+* **Pairing across hosts**: the engine offers its first other RNIC; the peer answers
+  from its own other RNIC.  Two hosts with one subnet per RNIC pair (the usual
+  redundant setup) pair up right.  Not done: Linux's PNET ID table and the subnet
+  match against the peer's GID (``smc_pnet_find_alt_roce``).
+* **Failure detection of a RoCE RNIC is its net device's** (Linux
+  ``smc_ib_port_event_work``, which follows the IB port state an rxe device takes
+  from its net device): :class:`PortWatcher` listens on rtnetlink for link and
+  address changes and then re-reads each port's state, up meaning the interface is
+  running (``IFF_RUNNING``: a veth whose peer end went down is not) and still has
+  the RNIC's address.  A change calls :meth:`Stack.port_down` or
+  :meth:`Stack.port_up`.  Why re-read rather than decode the messages: an event
+  only says "look again"; what counts is the state now, also after messages were
+  lost (an overrun rtnetlink socket drops them: the watcher then re-reads too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from smcr.rdma.roce import RoceDevice, netif
+
+if TYPE_CHECKING:
+    from smcr.stack.runtime import Stack
+
+ROCE_DEVS_ENV = "SMCR_ROCE_DEVS"
+SHM_RNICS_ENV = "SMCR_SHM_RNICS"
+RTMGRP_LINK = 0x1
+RTMGRP_IPV4_IFADDR = 0x10
+RTMGRP_IPV6_IFADDR = 0x100
+RECHECK = 1.0
+"""Seconds between re-reads without an event (a lost netlink message costs at most this)."""
+
+
+def shm_rnics() -> int:
+    """How many shm RNICs a process's runtime uses (``SMCR_SHM_RNICS``, default 1).
+
+    :raises ValueError: for a value that is not a count of 1 or more.
+    """
+    text = os.environ.get(SHM_RNICS_ENV, "").strip()
+    if not text:
+        return 1
+    n = int(text)
+    if n < 1:
+        raise ValueError(f"{SHM_RNICS_ENV}={text!r}: expected 1 or more")
+    return n
+
+
+def roce_more(first: RoceDevice) -> list[RoceDevice]:
+    """The RoCE RNICs ``SMCR_ROCE_DEVS`` adds to ``first`` (module docstring): one per listed
+    net device (its first IPv4 address), not ``first``'s own; none when unset.
+
+    :raises LookupError: for a listed net device without an IPv4 address.
+    """
+    text = os.environ.get(ROCE_DEVS_ENV, "").strip()
+    if not text or first.netdev in ("lo", None):
+        return []
+    if text == "all":
+        names = [i.ifname for i in netif.list_devices()
+                 if i.family == socket.AF_INET and i.ifname != "lo"]  # fmt: skip
+    else:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+    out: list[RoceDevice] = []
+    seen = {first.netdev}
+    for name in names:
+        if name in seen:
+            continue
+        seen.add(name)
+        info = netif.find(ifname=name)
+        if info.family != socket.AF_INET:
+            continue
+        out.append(RoceDevice(info.address, ifname=name))
+    return out
+
+
+def roce_port_up(device: RoceDevice) -> bool:
+    """Whether a RoCE RNIC can carry traffic: its net device is running and still has the
+    RNIC's address."""
+    ifname = device.netdev
+    if ifname is None:
+        return True
+    if netif.interface(ifname)[2] != "up":
+        return False
+    return (ifname, device.address) in netif.ipv4_addresses()
+
+
+class PortWatcher:
+    """A thread that follows the RoCE ports of a runtime (module docstring).
+
+    :param stack: the runtime; its :attr:`~Stack.ports` are watched.
+    :param is_up: a port's state now (default :func:`roce_port_up`).
+    """
+
+    def __init__(self, stack: Stack,
+                 is_up: Callable[[RoceDevice], bool] = roce_port_up) -> None:  # fmt: skip
+        self.stack = stack
+        self.is_up = is_up
+        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self._sock.bind((0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+        self._sock.setblocking(False)
+        self._stop_r, self._stop_w = os.pipe()
+        self.events = 0
+        """Port state changes seen (for the tools and the tests)."""
+        self._thread = threading.Thread(target=self._run, name="smcr-ports", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLIN)
+        poller.register(self._stop_r, select.POLLIN)
+        while True:
+            ready = [fd for fd, _ in poller.poll(RECHECK * 1000)]
+            if self._stop_r in ready:
+                return
+            while True:  # drain: the messages only say "look again"
+                try:
+                    if not self._sock.recv(65536):
+                        break
+                except BlockingIOError:
+                    break
+                except OSError:  # ENOBUFS: messages were lost; the re-read below covers it
+                    continue
+            self.check()
+
+    def check(self) -> None:
+        """Re-read every RoCE port's state; tell the runtime what changed."""
+        stack = self.stack
+        for port, res in enumerate(stack.ports):
+            dev = res.device
+            if not isinstance(dev, RoceDevice):
+                continue
+            try:
+                up = self.is_up(dev)
+            except OSError:
+                up = False
+            if up == res.up:
+                continue
+            self.events += 1
+            with stack.lock:
+                if up:
+                    stack.port_up(port)
+                else:
+                    stack.port_down(port, f"net device {dev.netdev} down or address lost")
+
+    def close(self) -> None:
+        """Stop the thread and close the netlink socket."""
+        with contextlib.suppress(OSError):
+            os.write(self._stop_w, b"x")
+        self._thread.join(timeout=2.0)
+        self._sock.close()
+        os.close(self._stop_r)
+        os.close(self._stop_w)
