@@ -151,3 +151,60 @@ def test_last_link_failing_ends_the_group() -> None:
     p.do(p.server, p.server.engine.link_failed(link2.qpn, "injected", p.now))
     assert not p.server.engine.lgrs
     assert [e.conn for e in p.server.events if isinstance(e, ConnectionReset)] == [s]
+
+
+@pytest.mark.parametrize("side", ["server", "client"])
+def test_a_port_back_adds_a_link_again(side: str) -> None:
+    """The host's port news (Engine.port_state): a port down fails nothing by itself and
+    keeps new links off it; back up, the server offers ADD LINK again (a client first
+    sends the invitation, 02 2C 00 00 with only the port's MAC and GID): SYMMETRIC again,
+    and a connection moved back carries bytes over the new link."""
+    p, c, s = symmetric()
+    detector = p.server if side == "server" else p.client
+    port = lgr_of(detector).links[0].port
+    p.do(detector, detector.engine.port_state(port, False, p.now))
+    fail_link1(p, detector)
+    assert_on_link2_only(p)
+    before = (len(p.server.llc_sent), len(p.client.llc_sent))
+    p.do(detector, detector.engine.port_state(port, True, p.now))
+    p.pump()
+    if side == "client":
+        invite = next(m for m in p.client.llc_sent[before[1]:] if m[0] == LlcType.ADD_LINK)
+        assert invite[:4] == bytes.fromhex("022c0000")
+        assert invite[4:10] == p.client.engine.identity.ports[port].mac
+        assert invite[12:28] == p.client.engine.identity.ports[port].gid
+        assert not any(invite[28:])  # QPN, link number, MTU, PSN: 0
+    for x in (p.client, p.server):
+        lgr = lgr_of(x)
+        assert lgr.lgr_type is LgrType.SYMMETRIC
+        assert sorted((k.link_id, k.state) for k in lgr.links) == [
+            (2, LinkState.LINK_ACTIVE), (3, LinkState.LINK_ACTIVE)]
+    # the new link is a real path: move the connection there (fail link 2) and send
+    link2 = next(k for k in lgr_of(p.server).links if k.link_id == 2)
+    p.do(p.server, p.server.engine.link_failed(link2.qpn, "injected", p.now))
+    n, actions = p.client.write(c, DATA[:5000])
+    p.do(p.client, actions)
+    assert read_all(p, s) == DATA[:n]
+
+
+def test_cdcs_delivered_on_a_cleared_link_still_count() -> None:
+    """A CDC the peer saw complete on link 1 is taken from the CQ only after link 1 was
+    cleared (Linux drains the link's CQ first): it is applied, by token, and the peer's
+    failover-validation CDC naming it is then no fault."""
+    p, c, s = symmetric()
+    actions = write_stalled(p, c, DATA[:4000], deliver_cdc=False)
+    cdc = next(a for a in actions if isinstance(a, PostSend))
+    link1 = lgr_of(p.server).links[0]
+    # the client saw its CDC complete, then the server's link 1 went (its port down)
+    p.do(p.client, p.client.engine.send_completed(cdc.qpn, cdc.wr_id, True, p.now))
+    actions = p.server.engine.link_failed(link1.qpn, "injected", p.now)
+    assert link1.qpn in p.server.engine.late_links
+    # the CDC's completion was in the CQ before anything the peer sends after the failover
+    actions += p.server.engine.receive_wr(link1.qpn, memoryview(cdc.data), p.now)
+    p.do(p.server, actions)
+    assert_on_link2_only(p)
+    assert read_all(p, s) == DATA[:4000]
+    # an LLC message on the cleared link is dropped with it
+    late = p.server.engine.receive_wr(link1.qpn, memoryview(bytes([LlcType.TEST_LINK]) + bytes(43)),
+                                      p.now)  # fmt: skip
+    assert late == []
