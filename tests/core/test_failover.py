@@ -208,3 +208,21 @@ def test_cdcs_delivered_on_a_cleared_link_still_count() -> None:
     late = p.server.engine.receive_wr(link1.qpn, memoryview(bytes([LlcType.TEST_LINK]) + bytes(43)),
                                       p.now)  # fmt: skip
     assert late == []
+
+
+def test_an_invitation_waits_while_the_server_port_of_the_cut_is_down() -> None:
+    """Both ends saw the same cut; the client's port came back first: its invitation is
+    not answered with an asymmetric link over the server's remaining port; the server's
+    own port coming back brings the symmetric one."""
+    p, _c, _s = symmetric()
+    for x in (p.server, p.client):
+        p.do(x, x.engine.port_state(0, False, p.now))
+    fail_link1(p, p.server)
+    assert_on_link2_only(p)
+    p.do(p.client, p.client.engine.port_state(0, True, p.now))
+    assert [k.link_id for k in lgr_of(p.server).links] == [2]
+    assert lgr_of(p.server).lgr_type is LgrType.SINGLE
+    p.do(p.server, p.server.engine.port_state(0, True, p.now))
+    for x in (p.client, p.server):
+        assert lgr_of(x).lgr_type is LgrType.SYMMETRIC
+        assert sorted(k.port for k in lgr_of(x).links) == [0, 1]

@@ -139,6 +139,17 @@ def paths() -> Iterator[TwoPaths]:
         t.close()
 
 
+def linkgroups(ns: str, pid: int) -> list[dict[str, Any]]:
+    """``smcr linkgroup show --json``'s groups of process ``pid`` (run in its namespace)."""
+    res = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "smcr",
+                          "linkgroup", "show", "--json"], capture_output=True, text=True,
+                         timeout=60, cwd=REPO, check=True)  # fmt: skip
+    groups = json.loads(res.stdout)["linkgroups"]
+    for g in groups:
+        g["links"].sort(key=lambda x: x["netdev"])
+    return [g for g in groups if g["pid"] == pid]
+
+
 def finished(p: PeerProc) -> bool:
     return p.done is not None
 
@@ -175,6 +186,10 @@ def run_failover(paths: TwoPaths, conns: int, size: int, cut_side: int, cut_path
             assert sent == got
         assert sorted(r[0] for r in client.done) == sorted(r[1] for r in server.done)
         assert links(server) == [2] and links(client) == [2]
+        for side, peer in enumerate((server, client)):  # as the tool shows it
+            groups = linkgroups(paths.ns[side], peer.proc.pid)
+            assert [(g["type"], [x["netdev"] for x in g["links"]]) for g in groups] == [
+                ("SYMMETRIC", ["p0", "p1"])], groups
     finally:
         for p in (client, server):
             if p is not None:

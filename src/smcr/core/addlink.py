@@ -340,8 +340,11 @@ class AddLinkLayer(LinkLayer):
                 self._srv_add_link_response(link, msg, now, out)
         elif link.lgr.role is Role.CLIENT:
             self._cli_add_link(link, msg, now, out)
-        elif link.lgr.lgr_type is LgrType.SINGLE and not link.lgr.terminated:
-            # a client's invitation (it has an RNIC back): the server's ADD LINK flow
+        elif (link.lgr.lgr_type is LgrType.SINGLE and not link.lgr.terminated
+              and not any(i != link.port for i in self.ports_down)):  # fmt: skip
+            # a client's invitation (it has an RNIC back): the server's ADD LINK flow; not
+            # while another port of ours is down (the same cut, seen here later): an offer
+            # now would be asymmetric, the one when that port is back is symmetric
             self._srv_add_link(link.lgr, now, out)
 
     def _llc_add_link_cont(self, link: Link, msg: LlcMessage, now: float,

@@ -202,14 +202,17 @@ def _add_live(engine: Any, live: dict[str, int]) -> None:
 def _lgr_row(stack: Any, lgr: Any) -> dict[str, Any]:
     """A link group and its links (lock held), with smc-tools' words."""
     dev = stack.device
+    ports = getattr(stack, "ports", None)  # a runtime over several RNICs: each link's own
     links = []
     for link in list(lgr.links):
+        ldev = ports[link.port].device if ports and link.port < len(ports) else dev
+        conns = sum(1 for c in lgr.conns.values() if getattr(c, "link", link) is link)
         links.append({"link_id": link.link_id, "state": str(link.state.value),
-                      "conns": len(lgr.conns), "qpn": link.qpn, "peer_qpn": link.peer_qpn,
-                      "gid": _gid(dev.gid), "peer_gid": _gid(link.peer_gid),
+                      "conns": conns, "qpn": link.qpn, "peer_qpn": link.peer_qpn,
+                      "gid": _gid(ldev.gid), "peer_gid": _gid(link.peer_gid),
                       "link_uid": f"{lgr.lgr_id:06x}{link.link_id:02x}",
                       "peer_uid": bytes(lgr.peer_id).hex()[:8] or "-",
-                      "device": dev.name, "port": 1, "netdev": dev.netdev or "-"})  # fmt: skip
+                      "device": ldev.name, "port": 1, "netdev": ldev.netdev or "-"})  # fmt: skip
     return {"lgr_id": lgr.lgr_id, "role": str(lgr.role.value), "type": str(lgr.lgr_type.value),
             "vlan": 0, "conns": len(lgr.conns), "pnet_id": "-", "device": dev.name,
             "netdev": dev.netdev or "-", "links": links}  # fmt: skip
