@@ -226,3 +226,20 @@ def test_an_invitation_waits_while_the_server_port_of_the_cut_is_down() -> None:
     for x in (p.client, p.server):
         assert lgr_of(x).lgr_type is LgrType.SYMMETRIC
         assert sorted(k.port for k in lgr_of(x).links) == [0, 1]
+
+
+def test_both_ends_failing_the_same_link_keep_the_group() -> None:
+    """Both ends see link 1 fail at once (a cut path): their DELETE LINK requests cross;
+    each finds the link gone already (a client answers 'no such link', as Linux
+    smc_llc_process_cli_delete_link) and the group lives on over link 2."""
+    p, c, s = symmetric()
+    link1 = {x.name: lgr_of(x).links[0].qpn for x in (p.client, p.server)}
+    both = {x.name: x.engine.link_failed(link1[x.name], "injected", p.now)
+            for x in (p.client, p.server)}  # fmt: skip
+    for x in (p.client, p.server):
+        p.run(x, both[x.name])
+    p.pump()
+    assert_on_link2_only(p)
+    n, actions = p.client.write(c, DATA[:3000])
+    p.do(p.client, actions)
+    assert read_all(p, s) == DATA[:n]

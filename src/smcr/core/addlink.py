@@ -274,6 +274,11 @@ class AddLinkLayer(LinkLayer):
                 return
             new_type = LgrType.ASYMMETRIC_PEER
         if port is None:
+            if any(i != link.port for i in self.ports_down):
+                # our other port is down (the same cut, seen here later): no asymmetric
+                # link now; our invitation, once that port is back, brings a symmetric one
+                self._post_llc(link, msg.reject(), out)
+                return
             port, new_type = link.port, LgrType.ASYMMETRIC_LOCAL
         if not self._may_add(lgr, new_type) or lgr.link_by_id(msg.link_num) is not None:
             self._post_llc(link, msg.reject(), out)
