@@ -51,9 +51,22 @@ def links() -> list[int]:
     return out
 
 
+def detail() -> list[list[object]]:
+    """Per runtime and link: port 0's net device, link id, state, port, that port's net
+    device (for a failing test's message)."""
+    out: list[list[object]] = []
+    for stack in process_stacks():
+        with stack.lock:
+            for lgr in stack.engine.lgrs.values():
+                for x in lgr.links:
+                    out.append([stack.device.netdev, lgr.lgr_type.value, x.link_id,
+                                x.state.value, x.port, stack.ports[x.port].device.netdev])
+    return out
+
+
 def reporter(stop: threading.Event) -> None:
     while not stop.wait(0.05):
-        say({"moved": moved[0], "links": links()})
+        say({"moved": moved[0], "links": links(), "detail": detail()})
 
 
 def echo(conn: smcr.SMCSocket, result: list[object]) -> None:

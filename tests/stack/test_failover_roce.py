@@ -17,6 +17,7 @@ connections case moves 256 KiB each way on each of 200.  By hand:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -30,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from smcr.tools import tshark
+from tests.support import stop_capture, wait_for_mark
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = int(os.environ.get("SMCR_FAILOVER_MIB", "64"))
@@ -90,6 +94,8 @@ class PeerProc:
             env=env)  # fmt: skip
         self.last: dict[str, Any] = {}
         self.history: list[tuple[float, int]] = []
+        self.changes: list[tuple[float, Any]] = []
+        """(when, the links as the peer reported them) at each change (a failure's story)."""
         self.done: list[list[str]] | None = None
         self.ready: int | None = None
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -104,6 +110,8 @@ class PeerProc:
             elif "done" in msg:
                 self.done = msg["done"]
             else:
+                if msg.get("detail") != self.last.get("detail"):
+                    self.changes.append((time.monotonic(), msg.get("detail")))
                 self.last = msg
                 self.history.append((time.monotonic(), msg["moved"]))
 
@@ -154,7 +162,38 @@ def finished(p: PeerProc) -> bool:
     return p.done is not None
 
 
-def run_failover(paths: TwoPaths, conns: int, size: int, cut_side: int, cut_path: int) -> None:
+def _mark(paths: TwoPaths, payload: bytes) -> None:
+    """A UDP datagram (port 9, discard) over path 0, for :func:`wait_for_mark`."""
+    subprocess.run(["ip", "netns", "exec", paths.ns[0], sys.executable, "-c",
+                    "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                    f".sendto({payload!r}, ('{paths.nets[0]}.2', 9))"], check=True,
+                   timeout=30)  # fmt: skip
+
+
+def run_failover(paths: TwoPaths, conns: int, size: int, cut_side: int, cut_path: int,
+                 capture: Path | None = None) -> None:  # fmt: skip
+    """The transfer, the cut and the recovery (module docstring); ``capture``: dumpcap on
+    the server's path-0 veth into that file meanwhile."""
+    cap = None
+    if capture is not None:
+        for ns in paths.ns:  # GSO runs segmented before the capture point: a frame a packet
+            subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "tests.roce.ethtool",
+                            "p0", "tx-udp-segmentation", "off"], check=True, timeout=30,
+                           cwd=REPO)  # fmt: skip
+        cap = subprocess.Popen(["ip", "netns", "exec", paths.ns[0], "dumpcap", "-q", "-i", "p0",
+                                "-s", "160", "-w", str(capture)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+        wait_for_mark(capture, lambda payload: _mark(paths, payload))
+    try:
+        _run_failover(paths, conns, size, cut_side, cut_path)
+    finally:
+        if cap is not None and capture is not None:
+            with contextlib.suppress(AssertionError):
+                wait_for_mark(capture, lambda payload: _mark(paths, payload))
+            stop_capture(cap)
+
+
+def _run_failover(paths: TwoPaths, conns: int, size: int, cut_side: int, cut_path: int) -> None:
     server = PeerProc(paths.ns[0], "server", f"{paths.nets[0]}.1", "0", str(conns), str(size))
     client = None
     try:
@@ -205,3 +244,42 @@ def test_a_veth_down_mid_transfer_loses_no_byte_and_the_link_comes_back(
 
 def test_two_hundred_connections_fail_over_together(paths: TwoPaths) -> None:
     run_failover(paths, 200, 256 << 10, 0, 0)
+
+
+def _tshark(pcap: Path, display_filter: str, *fields: str) -> list[list[str]]:
+    """The ``fields`` of each frame the filter keeps (PDML of the whole bulk capture is
+    too large to parse)."""
+    args = [tshark.tshark_path(), "-n", "-r", str(pcap), "-Y", display_filter, "-T", "fields"]
+    for f in fields:
+        args += ["-e", f]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=300, check=True).stdout
+    return [line.split("\t") for line in out.splitlines() if line.strip()]
+
+
+@pytest.mark.skipif(shutil.which("dumpcap") is None, reason="needs dumpcap/tshark")
+def test_a_failover_capture_decodes_add_delete_and_confirm_link(paths: TwoPaths,
+                                                                tmp_path: Path) -> None:
+    """What Wireshark sees on the path that stays (the server's path-0 veth, which carries
+    link 1 and the connection) while the client's path-1 veth is cut and comes back:
+    CONFIRM LINK of link 1; ADD LINK and ADD LINK CONTINUATION of link 2; DELETE LINK of
+    it; ADD LINK and ADD LINK CONTINUATION of the link added again (each link's own
+    CONFIRM LINK goes over its own path); every frame decoded, none malformed."""
+    os.chmod(tmp_path, 0o755)  # dumpcap may drop to another user
+    pcap = tmp_path / "failover.pcapng"
+    run_failover(paths, 1, 64 << 20, 1, 1, capture=pcap)
+    bad = _tshark(pcap, "_ws.malformed || _ws.expert.severity >= 8388608", "frame.number")
+    assert not bad, f"malformed or erroneous frames: {bad[:10]}"
+    names = {0x01: "CONFIRM LINK", 0x02: "ADD LINK", 0x03: "ADD LINK CONT",
+             0x04: "DELETE LINK"}  # fmt: skip
+    seen = [names[int(v[0], 0)] for v in _tshark(pcap, "smc.llc_msg", "smc.llc_msg")
+            if int(v[0], 0) in names]
+    story = " / ".join(seen)
+    # link 1 confirmed, link 2 added (request and response each) before the cut
+    assert seen[:6] == ["CONFIRM LINK"] * 2 + ["ADD LINK"] * 2 + ["ADD LINK CONT"] * 2, story
+    # the cut: DELETE LINK (who sends how many depends on which end saw it first: the
+    # client's request, the server's echo and the answer, or the server's and the answer)
+    cut = seen.index("DELETE LINK")
+    assert set(seen[6:cut]) == set(), story
+    # the way back: an ADD LINK exchange with its rkeys (CONT) after the cut
+    back = seen[cut:]
+    assert "ADD LINK" in back and "ADD LINK CONT" in back[back.index("ADD LINK"):], story

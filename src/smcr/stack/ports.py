@@ -17,8 +17,8 @@ Design (the why of each):
   ``smc_ib_port_event_work``, which follows the IB port state an rxe device takes
   from its net device): :class:`PortWatcher` listens on rtnetlink for link and
   address changes and then re-reads each port's state, up meaning the interface is
-  running (``IFF_RUNNING``: a veth whose peer end went down is not) and still has
-  the RNIC's address.  A change calls :meth:`Stack.port_down` or
+  up with carrier (``IFF_LOWER_UP``: a veth whose peer end went down has none) and
+  still has the RNIC's address.  A change calls :meth:`Stack.port_down` or
   :meth:`Stack.port_up`.  Why re-read rather than decode the messages: an event
   only says "look again"; what counts is the state now, also after messages were
   lost (an overrun rtnetlink socket drops them: the watcher then re-reads too).
@@ -30,6 +30,7 @@ import contextlib
 import os
 import select
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -44,6 +45,14 @@ SHM_RNICS_ENV = "SMCR_SHM_RNICS"
 RTMGRP_LINK = 0x1
 RTMGRP_IPV4_IFADDR = 0x10
 RTMGRP_IPV6_IFADDR = 0x100
+RTM_NEWLINK = 16
+RTM_GETLINK = 18
+NLMSG_ERROR = 2
+NLM_F_REQUEST = 1
+IFF_UP = 0x1
+IFF_LOWER_UP = 0x10000
+_NLMSG = struct.Struct("=IHHII")
+_IFINFO = struct.Struct("=BxHiII")
 RECHECK = 1.0
 """Seconds between re-reads without an event (a lost netlink message costs at most this)."""
 
@@ -89,13 +98,39 @@ def roce_more(first: RoceDevice) -> list[RoceDevice]:
     return out
 
 
+def link_flags(ifname: str) -> int:
+    """A net device's flags as rtnetlink gives them (``ifi_flags``, 32 bits: with
+    ``IFF_LOWER_UP``, which ``SIOCGIFFLAGS`` cuts off), asked of the calling thread's
+    network namespace.
+
+    :raises OSError: for a device that does not exist (any more).
+    """
+    index = socket.if_nametoindex(ifname)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
+        nl.settimeout(2.0)
+        body = _IFINFO.pack(socket.AF_UNSPEC, 0, index, 0, 0)
+        nl.send(_NLMSG.pack(_NLMSG.size + len(body), RTM_GETLINK, NLM_F_REQUEST, 1, 0) + body)
+        while True:
+            data = nl.recv(65536)
+            off = 0
+            while off + _NLMSG.size <= len(data):
+                length, kind, _flags, _seq, _pid = _NLMSG.unpack_from(data, off)
+                if kind == NLMSG_ERROR:
+                    err = -struct.unpack_from("i", data, off + _NLMSG.size)[0]
+                    raise OSError(err, os.strerror(err), ifname)
+                if kind == RTM_NEWLINK:
+                    return int(_IFINFO.unpack_from(data, off + _NLMSG.size)[3])
+                off += max(length, _NLMSG.size)
+
+
 def roce_port_up(device: RoceDevice) -> bool:
-    """Whether a RoCE RNIC can carry traffic: its net device is running and still has the
-    RNIC's address."""
+    """Whether a RoCE RNIC can carry traffic: its net device is up with carrier (what rxe
+    follows: ``netif_running`` and ``netif_carrier_ok``; not the operstate, which the
+    kernel's linkwatch reports up to a second late) and still has the RNIC's address."""
     ifname = device.netdev
     if ifname is None:
         return True
-    if netif.interface(ifname)[2] != "up":
+    if link_flags(ifname) & (IFF_UP | IFF_LOWER_UP) != IFF_UP | IFF_LOWER_UP:
         return False
     return (ifname, device.address) in netif.ipv4_addresses()
 
