@@ -5,7 +5,8 @@ Server: accepts ``CONNS`` SMC-R connections and echoes each, hashing what came. 
 opens ``CONNS`` connections to ``ADDRESS:PORT``, sends ``SIZE`` random bytes on each while
 reading the echo back, hashing both.  Both print JSON lines on stdout: ``{"ready": port}``
 (server, once listening), then every 50 ms ``{"moved": bytes received so far, "links":
-[active links of each link group]}``, and at the end ``{"done": [per connection: sha256
+[active links of each link group], "detail": ...}`` (``SMCR_FAILOVER_REPORT_S``
+sets the period), and at the end ``{"done": [per connection: sha256
 sent, sha256 received, error or ""]}``.  They then wait for stdin to close (the test
 checks the groups after recovery meanwhile) and exit.  Environment: ``SMCR_RNIC=roce`` and
 ``SMCR_ROCE_DEVS`` (the test sets them).
@@ -65,7 +66,8 @@ def detail() -> list[list[object]]:
 
 
 def reporter(stop: threading.Event) -> None:
-    while not stop.wait(0.05):
+    period = float(os.environ.get("SMCR_FAILOVER_REPORT_S", "0.05"))
+    while not stop.wait(period):
         say({"moved": moved[0], "links": links(), "detail": detail()})
 
 

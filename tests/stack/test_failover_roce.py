@@ -85,9 +85,9 @@ class TwoPaths:
 class PeerProc:
     """``tests.stack.failover_peer`` in a namespace; its latest report kept by a thread."""
 
-    def __init__(self, ns: str, *args: str) -> None:
+    def __init__(self, ns: str, *args: str, env: dict[str, str] | None = None) -> None:
         env = os.environ | {"SMCR_RNIC": "roce", "SMCR_ROCE_DEVS": "p0,p1",
-                            "PYTHONPATH": str(REPO)}  # fmt: skip
+                            "PYTHONPATH": str(REPO)} | (env or {})  # fmt: skip
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, "-m", "tests.stack.failover_peer",
              *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
