@@ -6,6 +6,12 @@ Design (the why of each):
   :mod:`smcr.stack.devices`): the shm RNIC (one per process, the default), or
   with ``SMCR_RNIC=roce`` the RoCE RNIC of the TCP connection's local address.
   Everything above the verbs is the same for both.
+* **Further RNICs are ports of the same engine** (``more_devices``,
+  :mod:`smcr.stack.ports`): a link group then has a link over each (ADD LINK), every
+  RMB registered on each (:meth:`Stack.register_rmb`), one CQ for all their QPs
+  (:class:`PortRes`).  An RNIC that fails (:meth:`Stack.port_down`: its net device,
+  or an injected failure) has its links failed over by the engine; when it is back
+  (:meth:`Stack.port_up`) a link is added again.
 
 * **One lock serialises the engine** (STYLE §9): application threads and the
   progress thread call the engine only while holding :attr:`Stack.lock`.
