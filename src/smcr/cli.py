@@ -33,9 +33,14 @@ def _cmd_decline(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     """The main job (see the README): an SMC-R connection between two processes;
-    ``--capture`` runs the wire-level demo (a sample conversation decoded by tshark)."""
+    ``--capture`` runs the wire-level demo (a sample conversation decoded by tshark),
+    ``--failover`` the redundant-links demo (root)."""
     from rich.console import Console  # noqa: PLC0415 - keep `smcr decline` light
 
+    if args.failover:
+        from smcr.tools import faildemo  # noqa: PLC0415
+
+        return faildemo.run(Console())
     if args.capture:
         from smcr.tools import wiredemo  # noqa: PLC0415
 
@@ -239,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="show smcr at work (see the README)")
     demo.add_argument("--capture", action="store_true",
                       help="the wire-level demo: an SMC-R conversation decoded by tshark")
+    demo.add_argument("--failover", action="store_true",
+                      help="(root) redundant links: two RoCE paths between two namespaces, "
+                           "one cut and restored during a transfer")
     demo.add_argument("--out", metavar="DIR",
                       help="with --capture: where to write the capture "
                            "(default: a new private temp dir)")
