@@ -364,6 +364,9 @@ class Stack:
         self._bg_cond = threading.Condition(self.lock)
         self._bell_r, self._bell_w = socket.socketpair()
         self._bell_r.setblocking(False)
+        # a full doorbell already means a wake-up is pending: kick() must never block (it
+        # is called with the lock held, and the poller it wakes needs the lock to drain it)
+        self._bell_w.setblocking(False)
         self._clc_watch: dict[int, HostConn] = {}
         self._tcp_watch: dict[int, HostConn] = {}
         """TCP sockets of SMC-R connections, watched for the peer's end (:meth:`_tcp_ended`);
