@@ -14,9 +14,11 @@ checks the groups after recovery meanwhile) and exit.  Environment: ``SMCR_RNIC=
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -113,7 +115,21 @@ def client_conn(conn: smcr.SMCSocket, size: int, result: list[object]) -> None:
     result[:] = [sent.hexdigest(), got.hexdigest(), "; ".join(error)]
 
 
+def _busy_threads(_sig: int, _frame: object) -> None:
+    """SIGUSR2: the stacks of the threads that are not waiting (faulthandler shows 100)."""
+    import traceback  # noqa: PLC0415
+
+    for ident, frame in sys._current_frames().items():
+        names = [f.f_code.co_name for f, _ in traceback.walk_stack(frame)]
+        if names and names[0] in ("wait", "_acquire_restore", "_wait_for_tstate_lock"):
+            continue
+        sys.stderr.write(f"--- thread {ident}\n" + "".join(traceback.format_stack(frame)))
+    sys.stderr.flush()
+
+
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1)  # a stuck peer's threads, for a failing test
+    signal.signal(signal.SIGUSR2, _busy_threads)
     role, address, port, conns, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), \
         int(sys.argv[4]), int(sys.argv[5])  # fmt: skip
     stop = threading.Event()
