@@ -13,8 +13,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
-                                reason="needs root and iproute2 (network namespaces)")
+pytestmark = [pytest.mark.root,
+              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                 reason="needs root and iproute2 (network namespaces)")]
 
 
 def test_smcr_demo_failover_shows_the_cut_and_the_recovery() -> None:

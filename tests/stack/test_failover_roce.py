@@ -38,8 +38,9 @@ from tests.support import stop_capture, wait_for_mark
 REPO = Path(__file__).resolve().parents[2]
 MIB = int(os.environ.get("SMCR_FAILOVER_MIB", "64"))
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
-                                reason="needs root and iproute2 (network namespaces)")
+pytestmark = [pytest.mark.root,
+              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                 reason="needs root and iproute2 (network namespaces)")]
 
 
 def sh(*args: str) -> None:
@@ -256,6 +257,7 @@ def _tshark(pcap: Path, display_filter: str, *fields: str) -> list[list[str]]:
     return [line.split("\t") for line in out.splitlines() if line.strip()]
 
 
+@pytest.mark.tshark
 @pytest.mark.skipif(shutil.which("dumpcap") is None, reason="needs dumpcap/tshark")
 def test_a_failover_capture_decodes_add_delete_and_confirm_link(paths: TwoPaths,
                                                                 tmp_path: Path) -> None:
