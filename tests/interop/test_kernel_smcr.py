@@ -477,7 +477,13 @@ def test_abortive_close_with_the_kernel(kernel_smc: Guest, guest_role: str, abor
     closes = [ABORTED, ABORTED, ABORTED if aborter == "smcr" else CLOSED]
     first = {ip: [f[0] if f else 0 for f in conns] for ip, conns in flags.items()}
     assert len(first[host]) == len(first[guest]) == 4, flags
-    assert first[aborter_ip][:3] == closes and first[other_ip][:3] == closes, flags
+    # the answer carries the same flag; the kernel's may add peer_conn_closed to its abort
+    # (0x60) when smcr's TCP reset reached it before smcr's abort CDC
+    assert first[aborter_ip][:3] == closes, flags
+    answers = first[other_ip][:3]
+    assert len(answers) == 3, flags
+    assert all(f & c == c and not f & ~(ABORTED | CLOSED)
+               for f, c in zip(answers, closes, strict=True)), flags  # fmt: skip
     for ip in (host, guest):  # the echo after: closed in order (abort flags may follow the
         # close: smcr's exit ends the group while the kernel still frees that connection's
         # buffer, and Linux's smc_conn_kill then sends abort on it)

@@ -87,6 +87,11 @@ def _peer(ctl: Connection, ns: str, role: str, address: str, port: int) -> None:
         conn.close()
     stop[0] = True
     time.sleep(REPORT)
+    # the group is shown once the link added again has settled (an asymmetric link made
+    # during the cut is replaced by the symmetric one when p0 is back: that may still run)
+    settle = time.monotonic() + 15
+    while role == "server" and _links().get("type") != "SYMMETRIC" and time.monotonic() < settle:
+        time.sleep(0.1)
     ctl.send(("done", h.hexdigest(), _links()))
     ctl.recv()  # until the demo has shown the end
 
