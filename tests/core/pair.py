@@ -36,6 +36,7 @@ from smcr.core import (
     SendClc,
     ShutdownTcp,
 )
+from smcr.core.linkgroup import LinkGroup
 
 LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
 _qpns = itertools.count(0x100)
@@ -301,3 +302,19 @@ class Pair:
         """Run actions from an application call, then pump."""
         self.run(side, actions)
         self.pump()
+
+
+def lgr_of(side: Side) -> LinkGroup:
+    """The side's only link group."""
+    (lgr,) = side.engine.lgrs.values()
+    return lgr
+
+
+def transfer(p: Pair, c: int, s: int, data: bytes) -> bytes:
+    """``data`` written by the client's connection ``c``, then read by the server's ``s``."""
+    n, actions = p.client.write(c, data)
+    assert n == len(data)
+    p.do(p.client, actions)
+    got, actions = p.server.read(s)
+    p.do(p.server, actions)
+    return got

@@ -13,14 +13,9 @@ import dataclasses
 from smcr.core import Action, Config, ConnectionReset, LgrType, LinkGroup, LinkState
 from smcr.core.linkgroup import Link
 from smcr.wire.llc import AddLink, AddLinkCont, ConfirmLink, DeleteLink, LlcType, decode_llc
-from tests.core.pair import Pair, Side
+from tests.core.pair import Pair, Side, lgr_of
 
 ADD = Config(add_links=True)
-
-
-def lgr_of(side: Side) -> LinkGroup:
-    (lgr,) = side.engine.lgrs.values()
-    return lgr
 
 
 def active(lgr: LinkGroup) -> list[Link]:

@@ -6,10 +6,9 @@ REQUEST ADD LINK, and the v2.1 max links that decides whether a link is offered 
 from __future__ import annotations
 
 from smcr.core import Config, LgrType, LinkState
-from smcr.core.linkgroup import LinkGroup
 from smcr.wire.clc import ClcAccept, decode_clc
 from smcr.wire.llc import AddLinkV2, ConfirmLinkV2, LlcType, RequestAddLinkV2, decode_llc
-from tests.core.pair import Pair, Side
+from tests.core.pair import Pair, Side, lgr_of, transfer
 from tests.core.test_v2 import EID, clc_sent
 from tests.wire.test_llc import golden_frame
 
@@ -24,22 +23,8 @@ def v2_pair(config: Config = ADD, client_ports: int = 2, server_ports: int = 2,
     return p
 
 
-def lgr_of(side: Side) -> LinkGroup:
-    (lgr,) = side.engine.lgrs.values()
-    return lgr
-
-
 def links(side: Side) -> list[tuple[int, int]]:
     return [(x.link_id, x.port) for x in lgr_of(side).links if x.state is LinkState.LINK_ACTIVE]
-
-
-def transfer(p: Pair, c: int, s: int, data: bytes) -> bytes:
-    n, actions = p.client.write(c, data)
-    assert n == len(data)
-    p.do(p.client, actions)
-    got, actions = p.server.read(s)
-    p.do(p.server, actions)
-    return got
 
 
 def test_v2_symmetric_add_link_rkeys_in_the_message() -> None:

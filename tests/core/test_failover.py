@@ -11,17 +11,11 @@ from __future__ import annotations
 import pytest
 
 from smcr.core import Action, Config, ConnectionReset, LgrType, LinkState, PostSend, RdmaWrite
-from smcr.core.linkgroup import LinkGroup
 from smcr.wire.llc import DeleteLink, LlcType, decode_llc
-from tests.core.pair import Pair, Side
+from tests.core.pair import Pair, Side, lgr_of
 
 ADD = Config(add_links=True)
 DATA = bytes(range(256)) * 40  # 10 KiB
-
-
-def lgr_of(side: Side) -> LinkGroup:
-    (lgr,) = side.engine.lgrs.values()
-    return lgr
 
 
 def symmetric() -> tuple[Pair, int, int]:

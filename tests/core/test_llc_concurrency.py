@@ -6,30 +6,15 @@ server's ADD LINK flow."""
 from __future__ import annotations
 
 from smcr.core import Config, ConnectionReset, LgrType, LinkState
-from smcr.core.linkgroup import LinkGroup
 from smcr.wire.llc import LlcType
-from tests.core.pair import Pair, Side
+from tests.core.pair import Pair, Side, lgr_of, transfer
 from tests.core.test_v2 import EID
 
 ADD = Config(add_links=True)
 
 
-def lgr_of(side: Side) -> LinkGroup:
-    (lgr,) = side.engine.lgrs.values()
-    return lgr
-
-
 def links(side: Side) -> list[int]:
     return [x.link_id for x in lgr_of(side).links if x.state is LinkState.LINK_ACTIVE]
-
-
-def transfer(p: Pair, c: int, s: int, data: bytes) -> bytes:
-    n, actions = p.client.write(c, data)
-    assert n == len(data)
-    p.do(p.client, actions)
-    got, actions = p.server.read(s)
-    p.do(p.server, actions)
-    return got
 
 
 def hold(p: Pair, sender: Side, llc_type: int, flags: int) -> list[bytes]:

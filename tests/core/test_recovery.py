@@ -6,30 +6,15 @@ the asymmetric link replaced once a symmetric one exists (Linux ``smcr_port_add`
 from __future__ import annotations
 
 from smcr.core import Config, ConnectionReset, LgrType, LinkAdded, LinkRemoved, LinkState
-from smcr.core.linkgroup import LinkGroup
 from smcr.wire.llc import AddLink, DeleteLink, LlcType, decode_llc
-from tests.core.pair import Pair, Side
+from tests.core.pair import Pair, Side, lgr_of, transfer
 
 ADD = Config(add_links=True)
-
-
-def lgr_of(side: Side) -> LinkGroup:
-    (lgr,) = side.engine.lgrs.values()
-    return lgr
 
 
 def links(side: Side) -> list[tuple[int, int]]:
     """(link id, port) of the side's active links."""
     return [(x.link_id, x.port) for x in lgr_of(side).links if x.state is LinkState.LINK_ACTIVE]
-
-
-def transfer(p: Pair, c: int, s: int, data: bytes) -> bytes:
-    n, actions = p.client.write(c, data)
-    assert n == len(data)
-    p.do(p.client, actions)
-    got, actions = p.server.read(s)
-    p.do(p.server, actions)
-    return got
 
 
 def symmetric(client_ports: int = 2, server_ports: int = 2) -> tuple[Pair, int, int]:
