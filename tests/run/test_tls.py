@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import ssl
+import struct
 import tempfile
 import threading
 import types
@@ -131,6 +132,41 @@ def test_the_sslsocket_api_over_smcr_answers_as_over_tcp() -> None:
     assert over_smc == over_tcp
     assert over_tcp[0] == "TLSv1.3" and over_tcp[5:7] == ["smcr-test", "smcr-test"]
     assert over_tcp[9:13] == [b"a", 2, b"bc", 0]
+
+
+def reset_story(c: ssl.SSLSocket, s: ssl.SSLSocket) -> list[object]:
+    """The client resets the connection (``SO_LINGER`` 0: over SMC-R an abort CDC);
+    the server reads, then writes, then reads with ragged EOFs not suppressed."""
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.close()
+    seen: list[object] = [s.read()]
+
+    def errors(call: Callable[[], object]) -> object:
+        try:
+            return call()
+        except OSError as exc:
+            return type(exc), exc.errno
+
+    seen.append(errors(lambda: s.write(b"late")))
+    s.suppress_ragged_eofs = False  # type: ignore[attr-defined]
+    seen.append(errors(s.read))
+    return seen
+
+
+def test_a_reset_reads_as_a_ragged_eof_as_over_tcp() -> None:
+    """``ssl`` reports a reset beneath ``read``/``write`` as a TLS EOF (``SSL_read_ex``
+    returns 0; ``_ssl.c`` makes that an ``SSLEOFError``, ``b""`` when suppressed): a
+    client that closes with the server's TLS 1.3 session tickets unread resets the
+    connection, and CPython's test servers stopped at the ``ConnectionResetError`` we
+    raised instead (test_ssl's get_server_certificate tests, about 1 run in 10)."""
+    with tls_pair("tcp") as (c, s):
+        over_tcp = reset_story(c, s)
+    with tls_pair("smc") as (c, s):
+        assert type(s) is tls.SmcTlsSocket
+        over_smc = reset_story(c, s)
+    assert over_smc == over_tcp
+    assert over_tcp == [b"", (ssl.SSLEOFError, ssl.SSL_ERROR_EOF),
+                        (ssl.SSLEOFError, ssl.SSL_ERROR_EOF)]  # fmt: skip
 
 
 def test_what_a_tls_socket_over_smcr_refuses() -> None:

@@ -74,6 +74,21 @@ def _smc_socket_of(sock: Any) -> SMCSocket | None:
     return smc_socket_with_number(fd) if isinstance(fd, int) and fd >= 0 else None
 
 
+def _eof_in_violation() -> ssl.SSLEOFError:
+    """What ``ssl`` raises from ``read`` or ``write`` when the TCP connection beneath
+    was reset: CPython calls ``SSL_read_ex``/``SSL_write_ex``, whose failure returns 0,
+    and ``_ssl.c`` reports a system-call error with that return value as this EOF,
+    not as ``ConnectionResetError`` (a reset in ``do_handshake``, which returns -1,
+    stays an ``OSError``).  A reader with ``suppress_ragged_eofs`` gets ``b""``: a
+    peer that closes with our TLS 1.3 session tickets unread aborts the connection
+    (TCP sends a reset there too), and a server must see the end of its client, not
+    an error."""
+    error = ssl.SSLEOFError(ssl.SSL_ERROR_EOF, "EOF occurred in violation of protocol")
+    error.library = None  # type: ignore[assignment]
+    error.reason = None  # type: ignore[assignment]
+    return error
+
+
 class SmcTlsSocket(ssl.SSLSocket):
     """An ``ssl.SSLSocket`` whose TLS records travel over an SMC socket (module doc)."""
 
@@ -310,9 +325,12 @@ class SmcTlsSocket(ssl.SSLSocket):
 
     def read(self, len: int = 1024, buffer: Any = None) -> Any:
         try:
-            if buffer is not None:
-                return self._pump("read", len, buffer)
-            return self._pump("read", len)
+            try:
+                if buffer is not None:
+                    return self._pump("read", len, buffer)
+                return self._pump("read", len)
+            except ConnectionError:
+                raise _eof_in_violation() from None
         except ssl.SSLError as exc:
             if exc.args[0] == ssl.SSL_ERROR_EOF and self.suppress_ragged_eofs:
                 return 0 if buffer is not None else b""
@@ -348,6 +366,8 @@ class SmcTlsSocket(ssl.SSLSocket):
         except ssl.SSLWantWriteError:
             self._unsent_plain = done
             raise
+        except ConnectionError:
+            raise _eof_in_violation() from None
         return len(view)
 
     def _raw(self) -> SMCSocket | None:
