@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,13 +149,15 @@ def split_clc(stream: bytes) -> tuple[list[ClcMessage], bytes]:
 
 
 @contextlib.contextmanager
-def capture(port: int, roce: bool = False) -> Iterator[Path]:
-    """tcpdump on br0 (netns smcnet) of ``tcp port PORT`` (and with ``roce`` of RoCEv2,
-    UDP 4791); the file once stopped."""
+def capture(port: int | Sequence[int], roce: bool = False) -> Iterator[Path]:
+    """tcpdump on br0 (netns smcnet) of ``tcp port PORT`` (each of several ports, and with
+    ``roce`` of RoCEv2, UDP 4791); the file once stopped."""
+    ports = [port] if isinstance(port, int) else list(port)
     tmp = Path(tempfile.mkdtemp(prefix="smcr-kernel-smc"))
     os.chmod(tmp, 0o755)
-    path = tmp / f"tcp{port}.pcap"
-    flt = f"tcp port {port}" + (" or udp port 4791" if roce else "") + f" or udp port {MARK_PORT}"
+    path = tmp / f"tcp{ports[0]}.pcap"
+    flt = " or ".join(f"tcp port {p}" for p in ports)
+    flt += (" or udp port 4791" if roce else "") + f" or udp port {MARK_PORT}"
     # --immediate-mode: each packet to the file as it comes; in blocks (the default),
     # those of a block not yet handed over are lost when tcpdump stops
     cap = subprocess.Popen(["ip", "netns", "exec", NETNS, "tcpdump", "-Z", "root", "-i", "br0",

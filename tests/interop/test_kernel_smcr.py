@@ -46,18 +46,20 @@ from smcr.wire.clc import ClcAccept, ClcConfirm, ClcDecline, ClcProposal, make_e
 from smcr.wire.clc_header import SmcType
 from smcr.wire.decline import DeclineCode
 from smcr.wire.roce_packet import verify_icrc
-from tests.interop.guest import FIGURES, HOST_IP, NETNS, Guest
+from tests.interop.guest import FIGURES, GUEST_IP, HOST_IP, NETNS, Guest
 from tests.interop.kernel_exchange import (
     GUEST_UEID,
     MB,
     TOOL,
     Exchange,
+    capture,
     check_data,
     exchange,
     host_proc,
     next_port,
     ueid_file,
 )
+from tests.interop.peer_gone import FIRST_PORT as PEER_GONE_PORT
 from tests.roce.netns import REPO
 
 pytestmark = [pytest.mark.interop, pytest.mark.root]
@@ -234,12 +236,21 @@ def test_smcr_v2_with_the_kernel_reuses_the_link_group(kernel_smc: Guest,
 def test_ueid_mismatch_falls_back_with_one_code(kernel_smc: Guest, guest_role: str) -> None:
     """smcr with another UEID: no SMC-Rv2 (no common UEID) and no SMC-Rv1 (rxe has no
     RoCE v1 GID), so both fall back to TCP, and both ends name the server's code."""
-    ex = exchange(kernel_smc, guest_role, "smc", ueids=["SMCR-OTHER-UEID"], nbytes=MB)
+    ex = exchange(kernel_smc, guest_role, "smc", ueids=["SMCR-OTHER-UEID"], nbytes=MB,
+                  keep_pcap=True)  # fmt: skip
+    assert ex.pcap is not None
+    try:
+        _frames, rows = check_decodes(ex.pcap)
+    finally:
+        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
     check_data(ex, MB)
     assert len(ex.client_clc) == 1 and isinstance(ex.client_clc[0], ClcProposal)
     assert len(ex.server_clc) == 1 and isinstance(ex.server_clc[0], ClcDecline)
     code = ex.server_clc[0].peer_diagnosis
     assert code == int(DeclineCode.NOSMCDEV), hex(code)
+    # tshark reads the Proposal and the Decline with its code
+    clc = [(int(r[3]), r[5]) for r in rows.values() if r[3]]
+    assert [m for m, _ in clc] == [1, 4] and int(clc[1][1].split(",")[0], 0) == code, clc
     diag = ex.kernel["diag"]
     assert diag["mode"] == "FALLBACK_TCP", diag
     if guest_role == "client":  # smcr declined
@@ -274,6 +285,7 @@ def test_test_link_both_ways(kernel_smc: Guest, prober: str) -> None:
     try:
         check_smcr_v2(ex)
         assert ex.smcr["echoed_intact"] == 3, ex.smcr
+        check_decodes(ex.pcap)
         tests = Counter((src, msg[3] & 0x80 != 0) for src, msg in llc_sends(ex.pcap)
                         if msg[0] == 0x27)  # fmt: skip
     finally:
@@ -353,22 +365,33 @@ def roce_frames(pcap: Path) -> dict[int, tuple[int, int | None]]:
 
 
 def check_capture(pcap: Path) -> None:
-    frames = roce_frames(pcap)
+    frames, rows = check_decodes(pcap)
     sends = Counter(kind for _op, kind in frames.values() if kind is not None)
     # both ends' LLC v2 on the wire: CONFIRM LINK and its response, CONFIRM RKEY and
     # DELETE RKEY (the reuse), TEST LINK at most as smcr's probe; CDCs both ways
     assert sends[0x21] == 2, sends
     assert sends[0x26] >= 2 and sends[0x29] >= 2 and sends[0xFE] >= 4, sends
     assert set(sends) <= {0x21, 0x24, 0x26, 0x27, 0x29, 0xFE}, sends  # no ADD LINK: max links 1
+    clc = [r for r in rows.values() if r[3]]
+    assert sorted(int(r[3]) for r in clc) == [1, 1, 2, 2, 3, 3], clc  # 2 x Prop/Acc/Conf
+
+
+def check_decodes(pcap: Path) -> tuple[dict[int, tuple[int, int | None]], dict[int, list[str]]]:
+    """Every RoCEv2 frame's ICRC verifies, and tshark decodes the capture as it decodes
+    Linux's own traffic (the golden kernel-to-kernel capture; see
+    :func:`test_smcr_v2_with_the_kernel_capture_decodes`): every CDC is SMC, not
+    malformed; CONFIRM LINK v2 and ADD LINK v2 (0x21, 0x22) are taken for RPC-over-RDMA
+    and malformed; every other LLC v2 message is undissected InfiniBand data; nothing
+    else is malformed (TCP, CLC messages).  The RoCEv2 frames (:func:`roce_frames`) and
+    tshark's rows (number, protocols, LLC type, CLC type, malformed, decline code)."""
+    frames = roce_frames(pcap)
     out = subprocess.run(
         ["tshark", "-r", str(pcap), "-T", "fields", "-e", "frame.number",
          "-e", "frame.protocols", "-e", "smc.llc_msg", "-e", "smc.clc_msg",
-         "-e", "_ws.malformed"],
+         "-e", "_ws.malformed", "-e", "smc.peer.diag.info"],
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     rows = {int(r[0]): r for r in (line.split("\t") for line in out.splitlines()) if r[0]}
-    clc = [r for r in rows.values() if r[3]]
-    assert sorted(int(r[3]) for r in clc) == [1, 1, 2, 2, 3, 3], clc  # 2 x Prop/Acc/Conf
     for number, (_op, kind) in frames.items():
         protocols, llc, malformed = rows[number][1], rows[number][2], rows[number][4]
         assert protocols.startswith("eth:ethertype:ip:udp:infiniband"), rows[number]
@@ -379,6 +402,7 @@ def check_capture(pcap: Path) -> None:
         else:
             assert ":smc" not in protocols and not malformed, rows[number]
     assert not [r for n, r in rows.items() if r[4] and n not in frames], rows
+    return frames, rows
 
 
 # ------------------------------------------------------------------ ADD LINK
@@ -396,6 +420,8 @@ def test_the_kernels_second_link_is_rejected_live(kernel_smc: Guest) -> None:
     assert ex.pcap is not None
     try:
         llc = llc_sends(ex.pcap)
+        frames, _rows = check_decodes(ex.pcap)  # the offer and the reject: rpcordma, malformed
+        assert sum(kind == 0x22 for _op, kind in frames.values()) == 2, frames
     finally:
         shutil.rmtree(ex.pcap.parent, ignore_errors=True)
     check_data(ex, MB, smc=True)
@@ -439,6 +465,7 @@ def test_abortive_close_with_the_kernel(kernel_smc: Guest, guest_role: str, abor
     try:
         flags = close_flags(ex.pcap)
         naks = [f for f in acks(ex.pcap) if f[1] & 0x60 == 0x60]
+        check_decodes(ex.pcap)
     finally:
         shutil.rmtree(ex.pcap.parent, ignore_errors=True)
     # no RDMA error: smcr keeps an aborted connection's RMB until the kernel's closing CDC
@@ -529,14 +556,29 @@ def close_flags(pcap: Path) -> dict[str, list[tuple[int, ...]]]:
 # ------------------------------------------------------------------ the peer going away
 
 
-def peer_gone(scenario: str) -> dict[str, Any]:
-    """``tests/interop/peer_gone.py``: smcr's side of a scenario, its record."""
-    proc = subprocess.run([sys.executable, "-m", "tests.interop.peer_gone", scenario],
-                          check=False, capture_output=True, text=True, cwd=REPO,
-                          timeout=300)  # fmt: skip
-    assert proc.returncode == 0 and proc.stdout.strip(), proc.stdout + proc.stderr
-    result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
-    return result
+def peer_gone(scenario: str) -> tuple[dict[str, Any], dict[int, tuple[int, int | None]], Path]:
+    """``tests/interop/peer_gone.py``: smcr's side of a scenario, its record; captured
+    (its ports and RoCEv2), checked by :func:`check_decodes`: its RoCEv2 frames, and the
+    capture (the caller removes its directory)."""
+    ports = peer_gone_ports(scenario)
+    with capture(ports, roce=True) as pcap:
+        proc = subprocess.run([sys.executable, "-m", "tests.interop.peer_gone", scenario],
+                              check=False, capture_output=True, text=True, cwd=REPO,
+                              timeout=300)  # fmt: skip
+    try:
+        assert proc.returncode == 0 and proc.stdout.strip(), proc.stdout + proc.stderr
+        result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+        frames, _rows = check_decodes(pcap)
+    except BaseException:
+        shutil.rmtree(pcap.parent, ignore_errors=True)
+        raise
+    return result, frames, pcap
+
+
+def peer_gone_ports(scenario: str) -> list[int]:
+    """The TCP ports a peer-gone scenario uses (:mod:`tests.interop.peer_gone`)."""
+    first = PEER_GONE_PORT + (0 if scenario == "kill" else 10)
+    return [first, first + 1, first + 2]
 
 
 def test_the_kernel_process_killed_mid_transfer(kernel_smc: Guest) -> None:
@@ -545,7 +587,12 @@ def test_the_kernel_process_killed_mid_transfer(kernel_smc: Guest) -> None:
     since nothing was left unread), so smcr reads EOF (as from a TCP peer whose process
     died: its FIN) within the socket's 30 s bound; the link group stays, and the next
     connection (a new server process) reuses it."""
-    r = peer_gone("kill")
+    r, _frames, pcap = peer_gone("kill")
+    try:  # the kernel closed the dead process's socket: its closing CDC is on the wire
+        flags = close_flags(pcap)
+    finally:
+        shutil.rmtree(pcap.parent, ignore_errors=True)
+    assert any(f & CLOSED for f in flags[GUEST_IP][0]), flags
     killed, after = r["killed"], r["after"]
     assert killed["info"]["mode"] == "SMCR" and killed["received"] == 4 * MB, killed
     assert killed["read"] == "EOF", killed
@@ -573,7 +620,13 @@ def test_the_kernel_interface_down_mid_transfer_and_idle(kernel_smc: Guest) -> N
     ECONNRESET within the socket's 30 s bound.  The kernel ends its link group at once
     (port event) and its socket fails (KERNEL_ENDS).  Once eth0 is back, a new connection
     makes a new link group and carries 1 MiB intact."""
-    r = peer_gone("linkdown")
+    r, _frames, pcap = peer_gone("linkdown")
+    try:
+        probes = [m for src, m in llc_sends(pcap) if src == HOST_IP and m[0] == 0x27]
+    finally:
+        shutil.rmtree(pcap.parent, ignore_errors=True)
+    # smcr's TEST LINK requests, which found the dead links
+    assert len([m for m in probes if not m[3] & 0x80]) >= 2, probes
     mid, idle, after = r["mid"], r["idle"], r["after"]
     for step in (mid, idle):
         assert step["info"]["mode"] == "SMCR" and step["info"]["first_contact"], step
@@ -595,34 +648,42 @@ def test_smcr_killed_mid_transfer_the_kernel_ends_cleanly(kernel_smc: Guest) -> 
     within seconds ``smc_diag`` has no socket and no link group left."""
     port = next_port()
     table = ueid_file([GUEST_UEID])
-    kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=1", timeout=30)
-    proc = host_proc(["server", "--port", str(port), "--mode", "send", "--bytes", str(1 << 40),
-                      "--timeout", "30"],
-                     {"SMCR_DISCOVERY": "bpf", "SMCR_UEID_FILE": str(table)})  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        assert json.loads(proc.stdout.readline()) == {"listening": port}
-        ident = kernel_smc.run(f"{TOOL} client --family smc --host {HOST_IP} --port {port}"
-                               " --mode drain --timeout 30", background=True)  # fmt: skip
-        deadline = time.monotonic() + 60
-        while not any(s["dport"] == port and s["mode"] == "SMCR" for s in kernel_socks(kernel_smc)):
-            assert time.monotonic() < deadline, kernel_smc.output(ident)
-            time.sleep(0.2)
-        time.sleep(1.0)  # mid-transfer: the kernel reads what smcr writes
+    with capture(port, roce=True) as pcap:
+        kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=1", timeout=30)
+        proc = host_proc(["server", "--port", str(port), "--mode", "send", "--bytes", str(1 << 40),
+                          "--timeout", "30"],
+                         {"SMCR_DISCOVERY": "bpf", "SMCR_UEID_FILE": str(table)})  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            assert json.loads(proc.stdout.readline()) == {"listening": port}
+            ident = kernel_smc.run(f"{TOOL} client --family smc --host {HOST_IP} --port {port}"
+                                   " --mode drain --timeout 30", background=True)  # fmt: skip
+            deadline = time.monotonic() + 60
+            while not any(s["dport"] == port and s["mode"] == "SMCR"
+                          for s in kernel_socks(kernel_smc)):  # fmt: skip
+                assert time.monotonic() < deadline, kernel_smc.output(ident)
+                time.sleep(0.2)
+            time.sleep(1.0)  # mid-transfer: the kernel reads what smcr writes
+        finally:
+            proc.kill()
+            proc.communicate(timeout=30)
+            shutil.rmtree(table.parent, ignore_errors=True)
+        try:
+            t0 = time.monotonic()
+            conn = json.loads(kernel_smc.wait(ident, 90).splitlines()[-1])["conns"][0]
+            ended = time.monotonic() - t0
+            deadline = time.monotonic() + LGR_END_WAIT
+            while (socks := kernel_socks(kernel_smc)) or (lgrs := kernel_lgrs(kernel_smc)):
+                assert time.monotonic() < deadline, (socks, lgrs)
+                time.sleep(0.5)
+        finally:
+            kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=30", timeout=30)
+    try:  # the wire: decoded; the kernel's TEST LINK requests found the dead link
+        check_decodes(pcap)
+        probes = [m for src, m in llc_sends(pcap) if src == GUEST_IP and m[0] == 0x27]
     finally:
-        proc.kill()
-        proc.communicate(timeout=30)
-        shutil.rmtree(table.parent, ignore_errors=True)
-    try:
-        t0 = time.monotonic()
-        conn = json.loads(kernel_smc.wait(ident, 90).splitlines()[-1])["conns"][0]
-        ended = time.monotonic() - t0
-        deadline = time.monotonic() + LGR_END_WAIT
-        while (socks := kernel_socks(kernel_smc)) or (lgrs := kernel_lgrs(kernel_smc)):
-            assert time.monotonic() < deadline, (socks, lgrs)
-            time.sleep(0.5)
-    finally:
-        kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=30", timeout=30)
+        shutil.rmtree(pcap.parent, ignore_errors=True)
+    assert len([m for m in probes if not m[3] & 0x80]) >= 1, probes
     assert conn["diag"]["mode"] == "SMCR" and conn["received"] > 0, conn
     # the link group's end kills the connection (smc_close_active_abort: ECONNABORTED as
     # the socket's error); the blocked read then ends as smc_rx_recvmsg finds it: killed
