@@ -97,10 +97,11 @@ class AddLinkLayer(LinkLayer):
     # -- helpers ---------------------------------------------------------------
 
     def _alt_port(self, link: Link) -> int | None:
-        """A usable port of ours other than ``link``'s, of the same PNET ID (Linux
-        ``smc_pnet_find_alt_roce``: another device, its port active, ``smc_pnet_match``)."""
+        """A usable port of ours other than ``link``'s, of the group's PNET ID (Linux
+        ``smc_pnet_find_alt_roce``: another device, its port active, ``smc_pnet_match``
+        with ``lgr->pnet_id``)."""
         ports = self.identity.ports
-        pnetid = ports[link.port].pnetid.strip()
+        pnetid = link.lgr.pnet_id
         for i, port in enumerate(ports):
             if i != link.port and i not in self.ports_down and port.pnetid.strip() == pnetid:
                 return i

@@ -274,6 +274,7 @@ class Engine(PortLayer):
                  port: int = 0) -> tuple[LinkGroup, Link]:  # fmt: skip
         lgr = LinkGroup(next(self._lgr_ids), role, peer_id)
         lgr.version, lgr.terms = (1, None) if terms is None else (2, terms)
+        lgr.pnet_id = self.identity.ports[port].pnetid.strip()
         link = self._new_link(lgr, port, link_id=1)
         lgr.next_link_id = 1
         self.lgrs[lgr.lgr_id] = lgr

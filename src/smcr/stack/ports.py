@@ -9,10 +9,11 @@ Design (the why of each):
   process N shm RNICs (tests, and ``smcr demo --failover``).  With two or more the
   server side of each new link group offers a second link (ADD LINK) over the other
   RNIC (:class:`smcr.stack.runtime.Stack`).
-* **Pairing across hosts**: the engine offers its first other RNIC; the peer answers
-  from its own other RNIC.  Two hosts with one subnet per RNIC pair (the usual
-  redundant setup) pair up right.  Not done: Linux's PNET ID table and the subnet
-  match against the peer's GID (``smc_pnet_find_alt_roce``).
+* **Pairing across hosts**: the engine offers its first other RNIC of the group's
+  PNET ID (:mod:`smcr.pnet`, ``smcr pnet add``; none set: every RNIC matches, as
+  Linux's ``smc_pnet_find_alt_roce``); the peer answers from its own other RNIC of
+  that PNET ID.  Two hosts with one subnet per RNIC pair (the usual redundant
+  setup) pair up right.
 * **Failure detection of a RoCE RNIC is its net device's** (Linux
   ``smc_ib_port_event_work``, which follows the IB port state an rxe device takes
   from its net device): :class:`PortWatcher` listens on rtnetlink for link and
