@@ -4,10 +4,13 @@ a runtime over two shm RNICs that adds a second link only over RNICs of the grou
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -15,7 +18,11 @@ from smcr import pnet
 from smcr.cli import main
 from smcr.core import Config, LgrType
 from smcr.diag.snapshot import _lgr_row
+from smcr.rdma.base import Device
+from smcr.rdma.roce.netif import RnicInfo
 from smcr.rdma.shm import ShmDevice
+from smcr.rdma.verbs import PathMtu
+from smcr.stack import devices
 from smcr.stack.runtime import Stack
 from tests.stack import hosts as h
 from tests.stack.test_multirnic import active_ports, exchange, group, until
@@ -168,3 +175,32 @@ def test_a_table_changed_reaches_the_runtime_at_its_next_connection(tmp_path: Pa
         h.connect(server, client)
         with server.lock:
             assert [p.pnetid for p in server.engine.identity.ports] == ["", "NETA"]
+
+
+def _rnic(name: str, ifname: str, address: str) -> RnicInfo:
+    return RnicInfo(name, ifname, address, bytes(16), bytes(6), 1500, PathMtu.MTU_1024, "up",
+                    prefix_len=24)  # fmt: skip
+
+
+def test_first_contact_takes_the_rnic_of_the_tcp_net_device_s_pnetid(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """smc_pnet_find_roce_resource: the TCP connection's net device's PNET ID picks the
+    RNIC; without one (or when its own RNIC has it), the net device's own RNIC."""
+    infos = [_rnic("roce_eth0", "eth0", "10.1.0.1"), _rnic("roce_eth1", "eth1", "10.2.0.1"),
+             _rnic("roce_eth2", "eth2", "10.3.0.1")]  # fmt: skip
+    monkeypatch.setattr(devices, "list_devices", lambda: infos)
+    path = tmp_path / "pnet"
+    monkeypatch.setenv(pnet.ENV, str(path))
+    tcp = ipaddress.ip_address("10.1.0.1")
+    assert devices.roce_key(tcp) == "10.1.0.1"  # no table
+    pnet.add("NETA", netdev="eth0", rnic="roce_eth0", path=path)
+    pnet.add("NETB", rnic="roce_eth1", path=path)
+    assert devices.roce_key(tcp) == "10.1.0.1"  # its own RNIC has its PNET ID
+    pnet.flush(path)
+    pnet.add("NETA", netdev="eth0", path=path)
+    pnet.add("NETB", rnic="roce_eth0", path=path)
+    pnet.add("NETA", rnic="roce_eth2", path=path)
+    assert devices.roce_key(tcp) == "10.3.0.1"  # the RNIC of eth0's PNET ID
+    # the CLC prefix stays the TCP connection's
+    dev = SimpleNamespace(info=infos[2])
+    assert devices.prefix_ip(cast(Device, dev), tcp) == ipaddress.ip_interface("10.1.0.1/24")
