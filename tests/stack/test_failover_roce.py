@@ -285,3 +285,37 @@ def test_a_failover_capture_decodes_add_delete_and_confirm_link(paths: TwoPaths,
     # the way back: an ADD LINK exchange with its rkeys (CONT) after the cut
     back = seen[cut:]
     assert "ADD LINK" in back and "ADD LINK CONT" in back[back.index("ADD LINK"):], story
+
+
+def test_the_second_link_goes_over_the_rnic_that_reaches_the_peer(paths: TwoPaths) -> None:
+    """Route matching (Linux ``smc_ib_find_route``): the client's first other RNIC is on a
+    net device of its own subnet (a veth into nowhere, no path to the server); the server's ADD LINK
+    comes from its p1 address, which the kernel routes out of the client's p1: the client
+    takes p1, not the first RNIC listed.  (Without the route check it took d0, its
+    link could not come up and the group stayed at one link.)"""
+    n = os.getpid() % 250
+    sh("ip", "-n", paths.ns[1], "link", "add", "d0", "type", "veth", "peer", "name", "d0p")
+    sh("ip", "-n", paths.ns[1], "addr", "add", f"10.133.{n}.2/24", "dev", "d0")
+    for dev in ("d0p", "d0"):
+        sh("ip", "-n", paths.ns[1], "link", "set", dev, "up")
+    server = PeerProc(paths.ns[0], "server", f"{paths.nets[0]}.1", "0", "1", str(1 << 20))
+    client = None
+    try:
+        until(lambda: server.ready is not None, 30, "server listening", (server,))
+        client = PeerProc(paths.ns[1], "client", f"{paths.nets[0]}.1", str(server.ready), "1",
+                          str(1 << 20), env={"SMCR_ROCE_DEVS": "d0,p1"})  # fmt: skip
+        both = (server, client)
+        until(lambda: server.last.get("links") == [2] and client.last.get("links") == [2], 60,
+              "the group has two links", both)  # fmt: skip
+        until(lambda: server.done is not None and client.done is not None, 120,
+              "transfer done", both)  # fmt: skip
+        assert client.done is not None
+        assert not [r[2] for r in client.done if r[2]]
+        for side, peer in enumerate(both):
+            groups = linkgroups(paths.ns[side], peer.proc.pid)
+            assert [(g["type"], [x["netdev"] for x in g["links"]]) for g in groups] == [
+                ("SYMMETRIC", ["p0", "p1"])], groups
+    finally:
+        for p in (client, server):
+            if p is not None:
+                p.close()

@@ -513,6 +513,13 @@ class Stack:
         """The port (RNIC) a QP of this runtime is on."""
         return self._qp_port.get(qpn, 0)
 
+    def reaches(self, port: int, gid: bytes) -> bool:
+        """The engine's ``Provider.reaches``: whether our ``port`` has a path to a peer
+        port's GID (RoCE: the kernel's route, :func:`ports.roce_reaches`; shm: every
+        port reaches every shm RNIC of the host)."""
+        dev = self.ports[port].device
+        return not isinstance(dev, RoceDevice) or ports.roce_reaches(dev, gid)
+
     def port_down(self, port: int, reason: str) -> None:
         """An RNIC is gone (net device down, address lost, injected failure; lock held):
         every link over it fails (Linux ``smcr_port_err`` -> ``smcr_link_down_cond``).
