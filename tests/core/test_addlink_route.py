@@ -95,3 +95,25 @@ def test_request_add_link_the_server_picks_a_port_that_reaches_the_client_s_othe
         lgr = lgr_of(side)
         assert lgr.lgr_type is LgrType.SYMMETRIC
         assert (3, want) in ports(lgr)
+
+
+def test_a_request_dropped_during_a_failed_offer_is_taken_up_after_it() -> None:
+    """The client asks for a link (its port event: ADD LINK invitation) while the server's
+    own offer is on its way; the server drops the request (one flow at a time, as Linux)
+    and its offer fails (the client, with no path to it then, rejects it).  The request
+    is not lost: the server offers again after, and the group gets its second link."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    blocked = [True]
+    p.client.reach = lambda port, gid: not blocked[0]
+    p.connect()
+    p.step_until(lambda: any(m[0] == 0x02 for m in p.server.llc_sent), "the server's offer")
+    p.run(p.client, p.client.engine.port_up(1, p.now))  # the invitation, behind the offer
+    p.step_until(lambda: any(m[:4] == bytes.fromhex("022c01c0") for m in p.client.llc_sent),
+                 "the client's reject")  # fmt: skip
+    blocked[0] = False
+    p.pump()
+    offers = [m for m in p.server.llc_sent if m[0] == 0x02 and not m[3] & 0x80]
+    assert len(offers) == 2
+    for side in (p.client, p.server):
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
+        assert [port for _, port in ports(lgr_of(side))] == [0, 1]

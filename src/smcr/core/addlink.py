@@ -203,7 +203,13 @@ class AddLinkLayer(LinkLayer):
                 self._post_llc(invite_link, invite.response(), out)
             return
         if any(f is not None and f.adds_link for f in (lgr.flow, *lgr.flow_queue)):
-            return  # one at a time: Linux drops a parallel ADD LINK request
+            # one at a time: Linux drops a parallel ADD LINK request.  A client's request
+            # dropped is remembered: if the running offer fails (the client rejected it,
+            # its port for it was still down then), the client's is taken up after it
+            # (Linux would add no link until the next port event)
+            if invite is not None:
+                lgr.add_asked = True
+            return
 
         def start(link: Link, t: float, actions: list[Action]) -> LlcMessage | None:
             # a REQUEST ADD LINK names the client's GIDs, the one of its link first
@@ -244,6 +250,10 @@ class AddLinkLayer(LinkLayer):
                     if flow.link in lgr.links:
                         self._post_llc(flow.link, request, actions)
                 self._clear_link(new, actions)
+            if lgr.add_asked:
+                lgr.add_asked = False
+                if not ok:
+                    self._srv_add_link(lgr, t, actions)
             return actions
 
         local = LocalFlow(llc_msgs.add_link_local(lgr), done, start=start, adds_link=True)
