@@ -95,7 +95,7 @@ from smcr.core import (
 from smcr.core.connection import Connection
 from smcr.core.handshake import Handshake
 from smcr.diag.counters import COUNTERS
-from smcr.pnet import PnetTable, lookup
+from smcr.pnet import Entry, PnetTable, lookup
 from smcr.rdma import (
     AccessFlag,
     MemoryRegion,
@@ -414,6 +414,7 @@ class Stack:
             self.ports.append(PortRes(dev, pd, pd.reg_mr(recv_buf, AccessFlag.LOCAL_WRITE),
                                       pd.reg_mr(send_buf, AccessFlag.LOCAL_WRITE)))  # fmt: skip
         self._pnet = pnet_table if pnet_table is not None else PnetTable()
+        self._pnet_seen: tuple[Entry, ...] | None = None
         self._apply_pnet()
         self._keep_copy = len(self.ports) > 1
         """Inline sends also copy into the send buffer (:meth:`_copy_to_sndbuf`)."""
@@ -601,6 +602,9 @@ class Stack:
         runtime at its next connection).  A shm RNIC is ``shm<i>`` in the table, a
         RoCE RNIC its device name or its net device (:mod:`smcr.pnet`)."""
         entries = self._pnet.current()
+        if entries is self._pnet_seen:  # unchanged (the table hands out the same tuple)
+            return
+        self._pnet_seen = entries
         ids = []
         for i, res in enumerate(self.ports):
             dev = res.device
