@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from smcr import ueid
+from smcr import pnet, ueid
 from smcr.tools import tshark
 from tests.support import stop_capture, wait_for_mark
 
@@ -313,12 +313,17 @@ def test_the_second_link_goes_over_the_rnic_that_reaches_the_peer(
     comes from its p1 address, which the kernel routes out of the client's p1: the client
     takes p1, not the first RNIC listed.  (Without the route check it took d0, its
     link could not come up and the group stayed at one link.)  With a UEID on both the
-    group is SMC-Rv2 and its second link comes by ADD LINK v2."""
+    group is SMC-Rv2 and its second link comes by ADD LINK v2.  Every net device is on
+    PNET ID NETA (``smcr pnet``; d0 too, so that only the route rules it out): the tool
+    shows the group's PNET ID."""
     ueids = tmp_path / "ueid"  # v1: none, whatever the host has
     if version == 2:
         ueid.add("SMCR-ROCE-V2", ueids)
-        os.chmod(tmp_path, 0o755)
-    env = {ueid.ENV: str(ueids)}
+    pnets = tmp_path / "pnet"
+    for dev in ("p0", "p1", "d0"):
+        pnet.add("neta", netdev=dev, path=pnets)
+    os.chmod(tmp_path, 0o755)
+    env = {ueid.ENV: str(ueids), pnet.ENV: str(pnets)}
     n = os.getpid() % 250
     sh("ip", "-n", paths.ns[1], "link", "add", "d0", "type", "veth", "peer", "name", "d0p")
     sh("ip", "-n", paths.ns[1], "addr", "add", f"10.133.{n}.2/24", "dev", "d0")
@@ -340,8 +345,8 @@ def test_the_second_link_goes_over_the_rnic_that_reaches_the_peer(
         assert not [r[2] for r in client.done if r[2]]
         for side, peer in enumerate(both):
             groups = linkgroups(paths.ns[side], peer.proc.pid)
-            assert [(g["type"], [x["netdev"] for x in g["links"]]) for g in groups] == [
-                ("SYMMETRIC", ["p0", "p1"])], groups
+            assert [(g["type"], g["pnet_id"], [x["netdev"] for x in g["links"]])
+                    for g in groups] == [("SYMMETRIC", "NETA", ["p0", "p1"])], groups
         assert server.last["versions"] == client.last["versions"] == [version]
     finally:
         for p in (client, server):
