@@ -136,6 +136,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run(command, args.rmb, args.sndbuf, args.debug)
 
 
+def _cmd_pnet(args: argparse.Namespace) -> int:
+    """The host's PNET table, as smc-tools' ``smc_pnet`` (:mod:`smcr.pnet`)."""
+    from smcr import pnet  # noqa: PLC0415
+
+    try:
+        if args.action == "add":
+            pnet.add(args.pnetid or "", args.netdev, args.rnic)
+        elif args.action == "del":
+            pnet.remove(args.pnetid or "")
+        elif args.action == "flush":
+            pnet.flush()
+        else:
+            for e in pnet.load():
+                print(f"{e.pnetid} {e.kind} {e.name}")
+    except pnet.PnetError as exc:
+        print(f"smcr pnet: {exc} ({exc.errno_name})", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"smcr pnet: {pnet.path_from()}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_ueid(args: argparse.Namespace) -> int:
     """The host's user EIDs for SMC-Rv2, as smc-tools' ``smc_ueid`` (:mod:`smcr.ueid`)."""
     from smcr import ueid  # noqa: PLC0415
@@ -301,6 +324,16 @@ def build_parser() -> argparse.ArgumentParser:
     ueid.add_argument("ueid", nargs="?", help="with add/del: the UEID (up to 32 characters "
                       "of A-Z, 0-9, '.', '-')")
     ueid.set_defaults(func=_cmd_ueid)
+    pnet = sub.add_parser("pnet", help="PNET IDs of net devices and RNICs (as smc_pnet; root "
+                          "changes them for the host, every smcr process reads them)")
+    pnet.add_argument("action", nargs="?", choices=["show", "add", "del", "flush"],
+                      default="show", help="what to do (default: show)")
+    pnet.add_argument("pnetid", nargs="?", help="with add/del: the PNET ID (up to 16 "
+                      "letters and digits; lower case is taken as upper)")
+    pnet.add_argument("-I", dest="netdev", metavar="NETDEV", help="with add: a net device")
+    pnet.add_argument("-D", dest="rnic", metavar="RNIC", help="with add: an RNIC (a RoCE "
+                      "RNIC's device name; shm0, shm1... for a process's shm RNICs)")
+    pnet.set_defaults(func=_cmd_pnet)
     _add_observability(sub)
     return parser
 

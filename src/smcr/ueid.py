@@ -112,7 +112,13 @@ def load(path: Path | None = None) -> tuple[bytes, ...]:
 
 
 def _store(path: Path, eids: tuple[bytes, ...]) -> None:
-    """Write the table atomically, readable by everyone (root writes, all read).
+    """Write the table (:func:`store_text`)."""
+    store_text(path, "".join(decode(e) + "\n" for e in eids))
+
+
+def store_text(path: Path, text: str) -> None:
+    """Write a host table atomically, readable by everyone (root writes, all read);
+    :mod:`smcr.pnet` writes its table so too.
 
     The temporary file has a name nobody can guess and is created new, never through a
     symlink (``O_EXCL | O_NOFOLLOW``): with ``SMCR_UEID_FILE`` in a shared directory,
@@ -123,7 +129,7 @@ def _store(path: Path, eids: tuple[bytes, ...]) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         with os.fdopen(fd, "w", encoding="ascii") as out:
-            out.write("".join(decode(e) + "\n" for e in eids))
+            out.write(text)
         os.chmod(tmp, 0o644)  # (whatever the umask)
         os.replace(tmp, path)
     except BaseException:

@@ -93,6 +93,11 @@ class Side:
 
     qp_port: dict[int, int] = field(default_factory=dict)  # our qpn -> its port
     registered: list[tuple[int, int, int]] = field(default_factory=list)  # (conn, port, rkey)
+    reach: Callable[[int, bytes], bool] | None = None  # Provider.reaches; None: every port
+
+    def reaches(self, port: int, gid: bytes) -> bool:
+        """Whether our ``port`` reaches the peer's ``gid`` (the host's routing)."""
+        return True if self.reach is None else self.reach(port, gid)
 
     def new_qp(self, port: int = 0) -> tuple[int, int]:
         assert port < len(self.engine.identity.ports), f"no port {port}"

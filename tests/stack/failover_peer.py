@@ -5,8 +5,8 @@ Server: accepts ``CONNS`` SMC-R connections and echoes each, hashing what came. 
 opens ``CONNS`` connections to ``ADDRESS:PORT``, sends ``SIZE`` random bytes on each while
 reading the echo back, hashing both.  Both print JSON lines on stdout: ``{"ready": port}``
 (server, once listening), then every 50 ms ``{"moved": bytes received so far, "links":
-[active links of each link group], "detail": ...}`` (``SMCR_FAILOVER_REPORT_S``
-sets the period), and at the end ``{"done": [per connection: sha256
+[active links of each link group], "versions": [their SMC-R versions], "detail": ...}``
+(``SMCR_FAILOVER_REPORT_S`` sets the period), and at the end ``{"done": [per connection: sha256
 sent, sha256 received, error or ""]}``.  They then wait for stdin to close (the test
 checks the groups after recovery meanwhile) and exit.  Environment: ``SMCR_RNIC=roce`` and
 ``SMCR_ROCE_DEVS`` (the test sets them).
@@ -54,6 +54,15 @@ def links() -> list[int]:
     return out
 
 
+def versions() -> list[int]:
+    """The SMC-R version of each live link group (1, or 2 with a UEID on both)."""
+    out = []
+    for stack in process_stacks():
+        with stack.lock:
+            out += [lgr.version for lgr in stack.engine.lgrs.values() if not lgr.terminated]
+    return out
+
+
 def detail() -> list[list[object]]:
     """Per runtime and link: port 0's net device, link id, state, port, that port's net
     device (for a failing test's message)."""
@@ -70,7 +79,7 @@ def detail() -> list[list[object]]:
 def reporter(stop: threading.Event) -> None:
     period = float(os.environ.get("SMCR_FAILOVER_REPORT_S", "0.05"))
     while not stop.wait(period):
-        say({"moved": moved[0], "links": links(), "detail": detail()})
+        say({"moved": moved[0], "links": links(), "versions": versions(), "detail": detail()})
 
 
 def echo(conn: smcr.SMCSocket, result: list[object]) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from smcr import pnet, ueid
 from smcr.tools import tshark
 from tests.support import stop_capture, wait_for_mark
 
@@ -172,9 +173,10 @@ def _mark(paths: TwoPaths, payload: bytes) -> None:
 
 
 def run_failover(paths: TwoPaths, conns: int, size: int, cut_side: int, cut_path: int,
-                 capture: Path | None = None) -> None:  # fmt: skip
+                 capture: Path | None = None, env: dict[str, str] | None = None) -> None:
     """The transfer, the cut and the recovery (module docstring); ``capture``: dumpcap on
-    the server's path-0 veth into that file meanwhile."""
+    the server's path-0 veth into that file meanwhile; ``env``: the peers' environment
+    besides."""
     cap = None
     if capture is not None:
         for ns in paths.ns:  # GSO runs segmented before the capture point: a frame a packet
@@ -186,7 +188,7 @@ def run_failover(paths: TwoPaths, conns: int, size: int, cut_side: int, cut_path
                                stderr=subprocess.DEVNULL)  # fmt: skip
         wait_for_mark(capture, lambda payload: _mark(paths, payload))
     try:
-        _run_failover(paths, conns, size, cut_side, cut_path)
+        _run_failover(paths, conns, size, cut_side, cut_path, env or {})
     finally:
         if cap is not None and capture is not None:
             with contextlib.suppress(AssertionError):
@@ -194,13 +196,15 @@ def run_failover(paths: TwoPaths, conns: int, size: int, cut_side: int, cut_path
             stop_capture(cap)
 
 
-def _run_failover(paths: TwoPaths, conns: int, size: int, cut_side: int, cut_path: int) -> None:
-    server = PeerProc(paths.ns[0], "server", f"{paths.nets[0]}.1", "0", str(conns), str(size))
+def _run_failover(paths: TwoPaths, conns: int, size: int, cut_side: int, cut_path: int,
+                  env: dict[str, str]) -> None:  # fmt: skip
+    server = PeerProc(paths.ns[0], "server", f"{paths.nets[0]}.1", "0", str(conns), str(size),
+                      env=env)  # fmt: skip
     client = None
     try:
         until(lambda: server.ready is not None, 30, "server listening", (server,))
         client = PeerProc(paths.ns[1], "client", f"{paths.nets[0]}.1", str(server.ready),
-                          str(conns), str(size))  # fmt: skip
+                          str(conns), str(size), env=env)  # fmt: skip
         both = (server, client)
 
         def links(p: PeerProc) -> list[int]:
@@ -226,6 +230,9 @@ def _run_failover(paths: TwoPaths, conns: int, size: int, cut_side: int, cut_pat
             assert sent == got
         assert sorted(r[0] for r in client.done) == sorted(r[1] for r in server.done)
         assert links(server) == [2] and links(client) == [2]
+        # SMC-Rv2 when the peers have a UEID (both the same file)
+        want = [2] if ueid.load(ueid.path_from(os.environ | env)) else [1]
+        assert server.last["versions"] == client.last["versions"] == want
         for side, peer in enumerate((server, client)):  # as the tool shows it
             groups = linkgroups(paths.ns[side], peer.proc.pid)
             assert [(g["type"], [x["netdev"] for x in g["links"]]) for g in groups] == [
@@ -241,6 +248,17 @@ def _run_failover(paths: TwoPaths, conns: int, size: int, cut_side: int, cut_pat
 def test_a_veth_down_mid_transfer_loses_no_byte_and_the_link_comes_back(
         paths: TwoPaths, cut_side: int, cut_path: int) -> None:  # fmt: skip
     run_failover(paths, 1, MIB << 20, cut_side, cut_path)
+
+
+def test_an_smc_rv2_group_fails_over_and_asks_for_its_link_again(paths: TwoPaths,
+                                                                 tmp_path: Path) -> None:
+    """With a UEID on both: the group is SMC-Rv2 (ADD LINK v2 at first contact); the
+    client's second veth cut mid-transfer and back, the client asks for the link again
+    (REQUEST ADD LINK v2) and gets it, no byte lost."""
+    ueids = tmp_path / "ueid"
+    ueid.add("SMCR-ROCE-V2", ueids)
+    os.chmod(tmp_path, 0o755)
+    run_failover(paths, 1, MIB << 20, 1, 1, env={ueid.ENV: str(ueids)})
 
 
 def test_two_hundred_connections_fail_over_together(paths: TwoPaths) -> None:
@@ -285,3 +303,52 @@ def test_a_failover_capture_decodes_add_delete_and_confirm_link(paths: TwoPaths,
     # the way back: an ADD LINK exchange with its rkeys (CONT) after the cut
     back = seen[cut:]
     assert "ADD LINK" in back and "ADD LINK CONT" in back[back.index("ADD LINK"):], story
+
+
+@pytest.mark.parametrize("version", [1, 2], ids=["v1", "v2-ueid"])
+def test_the_second_link_goes_over_the_rnic_that_reaches_the_peer(
+        paths: TwoPaths, version: int, tmp_path: Path) -> None:  # fmt: skip
+    """Route matching (Linux ``smc_ib_find_route``): the client's first other RNIC is on a
+    net device of its own subnet (a veth into nowhere, no path to the server); the server's ADD LINK
+    comes from its p1 address, which the kernel routes out of the client's p1: the client
+    takes p1, not the first RNIC listed.  (Without the route check it took d0, its
+    link could not come up and the group stayed at one link.)  With a UEID on both the
+    group is SMC-Rv2 and its second link comes by ADD LINK v2.  Every net device is on
+    PNET ID NETA (``smcr pnet``; d0 too, so that only the route rules it out): the tool
+    shows the group's PNET ID."""
+    ueids = tmp_path / "ueid"  # v1: none, whatever the host has
+    if version == 2:
+        ueid.add("SMCR-ROCE-V2", ueids)
+    pnets = tmp_path / "pnet"
+    for dev in ("p0", "p1", "d0"):
+        pnet.add("neta", netdev=dev, path=pnets)
+    os.chmod(tmp_path, 0o755)
+    env = {ueid.ENV: str(ueids), pnet.ENV: str(pnets)}
+    n = os.getpid() % 250
+    sh("ip", "-n", paths.ns[1], "link", "add", "d0", "type", "veth", "peer", "name", "d0p")
+    sh("ip", "-n", paths.ns[1], "addr", "add", f"10.133.{n}.2/24", "dev", "d0")
+    for dev in ("d0p", "d0"):
+        sh("ip", "-n", paths.ns[1], "link", "set", dev, "up")
+    server = PeerProc(paths.ns[0], "server", f"{paths.nets[0]}.1", "0", "1", str(1 << 20),
+                      env=env)  # fmt: skip
+    client = None
+    try:
+        until(lambda: server.ready is not None, 30, "server listening", (server,))
+        client = PeerProc(paths.ns[1], "client", f"{paths.nets[0]}.1", str(server.ready), "1",
+                          str(1 << 20), env=env | {"SMCR_ROCE_DEVS": "d0,p1"})  # fmt: skip
+        both = (server, client)
+        until(lambda: server.last.get("links") == [2] and client.last.get("links") == [2], 60,
+              "the group has two links", both)  # fmt: skip
+        until(lambda: server.done is not None and client.done is not None, 120,
+              "transfer done", both)  # fmt: skip
+        assert client.done is not None
+        assert not [r[2] for r in client.done if r[2]]
+        for side, peer in enumerate(both):
+            groups = linkgroups(paths.ns[side], peer.proc.pid)
+            assert [(g["type"], g["pnet_id"], [x["netdev"] for x in g["links"]])
+                    for g in groups] == [("SYMMETRIC", "NETA", ["p0", "p1"])], groups
+        assert server.last["versions"] == client.last["versions"] == [version]
+    finally:
+        for p in (client, server):
+            if p is not None:
+                p.close()

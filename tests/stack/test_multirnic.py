@@ -15,9 +15,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
+from smcr import ueid
 from smcr.core import Config, LgrType
 from smcr.core.linkgroup import LinkGroup, LinkState
 from smcr.rdma.shm import ShmDevice
@@ -183,6 +185,43 @@ def test_an_rnic_failing_mid_transfer_loses_no_byte_and_the_link_comes_back(side
             victim.port_up(port)
         for stack in (server, client):
             until(lambda stack=stack: symmetric(stack))  # type: ignore[misc]
+        exchange(server, client, ends, 1 << 20)
+        for stack in (server, client):
+            slots_all_back(stack)
+
+
+@pytest.mark.parametrize("side", ["server", "client"])
+def test_an_smc_rv2_group_adds_its_link_fails_over_and_adds_it_again(
+        side: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """With a UEID both runtimes speak SMC-Rv2: the second link comes by ADD LINK v2 (a v2
+    group takes no other), an RNIC failing mid-transfer loses no byte, and when it is back
+    the link is added again: the server offers it (ADD LINK v2), or the client asks for it
+    (REQUEST ADD LINK v2)."""
+    path = tmp_path / "ueid"
+    ueid.add("SMCR-V2-MULTI", path)
+    monkeypatch.setenv(ueid.ENV, str(path))
+    with two_rnic_hosts() as (server, client):
+        ends = h.connect(server, client)
+        for stack in (server, client):
+            until(lambda stack=stack: symmetric(stack))  # type: ignore[misc]
+            with stack.lock:
+                lgr = group(stack)
+                assert lgr.version == 2 and lgr.max_links == 2
+        victim = server if side == "server" else client
+
+        def cut() -> None:
+            with victim.lock:
+                victim.port_down(1, "injected")
+
+        exchange(server, client, ends, 4 << 20, during=cut)
+        until(lambda: 1 not in active_ports(victim))
+        assert not h.conn(server, ends[0]).reset_reason
+        with victim.lock:
+            victim.port_up(1)
+        for stack in (server, client):
+            until(lambda stack=stack: symmetric(stack))  # type: ignore[misc]
+            with stack.lock:
+                assert group(stack).version == 2
         exchange(server, client, ends, 1 << 20)
         for stack in (server, client):
             slots_all_back(stack)

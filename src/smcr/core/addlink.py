@@ -96,15 +96,26 @@ class AddLinkLayer(LinkLayer):
 
     # -- helpers ---------------------------------------------------------------
 
-    def _alt_port(self, link: Link) -> int | None:
-        """A usable port of ours other than ``link``'s, of the same PNET ID (Linux
-        ``smc_pnet_find_alt_roce``: another device, its port active, ``smc_pnet_match``)."""
+    def _alt_port(self, link: Link, *peer_gids: bytes) -> int | None:
+        """A usable port of ours other than ``link``'s, of the group's PNET ID (Linux
+        ``smc_pnet_find_alt_roce``: another device, its port active, ``smc_pnet_match``
+        with ``lgr->pnet_id``) and, when the peer's GIDs are known, one that reaches
+        one of them (:meth:`_reaches`)."""
         ports = self.identity.ports
-        pnetid = ports[link.port].pnetid.strip()
+        pnetid = link.lgr.pnet_id
         for i, port in enumerate(ports):
-            if i != link.port and i not in self.ports_down and port.pnetid.strip() == pnetid:
+            if (i != link.port and i not in self.ports_down and port.pnetid.strip() == pnetid
+                    and (not peer_gids or any(self._reaches(i, g) for g in peer_gids))):
                 return i
         return None
+
+    def _reaches(self, port: int, peer_gid: bytes) -> bool:
+        """Whether our ``port`` has a path to the peer's GID, as the host says
+        (``Provider.reaches``; a host that does not say: every port does).  Linux asks
+        the route to the GID's address (``smc_ib_determine_gid`` with ``smcrv2``,
+        ``smc_ib_find_route``); the engine leaves the routing to its host."""
+        reaches = getattr(self.provider, "reaches", None)
+        return True if reaches is None else bool(reaches(port, peer_gid))
 
     def _may_add(self, lgr: LinkGroup, new_type: LgrType) -> bool:
         """``smc_llc_alloc_alt_link``: a symmetric group is full, an asymmetric one takes
@@ -192,10 +203,21 @@ class AddLinkLayer(LinkLayer):
                 self._post_llc(invite_link, invite.response(), out)
             return
         if any(f is not None and f.adds_link for f in (lgr.flow, *lgr.flow_queue)):
-            return  # one at a time: Linux drops a parallel ADD LINK request
+            # one at a time: Linux drops a parallel ADD LINK request.  A client's request
+            # dropped is remembered: if the running offer fails (the client rejected it,
+            # its port for it was still down then), the client's is taken up after it
+            # (Linux would add no link until the next port event)
+            if invite is not None:
+                lgr.add_asked = True
+            return
 
         def start(link: Link, t: float, actions: list[Action]) -> LlcMessage | None:
-            port = self._alt_port(link)
+            # a REQUEST ADD LINK names the client's GIDs, the one of its link first
+            # (smc_fill_gid_list): a port that reaches one of its others.  (Linux routes
+            # to the first, smc_llc_srv_add_link, and wants every RNIC on the subnet of
+            # the TCP source, smc_ib_determine_gid; smcr allows a subnet per RNIC pair)
+            gids = invite.gids[1:] if isinstance(invite, RequestAddLinkV2) else ()
+            port = self._alt_port(link, *gids)
             new_type = LgrType.SYMMETRIC
             if port is None:
                 port, new_type = link.port, LgrType.ASYMMETRIC_LOCAL
@@ -228,6 +250,10 @@ class AddLinkLayer(LinkLayer):
                     if flow.link in lgr.links:
                         self._post_llc(flow.link, request, actions)
                 self._clear_link(new, actions)
+            if lgr.add_asked:
+                lgr.add_asked = False
+                if not ok:
+                    self._srv_add_link(lgr, t, actions)
             return actions
 
         local = LocalFlow(llc_msgs.add_link_local(lgr), done, start=start, adds_link=True)
@@ -267,9 +293,15 @@ class AddLinkLayer(LinkLayer):
             # smc_llc_wait drops the unexpected message and the flow fails
             self._srv_end_flow(lgr, False, now, out)
             return
+        new = flow.new
+        if not self._reaches(new.port, msg.sender_gid):
+            # the client's port is beyond our new link's reach: the path would be lost at
+            # CONFIRM LINK (smc_llc_srv_conf_link); say so now, with DELETE LINK
+            flow.step = "confirm"
+            self._srv_end_flow(lgr, False, now, out)
+            return
         if lgr.lgr_type is LgrType.SINGLE and self._same_path(link, msg):
             flow.new_type = LgrType.ASYMMETRIC_PEER
-        new = flow.new
         # smc_llc_save_add_link_info, smc_ib_ready_link (the server's QP goes to RTS)
         new.peer_qpn, new.peer_psn = msg.sender_qp_num, msg.initial_psn
         new.peer_gid, new.peer_mac = msg.sender_gid, msg.sender_mac
@@ -340,7 +372,7 @@ class AddLinkLayer(LinkLayer):
                 or lgr.remote_add is not None or not msg.qp_mtu):  # fmt: skip
             self._post_llc(link, msg.reject(), out)  # v1 02 2C 01 C0, v2 22 2C 00 C0
             return
-        port = self._alt_port(link)
+        port = self._alt_port(link, msg.sender_gid)
         new_type = LgrType.SYMMETRIC
         if self._same_path(link, msg):
             if port is None:  # the same path twice: no alternate path
@@ -349,6 +381,11 @@ class AddLinkLayer(LinkLayer):
             new_type = LgrType.ASYMMETRIC_PEER
         if port is None:
             port, new_type = link.port, LgrType.ASYMMETRIC_LOCAL
+            if not self._reaches(port, msg.sender_gid):
+                # no port of ours reaches the offered one: no alternate path
+                # (SMC_LLC_REJ_RSN_NO_ALT_PATH, the reject's reason)
+                self._post_llc(link, msg.reject(), out)
+                return
         if not self._may_add(lgr, new_type) or lgr.link_by_id(msg.link_num) is not None:
             self._post_llc(link, msg.reject(), out)
             return

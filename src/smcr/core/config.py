@@ -112,6 +112,8 @@ class LocalIdentity:
     opaque GID serves it between smcr peers."""
     netdev: str = ""
     """The host's name of the first port (:class:`Port`)."""
+    pnetid: str = ""
+    """The first port's PNET ID (:attr:`Port.pnetid`)."""
     more_ports: tuple[Port, ...] = ()
     """Further RNIC ports (redundant links, ADD LINK); CLC always names the first."""
 
@@ -119,4 +121,4 @@ class LocalIdentity:
     def ports(self) -> tuple[Port, ...]:
         """Every port, the first (:attr:`gid`, :attr:`mac`: the one CLC names) at index 0;
         a link's ``port`` and the QP actions' ``port`` are indexes into this."""
-        return (Port(self.gid, self.mac, self.netdev), *self.more_ports)
+        return (Port(self.gid, self.mac, self.netdev, self.pnetid), *self.more_ports)

@@ -94,7 +94,12 @@ class Provider(Protocol):
     def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
         """Register the connection's RMB on ``port`` too (a link over that port joined
         its group, or it joins a group of several links); return its (rkey, vaddr)
-        there.  Only called with :attr:`Config.add_links`."""
+        there.  Only called with :attr:`Config.add_links`.
+
+    A host may also answer ``reaches(port, gid) -> bool``: whether our ``port`` has a path
+    to a peer port's GID (the RoCE runtime asks the kernel's routing); the engine then
+    adds links only over ports that reach the peer (:meth:`AddLinkLayer._reaches`).
+    A host without it: every port reaches every peer."""
 
 
 class Engine(PortLayer):
@@ -274,6 +279,7 @@ class Engine(PortLayer):
                  port: int = 0) -> tuple[LinkGroup, Link]:  # fmt: skip
         lgr = LinkGroup(next(self._lgr_ids), role, peer_id)
         lgr.version, lgr.terms = (1, None) if terms is None else (2, terms)
+        lgr.pnet_id = self.identity.ports[port].pnetid.strip()
         link = self._new_link(lgr, port, link_id=1)
         lgr.next_link_id = 1
         self.lgrs[lgr.lgr_id] = lgr

@@ -174,6 +174,12 @@ class LinkGroup:
     v2 (byte 0 ``0x2X``, 16-bit length) in a v2 group."""
     terms: V2Terms | None = None  # v2: negotiated EID, release, max conns/links
     peer_hostname: bytes = b""  # v2: from the peer's first-contact extension
+    add_asked: bool = False
+    """Server: a client's ADD LINK invitation or REQUEST ADD LINK came while an ADD LINK
+    flow ran (:meth:`AddLinkLayer._srv_add_link`)."""
+    pnet_id: str = ""
+    """The PNET ID of the port the group started on (Linux ``lgr->pnet_id``): its further
+    links go over ports of this one only (:meth:`AddLinkLayer._alt_port`)."""
     peer_release: int = 0
 
     @property

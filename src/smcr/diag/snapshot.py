@@ -214,8 +214,8 @@ def _lgr_row(stack: Any, lgr: Any) -> dict[str, Any]:
                       "peer_uid": bytes(lgr.peer_id).hex()[:8] or "-",
                       "device": ldev.name, "port": 1, "netdev": ldev.netdev or "-"})  # fmt: skip
     return {"lgr_id": lgr.lgr_id, "role": str(lgr.role.value), "type": str(lgr.lgr_type.value),
-            "vlan": 0, "conns": len(lgr.conns), "pnet_id": "-", "device": dev.name,
-            "netdev": dev.netdev or "-", "links": links}  # fmt: skip
+            "vlan": 0, "conns": len(lgr.conns), "pnet_id": getattr(lgr, "pnet_id", "") or "-",
+            "device": dev.name, "netdev": dev.netdev or "-", "links": links}  # fmt: skip
 
 
 def snapshot() -> dict[str, Any]:

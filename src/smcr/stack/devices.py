@@ -7,7 +7,8 @@ Design (the why of each):
   use the same kind, and an environment variable reaches ``smcr-run`` children
   and spawned test peers without touching the application.
 * **RoCE: the RNIC of the TCP connection's local address**, as Linux picks the
-  RNIC of the net device the TCP socket uses (``smc_pnet_find_roce_resource``):
+  RNIC of the net device the TCP socket uses (``smc_pnet_find_roce_resource``;
+  when that net device has a PNET ID, an RNIC of that PNET ID, :func:`_by_pnetid`):
   one RoCE RNIC per interface address (:func:`smcr.rdma.roce.list_devices`),
   one runtime per RNIC (each its own engine, so CLC carries that RNIC's GID and
   MAC).  An address with no RNIC uses the default RNIC; the CLC prefix check
@@ -43,6 +44,7 @@ import ipaddress
 import os
 import socket
 
+from smcr.pnet import PnetTable, lookup
 from smcr.rdma.base import Device
 from smcr.rdma.roce import RnicInfo, RoceDevice, list_devices
 
@@ -52,6 +54,8 @@ LOOPBACK = "lo"
 """The registry key of the loopback RoCE RNIC."""
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+_PNET = PnetTable()
+"""The host's PNET table (:func:`_by_pnetid`), re-read when it changes."""
 
 
 def rnic_kind() -> str:
@@ -90,13 +94,30 @@ def roce_key(local_ip: IpAddress | None, scope_id: int = 0) -> str:
         if ip.is_loopback:
             return LOOPBACK
         text = str(ip)
-        for info in list_devices():
+        infos = list_devices()
+        for info in infos:
             if info.address == text and (not scope_id or info.scope_id == scope_id):
-                return f"{text}%{info.ifname}" if scope_id else text
+                return _by_pnetid(info, infos) or (f"{text}%{info.ifname}" if scope_id else text)
     for info in list_devices():
         if info.family == socket.AF_INET and info.ifname != "lo" and info.operstate == "up":
             return info.address
     return LOOPBACK
+
+
+def _by_pnetid(tcp: RnicInfo, infos: list[RnicInfo]) -> str | None:
+    """The key of the RNIC a PNET ID picks for a TCP connection over ``tcp``'s net device
+    (Linux ``smc_pnet_find_roce_resource``): when that net device has a PNET ID and its
+    own RNIC has another, the first RNIC that is up with the net device's PNET ID
+    (:mod:`smcr.pnet`).  None: the net device's own RNIC, as without a PNET ID."""
+    entries = _PNET.current()
+    want = lookup(entries, tcp.ifname) if entries else ""
+    if not want or lookup(entries, tcp.ifname, (tcp.name,)) == want:
+        return None
+    for info in infos:
+        if (info.family == tcp.family and info.operstate == "up"
+                and lookup(entries, info.ifname, (info.name,)) == want):  # fmt: skip
+            return f"{info.address}%{info.ifname}" if info.scope_id else info.address
+    return None
 
 
 def open_roce(key: str) -> RoceDevice:
@@ -124,6 +145,10 @@ def prefix_ip(device: Device, local_ip: IpAddress) -> IpAddress:
     """
     info: RnicInfo | None = getattr(device, "info", None)
     ip = _unmapped(local_ip)
+    if info is not None and info.address != str(ip) and not ip.is_loopback:
+        # an RNIC a PNET ID chose on another net device (:func:`_by_pnetid`): the prefix
+        # is the TCP connection's, as Linux ``smc_clc_prfx_set`` takes it from the route
+        info = next((i for i in list_devices() if i.address == str(ip)), None)
     if info is None or info.prefix_len <= 0 or info.address != str(ip) or ip.is_loopback:
         return local_ip
     return ipaddress.ip_interface(f"{ip}/{info.prefix_len}")

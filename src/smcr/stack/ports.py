@@ -9,10 +9,13 @@ Design (the why of each):
   process N shm RNICs (tests, and ``smcr demo --failover``).  With two or more the
   server side of each new link group offers a second link (ADD LINK) over the other
   RNIC (:class:`smcr.stack.runtime.Stack`).
-* **Pairing across hosts**: the engine offers its first other RNIC; the peer answers
-  from its own other RNIC.  Two hosts with one subnet per RNIC pair (the usual
-  redundant setup) pair up right.  Not done: Linux's PNET ID table and the subnet
-  match against the peer's GID (``smc_pnet_find_alt_roce``).
+* **Pairing across hosts**: the engine offers its first other RNIC of the group's
+  PNET ID (:mod:`smcr.pnet`, ``smcr pnet add``; none set: every RNIC matches, as
+  Linux's ``smc_pnet_find_alt_roce``); the peer answers from its own other RNIC of
+  that PNET ID.  Two hosts with one subnet per RNIC pair (the usual redundant
+  setup) pair up right.  A RoCE port is taken for a link only if the kernel routes
+  the peer port's address out of its net device (:func:`roce_reaches`,
+  :meth:`Stack.reaches`), so the pairing holds whatever order the RNICs are in.
 * **Failure detection of a RoCE RNIC is its net device's** (Linux
   ``smc_ib_port_event_work``, which follows the IB port state an rxe device takes
   from its net device): :class:`PortWatcher` listens on rtnetlink for link and
@@ -27,6 +30,8 @@ Design (the why of each):
 from __future__ import annotations
 
 import contextlib
+import errno
+import ipaddress
 import os
 import select
 import socket
@@ -121,6 +126,69 @@ def link_flags(ifname: str) -> int:
                 if kind == RTM_NEWLINK:
                     return int(_IFINFO.unpack_from(data, off + _NLMSG.size)[3])
                 off += max(length, _NLMSG.size)
+
+
+RTM_NEWROUTE = 24
+RTM_GETROUTE = 26
+RTA_DST = 1
+RTA_OIF = 4
+_RTMSG = struct.Struct("=BBBBBBBBI")
+_RTA = struct.Struct("=HH")
+
+
+def route_oif(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> int:
+    """The interface index the kernel routes ``address`` out of (``ip route get``), asked
+    of the calling thread's network namespace.
+
+    Why no ``oif`` in the question: given one, the kernel assumes an address it has no
+    route for is on that link and answers anyway; without, the answer is the route.
+
+    :raises OSError: no route (``ENETUNREACH``...), or rtnetlink failed.
+    """
+    family = socket.AF_INET if address.version == 4 else socket.AF_INET6
+    raw = address.packed
+    rta = _RTA.pack(_RTA.size + len(raw), RTA_DST) + raw
+    body = _RTMSG.pack(family, len(raw) * 8, 0, 0, 0, 0, 0, 0, 0) + rta
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
+        nl.settimeout(2.0)
+        nl.send(_NLMSG.pack(_NLMSG.size + len(body), RTM_GETROUTE, NLM_F_REQUEST, 1, 0) + body)
+        while True:
+            data = nl.recv(65536)
+            off = 0
+            while off + _NLMSG.size <= len(data):
+                length, kind, _flags, _seq, _pid = _NLMSG.unpack_from(data, off)
+                if kind == NLMSG_ERROR:
+                    err = -struct.unpack_from("i", data, off + _NLMSG.size)[0]
+                    raise OSError(err, os.strerror(err), str(address))
+                if kind == RTM_NEWROUTE:
+                    at, end = off + _NLMSG.size + _RTMSG.size, off + length
+                    while at + _RTA.size <= end:
+                        alen, atype = _RTA.unpack_from(data, at)
+                        if alen < _RTA.size:
+                            break
+                        if atype == RTA_OIF:
+                            return int(struct.unpack_from("=i", data, at + _RTA.size)[0])
+                        at += (alen + 3) & ~3
+                    raise OSError(errno.ENETUNREACH, "route without an interface", str(address))
+                off += max(length, _NLMSG.size)
+
+
+def gid_address(gid: bytes) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The IP address of a RoCEv2 GID (IPv4-mapped, or IPv6)."""
+    ip = ipaddress.IPv6Address(gid)
+    return ip.ipv4_mapped or ip
+
+
+def roce_reaches(device: RoceDevice, gid: bytes) -> bool:
+    """Whether a RoCE RNIC reaches a peer port's GID: the kernel routes its address out of
+    the RNIC's net device (a subnet of it, or a gateway behind it), as Linux checks the
+    route before it uses an RNIC for SMC-Rv2 (``smc_ib_find_route``)."""
+    if device.netdev is None:
+        return True
+    try:
+        return route_oif(gid_address(gid)) == socket.if_nametoindex(device.netdev)
+    except OSError:
+        return False
 
 
 def roce_port_up(device: RoceDevice) -> bool:

@@ -95,6 +95,7 @@ from smcr.core import (
 from smcr.core.connection import Connection
 from smcr.core.handshake import Handshake
 from smcr.diag.counters import COUNTERS
+from smcr.pnet import Entry, PnetTable, lookup
 from smcr.rdma import (
     AccessFlag,
     MemoryRegion,
@@ -357,10 +358,13 @@ class Stack:
 
     def __init__(self, config: Config | None = None, max_buffers: int = 4096,
                  device: Device | None = None,
-                 more_devices: Sequence[Device] = ()) -> None:  # fmt: skip
+                 more_devices: Sequence[Device] = (),
+                 pnet_table: PnetTable | None = None) -> None:  # fmt: skip
         """:param device: the RNIC (default: a new shm RNIC); see :func:`get_stack`.
         :param more_devices: further RNICs of the same kind (ports 1, 2...): links of a
-            group go over them too (:mod:`smcr.stack.ports`); the runtime owns them."""
+            group go over them too (:mod:`smcr.stack.ports`); the runtime owns them.
+        :param pnet_table: where the RNICs' PNET IDs come from (default: the host's,
+            :mod:`smcr.pnet`)."""
         if config is None:
             config = Config(sndbuf_size=BUFFER, rmb_size=BUFFER)
         self.config = config
@@ -409,6 +413,9 @@ class Stack:
             pd = dev.alloc_pd()  # the same slot buffers, registered on each RNIC
             self.ports.append(PortRes(dev, pd, pd.reg_mr(recv_buf, AccessFlag.LOCAL_WRITE),
                                       pd.reg_mr(send_buf, AccessFlag.LOCAL_WRITE)))  # fmt: skip
+        self._pnet = pnet_table if pnet_table is not None else PnetTable()
+        self._pnet_seen: tuple[Entry, ...] | None = None
+        self._apply_pnet()
         self._keep_copy = len(self.ports) > 1
         """Inline sends also copy into the send buffer (:meth:`_copy_to_sndbuf`)."""
         self._qp_port: dict[int, int] = {}
@@ -507,6 +514,13 @@ class Stack:
         """The port (RNIC) a QP of this runtime is on."""
         return self._qp_port.get(qpn, 0)
 
+    def reaches(self, port: int, gid: bytes) -> bool:
+        """The engine's ``Provider.reaches``: whether our ``port`` has a path to a peer
+        port's GID (RoCE: the kernel's route, :func:`ports.roce_reaches`; shm: every
+        port reaches every shm RNIC of the host)."""
+        dev = self.ports[port].device
+        return not isinstance(dev, RoceDevice) or ports.roce_reaches(dev, gid)
+
     def port_down(self, port: int, reason: str) -> None:
         """An RNIC is gone (net device down, address lost, injected failure; lock held):
         every link over it fails (Linux ``smcr_port_err`` -> ``smcr_link_down_cond``).
@@ -582,6 +596,25 @@ class Stack:
 
     # ================================================================ conns
 
+    def _apply_pnet(self) -> None:
+        """Give each port of the engine's identity its PNET ID from the table (Linux sets
+        ``smcibdev->pnetid`` when an entry is added; here a changed table reaches the
+        runtime at its next connection).  A shm RNIC is ``shm<i>`` in the table, a
+        RoCE RNIC its device name or its net device (:mod:`smcr.pnet`)."""
+        entries = self._pnet.current()
+        if entries is self._pnet_seen:  # unchanged (the table hands out the same tuple)
+            return
+        self._pnet_seen = entries
+        ids = []
+        for i, res in enumerate(self.ports):
+            dev = res.device
+            names = (dev.name, f"shm{i}") if isinstance(dev, ShmDevice) else (dev.name,)
+            ids.append(lookup(entries, dev.netdev, names))
+        ident = self.engine.identity
+        if ids != [p.pnetid for p in ident.ports]:
+            self.engine.identity = replace(ident, pnetid=ids[0], more_ports=tuple(
+                replace(p, pnetid=x) for p, x in zip(ident.more_ports, ids[1:], strict=True)))
+
     def new_conn(self, tcp: socket.socket) -> HostConn:
         """Register a connection (lock held by the caller)."""
         hc = HostConn(self._next_conn, tcp, threading.Condition(self.lock))
@@ -606,6 +639,7 @@ class Stack:
             snd = bufs[1].length
         now = time.monotonic()
         self.engine.ueids = self._ueids.current()  # Linux reads its table at every handshake
+        self._apply_pnet()
         if client:
             actions = self.engine.connect(hc.conn_id, rmb, local_ip, now, snd)
         else:
