@@ -265,8 +265,8 @@ def link_id(side: Side, conn: int) -> int:
 
 
 def test_new_connections_alternate_between_the_links() -> None:
-    """smcr_lgr_conn_assign_link: the server puts a new connection on the first link when
-    the group holds an even number of connections, on the second when odd; the client
+    """The server puts each new connection on the link with fewer connections, the first
+    on a tie (as smcr_lgr_conn_assign_link: even count first, odd the second); the client
     follows the link the Accept names (its QPN and the server port's GID); bytes flow on
     each."""
     p = Pair(ADD, client_ports=2, server_ports=2)
@@ -277,6 +277,25 @@ def test_new_connections_alternate_between_the_links() -> None:
     assert srv.lgr_type is cli.lgr_type is LgrType.SYMMETRIC
     for c, s in pairs:
         assert transfer_over(p, c, s, b"balanced %d" % c) == b"balanced %d" % c
+
+
+def test_a_new_connection_goes_to_the_least_used_link() -> None:
+    """Four connections alternate over the two links; the two on link 1 end; the next
+    two go to link 1, which then carries none (Linux's parity of the connection count
+    would put the second on link 2, leaving link 1 with one and link 2 with three)."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    pairs = [first_contact(p) for _ in range(4)]
+    assert [link_id(p.server, s) for _c, s in pairs] == [1, 2, 1, 2]
+    for c, s in (pairs[0], pairs[2]):  # both ends close: the connections go
+        p.do(p.client, p.client.engine.close(c, p.now))
+        p.do(p.server, p.server.engine.close(s, p.now))
+        p.pump()
+    assert len(lgr_of(p.server).conns) == 2
+    more = [first_contact(p) for _ in range(2)]
+    assert [link_id(p.server, s) for _c, s in more] == [1, 1]
+    assert [link_id(p.client, c) for c, _s in more] == [1, 1]
+    for c, s in more:
+        assert transfer_over(p, c, s, b"least used %d" % c) == b"least used %d" % c
 
 
 def test_asymmetric_link_takes_no_new_connections() -> None:

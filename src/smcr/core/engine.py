@@ -447,14 +447,22 @@ class Engine(PortLayer):
         return None
 
     def _assign_link(self, lgr: LinkGroup) -> Link | None:
-        """The link a new connection of the server's group uses (Linux
-        ``smcr_lgr_conn_assign_link``): of the active links that are not the asymmetric
-        one, the first for an even number of connections so far, the next for an odd
-        one, so that connections alternate between two links."""
+        """The link a new connection of the server's group uses: of the active links that
+        are not the asymmetric one (Linux ``smcr_lgr_conn_assign_link`` skips it too),
+        the one that carries the fewest connections.  Linux alternates by the parity
+        of the group's connection count, which balances only while connections end
+        in the order they came; counting keeps the links even whatever ends first.
+        On a tie, Linux's choice.  The client follows whatever the Accept names, so
+        the choice is the server's alone (a Linux client follows it too)."""
         usable = [x for x in lgr.links if x.state is LinkState.LINK_ACTIVE and not x.is_asym]
         if not usable:
             return None
-        return usable[1] if len(lgr.conns) % 2 and len(usable) > 1 else usable[0]
+        load = {id(x): 0 for x in usable}
+        for c in lgr.conns.values():
+            if c.link is not None and id(c.link) in load:
+                load[id(c.link)] += 1
+        linux = usable[1] if len(lgr.conns) % 2 and len(usable) > 1 else usable[0]
+        return min(usable, key=lambda x: (load[id(x)], x is not linux))
 
     def _send_accept(self, hs: Handshake, now: float, out: list[Action]) -> None:
         assert hs.rmb is not None and hs.link is not None
