@@ -25,6 +25,7 @@ guest runs under QEMU without KVM (TCG), so they prove function, not speed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -432,6 +433,68 @@ def test_the_kernels_second_link_is_rejected_live(kernel_smc: Guest) -> None:
     # as frame 17 of the golden capture: 44 bytes, flags 0xC0, the offer's first 40 echoed
     assert answers[0] == bytes.fromhex("222c00c0") + offers[0][4:44], (answers[0].hex(),
                                                                       offers[0].hex())
+
+
+GUEST_IP2 = "10.99.0.21"
+"""The guest's eth1 (its second NIC on br0, boot.sh), when a test gives it rxe1."""
+
+
+@contextlib.contextmanager
+def second_rnic(guest: Guest) -> Iterator[None]:
+    """rxe1 on the guest's eth1, in the same subnet and PNET ID (SMCNET) as rxe0: Linux
+    takes an alternate RNIC for an SMC-Rv2 group only if its net device has an address
+    in the subnet of the group's TCP source and a route to the peer
+    (``smc_ib_determine_gid``, ``smc_ib_find_route``).  ARP answered only by the
+    interface that holds the address: the RoCEv2 packets for rxe1 must arrive on eth1
+    (rxe takes a packet on the RNIC of the net device it came in on).  Undone after."""
+    guest.run("sysctl -w net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2"
+              f" && ip addr add {GUEST_IP2}/24 dev eth1 && ip link set eth1 up"
+              " && rdma link add rxe1 type rxe netdev eth1", timeout=60)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "ffff:0a63:0015" not in guest.run(
+                "cat /sys/class/infiniband/rxe1/ports/1/gids/* 2>/dev/null; true", timeout=30):
+            assert time.monotonic() < deadline, "rxe1 has no IPv4 GID"
+            time.sleep(0.2)
+        guest.run(f"{TOOL} pnet --eth eth1 --ib rxe1", timeout=60)
+        yield
+    finally:
+        guest.run("rdma link delete rxe1; ip addr flush dev eth1; ip link set eth1 down;"
+                  " sysctl -w net.ipv4.conf.all.arp_ignore=0 net.ipv4.conf.all.arp_announce=0",
+                  timeout=60)  # fmt: skip
+
+
+def test_the_kernels_second_link_is_accepted_live(kernel_smc: Guest) -> None:
+    """The kernel server with two RNICs (rxe0, rxe1) offers its second link over rxe1 at
+    first contact (ADD LINK v2, ``smc_llc_srv_add_link``); smcr, with one RNIC and
+    ``SMCR_MAX_LINKS=2``, accepts it over its one RNIC (its group ASYMMETRIC_LOCAL, the
+    kernel's ASYMMETRIC_PEER, as between two kernels with one and two RNICs): the
+    answer without reject, CONFIRM LINK v2 over the new link both ways; the second
+    connection of the group finds the kernel's group with two links; data intact."""
+    with second_rnic(kernel_smc):
+        ex = smcr_run(kernel_smc, "server", nbytes=MB, count=2, roce_capture=True,
+                      keep_pcap=True, env={"SMCR_MAX_LINKS": "2"})  # fmt: skip
+    assert ex.pcap is not None
+    try:
+        llc = llc_sends(ex.pcap)
+        check_decodes(ex.pcap)
+    finally:
+        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+    check_data(ex, MB, smc=True)
+    offers = [m for src, m in llc if src == GUEST_IP and m[0] == 0x22 and not m[3] & 0x80]
+    answers = [m for src, m in llc if src == HOST_IP and m[0] == 0x22]
+    assert len(offers) == 1 and len(answers) == 1, llc
+    # ADD LINK v2 (smc_llc_msg_add_link): the sender's GID at bytes 12-28
+    assert offers[0][12:28] == bytes(10) + b"\xff\xff" + bytes([10, 99, 0, 21]), offers[0].hex()
+    assert answers[0][3] & 0xC0 == 0x80, answers[0].hex()  # a response, not a reject
+    assert answers[0][12:28] == HOST_GID, answers[0].hex()  # over smcr's one RNIC
+    confirms = Counter((src, m[3] & 0x80 != 0) for src, m in llc if m[0] == 0x21)
+    # first contact's CONFIRM LINK (rxe0) and the new link's (rxe1): the kernel asks,
+    # smcr answers, both over its one RNIC
+    assert confirms == {(GUEST_IP, False): 1, (GUEST_IP2, False): 1, (HOST_IP, True): 2}, confirms
+    _clients, servers = ex.ends()
+    lgrs = servers[1]["diag"]["lgrs"]
+    assert any(g["type"] == "ASYMMETRIC_PEER" and g["conns"] >= 1 for g in lgrs), lgrs
 
 
 # ------------------------------------------------------------------ abort

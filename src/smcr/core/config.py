@@ -64,8 +64,8 @@ class Config:
     and asks for a link on ``port_up``; SMC-Rv2.1 negotiates 2 links.  It needs a host
     that makes a QP on any port and registers every RMB there
     (:class:`~smcr.core.engine.Provider`).  False: one link per group, the server offers
-    none and the client rejects every offer (what the runtime does while it holds one
-    RNIC)."""
+    none and the client rejects every offer (the runtime's choice with one RNIC and
+    one link per group asked for)."""
 
     @property
     def v2_max_links(self) -> int:

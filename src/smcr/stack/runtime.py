@@ -374,7 +374,10 @@ class Stack:
         mtu = min(int(d.attr.active_mtu) for d in all_devices)
         if mtu < self.config.qp_mtu:  # CLC announces what this RNIC's port can carry
             self.config = replace(self.config, qp_mtu=mtu)
-        if more_devices:  # a second RNIC: the server offers a second link (ADD LINK)
+        if more_devices or self.config.max_links_v2 >= 2:
+            # a second RNIC, or two links asked for (SMCR_MAX_LINKS): ADD LINK as Linux,
+            # which with one RNIC offers an asymmetric link over it, and accepts a
+            # peer's offer over another RNIC of the peer's
             self.config = replace(self.config, add_links=True)
         self.max_inline = min(d.attr.max_inline_data for d in all_devices)
         """Inline WRITE limit of this RNIC's QPs: a send this small skips the send buffer."""
@@ -1566,8 +1569,10 @@ def testlink_time() -> float:
 def max_links() -> int:
     """The most links per link group smcr offers in SMC-Rv2.1: ``SMCR_MAX_LINKS`` (as Linux's
     sysctl ``net.smc.smcr_max_links_per_lgr``: 1 or 2), default 1 (:class:`Config`).  With
-    2 a Linux peer offers a second link at first contact, which smcr, with one RNIC,
-    rejects as Linux does (the interop suite sees it live).
+    2 smcr takes part in ADD LINK even with one RNIC, as Linux: a Linux peer offers a
+    second link at first contact; smcr rejects it when it would be the same path twice
+    (both ends one RNIC) and accepts an offer over another RNIC of the peer's, its own
+    side asymmetric (the interop suite sees both live).
 
     :raises ValueError: for anything but 1 or 2 (Linux's range).
     """

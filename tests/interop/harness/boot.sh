@@ -1,7 +1,8 @@
 #!/bin/bash
 # Copied from shared/interop/boot.sh for smcr's interop suite (tests/interop): unchanged but for
 # copying only the tools' *.py/*.sh files (a __pycache__ directory there would stop `cp`), and
-# FIRST=i (default 1) to boot guests i..N only (a second guest next to a running first one).
+# FIRST=i (default 1) to boot guests i..N only (a second guest next to a running first one),
+# and a second NIC per guest (eth1 on br0, left down: a test may give it an address and rxe1).
 # Boot N Debian guests (TCG by default; ACCEL=kvm is experimental, see the README) on bridge br0 inside netns "smcnet".
 #   netns side (br0): 10.99.0.1/24 ; guest i: 10.99.0.(10+i)/24 (g1=10.99.0.11, g2=10.99.0.12, ...)
 # Usage: ./boot.sh [N=2]     env: MEM=1024 SMP=1 ACCEL=kvm|tcg WAIT=1
@@ -53,11 +54,13 @@ for i in $(seq "$FIRST" "$N"); do
   mkdir -p "$share/cmd" "$share/out" "$share/tools"
   cp -f "$HERE"/tools/*.py "$HERE"/tools/*.sh "$share/tools/"
   rm -f "$share/out/READY" "$share/cmd"/* 2>/dev/null || true
-  if ! ip -n "$NS" link show "$tap" >/dev/null 2>&1; then
-    ip -n "$NS" tuntap add "$tap" mode tap
-    ip -n "$NS" link set "$tap" master br0
-    ip -n "$NS" link set "$tap" up
-  fi
+  for t in "$tap" "${tap}b"; do   # ${tap}b: the guest's eth1, unconfigured unless a test
+    if ! ip -n "$NS" link show "$t" >/dev/null 2>&1; then   # gives it a second RNIC
+      ip -n "$NS" tuntap add "$t" mode tap
+      ip -n "$NS" link set "$t" master br0
+      ip -n "$NS" link set "$t" up
+    fi
+  done
   disk=$RUN/$name.qcow2
   rm -f "$disk"
   qemu-img create -q -f qcow2 -F raw -b "$IMG/base.ext4" "$disk"
@@ -70,6 +73,8 @@ for i in $(seq "$FIRST" "$N"); do
     -drive file="$disk",if=virtio,format=qcow2,cache=unsafe \
     -netdev tap,id=n0,ifname="$tap",script=no,downscript=no \
     -device virtio-net-pci,netdev=n0,mac="$mac" \
+    -netdev tap,id=n1,ifname="${tap}b",script=no,downscript=no \
+    -device virtio-net-pci,netdev=n1,mac="$(printf '52:54:00:99:01:%02x' $((0x10+i)))" \
     -virtfs local,path="$share",mount_tag=hostshare,security_model=none,id=fs0 \
     -device virtio-rng-pci \
     -display none -serial file:"$RUN/$name.console" \

@@ -150,16 +150,23 @@ def genl(family: int, cmd: int, payload: bytes = b"", dump: bool = False) -> lis
     return [b[4:] for b in request(NETLINK_GENERIC, family, flags, hdr + payload)]
 
 
-def setup() -> dict[str, Any]:
-    """pnet SMCNET eth0<->rxe0 port 1 and UEID SMC-KVM-TEST (each kept if already there)."""
+def pnet_add(eth: str, ib: str) -> dict[str, Any]:
+    """pnet SMCNET ``eth``<->``ib`` port 1 (kept if already there)."""
     pnet = genl_family("SMC_PNETID")
-    entry = (nla(SMC_PNETID_NAME, b"SMCNET\0") + nla(SMC_PNETID_ETHNAME, b"eth0\0")
-             + nla(SMC_PNETID_IBNAME, b"rxe0\0") + nla(SMC_PNETID_IBPORT, b"\x01"))  # fmt: skip
+    entry = (nla(SMC_PNETID_NAME, b"SMCNET\0") + nla(SMC_PNETID_ETHNAME, eth.encode() + b"\0")
+             + nla(SMC_PNETID_IBNAME, ib.encode() + b"\0")
+             + nla(SMC_PNETID_IBPORT, b"\x01"))  # fmt: skip
     try:
         genl(pnet, SMC_PNETID_ADD, entry)
     except OSError as exc:
         if exc.errno != errno.EEXIST:
             raise
+    return {"pnet": ["SMCNET", eth, ib]}
+
+
+def setup() -> dict[str, Any]:
+    """pnet SMCNET eth0<->rxe0 port 1 and UEID SMC-KVM-TEST (each kept if already there)."""
+    pnet_add("eth0", "rxe0")
     gen = genl_family("SMC_GEN_NETLINK")
     eid = UEID.encode().ljust(32, b" ") + b"\0"
     try:
@@ -454,7 +461,9 @@ def client(a: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("cmd", choices=["setup", "server", "client", "lgrs", "socks"])
+    p.add_argument("cmd", choices=["setup", "server", "client", "lgrs", "socks", "pnet"])
+    p.add_argument("--eth", default="eth0")  # pnet: the net device and the RNIC
+    p.add_argument("--ib", default="rxe0")
     p.add_argument("--family", choices=["smc", "tcp"], default="smc")
     p.add_argument("--host", default="10.99.0.1")
     p.add_argument("--port", type=int, default=5000)
@@ -474,6 +483,7 @@ def main() -> None:
     commands: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
         "setup": lambda _a: setup(), "server": server, "client": client,
         "lgrs": lambda _a: lgrs(), "socks": lambda _a: socks(),
+        "pnet": lambda a: pnet_add(a.eth, a.ib),
     }  # fmt: skip
     print(json.dumps(commands[a.cmd](a)), flush=True)
 
