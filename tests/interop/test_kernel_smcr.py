@@ -196,7 +196,13 @@ def test_smcr_v2_with_the_kernel_bulk_each_way(kernel_smc: Guest, guest_role: st
 @pytest.mark.parametrize("guest_role", ROLES)
 def test_smcr_v2_with_the_kernel_pingpong(kernel_smc: Guest, guest_role: str) -> None:
     iters = 200
-    ex = smcr_run(kernel_smc, guest_role, nbytes=0, mode="pingpong", iters=iters, size=64)
+    ex = smcr_run(kernel_smc, guest_role, nbytes=0, mode="pingpong", iters=iters, size=64,
+                  roce_capture=True, keep_pcap=True)  # fmt: skip
+    assert ex.pcap is not None
+    try:
+        check_decodes(ex.pcap)
+    finally:
+        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
     check_smcr_v2(ex)
     clients, _servers = ex.ends()
     assert clients[0]["echoed_intact"] == iters, clients[0]
@@ -216,7 +222,13 @@ def test_smcr_v2_with_the_kernel_reuses_the_link_group(kernel_smc: Guest,
     a new connection, DELETE RKEY when a connection's RMB is freed); the kernel's own
     record says the same link group each time (its diag's link group list: one)."""
     count = 50
-    ex = smcr_run(kernel_smc, guest_role, nbytes=64 * 1024, count=count)
+    ex = smcr_run(kernel_smc, guest_role, nbytes=64 * 1024, count=count, roce_capture=True,
+                  keep_pcap=True)  # fmt: skip
+    assert ex.pcap is not None
+    try:
+        check_decodes(ex.pcap)
+    finally:
+        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
     check_data(ex, 64 * 1024, smc=True)
     lgr_ids: set[int] = set()
     kernel_lgr_ids: set[tuple[int, ...]] = set()
