@@ -75,15 +75,45 @@ def test_second_connection_reuses_link_group_with_confirm_rkey() -> None:
     assert len(p.client.engine.lgrs) == 1 and len(p.server.engine.lgrs) == 1
 
 
-def test_release_sends_delete_rkey() -> None:
+def test_an_orderly_close_keeps_the_rmb_with_the_peer_for_the_next_connection() -> None:
+    """A connection closed in order: no DELETE RKEY, the RMB reusable at once; the group's
+    next connection that gets it again runs no CONFIRM RKEY (the peer holds the rkey),
+    and its bytes land in it both ways."""
     p = Pair()
+    p.connect()
+    p.pump()
     c, s = p.connect()
     p.pump()
     p.do(p.client, p.client.engine.close(c, p.now))
     p.do(p.server, p.server.engine.close(s, p.now))
     assert c in p.client.released and s in p.server.released
-    types = [(m[0], m[3] & 0x80) for m in p.client.llc_sent]
-    assert (LlcType.DELETE_RKEY, 0) in types and (LlcType.DELETE_RKEY, 0x80) in types
+    assert p.client.reused == [c] and p.server.reused == [s]
+    sent = len(p.client.llc_sent), len(p.server.llc_sent)
+    c2, s2 = p.connect(reuse=(c, s))
+    p.pump()
+    assert completed(p.client.events)[-1].conn == c2 and completed(p.server.events)[-1].conn == s2
+    assert p.client.llc_sent[sent[0]:] == [] and p.server.llc_sent[sent[1]:] == []
+    assert p.client.engine.conns[c2].rmb == p.client.rmbs[c]
+    p.do(p.client, p.client.write(c2, b"ping")[1])
+    assert p.server.read(s2)[0] == b"ping"
+    p.do(p.server, p.server.write(s2, b"pong")[1])
+    assert p.client.read(c2)[0] == b"pong"
+
+
+def test_a_new_rmb_in_a_reused_group_is_confirmed_and_deleted_after_an_abort() -> None:
+    """An RMB the peer does not hold yet: CONFIRM RKEY (above); released after an abort,
+    when the peer may still be writing into it: DELETE RKEY both ways."""
+    p = Pair()
+    p.connect()
+    p.pump()
+    c, s = p.connect()
+    p.pump()
+    p.do(p.client, p.client.engine.abort(c, p.now))
+    p.do(p.server, p.server.engine.close(s, p.now))
+    assert c in p.client.released and s in p.server.released
+    for side in (p.client, p.server):
+        types = [(m[0], m[3] & 0x80) for m in side.llc_sent]
+        assert (LlcType.DELETE_RKEY, 0) in types and (LlcType.DELETE_RKEY, 0x80) in types
 
 
 def test_server_without_buffer_declines_mem_and_both_fall_back() -> None:
