@@ -79,6 +79,7 @@ from smcr.wire.errors import WireError
 from smcr.wire.llc import LLC_FLAG_DEL_LINK_ALL, DeleteLinkReason, LlcMessage
 
 DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
+PROPOSALS_KEPT = 64
 IDLE_RMBS_MAX = 16
 """RMBs of released connections a link group keeps announced to the peer (no DELETE
 RKEY) for its next connections (:meth:`Engine.release`)."""
@@ -127,6 +128,9 @@ class Engine(PortLayer):
         self.ports_down: set[int] = set()
         """Ports of :attr:`LocalIdentity.ports` the host reported unusable
         (:meth:`port_down`), until :meth:`port_up`: no new link goes over them."""
+        self._proposals: dict[tuple[int, IpAddress, tuple[bytes, ...]], tuple[bytes, bool]] = {}
+        """Encoded Proposals by (port, local address, UEIDs) (:meth:`_proposal`)."""
+        self._proposals_of: tuple[LocalIdentity, Config] | None = None
         self.ueids: tuple[bytes, ...] = ()
         """The host's user EIDs (:mod:`smcr.ueid`), kept current by the host: a
         Proposal offers SMC-Rv2 only with one, a server chooses v2 only on a common one."""
@@ -169,18 +173,34 @@ class Engine(PortLayer):
         :param sndbuf_size: the send buffer the host allocated (Linux sizes it from
             the socket's ``SO_SNDBUF``); 0 means :attr:`Config.sndbuf_size`.
         """
-        ident = self.identity
         hs = Handshake(conn, True, HsState.PROPOSAL_SENT, now + self.config.clc_wait, rmb,
                        local_ip, sndbuf_size=sndbuf_size)  # fmt: skip
         self.handshakes[conn] = hs
         hs.port = self._usable_port()  # the Proposal names it; a first contact uses it
-        if hs.port:
-            port = ident.ports[hs.port]
-            ident = dataclasses.replace(ident, gid=port.gid, mac=port.mac)
-        proposal = negotiation.proposal(ident, local_ip, self.ueids, self.config)
-        hs.offered_v2 = proposal.v2_extension is not None
+        key = (hs.port, local_ip, self.ueids)
+        if self._proposals_of != (self.identity, self.config):  # (replaced: not the same)
+            self._proposals_of = (self.identity, self.config)
+            self._proposals.clear()
+        made = self._proposals.get(key)
+        if made is None:
+            made = self._proposals[key] = self._proposal(hs.port, local_ip)
+        data, hs.offered_v2 = made
         hs.version = 1  # Linux: v1 Declines before an Accept, unless ISMv2-capable
-        return [SendClc(conn, proposal.encode())]
+        return [SendClc(conn, data)]
+
+    def _proposal(self, port: int, local_ip: IpAddress) -> tuple[bytes, bool]:
+        """Our Proposal from ``port`` for a TCP connection from ``local_ip``, encoded, and
+        whether it offers SMC-Rv2.  The same for every connection from that address
+        while the UEIDs, our identity and config stay: :meth:`connect` keeps them (a few,
+        one per address in use: the table starts anew when it has :data:`PROPOSALS_KEPT`)."""
+        if len(self._proposals) >= PROPOSALS_KEPT:
+            self._proposals.clear()
+        ident = self.identity
+        if port:
+            ident = dataclasses.replace(ident, gid=ident.ports[port].gid,
+                                        mac=ident.ports[port].mac)  # fmt: skip
+        proposal = negotiation.proposal(ident, local_ip, self.ueids, self.config)
+        return proposal.encode(), proposal.v2_extension is not None
 
     def accept(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float,
                sndbuf_size: int = 0) -> list[Action]:  # fmt: skip
