@@ -11,7 +11,9 @@ CPU µs per connection of each process (thread-independent: every thread's time)
 progress and watcher threads too), timed by each thread's CPU time (time spent
 blocked or waiting for the GIL is not counted), and prints the top N functions by
 own time, in µs per connection, per process; cProfile itself multiplies the cost
-of small calls, so read it for where, not for how much.
+of small calls, so read it for where, not for how much.  A call still running at the
+end (a daemon thread's wait: ``epoll.poll``, ``select.poll``) is timed by the wrong
+thread's clock there: skip those lines.
 
 This is a measurement, not a test: nothing here asserts.
 """
