@@ -571,8 +571,7 @@ class SMCSocket(_PlainSocket):
                 self._stack = get_stack(local_ip, self._scope_id())
 
     def _local_ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-        host = _PlainSocket.getsockname(self)[0]
-        return ipaddress.ip_address(host.split("%")[0])
+        return _parse_ip(_PlainSocket.getsockname(self)[0])
 
     def _scope_id(self) -> int:
         """The interface index of a link-local IPv6 local address (0 otherwise)."""
@@ -1617,6 +1616,13 @@ def _cdcs_done(c: Connection) -> bool:
     nothing to wait for (it may be gone already, and would never confirm).
     """
     return c.aborted or c.peer_closed or not any(entry[1] is c for entry in c.cdc_pending)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """A socket address's host as an address object (a link-local one without its scope),
+    kept per text: asked at every connect and accept."""
+    return ipaddress.ip_address(host.split("%", maxsplit=1)[0])
 
 
 def _byte_view(data: Any) -> memoryview:

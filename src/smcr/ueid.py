@@ -184,13 +184,13 @@ class UeidTable:
 
     def current(self) -> tuple[bytes, ...]:
         """The UEIDs now in force (``()`` when none is set)."""
-        path = self.path or path_from()
+        name = self.path or os.environ.get(ENV) or DEFAULT_FILE  # (path_from, without a Path)
         try:
-            st = path.stat()
+            st = os.stat(name)
         except OSError:
             self._key, self._eids = None, ()
             return ()
         key = (st.st_mtime_ns, st.st_size)
         if key != self._key:
-            self._key, self._eids = key, load(path)
+            self._key, self._eids = key, load(Path(name))
         return self._eids

@@ -202,17 +202,23 @@ class Pair:
         return self.server if side is self.client else self.client
 
     def connect(self, rmb_size: int = 65536, server_rmb: bool = True,
-                client_rmb: bool = True, sndbuf_size: int = 0) -> tuple[int, int]:
+                client_rmb: bool = True, sndbuf_size: int = 0,
+                reuse: tuple[int, int] | None = None) -> tuple[int, int]:  # fmt: skip
         """Start a connection; returns (client conn id, server conn id).
 
         :param sndbuf_size: both sides' send buffers, handed to the engines as the
             runtime does (0: each engine's configured size).
+        :param reuse: (client, server) ids of released connections whose RMBs the new
+            one gets again, as the runtime's pool hands out a reusable RMB.
         """
         c, s = next(self._conn_ids), next(self._conn_ids)
         self.tcp[("client", c)] = ("server", s)
         self.tcp[("server", s)] = ("client", c)
-        for side, cid, have in ((self.client, c, client_rmb), (self.server, s, server_rmb)):
-            rmb = self.fabric.alloc(rmb_size) if have else None
+        olds = reuse or (None, None)
+        for side, cid, have, old in ((self.client, c, client_rmb, olds[0]),
+                                     (self.server, s, server_rmb, olds[1])):  # fmt: skip
+            rmb = side.rmbs[old] if old is not None else (
+                self.fabric.alloc(rmb_size) if have else None)  # fmt: skip
             if rmb:
                 side.rmbs[cid] = rmb
             side.sndbufs[cid] = bytearray(sndbuf_size or side.engine.config.sndbuf_size)

@@ -18,6 +18,7 @@ from smcr.core import (
     LlcDropped,
     SmcState,
 )
+from smcr.core.engine import IDLE_RMBS_MAX
 from smcr.wire.clc import ClcDecline, ClcProposal, decode_clc
 from smcr.wire.clc_header import SmcType
 from smcr.wire.clc_proposal import IpPrefixArea
@@ -75,15 +76,94 @@ def test_second_connection_reuses_link_group_with_confirm_rkey() -> None:
     assert len(p.client.engine.lgrs) == 1 and len(p.server.engine.lgrs) == 1
 
 
-def test_release_sends_delete_rkey() -> None:
+def test_an_orderly_close_keeps_the_rmb_with_the_peer_for_the_next_connection() -> None:
+    """A connection closed in order: no DELETE RKEY, the RMB reusable at once; the group's
+    next connection that gets it again runs no CONFIRM RKEY (the peer holds the rkey),
+    and its bytes land in it both ways."""
     p = Pair()
+    p.connect()
+    p.pump()
     c, s = p.connect()
     p.pump()
     p.do(p.client, p.client.engine.close(c, p.now))
     p.do(p.server, p.server.engine.close(s, p.now))
     assert c in p.client.released and s in p.server.released
-    types = [(m[0], m[3] & 0x80) for m in p.client.llc_sent]
-    assert (LlcType.DELETE_RKEY, 0) in types and (LlcType.DELETE_RKEY, 0x80) in types
+    assert p.client.reused == [c] and p.server.reused == [s]
+    sent = len(p.client.llc_sent), len(p.server.llc_sent)
+    c2, s2 = p.connect(reuse=(c, s))
+    p.pump()
+    assert completed(p.client.events)[-1].conn == c2 and completed(p.server.events)[-1].conn == s2
+    assert p.client.llc_sent[sent[0]:] == [] and p.server.llc_sent[sent[1]:] == []
+    assert p.client.engine.conns[c2].rmb == p.client.rmbs[c]
+    p.do(p.client, p.client.write(c2, b"ping")[1])
+    assert p.server.read(s2)[0] == b"ping"
+    p.do(p.server, p.server.write(s2, b"pong")[1])
+    assert p.client.read(c2)[0] == b"pong"
+
+
+def close_both(p: Pair, c: int, s: int) -> None:
+    p.do(p.client, p.client.engine.close(c, p.now))
+    p.do(p.server, p.server.engine.close(s, p.now))
+
+
+def test_an_idle_rmb_taken_by_another_group_is_taken_back_from_the_first() -> None:
+    """The client's RMB kept in group B serves a connection of group A: CONFIRM RKEY in A
+    (A's peer does not hold it), DELETE RKEY in B (B's peer must not keep a key to a
+    buffer another group's connection uses).  (One connection per group on the server.)"""
+    p = Pair(server_config=Config(max_conns=1))
+    c1, s1 = p.connect()
+    p.pump()
+    c2, s2 = p.connect()  # group A is full: a second group, B
+    p.pump()
+    lgr_a, lgr_b = (completed(p.client.events)[i].lgr_id for i in (0, 1))
+    assert lgr_a != lgr_b
+    close_both(p, c2, s2)
+    close_both(p, c1, s1)
+    rkey2 = p.client.rmbs[c2].rkey
+    assert rkey2 in p.client.engine.lgrs[lgr_b].idle_rmbs
+    sent = len(p.client.llc_sent)
+    c3, s3 = p.connect(reuse=(c2, s2))  # the server picks A, its first group with room
+    p.pump()
+    assert completed(p.client.events)[-1] == HandshakeCompleted(conn=c3, first_contact=False,
+                                                                lgr_id=lgr_a)
+    kinds = sorted((m[0], m[3] & 0x80) for m in p.client.llc_sent[sent:])
+    assert (LlcType.CONFIRM_RKEY, 0) in kinds and (LlcType.DELETE_RKEY, 0) in kinds
+    assert rkey2 not in p.client.engine.lgrs[lgr_b].idle_rmbs
+    p.do(p.client, p.client.write(c3, b"in A")[1])
+    assert p.server.read(s3)[0] == b"in A"
+
+
+def test_a_group_keeps_at_most_idle_rmbs_max() -> None:
+    """Beyond IDLE_RMBS_MAX idle RMBs in a group, a released one is DELETE RKEY'd as before."""
+    p = Pair()
+    pairs = [p.connect()]
+    p.pump()  # the group first, then the rest join it
+    pairs += [p.connect() for _ in range(IDLE_RMBS_MAX + 1)]
+    p.pump()
+    sent = len(p.client.llc_sent)
+    for c, s in pairs:
+        close_both(p, c, s)
+    (lgr,) = p.client.engine.lgrs.values()
+    assert len(lgr.idle_rmbs) == IDLE_RMBS_MAX
+    deletes = [m for m in p.client.llc_sent[sent:] if m[0] == LlcType.DELETE_RKEY
+               and not m[3] & 0x80]  # fmt: skip
+    assert len(deletes) == 2
+
+
+def test_a_new_rmb_in_a_reused_group_is_confirmed_and_deleted_after_an_abort() -> None:
+    """An RMB the peer does not hold yet: CONFIRM RKEY (above); released after an abort,
+    when the peer may still be writing into it: DELETE RKEY both ways."""
+    p = Pair()
+    p.connect()
+    p.pump()
+    c, s = p.connect()
+    p.pump()
+    p.do(p.client, p.client.engine.abort(c, p.now))
+    p.do(p.server, p.server.engine.close(s, p.now))
+    assert c in p.client.released and s in p.server.released
+    for side in (p.client, p.server):
+        types = [(m[0], m[3] & 0x80) for m in side.llc_sent]
+        assert (LlcType.DELETE_RKEY, 0) in types and (LlcType.DELETE_RKEY, 0x80) in types
 
 
 def test_server_without_buffer_declines_mem_and_both_fall_back() -> None:

@@ -168,13 +168,14 @@ def test_terminate_drains_the_llc_flow_queue_with_a_negative_outcome() -> None:
 
 
 def test_a_released_rmb_is_reusable_only_once_the_peer_answered_its_delete_rkey() -> None:
-    """Release announces the RMB's end (DELETE RKEY); only the answer makes it reusable
-    (``ReuseRmb``, Linux ``smcr_buf_unuse``): a write the peer posted before it arrives
-    before it.  A peer that never answers: reusable when the flow times out."""
+    """Released after an abort (the peer may still be writing), release announces the
+    RMB's end (DELETE RKEY); only the answer makes it reusable (``ReuseRmb``, Linux
+    ``smcr_buf_unuse``): a write the peer posted before it arrives before it.  A peer
+    that never answers: reusable when the flow times out."""
     p, c, s, _ = active_pair()
     p.drop_llc = lambda side, data: side is p.client and data[0] == LlcType.DELETE_RKEY \
         and bool(data[3] & 0x80)  # the client's answers are lost
-    p.do(p.client, p.client.engine.close(c, p.now))
+    p.do(p.client, p.client.engine.abort(c, p.now))
     p.do(p.server, p.server.engine.close(s, p.now))
     assert s in p.server.released and c in p.client.released
     assert p.client.reused == [c]  # the server answered the client's DELETE RKEY

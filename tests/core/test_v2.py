@@ -112,9 +112,10 @@ def test_v2_first_contact_and_reuse() -> None:
     kinds = [m[0] for m in p.server.llc_sent + p.client.llc_sent]
     assert LlcType.CONFIRM_RKEY_V2 in kinds and LlcType.CONFIRM_RKEY not in kinds
     transfer_works(p, c2, s2)
-    # closing the second: DELETE RKEY v2 (one rkey, 44 bytes)
-    for side, conn in ((p.client, c2), (p.server, s2)):
-        p.do(side, side.engine.close(conn, p.now))
+    # the second aborted (an orderly close keeps the RMBs announced): DELETE RKEY v2
+    # (one rkey, 44 bytes)
+    p.do(p.client, p.client.engine.abort(c2, p.now))
+    p.do(p.server, p.server.engine.close(s2, p.now))
     deletes = [m for m in p.client.llc_sent + p.server.llc_sent if m[0] == 0x29]
     assert deletes and all(len(m) == 44 for m in deletes)
     assert any(m[:8] == bytes.fromhex("292c0000 01000000".replace(" ", "")) for m in deletes)
@@ -472,3 +473,20 @@ def test_shutdown_resets_connections_still_open() -> None:
     p.do(p.server, p.server.engine.shutdown(p.now))
     assert [e.conn for e in p.server.events if isinstance(e, ConnectionReset)] == [s]
     assert [e.conn for e in p.client.events if isinstance(e, ConnectionReset)] == [c]
+
+
+def test_the_proposal_follows_the_ueids_from_one_connection_to_the_next() -> None:
+    """The engine keeps its encoded Proposal per local address: a UEID set (or gone)
+    between two connections changes the next Proposal as Linux, which reads its table
+    at every handshake, changes it; unchanged, the bytes are the same."""
+    p = v2_pair(client=())
+    c1, _ = p.connect()
+    c2, _ = p.connect()
+    p.client.engine.ueids = (EID,)
+    c3, _ = p.connect()
+    first, second, third = (clc_sent(p.client, c)[0] for c in (c1, c2, c3))
+    assert first == second and len(first) == 92  # v1 only
+    assert len(third) > 92 and third[7] != first[7]  # v1 and v2: the v2 extension
+    p.client.engine.ueids = ()
+    c4, _ = p.connect()
+    assert clc_sent(p.client, c4)[0] == first

@@ -218,9 +218,11 @@ def test_smcr_v2_with_the_kernel_pingpong(kernel_smc: Guest, guest_role: str) ->
 def test_smcr_v2_with_the_kernel_reuses_the_link_group(kernel_smc: Guest,
                                                        guest_role: str) -> None:  # fmt: skip
     """50 connections one after another, as issue 12 asks: the first makes the link
-    group, the others reuse it (CLC without first contact, CONFIRM RKEY for the RMB of
-    a new connection, DELETE RKEY when a connection's RMB is freed); the kernel's own
-    record says the same link group each time (its diag's link group list: one)."""
+    group, the others reuse it (CLC without first contact; the kernel's CONFIRM RKEY for
+    its RMB of each connection and DELETE RKEY when the connection frees it; smcr's
+    RMB, kept announced after an orderly close, needs neither when the next connection
+    gets it again, and the kernel finds its rkey in its table); the kernel's own record
+    says the same link group each time (its diag's link group list: one)."""
     count = 50
     ex = smcr_run(kernel_smc, guest_role, nbytes=64 * 1024, count=count, roce_capture=True,
                   keep_pcap=True)  # fmt: skip

@@ -40,8 +40,8 @@ def wait_pooled(stack: Stack, rkey: int, timeout: float = 10.0) -> bool:
 
 def test_a_released_rmb_serves_the_next_connection_with_its_rkey_and_address() -> None:
     """As Linux keeps freed RMBs for reuse: after an orderly close the RMB comes back to the
-    next connection with the same rkey and address (re-announced by CONFIRM RKEY), and
-    carries that connection's bytes."""
+    next connection with the same rkey and address (still announced to the peer: no
+    CONFIRM RKEY), and carries that connection's bytes."""
     with hosts(2) as (x, y):
         hx, hy = connect(x, y)
         assert hx.rmb_mr is not None
@@ -88,8 +88,8 @@ def test_the_pool_limit_declines_mem_until_a_buffer_comes_back() -> None:
         assert hx.rmb_mr is not None and hy.rmb_mr is not None
         rkey, client_rkey = hx.rmb_mr.rkey, hy.rmb_mr.rkey
         close_both(x, hx, y, hy)
-        # Both ends are at their limit: each must have its RMB back, and an RMB comes
-        # back only once the peer answered its DELETE RKEY, after the release.
+        # Both ends are at their limit: each must have its RMB back (after an orderly
+        # close at the release; else once the peer answered its DELETE RKEY).
         assert wait_pooled(x, rkey) and wait_pooled(y, client_rkey)
         hx2, hy2 = connect(x, y)
         assert hx2.rmb_mr is not None and hx2.rmb_mr.rkey == rkey

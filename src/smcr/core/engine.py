@@ -79,6 +79,10 @@ from smcr.wire.errors import WireError
 from smcr.wire.llc import LLC_FLAG_DEL_LINK_ALL, DeleteLinkReason, LlcMessage
 
 DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
+PROPOSALS_KEPT = 64
+IDLE_RMBS_MAX = 16
+"""RMBs of released connections a link group keeps announced to the peer (no DELETE
+RKEY) for its next connections (:meth:`Engine.release`)."""
 UNCONFIRMED_RKEY = "the peer did not confirm the RMB's rkey (CONFIRM RKEY)"
 
 
@@ -129,6 +133,9 @@ class Engine(PortLayer):
         self.ports_down: set[int] = set()
         """Ports of :attr:`LocalIdentity.ports` the host reported unusable
         (:meth:`port_down`), until :meth:`port_up`: no new link goes over them."""
+        self._proposals: dict[tuple[int, IpAddress, tuple[bytes, ...]], tuple[bytes, bool]] = {}
+        """Encoded Proposals by (port, local address, UEIDs) (:meth:`_proposal`)."""
+        self._proposals_of: tuple[LocalIdentity, Config] | None = None
         self.ueids: tuple[bytes, ...] = ()
         """The host's user EIDs (:mod:`smcr.ueid`), kept current by the host: a
         Proposal offers SMC-Rv2 only with one, a server chooses v2 only on a common one."""
@@ -171,18 +178,34 @@ class Engine(PortLayer):
         :param sndbuf_size: the send buffer the host allocated (Linux sizes it from
             the socket's ``SO_SNDBUF``); 0 means :attr:`Config.sndbuf_size`.
         """
-        ident = self.identity
         hs = Handshake(conn, True, HsState.PROPOSAL_SENT, now + self.config.clc_wait, rmb,
                        local_ip, sndbuf_size=sndbuf_size)  # fmt: skip
         self.handshakes[conn] = hs
         hs.port = self._usable_port()  # the Proposal names it; a first contact uses it
-        if hs.port:
-            port = ident.ports[hs.port]
-            ident = dataclasses.replace(ident, gid=port.gid, mac=port.mac)
-        proposal = negotiation.proposal(ident, local_ip, self.ueids, self.config)
-        hs.offered_v2 = proposal.v2_extension is not None
+        key = (hs.port, local_ip, self.ueids)
+        if self._proposals_of != (self.identity, self.config):  # (replaced: not the same)
+            self._proposals_of = (self.identity, self.config)
+            self._proposals.clear()
+        made = self._proposals.get(key)
+        if made is None:
+            made = self._proposals[key] = self._proposal(hs.port, local_ip)
+        data, hs.offered_v2 = made
         hs.version = 1  # Linux: v1 Declines before an Accept, unless ISMv2-capable
-        return [SendClc(conn, proposal.encode())]
+        return [SendClc(conn, data)]
+
+    def _proposal(self, port: int, local_ip: IpAddress) -> tuple[bytes, bool]:
+        """Our Proposal from ``port`` for a TCP connection from ``local_ip``, encoded, and
+        whether it offers SMC-Rv2.  The same for every connection from that address
+        while the UEIDs, our identity and config stay: :meth:`connect` keeps them (a few,
+        one per address in use: the table starts anew when it has :data:`PROPOSALS_KEPT`)."""
+        if len(self._proposals) >= PROPOSALS_KEPT:
+            self._proposals.clear()
+        ident = self.identity
+        if port:
+            ident = dataclasses.replace(ident, gid=ident.ports[port].gid,
+                                        mac=ident.ports[port].mac)  # fmt: skip
+        proposal = negotiation.proposal(ident, local_ip, self.ueids, self.config)
+        return proposal.encode(), proposal.v2_extension is not None
 
     def accept(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float,
                sndbuf_size: int = 0) -> list[Action]:  # fmt: skip
@@ -326,7 +349,8 @@ class Engine(PortLayer):
         conn = self._new_conn(hs, hs.rmb)
         self._attach(conn, found, acc)
         out.append(SendClc(hs.conn, self._confirm(hs, found).encode()))
-        self._confirm_rkey(found.lgr, conn, hs.rmb, now, out)
+        if not self._peer_holds_rmb(found, conn, now, out):
+            self._confirm_rkey(found.lgr, conn, hs.rmb, now, out)
         self._complete(hs, out)
 
     def _find_client_link(self, acc: ClcAccept, version: int) -> Link | None:
@@ -378,6 +402,40 @@ class Engine(PortLayer):
 
         self._start_flow(lgr, build(send_link), done, now, out, build)
 
+    def _peer_holds_rmb(self, link: Link, conn: Connection, now: float,
+                        out: list[Action]) -> bool:  # fmt: skip
+        """Whether the peer holds the rkey of ``conn``'s RMB already: an RMB of an
+        earlier connection of this group, kept announced at its release
+        (:meth:`release`), on the group's one link, ``link``, which ``conn`` uses.  Then no
+        CONFIRM RKEY is due, as Linux skipped it for a reused RMB before its
+        multi-link rework (``rmb_desc->reused``); the CLC message names the RMB
+        anyway, and the peer finds its rkey in its table (``smc_rtoken_add``).
+
+        Also keeps what the peers hold bounded: an idle RMB now used in another
+        group is taken back from the peer that holds it (DELETE RKEY), and idle
+        ones beyond the group's room for connections too, so that the peer's
+        table (255 rkeys in Linux) holds no more than the connections it allows.
+        """
+        lgr, rkey = link.lgr, conn.rmb.rkey
+        for other in self.lgrs.values():
+            if other is not lgr and rkey in other.idle_rmbs:
+                self._forget_idle_rmb(other, rkey, now, out)
+        if lgr.idle_rmbs.pop(rkey, None) is link and lgr.links == [link]:
+            return True
+        while lgr.idle_rmbs and len(lgr.conns) + len(lgr.idle_rmbs) > lgr.max_conns:
+            self._forget_idle_rmb(lgr, next(iter(lgr.idle_rmbs)), now, out)
+        return False
+
+    def _forget_idle_rmb(self, lgr: LinkGroup, rkey: int, now: float,
+                         out: list[Action]) -> None:  # fmt: skip
+        """Take a kept RMB's rkey back from the peer (DELETE RKEY, not waited for: no
+        connection of the group uses the RMB, nothing of the peer's is to come)."""
+        del lgr.idle_rmbs[rkey]
+        if not lgr.terminated and lgr.active_link is not None:
+            request = llc_msgs.delete_rkey(lgr, rkey)
+            self._start_flow(lgr, request, lambda ok, t: [], now, out,
+                             lambda link: llc_msgs.delete_rkey(lgr, rkey))  # fmt: skip
+
     def _confirm(self, hs: Handshake, link: Link) -> ClcConfirm:
         """Our Confirm (``smcr_clc_prep_confirm_accept``): v2 adds the EID and, on first
         contact, the first-contact extension and our GID list (``smc_fill_gid_list``).
@@ -425,7 +483,8 @@ class Engine(PortLayer):
         hs.lgr, hs.link = link.lgr, link
         conn = self._new_conn(hs, hs.rmb)
         self._send_accept(hs, now, out)
-        self._confirm_rkey(link.lgr, conn, hs.rmb, now, out)
+        if not self._peer_holds_rmb(link, conn, now, out):
+            self._confirm_rkey(link.lgr, conn, hs.rmb, now, out)
 
     def _find_server_link(self, peer_id: bytes,
                           choice: negotiation.ServerChoice) -> Link | None:  # fmt: skip
@@ -709,10 +768,17 @@ class Engine(PortLayer):
         return out
 
     def release(self, conn: int, now: float) -> list[Action]:
-        """Forget a CLOSED, released connection; announce its RMB's end (DELETE RKEY).
+        """Forget a CLOSED, released connection; keep its RMB announced to the peer for
+        the group's next connection, or announce its end (DELETE RKEY).
 
-        :class:`ReuseRmb` follows when the peer has answered (or the flow ended
-        otherwise: no answer, the link gone), at once if there is no link to ask.
+        Kept (:meth:`_keep_rmb`) when the peer has ended its stream in order: its last
+        write came before that CDC on the group's one link (RC ordering), so nothing of
+        it can land in the RMB any more, which is reusable at once (:class:`ReuseRmb`)
+        and needs no CONFIRM RKEY when the group's next connection gets it again
+        (:meth:`_peer_holds_rmb`).  That saves two LLC round trips per connection.
+        Otherwise DELETE RKEY: :class:`ReuseRmb` follows when the peer has answered
+        (or the flow ended otherwise: no answer, the link gone), at once if there is no
+        link to ask.
         """
         out: list[Action] = []
         c = self.conns.pop(conn, None)
@@ -724,6 +790,10 @@ class Engine(PortLayer):
                 del lgr.conns[c.token]
                 if not lgr.conns:
                     lgr.idle_since = now
+                if self._keep_rmb(lgr, c):
+                    assert c.link is not None
+                    lgr.idle_rmbs[c.rmb.rkey] = c.link
+                    break
                 if not lgr.terminated and lgr.active_link is not None:
                     def build(link: Link, lgr: LinkGroup = lgr) -> LlcMessage:
                         # the RMB's rkey on the link the request goes over, as Linux
@@ -736,4 +806,19 @@ class Engine(PortLayer):
                     return out
         out += reuse
         return out
+
+    @staticmethod
+    def _keep_rmb(lgr: LinkGroup, c: Connection) -> bool:
+        """Whether a released connection's RMB stays announced to the peer (:meth:`release`):
+        the peer ended in order (done writing or closed, no abort, no reset), the group
+        has one link, the connection's, over port 0 (the RMB's own rkey, not one the
+        host registered for another port and drops with the buffers), and the group
+        keeps fewer than :data:`IDLE_RMBS_MAX` and within its room for connections."""
+        link = c.link
+        return (not lgr.terminated and link is not None and lgr.links == [link]
+                and link.state is LinkState.LINK_ACTIVE and link.port == 0
+                and c.peer_finished and not c.aborted
+                and c.rmb_keys.get(link) == (c.rmb.rkey, c.rmb.vaddr)
+                and len(lgr.idle_rmbs) < IDLE_RMBS_MAX
+                and len(lgr.conns) + len(lgr.idle_rmbs) < lgr.max_conns)  # fmt: skip
 

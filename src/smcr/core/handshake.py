@@ -27,6 +27,7 @@ later interop step (see :mod:`smcr.stack.devices`).
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 from dataclasses import dataclass, field
 
@@ -96,8 +97,11 @@ class Handshake:
     port: int = 0  # client: our port the Proposal named (a first contact's link uses it)
 
 
+@functools.lru_cache(maxsize=256, typed=True)  # (an interface is not its address)
 def prefix_area(ip: IpAddress) -> IpPrefixArea:
     """The prefix area for a local address (see the module docstring).
+
+    Kept per address (an immutable result, asked at every handshake by both roles).
 
     An ``ip_interface`` (a subclass of the address types) brings its own prefix
     length: the RoCE RNIC's runtime passes the interface's, as Linux

@@ -162,6 +162,10 @@ class LinkGroup:
     flow: LocalFlow | None = None
     flow_queue: deque[LocalFlow] = field(default_factory=deque)
     peer_rtokens: list[Rtoken] = field(default_factory=list)  # confirmed peer RMBs
+    idle_rmbs: dict[int, Link] = field(default_factory=dict)
+    """Our RMBs of released connections whose rkey the peer still holds, by rkey, with
+    the link it holds it for (:meth:`Engine.release <smcr.core.engine.Engine.release>`):
+    a connection of this group that gets one of them again needs no CONFIRM RKEY."""
     next_link_id: int = 0  # server: the last link id given (Linux lgr->next_link_id)
     remote_add: AddLinkFlow | None = None  # client: the server's ADD LINK flow being answered
     delayed: tuple[Link, LlcMessage] | None = None

@@ -34,6 +34,7 @@ smcr always announces "direct" and takes an indirect peer as it is.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 
@@ -75,10 +76,15 @@ class ServerChoice:
 def offers_v2(ueids: tuple[bytes, ...], identity: LocalIdentity, local_ip: IpAddress) -> bool:
     """Whether a Proposal offers SMC-Rv2 (``smc_find_proposal_devices``: a UEID is set,
     an RNIC GID serves v2, the TCP socket is IPv4 or v4-mapped)."""
+    return bool(ueids) and identity.v2_capable and _ipv4_or_mapped(local_ip)
+
+
+@functools.lru_cache(maxsize=256, typed=True)  # (an interface is not its address)
+def _ipv4_or_mapped(local_ip: IpAddress) -> bool:
+    """Whether a local address (or interface) is IPv4 or v4-mapped IPv6 (kept per address:
+    asked at every handshake)."""
     ip = ipaddress.ip_address(str(local_ip).split("/")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is None:
-        return False
-    return bool(ueids) and identity.v2_capable
+    return not (isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is None)
 
 
 def proposal(identity: LocalIdentity, local_ip: IpAddress, ueids: tuple[bytes, ...],

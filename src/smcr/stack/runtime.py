@@ -37,13 +37,15 @@ Design (the why of each):
   message is Python work; ``smcr bench`` shows its CPU time per message.
 * **Buffers are pooled** (Linux keeps freed RMBs in the link group for reuse):
   a released connection's RMB and send buffer go back to a per-size free list
-  and come out again with the same rkey and address, re-announced by CONFIRM
-  RKEY as Linux does.  They go back once the peer has answered the DELETE RKEY
-  of the RMB (:class:`~smcr.core.ReuseRmb`, Linux ``smcr_buf_unuse``): a write
-  it posted before arrives before that answer, never in the next connection's
-  bytes.  The pool is bounded by :attr:`Stack.max_buffers`; past
-  it the handshake declines with ``MEM`` (which is also how the tests make a
-  server decline).
+  and come out again with the same rkey and address.  They go back when the
+  engine says the peer can no longer write into the RMB (:class:`~smcr.core.ReuseRmb`,
+  Linux ``smcr_buf_unuse``): at once after an orderly close, where the group keeps
+  the RMB announced and its next connection that gets it needs no CONFIRM RKEY
+  (:meth:`Engine.release <smcr.core.engine.Engine.release>`); otherwise once the
+  peer has answered the DELETE RKEY of the RMB: a write it posted before arrives
+  before that answer, never in the next connection's bytes.  The pool is bounded
+  by :attr:`Stack.max_buffers`; past it the handshake declines with ``MEM``
+  (which is also how the tests make a server decline).
 * **Readiness descriptors**: ``fileno()`` of an SMC socket is one end of a
   unix socket pair made readable (a byte is waiting) and writable (the other
   end drained) to follow the connection; see :class:`Readiness`.

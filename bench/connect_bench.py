@@ -1,0 +1,164 @@
+"""Where SMC-R connection set-up spends its time (link group reused), beside TCP.
+
+Run: ``python bench/connect_bench.py [--count 300] [--runs 3] [--profile N]``.
+
+Two processes, as ``smcr bench``'s ``connect`` row: the client connects, sends a
+byte, reads the answer and closes, ``--count`` times; the server (spawned) accepts,
+reads the byte, answers and closes.  The link group of the first connection is
+reused by the rest.  Each run measures SMC-R then TCP: wall µs per connection and
+CPU µs per connection of each process (thread-independent: every thread's time).
+``--profile N`` measures SMC-R only, with cProfile in every thread of both processes (the runtime's
+progress and watcher threads too), timed by each thread's CPU time (time spent
+blocked or waiting for the GIL is not counted), and prints the top N functions by
+own time, in µs per connection, per process; cProfile itself multiplies the cost
+of small calls, so read it for where, not for how much.  A call still running at the
+end (a daemon thread's wait: ``epoll.poll``, ``select.poll``) is timed by the wrong
+thread's clock there: skip those lines.
+
+This is a measurement, not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import multiprocessing as mp
+import pstats
+import socket
+import statistics
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+_PROFILES: list[cProfile.Profile] = []
+
+
+def _profile_threads() -> None:
+    """Profile every thread started from now on (and this one)."""
+    run = threading.Thread.run
+
+    def profiled(self: threading.Thread) -> None:
+        prof = cProfile.Profile(time.thread_time)
+        _PROFILES.append(prof)
+        prof.enable()
+        run(self)
+
+    threading.Thread.run = profiled  # type: ignore[method-assign]
+    prof = cProfile.Profile(time.thread_time)
+    _PROFILES.append(prof)
+    prof.enable()
+
+
+def _report(top: int, count: int, title: str) -> str:
+    """The top functions by own time over every thread, µs per connection."""
+    stats: pstats.Stats | None = None
+    for prof in _PROFILES:
+        prof.create_stats()
+        if not prof.stats:
+            continue
+        stats = pstats.Stats(prof) if stats is None else stats.add(prof)
+    out = io.StringIO()
+    if stats is None:
+        return ""
+    total = sum(v[2] for v in stats.stats.values())  # type: ignore[attr-defined]
+    print(f"== {title}: {total / count * 1e6:.0f} µs/conn own time in all threads "
+          "(under cProfile)", file=out)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])  # type: ignore[attr-defined]
+    for (path, line, name), (_cc, nc, tt, ct, _callers) in rows[:top]:
+        where = f"{path.rsplit('/', 2)[-2:]!s}:{line}" if "/" in path else path
+        print(f"{tt / count * 1e6:8.1f} {ct / count * 1e6:8.1f} {nc / count:6.1f}  {name}  "
+              f"{where}", file=out)
+    return out.getvalue()
+
+
+def server(ctl: Connection, profile: int) -> None:
+    """The accepting side; reports its CPU seconds after each run."""
+    if profile:
+        _profile_threads()
+    import smcr  # noqa: PLC0415
+
+    smc = smcr.create_server(("127.0.0.1", 0))
+    tcp = socket.create_server(("127.0.0.1", 0))
+    ctl.send((smc.getsockname()[1], tcp.getsockname()[1]))
+    total = 0
+    while True:
+        cmd = ctl.recv()
+        if cmd[0] == "quit":
+            ctl.send(_report(profile, total, "server") if profile else "")
+            return
+        kind, count = cmd
+        listener = smc if kind == "smc" else tcp
+        cpu = time.process_time()
+        for _ in range(count):
+            conn, _ = listener.accept()
+            conn.recv(1)
+            conn.sendall(b"y")
+            conn.close()
+        if kind == "smc" and count > 1:
+            total += count
+        ctl.send(time.process_time() - cpu)
+
+
+def client(kind: str, port: int, count: int) -> tuple[float, float]:
+    """Wall µs and CPU µs per connection of this process."""
+    import smcr  # noqa: PLC0415
+
+    t0, cpu = time.perf_counter(), time.process_time()
+    for _ in range(count):
+        s: Any = smcr.SMCSocket() if kind == "smc" else socket.socket()
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"x")
+        s.recv(1)
+        s.close()
+    return ((time.perf_counter() - t0) / count * 1e6,
+            (time.process_time() - cpu) / count * 1e6)  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--count", type=int, default=300)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--profile", type=int, default=0, metavar="N")
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    ctl, child = ctx.Pipe()
+    proc = ctx.Process(target=server, args=(child, args.profile), daemon=True)
+    proc.start()
+    ports = dict(zip(("smc", "tcp"), ctl.recv(), strict=True))
+    if args.profile:
+        _profile_threads()
+
+    def one(kind: str, count: int) -> tuple[float, float, float]:
+        ctl.send((kind, count))
+        wall, cpu = client(kind, ports[kind], count)
+        return wall, cpu, float(ctl.recv()) / count * 1e6
+
+    one("smc", 1)  # first contact: the link group, then reused
+    rows: dict[str, list[tuple[float, float, float]]] = {"smc": [], "tcp": []}
+    for _ in range(args.runs):
+        for kind in ("smc",) if args.profile else ("smc", "tcp"):
+            rows[kind].append(one(kind, args.count))
+    print(f"{args.count} connections x {args.runs} runs: wall µs/conn, CPU µs/conn client, server")
+    for kind, got in rows.items():
+        if not got:
+            continue
+        walls = [r[0] for r in got]
+        print(f"{kind}: wall {statistics.median(walls):.0f} [{min(walls):.0f}..{max(walls):.0f}]"
+              f"  cpu client {statistics.median(r[1] for r in got):.0f}"
+              f"  server {statistics.median(r[2] for r in got):.0f}")
+    if rows["tcp"]:
+        smc_wall = statistics.median(r[0] for r in rows["smc"])
+        tcp_wall = statistics.median(r[0] for r in rows["tcp"])
+        print(f"ratio SMC-R/TCP (medians): {smc_wall / tcp_wall:.2f}")
+    ctl.send(("quit",))
+    server_report = ctl.recv()
+    if args.profile:
+        print(_report(args.profile, args.count * args.runs, "client"))
+        print(server_report)
+    proc.join(5)
+
+
+if __name__ == "__main__":
+    main()
