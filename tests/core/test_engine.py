@@ -166,6 +166,46 @@ def test_a_new_rmb_in_a_reused_group_is_confirmed_and_deleted_after_an_abort() -
         assert (LlcType.DELETE_RKEY, 0) in types and (LlcType.DELETE_RKEY, 0x80) in types
 
 
+def test_a_proposal_during_the_first_contact_waits_for_it_and_joins_the_group() -> None:
+    """Linux ``smc_server_lgr_pending``: the client's connect returns once it answered
+    CONFIRM LINK, and its next Proposal (over TCP) reaches the server before that
+    answer (over the link): the server holds the Proposal until its first contact
+    ends, then the connection joins the group, one group on each side (a second one
+    was made here before, under load in 1 of 5 runs of 200 connections)."""
+    p = Pair()
+    c1, s1 = p.connect()
+    p.step_until(lambda: c1 not in p.client.engine.handshakes and bool(p.sends),
+                 "the client's first contact done, its CONFIRM LINK answer in flight")  # fmt: skip
+    assert s1 in p.server.engine.handshakes  # the server has not had the answer yet
+    c2, s2 = p.connect()  # the Proposal reaches the server now, before the answer
+    assert s2 not in p.server.engine.conns  # held: no Accept yet
+    p.pump()
+    assert len(p.server.engine.lgrs) == len(p.client.engine.lgrs) == 1
+    assert [e.first_contact for e in completed(p.server.events)] == [True, False]
+    for c, s in ((c1, s1), (c2, s2)):
+        assert p.client.engine.conns[c].state is p.server.engine.conns[s].state is SmcState.ACTIVE
+        p.do(p.client, p.client.write(c, b"joined %d" % c)[1])
+        assert p.server.read(s)[0] == b"joined %d" % c
+
+
+def test_a_held_proposal_makes_the_next_first_contact_when_the_first_fails() -> None:
+    """The first contact fails (its CONFIRM LINK answer lost: TIMEOUT_CL); the Proposal
+    that waited for it goes on and makes a group of its own."""
+    p = Pair()
+    p.drop_llc = lambda side, data: side is p.client and data[0] == 0x01  # CONFIRM LINK
+    c1, _s1 = p.connect()
+    p.step_until(lambda: c1 not in p.client.engine.handshakes,
+                 "the client's first contact done")  # fmt: skip
+    p.drop_llc = lambda side, data: False
+    c2, s2 = p.connect()
+    assert s2 not in p.server.engine.conns
+    p.advance(4.5)  # the server gives up on the CONFIRM LINK answer (llc_wait_first)
+    assert s2 in p.server.engine.conns and s2 not in p.server.engine.handshakes
+    assert p.server.engine.conns[s2].state is SmcState.ACTIVE
+    assert [e.first_contact for e in completed(p.server.events)] == [True]
+    assert completed(p.client.events)[-1].conn == c2
+
+
 def test_server_without_buffer_declines_mem_and_both_fall_back() -> None:
     p = Pair()
     c, s = p.connect(server_rmb=False)

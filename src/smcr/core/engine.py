@@ -115,6 +115,8 @@ class Engine(PortLayer):
         self.provider = provider
         self.conns: dict[int, Connection] = {}
         self.handshakes: dict[int, Handshake] = {}
+        self._held: dict[int, ClcProposal] = {}
+        """Proposals that wait for a first contact with their peer to end (server)."""
         self.lgrs: dict[int, LinkGroup] = {}
         self.links: dict[int, Link] = {}
         self.late_links: dict[int, Link] = {}
@@ -152,7 +154,7 @@ class Engine(PortLayer):
 
     def get_timer(self) -> float | None:
         """The earliest deadline of any handshake, LLC flow or keepalive, or None."""
-        deadlines = [hs.deadline for hs in self.handshakes.values()]
+        deadlines = [hs.deadline for hs in self.handshakes.values() if hs.conn not in self._held]
         for lgr in self.lgrs.values():
             if lgr.flow is not None:
                 deadlines.append(lgr.flow.deadline)
@@ -246,6 +248,7 @@ class Engine(PortLayer):
                 self._decline(hs, exc.code, out)
             else:
                 self._fail(hs, f"malformed CLC message: {exc}", out)
+        self._release_held(now, out)
         return out
 
     def tcp_closed(self, conn: int, now: float) -> list[Action]:
@@ -261,6 +264,7 @@ class Engine(PortLayer):
         hs = self.handshakes.get(conn)
         if hs is not None and hs.state is not HsState.CONFIRM_LINK_RESP_WAIT:
             self._fail(hs, "TCP connection closed during the CLC handshake", out)
+        self._release_held(now, out)
         return out
 
     def _clc_message(self, hs: Handshake, msg: ClcMessage, now: float, out: list[Action]) -> None:
@@ -471,6 +475,13 @@ class Engine(PortLayer):
         hs.smc_version, hs.terms = choice.version, choice.terms
         if hs.rmb is None:
             raise Decline(DeclineCode.MEM, "no buffer for the connection")
+        if self._first_contact_running(prop.peer_id):
+            # Linux smc_server_lgr_pending: one first contact at a time.  A client's
+            # connect returns once it answered CONFIRM LINK; its next Proposal (TCP)
+            # may come before that answer (over the link) and would make a second
+            # group; it waits, then joins the group (_release_held)
+            self._held[hs.conn] = prop
+            return
         link = self._find_server_link(prop.peer_id, choice)
         if link is None:
             lgr, link = self._new_lgr(Role.SERVER, prop.peer_id, choice.terms,
@@ -485,6 +496,25 @@ class Engine(PortLayer):
         self._send_accept(hs, now, out)
         if not self._peer_holds_rmb(link, conn, now, out):
             self._confirm_rkey(link.lgr, conn, hs.rmb, now, out)
+
+    def _first_contact_running(self, peer_id: bytes) -> bool:
+        """Whether a server first contact with this peer has not ended yet."""
+        return any(not hs.client and hs.first_contact and hs.lgr is not None
+                   and hs.lgr.peer_id == peer_id for hs in self.handshakes.values())  # fmt: skip
+
+    def _release_held(self, now: float, out: list[Action]) -> None:
+        """Go on with the held Proposals whose peer's first contact has ended (the
+        group is there to join; or it failed, and one of them makes the next)."""
+        for conn, prop in list(self._held.items()):
+            hs = self.handshakes.get(conn)
+            if hs is None:  # its handshake ended meanwhile (TCP closed, timeout)
+                del self._held[conn]
+            elif not self._first_contact_running(prop.peer_id):
+                del self._held[conn]
+                try:
+                    self._server_proposal(hs, prop, now, out)
+                except Decline as exc:
+                    self._decline(hs, exc.code, out)
 
     def _find_server_link(self, peer_id: bytes,
                           choice: negotiation.ServerChoice) -> Link | None:  # fmt: skip
@@ -690,9 +720,14 @@ class Engine(PortLayer):
     def handle_timer(self, now: float) -> list[Action]:
         """Handshake deadlines, LLC response waits, TEST LINK keepalive."""
         out: list[Action] = []
+        self._release_held(now, out)  # (a first contact ended by a link failure)
         for hs in list(self.handshakes.values()):
-            if now >= hs.deadline and self.handshakes.get(hs.conn) is hs:
+            # (a held Proposal has come: its wait is the first contact's, bounded by
+            # that one's own deadline, as Linux's listen worker waits on the mutex)
+            if (now >= hs.deadline and self.handshakes.get(hs.conn) is hs
+                    and hs.conn not in self._held):  # fmt: skip
                 self._handshake_timeout(hs, now, out)
+        self._release_held(now, out)
         for lgr in list(self.lgrs.values()):
             flow = lgr.flow
             if flow is not None and now >= flow.deadline:

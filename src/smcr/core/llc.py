@@ -122,6 +122,9 @@ class LinkLayer:
     def _complete(self, hs: Handshake, out: list[Action]) -> None:
         raise NotImplementedError
 
+    def _release_held(self, now: float, out: list[Action]) -> None:
+        raise NotImplementedError
+
     # ================================================================ links
 
     def receive_wr(self, qpn: int, data: memoryview, now: float) -> list[Action]:
@@ -300,6 +303,7 @@ class LinkLayer:
                 return
             self._link_up(link, now)
             self._complete(hs, out)
+            self._release_held(now, out)
             return
         if hs is None or not hs.client or hs.state is not HsState.CONFIRM_LINK_WAIT:
             raise LlcViolationError("CONFIRM LINK request outside first contact")
