@@ -117,3 +117,28 @@ def test_a_request_dropped_during_a_failed_offer_is_taken_up_after_it() -> None:
     for side in (p.client, p.server):
         assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
         assert [port for _, port in ports(lgr_of(side))] == [0, 1]
+
+
+def test_the_servers_port_back_during_its_failed_offer_is_taken_up_after_it() -> None:
+    """The server's second port comes back (port_up) while its asymmetric offer, made
+    when that port was down, is on its way; the request is dropped (one flow at a time)
+    and the offer fails (the client, with no path to it then, rejects it).  The server
+    offers again after it, over the port now back: the group gets its symmetric second
+    link (before, it stayed at one link until the next port event; a CI run of
+    tests/stack/test_failover_roce.py waited 60 s for it)."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    p.run(p.server, p.server.engine.port_down(1, "cut", p.now))
+    blocked = [True]
+    p.client.reach = lambda port, gid: not blocked[0]
+    p.connect()
+    p.step_until(lambda: any(m[0] == 0x02 for m in p.server.llc_sent), "the server's offer")
+    p.run(p.server, p.server.engine.port_up(1, p.now))  # dropped: the offer runs
+    p.step_until(lambda: any(m[:4] == bytes.fromhex("022c01c0") for m in p.client.llc_sent),
+                 "the client's reject")  # fmt: skip
+    blocked[0] = False
+    p.pump()
+    offers = [m for m in p.server.llc_sent if m[0] == 0x02 and not m[3] & 0x80]
+    assert len(offers) == 2
+    for side in (p.client, p.server):
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
+        assert [port for _, port in ports(lgr_of(side))] == [0, 1]

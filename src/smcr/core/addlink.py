@@ -203,12 +203,12 @@ class AddLinkLayer(LinkLayer):
                 self._post_llc(invite_link, invite.response(), out)
             return
         if any(f is not None and f.adds_link for f in (lgr.flow, *lgr.flow_queue)):
-            # one at a time: Linux drops a parallel ADD LINK request.  A client's request
-            # dropped is remembered: if the running offer fails (the client rejected it,
-            # its port for it was still down then), the client's is taken up after it
-            # (Linux would add no link until the next port event)
-            if invite is not None:
-                lgr.add_asked = True
+            # one at a time: Linux drops a parallel ADD LINK request.  A request dropped
+            # (the client's, or our own port back) is remembered: if the running offer
+            # fails (the client rejected it, its port for it was still down then, or
+            # ours was when it was made), it is taken up after it (Linux would add no
+            # link until the next port event)
+            lgr.add_asked = True
             return
 
         def start(link: Link, t: float, actions: list[Action]) -> LlcMessage | None:
