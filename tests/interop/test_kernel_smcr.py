@@ -31,6 +31,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -509,6 +510,49 @@ def test_the_kernels_second_link_is_accepted_live(kernel_smc: Guest) -> None:
     _clients, servers = ex.ends()
     lgrs = servers[1]["diag"]["lgrs"]
     assert any(g["type"] == "ASYMMETRIC_PEER" and g["conns"] >= 1 for g in lgrs), lgrs
+
+
+def test_a_failover_with_the_kernel_over_its_second_link(kernel_smc: Guest) -> None:
+    """The group of the test above (the kernel's links over rxe0 and rxe1, smcr's over its
+    one RNIC); while the kernel sends 96 MiB to smcr on the first link, the guest's eth0
+    (rxe0's) goes down for 2 s: the kernel moves the connection to its rxe1 link and tells
+    smcr (DELETE LINK), the transfer goes on there and ends intact; neither end sees an
+    error.  (The TCP connection, quiet meanwhile, waits for eth0 to come back.)"""
+    nbytes = 96 * MB
+
+    def cut() -> None:
+        time.sleep(3.0)  # handshake and ADD LINK done, the transfer running (~15 MB/s)
+        kernel_smc.run("ip link set eth0 down; sleep 2; ip link set eth0 up", timeout=60)
+
+    with second_rnic(kernel_smc):
+        cutter = threading.Thread(target=cut)
+        cutter.start()
+        try:
+            ex = smcr_run(kernel_smc, "server", nbytes=nbytes, mode="send", roce_capture=True,
+                          keep_pcap=True, timeout=120.0, env={"SMCR_MAX_LINKS": "2"})  # fmt: skip
+        finally:
+            cutter.join(90)
+            link_up_again(kernel_smc)
+    assert ex.pcap is not None
+    try:
+        llc = llc_sends(ex.pcap)
+        check_decodes(ex.pcap)
+    finally:
+        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+    check_data(ex, nbytes, smc=True)
+    # the kernel's DELETE LINK (v2 0x24) for the failed link reached smcr over the other
+    deletes = [m for src, m in llc if m[0] == 0x24]
+    assert any(src == GUEST_IP2 for src, m in llc if m[0] == 0x24), deletes
+    record("kernel_failover_96MiB_s", ex.smcr["seconds"])
+
+
+def link_up_again(guest: Guest) -> None:
+    """The guest's eth0 up and rxe0 ACTIVE (for the tests after)."""
+    guest.run("ip link set eth0 up", timeout=60)
+    deadline = time.monotonic() + 30
+    while "state ACTIVE" not in guest.run("rdma link show rxe0/1", timeout=30):
+        assert time.monotonic() < deadline, "rxe0 did not come back"
+        time.sleep(0.2)
 
 
 # ------------------------------------------------------------------ abort
