@@ -60,13 +60,6 @@ _NLMSG = struct.Struct("=IHHII")
 _IFINFO = struct.Struct("=BxHiII")
 RECHECK = 1.0
 """Seconds between re-reads without an event (a lost netlink message costs at most this)."""
-RECHECK_DOWN = 0.05
-"""... while a port is down.  The kernel tells a carrier change through linkwatch, which
-holds non-urgent events up to a second: a veth set up again has its carrier at once,
-but the message saying so may come a second after the one for the admin state, and the
-link waited that long to be added again (4 of 20 trials of ``bench/failover_bench.py
---cut client``).  Reading the flags this often only while a port is down finds it
-within this time."""
 
 
 def shm_rnics() -> int:
@@ -235,7 +228,7 @@ class PortWatcher:
         poller.register(self._sock.fileno(), select.POLLIN)
         poller.register(self._stop_r, select.POLLIN)
         while True:
-            ready = [fd for fd, _ in poller.poll(self.recheck_interval() * 1000)]
+            ready = [fd for fd, _ in poller.poll(RECHECK * 1000)]
             if self._stop_r in ready:
                 return
             while True:  # drain: the messages only say "look again"
@@ -247,12 +240,6 @@ class PortWatcher:
                 except OSError:  # ENOBUFS: messages were lost; the re-read below covers it
                     continue
             self.check()
-
-    def recheck_interval(self) -> float:
-        """How long to wait for a netlink message before reading the ports again:
-        :data:`RECHECK_DOWN` while a RoCE port is down, else :data:`RECHECK`."""
-        down = any(not res.up for res in self.stack.ports if isinstance(res.device, RoceDevice))
-        return RECHECK_DOWN if down else RECHECK
 
     def check(self) -> None:
         """Re-read every RoCE port's state; tell the runtime what changed."""
