@@ -82,11 +82,14 @@ def ensure_image(base: Path) -> float:
 
 
 def mark_to_guest(payload: bytes) -> None:
-    """A UDP datagram (port 9, discard) from the host side of netns ``smcnet`` to the guest:
-    the marker of :func:`tests.support.wait_for_mark` for captures on ``br0``."""
+    """A UDP datagram (port 9, discard, from port 9) from the host side of netns ``smcnet``
+    to the guest: the marker of :func:`tests.support.wait_for_mark` for captures on
+    ``br0``.  From port 9 too: tshark picks a dissector by either port, and a random source
+    port of another protocol's (EtherNet/IP's 2222) made a marker malformed to it."""
     subprocess.run(["ip", "netns", "exec", NETNS, sys.executable, "-c",
-                    "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
-                    f".sendto({payload!r}, ('{GUEST_IP}', 9))"],
+                    "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+                    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('', 9)); "
+                    f"s.sendto({payload!r}, ('{GUEST_IP}', 9))"],
                    check=True, timeout=30)  # fmt: skip
 
 
