@@ -103,6 +103,28 @@ def roce_more(first: RoceDevice) -> list[RoceDevice]:
     return out
 
 
+def _rtnl_ask(kind: int, body: bytes, answer: int, what: str) -> memoryview:
+    """Send one rtnetlink request (``kind``, ``body``) in the calling thread's network
+    namespace; the payload of the first answer of type ``answer``.
+
+    :raises OSError: the kernel's error for the request (``what`` names its subject).
+    """
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
+        nl.settimeout(2.0)
+        nl.send(_NLMSG.pack(_NLMSG.size + len(body), kind, NLM_F_REQUEST, 1, 0) + body)
+        while True:
+            data = nl.recv(65536)
+            off = 0
+            while off + _NLMSG.size <= len(data):
+                length, got, _flags, _seq, _pid = _NLMSG.unpack_from(data, off)
+                if got == NLMSG_ERROR:
+                    err = -struct.unpack_from("i", data, off + _NLMSG.size)[0]
+                    raise OSError(err, os.strerror(err), what)
+                if got == answer:
+                    return memoryview(data)[off + _NLMSG.size : off + max(length, _NLMSG.size)]
+                off += max(length, _NLMSG.size)
+
+
 def link_flags(ifname: str) -> int:
     """A net device's flags as rtnetlink gives them (``ifi_flags``, 32 bits: with
     ``IFF_LOWER_UP``, which ``SIOCGIFFLAGS`` cuts off), asked of the calling thread's
@@ -111,21 +133,8 @@ def link_flags(ifname: str) -> int:
     :raises OSError: for a device that does not exist (any more).
     """
     index = socket.if_nametoindex(ifname)
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
-        nl.settimeout(2.0)
-        body = _IFINFO.pack(socket.AF_UNSPEC, 0, index, 0, 0)
-        nl.send(_NLMSG.pack(_NLMSG.size + len(body), RTM_GETLINK, NLM_F_REQUEST, 1, 0) + body)
-        while True:
-            data = nl.recv(65536)
-            off = 0
-            while off + _NLMSG.size <= len(data):
-                length, kind, _flags, _seq, _pid = _NLMSG.unpack_from(data, off)
-                if kind == NLMSG_ERROR:
-                    err = -struct.unpack_from("i", data, off + _NLMSG.size)[0]
-                    raise OSError(err, os.strerror(err), ifname)
-                if kind == RTM_NEWLINK:
-                    return int(_IFINFO.unpack_from(data, off + _NLMSG.size)[3])
-                off += max(length, _NLMSG.size)
+    body = _IFINFO.pack(socket.AF_UNSPEC, 0, index, 0, 0)
+    return int(_IFINFO.unpack_from(_rtnl_ask(RTM_GETLINK, body, RTM_NEWLINK, ifname))[3])
 
 
 RTM_NEWROUTE = 24
@@ -149,28 +158,16 @@ def route_oif(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> int:
     raw = address.packed
     rta = _RTA.pack(_RTA.size + len(raw), RTA_DST) + raw
     body = _RTMSG.pack(family, len(raw) * 8, 0, 0, 0, 0, 0, 0, 0) + rta
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
-        nl.settimeout(2.0)
-        nl.send(_NLMSG.pack(_NLMSG.size + len(body), RTM_GETROUTE, NLM_F_REQUEST, 1, 0) + body)
-        while True:
-            data = nl.recv(65536)
-            off = 0
-            while off + _NLMSG.size <= len(data):
-                length, kind, _flags, _seq, _pid = _NLMSG.unpack_from(data, off)
-                if kind == NLMSG_ERROR:
-                    err = -struct.unpack_from("i", data, off + _NLMSG.size)[0]
-                    raise OSError(err, os.strerror(err), str(address))
-                if kind == RTM_NEWROUTE:
-                    at, end = off + _NLMSG.size + _RTMSG.size, off + length
-                    while at + _RTA.size <= end:
-                        alen, atype = _RTA.unpack_from(data, at)
-                        if alen < _RTA.size:
-                            break
-                        if atype == RTA_OIF:
-                            return int(struct.unpack_from("=i", data, at + _RTA.size)[0])
-                        at += (alen + 3) & ~3
-                    raise OSError(errno.ENETUNREACH, "route without an interface", str(address))
-                off += max(length, _NLMSG.size)
+    route = _rtnl_ask(RTM_GETROUTE, body, RTM_NEWROUTE, str(address))
+    at = _RTMSG.size
+    while at + _RTA.size <= len(route):
+        alen, atype = _RTA.unpack_from(route, at)
+        if alen < _RTA.size:
+            break
+        if atype == RTA_OIF:
+            return int(struct.unpack_from("=i", route, at + _RTA.size)[0])
+        at += (alen + 3) & ~3
+    raise OSError(errno.ENETUNREACH, "route without an interface", str(address))
 
 
 def gid_address(gid: bytes) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
