@@ -62,6 +62,7 @@ from tests.interop.kernel_exchange import (
     ueid_file,
 )
 from tests.interop.peer_gone import FIRST_PORT as PEER_GONE_PORT
+from tests.interop.peer_gone import link as eth0
 from tests.roce.netns import REPO
 
 pytestmark = [pytest.mark.interop, pytest.mark.root]
@@ -532,7 +533,7 @@ def test_a_failover_with_the_kernel_over_its_second_link(kernel_smc: Guest) -> N
                           keep_pcap=True, timeout=120.0, env={"SMCR_MAX_LINKS": "2"})  # fmt: skip
         finally:
             cutter.join(90)
-            link_up_again(kernel_smc)
+            eth0(kernel_smc, up=True)  # rxe0 ACTIVE again, for the tests after
     assert ex.pcap is not None
     try:
         llc = llc_sends(ex.pcap)
@@ -544,15 +545,6 @@ def test_a_failover_with_the_kernel_over_its_second_link(kernel_smc: Guest) -> N
     deletes = [m for src, m in llc if m[0] == 0x24]
     assert any(src == GUEST_IP2 for src, m in llc if m[0] == 0x24), deletes
     record("kernel_failover_96MiB_s", ex.smcr["seconds"])
-
-
-def link_up_again(guest: Guest) -> None:
-    """The guest's eth0 up and rxe0 ACTIVE (for the tests after)."""
-    guest.run("ip link set eth0 up", timeout=60)
-    deadline = time.monotonic() + 30
-    while "state ACTIVE" not in guest.run("rdma link show rxe0/1", timeout=30):
-        assert time.monotonic() < deadline, "rxe0 did not come back"
-        time.sleep(0.2)
 
 
 # ------------------------------------------------------------------ abort
