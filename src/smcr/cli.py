@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="connections per run of the set-up tests (0: skip them)")
     bench.add_argument("--bufsize", type=int, default=0,
                        help="SO_SNDBUF/SO_RCVBUF for SMC-R (default: the RNIC's, "
-                            "1 MiB shm, 4 MiB RoCE)")
+                            "4 MiB on both RNICs)")
     bench.add_argument("--rnic", choices=["shm", "roce"],
                        default=os.environ.get("SMCR_RNIC", "shm") or "shm",
                        help="the RNIC under SMC-R (default: $SMCR_RNIC or shm)")

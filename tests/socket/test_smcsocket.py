@@ -505,7 +505,7 @@ def test_nonblocking_connect_completes_and_recv_raises(peer: PeerFactory) -> Non
 
 @rnics(roce_slow=True)
 def test_buffer_sizes_default_and_so_sndbuf_so_rcvbuf(peer: PeerFactory, rnic: str) -> None:
-    """Unset, a connection gets the runtime's default buffers (1 MiB shm, 4 MiB RoCE);
+    """Unset, a connection gets the runtime's default buffers (4 MiB on both RNICs);
     SO_SNDBUF and SO_RCVBUF override it per socket, each on its own, and data flows
     through both."""
     from smcr.stack.runtime import BUFFER, ROCE_BUFFER, default_buffer_size  # noqa: PLC0415
