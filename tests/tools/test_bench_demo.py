@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -116,8 +117,9 @@ def test_info_reports_the_buffers_and_links_smcr_uses() -> None:
 
 
 def test_demo_in_process_with_a_small_volume(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The demo's whole path (discovery line, connection details, both transfers, the
-    table) in the fast suite: 1 MiB instead of 64; the slow test above runs the real one."""
+    """The demo's whole path (discovery line, connection details, the transfers in both
+    write sizes, the table) in the fast suite: 1 MiB instead of 256; the slow test above
+    runs the real one."""
     from rich.console import Console  # noqa: PLC0415
 
     monkeypatch.setattr(demo, "VOLUME", 1 << 20)
@@ -126,8 +128,11 @@ def test_demo_in_process_with_a_small_volume(monkeypatch: pytest.MonkeyPatch) ->
     text = console.export_text()
     assert "SMCR" in text and "LINK_ACTIVE" in text
     assert "accepted in mode SMCR" in text
-    assert "1 MiB in 64 KiB writes, SHA-256 checked" in text
+    flat = " ".join(text.split())  # (the table's title wraps to its width)
+    assert "1 MiB each, timed until the receiver has it all, SHA-256 checked" in flat
     rows = [line for line in text.splitlines()
             if "SMC-R (shm RNIC)" in line or "TCP loopback" in line]  # fmt: skip
-    assert len(rows) == 2 and all(row.rstrip(" │").endswith("True") for row in rows), rows
-    assert "SMC-R / TCP throughput" in text
+    assert len(rows) == 4 and all(row.rstrip(" │").endswith("True") for row in rows), rows
+    assert [row.split("│")[1].strip() for row in rows] == ["64 KiB"] * 2 + ["1 MiB"] * 2
+    assert re.search(r"SMC-R / TCP throughput: [\d.]+x in 64 KiB writes, [\d.]+x in 1 MiB "
+                     r"writes", text), text
