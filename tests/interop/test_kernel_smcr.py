@@ -200,11 +200,8 @@ def test_smcr_v2_with_the_kernel_pingpong(kernel_smc: Guest, guest_role: str) ->
     iters = 200
     ex = smcr_run(kernel_smc, guest_role, nbytes=0, mode="pingpong", iters=iters, size=64,
                   roce_capture=True, keep_pcap=True)  # fmt: skip
-    assert ex.pcap is not None
-    try:
-        check_decodes(ex.pcap)
-    finally:
-        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+    with kept_capture(ex) as pcap:
+        check_decodes(pcap)
     check_smcr_v2(ex)
     clients, _servers = ex.ends()
     assert clients[0]["echoed_intact"] == iters, clients[0]
@@ -228,11 +225,8 @@ def test_smcr_v2_with_the_kernel_reuses_the_link_group(kernel_smc: Guest,
     count = 50
     ex = smcr_run(kernel_smc, guest_role, nbytes=64 * 1024, count=count, roce_capture=True,
                   keep_pcap=True)  # fmt: skip
-    assert ex.pcap is not None
-    try:
-        check_decodes(ex.pcap)
-    finally:
-        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+    with kept_capture(ex) as pcap:
+        check_decodes(pcap)
     check_data(ex, 64 * 1024, smc=True)
     lgr_ids: set[int] = set()
     kernel_lgr_ids: set[tuple[int, ...]] = set()
@@ -255,11 +249,8 @@ def test_ueid_mismatch_falls_back_with_one_code(kernel_smc: Guest, guest_role: s
     RoCE v1 GID), so both fall back to TCP, and both ends name the server's code."""
     ex = exchange(kernel_smc, guest_role, "smc", ueids=["SMCR-OTHER-UEID"], nbytes=MB,
                   keep_pcap=True)  # fmt: skip
-    assert ex.pcap is not None
-    try:
-        _frames, rows = check_decodes(ex.pcap)
-    finally:
-        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+    with kept_capture(ex) as pcap:
+        _frames, rows = check_decodes(pcap)
     check_data(ex, MB)
     assert len(ex.client_clc) == 1 and isinstance(ex.client_clc[0], ClcProposal)
     assert len(ex.server_clc) == 1 and isinstance(ex.server_clc[0], ClcDecline)
@@ -298,15 +289,12 @@ def test_test_link_both_ways(kernel_smc: Guest, prober: str) -> None:
                       env={"SMCR_TESTLINK_TIME": "1" if prober == "smcr" else "30"})  # fmt: skip
     finally:
         kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=30", timeout=30)
-    assert ex.pcap is not None
-    try:
+    with kept_capture(ex) as pcap:
         check_smcr_v2(ex)
         assert ex.smcr["echoed_intact"] == 3, ex.smcr
-        check_decodes(ex.pcap)
-        tests = Counter((src, msg[3] & 0x80 != 0) for src, msg in llc_sends(ex.pcap)
+        check_decodes(pcap)
+        tests = Counter((src, msg[3] & 0x80 != 0) for src, msg in llc_sends(pcap)
                         if msg[0] == 0x27)  # fmt: skip
-    finally:
-        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
     host, guest = "10.99.0.1", "10.99.0.11"
     ask, answer = (guest, host) if prober == "kernel" else (host, guest)
     # requests (about one a second of silence; smcr also probes once when the TCP
@@ -354,12 +342,9 @@ def test_smcr_v2_with_the_kernel_capture_decodes(kernel_smc: Guest) -> None:
     for guest_role in ROLES:
         ex = smcr_run(kernel_smc, guest_role, nbytes=256 * 1024, count=2, roce_capture=True,
                       keep_pcap=True)  # fmt: skip
-        assert ex.pcap is not None
-        try:
+        with kept_capture(ex) as pcap:
             check_data(ex, 256 * 1024, smc=True)
-            check_capture(ex.pcap)
-        finally:
-            shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+            check_capture(pcap)
 
 
 def roce_frames(pcap: Path) -> dict[int, tuple[int, int | None]]:
@@ -391,6 +376,16 @@ def check_capture(pcap: Path) -> None:
     assert set(sends) <= {0x21, 0x24, 0x26, 0x27, 0x29, 0xFE}, sends  # no ADD LINK: max links 1
     clc = [r for r in rows.values() if r[3]]
     assert sorted(int(r[3]) for r in clc) == [1, 1, 2, 2, 3, 3], clc  # 2 x Prop/Acc/Conf
+
+
+@contextlib.contextmanager
+def kept_capture(ex: Exchange) -> Iterator[Path]:
+    """The capture of an exchange run with ``keep_pcap=True``; its folder goes after the block."""
+    assert ex.pcap is not None
+    try:
+        yield ex.pcap
+    finally:
+        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
 
 
 def check_decodes(pcap: Path) -> tuple[dict[int, tuple[int, int | None]], dict[int, list[str]]]:
@@ -434,13 +429,10 @@ def test_the_kernels_second_link_is_rejected_live(kernel_smc: Guest) -> None:
     connection carries on on the one link; the kernel's group stays SINGLE."""
     ex = smcr_run(kernel_smc, "server", nbytes=MB, roce_capture=True, keep_pcap=True,
                   env={"SMCR_MAX_LINKS": "2"})  # fmt: skip
-    assert ex.pcap is not None
-    try:
-        llc = llc_sends(ex.pcap)
-        frames, _rows = check_decodes(ex.pcap)  # the offer and the reject: rpcordma, malformed
+    with kept_capture(ex) as pcap:
+        llc = llc_sends(pcap)
+        frames, _rows = check_decodes(pcap)  # the offer and the reject: rpcordma, malformed
         assert sum(kind == 0x22 for _op, kind in frames.values()) == 2, frames
-    finally:
-        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
     check_data(ex, MB, smc=True)
     check_smcr_v2(ex)  # the kernel's link group: SINGLE, while the connection is open
     offers = [m for src, m in llc if src == "10.99.0.11" and m[0] == 0x22 and not m[3] & 0x80]
@@ -490,12 +482,9 @@ def test_the_kernels_second_link_is_accepted_live(kernel_smc: Guest) -> None:
     with second_rnic(kernel_smc):
         ex = smcr_run(kernel_smc, "server", nbytes=MB, count=2, roce_capture=True,
                       keep_pcap=True, env={"SMCR_MAX_LINKS": "2"})  # fmt: skip
-    assert ex.pcap is not None
-    try:
-        llc = llc_sends(ex.pcap)
-        check_decodes(ex.pcap)
-    finally:
-        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+    with kept_capture(ex) as pcap:
+        llc = llc_sends(pcap)
+        check_decodes(pcap)
     check_data(ex, MB, smc=True)
     offers = [m for src, m in llc if src == GUEST_IP and m[0] == 0x22 and not m[3] & 0x80]
     answers = [m for src, m in llc if src == HOST_IP and m[0] == 0x22]
@@ -534,12 +523,9 @@ def test_a_failover_with_the_kernel_over_its_second_link(kernel_smc: Guest) -> N
         finally:
             cutter.join(90)
             eth0(kernel_smc, up=True)  # rxe0 ACTIVE again, for the tests after
-    assert ex.pcap is not None
-    try:
-        llc = llc_sends(ex.pcap)
-        check_decodes(ex.pcap)
-    finally:
-        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+    with kept_capture(ex) as pcap:
+        llc = llc_sends(pcap)
+        check_decodes(pcap)
     check_data(ex, nbytes, smc=True)
     # the kernel's DELETE LINK (v2 0x24) for the failed link reached smcr over the other
     deletes = [m for src, m in llc if m[0] == 0x24]
@@ -574,13 +560,10 @@ def test_abortive_close_with_the_kernel(kernel_smc: Guest, guest_role: str, abor
     it answers an abort with abort too."""
     ex = smcr_run(kernel_smc, guest_role, nbytes=BULK, mode="abort", count=4, aborter=aborter,
                   roce_capture=True, keep_pcap=True, timeout=30.0)  # fmt: skip
-    assert ex.pcap is not None
-    try:
-        flags = close_flags(ex.pcap)
-        naks = [f for f in acks(ex.pcap) if f[1] & 0x60 == 0x60]
-        check_decodes(ex.pcap)
-    finally:
-        shutil.rmtree(ex.pcap.parent, ignore_errors=True)
+    with kept_capture(ex) as pcap:
+        flags = close_flags(pcap)
+        naks = [f for f in acks(pcap) if f[1] & 0x60 == 0x60]
+        check_decodes(pcap)
     # no RDMA error: smcr keeps an aborted connection's RMB until the kernel's closing CDC
     # (before, the kernel wrote on after smcr's DELETE RKEY, with rkey 0: NAK remote
     # access error, and the link group was gone)
