@@ -5,6 +5,8 @@ RNIC of its reaches (``SMC_LLC_REJ_RSN_NO_ALT_PATH``)."""
 
 from __future__ import annotations
 
+import pytest
+
 from smcr.core import Config, LgrType, LinkGroup, LinkState
 from smcr.wire.llc import AddLink, DeleteLink, DeleteLinkReason, decode_llc
 from tests.core.pair import Pair, lgr_of
@@ -97,48 +99,32 @@ def test_request_add_link_the_server_picks_a_port_that_reaches_the_client_s_othe
         assert (3, want) in ports(lgr)
 
 
-def test_a_request_dropped_during_a_failed_offer_is_taken_up_after_it() -> None:
-    """The client asks for a link (its port event: ADD LINK invitation) while the server's
-    own offer is on its way; the server drops the request (one flow at a time, as Linux)
-    and its offer fails (the client, with no path to it then, rejects it).  The request
-    is not lost: the server offers again after, and the group gets its second link."""
+@pytest.mark.parametrize("whose", ["client", "server"])
+def test_a_port_event_dropped_during_a_failed_offer_is_taken_up_after_it(whose: str) -> None:
+    """A port event while the server's offer is on its way, and the offer fails (the
+    client, with no path to it then, rejects it); the event is not lost: the server
+    offers again after, and the group gets its symmetric second link.
+
+    ``client``: the client asks for a link (its port event: ADD LINK invitation); the
+    server drops the request (one flow at a time, as Linux).  ``server``: the server's
+    second port comes back (port_up) while its asymmetric offer, made when that port was
+    down, runs; the request is dropped too (before, the group stayed at one link until
+    the next port event; a CI run of tests/stack/test_failover_roce.py waited 60 s)."""
     p = Pair(ADD, client_ports=2, server_ports=2)
+    if whose == "server":
+        p.run(p.server, p.server.engine.port_down(1, "cut", p.now))
     blocked = [True]
     p.client.reach = lambda port, gid: not blocked[0]
     p.connect()
     p.step_until(lambda: any(m[0] == 0x02 for m in p.server.llc_sent), "the server's offer")
-    p.run(p.client, p.client.engine.port_up(1, p.now))  # the invitation, behind the offer
+    side = p.client if whose == "client" else p.server
+    p.run(side, side.engine.port_up(1, p.now))  # dropped: the offer runs
     p.step_until(lambda: any(m[:4] == bytes.fromhex("022c01c0") for m in p.client.llc_sent),
                  "the client's reject")  # fmt: skip
     blocked[0] = False
     p.pump()
     offers = [m for m in p.server.llc_sent if m[0] == 0x02 and not m[3] & 0x80]
     assert len(offers) == 2
-    for side in (p.client, p.server):
-        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
-        assert [port for _, port in ports(lgr_of(side))] == [0, 1]
-
-
-def test_the_servers_port_back_during_its_failed_offer_is_taken_up_after_it() -> None:
-    """The server's second port comes back (port_up) while its asymmetric offer, made
-    when that port was down, is on its way; the request is dropped (one flow at a time)
-    and the offer fails (the client, with no path to it then, rejects it).  The server
-    offers again after it, over the port now back: the group gets its symmetric second
-    link (before, it stayed at one link until the next port event; a CI run of
-    tests/stack/test_failover_roce.py waited 60 s for it)."""
-    p = Pair(ADD, client_ports=2, server_ports=2)
-    p.run(p.server, p.server.engine.port_down(1, "cut", p.now))
-    blocked = [True]
-    p.client.reach = lambda port, gid: not blocked[0]
-    p.connect()
-    p.step_until(lambda: any(m[0] == 0x02 for m in p.server.llc_sent), "the server's offer")
-    p.run(p.server, p.server.engine.port_up(1, p.now))  # dropped: the offer runs
-    p.step_until(lambda: any(m[:4] == bytes.fromhex("022c01c0") for m in p.client.llc_sent),
-                 "the client's reject")  # fmt: skip
-    blocked[0] = False
-    p.pump()
-    offers = [m for m in p.server.llc_sent if m[0] == 0x02 and not m[3] & 0x80]
-    assert len(offers) == 2
-    for side in (p.client, p.server):
-        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
-        assert [port for _, port in ports(lgr_of(side))] == [0, 1]
+    for end in (p.client, p.server):
+        assert lgr_of(end).lgr_type is LgrType.SYMMETRIC
+        assert [port for _, port in ports(lgr_of(end))] == [0, 1]
