@@ -37,8 +37,9 @@ import smcr
 from smcr.socket import SMCSocket
 from smcr.tools.netns import enter_netns
 from tests.interop.guest import GUEST_IP, NETNS, Guest, cache_dir
+from tests.interop.harness.tools.exchange_end import client_one, read_outcome
 from tests.interop.kernel_exchange import GUEST_UEID, ueid_file
-from tests.interop.smc_host import client_one, info, read_outcome
+from tests.interop.smc_host import info, smcr_stack
 
 TOOL = "python3 /mnt/host/tools/kernel_smc.py"
 MB = 1 << 20
@@ -87,11 +88,11 @@ def link(guest: Guest, up: bool) -> None:
 
 
 def echo(port: int, guest: Guest) -> dict[str, Any]:
-    """A 1 MiB echo with a new guest server: smcr's record (``smc_host.client_one``)."""
+    """A 1 MiB echo with a new guest server: smcr's record (``exchange_end.client_one``)."""
     ident, _pid = start_server(guest, port, "echo", MB)
     a = argparse.Namespace(host=GUEST_IP, port=port, timeout=TIMEOUT, mode="echo", seed=port,
                            bytes=MB, iters=0, size=0, pause=0.0)  # fmt: skip
-    out = client_one(a, 0)
+    out = client_one(a, 0, smcr_stack())
     out["guest_end"] = end_of(guest, ident)
     return out
 

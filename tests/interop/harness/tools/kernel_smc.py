@@ -36,7 +36,8 @@ Runs *inside* the QEMU guest (Debian 12, kernel 6.12), as ``python3 kernel_smc.p
     ``smcr linkgroup`` of smc-tools shows): id, role, type, connections and the
     SMC-Rv2 attributes (version, release, negotiated EID, peer host).
 
-Each prints one JSON line at the end: per connection, bytes and SHA-256 each
+What server and client do is ``exchange_end.py`` beside this file, which smcr's end
+on the host runs too.  Each prints one JSON line at the end: per connection, bytes and SHA-256 each
 way, seconds and, for AF_SMC, the connection's row of ``smc_diag`` (what
 ``smcss`` shows: mode, fallback reason and the peer's diagnosis, and for
 SMC-R the link: device, GIDs, role; the connection's token and buffer
@@ -53,17 +54,19 @@ from __future__ import annotations
 
 import argparse
 import errno
-import hashlib
 import json
 import os
-import random
-import select
 import socket
 import struct
-import threading
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the project's mypy reads this file as part of the tests package
+    from tests.interop.harness.tools.exchange_end import Stack, add_exchange_args, serve
+    from tests.interop.harness.tools.exchange_end import client as exchange_client
+else:  # in the guest: the shared end is beside this file, the path's first entry
+    from exchange_end import Stack, add_exchange_args, serve
+    from exchange_end import client as exchange_client
 
 AF_SMC = 43
 NETLINK_GENERIC, NETLINK_SOCK_DIAG = 16, 4
@@ -86,9 +89,6 @@ SMC_DIAG_CONNINFO, SMC_DIAG_LGRINFO, SMC_DIAG_FALLBACK = 1, 2, 5
 DIAG_MODES = {0: "SMCR", 1: "FALLBACK_TCP", 2: "SMCD"}
 ROLES = {0: "CLNT", 1: "SERV"}
 UEID = "SMC-KVM-TEST"
-CHUNK = 65536
-ABORT_SCENARIOS = ("mid", "unread", "idle", "after")
-ABORT_READ = 1 << 20  # what the aborter reads in ``mid`` before it aborts
 
 
 def nla(kind: int, data: bytes) -> bytes:
@@ -254,17 +254,6 @@ def socks() -> dict[str, Any]:
     return {"socks": rows}
 
 
-def chunks(seed: int, n: int) -> Iterator[bytes]:
-    """``n`` bytes of ``random.Random(seed).randbytes`` in pieces of :data:`CHUNK`, each a
-    whole number of the generator's 32-bit words (so any ``n`` bytes are the start of
-    any longer run; the host side makes the same)."""
-    rng = random.Random(seed)
-    while n > 0:
-        k = min(CHUNK, n)
-        yield rng.randbytes(k + (-k % 4))[:k]  # whole words: a prefix of any longer run
-        n -= k
-
-
 def make_socket(family: str) -> socket.socket:
     if family == "smc":  # SMCPROTO_SMC; Python knows no AF_SMC addresses: use it as AF_INET
         raw = socket.socket(AF_SMC, socket.SOCK_STREAM, 0)
@@ -282,181 +271,33 @@ def diag_of(sock: socket.socket, family: str) -> dict[str, Any] | None:
     return diag
 
 
-def drain(sock: socket.socket) -> tuple[int, str]:
-    """Read until EOF: how many bytes, and their SHA-256."""
-    h, total = hashlib.sha256(), 0
-    buf = bytearray(CHUNK)
-    while n := sock.recv_into(buf):
-        h.update(memoryview(buf)[:n])
-        total += n
-    return total, h.hexdigest()
+def kernel_stack(family: str) -> Stack:
+    """This end: AF_SMC (kernel SMC) or plain TCP sockets, described by ``smc_diag``."""
 
+    def connect(a: argparse.Namespace) -> socket.socket:
+        s = make_socket(family)
+        s.settimeout(a.timeout)
+        try:
+            s.connect((a.host, a.port))
+        except BaseException:
+            s.close()
+            raise
+        return s
 
-def send_pattern(sock: socket.socket, seed: int, n: int) -> str:
-    """Send ``n`` bytes of the pattern; their SHA-256."""
-    h = hashlib.sha256()
-    for piece in chunks(seed, n):
-        h.update(piece)
-        sock.sendall(piece)
-    return h.hexdigest()
-
-
-def outcome(exc: BaseException | None) -> str:
-    """How a send or a read ended: ``ok``/``EOF``, or the errno's name (``timeout``)."""
-    if exc is None:
-        return "ok"
-    if isinstance(exc, TimeoutError | socket.timeout):
-        return "timeout"
-    if isinstance(exc, OSError) and exc.errno is not None:
-        return errno.errorcode.get(exc.errno, str(exc.errno))
-    return repr(exc)
-
-
-def read_outcome(sock: socket.socket) -> tuple[str, int]:
-    """Read until EOF or an error: how it ended, and the bytes read."""
-    total = 0
-    try:
-        while piece := sock.recv(CHUNK):
-            total += len(piece)
-    except OSError as exc:
-        return outcome(exc), total
-    return "EOF", total
-
-
-def abort_one(sock: socket.socket, a: argparse.Namespace, i: int) -> dict[str, Any]:
-    """This end's part of abort scenario ``i`` (module docstring)."""
-    scenario = ABORT_SCENARIOS[i % len(ABORT_SCENARIOS)]
-    out: dict[str, Any] = {"scenario": scenario}
-    t0 = time.perf_counter()
-    if a.aborter == "kernel":  # this end aborts
-        if scenario == "mid":
-            got = 0
-            while got < ABORT_READ and (piece := sock.recv(CHUNK)):
-                got += len(piece)
-            out["received"] = got  # and more is coming: abort with it unread
-            out["readable"] = bool(select.select([sock], [], [], a.timeout)[0])
-        elif scenario == "unread":
-            out["readable"] = bool(select.select([sock], [], [], a.timeout)[0])
-        else:
-            time.sleep(0.5)  # idle: the other end is blocked in its read
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        sock.close()
-        out["aborted"] = True
-    else:  # the other end aborts: how do our send and read end?
-        sent, failed = 0, None
-        if scenario in ("mid", "unread"):
-            try:
-                for piece in chunks(a.seed + i, a.bytes if scenario == "mid" else 64):
-                    sock.sendall(piece)
-                    sent += len(piece)
-            except OSError as exc:
-                failed = exc
-        out |= {"sent": sent, "send": outcome(failed) if scenario != "idle" else None}
-        out["read"], out["received"] = read_outcome(sock)
-        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)  # what is left pending
-        out["so_error"] = errno.errorcode.get(err, str(err)) if err else None
-    out["seconds"] = time.perf_counter() - t0
-    return out
-
-
-def serve_one(conn: socket.socket, a: argparse.Namespace, i: int) -> dict[str, Any]:
-    conn.settimeout(a.timeout)
-    diag = diag_of(conn, a.family)
-    t0 = time.perf_counter()
-    if a.mode == "abort" and ABORT_SCENARIOS[i % len(ABORT_SCENARIOS)] != "after":
-        return {"diag": diag} | abort_one(conn, a, i)
-    if a.mode == "send":
-        sent_sha = send_pattern(conn, a.seed + i, a.bytes)
-        conn.shutdown(socket.SHUT_WR)
-        total, digest = drain(conn)
-        return {"diag": diag, "sent": a.bytes, "sent_sha256": sent_sha, "received": total,
-                "received_sha256": digest, "seconds": time.perf_counter() - t0}  # fmt: skip
-    h, total = hashlib.sha256(), 0
-    buf = bytearray(CHUNK)
-    while n := conn.recv_into(buf):
-        h.update(memoryview(buf)[:n])
-        total += n
-        conn.sendall(memoryview(buf)[:n])
-    return {"diag": diag, "received": total, "received_sha256": h.hexdigest(),
-            "seconds": time.perf_counter() - t0}  # fmt: skip
+    return Stack("kernel", "diag", lambda sock: diag_of(sock, family), connect)
 
 
 def server(a: argparse.Namespace) -> dict[str, Any]:
-    conns: list[dict[str, Any]] = []
     with make_socket(a.family) as ls:
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         ls.bind(("0.0.0.0", a.port))
         ls.listen(16)
-        ls.settimeout(a.timeout)
         print("listening", flush=True)
-        for i in range(a.count):
-            conn, _peer = ls.accept()
-            with conn:
-                conns.append(serve_one(conn, a, i))
-    return {"conns": conns}
-
-
-def client_one(a: argparse.Namespace, i: int) -> dict[str, Any]:
-    with make_socket(a.family) as s:
-        s.settimeout(a.timeout)
-        t0 = time.perf_counter()
-        s.connect((a.host, a.port))
-        connected = time.perf_counter() - t0
-        diag = diag_of(s, a.family)
-        out: dict[str, Any] = {"diag": diag, "connect_seconds": connected}
-        t0 = time.perf_counter()
-        if a.mode == "abort" and ABORT_SCENARIOS[i % len(ABORT_SCENARIOS)] != "after":
-            return out | abort_one(s, a, i)
-        if a.mode == "abort":  # after the aborts: a short echo
-            a = argparse.Namespace(**(vars(a) | {"mode": "echo", "bytes": CHUNK}))
-        if a.mode == "send":
-            out["received"], out["received_sha256"] = drain(s)
-        elif a.mode == "drain":  # what the server sends, until EOF or an error (recorded)
-            out["read"], out["received"] = read_outcome(s)
-            err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            out["so_error"] = errno.errorcode.get(err, str(err)) if err else None
-        elif a.mode == "pingpong":
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            msg = bytes(range(256)) * (a.size // 256) + bytes(a.size % 256)
-            ok = 0
-            for k in range(a.iters):
-                if k and a.pause:  # idle: the links' keepalive runs
-                    time.sleep(a.pause)
-                s.sendall(msg)
-                got = b""
-                while len(got) < a.size:
-                    piece = s.recv(a.size - len(got))
-                    if not piece:
-                        break
-                    got += piece
-                ok += got == msg
-            out |= {"iters": a.iters, "size": a.size, "echoed_intact": ok}
-            out["pingpong_seconds"] = time.perf_counter() - t0
-            s.shutdown(socket.SHUT_WR)
-            out["received"], out["received_sha256"] = drain(s)
-        else:
-            failed: list[BaseException] = []
-            sent: list[str] = []
-
-            def send() -> None:
-                try:
-                    sent.append(send_pattern(s, a.seed + i, a.bytes))
-                    s.shutdown(socket.SHUT_WR)
-                except BaseException as exc:  # reported with the result
-                    failed.append(exc)
-
-            sender = threading.Thread(target=send)
-            sender.start()
-            out["received"], out["received_sha256"] = drain(s)
-            sender.join(a.timeout)
-            out |= {"sent": a.bytes, "sent_sha256": sent[0] if sent else None,
-                    "send_error": repr(failed[0]) if failed else None}  # fmt: skip
-        out["seconds"] = time.perf_counter() - t0
-        return out
+        return serve(ls, a, kernel_stack(a.family))
 
 
 def client(a: argparse.Namespace) -> dict[str, Any]:
-    return {"conns": [client_one(a, i) for i in range(a.count)]}
+    return exchange_client(a, kernel_stack(a.family))
 
 
 def main() -> None:
@@ -465,18 +306,7 @@ def main() -> None:
     p.add_argument("--eth", default="eth0")  # pnet: the net device and the RNIC
     p.add_argument("--ib", default="rxe0")
     p.add_argument("--family", choices=["smc", "tcp"], default="smc")
-    p.add_argument("--host", default="10.99.0.1")
-    p.add_argument("--port", type=int, default=5000)
-    p.add_argument("--count", type=int, default=1)
-    p.add_argument("--mode", choices=["echo", "send", "pingpong", "abort", "drain"],
-                   default="echo")
-    p.add_argument("--aborter", choices=["kernel", "smcr"], default="smcr")
-    p.add_argument("--bytes", type=int, default=1 << 20)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--iters", type=int, default=100)
-    p.add_argument("--size", type=int, default=1)
-    p.add_argument("--pause", type=float, default=0.0)
-    p.add_argument("--timeout", type=float, default=60.0)
+    add_exchange_args(p, "10.99.0.1", ["echo", "send", "pingpong", "abort", "drain"])
     a = p.parse_args()
     if a.cmd in ("server", "client"):
         print(json.dumps({"pid": os.getpid()}), flush=True)  # for the tests that kill it
