@@ -755,8 +755,8 @@ class SMCSocket(_PlainSocket):
                     self._reset_told = True
                     raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
                 raise BrokenPipeError(errno.EPIPE, "Broken pipe")
-            if c.echo_pending and not flags & _OOB and c.cork(len(view)):
-                return self._cork_in(stack, hc, c, view)
+            if not flags & _OOB and (n := stack.send_fast(hc, c, view)) >= 0:
+                return n  # corked, or written inline (the common cases, compiled)
             inline = stack.max_inline and not flags & _OOB  # max_inline >= any buffer size
             room = c.direct_room() if inline else 0
             if not room:
@@ -807,26 +807,6 @@ class SMCSocket(_PlainSocket):
         stack.wait(hc, room, time.monotonic() + PEER_READ_WAIT)
         if c.reset_reason or c.peer_closed:
             raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
-
-    def _cork_in(self, stack: Stack, hc: HostConn, c: Any, view: memoryview) -> int:
-        """Autocorking (:meth:`Connection.cork` said yes): the bytes wait in the send buffer
-        for the peer's answer, which flushes them with one CDC (Linux ``smc_tx_sendmsg``
-        with ``smc_tx_should_cork``)."""
-        n = len(view)
-        buf = hc.sndbuf
-        size = len(buf)
-        start = c.tx_app % size
-        if start + n <= size:
-            buf[start : start + n] = view
-        else:
-            first = size - start
-            buf[start:] = view[:first]
-            buf[: n - first] = view[first:]
-        c.corked(n)
-        stack.corked(c)
-        if hc.readiness is not None:
-            stack.update_readiness(hc)
-        return n
 
     def _copy_in(self, stack: Stack, hc: HostConn, c: Any, view: memoryview, flags: int) -> int:
         """Copy what fits into the send buffer and let the engine RDMA-WRITE it."""

@@ -941,6 +941,40 @@ class Stack:
         if self.engine.has_events():
             self._dispatch_events()
 
+    def send_fast(self, hc: HostConn, c: Connection, data: memoryview) -> int:
+        """A send's two common cases in one call (lock held; no urgent data): corked into the
+        send buffer (:meth:`Connection.cork` says so: the peer's answer flushes it), or
+        RDMA-written inline when all of it fits now (:meth:`send_inline`).
+
+        Why here and not in the socket: this module is compiled (:mod:`smcr.native`), the
+        socket's is not, and a small write's cost is mostly these few steps' Python.
+
+        :returns: the bytes taken (all of ``data``), or -1 when neither case applies (the
+            socket's general path then waits, copies or splits).
+        """
+        n = len(data)
+        if c.echo_pending and c.cork(n):
+            buf = hc.sndbuf
+            size = len(buf)
+            start = c.tx_app % size
+            if start + n <= size:
+                buf[start : start + n] = data
+            else:
+                first = size - start
+                buf[start:] = data[:first]
+                buf[: n - first] = data[first:]
+            c.corked(n)
+            self.corked(c)
+        elif self.max_inline and 0 < n <= c.direct_room():
+            self.send_inline(c, data, c.unanswered and not c.echo_pending and c.echo_wanted(n))
+            if self.local_peer(hc, c):
+                self.process()
+        else:
+            return -1
+        if hc.readiness is not None:
+            self.update_readiness(hc)
+        return n
+
     def corked(self, c: Connection) -> None:
         """A send of ``c`` was corked (lock held): the peer's answer flushes it, and someone
         must be there to take that answer while the application does other things -- the
