@@ -145,13 +145,13 @@ def test_records_not_yet_read_keep_the_descriptor_readable_as_on_tcp() -> None:
 
 def both_ways_at_once(client: ssl.SSLSocket, server: ssl.SSLSocket,
                       sel: selectors.BaseSelector) -> object:  # fmt: skip
-    """Each end sends 8 MB (more than the socket takes: SMC-R's send buffer and the
+    """Each end sends 16 MB (more than the socket takes: SMC-R's send buffer and the
     peer's RMB, TCP's buffers) and reads what the other sends, each call when the
     selector says so, retrying a send that raised ``SSLWantWriteError`` with the same
     bytes; a read raising anything but ``SSLWantReadError`` fails, as in an event
     loop.  What each end received, and whether a send ever had to wait."""
     assert handshake(client, server, sel) == {}
-    data = {client: PATTERN * 33000, server: PATTERN[::-1] * 33000}
+    data = {client: PATTERN * 66000, server: PATTERN[::-1] * 66000}
     sent = dict.fromkeys(data, 0)
     got = {tls: bytearray() for tls in data}
     waited = False

@@ -975,6 +975,42 @@ class Stack:
             self.update_readiness(hc)
         return n
 
+    def recv_fast(self, hc: HostConn, c: Connection, out: memoryview, waitall: bool) -> int:
+        """A read's common case in one call (lock held): bytes are there, no urgent byte
+        among them, the RMBE not full (a full one is counted by the caller), and with
+        ``waitall`` all of ``out`` there: copy them out and consume them (the consumer
+        cursor update goes when due, :meth:`Connection.consumed`).  Compiled for the same
+        reason as :meth:`send_fast`.
+
+        :returns: the bytes copied, or -1 when the case does not apply (the socket's
+            general path then waits, stops at the urgent byte, or reads in pieces).
+        """
+        cons = c.rx_cons
+        avail = c.rx_prod - cons
+        rmb = hc.rmb
+        size = len(rmb)
+        n = len(out)
+        if (avail <= 0 or avail >= size or not n or c.urg_rx_pos is not None
+                or (waitall and avail < n)):  # fmt: skip
+            return -1
+        n = min(n, avail)
+        start = cons % size
+        if start + n <= size:
+            out[:n] = rmb[start : start + n]
+        else:
+            first = size - start
+            out[:first] = rmb[start:]
+            out[first:n] = rmb[: n - first]
+        actions: list[Action] = []
+        c.consumed(n, actions)
+        if actions:
+            self.execute(actions)
+        if self.local_peer(hc, c):  # (a consumer cursor update, when one went)
+            self.process()
+        if hc.readiness is not None:
+            self.update_readiness(hc)
+        return n
+
     def corked(self, c: Connection) -> None:
         """A send of ``c`` was corked (lock held): the peer's answer flushes it, and someone
         must be there to take that answer while the application does other things -- the
