@@ -466,9 +466,9 @@ class Stack:
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
         self.fallback_reasons: Counter[tuple[int, int]] = Counter()
         """(local, peer) decline code -> count (Linux ``smc_stats`` fallback reasons)."""
-        self._thread = threading.Thread(target=self._progress_thread, name="smcr-progress",
-                                        daemon=True)  # fmt: skip
-        self._thread.start()
+        self._progress = threading.Thread(target=self._progress_thread, name="smcr-progress",
+                                          daemon=True)  # fmt: skip
+        self._progress.start()
 
     # ================================================================ provider
 
@@ -1475,14 +1475,14 @@ class Stack:
             self._end_links(time.monotonic() + EXIT_LINGER)
         self._running = False
         self.kick()
-        self._thread.join(timeout=2.0)
+        self._progress.join(timeout=2.0)
         with self.lock:
             for qp in list(self.qps.values()):
                 qp.destroy()
             self.qps.clear()
         for res in self.ports:
             res.device.close()
-        if not self._thread.is_alive():  # (a thread still in poll keeps its doorbell)
+        if not self._progress.is_alive():  # (a thread still in poll keeps its doorbell)
             self._bell_r.close()
             self._bell_w.close()
 
