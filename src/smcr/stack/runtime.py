@@ -1496,14 +1496,16 @@ class Stack:
         the links have ended, and they would be lost."""
         with self.lock:
             self.uncork()
-        while True:
+        done = False  # (no `break` inside `with`: mypyc does not compile it)
+        while not done:
             with self.lock:
-                if (not (self.engine.closing() or self._draining or self._orphans)
-                        or time.monotonic() >= deadline):  # fmt: skip
+                done = (not (self.engine.closing() or self._draining or self._orphans)
+                        or time.monotonic() >= deadline)  # fmt: skip
+                if done:
                     self.execute(self.engine.shutdown(time.monotonic()))
-                    break
-            self.kick()
-            time.sleep(0.005)
+            if not done:
+                self.kick()
+                time.sleep(0.005)
         answered = time.monotonic() + EXIT_DELETE_WAIT
         while True:  # the peers' DELETE LINKs, received and acknowledged
             with self.lock:
