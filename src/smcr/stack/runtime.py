@@ -72,6 +72,7 @@ import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from smcr.core import (
     Action,
@@ -327,7 +328,7 @@ class HostConn:
     rmb_mr: MemoryRegion | None = None
     sndbuf_mr: MemoryRegion | None = None
     handshake: Handshake | None = None
-    outcome: object = None  # HandshakeCompleted / FellBack / HandshakeFailed
+    outcome: Any = None  # (Any, not object: mypyc) HandshakeCompleted / FellBack / HandshakeFailed
     reset_reason: str = ""
     readiness: Readiness | None = None
     waiters: int = 0  # threads in cond.wait: notify only when someone listens (1.5 µs)
