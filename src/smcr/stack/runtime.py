@@ -1455,12 +1455,18 @@ class Stack:
             self._bg_cond.wait(STANDBY)
             self.process()
             return
-        self._poller = "bg"
+        self._set_poller("bg")
         try:
             self._sleep_on_cq(STANDBY if self._draining else None)
         finally:
             if self._poller == "bg":
                 self._poller = None
+
+    def _set_poller(self, who: str) -> None:
+        """A method, not an assignment in place: mypyc would take the attribute for the
+        narrowed ``str`` in the ``finally`` after it, where another thread may have reset
+        it to None meanwhile (the lock is released while polling): TypeError."""
+        self._poller = who
 
     def close(self) -> None:
         """Stop the thread and release the device (at exit; a second call does nothing).
