@@ -31,6 +31,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from smcr.rdma.qpstate import check_modify, rc_bring_up
 from smcr.rdma.verbs import (
     AccessFlag,
@@ -214,6 +216,8 @@ class MemoryRegion:
         self.dereg()
 
 
+# tests subclass it in Python (a PD that only holds MRs); mypyc allows that only if told
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ProtectionDomain(ABC):
     """A protection domain: the MRs and QPs that may be used together.
 
