@@ -127,3 +127,14 @@ def test_compiled_and_pure_python_do_the_same() -> None:
         del run["compiled"], run["native"]
     assert compiled == pure
     assert all(all(conn["echoed"]) for conn in pure["stack"].values())
+
+
+def test_smcr_info_says_which_code_runs() -> None:
+    def code(**extra: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "smcr", "info", "--json"], env=_env(**extra),
+                             cwd=ROOT, capture_output=True, text=True, check=True)  # fmt: skip
+        said: str = json.loads(out.stdout)["code"]
+        return said
+
+    assert code() == f"compiled (mypyc, {len(COMPILED)} modules)"
+    assert code(SMCR_PURE_PYTHON="1") == "pure Python (SMCR_PURE_PYTHON is set)"
