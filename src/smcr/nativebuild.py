@@ -51,7 +51,6 @@ MODULES: tuple[str, ...] = (
     "core/engine.py",
     "wire/cursor.py",
     "wire/cdc.py",
-    "stack/devices.py",
     "stack/runtime.py",
     "rdma/base.py",
     "rdma/qpstate.py",
