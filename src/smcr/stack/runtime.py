@@ -345,6 +345,12 @@ class HostConn:
     """Port -> (RMB, send buffer) registered on that port's RNIC too (:meth:`Stack.register_rmb`;
     port 0's are :attr:`rmb_mr` and :attr:`sndbuf_mr`)."""
 
+    def undecided(self) -> bool:
+        """The handshake has no outcome yet.  A method: after ``if hc.outcome is None``
+        mypyc reads ``hc.outcome`` as None-typed in that branch, and a call that
+        settled it meanwhile makes the read a TypeError."""
+        return self.outcome is None
+
     @property
     def rmb(self) -> memoryview:
         """Our RMBE."""
@@ -665,7 +671,7 @@ class Stack:
                 self._clc_ends[hc.ends] = hc
             if not client:  # the client's Proposal is often here already: no thread hop
                 self._clc_read(hc)
-            if hc.outcome is None:
+            if hc.undecided():  # (not `hc.outcome is None` again: see undecided)
                 self.kick()
                 self._bg_cond.notify()  # a standing-by progress thread watches it now
 
