@@ -31,8 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from mypy_extensions import mypyc_attr
-
+from smcr._mypyc import mypyc_attr
 from smcr.rdma.qpstate import check_modify, rc_bring_up
 from smcr.rdma.verbs import (
     AccessFlag,

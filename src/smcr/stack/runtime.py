@@ -74,8 +74,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mypy_extensions import mypyc_attr
-
+from smcr._mypyc import mypyc_attr
 from smcr.core import (
     Action,
     Config,

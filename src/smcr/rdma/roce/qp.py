@@ -41,8 +41,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from mypy_extensions import mypyc_attr
-
+from smcr._mypyc import mypyc_attr
 from smcr.rdma.base import CompletionQueue, QueuePair
 from smcr.rdma.roce.cq import RoceCq
 from smcr.rdma.roce.fastpath import (

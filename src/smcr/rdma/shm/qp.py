@@ -46,8 +46,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mypy_extensions import mypyc_attr
-
+from smcr._mypyc import mypyc_attr
 from smcr.rdma.base import CompletionQueue, QueuePair
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
