@@ -6,7 +6,9 @@
 # tests; qemu-system-x86, qemu-utils, debootstrap and tcpdump for the rxe
 # interop suite, tests/interop, which builds and boots a Debian guest),
 # creates the virtual environment .venv with smcr and its pinned test
-# tools, and runs `smcr demo`.  Safe to run again: it skips what is there.
+# tools, compiles the data path (smcr.nativebuild: gcc and Python's headers, which
+# python3 on Debian brings with python3-dev), and runs `smcr demo`.  Safe to run
+# again: it skips what is there.
 # Set SMCR_NO_DEMO=1 to stop after the set-up.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -20,6 +22,10 @@ command -v qemu-img >/dev/null || need+=(qemu-utils)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v tcpdump >/dev/null || need+=(tcpdump)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+# the compiled data path (smcr.nativebuild): a C compiler and Python's headers
+command -v gcc >/dev/null || need+=(gcc)
+python3 -c 'import os, sysconfig; assert os.path.exists(sysconfig.get_path("include") + "/Python.h")' \
+    2>/dev/null || need+=(python3-dev)
 if ((${#need[@]})); then
     if [ "$(id -u)" != 0 ]; then
         echo "install.sh: need root to install: ${need[*]}" >&2
@@ -41,6 +47,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
     touch "$stamp"
 fi
+
+# The compiled hot path (README, "Compiled data path"): mypyc (from the pinned mypy)
+# compiles the data-path modules into src/smcr/_native; only when the sources changed
+# since the last build (about a minute).  Without a C compiler or Python's headers
+# smcr runs as pure Python, as it does with SMCR_PURE_PYTHON=1.
+.venv/bin/python -m smcr.nativebuild --if-stale ||
+    echo "install.sh: not compiled (see above); smcr runs as pure Python" >&2
 
 # Discovery: the SMC TCP option in SYN/SYN-ACK, by a BPF program that root attaches
 # once per boot for every process of the host (README, "Discovery").

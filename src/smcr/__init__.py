@@ -7,9 +7,14 @@ RDMA WRITE into the peer's receive buffer, over software RNICs.
 
 __version__ = "0.1.0"
 
-from smcr.socket import SmcInfo, SMCSocket, create_connection, create_server
-from smcr.wire.decline import DeclineCode
-from smcr.wire.errors import WireError
+# First: the compiled hot path if it is built and current, else pure Python (smcr.native).
+from smcr import native
+
+native.install()
+
+from smcr.socket import SmcInfo, SMCSocket, create_connection, create_server  # noqa: E402
+from smcr.wire.decline import DeclineCode  # noqa: E402
+from smcr.wire.errors import WireError  # noqa: E402
 
 __all__ = [
     "DeclineCode",

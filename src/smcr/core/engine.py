@@ -243,11 +243,11 @@ class Engine(PortLayer):
                 self._clc_message(hs, msg, now, out)
         except Decline as exc:
             self._decline(hs, exc.code, out)
-        except WireError as exc:
-            if exc.code is not None:
-                self._decline(hs, exc.code, out)
+        except WireError as err:  # (not `exc` again: mypyc gives a name one type per function)
+            if err.code is not None:
+                self._decline(hs, err.code, out)
             else:
-                self._fail(hs, f"malformed CLC message: {exc}", out)
+                self._fail(hs, f"malformed CLC message: {err}", out)
         self._release_held(now, out)
         return out
 

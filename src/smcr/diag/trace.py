@@ -7,8 +7,10 @@ Design (the why of each):
   :meth:`~smcr.rdma.base.QueuePair.fail_next` does): the QPs' ``post_send`` and
   ``post_writes_send`` (every LLC and CDC SEND and every RDMA WRITE posted,
   fused or not), the runtime's ``_received`` (every SEND that arrived),
-  ``_control`` (CLC sent on the TCP socket), the engine's ``receive_clc`` (CLC
-  received) and ``new_qp`` (QPs made while tracing get hooked too).  They are
+  ``_control`` (CLC sent on the TCP socket), ``_receive_clc`` (CLC received)
+  and ``new_qp`` (QPs made while tracing get hooked too).  (Those classes stay
+  Python classes in the compiled build, smcr.nativebuild, for this; the engine
+  is a native one, whose methods cannot be shadowed.)  They are
   installed when a tool asks (:func:`open_stream`) and taken away when it goes;
   without a trace the runtime runs its own methods, untouched.
 * **A trace cannot hurt the process.**  A hook appends a small tuple to a
@@ -118,9 +120,8 @@ class Tracer:
             with contextlib.suppress(ValueError):
                 runtime.on_new_stack.remove(self._hook_stack)
         for stack in self.stacks:
-            for name in ("new_qp", "_received", "_control"):
+            for name in ("new_qp", "_received", "_control", "_receive_clc"):
                 stack.__dict__.pop(name, None)
-            stack.engine.__dict__.pop("receive_clc", None)
             for qp in _members(stack.qps):
                 for name in ("post_send", "post_writes_send"):
                     if getattr(qp.__dict__.get(name), "_smcr_trace", False):
@@ -176,8 +177,7 @@ class Tracer:
 
     def _hook_runtime(self, dev: int, stack: Any) -> None:
         new_qp, received, control = stack.new_qp, stack._received, stack._control
-        engine = stack.engine
-        receive_clc = engine.receive_clc
+        receive_clc = stack._receive_clc
         add, described = self._add, self._described
 
         def traced_new_qp(port: int = 0) -> tuple[int, int]:
@@ -213,7 +213,7 @@ class Tracer:
         stack.new_qp = traced_new_qp
         stack._received = traced_received
         stack._control = traced_control
-        engine.receive_clc = traced_receive_clc
+        stack._receive_clc = traced_receive_clc
 
     def _tell_conn(self, dev: int, stack: Any, qpn: int, token: int) -> None:
         """The RMB and producer cursor of the connection a CDC is for, before that CDC."""

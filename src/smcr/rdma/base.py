@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from smcr._mypyc import mypyc_attr
 from smcr.rdma.qpstate import check_modify, rc_bring_up
 from smcr.rdma.verbs import (
     AccessFlag,
@@ -214,6 +215,8 @@ class MemoryRegion:
         self.dereg()
 
 
+# tests subclass it in Python (a PD that only holds MRs); mypyc allows that only if told
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ProtectionDomain(ABC):
     """A protection domain: the MRs and QPs that may be used together.
 
@@ -421,6 +424,25 @@ class CompletionQueue:
         self._bell_w.close()
 
 
+def _shadow_failing(qp: QueuePair, names: tuple[str, ...], error: OSError, times: int) -> None:
+    """:meth:`QueuePair.fail_next`'s shadows (a function of its own: mypyc fails on a
+    closure in a method of a Python class)."""
+    left = [times]
+
+    def failing(*_args: Any, **_kwargs: Any) -> None:
+        left[0] -= 1
+        if left[0] <= 0:
+            for name in names:
+                qp.__dict__.pop(name, None)
+        raise error
+
+    for name in names:
+        setattr(qp, name, failing)
+
+
+# a Python class even when compiled (mypyc): smcr trace and fault injection (fail_next)
+# shadow its instances' methods, which a native class's compiled callers would go past
+@mypyc_attr(native_class=False)
 class QueuePair(ABC):
     """An RC queue pair: state machine and attributes here, transport in the provider."""
 
@@ -520,17 +542,7 @@ class QueuePair(ABC):
             raise ValueError(f"times must be at least 1, not {times}")
         names = {"post_send": ("post_send", "post_writes_send"), "post_recv": ("post_recv",),
                  "modify": ("modify",)}[verb]  # fmt: skip
-        left = [times]
-
-        def failing(*_args: Any, **_kwargs: Any) -> None:
-            left[0] -= 1
-            if left[0] <= 0:
-                for name in names:
-                    self.__dict__.pop(name, None)
-            raise error
-
-        for name in names:
-            setattr(self, name, failing)
+        _shadow_failing(self, names, error, times)
 
     def _copy_attrs(self, attr: QpAttr, mask: QpAttrMask) -> None:
         """Store the fields that ``mask`` names (the provider calls this when it commits)."""

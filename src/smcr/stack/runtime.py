@@ -72,7 +72,9 @@ import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from smcr._mypyc import mypyc_attr
 from smcr.core import (
     Action,
     Config,
@@ -330,7 +332,7 @@ class HostConn:
     rmb_mr: MemoryRegion | None = None
     sndbuf_mr: MemoryRegion | None = None
     handshake: Handshake | None = None
-    outcome: object = None  # HandshakeCompleted / FellBack / HandshakeFailed
+    outcome: Any = None  # (Any, not object: mypyc) HandshakeCompleted / FellBack / HandshakeFailed
     reset_reason: str = ""
     readiness: Readiness | None = None
     waiters: int = 0  # threads in cond.wait: notify only when someone listens (1.5 µs)
@@ -345,6 +347,12 @@ class HostConn:
     """Port -> (RMB, send buffer) registered on that port's RNIC too (:meth:`Stack.register_rmb`;
     port 0's are :attr:`rmb_mr` and :attr:`sndbuf_mr`)."""
 
+    def undecided(self) -> bool:
+        """The handshake has no outcome yet.  A method: after ``if hc.outcome is None``
+        mypyc reads ``hc.outcome`` as None-typed in that branch, and a call that
+        settled it meanwhile makes the read a TypeError."""
+        return self.outcome is None
+
     @property
     def rmb(self) -> memoryview:
         """Our RMBE."""
@@ -358,6 +366,9 @@ class HostConn:
         return self.sndbuf_mr.buf
 
 
+# a Python class even when compiled (mypyc): smcr trace shadows its instances' methods
+# (new_qp, _received, _control, _receive_clc), and tests do too
+@mypyc_attr(native_class=False)
 class Stack:
     """The per-process runtime (module docstring)."""
 
@@ -469,9 +480,9 @@ class Stack:
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
         self.fallback_reasons: Counter[tuple[int, int]] = Counter()
         """(local, peer) decline code -> count (Linux ``smc_stats`` fallback reasons)."""
-        self._thread = threading.Thread(target=self._progress_thread, name="smcr-progress",
-                                        daemon=True)  # fmt: skip
-        self._thread.start()
+        self._progress = threading.Thread(target=self._progress_thread, name="smcr-progress",
+                                          daemon=True)  # fmt: skip
+        self._progress.start()
 
     # ================================================================ provider
 
@@ -662,7 +673,7 @@ class Stack:
                 self._clc_ends[hc.ends] = hc
             if not client:  # the client's Proposal is often here already: no thread hop
                 self._clc_read(hc)
-            if hc.outcome is None:
+            if hc.undecided():  # (not `hc.outcome is None` again: see undecided)
                 self.kick()
                 self._bg_cond.notify()  # a standing-by progress thread watches it now
 
@@ -676,10 +687,14 @@ class Stack:
         except OSError:
             data = b""
         if data:
-            self.execute(self.engine.receive_clc(hc.conn_id, data, now))
+            self.execute(self._receive_clc(hc.conn_id, data, now))
         else:
             self._unwatch_clc(hc)  # EOF stays readable: look no more
             self.execute(self.engine.tcp_closed(hc.conn_id, now))
+
+    def _receive_clc(self, conn_id: int, data: bytes, now: float) -> list[Action]:
+        """CLC bytes to the engine (a method of its own: where smcr trace sees them)."""
+        return self.engine.receive_clc(conn_id, data, now)
 
     def _unwatch_clc(self, hc: HostConn) -> None:
         """The handshake reads no more CLC (lock held)."""
@@ -1527,12 +1542,18 @@ class Stack:
             self._bg_cond.wait(STANDBY)
             self.process()
             return
-        self._poller = "bg"
+        self._set_poller("bg")
         try:
             self._sleep_on_cq(STANDBY if self._draining else None)
         finally:
             if self._poller == "bg":
                 self._poller = None
+
+    def _set_poller(self, who: str) -> None:
+        """A method, not an assignment in place: mypyc would take the attribute for the
+        narrowed ``str`` in the ``finally`` after it, where another thread may have reset
+        it to None meanwhile (the lock is released while polling): TypeError."""
+        self._poller = who
 
     def close(self) -> None:
         """Stop the thread and release the device (at exit; a second call does nothing).
@@ -1548,14 +1569,14 @@ class Stack:
             self._end_links(time.monotonic() + EXIT_LINGER)
         self._running = False
         self.kick()
-        self._thread.join(timeout=2.0)
+        self._progress.join(timeout=2.0)
         with self.lock:
             for qp in list(self.qps.values()):
                 qp.destroy()
             self.qps.clear()
         for res in self.ports:
             res.device.close()
-        if not self._thread.is_alive():  # (a thread still in poll keeps its doorbell)
+        if not self._progress.is_alive():  # (a thread still in poll keeps its doorbell)
             self._bell_r.close()
             self._bell_w.close()
 
@@ -1569,14 +1590,16 @@ class Stack:
         the links have ended, and they would be lost."""
         with self.lock:
             self.uncork()
-        while True:
+        done = False  # (no `break` inside `with`: mypyc does not compile it)
+        while not done:
             with self.lock:
-                if (not (self.engine.closing() or self._draining or self._orphans)
-                        or time.monotonic() >= deadline):  # fmt: skip
+                done = (not (self.engine.closing() or self._draining or self._orphans)
+                        or time.monotonic() >= deadline)  # fmt: skip
+                if done:
                     self.execute(self.engine.shutdown(time.monotonic()))
-                    break
-            self.kick()
-            time.sleep(0.005)
+            if not done:
+                self.kick()
+                time.sleep(0.005)
         answered = time.monotonic() + EXIT_DELETE_WAIT
         while True:  # the peers' DELETE LINKs, received and acknowledged
             with self.lock:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from smcr import native
 from smcr.tools import bench
 
 
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(bench.to_json(results))
         return 0
-    table = Table(title=f"SMC-R ({args.rnic} RNIC) vs TCP {where}, median of {args.reps}")
+    table = Table(title=f"SMC-R ({args.rnic} RNIC) vs TCP {where}, median of {args.reps}; "
+                        f"smcr {native.status().describe()}")  # fmt: skip
     for col in ("test", "size", "SMC-R", "TCP", "unit", "SMC/TCP", "CPU µs SMC-R", "CPU µs TCP"):
         table.add_column(col, justify="right")
     for r in results:

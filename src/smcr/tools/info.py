@@ -19,7 +19,7 @@ from smcr import __version__
 
 def collect() -> dict[str, Any]:
     """Everything ``smcr info`` shows."""
-    from smcr import discovery, ueid  # noqa: PLC0415
+    from smcr import discovery, native, ueid  # noqa: PLC0415
     from smcr.core import Config  # noqa: PLC0415
     from smcr.diag import client, paths  # noqa: PLC0415
     from smcr.stack.devices import KINDS, rnic_kind  # noqa: PLC0415
@@ -35,7 +35,8 @@ def collect() -> dict[str, Any]:
     buffers = {kind: default_buffer_size(kind) for kind in KINDS}
     return {
         "smcr_version": __version__, "python": platform.python_version(),
-        "kernel": platform.release(), "smc_versions": ["SMC-Rv1", "SMC-Rv2"],
+        "kernel": platform.release(), "code": native.status().describe(),
+        "smc_versions": ["SMC-Rv1", "SMC-Rv2"],
         "rnic_default": rnic_kind(),
         "rnics": [dataclasses.asdict(r) for r in device.rows(rnic_kind())],
         "discovery": {"mode": found.mode, "why": found.why},
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     lim = info["limits"]
     print(f"smcr {info['smcr_version']} (Python {info['python']}, kernel {info['kernel']})")
+    print(f"Code:           {info['code']}")
     print(f"SMC versions:   {', '.join(info['smc_versions'])}")
     print(f"RNICs:          {len(info['rnics'])} (default kind: {info['rnic_default']})")
     for r in info["rnics"]:

@@ -41,6 +41,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from smcr._mypyc import mypyc_attr
 from smcr.rdma.base import CompletionQueue, QueuePair
 from smcr.rdma.roce.cq import RoceCq
 from smcr.rdma.roce.fastpath import (
@@ -96,6 +97,7 @@ MAX_DATAGRAM = 65536
 Buffer = bytes | bytearray | memoryview
 
 
+@mypyc_attr(native_class=False)  # as QueuePair (smcr trace, fail_next)
 class RoceQp(QueuePair):
     """An RC QP of a :class:`~smcr.rdma.roce.device.RoceDevice` (``pd.create_qp``)."""
 
@@ -188,8 +190,8 @@ class RoceQp(QueuePair):
                     sock.sendmsg(parts, (), 0, peer)
                 else:
                     sock.sendmsg(parts, [(SOL_UDP, UDP_SEGMENT, _GSO_SIZE.pack(size))], 0, peer)
-            except OSError as e:
-                if j - i > 1 and e.errno in _NO_GSO:
+            except OSError as err:  # (not `e`, the loop's item above: mypyc types a name once)
+                if j - i > 1 and err.errno in _NO_GSO:
                     self.gso = False  # no UDP GSO here: resend this run one by one
                     self._txq = q[i:]
                     self.flush_tx()

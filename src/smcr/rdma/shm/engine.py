@@ -64,12 +64,12 @@ class Engine:
         self._lock = threading.Lock()
         self._running = True
         self._epoll.register(self._bell, select.EPOLLIN)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._worker = threading.Thread(target=self._run, name=name, daemon=True)
+        self._worker.start()
 
     def in_engine(self) -> bool:
         """Whether the caller runs on the engine thread."""
-        return threading.current_thread() is self._thread
+        return threading.current_thread() is self._worker
 
     def watch(self, fd: int, handler: Callable[[int], None]) -> None:
         """Call ``handler(events)`` in the engine when ``fd`` is readable or hung up."""
@@ -103,7 +103,7 @@ class Engine:
         self._running = False
         if not self.in_engine():
             self._ring()
-            self._thread.join(timeout=5.0)
+            self._worker.join(timeout=5.0)
         self._epoll.close()
         os.close(self._bell)
 

@@ -19,7 +19,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from mmap import mmap
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
@@ -42,7 +42,8 @@ class RemoteMr:
     length: int
     iova: int
     mm: mmap
-    view: memoryview
+    # Any, not memoryview: mypyc's dataclass with a field of that builtin type fails at import
+    view: Any
     writable: bool
     end: int = 0  # iova + length
     allowed: int = 0  # access, less REMOTE_WRITE when the mapping is read-only
@@ -64,7 +65,7 @@ class PeerLink:
     sock: socket.socket
     path: str
     area: mmap
-    view: memoryview
+    view: Any  # memoryview (Any for mypyc, as RemoteMr.view)
     table: mmap
     bell: socket.socket  # write end of the peer's receive CQ doorbell
     depth: int  # of the peer's receive area, checked against its size at RTR

@@ -1,0 +1,140 @@
+"""The compiled hot path (issue 15): used when built and current, never when stale or
+refused, and indistinguishable from the pure-Python path in what it does.
+
+install.sh builds it (``python -m smcr.nativebuild``), so a missing build is a
+failure here, not a skip: the suite is meant to run on the compiled modules.
+Each case runs a fresh interpreter, since the choice is made once, at ``import smcr``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from smcr import native, nativebuild
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROBE = """
+import json, sys
+import smcr
+from smcr import native
+import smcr.socket
+names = [n for n in sys.argv[1:]]
+mods = [sys.modules.get(n) or __import__(n, fromlist=["_"]) for n in names]
+print(json.dumps({"status": native.status().describe(), "compiled": native.status().compiled,
+                  "files": {n: m.__file__ for n, m in zip(names, mods)},
+                  "native": {n: native.module_is_compiled(m) for n, m in zip(names, mods)},
+                  "socket": native.module_is_compiled(smcr.socket)}))
+"""
+
+COMPILED = sorted(nativebuild.module_name(rel) for rel in nativebuild.MODULES)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SMCR_PURE_PYTHON", "SMCR_NATIVE_DIR", "PYTHONPATH")}  # fmt: skip
+    env.update(extra)
+    return env
+
+
+def _probe(**extra: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", PROBE, *COMPILED], env=_env(**extra),
+                         cwd=ROOT, capture_output=True, text=True, check=True)  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def test_the_built_modules_are_what_is_imported() -> None:
+    built, _ = native.check()
+    assert built.compiled, f"no usable build ({built.reason}): install.sh builds it"
+    got = _probe()
+    assert got["compiled"], got["status"]
+    assert got["status"] == f"compiled (mypyc, {len(COMPILED)} modules)"
+    assert all(got["native"].values()), got["files"]
+    assert all(Path(f).is_relative_to(native.NATIVE_DIR) for f in got["files"].values())
+    assert not got["socket"]  # socket.py stays interpreted (weakref.finalize)
+
+
+def test_smcr_pure_python_forces_the_sources() -> None:
+    got = _probe(SMCR_PURE_PYTHON="1")
+    assert got["status"] == "pure Python (SMCR_PURE_PYTHON is set)"
+    assert not any(got["native"].values())
+    assert all(f.endswith(".py") for f in got["files"].values())
+
+
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the package with its build: what an edit does, without editing ours."""
+    built, _ = native.check()
+    assert built.compiled, f"no usable build ({built.reason}): install.sh builds it"
+    where = tmp_path_factory.mktemp("src")
+    shutil.copytree(native.PACKAGE_DIR, where / "smcr",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    return where
+
+
+@pytest.mark.parametrize(("edited", "stale"), [
+    (None, False),
+    ("core/engine.py", True),  # a compiled module
+    ("wire/clc.py", True),  # interpreted, but imported by compiled ones (types, constants)
+    ("cli.py", False),  # nothing compiled depends on it
+])  # fmt: skip
+def test_an_edited_source_is_never_shadowed(copy: Path, edited: str | None, stale: bool) -> None:
+    source = copy / "smcr" / edited if edited else None
+    before = source.read_bytes() if source else b""
+    if source:
+        source.write_bytes(before + b"\n# edited after the build\n")
+    try:
+        got = _probe(PYTHONPATH=str(copy))
+    finally:
+        if source:
+            source.write_bytes(before)
+    assert all(Path(f).is_relative_to(copy) for f in got["files"].values())
+    if stale:
+        assert got["status"] == f"pure Python (stale: {edited} changed since the build)"
+        assert not any(got["native"].values())
+    else:
+        assert got["compiled"], got["status"]
+        assert all(got["native"].values())
+
+
+def _workload(**extra: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "tests.native_workload"], env=_env(**extra),
+                         cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def test_compiled_and_pure_python_do_the_same() -> None:
+    """Handshakes, fallbacks, timeouts and data both ways (tests/native_workload.py)."""
+    compiled = _workload()
+    pure = _workload(SMCR_PURE_PYTHON="1")
+    assert compiled["compiled"] == [True, True], compiled["native"]
+    assert pure["compiled"] == [False, False], pure["native"]
+    assert compiled["stack"].pop("server").startswith("compiled")
+    assert pure["stack"].pop("server").startswith("pure Python")
+    for run in (compiled, pure):
+        del run["compiled"], run["native"]
+    assert compiled == pure
+    assert all(all(conn["echoed"]) for conn in pure["stack"].values())
+
+
+def test_smcr_info_says_which_code_runs() -> None:
+    def code(**extra: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "smcr", "info", "--json"], env=_env(**extra),
+                             cwd=ROOT, capture_output=True, text=True, check=True)  # fmt: skip
+        said: str = json.loads(out.stdout)["code"]
+        return said
+
+    assert code() == f"compiled (mypyc, {len(COMPILED)} modules)"
+    assert code(SMCR_PURE_PYTHON="1") == "pure Python (SMCR_PURE_PYTHON is set)"
