@@ -33,6 +33,7 @@ from smcr.core import Config
 from tests.core.pair import Pair, Side
 
 SIZES = (1, 1000, 4096, 65536, 300_000)
+STREAM_WRITES = 3000
 
 
 def _data(n: int, seed: int) -> bytes:
@@ -125,6 +126,26 @@ def _info(sock: smcr.SMCSocket) -> dict[str, Any]:
             "version": info.version}  # fmt: skip
 
 
+def _stream(sock: smcr.SMCSocket, seed: int) -> bool:
+    """A stream of small writes (the autocorked path: they wait in the send buffer while
+    the echo server's answer to the burst's first CDC is due) read back concurrently;
+    whether the echo is the stream."""
+    data = _data(STREAM_WRITES * 1000, seed)
+    got = bytearray()
+
+    def read() -> None:
+        while len(got) < len(data) and (chunk := sock.recv(1 << 16)):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    view = memoryview(data)
+    for off in range(0, len(data), 1000):
+        sock.sendall(view[off : off + 1000])
+    reader.join(30)
+    return bytes(got) == data
+
+
 def stack() -> dict[str, Any]:
     """SMC-R between this process and an echo server process, over the shm RNIC."""
     server = subprocess.Popen([sys.executable, "-m", "tests.native_workload", "serve"],
@@ -145,7 +166,8 @@ def stack() -> dict[str, Any]:
                         assert chunk, "echo server closed early"
                         got += chunk
                     echoed.append(_digest(bytes(got)) == _digest(data))
-                out[f"conn{n}"] = {"info": _info(sock), "echoed": echoed}
+                out[f"conn{n}"] = {"info": _info(sock), "echoed": echoed,
+                                   "stream": _stream(sock, 10 * n + 9)}  # fmt: skip
     finally:
         server.kill()
         server.wait()
