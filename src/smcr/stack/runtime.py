@@ -628,10 +628,16 @@ class Stack:
         return hc
 
     def start_handshake(self, hc: HostConn, client: bool, local_ip: ipaddress.IPv4Address
-                        | ipaddress.IPv6Address, rmb_size: int, sndbuf_size: int) -> None:
+                        | ipaddress.IPv6Address, rmb_size: int, sndbuf_size: int,
+                        polled: bool = False) -> None:  # fmt: skip
         """Allocate buffers and start the CLC handshake (lock held).
 
         A size of 0 means the default (:attr:`config`, :data:`BUFFER`).
+
+        :param polled: the caller waits for the outcome with :meth:`wait` right after
+            (a blocking ``connect``): it polls the TCP socket itself, so no other
+            poller is woken for it (a doorbell ring, or the progress thread's wakeup,
+            would only cost a thread switch and a wasted poll round).
         """
         local_ip = devices.prefix_ip(self.device, local_ip)
         bufs = self.alloc_buffers(rmb_size or self.config.rmb_size,
@@ -659,9 +665,17 @@ class Stack:
                 self._clc_ends[hc.ends] = hc
             if not client:  # the client's Proposal is often here already: no thread hop
                 self._clc_read(hc)
-            if hc.outcome is None:
-                self.kick()
-                self._bg_cond.notify()  # a standing-by progress thread watches it now
+            if hc.outcome is None and not (polled and self._poller != "app"):
+                self._watch_new()  # (another application thread polls: it must watch it)
+
+    def _watch_new(self) -> None:
+        """A descriptor was added to :attr:`_clc_watch` (lock held): the thread polling
+        now (if any) re-polls with it (the doorbell); with no application thread polling,
+        the standing-by progress thread watches it from now on."""
+        if self._poller is not None:
+            self.kick()
+        if self._poller != "app":
+            self._bg_cond.notify()
 
     def _clc_read(self, hc: HostConn) -> None:
         """Feed CLC bytes from a handshaking connection's TCP socket to the engine."""
@@ -1329,9 +1343,12 @@ class Stack:
             that the CQ does not end first (a CLC message comes over TCP).
         :returns: ``ready()`` at the end (False on timeout).
         """
+        polled = False
         while not ready():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
+                if polled:
+                    self._hand_back()
                 return False
             if self._poller == "app":
                 hc.waiters += 1
@@ -1347,7 +1364,45 @@ class Stack:
             finally:
                 self._poller = None
                 self._app_polled = time.monotonic()
+            polled = True
+        if polled:
+            self._hand_back()
         return True
+
+    def poll_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
+        """Poll for the runtime until ``ready()`` or ``deadline`` (lock held), as
+        :meth:`wait` does, for a thread that waits for news of no one connection (an
+        accept queue's ``accept``: the handshakes' CLC messages are read, and their
+        outcomes delivered, in the thread that will take them, not handed over from
+        another).  Does nothing while another application thread polls (the caller
+        then waits its own way: that poller delivers the news as before), nor once the
+        runtime is closing (at exit, under a daemon thread that waits in ``accept``).
+
+        :returns: whether this thread polled (the caller looks at its state again).
+        """
+        polled = False
+        while not ready() and self._poller != "app" and self._running:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self._poller = "app"
+            self._poller_ident = threading.get_ident()
+            try:
+                self._sleep_on_cq(left)
+            finally:
+                self._poller = None
+                self._app_polled = time.monotonic()
+            polled = True
+        if polled:
+            self._hand_back()
+        return polled
+
+    def _hand_back(self) -> None:
+        """An application thread stops polling (lock held): handshakes under way (a
+        connect given up at its timeout, an accept queue's others) are the progress
+        thread's to watch now, at once rather than at its next look (:data:`STANDBY`)."""
+        if self._clc_watch and self._poller is None:
+            self._bg_cond.notify()
 
     def _sleep_on_cq(self, left: float | None, spin: float = 0.0) -> None:
         """Sleep on the CQ descriptor (lock released) until news or the next deadline.
@@ -1414,6 +1469,12 @@ class Stack:
         finally:
             self.lock.acquire()
         return self.cq.poll(64)
+
+    def wake_poller(self) -> None:
+        """:meth:`kick`, unless the calling thread is the application thread that polls
+        (it looks again when its poll returns; a ring would cost it a wasted round)."""
+        if self._poller != "app" or self._poller_ident != threading.get_ident():
+            self.kick()
 
     def kick(self) -> None:
         """Wake a sleeping poller (to re-check for a new deadline).
