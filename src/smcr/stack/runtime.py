@@ -443,6 +443,12 @@ class Stack:
         # is called with the lock held, and the poller it wakes needs the lock to drain it)
         self._bell_w.setblocking(False)
         self._clc_watch: dict[int, HostConn] = {}
+        self._clc_ep = select.epoll()
+        """The TCP sockets of :attr:`_clc_watch`, which pollers sleep on through this one
+        descriptor: one added wakes a poller already asleep by itself (a doorbell ring
+        cost the poller a wasted round: on every accepted connection, the thread in
+        ``accept`` that polls).  Registered while in :attr:`_clc_watch` only: a socket is
+        let go (:meth:`_unwatch_clc`) before it is closed."""
         self._clc_ends: dict[tuple[object, object], HostConn] = {}
         """Handshakes under way by their TCP connection's (ours, peer's) addresses: the
         other end of one is found when both ends are ours (:meth:`_clc_sent`)."""
@@ -659,23 +665,21 @@ class Stack:
         self.execute(actions)
         if hc.outcome is None:
             hc.tcp.setblocking(False)
-            self._clc_watch[hc.tcp.fileno()] = hc
+            fd = hc.tcp.fileno()
+            self._clc_watch[fd] = hc
+            try:
+                self._clc_ep.register(fd, select.EPOLLIN)
+            except FileExistsError:  # (a number registered before: never closed unwatched)
+                self._clc_ep.modify(fd, select.EPOLLIN)
             with contextlib.suppress(OSError):
                 hc.ends = (hc.tcp.getsockname(), hc.tcp.getpeername())
                 self._clc_ends[hc.ends] = hc
             if not client:  # the client's Proposal is often here already: no thread hop
                 self._clc_read(hc)
-            if hc.outcome is None and not (polled and self._poller != "app"):
-                self._watch_new()  # (another application thread polls: it must watch it)
-
-    def _watch_new(self) -> None:
-        """A descriptor was added to :attr:`_clc_watch` (lock held): the thread polling
-        now (if any) re-polls with it (the doorbell); with no application thread polling,
-        the standing-by progress thread watches it from now on."""
-        if self._poller is not None:
-            self.kick()
-        if self._poller != "app":
-            self._bg_cond.notify()
+            if hc.outcome is None and not polled and self._poller is None:
+                # nobody polls (a thread that does sleeps on _clc_ep, which has it now):
+                # the standing-by progress thread watches it from now on
+                self._bg_cond.notify()
 
     def _clc_read(self, hc: HostConn) -> None:
         """Feed CLC bytes from a handshaking connection's TCP socket to the engine."""
@@ -694,7 +698,10 @@ class Stack:
 
     def _unwatch_clc(self, hc: HostConn) -> None:
         """The handshake reads no more CLC (lock held)."""
-        self._clc_watch.pop(hc.tcp.fileno(), None)
+        fd = hc.tcp.fileno()
+        if self._clc_watch.pop(fd, None) is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._clc_ep.unregister(fd)
         if hc.ends is not None:
             self._clc_ends.pop(hc.ends, None)
             hc.ends = None
@@ -1423,7 +1430,8 @@ class Stack:
                 limit = min(limit, max(0.0, timer - time.monotonic()))
                 if limit == 0.0:
                     self._timer_check = 0.0  # due now: process() must run the timers
-            fds = [self.cq.fileno(), self._bell_r.fileno(), *self._clc_watch, *self._tcp_watch]
+            fds = [self.cq.fileno(), self._bell_r.fileno(), self._clc_ep.fileno(),
+                   *self._tcp_watch]  # fmt: skip
             poller = select.poll()
             for fd in fds:
                 poller.register(fd, select.POLLIN)
@@ -1433,9 +1441,11 @@ class Stack:
             finally:
                 self.lock.acquire()
             for fd in r:
-                hc = self._clc_watch.get(fd)
-                if hc is not None:
-                    self._clc_read(hc)
+                if fd == fds[2]:
+                    for clc_fd, _ in self._clc_ep.poll(0):
+                        hc = self._clc_watch.get(clc_fd)
+                        if hc is not None:
+                            self._clc_read(hc)
                 elif (hc := self._tcp_watch.pop(fd, None)) is not None:
                     self._tcp_ended(hc)
                 elif fd == fds[0]:
@@ -1546,6 +1556,7 @@ class Stack:
         if not self._thread.is_alive():  # (a thread still in poll keeps its doorbell)
             self._bell_r.close()
             self._bell_w.close()
+            self._clc_ep.close()
 
     def _end_links(self, deadline: float) -> None:
         """Before the RNIC goes: closes under way finish (the progress thread carries
