@@ -611,8 +611,10 @@ class SMCSocket(_PlainSocket):
         _diag_start()  # this process answers smcr ss/stats from now on (smcr.diag)
         # the RNIC of this address (and, link-local, of this interface); found already
         # where the background work may run in another thread (see :meth:`_stack_here`)
-        local_ip = self._local_ip()
-        stack = self._stack = self._stack or get_stack(local_ip, self._scope_id())
+        name = _PlainSocket.getsockname(self)  # (once: _local_ip and _scope_id in one)
+        local_ip = _parse_ip(name[0])
+        stack = self._stack = self._stack or get_stack(local_ip,
+                                                       int(name[3]) if len(name) == 4 else 0)
         with stack.lock:
             # the runtime's own descriptor of the TCP socket: it outlives ours when the
             # application closes first (the closing CDCs, then the FIN)
@@ -1341,17 +1343,14 @@ class SMCSocket(_PlainSocket):
             with stack.lock:  # the done-writing CDC follows the send buffer (Stack doc)
                 stack.shutdown_write(hc)
 
-    def _drain_tx(self, stack: Stack, hc: HostConn, deadline: float | None = None) -> None:
-        """Wait (until ``deadline``, by default ``close_wait_tx``, 2 s, from now) until the
-        send buffer is out."""
-        if deadline is None:
-            deadline = time.monotonic() + stack.config.close_wait_tx
-        with stack.lock:
-            c = stack.engine_conn(hc)
-            if c is not None:
-                stack.uncork(hc)  # (nothing follows: corked bytes go now)
-                stack.wait(hc, lambda: c.tx_pending() == 0 or bool(c.reset_reason)
-                           or c.peer_closed, deadline)  # fmt: skip
+    @staticmethod
+    def _drain_tx(stack: Stack, hc: HostConn, deadline: float) -> None:
+        """Wait (lock held) until ``deadline`` for the send buffer to go out."""
+        c = stack.engine_conn(hc)
+        if c is not None:
+            stack.uncork(hc)  # (nothing follows: corked bytes go now)
+            stack.wait(hc, lambda: c.tx_pending() == 0 or bool(c.reset_reason)
+                       or c.peer_closed, deadline)  # fmt: skip
 
     def close(self) -> None:
         """Close: drain the send buffer, closing CDC; TCP goes when CLOSED.
@@ -1398,33 +1397,28 @@ class SMCSocket(_PlainSocket):
         if self._mode == "SMCR" and self._stack is not None and self._hc is not None:
             stack, hc = self._stack, self._hc
             linger = _linger(self)
-            if linger == 0:
-                with stack.lock:
+            with stack.lock:  # (one locked section: a close is on every connection's path)
+                if linger == 0:
                     stack.abort(hc)
-            elif linger is None and self._unsent(stack, hc):
-                with stack.lock:  # the rest goes in the background, as TCP's (Stack.close_later)
-                    stack.close_later(hc)
-            else:
-                wait = stack.config.close_wait_tx if linger is None else linger
-                deadline = time.monotonic() + wait
-                self._drain_tx(stack, hc, deadline)
-                with stack.lock:
+                elif linger is None and self._unsent(stack, hc):
+                    stack.close_later(hc)  # the rest goes in the background, as TCP's
+                else:
+                    wait = stack.config.close_wait_tx if linger is None else linger
+                    deadline = time.monotonic() + wait
+                    self._drain_tx(stack, hc, deadline)
                     c = stack.engine_conn(hc)
                     stack.app_close(hc)
                     if c is not None:
                         stack.wait(hc, lambda: _cdcs_done(c), deadline)
-            with stack.lock:
                 stack.drop_readiness(hc)
         self._drop_descriptor()
 
     @staticmethod
     def _unsent(stack: Stack, hc: HostConn) -> bool:
-        """Whether bytes of the send buffer wait for the peer's room (lock taken here)."""
-        with stack.lock:
-            stack.process()
-            c = stack.engine_conn(hc)
-            return c is not None and c.tx_pending() > 0 and not (c.reset_reason
-                                                                  or c.peer_closed)
+        """Whether bytes of the send buffer wait for the peer's room (lock held)."""
+        stack.process()
+        c = stack.engine_conn(hc)
+        return c is not None and c.tx_pending() > 0 and not (c.reset_reason or c.peer_closed)
 
     def _drop_descriptor(self) -> None:
         """Close our descriptor (one we borrowed from the connection stays open)."""
@@ -1795,6 +1789,9 @@ class _AcceptQueue:
         self.listener = weakref.ref(listener)  # its buffer sizes, set after listen() too
         listener._stack_here()  # bound to one address: its runtime (SMCSocket._stack_here)
         self.stack = listener._stack
+        self.polled: Stack | None = self.stack
+        """The runtime :meth:`_poll` polls: the listener's, or on a wildcard address the
+        one of its latest handshake."""
         self.backlog = MAX_QUEUED
         self.ready: deque[tuple[SMCSocket, Any]] = deque()
         self.pending = 0
@@ -1902,6 +1899,9 @@ class _AcceptQueue:
                 self.pending -= 1
             sock.close()
             raise
+        if self.stack is None:  # (a wildcard address: the runtime its clients came to)
+            with self.cond:
+                self.polled = sock._stack
 
     def _handshake_ended(self, sock: SMCSocket, addr: Any, hc: HostConn) -> None:
         """The runtime's news (its lock held): queue the socket, or drop a failed one."""
@@ -1930,8 +1930,8 @@ class _AcceptQueue:
 
     def _wake_taker(self) -> None:
         """A thread in :meth:`take` that polls the runtime looks again (cond held)."""
-        if self.takers and self.stack is not None:
-            self.stack.wake_poller()
+        if self.takers and self.polled is not None:
+            self.polled.wake_poller()
 
     def take(self, timeout: float | None) -> tuple[SMCSocket, Any]:
         """The next connection: ``BlockingIOError`` when none waits and ``timeout`` is 0,
@@ -1970,9 +1970,11 @@ class _AcceptQueue:
 
         :returns: False when it did not poll (another application thread does, or no
             runtime is known yet: a listener on a wildcard address before its first
-            handshake); the caller waits on ``cond`` then.
+            handshake); the caller waits on ``cond`` then.  Waking it is
+            :meth:`_wake_taker`'s: a handshake of another runtime (RoCE, a wildcard
+            address) rings this one's doorbell when it ends.
         """
-        stack = self.stack
+        stack = self.polled
         if stack is None:
             return False
 

@@ -361,20 +361,24 @@ def test_a_listener_number_asked_for_after_connections_queued_shows_them() -> No
         x.close()
 
 
-def test_accept_gets_smc_and_plain_clients_while_another_thread_polls_the_runtime() -> None:
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_accept_gets_smc_and_plain_clients_while_another_thread_polls_the_runtime(
+        host: str) -> None:  # fmt: skip
     """A thread blocked in ``accept`` polls the runtime for the handshakes itself, unless
     another application thread does (here one blocked in ``recv``): then it waits for that
-    one's news.  Either way SMC-R clients and a plain TCP client are accepted."""
-    srv = smcr.create_server(("127.0.0.1", 0))
+    one's news.  Either way SMC-R clients and a plain TCP client are accepted (on a
+    wildcard address too, whose runtime the accept queue learns from its first client)."""
+    srv = smcr.create_server((host, 0))
     srv.settimeout(20)
-    first = smcr.create_connection(srv.getsockname(), timeout=20)
+    addr = ("127.0.0.1", srv.getsockname()[1])
+    first = smcr.create_connection(addr, timeout=20)
     peer, _ = srv.accept()
     got: list[bytes] = []
     reader = threading.Thread(target=lambda: got.append(peer.recv(1)))
     peer.settimeout(20)
     reader.start()
-    clients = [smcr.create_connection(srv.getsockname(), timeout=20) for _ in range(3)]
-    plain = socket.create_connection(srv.getsockname(), timeout=20)  # offers no SMC
+    clients = [smcr.create_connection(addr, timeout=20) for _ in range(3)]
+    plain = socket.create_connection(addr, timeout=20)  # offers no SMC
     accepted = [srv.accept()[0] for _ in range(4)]
     assert sorted(a.smc_info().mode for a in accepted) == ["SMCR", "SMCR", "SMCR", "TCP"]
     first.sendall(b"x")
