@@ -22,7 +22,10 @@ Design (the why of each):
 * **Whoever waits, polls.**  A thread blocked in ``recv``/``send`` does not
   wait for the progress thread to hand it the news (two wakeups per message,
   one of them a thread hop under the GIL); it becomes the *poller* itself and
-  sleeps on the CQ descriptor, so a message costs one wakeup, as in TCP.  One
+  sleeps on the CQ descriptor, so a message costs one wakeup, as in TCP.  A
+  thread blocked in ``accept`` polls the same way (:meth:`Stack.poll_until`): it
+  reads the handshakes' CLC messages itself, whose TCP sockets pollers sleep on
+  through one epoll descriptor (a new one needs no doorbell).  One
   application thread at a time holds the poller role; others wait on their
   connection's condition, which the poller notifies; the progress thread
   steps back while an application thread polls.  Before it arms the CQ and
