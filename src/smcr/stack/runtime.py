@@ -1191,7 +1191,8 @@ class Stack:
                         traceback.print_exc(file=sys.stderr)
             elif isinstance(ev, ConnectionReset):
                 hc.reset_reason = ev.reason
-            hc.cond.notify_all()
+            if hc.waiters:  # (as process(): only when someone listens)
+                hc.cond.notify_all()
             self.update_readiness(hc)
 
     def drop_readiness(self, hc: HostConn) -> None:
