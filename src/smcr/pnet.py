@@ -194,13 +194,13 @@ class PnetTable:
 
     def current(self) -> tuple[Entry, ...]:
         """The entries now in force."""
-        path = self.path or path_from()
+        name = self.path or os.environ.get(ENV) or DEFAULT_FILE  # (path_from, without a Path)
         try:
-            st = path.stat()
+            st = os.stat(name)
         except OSError:
             self._key, self._entries = None, ()
             return ()
         key = (st.st_mtime_ns, st.st_size)
         if key != self._key:
-            self._key, self._entries = key, load(path)
+            self._key, self._entries = key, load(Path(name))
         return self._entries

@@ -584,7 +584,7 @@ class SMCSocket(_PlainSocket):
         :raises ConnectionResetError: when it failed with no way back to TCP (the
             peer broke the CLC protocol): the TCP connection is reset.
         """
-        stack, hc = self._start_handshake(client, None)
+        stack, hc = self._start_handshake(client, None, polled=True)
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
         with stack.lock:
             if not stack.wait(hc, lambda: hc.outcome is not None, deadline, spin=0.0):
@@ -601,23 +601,31 @@ class SMCSocket(_PlainSocket):
             raise ConnectionResetError(errno.ECONNRESET, "SMC handshake failed: "
                                        f"{getattr(hc.outcome, 'reason', '')}")  # fmt: skip
 
-    def _start_handshake(self, client: bool, on_outcome: Callable[[HostConn], None] | None
-                         ) -> tuple[Stack, HostConn]:  # fmt: skip
+    def _start_handshake(self, client: bool, on_outcome: Callable[[HostConn], None] | None,
+                         polled: bool = False) -> tuple[Stack, HostConn]:  # fmt: skip
         """Start the CLC handshake; the runtime drives it (``on_outcome`` is called
-        with its lock held when it ends, in whichever thread polled)."""
+        with its lock held when it ends, in whichever thread polled).
+
+        :param polled: this thread waits for the outcome at once (:meth:`Stack.wait`),
+            polling for it itself (:meth:`Stack.start_handshake`)."""
         _diag_start()  # this process answers smcr ss/stats from now on (smcr.diag)
         # the RNIC of this address (and, link-local, of this interface); found already
         # where the background work may run in another thread (see :meth:`_stack_here`)
-        local_ip = self._local_ip()
-        stack = self._stack = self._stack or get_stack(local_ip, self._scope_id())
+        name = _PlainSocket.getsockname(self)  # (once: _local_ip and _scope_id in one)
+        local_ip = _parse_ip(name[0])
+        stack = self._stack = self._stack or get_stack(local_ip,
+                                                       int(name[3]) if len(name) == 4 else 0)
         with stack.lock:
             # the runtime's own descriptor of the TCP socket: it outlives ours when the
             # application closes first (the closing CDCs, then the FIN)
-            tcp = _PlainSocket(fileno=os.dup(_PlainSocket.fileno(self)))
+            # (family, type and protocol given: none of the three system calls that
+            # socket.socket makes to learn them from a bare descriptor)
+            tcp = _PlainSocket(_c_family(self), _socket.SOCK_STREAM, _socket.IPPROTO_TCP,
+                               os.dup(_PlainSocket.fileno(self)))  # fmt: skip
             hc = self._hc = stack.new_conn(tcp)
             hc.on_outcome = on_outcome
             stack.start_handshake(hc, client, local_ip, self._rmb_size,
-                                  self._sndbuf_size)  # fmt: skip
+                                  self._sndbuf_size, polled)  # fmt: skip
             if hc.outcome is not None and hc.on_outcome is not None:
                 hc.on_outcome(hc)  # ended at once, and nobody took the news yet
         return stack, hc
@@ -1183,7 +1191,15 @@ class SMCSocket(_PlainSocket):
             return _PlainSocket.fileno(self)
         readiness = self._app_readiness()
         self._shown = _PlainSocket.fileno(self) if readiness is None else readiness.fileno()
+        self._queue_shown(readiness)
         return self._shown
+
+    def _queue_shown(self, readiness: Readiness | None) -> None:
+        """``readiness`` was given a number of the program's: the accept queue's is brought
+        up to date then (:meth:`_AcceptQueue.show`)."""
+        queue = self._queue
+        if readiness is not None and queue is not None and readiness is queue.readiness:
+            queue.show()
 
     def _app_readiness(self) -> Readiness | None:
         """The readiness descriptor the application's number names now (SMC-R mode: made
@@ -1243,6 +1259,7 @@ class SMCSocket(_PlainSocket):
             self._shown_tcp.detach()
             self._shown_tcp = None
         readiness.place(number)
+        self._queue_shown(readiness)
 
     def _real_close(self) -> None:
         """socket.socket's, and the TCP socket's duplicate under the application's number
@@ -1309,17 +1326,14 @@ class SMCSocket(_PlainSocket):
             with stack.lock:  # the done-writing CDC follows the send buffer (Stack doc)
                 stack.shutdown_write(hc)
 
-    def _drain_tx(self, stack: Stack, hc: HostConn, deadline: float | None = None) -> None:
-        """Wait (until ``deadline``, by default ``close_wait_tx``, 2 s, from now) until the
-        send buffer is out."""
-        if deadline is None:
-            deadline = time.monotonic() + stack.config.close_wait_tx
-        with stack.lock:
-            c = stack.engine_conn(hc)
-            if c is not None:
-                stack.uncork(hc)  # (nothing follows: corked bytes go now)
-                stack.wait(hc, lambda: c.tx_pending() == 0 or bool(c.reset_reason)
-                           or c.peer_closed, deadline)  # fmt: skip
+    @staticmethod
+    def _drain_tx(stack: Stack, hc: HostConn, deadline: float) -> None:
+        """Wait (lock held) until ``deadline`` for the send buffer to go out."""
+        c = stack.engine_conn(hc)
+        if c is not None:
+            stack.uncork(hc)  # (nothing follows: corked bytes go now)
+            stack.wait(hc, lambda: c.tx_pending() == 0 or bool(c.reset_reason)
+                       or c.peer_closed, deadline)  # fmt: skip
 
     def close(self) -> None:
         """Close: drain the send buffer, closing CDC; TCP goes when CLOSED.
@@ -1366,33 +1380,28 @@ class SMCSocket(_PlainSocket):
         if self._mode == "SMCR" and self._stack is not None and self._hc is not None:
             stack, hc = self._stack, self._hc
             linger = _linger(self)
-            if linger == 0:
-                with stack.lock:
+            with stack.lock:  # (one locked section: a close is on every connection's path)
+                if linger == 0:
                     stack.abort(hc)
-            elif linger is None and self._unsent(stack, hc):
-                with stack.lock:  # the rest goes in the background, as TCP's (Stack.close_later)
-                    stack.close_later(hc)
-            else:
-                wait = stack.config.close_wait_tx if linger is None else linger
-                deadline = time.monotonic() + wait
-                self._drain_tx(stack, hc, deadline)
-                with stack.lock:
+                elif linger is None and self._unsent(stack, hc):
+                    stack.close_later(hc)  # the rest goes in the background, as TCP's
+                else:
+                    wait = stack.config.close_wait_tx if linger is None else linger
+                    deadline = time.monotonic() + wait
+                    self._drain_tx(stack, hc, deadline)
                     c = stack.engine_conn(hc)
                     stack.app_close(hc)
                     if c is not None:
                         stack.wait(hc, lambda: _cdcs_done(c), deadline)
-            with stack.lock:
                 stack.drop_readiness(hc)
         self._drop_descriptor()
 
     @staticmethod
     def _unsent(stack: Stack, hc: HostConn) -> bool:
-        """Whether bytes of the send buffer wait for the peer's room (lock taken here)."""
-        with stack.lock:
-            stack.process()
-            c = stack.engine_conn(hc)
-            return c is not None and c.tx_pending() > 0 and not (c.reset_reason
-                                                                  or c.peer_closed)
+        """Whether bytes of the send buffer wait for the peer's room (lock held)."""
+        stack.process()
+        c = stack.engine_conn(hc)
+        return c is not None and c.tx_pending() > 0 and not (c.reset_reason or c.peer_closed)
 
     def _drop_descriptor(self) -> None:
         """Close our descriptor (one we borrowed from the connection stays open)."""
@@ -1763,6 +1772,9 @@ class _AcceptQueue:
         self.listener = weakref.ref(listener)  # its buffer sizes, set after listen() too
         listener._stack_here()  # bound to one address: its runtime (SMCSocket._stack_here)
         self.stack = listener._stack
+        self.polled: Stack | None = self.stack
+        """The runtime :meth:`_poll` polls: the listener's, or on a wildcard address the
+        one of its latest handshake."""
         self.backlog = MAX_QUEUED
         self.ready: deque[tuple[SMCSocket, Any]] = deque()
         self.pending = 0
@@ -1773,11 +1785,23 @@ class _AcceptQueue:
         self.closed = False
         self.watching = False
         self.paused = False
+        self.takers = 0
+        """Threads in :meth:`take` that poll the runtime (:meth:`_poll`)."""
         self._watch()
 
     def fileno(self) -> int:
         """Readable while a connection (or an error) waits for ``accept``."""
-        return self.readiness.fileno()
+        number = self.readiness.fileno()
+        self.show()
+        return number
+
+    def show(self) -> None:
+        """The program has a number for the readiness descriptor now (:meth:`fileno`,
+        :meth:`SMCSocket._reshow`): bring it up to date.  Until then :meth:`_changed`
+        leaves it alone: a program that only calls ``accept`` saves the three system
+        calls per connection of making it readable and unreadable again."""
+        with self.cond:
+            self.readiness.set(bool(self.ready) or self.error is not None, False)
 
     def _watch(self) -> None:
         self.watching = True
@@ -1858,6 +1882,9 @@ class _AcceptQueue:
                 self.pending -= 1
             sock.close()
             raise
+        if self.stack is None:  # (a wildcard address: the runtime its clients came to)
+            with self.cond:
+                self.polled = sock._stack
 
     def _handshake_ended(self, sock: SMCSocket, addr: Any, hc: HostConn) -> None:
         """The runtime's news (its lock held): queue the socket, or drop a failed one."""
@@ -1880,7 +1907,14 @@ class _AcceptQueue:
     def _changed(self) -> None:
         """Wake ``take`` and the descriptor (cond held)."""
         self.cond.notify_all()
-        self.readiness.set(bool(self.ready) or self.error is not None, False)
+        self._wake_taker()
+        if self.readiness.app >= 0:  # (else: show() when the program asks for it)
+            self.readiness.set(bool(self.ready) or self.error is not None, False)
+
+    def _wake_taker(self) -> None:
+        """A thread in :meth:`take` that polls the runtime looks again (cond held)."""
+        if self.takers and self.polled is not None:
+            self.polled.wake_poller()
 
     def take(self, timeout: float | None) -> tuple[SMCSocket, Any]:
         """The next connection: ``BlockingIOError`` when none waits and ``timeout`` is 0,
@@ -1896,7 +1930,8 @@ class _AcceptQueue:
                     if timeout == 0.0:
                         raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
                     raise TimeoutError("timed out")
-                self.cond.wait(left)
+                if not self._poll(deadline) and not (self.ready or self.error or self.closed):
+                    self.cond.wait(left)  # (news came meanwhile: cond was released)
             if self.error is not None and not self.ready:
                 error, self.error = self.error, None
                 self._changed()
@@ -1908,6 +1943,34 @@ class _AcceptQueue:
                 self._watch()
         item[0].settimeout(_socket.getdefaulttimeout())  # as socket.accept() leaves it
         return item
+
+    def _poll(self, deadline: float | None) -> bool:
+        """Wait in :meth:`take` by polling the runtime (cond held, released meanwhile), as a
+        thread blocked in ``recv`` does (:meth:`Stack.poll_until`): the handshakes'
+        last CLC message is read, and the connection queued, in the thread that takes
+        it, and the CDCs that close earlier connections are taken here too, instead of
+        each waking the progress thread, which then wakes this one.
+
+        :returns: False when it did not poll (another application thread does, or no
+            runtime is known yet: a listener on a wildcard address before its first
+            handshake); the caller waits on ``cond`` then.  Waking it is
+            :meth:`_wake_taker`'s: a handshake of another runtime (RoCE, a wildcard
+            address) rings this one's doorbell when it ends.
+        """
+        stack = self.polled
+        if stack is None:
+            return False
+
+        def ready() -> bool:
+            return bool(self.ready) or self.error is not None or self.closed
+        self.takers += 1
+        self.cond.release()
+        try:
+            with stack.lock:
+                return stack.poll_until(ready, deadline)
+        finally:
+            self.cond.acquire()
+            self.takers -= 1
 
     def _close_ready(self) -> None:
         """Reset the connections nobody accepted, as a TCP listener's close resets its
@@ -1931,6 +1994,7 @@ class _AcceptQueue:
                 get_watcher().unwatch(self.fd)
             self.watching = False
             self.cond.notify_all()
+            self._wake_taker()
         self._close_ready()
         self.readiness.close()
         self.sock.close()

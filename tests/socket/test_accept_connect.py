@@ -6,9 +6,11 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import select
 import selectors
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 
@@ -339,3 +341,48 @@ def test_a_connection_from_this_process_is_queued_when_connect_returns_as_on_tcp
     tcp = accepted_when_connect_returns(socket.create_server, socket.create_connection)
     smc = accepted_when_connect_returns(smcr.create_server, smcr.create_connection)
     assert tcp == smc == [True] * 10
+
+
+def test_a_listener_number_asked_for_after_connections_queued_shows_them() -> None:
+    """The accept queue's descriptor is brought up to date only once the program has a
+    number for it: asked for after a connection was queued, it is readable at once (and
+    not readable again once the queue is empty), as a TCP listener's."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    srv.settimeout(20)
+    cli = smcr.create_connection(srv.getsockname(), timeout=20)  # queued when it returns
+    assert select.select([srv], [], [], 20)[0] == [srv]
+    conn, _ = srv.accept()
+    assert conn.smc_info().mode == "SMCR"
+    assert select.select([srv], [], [], 0)[0] == []
+    cli2 = smcr.create_connection(srv.getsockname(), timeout=20)
+    assert select.select([srv], [], [], 20)[0] == [srv]
+    conn2, _ = srv.accept()
+    for x in (cli, conn, cli2, conn2, srv):
+        x.close()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_accept_gets_smc_and_plain_clients_while_another_thread_polls_the_runtime(
+        host: str) -> None:  # fmt: skip
+    """A thread blocked in ``accept`` polls the runtime for the handshakes itself, unless
+    another application thread does (here one blocked in ``recv``): then it waits for that
+    one's news.  Either way SMC-R clients and a plain TCP client are accepted (on a
+    wildcard address too, whose runtime the accept queue learns from its first client)."""
+    srv = smcr.create_server((host, 0))
+    srv.settimeout(20)
+    addr = ("127.0.0.1", srv.getsockname()[1])
+    first = smcr.create_connection(addr, timeout=20)
+    peer, _ = srv.accept()
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(peer.recv(1)))
+    peer.settimeout(20)
+    reader.start()
+    clients = [smcr.create_connection(addr, timeout=20) for _ in range(3)]
+    plain = socket.create_connection(addr, timeout=20)  # offers no SMC
+    accepted = [srv.accept()[0] for _ in range(4)]
+    assert sorted(a.smc_info().mode for a in accepted) == ["SMCR", "SMCR", "SMCR", "TCP"]
+    first.sendall(b"x")
+    reader.join(20)
+    assert got == [b"x"]
+    for x in (first, peer, *clients, plain, *accepted, srv):
+        x.close()

@@ -515,6 +515,7 @@ class Connection:
         """Run the close table and do what the transition says."""
         send, new = step(self.state, ev)
         first_close_cdc = not self.tx_flags
+        shut_rdwr = False  # (the TCP socket is shut both ways already: once is enough)
         if send is Send.DONE_WRITING:
             self.tx_flags |= _DONE
         elif send is Send.CLOSE:
@@ -526,9 +527,11 @@ class Connection:
             if first_close_cdc:  # Linux shuts the TCP socket down after its first close CDC
                 how = SHUT_WR if send is Send.DONE_WRITING else SHUT_RDWR
                 out.append(ShutdownTcp(self.id, how))
+                shut_rdwr = how == SHUT_RDWR
         old, self.state = self.state, new
         if new is SmcState.CLOSED and old is not SmcState.CLOSED:
-            out.append(ShutdownTcp(self.id, SHUT_RDWR))
+            if not shut_rdwr:
+                out.append(ShutdownTcp(self.id, SHUT_RDWR))
             if self.released:
                 out.append(ReleaseConnection(self.id))
 

@@ -22,7 +22,10 @@ Design (the why of each):
 * **Whoever waits, polls.**  A thread blocked in ``recv``/``send`` does not
   wait for the progress thread to hand it the news (two wakeups per message,
   one of them a thread hop under the GIL); it becomes the *poller* itself and
-  sleeps on the CQ descriptor, so a message costs one wakeup, as in TCP.  One
+  sleeps on the CQ descriptor, so a message costs one wakeup, as in TCP.  A
+  thread blocked in ``accept`` polls the same way (:meth:`Stack.poll_until`): it
+  reads the handshakes' CLC messages itself, whose TCP sockets pollers sleep on
+  through one epoll descriptor (a new one needs no doorbell).  One
   application thread at a time holds the poller role; others wait on their
   connection's condition, which the poller notifies; the progress thread
   steps back while an application thread polls.  Before it arms the CQ and
@@ -457,6 +460,12 @@ class Stack:
         # is called with the lock held, and the poller it wakes needs the lock to drain it)
         self._bell_w.setblocking(False)
         self._clc_watch: dict[int, HostConn] = {}
+        self._clc_ep = select.epoll()
+        """The TCP sockets of :attr:`_clc_watch`, which pollers sleep on through this one
+        descriptor: one added wakes a poller already asleep by itself (a doorbell ring
+        cost the poller a wasted round: on every accepted connection, the thread in
+        ``accept`` that polls).  Registered while in :attr:`_clc_watch` only: a socket is
+        let go (:meth:`_unwatch_clc`) before it is closed."""
         self._clc_ends: dict[tuple[object, object], HostConn] = {}
         """Handshakes under way by their TCP connection's (ours, peer's) addresses: the
         other end of one is found when both ends are ours (:meth:`_clc_sent`)."""
@@ -642,10 +651,16 @@ class Stack:
         return hc
 
     def start_handshake(self, hc: HostConn, client: bool, local_ip: ipaddress.IPv4Address
-                        | ipaddress.IPv6Address, rmb_size: int, sndbuf_size: int) -> None:
+                        | ipaddress.IPv6Address, rmb_size: int, sndbuf_size: int,
+                        polled: bool = False) -> None:  # fmt: skip
         """Allocate buffers and start the CLC handshake (lock held).
 
         A size of 0 means the default (:attr:`config`, :data:`BUFFER`).
+
+        :param polled: the caller waits for the outcome with :meth:`wait` right after
+            (a blocking ``connect``): it polls the TCP socket itself, so no other
+            poller is woken for it (a doorbell ring, or the progress thread's wakeup,
+            would only cost a thread switch and a wasted poll round).
         """
         local_ip = devices.prefix_ip(self.device, local_ip)
         bufs = self.alloc_buffers(rmb_size or self.config.rmb_size,
@@ -667,15 +682,22 @@ class Stack:
         self.execute(actions)
         if hc.outcome is None:
             hc.tcp.setblocking(False)
-            self._clc_watch[hc.tcp.fileno()] = hc
+            fd = hc.tcp.fileno()
+            self._clc_watch[fd] = hc
+            try:
+                self._clc_ep.register(fd, select.EPOLLIN)
+            except FileExistsError:  # (a number registered before: never closed unwatched)
+                self._clc_ep.modify(fd, select.EPOLLIN)
             with contextlib.suppress(OSError):
                 hc.ends = (hc.tcp.getsockname(), hc.tcp.getpeername())
                 self._clc_ends[hc.ends] = hc
             if not client:  # the client's Proposal is often here already: no thread hop
                 self._clc_read(hc)
-            if hc.undecided():  # (not `hc.outcome is None` again: see undecided)
-                self.kick()
-                self._bg_cond.notify()  # a standing-by progress thread watches it now
+            if hc.undecided() and not polled and self._poller is None:
+                # (not `hc.outcome is None` again: see undecided) nobody polls (a thread
+                # that does sleeps on _clc_ep, which has it now): the standing-by progress
+                # thread watches it from now on
+                self._bg_cond.notify()
 
     def _clc_read(self, hc: HostConn) -> None:
         """Feed CLC bytes from a handshaking connection's TCP socket to the engine."""
@@ -698,7 +720,10 @@ class Stack:
 
     def _unwatch_clc(self, hc: HostConn) -> None:
         """The handshake reads no more CLC (lock held)."""
-        self._clc_watch.pop(hc.tcp.fileno(), None)
+        fd = hc.tcp.fileno()
+        if self._clc_watch.pop(fd, None) is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._clc_ep.unregister(fd)
         if hc.ends is not None:
             self._clc_ends.pop(hc.ends, None)
             hc.ends = None
@@ -1255,7 +1280,8 @@ class Stack:
                         traceback.print_exc(file=sys.stderr)
             elif isinstance(ev, ConnectionReset):
                 hc.reset_reason = ev.reason
-            hc.cond.notify_all()
+            if hc.waiters:  # (as process(): only when someone listens)
+                hc.cond.notify_all()
             self.update_readiness(hc)
 
     def drop_readiness(self, hc: HostConn) -> None:
@@ -1417,9 +1443,12 @@ class Stack:
             that the CQ does not end first (a CLC message comes over TCP).
         :returns: ``ready()`` at the end (False on timeout).
         """
+        polled = False
         while not ready():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
+                if polled:
+                    self._hand_back()
                 return False
             if self._poller == "app":
                 hc.waiters += 1
@@ -1435,7 +1464,45 @@ class Stack:
             finally:
                 self._poller = None
                 self._app_polled = time.monotonic()
+            polled = True
+        if polled:
+            self._hand_back()
         return True
+
+    def poll_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
+        """Poll for the runtime until ``ready()`` or ``deadline`` (lock held), as
+        :meth:`wait` does, for a thread that waits for news of no one connection (an
+        accept queue's ``accept``: the handshakes' CLC messages are read, and their
+        outcomes delivered, in the thread that will take them, not handed over from
+        another).  Does nothing while another application thread polls (the caller
+        then waits its own way: that poller delivers the news as before), nor once the
+        runtime is closing (at exit, under a daemon thread that waits in ``accept``).
+
+        :returns: whether this thread polled (the caller looks at its state again).
+        """
+        polled = False
+        while not ready() and self._poller != "app" and self._running:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self._poller = "app"
+            self._poller_ident = threading.get_ident()
+            try:
+                self._sleep_on_cq(left)
+            finally:
+                self._poller = None
+                self._app_polled = time.monotonic()
+            polled = True
+        if polled:
+            self._hand_back()
+        return polled
+
+    def _hand_back(self) -> None:
+        """An application thread stops polling (lock held): handshakes under way (a
+        connect given up at its timeout, an accept queue's others) are the progress
+        thread's to watch now, at once rather than at its next look (:data:`STANDBY`)."""
+        if self._clc_watch and self._poller is None:
+            self._bg_cond.notify()
 
     def _sleep_on_cq(self, left: float | None, spin: float = 0.0) -> None:
         """Sleep on the CQ descriptor (lock released) until news or the next deadline.
@@ -1456,7 +1523,8 @@ class Stack:
                 limit = min(limit, max(0.0, timer - time.monotonic()))
                 if limit == 0.0:
                     self._timer_check = 0.0  # due now: process() must run the timers
-            fds = [self.cq.fileno(), self._bell_r.fileno(), *self._clc_watch, *self._tcp_watch]
+            fds = [self.cq.fileno(), self._bell_r.fileno(), self._clc_ep.fileno(),
+                   *self._tcp_watch]  # fmt: skip
             poller = select.poll()
             for fd in fds:
                 poller.register(fd, select.POLLIN)
@@ -1466,9 +1534,11 @@ class Stack:
             finally:
                 self.lock.acquire()
             for fd in r:
-                hc = self._clc_watch.get(fd)
-                if hc is not None:
-                    self._clc_read(hc)
+                if fd == fds[2]:
+                    for clc_fd, _ in self._clc_ep.poll(0):
+                        hc = self._clc_watch.get(clc_fd)
+                        if hc is not None:
+                            self._clc_read(hc)
                 elif (hc := self._tcp_watch.pop(fd, None)) is not None:
                     self._tcp_ended(hc)
                 elif fd == fds[0]:
@@ -1502,6 +1572,12 @@ class Stack:
         finally:
             self.lock.acquire()
         return self.cq.poll(64)
+
+    def wake_poller(self) -> None:
+        """:meth:`kick`, unless the calling thread is the application thread that polls
+        (it looks again when its poll returns; a ring would cost it a wasted round)."""
+        if self._poller != "app" or self._poller_ident != threading.get_ident():
+            self.kick()
 
     def kick(self) -> None:
         """Wake a sleeping poller (to re-check for a new deadline).
@@ -1579,6 +1655,7 @@ class Stack:
         if not self._progress.is_alive():  # (a thread still in poll keeps its doorbell)
             self._bell_r.close()
             self._bell_w.close()
+            self._clc_ep.close()
 
     def _end_links(self, deadline: float) -> None:
         """Before the RNIC goes: closes under way finish (the progress thread carries
