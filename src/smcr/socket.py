@@ -91,7 +91,15 @@ from smcr.diag import COUNTERS as _C
 from smcr.diag import registry as _registry
 from smcr.diag import start as _diag_start
 from smcr.stack.descriptors import put_at
-from smcr.stack.runtime import HostConn, Readiness, Stack, default_buffer_size, get_stack
+from smcr.stack.runtime import (
+    HostConn,
+    Readiness,
+    Stack,
+    default_buffer_size,
+    get_stack,
+    ring_read,
+    ring_write,
+)
 from smcr.stack.watcher import get_watcher
 from smcr.wire.clc import uncompress_bufsize
 from smcr.wire.decline import DeclineCode, describe
@@ -819,15 +827,7 @@ class SMCSocket(_PlainSocket):
     def _copy_in(self, stack: Stack, hc: HostConn, c: Any, view: memoryview, flags: int) -> int:
         """Copy what fits into the send buffer and let the engine RDMA-WRITE it."""
         n: int = min(len(view), c.sndbuf_space())
-        buf = hc.sndbuf
-        size = len(buf)
-        start = c.tx_app % size
-        if start + n <= size:
-            buf[start : start + n] = view[:n]
-        else:
-            first = size - start
-            buf[start:] = view[:first]
-            buf[: n - first] = view[first:n]
+        ring_write(hc.sndbuf, c.tx_app, view[:n])
         stack.execute(stack.engine.data_written(hc.conn_id, n, 0.0, bool(flags & _OOB)))
         if stack.local_peer(hc, c):
             stack.process()
@@ -943,13 +943,7 @@ class SMCSocket(_PlainSocket):
         size = len(rmb)
         if avail >= size:  # our RMB was full (Linux rmb_rx.buf_full_cnt)
             _C.rx_buf_full_cnt += 1
-        start = cons % size
-        if start + n <= size:
-            out[:n] = rmb[start : start + n]
-        else:
-            first = size - start
-            out[:first] = rmb[start:]
-            out[first:n] = rmb[: n - first]
+        ring_read(rmb, cons, out[:n])
         if not flags & _PEEK:
             actions: list[Any] = []
             c.consumed(n, actions)  # the engine's connection: no look-up per read

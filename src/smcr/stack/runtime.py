@@ -994,15 +994,7 @@ class Stack:
         """
         n = len(data)
         if c.echo_pending and c.cork(n):
-            buf = hc.sndbuf
-            size = len(buf)
-            start = c.tx_app % size
-            if start + n <= size:
-                buf[start : start + n] = data
-            else:
-                first = size - start
-                buf[start:] = data[:first]
-                buf[: n - first] = data[first:]
+            ring_write(hc.sndbuf, c.tx_app, data)
             c.corked(n)
             self.corked(c)
         elif self.max_inline and 0 < n <= c.direct_room():
@@ -1034,13 +1026,7 @@ class Stack:
                 or (waitall and avail < n)):  # fmt: skip
             return -1
         n = min(n, avail)
-        start = cons % size
-        if start + n <= size:
-            out[:n] = rmb[start : start + n]
-        else:
-            first = size - start
-            out[:first] = rmb[start:]
-            out[first:n] = rmb[: n - first]
+        ring_read(rmb, cons, out[:n])
         actions: list[Action] = []
         c.consumed(n, actions)
         if actions:
@@ -1077,13 +1063,7 @@ class Stack:
         """Put inline-sent bytes into the send buffer too, where they would have been copied
         on the general path: with several links a failover re-sends from the last
         completed CDC, out of the send buffer (:meth:`Connection.switch_cursor`)."""
-        buf = self.conns[c.id].sndbuf
-        size, n = c.sndbuf_size, len(data)
-        start = c.tx_sent % size
-        first = min(n, size - start)
-        buf[start : start + first] = data[:first]
-        if first < n:
-            buf[: n - first] = data[first:]
+        ring_write(self.conns[c.id].sndbuf, c.tx_sent, data)
 
     def _send_wr(self, a: PostSend) -> SendWr:
         """``a``'s message copied into the next send slot (a message longer than one, an
@@ -1691,6 +1671,32 @@ _SEND = WrOpcode.SEND
 _SOLICITED = SendFlag.SOLICITED
 _RECV, _SUCCESS = WcOpcode.RECV, WcStatus.SUCCESS
 _WRITE = WrOpcode.RDMA_WRITE
+
+
+def ring_write(ring: memoryview, pos: int, data: memoryview) -> None:
+    """Copy ``data`` into the ring buffer ``ring`` at cursor ``pos`` (absolute: taken
+    modulo the ring's size), wrapping around its end: a send buffer's bytes."""
+    size, n = len(ring), len(data)
+    start = pos % size
+    if start + n <= size:
+        ring[start : start + n] = data
+    else:
+        first = size - start
+        ring[start:] = data[:first]
+        ring[: n - first] = data[first:]
+
+
+def ring_read(ring: memoryview, pos: int, out: memoryview) -> None:
+    """Fill ``out`` from the ring buffer ``ring`` at cursor ``pos`` (absolute), wrapping
+    around its end: an RMBE's bytes."""
+    size, n = len(ring), len(out)
+    start = pos % size
+    if start + n <= size:
+        out[:] = ring[start : start + n]
+    else:
+        first = size - start
+        out[:first] = ring[start:]
+        out[first:] = ring[: n - first]
 
 
 def _write_wrs(writes: list[tuple[int, int, memoryview]]) -> list[SendWr]:
