@@ -1437,13 +1437,7 @@ class Stack:
                 finally:
                     hc.waiters -= 1
                 continue
-            self._poller = "app"
-            self._poller_ident = threading.get_ident()
-            try:
-                self._sleep_on_cq(left, spin)
-            finally:
-                self._poller = None
-                self._app_polled = time.monotonic()
+            self._app_poll(left, spin)
             polled = True
         if polled:
             self._hand_back()
@@ -1465,17 +1459,22 @@ class Stack:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break
-            self._poller = "app"
-            self._poller_ident = threading.get_ident()
-            try:
-                self._sleep_on_cq(left)
-            finally:
-                self._poller = None
-                self._app_polled = time.monotonic()
+            self._app_poll(left)
             polled = True
         if polled:
             self._hand_back()
         return polled
+
+    def _app_poll(self, left: float | None, spin: float = 0.0) -> None:
+        """One round of an application thread polling the CQ for everyone (lock held;
+        :meth:`wait`, :meth:`poll_until`): it is the poller meanwhile, and others stand by."""
+        self._poller = "app"
+        self._poller_ident = threading.get_ident()
+        try:
+            self._sleep_on_cq(left, spin)
+        finally:
+            self._poller = None
+            self._app_polled = time.monotonic()
 
     def _hand_back(self) -> None:
         """An application thread stops polling (lock held): handshakes under way (a
