@@ -455,7 +455,7 @@ class RoceQp(QueuePair):
 
     # ----------------------------------------------------------------- posts
 
-    def post_recv(self, wrs: RecvWr | Iterable[RecvWr]) -> None:
+    def _post_recv(self, wrs: RecvWr | Iterable[RecvWr]) -> None:
         """``ibv_post_recv``.
 
         :raises VerbsError: EINVAL in RESET or for too many SGEs, ENOMEM when full.
@@ -482,7 +482,7 @@ class RoceQp(QueuePair):
         """The requester's next PSN and the responder's expected one (``smcr trace``)."""
         return self.req.next, self.resp.epsn
 
-    def post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
+    def _post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
         """``ibv_post_send``: check local memory, queue, transmit what the window allows.
 
         A WR whose SGEs fail the lkey/bounds/access check completes with
