@@ -459,7 +459,6 @@ class QpHooks:
         """Verb (``post_send``, ``post_recv``, ``modify``) -> (error, calls left to fail)."""
 
 
-@mypyc_attr(native_class=False)
 class QueuePair(ABC):
     """An RC queue pair: state machine and attributes here, transport in the provider."""
 

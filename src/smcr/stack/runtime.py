@@ -395,7 +395,6 @@ class StackTap:
         """CLC bytes read from connection ``conn``'s TCP socket, before the engine gets them."""
 
 
-@mypyc_attr(native_class=False)
 class Stack:
     """The per-process runtime (module docstring)."""
 

@@ -41,7 +41,6 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from smcr._mypyc import mypyc_attr
 from smcr.rdma.base import CompletionQueue, QueuePair
 from smcr.rdma.roce.cq import RoceCq
 from smcr.rdma.roce.fastpath import (
@@ -97,7 +96,6 @@ MAX_DATAGRAM = 65536
 Buffer = bytes | bytearray | memoryview
 
 
-@mypyc_attr(native_class=False)  # as QueuePair (smcr trace, fail_next)
 class RoceQp(QueuePair):
     """An RC QP of a :class:`~smcr.rdma.roce.device.RoceDevice` (``pd.create_qp``)."""
 

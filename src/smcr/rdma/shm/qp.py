@@ -46,7 +46,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from smcr._mypyc import mypyc_attr
 from smcr.rdma.base import CompletionQueue, QueuePair
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
@@ -125,7 +124,6 @@ _OPS: dict[WrOpcode, _Op] = {
 INFINITE_TIMEOUT_POLL = 0.1
 
 
-@mypyc_attr(native_class=False)  # as QueuePair (smcr trace, fail_next)
 class ShmQp(QueuePair):
     """An RC QP of a :class:`~smcr.rdma.shm.device.ShmDevice` (create it with ``pd.create_qp``)."""
 
