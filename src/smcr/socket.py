@@ -464,7 +464,11 @@ class SMCSocket(_PlainSocket):
                     connecting.connect_again(address)
                 finally:
                     self._catch_up()
-            raise BlockingIOError(errno.EALREADY, os.strerror(errno.EALREADY))
+            if self._mode == "CONNECTING":
+                raise BlockingIOError(errno.EALREADY, os.strerror(errno.EALREADY))
+            # settled meanwhile by the watcher thread: answer as the settled socket does
+            # (EALREADY here would send the program to SO_ERROR, which takes the kernel's
+            # error, and its next connect would meet ECONNABORTED instead of a new attempt)
         if self._mode == "TCP" and self._connect_failed:
             # as the kernel's socket after a failed connect: the next connect reports that
             # failure (here: if nobody read it from SO_ERROR), the one after starts anew
