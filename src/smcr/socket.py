@@ -758,57 +758,61 @@ class SMCSocket(_PlainSocket):
         if flags & _OOB:
             _C.urg_data_cnt += 1
         stack, hc = self._smc()
-        with self._wlock, stack.lock:
-            c = stack.engine.conns.get(hc.conn_id)
-            if c is None or c.reset_reason:
-                raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
-            if c.tx_flags or c.peer_closed or self._wr_shut:
-                if c.peer_closed and not (c.tx_flags or self._wr_shut or self._sent_late
-                                          or c.aborted):  # fmt: skip
-                    # as TCP takes the first send after the peer's close (the peer's
-                    # kernel answers it with a reset): the bytes go nowhere
-                    self._sent_late = True
-                    return len(view)
-                if c.aborted and not c.tx_flags and not self._reset_told:
-                    # the peer's abort is told once, as ECONNRESET, as after a TCP reset
-                    # (and Linux: sk_stream_error turns its EPIPE into the pending error)
-                    self._reset_told = True
+        try:
+            with self._wlock, stack.lock:
+                c = stack.engine.conns.get(hc.conn_id)
+                if c is None or c.reset_reason:
                     raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
-                raise BrokenPipeError(errno.EPIPE, "Broken pipe")
-            if not flags & _OOB and (n := stack.send_fast(hc, c, view)) >= 0:
-                return n  # corked, or written inline (the common cases, compiled)
-            inline = stack.max_inline and not flags & _OOB  # max_inline >= any buffer size
-            room = c.direct_room() if inline else 0
-            if not room:
-                # the peer's RMBE is full or bytes wait: take the consumer cursor updates
-                # that came meanwhile now (they flush the send buffer and reopen the inline
-                # path), not when the progress thread next looks
-                stack.process()
+                if c.tx_flags or c.peer_closed or self._wr_shut:
+                    if c.peer_closed and not (c.tx_flags or self._wr_shut or self._sent_late
+                                              or c.aborted):  # fmt: skip
+                        # as TCP takes the first send after the peer's close (the peer's
+                        # kernel answers it with a reset): the bytes go nowhere
+                        self._sent_late = True
+                        return len(view)
+                    if c.aborted and not c.tx_flags and not self._reset_told:
+                        # the peer's abort is told once, as ECONNRESET, as after a TCP reset
+                        # (and Linux: sk_stream_error turns its EPIPE into the pending error)
+                        self._reset_told = True
+                        raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+                    raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+                if not flags & _OOB and (n := stack.send_fast(hc, c, view)) >= 0:
+                    return n  # corked, or written inline (the common cases, compiled)
+                inline = stack.max_inline and not flags & _OOB  # max_inline >= any buffer size
                 room = c.direct_room() if inline else 0
-                if not room and wait_peer and inline and c.tx_app == c.tx_sent:
-                    self._wait_peer(stack, hc, c)
-                    room = c.direct_room()
-            if not room and c.sndbuf_space() <= 0:
-                self._wait_room(stack, hc, c, flags)
-                room = c.direct_room() if inline else 0
-            n = 0
-            if room:
-                size = len(view)
-                request = c.unanswered and not c.echo_pending and c.echo_wanted(size)
-                if size <= room:
-                    stack.send_inline(c, view, request)
-                    if stack.local_peer(hc, c):
-                        stack.process()
-                    if hc.readiness is not None:
-                        stack.update_readiness(hc)
-                    return size
-                stack.send_inline(c, view[:room], request)
-                n, view = room, view[room:]
-                if c.sndbuf_space() <= 0:
-                    if hc.readiness is not None:
-                        stack.update_readiness(hc)
-                    return n
-            return n + self._copy_in(stack, hc, c, view, flags)
+                if not room:
+                    # the peer's RMBE is full or bytes wait: take the consumer cursor updates
+                    # that came meanwhile now (they flush the send buffer and reopen the inline
+                    # path), not when the progress thread next looks
+                    stack.process()
+                    room = c.direct_room() if inline else 0
+                    if not room and wait_peer and inline and c.tx_app == c.tx_sent:
+                        self._wait_peer(stack, hc, c)
+                        room = c.direct_room()
+                if not room and c.sndbuf_space() <= 0:
+                    self._wait_room(stack, hc, c, flags)
+                    room = c.direct_room() if inline else 0
+                n = 0
+                if room:
+                    size = len(view)
+                    request = c.unanswered and not c.echo_pending and c.echo_wanted(size)
+                    if size <= room:
+                        stack.send_inline(c, view, request)
+                        if stack.local_peer(hc, c):
+                            stack.process()
+                        if hc.readiness is not None:
+                            stack.update_readiness(hc)
+                        return size
+                    stack.send_inline(c, view[:room], request)
+                    n, view = room, view[room:]
+                    if c.sndbuf_space() <= 0:
+                        if hc.readiness is not None:
+                            stack.update_readiness(hc)
+                        return n
+                return n + self._copy_in(stack, hc, c, view, flags)
+        except (ConnectionResetError, BrokenPipeError):
+            _left_blocked_at_exit(stack)
+            raise
 
     def _wait_room(self, stack: Stack, hc: HostConn, c: Any, flags: int) -> None:
         _C.tx_buf_full_cnt += 1  # our send buffer is full (Linux rmb_tx.buf_full_cnt)
@@ -884,43 +888,47 @@ class SMCSocket(_PlainSocket):
             return self._recv_oob(out)
         stack, hc = self._smc()
         got = 0
-        with self._rlock, stack.lock:
-            c = stack.engine.conns.get(hc.conn_id)
-            if c is None:
-                return 0
-            if not flags & ~_WAITALL and (n := stack.recv_fast(
-                    hc, c, out[:want] if want < len(out) else out, bool(flags))) >= 0:  # fmt: skip
-                return n  # the bytes were there (the common case, compiled)
-            while got < want:
-                if c.rx_prod == c.rx_cons:
-                    # after SHUT_RD what had arrived is still read, as Linux does
-                    if c.peer_finished or self._rd_shut:
-                        return got
-                    if c.aborted:
-                        if got:
+        try:
+            with self._rlock, stack.lock:
+                c = stack.engine.conns.get(hc.conn_id)
+                if c is None:
+                    return 0
+                part = out[:want] if want < len(out) else out
+                if not flags & ~_WAITALL and (n := stack.recv_fast(hc, c, part, bool(flags))) >= 0:
+                    return n  # the bytes were there (the common case, compiled)
+                while got < want:
+                    if c.rx_prod == c.rx_cons:
+                        # after SHUT_RD what had arrived is still read, as Linux does
+                        if c.peer_finished or self._rd_shut:
                             return got
-                        why = c.reset_reason or "peer aborted the connection"
-                        raise ConnectionResetError(errno.ECONNRESET,
-                                                   f"Connection reset by peer ({why})")
-                    if c.peer_done or (got and not flags & _WAITALL):
-                        return got
-                    wcs = stack.cq.poll(64)  # news already there: no waiting machinery
-                    if wcs:
-                        stack.process(wcs)
-                    else:
-                        self._wait_data(stack, hc, c, flags)
-                    continue
-                n = self._copy_out(stack, hc, c, out[got:want] if got or want < len(out)
-                                   else out, flags)  # fmt: skip
-                if n == 0:
-                    continue  # the urgent byte was taken out of the stream
-                got += n
-                if flags & _PEEK or not flags & _WAITALL:
-                    break
-            if stack.local_peer(hc, c):  # (a consumer cursor update, when one went)
-                stack.process()
-            if hc.readiness is not None:
-                stack.update_readiness(hc)
+                        if c.aborted:
+                            if got:
+                                return got
+                            why = c.reset_reason or "peer aborted the connection"
+                            raise ConnectionResetError(errno.ECONNRESET,
+                                                       f"Connection reset by peer ({why})")
+                        if c.peer_done or (got and not flags & _WAITALL):
+                            return got
+                        wcs = stack.cq.poll(64)  # news already there: no waiting machinery
+                        if wcs:
+                            stack.process(wcs)
+                        else:
+                            self._wait_data(stack, hc, c, flags)
+                        continue
+                    n = self._copy_out(stack, hc, c, out[got:want] if got or want < len(out)
+                                       else out, flags)  # fmt: skip
+                    if n == 0:
+                        continue  # the urgent byte was taken out of the stream
+                    got += n
+                    if flags & _PEEK or not flags & _WAITALL:
+                        break
+                if stack.local_peer(hc, c):  # (a consumer cursor update, when one went)
+                    stack.process()
+                if hc.readiness is not None:
+                    stack.update_readiness(hc)
+        except ConnectionResetError:
+            _left_blocked_at_exit(stack)
+            raise
         return got
 
     def _wait_data(self, stack: Stack, hc: HostConn, c: Any, flags: int) -> None:
@@ -1592,6 +1600,15 @@ def _close_number(number: int) -> None:
     """Close the application's number of a TCP socket (:meth:`SMCSocket._reshow`)."""
     with contextlib.suppress(OSError):
         os.close(number)
+
+
+def _left_blocked_at_exit(stack: Stack) -> None:
+    """A daemon thread whose ``recv`` or ``send`` the links' end at exit would fail
+    (:meth:`Stack.close_at_exit`) stays blocked instead, as in TCP's, until the process is
+    gone; called with no lock held.  Other threads, and every thread before the exit,
+    get the error."""
+    if stack.exiting and threading.current_thread().daemon:
+        threading.Event().wait()  # never set: the process ends around it
 
 
 def _cdcs_done(c: Connection) -> bool:
