@@ -52,6 +52,7 @@ MODULES: tuple[str, ...] = (
     "wire/cursor.py",
     "wire/cdc.py",
     "stack/runtime.py",
+    "stack/sockfast.py",
     "rdma/base.py",
     "rdma/qpstate.py",
     "rdma/shm/cq.py",
@@ -235,10 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.if_stale:
         status, _ = native.check(args.out)
-        if status.compiled:
+        reason = status.reason
+        if status.compiled and set(status.modules) != {module_name(rel) for rel in MODULES}:
+            reason = "the modules to compile changed"
+        elif status.compiled:
             print("smcr.nativebuild: compiled modules are current")
             return 0
-        print(f"smcr.nativebuild: {status.reason}: compiling {len(MODULES)} modules with mypyc")
+        print(f"smcr.nativebuild: {reason}: compiling {len(MODULES)} modules with mypyc")
     start = time.monotonic()
     try:
         build(args.out)
