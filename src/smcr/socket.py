@@ -100,6 +100,8 @@ from smcr.stack.runtime import (
     ring_read,
     ring_write,
 )
+from smcr.stack.sockfast import METHODS as FAST_METHODS
+from smcr.stack.sockfast import SocketFast
 from smcr.stack.watcher import get_watcher
 from smcr.wire.clc import uncompress_bufsize
 from smcr.wire.decline import DeclineCode, describe
@@ -369,6 +371,7 @@ class SMCSocket(_PlainSocket):
             self._finalizer = None
         self._relayed = addresses
         self._mode = "TCP"  # a stream like any other from here on
+        self._unshadow_fast()
         self._hc = self._stack = None
         _PlainSocket.settimeout(self, self._timeout)
 
@@ -661,6 +664,7 @@ class SMCSocket(_PlainSocket):
             self._finalizer.atexit = False  # at exit the runtime itself goes (module doc)
             self._rlock, self._wlock = threading.Lock(), threading.Lock()
             self._mode = "SMCR"
+            self._shadow_fast(stack, hc)
             _smc_sockets.add(self)
             if self._debug:
                 self._report()
@@ -679,6 +683,23 @@ class SMCSocket(_PlainSocket):
             _PlainSocket.setsockopt(self, _socket.SOL_SOCKET, _socket.SO_LINGER,
                                     struct.pack("ii", 1, 0))  # fmt: skip
         _PlainSocket.close(self)
+
+    def _shadow_fast(self, stack: Stack, hc: HostConn) -> None:
+        """Put the compiled common cases of the data calls (:mod:`smcr.stack.sockfast`)
+        in this socket's dictionary, each where the class's method is ours (a subclass's
+        own ``sendall``, ssl's for one, stays what is called)."""
+        cls = type(self)
+        fast = SocketFast(self, stack, hc, self._wlock, self._rlock, SMCSocket.sendall,
+                          SMCSocket.send, SMCSocket.recv, SMCSocket.recv_into)  # fmt: skip
+        for name in FAST_METHODS:
+            if getattr(cls, name) is getattr(SMCSocket, name):
+                setattr(self, name, getattr(fast, name))
+
+    def _unshadow_fast(self) -> None:
+        """The class's methods again (closed, or no longer SMC-R here): nothing of the
+        connection stays referenced by a socket object that outlives it."""
+        for name in FAST_METHODS:
+            self.__dict__.pop(name, None)
 
     def _fall_back(self, local: int, peer: int, server: bool | None = False) -> None:
         """:param server: the role counted in ``smcr stats`` (None: not counted, a socket
@@ -1369,6 +1390,7 @@ class SMCSocket(_PlainSocket):
         if self._parent_ends and self._mode == "SMCR" and forkrelay.hand_over(self):
             return  # a forked child goes on with it (smcr.forkrelay)
         self._gone = True
+        self._unshadow_fast()
         if self._forked:  # the parent's connection: only our descriptor goes
             if self._finalizer is not None:
                 self._finalizer.detach()
@@ -1439,6 +1461,7 @@ class SMCSocket(_PlainSocket):
             self._finalizer.detach()
         share.release()
         self._gone = self._closed = True
+        self._unshadow_fast()
         _smc_sockets.discard(self)
         self._drop_descriptor()
         return fd
@@ -1464,6 +1487,7 @@ class SMCSocket(_PlainSocket):
         self._borrowed_fd = borrowed
         self._finalizer = weakref.finalize(self, share.collected)
         self._finalizer.atexit = False
+        self._shadow_fast(share.stack, share.hc)
         _smc_sockets.add(self)
 
     def _move(self) -> SMCSocket:
@@ -1473,8 +1497,10 @@ class SMCSocket(_PlainSocket):
         new = type(self)(self.family, self.type, self.proto,
                          fileno=os.dup(_PlainSocket.fileno(self)), _accepted=True)  # fmt: skip
         for name, value in vars(self).items():
-            if name not in ("_finalizer", "_queue_finalizer", "_shown_tcp"):
+            if name not in ("_finalizer", "_queue_finalizer", "_shown_tcp", *FAST_METHODS):
                 setattr(new, name, value)
+        if new._mode == "SMCR" and self._stack is not None and self._hc is not None:
+            new._shadow_fast(self._stack, self._hc)  # (this one's serve this one)
         if self._shown_tcp is not None:
             self._shown_tcp.detach()
             self._shown_tcp = None
@@ -1496,6 +1522,7 @@ class SMCSocket(_PlainSocket):
             _smc_sockets.discard(self)
             _smc_sockets.add(new)
         self._gone = self._closed = True
+        self._unshadow_fast()
         self._finalizer = None
         self._real_close()
         return new
@@ -1667,7 +1694,8 @@ class _Share:
                           _address_of(sock, _PlainSocket.getpeername))  # fmt: skip
         skip = {"_finalizer", "_queue_finalizer", "_share", "_borrowed_fd", "_via_readiness",
                 "_shown", "_shown_tcp",
-                "_closed", "_io_refs", "_gone", "_timeout", "_parent_ends", "_fork_ends"}
+                "_closed", "_io_refs", "_gone", "_timeout", "_parent_ends", "_fork_ends",
+                *FAST_METHODS}  # (each holder gets its own: SMCSocket._shadow_fast)
         self.state = {k: v for k, v in vars(sock).items() if k not in skip}
         self.state["_mode"] = "SMCR"
 
