@@ -148,3 +148,4 @@ def test_a_socket_nobody_references_is_collected_at_once() -> None:
         assert b.recv(1) == b""  # its finalizer closed the connection
     finally:
         b.close()
+

@@ -64,8 +64,9 @@ class SocketFast:
             return -1
         with stack.lock:
             c = stack.engine.conns.get(hc.conn_id)
-            if c is None or c.reset_reason or c.tx_flags or c.peer_closed:
-                return -1
+            if (c is None or c.reset_reason or c.tx_flags or c.peer_closed
+                    or self.wlock.locked()):  # fmt: skip
+                return -1  # (a sender took the lock meanwhile: it may be waiting inside)
             n = stack.send_fast(hc, c, view)
         if n > 0:
             COUNTERS.tx_pd[n.bit_length()] += 1
@@ -105,7 +106,7 @@ class SocketFast:
             return -1
         with stack.lock:
             c = stack.engine.conns.get(hc.conn_id)
-            if c is None:
+            if c is None or self.rlock.locked():
                 return -1
             n = stack.recv_fast(hc, c, out, False)
         if n > 0:
