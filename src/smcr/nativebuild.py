@@ -9,7 +9,8 @@ stale).  mypyc comes with mypy, a pinned test dependency.
 
 What is compiled (:data:`MODULES`): the modules every message goes through: the
 sans-IO engine and its connection/link-group state, the CDC and cursor codecs,
-the runtime that drives the engine, and both software RNICs.  Measured (README,
+the runtime that drives the engine, the socket's common data calls
+(:mod:`smcr.stack.sockfast`), and both software RNICs.  Measured (README,
 issue 15) against compiling less; modules that run once per connection or
 never on the data path (CLC, CLI, diagnostics, socket.py) stay interpreted.
 socket.py could not be compiled anyway: ``weakref.finalize`` needs a
@@ -52,6 +53,7 @@ MODULES: tuple[str, ...] = (
     "wire/cursor.py",
     "wire/cdc.py",
     "stack/runtime.py",
+    "stack/sockfast.py",
     "rdma/base.py",
     "rdma/qpstate.py",
     "rdma/shm/cq.py",
@@ -235,10 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.if_stale:
         status, _ = native.check(args.out)
-        if status.compiled:
+        reason = status.reason
+        if status.compiled and set(status.modules) != {module_name(rel) for rel in MODULES}:
+            reason = "the modules to compile changed"
+        elif status.compiled:
             print("smcr.nativebuild: compiled modules are current")
             return 0
-        print(f"smcr.nativebuild: {status.reason}: compiling {len(MODULES)} modules with mypyc")
+        print(f"smcr.nativebuild: {reason}: compiling {len(MODULES)} modules with mypyc")
     start = time.monotonic()
     try:
         build(args.out)

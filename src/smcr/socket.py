@@ -100,6 +100,8 @@ from smcr.stack.runtime import (
     ring_read,
     ring_write,
 )
+from smcr.stack.sockfast import METHODS as FAST_METHODS
+from smcr.stack.sockfast import SocketFast
 from smcr.stack.watcher import get_watcher
 from smcr.wire.clc import uncompress_bufsize
 from smcr.wire.decline import DeclineCode, describe
@@ -369,6 +371,7 @@ class SMCSocket(_PlainSocket):
             self._finalizer = None
         self._relayed = addresses
         self._mode = "TCP"  # a stream like any other from here on
+        self._unshadow_fast()
         self._hc = self._stack = None
         _PlainSocket.settimeout(self, self._timeout)
 
@@ -464,7 +467,11 @@ class SMCSocket(_PlainSocket):
                     connecting.connect_again(address)
                 finally:
                     self._catch_up()
-            raise BlockingIOError(errno.EALREADY, os.strerror(errno.EALREADY))
+            if self._mode == "CONNECTING":
+                raise BlockingIOError(errno.EALREADY, os.strerror(errno.EALREADY))
+            # settled meanwhile by the watcher thread: answer as the settled socket does
+            # (EALREADY here would send the program to SO_ERROR, which takes the kernel's
+            # error, and its next connect would meet ECONNABORTED instead of a new attempt)
         if self._mode == "TCP" and self._connect_failed:
             # as the kernel's socket after a failed connect: the next connect reports that
             # failure (here: if nobody read it from SO_ERROR), the one after starts anew
@@ -657,6 +664,7 @@ class SMCSocket(_PlainSocket):
             self._finalizer.atexit = False  # at exit the runtime itself goes (module doc)
             self._rlock, self._wlock = threading.Lock(), threading.Lock()
             self._mode = "SMCR"
+            self._shadow_fast(stack, hc)
             _smc_sockets.add(self)
             if self._debug:
                 self._report()
@@ -675,6 +683,23 @@ class SMCSocket(_PlainSocket):
             _PlainSocket.setsockopt(self, _socket.SOL_SOCKET, _socket.SO_LINGER,
                                     struct.pack("ii", 1, 0))  # fmt: skip
         _PlainSocket.close(self)
+
+    def _shadow_fast(self, stack: Stack, hc: HostConn) -> None:
+        """Put the compiled common cases of the data calls (:mod:`smcr.stack.sockfast`)
+        in this socket's dictionary, each where the class's method is ours (a subclass's
+        own ``sendall``, ssl's for one, stays what is called)."""
+        cls = type(self)
+        fast = SocketFast(self, stack, hc, self._wlock, self._rlock, SMCSocket.sendall,
+                          SMCSocket.send, SMCSocket.recv, SMCSocket.recv_into)  # fmt: skip
+        for name in FAST_METHODS:
+            if getattr(cls, name) is getattr(SMCSocket, name):
+                setattr(self, name, getattr(fast, name))
+
+    def _unshadow_fast(self) -> None:
+        """The class's methods again (closed, or no longer SMC-R here): nothing of the
+        connection stays referenced by a socket object that outlives it."""
+        for name in FAST_METHODS:
+            self.__dict__.pop(name, None)
 
     def _fall_back(self, local: int, peer: int, server: bool | None = False) -> None:
         """:param server: the role counted in ``smcr stats`` (None: not counted, a socket
@@ -754,57 +779,61 @@ class SMCSocket(_PlainSocket):
         if flags & _OOB:
             _C.urg_data_cnt += 1
         stack, hc = self._smc()
-        with self._wlock, stack.lock:
-            c = stack.engine.conns.get(hc.conn_id)
-            if c is None or c.reset_reason:
-                raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
-            if c.tx_flags or c.peer_closed or self._wr_shut:
-                if c.peer_closed and not (c.tx_flags or self._wr_shut or self._sent_late
-                                          or c.aborted):  # fmt: skip
-                    # as TCP takes the first send after the peer's close (the peer's
-                    # kernel answers it with a reset): the bytes go nowhere
-                    self._sent_late = True
-                    return len(view)
-                if c.aborted and not c.tx_flags and not self._reset_told:
-                    # the peer's abort is told once, as ECONNRESET, as after a TCP reset
-                    # (and Linux: sk_stream_error turns its EPIPE into the pending error)
-                    self._reset_told = True
+        try:
+            with self._wlock, stack.lock:
+                c = stack.engine.conns.get(hc.conn_id)
+                if c is None or c.reset_reason:
                     raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
-                raise BrokenPipeError(errno.EPIPE, "Broken pipe")
-            if not flags & _OOB and (n := stack.send_fast(hc, c, view)) >= 0:
-                return n  # corked, or written inline (the common cases, compiled)
-            inline = stack.max_inline and not flags & _OOB  # max_inline >= any buffer size
-            room = c.direct_room() if inline else 0
-            if not room:
-                # the peer's RMBE is full or bytes wait: take the consumer cursor updates
-                # that came meanwhile now (they flush the send buffer and reopen the inline
-                # path), not when the progress thread next looks
-                stack.process()
+                if c.tx_flags or c.peer_closed or self._wr_shut:
+                    if c.peer_closed and not (c.tx_flags or self._wr_shut or self._sent_late
+                                              or c.aborted):  # fmt: skip
+                        # as TCP takes the first send after the peer's close (the peer's
+                        # kernel answers it with a reset): the bytes go nowhere
+                        self._sent_late = True
+                        return len(view)
+                    if c.aborted and not c.tx_flags and not self._reset_told:
+                        # the peer's abort is told once, as ECONNRESET, as after a TCP reset
+                        # (and Linux: sk_stream_error turns its EPIPE into the pending error)
+                        self._reset_told = True
+                        raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+                    raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+                if not flags & _OOB and (n := stack.send_fast(hc, c, view)) >= 0:
+                    return n  # corked, or written inline (the common cases, compiled)
+                inline = stack.max_inline and not flags & _OOB  # max_inline >= any buffer size
                 room = c.direct_room() if inline else 0
-                if not room and wait_peer and inline and c.tx_app == c.tx_sent:
-                    self._wait_peer(stack, hc, c)
-                    room = c.direct_room()
-            if not room and c.sndbuf_space() <= 0:
-                self._wait_room(stack, hc, c, flags)
-                room = c.direct_room() if inline else 0
-            n = 0
-            if room:
-                size = len(view)
-                request = c.unanswered and not c.echo_pending and c.echo_wanted(size)
-                if size <= room:
-                    stack.send_inline(c, view, request)
-                    if stack.local_peer(hc, c):
-                        stack.process()
-                    if hc.readiness is not None:
-                        stack.update_readiness(hc)
-                    return size
-                stack.send_inline(c, view[:room], request)
-                n, view = room, view[room:]
-                if c.sndbuf_space() <= 0:
-                    if hc.readiness is not None:
-                        stack.update_readiness(hc)
-                    return n
-            return n + self._copy_in(stack, hc, c, view, flags)
+                if not room:
+                    # the peer's RMBE is full or bytes wait: take the consumer cursor updates
+                    # that came meanwhile now (they flush the send buffer and reopen the inline
+                    # path), not when the progress thread next looks
+                    stack.process()
+                    room = c.direct_room() if inline else 0
+                    if not room and wait_peer and inline and c.tx_app == c.tx_sent:
+                        self._wait_peer(stack, hc, c)
+                        room = c.direct_room()
+                if not room and c.sndbuf_space() <= 0:
+                    self._wait_room(stack, hc, c, flags)
+                    room = c.direct_room() if inline else 0
+                n = 0
+                if room:
+                    size = len(view)
+                    request = c.unanswered and not c.echo_pending and c.echo_wanted(size)
+                    if size <= room:
+                        stack.send_inline(c, view, request)
+                        if stack.local_peer(hc, c):
+                            stack.process()
+                        if hc.readiness is not None:
+                            stack.update_readiness(hc)
+                        return size
+                    stack.send_inline(c, view[:room], request)
+                    n, view = room, view[room:]
+                    if c.sndbuf_space() <= 0:
+                        if hc.readiness is not None:
+                            stack.update_readiness(hc)
+                        return n
+                return n + self._copy_in(stack, hc, c, view, flags)
+        except (ConnectionResetError, BrokenPipeError):
+            _left_blocked_at_exit(stack)
+            raise
 
     def _wait_room(self, stack: Stack, hc: HostConn, c: Any, flags: int) -> None:
         _C.tx_buf_full_cnt += 1  # our send buffer is full (Linux rmb_tx.buf_full_cnt)
@@ -880,43 +909,47 @@ class SMCSocket(_PlainSocket):
             return self._recv_oob(out)
         stack, hc = self._smc()
         got = 0
-        with self._rlock, stack.lock:
-            c = stack.engine.conns.get(hc.conn_id)
-            if c is None:
-                return 0
-            if not flags & ~_WAITALL and (n := stack.recv_fast(
-                    hc, c, out[:want] if want < len(out) else out, bool(flags))) >= 0:  # fmt: skip
-                return n  # the bytes were there (the common case, compiled)
-            while got < want:
-                if c.rx_prod == c.rx_cons:
-                    # after SHUT_RD what had arrived is still read, as Linux does
-                    if c.peer_finished or self._rd_shut:
-                        return got
-                    if c.aborted:
-                        if got:
+        try:
+            with self._rlock, stack.lock:
+                c = stack.engine.conns.get(hc.conn_id)
+                if c is None:
+                    return 0
+                part = out[:want] if want < len(out) else out
+                if not flags & ~_WAITALL and (n := stack.recv_fast(hc, c, part, bool(flags))) >= 0:
+                    return n  # the bytes were there (the common case, compiled)
+                while got < want:
+                    if c.rx_prod == c.rx_cons:
+                        # after SHUT_RD what had arrived is still read, as Linux does
+                        if c.peer_finished or self._rd_shut:
                             return got
-                        why = c.reset_reason or "peer aborted the connection"
-                        raise ConnectionResetError(errno.ECONNRESET,
-                                                   f"Connection reset by peer ({why})")
-                    if c.peer_done or (got and not flags & _WAITALL):
-                        return got
-                    wcs = stack.cq.poll(64)  # news already there: no waiting machinery
-                    if wcs:
-                        stack.process(wcs)
-                    else:
-                        self._wait_data(stack, hc, c, flags)
-                    continue
-                n = self._copy_out(stack, hc, c, out[got:want] if got or want < len(out)
-                                   else out, flags)  # fmt: skip
-                if n == 0:
-                    continue  # the urgent byte was taken out of the stream
-                got += n
-                if flags & _PEEK or not flags & _WAITALL:
-                    break
-            if stack.local_peer(hc, c):  # (a consumer cursor update, when one went)
-                stack.process()
-            if hc.readiness is not None:
-                stack.update_readiness(hc)
+                        if c.aborted:
+                            if got:
+                                return got
+                            why = c.reset_reason or "peer aborted the connection"
+                            raise ConnectionResetError(errno.ECONNRESET,
+                                                       f"Connection reset by peer ({why})")
+                        if c.peer_done or (got and not flags & _WAITALL):
+                            return got
+                        wcs = stack.cq.poll(64)  # news already there: no waiting machinery
+                        if wcs:
+                            stack.process(wcs)
+                        else:
+                            self._wait_data(stack, hc, c, flags)
+                        continue
+                    n = self._copy_out(stack, hc, c, out[got:want] if got or want < len(out)
+                                       else out, flags)  # fmt: skip
+                    if n == 0:
+                        continue  # the urgent byte was taken out of the stream
+                    got += n
+                    if flags & _PEEK or not flags & _WAITALL:
+                        break
+                if stack.local_peer(hc, c):  # (a consumer cursor update, when one went)
+                    stack.process()
+                if hc.readiness is not None:
+                    stack.update_readiness(hc)
+        except ConnectionResetError:
+            _left_blocked_at_exit(stack)
+            raise
         return got
 
     def _wait_data(self, stack: Stack, hc: HostConn, c: Any, flags: int) -> None:
@@ -1357,6 +1390,7 @@ class SMCSocket(_PlainSocket):
         if self._parent_ends and self._mode == "SMCR" and forkrelay.hand_over(self):
             return  # a forked child goes on with it (smcr.forkrelay)
         self._gone = True
+        self._unshadow_fast()
         if self._forked:  # the parent's connection: only our descriptor goes
             if self._finalizer is not None:
                 self._finalizer.detach()
@@ -1427,6 +1461,7 @@ class SMCSocket(_PlainSocket):
             self._finalizer.detach()
         share.release()
         self._gone = self._closed = True
+        self._unshadow_fast()
         _smc_sockets.discard(self)
         self._drop_descriptor()
         return fd
@@ -1452,6 +1487,7 @@ class SMCSocket(_PlainSocket):
         self._borrowed_fd = borrowed
         self._finalizer = weakref.finalize(self, share.collected)
         self._finalizer.atexit = False
+        self._shadow_fast(share.stack, share.hc)
         _smc_sockets.add(self)
 
     def _move(self) -> SMCSocket:
@@ -1461,8 +1497,10 @@ class SMCSocket(_PlainSocket):
         new = type(self)(self.family, self.type, self.proto,
                          fileno=os.dup(_PlainSocket.fileno(self)), _accepted=True)  # fmt: skip
         for name, value in vars(self).items():
-            if name not in ("_finalizer", "_queue_finalizer", "_shown_tcp"):
+            if name not in ("_finalizer", "_queue_finalizer", "_shown_tcp", *FAST_METHODS):
                 setattr(new, name, value)
+        if new._mode == "SMCR" and self._stack is not None and self._hc is not None:
+            new._shadow_fast(self._stack, self._hc)  # (this one's serve this one)
         if self._shown_tcp is not None:
             self._shown_tcp.detach()
             self._shown_tcp = None
@@ -1484,6 +1522,7 @@ class SMCSocket(_PlainSocket):
             _smc_sockets.discard(self)
             _smc_sockets.add(new)
         self._gone = self._closed = True
+        self._unshadow_fast()
         self._finalizer = None
         self._real_close()
         return new
@@ -1590,6 +1629,15 @@ def _close_number(number: int) -> None:
         os.close(number)
 
 
+def _left_blocked_at_exit(stack: Stack) -> None:
+    """A daemon thread whose ``recv`` or ``send`` the links' end at exit would fail
+    (:meth:`Stack.close_at_exit`) stays blocked instead, as in TCP's, until the process is
+    gone; called with no lock held.  Other threads, and every thread before the exit,
+    get the error."""
+    if stack.exiting and threading.current_thread().daemon:
+        threading.Event().wait()  # never set: the process ends around it
+
+
 def _cdcs_done(c: Connection) -> bool:
     """Whether every CDC of ``c`` completed (or the connection is gone): what ``close``
     waits for after its closing CDC, as Linux's ``smc_close_wait_tx_pends``.
@@ -1646,7 +1694,8 @@ class _Share:
                           _address_of(sock, _PlainSocket.getpeername))  # fmt: skip
         skip = {"_finalizer", "_queue_finalizer", "_share", "_borrowed_fd", "_via_readiness",
                 "_shown", "_shown_tcp",
-                "_closed", "_io_refs", "_gone", "_timeout", "_parent_ends", "_fork_ends"}
+                "_closed", "_io_refs", "_gone", "_timeout", "_parent_ends", "_fork_ends",
+                *FAST_METHODS}  # (each holder gets its own: SMCSocket._shadow_fast)
         self.state = {k: v for k, v in vars(sock).items() if k not in skip}
         self.state["_mode"] = "SMCR"
 

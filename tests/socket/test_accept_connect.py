@@ -272,6 +272,57 @@ def test_asyncio_sock_connect_to_a_closed_port_is_refused() -> None:
             asyncio.run(attempt())
 
 
+def test_a_connect_settled_while_connect_is_called_again_answers_as_tcp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second ``connect`` that finds the socket connecting, while the watcher thread
+    settles the refused first one: it answers as the settled socket does (the refusal),
+    as TCP's does, and the connect after ``listen`` succeeds.  (It used to say EALREADY;
+    asyncio then took the refusal from SO_ERROR, and its next connect met the kernel's
+    ECONNABORTED: CPython's test_sock_client_connect_racing skipped under smcr run.)"""
+    from smcr import socket as smc_socket  # noqa: PLC0415
+
+    connecting = smc_socket._Connecting
+    connected, connect_again = connecting._connected, connecting.connect_again
+    called_again = threading.Event()
+
+    def watcher_waits(self: smc_socket._Connecting) -> None:
+        called_again.wait(20)  # the program's connect has seen CONNECTING by then
+        connected(self)
+
+    def after_the_watcher(self: smc_socket._Connecting, address: object) -> None:
+        called_again.set()
+        deadline = time.monotonic() + 20
+        while not self.tcp_done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert self.tcp_done  # the watcher thread took the refusal first
+        connect_again(self, address)
+
+    monkeypatch.setattr(connecting, "_connected", watcher_waits)
+    monkeypatch.setattr(connecting, "connect_again", after_the_watcher)
+    listener = smcr.SMCSocket()
+    listener.bind(("127.0.0.1", 0))
+    addr = listener.getsockname()
+    s = smcr.SMCSocket()
+    s.setblocking(False)
+    seen: list[object] = [s.connect_ex(addr), s.connect_ex(addr)]
+    listener.listen(1)
+    seen.append(s.connect_ex(addr))
+    seen.append(bool(select.select([], [s], [], 20)[1]))
+    seen.append(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+    try:
+        assert seen == [errno.EINPROGRESS, errno.ECONNREFUSED, errno.EINPROGRESS, True, 0]
+        listener.settimeout(20)
+        conn, _ = listener.accept()
+        s.setblocking(True)
+        s.sendall(b"x")
+        assert conn.recv(1) == b"x"
+        conn.close()
+    finally:
+        s.close()
+        listener.close()
+
+
 def test_a_listener_closed_while_handshakes_run_does_not_hang() -> None:
     """Clients connect and the listener closes before accepting: the connections whose
     handshakes end after that are closed by a thread of their own (the runtime's lock is

@@ -287,6 +287,50 @@ def test_exit_with_a_daemon_thread_in_accept_is_quiet_as_on_tcp(kind: str) -> No
     assert (done.returncode, done.stdout, done.stderr) == (0, "exiting\n", "")
 
 
+EXIT_WITH_THREADS_IN_RECV_AND_SEND = """
+import socket, sys, threading, time
+import smcr
+make, connect = ((smcr.create_server, smcr.create_connection) if sys.argv[1] == "smc"
+                 else (socket.create_server, socket.create_connection))
+srv = make(("127.0.0.1", 0))
+pairs = []
+for _ in range(2):
+    c = connect(srv.getsockname())
+    s, _ = srv.accept()
+    c.sendall(b"x")
+    assert s.recv(1) == b"x"
+    pairs.append((c, s))
+if sys.argv[1] == "smc":
+    assert all(x.smc_info().mode == "SMCR" for pair in pairs for x in pair)
+started = threading.Barrier(4)
+def reader(sock):
+    started.wait()
+    sock.recv(10)
+    print("a read returned", flush=True)
+def writer(sock):
+    started.wait()
+    sock.sendall(bytes(64 << 20))  # nobody reads: it blocks once the buffers are full
+    print("a write returned", flush=True)
+for sock in pairs[0]:
+    threading.Thread(target=reader, args=(sock,), daemon=True).start()
+threading.Thread(target=writer, args=(pairs[1][0],), daemon=True).start()
+started.wait()
+time.sleep(0.5)  # (the threads are blocked by then; the output is the same if not)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", ["tcp", "smc"])
+def test_exit_with_daemon_threads_in_recv_and_send_is_quiet_as_on_tcp(kind: str) -> None:
+    """A program exits while its daemon threads wait in ``recv`` (both ends in the process)
+    and in ``sendall`` to a peer that does not read: TCP leaves them blocked until the
+    process is gone; the runtime's end of the links at exit must not wake them with
+    ECONNRESET and a traceback each."""
+    done = subprocess.run([sys.executable, "-c", EXIT_WITH_THREADS_IN_RECV_AND_SEND, kind],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (0, "exiting\n", "")
+
+
 def closed_under_the_socket(a: socket.socket, b: socket.socket) -> list[object]:
     """A program closes what ``fileno()`` gave (``os.close``), then reads and writes a
     non-blocking socket with nothing to read and no room to write (TCP: calls on the

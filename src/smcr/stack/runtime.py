@@ -511,6 +511,8 @@ class Stack:
         self._running = True
         self.tap: StackTap | None = None
         """What watches this runtime's link traffic (:class:`StackTap`), or None."""
+        self.exiting = False
+        """The interpreter is exiting (:meth:`close_at_exit`)."""
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
         self.fallback_reasons: Counter[tuple[int, int]] = Counter()
         """(local, peer) decline code -> count (Linux ``smc_stats`` fallback reasons)."""
@@ -1673,6 +1675,17 @@ class Stack:
             self._bell_w.close()
             self._clc_ep.close()
 
+    def close_at_exit(self) -> None:
+        """:meth:`close` at the interpreter's exit (``atexit``).
+
+        Threads still in ``recv`` or ``send`` then are daemon threads (Python joins
+        the others before ``atexit``), which TCP leaves blocked until the process is
+        gone; :attr:`exiting` tells the socket layer to leave them blocked too, rather
+        than have each report the links' end in a traceback as the program exits.
+        """
+        self.exiting = True
+        self.close()
+
     def _end_links(self, deadline: float) -> None:
         """Before the RNIC goes: closes under way finish (the progress thread carries
         them: the peer's last CDCs are received and acknowledged, DELETE RKEY flows
@@ -1828,7 +1841,7 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
             stack = _stacks[key] = Stack(config, device=device, more_devices=more)
             if any(isinstance(d, RoceDevice) for d in more):
                 stack.watch_ports()
-            atexit.register(stack.close)
+            atexit.register(stack.close_at_exit)
             for hook in list(on_new_stack):
                 hook(stack)
         return stack

@@ -1,0 +1,148 @@
+"""An SMC-R socket's most frequent calls, compiled: ``sendall`` and ``send`` of bytes
+that are corked or fit the peer's RMBE at once, ``recv`` and ``recv_into`` of bytes
+that are there.
+
+Why: :mod:`smcr.socket` cannot be compiled (``SMCSocket`` subclasses
+``socket.socket``, and ``weakref.finalize`` needs ``__weakref__``), and for a 1 KiB
+write its interpreted frames (``sendall``, ``_send``, ``_smc``, two locks) cost as
+much as the rest of the send.  An SMC-R socket puts the bound methods of a
+:class:`SocketFast` in its instance dictionary, where they shadow the class's, so a
+program's ``sock.sendall(data)`` runs compiled code only.  Anything else -- flags, a
+full RMBE, a closed, shut, forked or reset socket, data of another shape -- goes to
+the class's method, which does everything as before; nothing is taken before it does.
+
+The socket is held weakly: its dictionary holds this object, and a cycle would keep
+a socket nobody references from being collected (and closed) at once.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from smcr.diag.counters import COUNTERS
+from smcr.stack.runtime import HostConn, Stack
+
+_SMCR = "SMCR"
+#: The socket methods a :class:`SocketFast` stands in for.
+METHODS = ("sendall", "send", "recv", "recv_into")
+
+
+class SocketFast:
+    """The common cases of one SMC-R socket's data calls (module docstring).
+
+    :param sock: the socket (held weakly).
+    :param slow_sendall: the class's ``sendall`` (and so on): the general path,
+        called with the socket as its first argument.
+    """
+
+    def __init__(self, sock: Any, stack: Stack, hc: HostConn, wlock: Any, rlock: Any,
+                 slow_sendall: Callable[..., None], slow_send: Callable[..., int],
+                 slow_recv: Callable[..., bytes],
+                 slow_recv_into: Callable[..., int]) -> None:  # fmt: skip
+        self.sock_ref = weakref.ref(sock)
+        self.stack = stack
+        self.hc = hc
+        self.wlock = wlock
+        self.rlock = rlock
+        self.slow_sendall = slow_sendall
+        self.slow_send = slow_send
+        self.slow_recv = slow_recv
+        self.slow_recv_into = slow_recv_into
+
+    def _usable(self, sock: Any) -> bool:
+        """The socket is an SMC-R socket of this process, open (the general path's
+        checks before it looks at the connection)."""
+        return (sock._mode == _SMCR and not sock._gone and not sock._forked
+                and not sock._wr_shut)  # fmt: skip
+
+    def _sent(self, view: memoryview) -> int:
+        """``view`` corked or written inline, or -1 (the general path's first case)."""
+        stack, hc = self.stack, self.hc
+        if self.wlock.locked():  # another thread sends (and may wait): keep its order
+            return -1
+        with stack.lock:
+            c = stack.engine.conns.get(hc.conn_id)
+            if (c is None or c.reset_reason or c.tx_flags or c.peer_closed
+                    or self.wlock.locked()):  # fmt: skip
+                return -1  # (a sender took the lock meanwhile: it may be waiting inside)
+            n = stack.send_fast(hc, c, view)
+        if n > 0:
+            COUNTERS.tx_pd[n.bit_length()] += 1
+        return n
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        """``socket.sendall``."""
+        sock = self.sock_ref()
+        if sock is not None and not flags and self._usable(sock):
+            view = memoryview(data)
+            if view.format == "B" and view.ndim == 1 and view:
+                n = self._sent(view)
+                if n == len(view):
+                    return
+                if n > 0:  # (send_fast takes all or nothing; kept general)
+                    self.slow_sendall(sock, view[n:], flags)
+                    return
+        self.slow_sendall(sock, data, flags)
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        """``socket.send``."""
+        sock = self.sock_ref()
+        if sock is not None and not flags and self._usable(sock):
+            view = memoryview(data)
+            if view.format == "B" and view.ndim == 1 and view:
+                n = self._sent(view)
+                if n > 0:
+                    return n
+        result: int = self.slow_send(sock, data, flags)
+        return result
+
+    def _read(self, out: memoryview, want: int) -> int:
+        """Bytes that are there copied into ``out``, or -1 (the general path's first case);
+        ``want``: the size asked for (``smcr stats`` counts requests by it)."""
+        stack, hc = self.stack, self.hc
+        if self.rlock.locked():  # another thread reads (and may wait): keep its order
+            return -1
+        with stack.lock:
+            c = stack.engine.conns.get(hc.conn_id)
+            if c is None or self.rlock.locked():
+                return -1
+            n = stack.recv_fast(hc, c, out, False)
+        if n > 0:
+            COUNTERS.rx_pd[want.bit_length()] += 1
+        return n
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        """``socket.recv_into``."""
+        sock = self.sock_ref()
+        if sock is not None and not flags and nbytes >= 0 and sock._mode == _SMCR \
+                and not sock._gone and not sock._forked:  # fmt: skip
+            out = memoryview(buffer)
+            if out.format == "B" and out.ndim == 1 and nbytes <= len(out):
+                if nbytes and nbytes < len(out):
+                    out = out[:nbytes]
+                if len(out):
+                    n = self._read(out, len(out))
+                    if n > 0:
+                        return n
+        result: int = self.slow_recv_into(sock, buffer, nbytes, flags)
+        return result
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        """``socket.recv``: a buffer the size of what is there, not of ``bufsize``."""
+        sock = self.sock_ref()
+        if sock is not None and not flags and bufsize > 0 and sock._mode == _SMCR \
+                and not sock._gone and not sock._forked:  # fmt: skip
+            c = self.stack.engine.conns.get(self.hc.conn_id)
+            if c is not None:
+                avail = c.rx_prod - c.rx_cons  # (a glance: _read looks again, locked)
+                if avail > 0:
+                    buf = bytearray(min(avail, bufsize))
+                    n = self._read(memoryview(buf), bufsize)
+                    if n > 0:
+                        if n < len(buf):
+                            del buf[n:]
+                        return bytes(buf)
+        result: bytes = self.slow_recv(sock, bufsize, flags)
+        return result

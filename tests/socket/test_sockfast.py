@@ -1,0 +1,151 @@
+"""The compiled common cases of an SMC-R socket's data calls (smcr.stack.sockfast): which
+socket objects use them, and that what they do is what the class's methods do."""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import threading
+import weakref
+from typing import Any
+
+import pytest
+
+import smcr
+from smcr.diag import COUNTERS
+from smcr.stack.sockfast import METHODS, SocketFast
+from tests.socket.test_error_paths import pair, recv_exactly
+
+
+def fast_methods(sock: socket.socket) -> list[str]:
+    """The data calls that ``sock`` answers with a SocketFast."""
+    return [name for name in METHODS
+            if isinstance(getattr(vars(sock).get(name), "__self__", None), SocketFast)]  # fmt: skip
+
+
+def test_an_smcr_socket_answers_its_data_calls_compiled_and_a_closed_one_does_not() -> None:
+    with pair("smc") as (a, b):
+        assert fast_methods(a) == fast_methods(b) == list(METHODS)
+        a.close()
+        assert fast_methods(a) == []  # nothing of the connection kept by the object
+        with pytest.raises(OSError):
+            a.sendall(b"x")
+
+
+def test_every_data_call_moves_the_same_bytes_and_counts_the_same_as_the_class_methods() -> None:
+    """Sizes round the RMBE (so the common case and the general path both run), through
+    the socket's calls and through the class's own methods, both ways: the same bytes
+    in order, and ``smcr stats`` counting each request once either way."""
+    sizes = [1, 100, 1024, 4096, 65536, 300_000, 5 << 20]
+    with pair("smc") as (a, b):
+        for call in ("sendall", "send", "class"):
+            for size in sizes:
+                data = os.urandom(size)
+                tx = sum(COUNTERS.tx_pd)
+                got: list[bytes] = []
+                def read(n: int = size, out: list[bytes] = got) -> None:
+                    out.append(recv_exactly(b, n))
+
+                reader = threading.Thread(target=read)
+                reader.start()
+                sent = 0
+                if call == "sendall":
+                    a.sendall(data)
+                    calls = 1
+                elif call == "send":
+                    calls = 0
+                    while sent < size:
+                        sent += a.send(data[sent:])
+                        calls += 1
+                else:
+                    assert isinstance(a, smcr.SMCSocket)
+                    smcr.SMCSocket.sendall(a, data)
+                    calls = 1
+                reader.join(30)
+                assert got == [data], (call, size)
+                assert sum(COUNTERS.tx_pd) - tx >= calls  # (the general path counts each piece)
+        for size in sizes[:5]:  # recv_into of what is there, then the rest
+            data = os.urandom(size)
+            b.sendall(data)
+            buf = bytearray(size)
+            rx = sum(COUNTERS.rx_pd)
+            n = a.recv_into(buf)
+            assert n > 0 and sum(COUNTERS.rx_pd) - rx == 1
+            assert bytes(buf[:n]) + recv_exactly(a, size - n) == data
+
+
+def test_recv_returns_what_is_there_up_to_bufsize() -> None:
+    with pair("smc") as (a, b):
+        b.sendall(b"abc")
+        assert recv_exactly(a, 1) == b"a"
+        assert a.recv(65536) == b"bc"  # a buffer the size of what is there
+        b.sendall(b"defgh")
+        assert recv_exactly(a, 5) == b"defgh"
+        b.sendall(b"xyz")
+        assert a.recv(2) == b"xy" and a.recv(2) == b"z"
+
+
+def test_a_subclass_that_overrides_a_data_call_keeps_its_own() -> None:
+    """ssl's SSLSocket and a program's subclass of socket.socket (under ``smcr run``, of
+    SMCSocket) override ``sendall`` and ``recv``: theirs are called, not the shortcut."""
+    seen: list[str] = []
+
+    class Counting(smcr.SMCSocket):
+        def sendall(self, data: Any, flags: int = 0) -> None:
+            seen.append("sendall")
+            super().sendall(data, flags)
+
+    srv = smcr.create_server(("127.0.0.1", 0))
+    c = Counting()
+    c.settimeout(20)
+    c.connect(srv.getsockname())
+    s, _ = srv.accept()
+    try:
+        assert c.smc_info().mode == "SMCR"
+        assert fast_methods(c) == ["send", "recv", "recv_into"]
+        c.sendall(b"hello")
+        assert recv_exactly(s, 5) == b"hello" and seen == ["sendall"]
+    finally:
+        for x in (c, s, srv):
+            x.close()
+
+
+def test_a_duplicate_serves_itself_after_the_original_closes() -> None:
+    """``dup()`` and ``ssl``'s detach-and-rewrap make another socket object for the same
+    connection: its calls are its own, not the (closed) original's."""
+    with pair("smc") as (a, b):
+        d = a.dup()
+        try:
+            a.close()
+            assert fast_methods(d) == list(METHODS)
+            d.sendall(b"after")
+            assert recv_exactly(b, 5) == b"after"
+            b.sendall(b"back")
+            assert recv_exactly(d, 4) == b"back"
+        finally:
+            d.close()
+
+
+def test_a_socket_nobody_references_is_collected_at_once() -> None:
+    """The shortcut holds its socket weakly: no cycle keeps an unreferenced SMC-R socket
+    (and its connection) alive until the cycle collector runs."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    a = smcr.create_connection(srv.getsockname(), timeout=20)
+    b, _ = srv.accept()
+    srv.close()
+    try:
+        b.settimeout(20)
+        assert a.smc_info().mode == "SMCR" and fast_methods(a) == list(METHODS)
+        ref = weakref.ref(a)
+        gc.disable()
+        try:
+            with pytest.warns(ResourceWarning):
+                del a
+            assert ref() is None
+        finally:
+            gc.enable()
+        assert b.recv(1) == b""  # its finalizer closed the connection
+    finally:
+        b.close()
+
