@@ -42,7 +42,6 @@ import base64
 import contextlib
 import os
 import socket
-import sys
 import threading
 import time
 from collections import deque
@@ -51,7 +50,7 @@ from typing import Any
 
 from smcr.rdma.base import QpTap, QueuePair
 from smcr.rdma.verbs import SendFlag, SendWr, WrOpcode
-from smcr.stack.runtime import StackTap
+from smcr.stack import runtime
 
 MAX_RECORDS = 8192
 """Records held for the tool; past this, new ones are dropped (and counted)."""
@@ -99,8 +98,6 @@ class Tracer:
     def start(self, stacks: list[Any] | None = None) -> None:
         """Hook every runtime of this process, and those made from now on (or only
         ``stacks``: the tests' runtimes side by side)."""
-        from smcr.stack import runtime  # noqa: PLC0415 - (its functions, as they are now)
-
         self._running = True
         if stacks is not None:
             for stack in stacks:
@@ -119,10 +116,8 @@ class Tracer:
         if not self._running:
             return
         self._running = False
-        runtime = sys.modules.get("smcr.stack.runtime")
-        if runtime is not None:
-            with contextlib.suppress(ValueError):
-                runtime.on_new_stack.remove(self._hook_stack)
+        with contextlib.suppress(ValueError):
+            runtime.on_new_stack.remove(self._hook_stack)
         for stack in self.stacks:
             tap = stack.tap
             if isinstance(tap, _StackTrace) and tap.tracer is self:
@@ -226,7 +221,7 @@ class Tracer:
         return out
 
 
-class _StackTrace(StackTap):
+class _StackTrace(runtime.StackTap):
     """A traced runtime's tap: its SENDs in, CLC both ways, QPs made while tracing."""
 
     def __init__(self, tracer: Tracer, dev: int) -> None:
