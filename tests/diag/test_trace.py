@@ -30,13 +30,14 @@ from smcr.tools.tracepcap import TraceFramer
 from tests.diag.test_endpoint import wait_for
 from tests.stack.hosts import connect, hosts, read, send
 
-HOOKED = ("new_qp", "_received", "_control", "_receive_clc")
-
 
 def _hooks(stack: Any) -> list[str]:
-    names = [n for n in HOOKED if n in stack.__dict__]
+    """What is hooked on a runtime: its tap, and each of its QPs that has hooks (a tap, or
+    anything else on ``qp.hooks``, which a QP without any has none of)."""
+    names = ["stack.tap"] if stack.tap is not None else []
     for qp in stack.qps.values():
-        names += [f"qp.{n}" for n in ("post_send", "post_writes_send") if n in qp.__dict__]
+        if qp.hooks is not None:
+            names.append("qp.tap" if qp.tap is not None else "qp.hooks")
     return names
 
 
@@ -46,10 +47,10 @@ def test_hooks_exist_only_while_tracing() -> None:
         tracer = trace.Tracer(snap=8)
         tracer.start([a])
         try:
-            assert sorted(_hooks(a)) == sorted(HOOKED)
+            assert _hooks(a) == ["stack.tap"]
             server_end, client_end = connect(a, b)  # a is the server
-            assert [n for n in _hooks(a) if n.startswith("qp.")] == ["qp.post_send",
-                                                                     "qp.post_writes_send"]
+            assert _hooks(a) == ["stack.tap", "qp.tap"]  # the QP made while tracing got one
+            assert _hooks(b) == []
             send(b, client_end, b"x" * 100)
             assert read(a, server_end, 100) == b"x" * 100
             send(a, server_end, bytes(range(200)))

@@ -454,8 +454,13 @@ def test_fail_next_fails_the_named_verb_that_many_times_then_the_qp_works(
         pair: tuple[Side, Side]) -> None:  # fmt: skip
     """``QueuePair.fail_next`` (fault injection): the next posts raise the given error and
     reach nothing, both ways onto the send queue count, then the QP is itself again;
-    ``modify`` likewise, with the state unchanged by the failed call."""
+    ``post_recv`` and ``modify`` likewise, the receive not posted, the state unchanged by
+    the failed call."""
     a, b = pair
+    b.qp.fail_next("post_recv", VerbsError(errno.EIO, "injected"))
+    with pytest.raises(VerbsError) as exc:
+        post_recv(b, 9)
+    assert exc.value.errno == errno.EIO and b.qp.hooks is None
     post_recv(b, 1)
     a.qp.fail_next("post_send", VerbsError(errno.ENOMEM, "send queue full"), times=2)
     with pytest.raises(VerbsError) as exc:
@@ -463,12 +468,13 @@ def test_fail_next_fails_the_named_verb_that_many_times_then_the_qp_works(
     assert exc.value.errno == errno.ENOMEM
     with pytest.raises(VerbsError):
         a.qp.post_writes_send([], b"second", 3, True)
-    assert "post_send" not in vars(a.qp) and "post_writes_send" not in vars(a.qp)
+    assert a.qp.failures_left("post_send") == 0 and a.qp.hooks is None  # costs nothing now
     assert a.cq.poll() == [] and b.cq.poll() == []  # nothing went
     send(a, b"third")
     assert a.wait()[0].status is WcStatus.SUCCESS
     got = b.wait()[0]
     assert (got.status, got.byte_len, bytes(b.buf.buf[:5])) == (WcStatus.SUCCESS, 5, b"third")
+    assert got.wr_id == 1  # the receive whose post failed was never posted
     a.qp.fail_next("modify", VerbsError(errno.EIO, "injected"))
     with pytest.raises(VerbsError) as exc:
         a.qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)

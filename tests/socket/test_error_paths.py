@@ -37,7 +37,7 @@ from smcr.rdma import (
 )
 from smcr.rdma.base import QueuePair
 from smcr.stack import runtime
-from smcr.stack.runtime import Stack, close_stacks, get_stack
+from smcr.stack.runtime import Stack, StackTap, close_stacks, get_stack
 from smcr.wire.clc import ClcProposal
 from smcr.wire.decline import DeclineCode
 
@@ -373,17 +373,17 @@ def test_qp_modify_failure_declines_and_both_ends_fall_back_with_bytes_intact(
     close_stacks()  # a fresh runtime: no link group to reuse, the handshake is a first contact
     stack = get_stack()
     made = 0
-    new_qp = stack.new_qp
 
-    def failing_new_qp(port: int = 0) -> tuple[int, int]:
-        nonlocal made
-        qpn, psn = new_qp(port)
-        made += 1
-        if made == (1 if side == "server" else 2):  # the server makes its QP first
-            stack.qps[qpn].fail_next("modify", VerbsError(errno.EIO, "injected"))
-        return qpn, psn
+    class FailingModify(StackTap):
+        """The runtime's ``side`` QP gets a failing modify as soon as it is made."""
 
-    monkeypatch.setattr(stack, "new_qp", failing_new_qp)
+        def new_qp(self, stack: Stack, qpn: int) -> None:
+            nonlocal made
+            made += 1
+            if made == (1 if side == "server" else 2):  # the server makes its QP first
+                stack.qps[qpn].fail_next("modify", VerbsError(errno.EIO, "injected"))
+
+    monkeypatch.setattr(stack, "tap", FailingModify())
     with contextlib.ExitStack() as cleanup:
         srv = smcr.create_server(("127.0.0.1", 0))
         cleanup.callback(srv.close)
@@ -419,7 +419,8 @@ def test_a_full_send_queue_is_waited_out_and_the_bytes_go() -> None:
             qp.fail_next("post_send", VerbsError(errno.ENOMEM, "send queue full"), times=20)
         msg = os.urandom(3000)
         a.sendall(msg)
-        assert "post_send" not in vars(qp)  # every injected failure was met and waited out
+        # every injected failure was met and waited out, and the QP is without hooks again
+        assert qp.failures_left("post_send") == 0 and qp.hooks is None
         assert recv_exactly(b, len(msg)) == msg
         assert smc_parts(a)[2] == lgr_id
         still_works(a, b)

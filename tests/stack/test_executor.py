@@ -5,10 +5,13 @@ QP, an orphan aborted.  Runtimes side by side in this process (``tests.stack.hos
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from smcr.rdma.base import QpTap, QueuePair
+from smcr.rdma.verbs import SendWr
 from smcr.stack import runtime
 from smcr.stack.runtime import HostConn, Stack
 from tests.stack.hosts import SIZE, conn, connect, hosts, read, send, wait
@@ -28,25 +31,26 @@ def write_via_sndbuf(stack: Stack, hc: HostConn, data: bytes) -> None:
         stack.execute(stack.engine.data_written(hc.conn_id, n, time.monotonic()))
 
 
+class PostSpy(QpTap):
+    """Records the posts a QP took onto its send queue, as the caller made them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def sent(self, qp: QueuePair, wrs: list[SendWr]) -> None:
+        self.calls.append(("post_send", [w.opcode.name for w in wrs]))
+
+    def writes_sent(self, qp: QueuePair, writes: Sequence[tuple[int, int, memoryview]],
+                    message: bytes) -> None:  # fmt: skip
+        self.calls.append(("post_writes_send", [len(d) for _, _, d in writes]))
+
+
 def spy(stack: Stack, hc: HostConn) -> list[tuple[str, Any]]:
-    """Record the posts on the connection's QP (and let them through)."""
-    calls: list[tuple[str, Any]] = []
+    """Record the posts on the connection's QP (its tap: :class:`PostSpy`)."""
+    tap = PostSpy()
     with stack.lock:
-        qp = stack.qps[conn(stack, hc).qpn]
-    cls = type(qp)
-
-    def post_send(wrs: Any) -> None:
-        wrs = list(wrs) if not hasattr(wrs, "opcode") else [wrs]
-        calls.append(("post_send", [w.opcode.name for w in wrs]))
-        cls.post_send(qp, wrs)
-
-    def post_writes_send(writes: Any, message: bytes, wr_id: int, signaled: bool) -> None:
-        calls.append(("post_writes_send", [len(d) for _, _, d in writes]))
-        cls.post_writes_send(qp, writes, message, wr_id, signaled)
-
-    qp.post_send = post_send  # type: ignore[method-assign]
-    qp.post_writes_send = post_writes_send  # type: ignore[method-assign]
-    return calls
+        stack.qps[conn(stack, hc).qpn].set_tap(tap)
+    return tap.calls
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "wrs"])

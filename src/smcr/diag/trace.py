@@ -2,17 +2,19 @@
 
 Design (the why of each):
 
-* **Nothing on the data path unless tracing.**  The hooks are instance
-  attributes that shadow methods of the runtime's objects (as
-  :meth:`~smcr.rdma.base.QueuePair.fail_next` does): the QPs' ``post_send`` and
-  ``post_writes_send`` (every LLC and CDC SEND and every RDMA WRITE posted,
-  fused or not), the runtime's ``_received`` (every SEND that arrived),
-  ``_control`` (CLC sent on the TCP socket), ``_receive_clc`` (CLC received)
-  and ``new_qp`` (QPs made while tracing get hooked too).  (Those classes stay
-  Python classes in the compiled build, smcr.nativebuild, for this; the engine
-  is a native one, whose methods cannot be shadowed.)  They are
-  installed when a tool asks (:func:`open_stream`) and taken away when it goes;
-  without a trace the runtime runs its own methods, untouched.
+* **Nothing on the data path unless tracing.**  The hooks are taps, the
+  explicit hook points of the runtime's objects, each an attribute that is
+  None unless something watches (all that the data path tests): a QP's
+  (:class:`~smcr.rdma.base.QpTap`, :meth:`~smcr.rdma.base.QueuePair.set_tap`)
+  sees its ``post_send`` and ``post_writes_send`` (every LLC and CDC SEND and
+  every RDMA WRITE posted, fused or not, each once), the runtime's
+  (:class:`~smcr.stack.runtime.StackTap`, ``Stack.tap``) every SEND that
+  arrived, CLC sent and received on the TCP socket, and the QPs made while
+  tracing (which get a tap too).  (Why taps and not methods shadowed per
+  instance: those classes are native ones in the compiled build,
+  :mod:`smcr.nativebuild`, whose compiled callers would never see a shadow.)
+  They are set when a tool asks (:func:`open_stream`) and taken away when it
+  goes; without a trace the runtime runs as if there were none.
 * **A trace cannot hurt the process.**  A hook appends a small tuple to a
   bounded deque (:data:`MAX_RECORDS`); when the tool reads too slowly the
   record is dropped and counted, never waited for.  Turning records into JSON
@@ -40,14 +42,15 @@ import base64
 import contextlib
 import os
 import socket
-import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from smcr.rdma.base import QpTap, QueuePair
 from smcr.rdma.verbs import SendFlag, SendWr, WrOpcode
+from smcr.stack import runtime
 
 MAX_RECORDS = 8192
 """Records held for the tool; past this, new ones are dropped (and counted)."""
@@ -95,8 +98,6 @@ class Tracer:
     def start(self, stacks: list[Any] | None = None) -> None:
         """Hook every runtime of this process, and those made from now on (or only
         ``stacks``: the tests' runtimes side by side)."""
-        from smcr.stack import runtime  # noqa: PLC0415 - loaded already in a process using SMC
-
         self._running = True
         if stacks is not None:
             for stack in stacks:
@@ -115,17 +116,16 @@ class Tracer:
         if not self._running:
             return
         self._running = False
-        runtime = sys.modules.get("smcr.stack.runtime")
-        if runtime is not None:
-            with contextlib.suppress(ValueError):
-                runtime.on_new_stack.remove(self._hook_stack)
+        with contextlib.suppress(ValueError):
+            runtime.on_new_stack.remove(self._hook_stack)
         for stack in self.stacks:
-            for name in ("new_qp", "_received", "_control", "_receive_clc"):
-                stack.__dict__.pop(name, None)
+            tap = stack.tap
+            if isinstance(tap, _StackTrace) and tap.tracer is self:
+                stack.tap = None
             for qp in _members(stack.qps):
-                for name in ("post_send", "post_writes_send"):
-                    if getattr(qp.__dict__.get(name), "_smcr_trace", False):
-                        del qp.__dict__[name]
+                qtap = qp.tap
+                if isinstance(qtap, _QpTrace) and qtap.tracer is self:
+                    qp.set_tap(None)
 
     def _hook_stack(self, stack: Any) -> None:
         with self._lock:  # (a runtime made while the tool goes must not keep hooks)
@@ -176,44 +176,7 @@ class Tracer:
                    link.mtu, exact))  # fmt: skip
 
     def _hook_runtime(self, dev: int, stack: Any) -> None:
-        new_qp, received, control = stack.new_qp, stack._received, stack._control
-        receive_clc = stack._receive_clc
-        add, described = self._add, self._described
-
-        def traced_new_qp(port: int = 0) -> tuple[int, int]:
-            qpn, psn = new_qp(port)
-            self._fresh.add((dev, qpn))
-            qp = stack.qps.get(qpn)
-            if qp is not None:
-                self._hook_qp(dev, stack, qp)
-            return qpn, psn
-
-        def traced_received(qpn: int, messages: list[memoryview], now: float) -> None:
-            if (dev, qpn) not in described:
-                self._describe(dev, stack, qpn)
-            ts = time.time()
-            for m in messages:
-                if len(m) >= 44 and m[0] == _CDC:
-                    token = int.from_bytes(m[4:8], "big")
-                    if (dev, token) not in self._conns_told:
-                        self._tell_conn(dev, stack, qpn, token)
-                add(("send", ts, dev, qpn, False, bytes(m)))
-            received(qpn, messages, now)
-
-        def traced_control(a: Any) -> None:
-            data = getattr(a, "data", None)
-            if type(a).__name__ == "SendClc" and data is not None:
-                self._clc(dev, stack, a.conn, True, bytes(data))
-            control(a)
-
-        def traced_receive_clc(conn: int, data: bytes, now: float) -> Any:
-            self._clc(dev, stack, conn, False, bytes(data))
-            return receive_clc(conn, data, now)
-
-        stack.new_qp = traced_new_qp
-        stack._received = traced_received
-        stack._control = traced_control
-        stack._receive_clc = traced_receive_clc
+        stack.tap = _StackTrace(self, dev)
 
     def _tell_conn(self, dev: int, stack: Any, qpn: int, token: int) -> None:
         """The RMB and producer cursor of the connection a CDC is for, before that CDC."""
@@ -239,59 +202,10 @@ class Tracer:
         self._add(("clc", time.time(), dev, conn, out, addr[0], addr[1], data))
 
     def _hook_qp(self, dev: int, stack: Any, qp: Any) -> None:
-        if getattr(qp.__dict__.get("post_send"), "_smcr_trace", False):
+        tap = qp.tap
+        if isinstance(tap, _QpTrace) and tap.tracer is self:
             return  # hooked already (made while the others were being hooked)
-        qpn = qp.qp_num
-        post_send, post_writes_send = qp.post_send, qp.post_writes_send
-        add, described, snap = self._add, self._described, self.snap
-        lookup = qp.pd.lookup_local
-
-        def payload(wr: SendWr, limit: int) -> tuple[int, bytes]:
-            if wr.send_flags & _INLINE and wr.inline_data is not None:
-                data = wr.inline_data
-                return len(data), bytes(data[:limit])
-            length = sum(s.length for s in wr.sg_list)
-            if not wr.sg_list or limit <= 0:
-                return length, b""
-            view = lookup(wr.sg_list[0], 0)
-            return length, bytes(view[:limit]) if view is not None else b""
-
-        inside = [False]  # in post_writes_send, which may hand its WRs to post_send
-
-        def traced_post_send(wrs: SendWr | Iterable[SendWr]) -> None:
-            if inside[0]:
-                post_send(wrs)
-                return
-            batch = [wrs] if isinstance(wrs, SendWr) else list(wrs)
-            if (dev, qpn) not in described:
-                self._describe(dev, stack, qpn, qp)
-            post_send(batch)
-            ts = time.time()
-            for wr in batch:
-                if wr.opcode is _WRITE:
-                    length, data = payload(wr, snap)
-                    add(("write", ts, dev, qpn, wr.remote_addr, wr.rkey, length, data))
-                elif wr.opcode is _SEND:
-                    add(("send", ts, dev, qpn, True, payload(wr, 64)[1]))
-
-        def traced_post_writes_send(writes: Sequence[tuple[int, int, memoryview]], message: bytes,
-                                    wr_id: int, signaled: bool) -> None:  # fmt: skip
-            if (dev, qpn) not in described:
-                self._describe(dev, stack, qpn, qp)
-            inside[0] = True
-            try:
-                post_writes_send(writes, message, wr_id, signaled)
-            finally:
-                inside[0] = False
-            ts = time.time()
-            for addr, rkey, data in writes:
-                add(("write", ts, dev, qpn, addr, rkey, len(data), bytes(data[:snap])))
-            add(("send", ts, dev, qpn, True, bytes(message)))
-
-        traced_post_send._smcr_trace = True  # type: ignore[attr-defined]
-        traced_post_writes_send._smcr_trace = True  # type: ignore[attr-defined]
-        qp.post_send = traced_post_send
-        qp.post_writes_send = traced_post_writes_send
+        qp.set_tap(_QpTrace(self, dev, stack, qp))
 
     # ------------------------------------------------------------ for the endpoint
 
@@ -305,6 +219,85 @@ class Tracer:
             size += len(record[-1]) if isinstance(record[-1], bytes) else 0
             out.append(_as_json(record))
         return out
+
+
+class _StackTrace(runtime.StackTap):
+    """A traced runtime's tap: its SENDs in, CLC both ways, QPs made while tracing."""
+
+    def __init__(self, tracer: Tracer, dev: int) -> None:
+        self.tracer = tracer
+        self.dev = dev
+
+    def new_qp(self, stack: Any, qpn: int) -> None:
+        tracer = self.tracer
+        tracer._fresh.add((self.dev, qpn))
+        qp = stack.qps.get(qpn)
+        if qp is not None:
+            tracer._hook_qp(self.dev, stack, qp)
+
+    def received(self, stack: Any, qpn: int, messages: list[memoryview]) -> None:
+        tracer, dev = self.tracer, self.dev
+        if (dev, qpn) not in tracer._described:
+            tracer._describe(dev, stack, qpn)
+        ts = time.time()
+        add = tracer._add
+        for m in messages:
+            if len(m) >= 44 and m[0] == _CDC:
+                token = int.from_bytes(m[4:8], "big")
+                if (dev, token) not in tracer._conns_told:
+                    tracer._tell_conn(dev, stack, qpn, token)
+            add(("send", ts, dev, qpn, False, bytes(m)))
+
+    def control(self, stack: Any, action: Any) -> None:
+        data = getattr(action, "data", None)
+        if type(action).__name__ == "SendClc" and data is not None:
+            self.tracer._clc(self.dev, stack, action.conn, True, bytes(data))
+
+    def receive_clc(self, stack: Any, conn: int, data: bytes) -> None:
+        self.tracer._clc(self.dev, stack, conn, False, bytes(data))
+
+
+class _QpTrace(QpTap):
+    """A traced QP's tap: every SEND and RDMA WRITE it posts (fused or not), once."""
+
+    def __init__(self, tracer: Tracer, dev: int, stack: Any, qp: Any) -> None:
+        self.tracer = tracer
+        self.dev = dev
+        self.stack = stack
+        self.qpn = qp.qp_num
+        self.lookup = qp.pd.lookup_local
+
+    def posting(self, qp: QueuePair) -> None:
+        if (self.dev, self.qpn) not in self.tracer._described:
+            self.tracer._describe(self.dev, self.stack, self.qpn, qp)
+
+    def _payload(self, wr: SendWr, limit: int) -> tuple[int, bytes]:
+        if wr.send_flags & _INLINE and wr.inline_data is not None:
+            data = wr.inline_data
+            return len(data), bytes(data[:limit])
+        length = sum(s.length for s in wr.sg_list)
+        if not wr.sg_list or limit <= 0:
+            return length, b""
+        view = self.lookup(wr.sg_list[0], 0)
+        return length, bytes(view[:limit]) if view is not None else b""
+
+    def sent(self, qp: QueuePair, wrs: list[SendWr]) -> None:
+        ts, dev, qpn = time.time(), self.dev, self.qpn
+        add, snap = self.tracer._add, self.tracer.snap
+        for wr in wrs:
+            if wr.opcode is _WRITE:
+                length, data = self._payload(wr, snap)
+                add(("write", ts, dev, qpn, wr.remote_addr, wr.rkey, length, data))
+            elif wr.opcode is _SEND:
+                add(("send", ts, dev, qpn, True, self._payload(wr, 64)[1]))
+
+    def writes_sent(self, qp: QueuePair, writes: Sequence[tuple[int, int, memoryview]],
+                    message: bytes) -> None:  # fmt: skip
+        ts, dev, qpn = time.time(), self.dev, self.qpn
+        add, snap = self.tracer._add, self.tracer.snap
+        for addr, rkey, data in writes:
+            add(("write", ts, dev, qpn, addr, rkey, len(data), bytes(data[:snap])))
+        add(("send", ts, dev, qpn, True, bytes(message)))
 
 
 def _members(table: dict[int, Any]) -> list[Any]:

@@ -13,7 +13,9 @@ Design: what does not depend on how bytes move lives here, once, so that the
   uses one to move arrived SENDs from its shared ring into posted receives, so a
   receive costs the receiving thread one wakeup and no engine-thread hop.
 * :class:`QueuePair` keeps state, attributes and capabilities and runs the state
-  table of :mod:`smcr.rdma.qpstate`; providers implement the abstract hooks.
+  table of :mod:`smcr.rdma.qpstate`; providers implement the abstract hooks.  Its
+  verbs take fault injection and a tap (``smcr trace``) through one attribute,
+  :attr:`QueuePair.hooks`, None unless used: the data path tests only that.
 """
 
 from __future__ import annotations
@@ -424,25 +426,39 @@ class CompletionQueue:
         self._bell_w.close()
 
 
-def _shadow_failing(qp: QueuePair, names: tuple[str, ...], error: OSError, times: int) -> None:
-    """:meth:`QueuePair.fail_next`'s shadows (a function of its own: mypyc fails on a
-    closure in a method of a Python class)."""
-    left = [times]
+@mypyc_attr(allow_interpreted_subclasses=True)
+class QpTap:
+    """Something that watches one QP's posts onto its send queue (``smcr trace``, tests):
+    subclass it, override what you watch, attach it with :meth:`QueuePair.set_tap`.
 
-    def failing(*_args: Any, **_kwargs: Any) -> None:
-        left[0] -= 1
-        if left[0] <= 0:
-            for name in names:
-                qp.__dict__.pop(name, None)
-        raise error
+    Told of the posts the QP took (not of those it refused by raising), in the
+    caller's thread, under whatever lock the caller holds: keep it short, never block.
+    A WR a post hands on inside the QP (a fused batch falling back to the generic
+    post) is told once, as the call the caller made.
+    """
 
-    for name in names:
-        setattr(qp, name, failing)
+    def posting(self, qp: QueuePair) -> None:
+        """A post onto ``qp``'s send queue is about to run (none of its WRs went yet)."""
+
+    def sent(self, qp: QueuePair, wrs: list[SendWr]) -> None:
+        """``qp.post_send`` took ``wrs``."""
+
+    def writes_sent(self, qp: QueuePair, writes: Sequence[tuple[int, int, memoryview]],
+                    message: bytes) -> None:  # fmt: skip
+        """``qp.post_writes_send`` took these inline WRITEs and the SEND of ``message``."""
 
 
-# a Python class even when compiled (mypyc): smcr trace and fault injection (fail_next)
-# shadow its instances' methods, which a native class's compiled callers would go past
-@mypyc_attr(native_class=False)
+class QpHooks:
+    """What one QP has besides its work: failures injected (:meth:`QueuePair.fail_next`)
+    and a tap (:meth:`QueuePair.set_tap`).  A QP without either has none
+    (``hooks`` None), which is all its verbs test: nothing else on the data path."""
+
+    def __init__(self) -> None:
+        self.tap: QpTap | None = None
+        self.failures: dict[str, tuple[OSError, int]] = {}
+        """Verb (``post_send``, ``post_recv``, ``modify``) -> (error, calls left to fail)."""
+
+
 class QueuePair(ABC):
     """An RC queue pair: state machine and attributes here, transport in the provider."""
 
@@ -472,6 +488,8 @@ class QueuePair(ABC):
         self.attr = QpAttr(qp_state=QpState.RESET)
         self._max_mtu = max_mtu
         self._state_lock = threading.RLock()
+        self.hooks: QpHooks | None = None
+        """Failures injected and a tap (:class:`QpHooks`), None without either."""
 
     @property
     def state(self) -> QpState:
@@ -489,6 +507,8 @@ class QueuePair(ABC):
         :raises VerbsError: EINVAL on an illegal request (nothing changes), or
             whatever the provider raises when it cannot reach the peer (at RTR).
         """
+        if self.hooks is not None:
+            self._fault("modify")
         with self._state_lock:
             new = check_modify(self.attr.qp_state, attr, mask, self._max_mtu)
             if new is QpState.ERR:
@@ -535,14 +555,55 @@ class QueuePair(ABC):
         above can be tested against it: a send queue that stays full (``ENOMEM``),
         a post or a modify that fails (``EIO``, ``EINVAL``).  ``verb`` is
         ``"post_send"`` (also :meth:`post_writes_send`, the other way onto the send
-        queue), ``"post_recv"`` or ``"modify"``.  Costs nothing when unused: the
-        instance's methods are shadowed only while failures are left, then restored.
+        queue: they count down together), ``"post_recv"`` or ``"modify"``; a second
+        call for a verb replaces the first.  Costs nothing once met: the QP's
+        :attr:`hooks` go when no failure (and no tap) is left.
         """
         if times < 1:
             raise ValueError(f"times must be at least 1, not {times}")
-        names = {"post_send": ("post_send", "post_writes_send"), "post_recv": ("post_recv",),
-                 "modify": ("modify",)}[verb]  # fmt: skip
-        _shadow_failing(self, names, error, times)
+        if verb not in ("post_send", "post_recv", "modify"):
+            raise KeyError(verb)
+        with self._state_lock:
+            hooks = self.hooks if self.hooks is not None else QpHooks()
+            hooks.failures[verb] = (error, times)
+            self.hooks = hooks
+
+    def failures_left(self, verb: str) -> int:
+        """How many calls of ``verb`` still fail (:meth:`fail_next`)."""
+        hooks = self.hooks
+        left = hooks.failures.get(verb) if hooks is not None else None
+        return left[1] if left is not None else 0
+
+    def set_tap(self, tap: QpTap | None) -> None:
+        """Attach ``tap`` to watch this QP's posts onto the send queue, or (None) take
+        the tap away."""
+        with self._state_lock:
+            hooks = self.hooks if self.hooks is not None else QpHooks()
+            hooks.tap = tap
+            self.hooks = hooks if tap is not None or hooks.failures else None
+
+    @property
+    def tap(self) -> QpTap | None:
+        """The tap attached (:meth:`set_tap`), or None."""
+        hooks = self.hooks
+        return hooks.tap if hooks is not None else None
+
+    def _fault(self, verb: str) -> None:
+        """Raise the failure injected for ``verb`` if one is left (:meth:`fail_next`); the
+        last one met takes the hooks away unless a tap or other failures remain."""
+        with self._state_lock:
+            hooks = self.hooks
+            left = hooks.failures.get(verb) if hooks is not None else None
+            if hooks is None or left is None:
+                return
+            error, times = left
+            if times > 1:
+                hooks.failures[verb] = (error, times - 1)
+            else:
+                del hooks.failures[verb]
+                if not hooks.failures and hooks.tap is None:
+                    self.hooks = None
+        raise error
 
     def _copy_attrs(self, attr: QpAttr, mask: QpAttrMask) -> None:
         """Store the fields that ``mask`` names (the provider calls this when it commits)."""
@@ -587,9 +648,24 @@ class QueuePair(ABC):
     def _reset(self) -> None:
         """Provider hook: back to RESET, all work dropped without completions (lock held)."""
 
-    @abstractmethod
     def post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
-        """Queue send-queue work requests, in order (``ibv_post_send``)."""
+        """Queue send-queue work requests, in order (``ibv_post_send``): the provider's
+        :meth:`_post_send`, unless failures are injected or a tap watches."""
+        if self.hooks is None:
+            self._post_send(wrs)
+        else:
+            self._hooked_post_send(wrs)
+
+    def _hooked_post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
+        self._fault("post_send")
+        tap = self.tap
+        if tap is None:
+            self._post_send(wrs)
+            return
+        batch = [wrs] if isinstance(wrs, SendWr) else list(wrs)
+        tap.posting(self)
+        self._post_send(batch)
+        tap.sent(self, batch)
 
     def post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
                          wr_id: int, signaled: bool) -> None:  # fmt: skip
@@ -601,10 +677,30 @@ class QueuePair(ABC):
         per operation costs too much.  Same semantics as :meth:`post_send` with
         one unsignaled ``RDMA_WRITE | INLINE`` WR (``wr_id`` 0) per
         ``(remote_addr, rkey, data)`` and a final ``SEND | INLINE`` WR; providers
-        may fuse it (:class:`~smcr.rdma.shm.qp.ShmQp` does), this default builds
-        the WRs.  Needs ``max_inline_data`` for the largest piece.  The SEND is
-        solicited, as Linux posts every CDC (``smc_wr_tx_send``: the BTH's SE bit).
+        may fuse it (:class:`~smcr.rdma.shm.qp.ShmQp` does, in
+        :meth:`_post_writes_send`).  Needs ``max_inline_data`` for the largest piece.
+        The SEND is solicited, as Linux posts every CDC (``smc_wr_tx_send``: the
+        BTH's SE bit).  Failures injected for ``post_send`` fail this too.
         """
+        if self.hooks is None:
+            self._post_writes_send(writes, message, wr_id, signaled)
+            return
+        self._fault("post_send")
+        tap = self.tap
+        if tap is not None:
+            tap.posting(self)
+        self._post_writes_send(writes, message, wr_id, signaled)
+        if tap is not None:
+            tap.writes_sent(self, writes, message)
+
+    @abstractmethod
+    def _post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
+        """Provider: :meth:`post_send`'s work."""
+
+    def _post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
+                          wr_id: int, signaled: bool) -> None:  # fmt: skip
+        """:meth:`post_writes_send`'s work; this default builds the WRs and posts them
+        (:meth:`_post_send`: the caller's one post, not a second one)."""
         flags = SendFlag.INLINE | SendFlag.SOLICITED
         flags |= SendFlag.SIGNALED if signaled else SendFlag.NONE
         wrs = [SendWr(wr_id=0, opcode=WrOpcode.RDMA_WRITE, remote_addr=addr, rkey=rkey,
@@ -612,16 +708,23 @@ class QueuePair(ABC):
                for addr, rkey, data in writes]  # fmt: skip
         wrs.append(SendWr(wr_id=wr_id, opcode=WrOpcode.SEND, send_flags=flags,
                           inline_data=message))  # fmt: skip
-        self.post_send(wrs)
+        self._post_send(wrs)
 
     def next_psns(self) -> tuple[int, int] | None:
         """(PSN of the next packet we send, PSN expected next from the peer), for a provider
         that numbers packets (RoCE; ``smcr trace``), else None."""
         return None
 
-    @abstractmethod
     def post_recv(self, wrs: RecvWr | Iterable[RecvWr]) -> None:
-        """Queue receive work requests, in order (``ibv_post_recv``)."""
+        """Queue receive work requests, in order (``ibv_post_recv``): the provider's
+        :meth:`_post_recv`, unless failures are injected."""
+        if self.hooks is not None:
+            self._fault("post_recv")
+        self._post_recv(wrs)
+
+    @abstractmethod
+    def _post_recv(self, wrs: RecvWr | Iterable[RecvWr]) -> None:
+        """Provider: :meth:`post_recv`'s work."""
 
     @abstractmethod
     def destroy(self) -> None:

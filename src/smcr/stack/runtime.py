@@ -369,9 +369,32 @@ class HostConn:
         return self.sndbuf_mr.buf
 
 
-# a Python class even when compiled (mypyc): smcr trace shadows its instances' methods
-# (new_qp, _received, _control, _receive_clc), and tests do too
-@mypyc_attr(native_class=False)
+@mypyc_attr(allow_interpreted_subclasses=True)
+class StackTap:
+    """Something that watches one runtime's link traffic (``smcr trace``, tests): subclass
+    it, override what you watch, set it as :attr:`Stack.tap`.
+
+    Why a tap and not methods shadowed per instance: :class:`Stack` is a native class
+    in the compiled build, whose compiled callers would never see a shadow; the
+    runtime tests ``tap is None`` where it would call one, nothing more.  Called
+    with the runtime's lock held, in whichever thread does the work: keep it short,
+    never block, never call the runtime back.
+    """
+
+    def new_qp(self, stack: Stack, qpn: int) -> None:
+        """The runtime made QP ``qpn`` (:meth:`Stack.new_qp`; it is in ``stack.qps``)."""
+
+    def received(self, stack: Stack, qpn: int, messages: list[memoryview]) -> None:
+        """SENDs that arrived on QP ``qpn``, before the engine gets them."""
+
+    def control(self, stack: Stack, action: Action) -> None:
+        """An engine action other than a post, before the runtime carries it out
+        (:class:`~smcr.core.events.SendClc`: a CLC message about to go)."""
+
+    def receive_clc(self, stack: Stack, conn: int, data: bytes) -> None:
+        """CLC bytes read from connection ``conn``'s TCP socket, before the engine gets them."""
+
+
 class Stack:
     """The per-process runtime (module docstring)."""
 
@@ -486,6 +509,8 @@ class Stack:
         self._corked = False
         """Some connection may hold corked bytes (:meth:`corked`)."""
         self._running = True
+        self.tap: StackTap | None = None
+        """What watches this runtime's link traffic (:class:`StackTap`), or None."""
         self.exiting = False
         """The interpreter is exiting (:meth:`close_at_exit`)."""
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
@@ -517,6 +542,9 @@ class Stack:
         self.qps[qp.qp_num] = qp
         if port:
             self._qp_port[qp.qp_num] = port
+        tap = self.tap
+        if tap is not None:
+            tap.new_qp(self, qp.qp_num)
         return qp.qp_num, secrets.randbits(24)
 
     def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
@@ -717,7 +745,10 @@ class Stack:
             self.execute(self.engine.tcp_closed(hc.conn_id, now))
 
     def _receive_clc(self, conn_id: int, data: bytes, now: float) -> list[Action]:
-        """CLC bytes to the engine (a method of its own: where smcr trace sees them)."""
+        """CLC bytes to the engine (and to the tap: where smcr trace sees them)."""
+        tap = self.tap
+        if tap is not None:
+            tap.receive_clc(self, conn_id, data)
         return self.engine.receive_clc(conn_id, data, now)
 
     def _unwatch_clc(self, hc: HostConn) -> None:
@@ -1115,6 +1146,9 @@ class Stack:
                 return
 
     def _control(self, a: Action) -> None:
+        tap = self.tap
+        if tap is not None:
+            tap.control(self, a)
         if isinstance(a, SendClc):
             hc = self.conns.get(a.conn)
             if hc is not None:
@@ -1357,6 +1391,9 @@ class Stack:
     def _received(self, qpn: int, messages: list[memoryview], now: float) -> None:
         """SENDs that arrived on a QP, in order, to the engine (their slots are not
         reposted before this returns)."""
+        tap = self.tap
+        if tap is not None:
+            tap.received(self, qpn, messages)
         engine = self.engine
         actions = engine.receive_wrs(qpn, messages, now)
         if actions or engine.has_events():

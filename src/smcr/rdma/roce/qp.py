@@ -41,7 +41,6 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from smcr._mypyc import mypyc_attr
 from smcr.rdma.base import CompletionQueue, QueuePair
 from smcr.rdma.roce.cq import RoceCq
 from smcr.rdma.roce.fastpath import (
@@ -97,7 +96,6 @@ MAX_DATAGRAM = 65536
 Buffer = bytes | bytearray | memoryview
 
 
-@mypyc_attr(native_class=False)  # as QueuePair (smcr trace, fail_next)
 class RoceQp(QueuePair):
     """An RC QP of a :class:`~smcr.rdma.roce.device.RoceDevice` (``pd.create_qp``)."""
 
@@ -455,7 +453,7 @@ class RoceQp(QueuePair):
 
     # ----------------------------------------------------------------- posts
 
-    def post_recv(self, wrs: RecvWr | Iterable[RecvWr]) -> None:
+    def _post_recv(self, wrs: RecvWr | Iterable[RecvWr]) -> None:
         """``ibv_post_recv``.
 
         :raises VerbsError: EINVAL in RESET or for too many SGEs, ENOMEM when full.
@@ -482,7 +480,7 @@ class RoceQp(QueuePair):
         """The requester's next PSN and the responder's expected one (``smcr trace``)."""
         return self.req.next, self.resp.epsn
 
-    def post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
+    def _post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
         """``ibv_post_send``: check local memory, queue, transmit what the window allows.
 
         A WR whose SGEs fail the lkey/bounds/access check completes with

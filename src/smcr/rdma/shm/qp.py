@@ -46,7 +46,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from smcr._mypyc import mypyc_attr
 from smcr.rdma.base import CompletionQueue, QueuePair
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
@@ -125,7 +124,6 @@ _OPS: dict[WrOpcode, _Op] = {
 INFINITE_TIMEOUT_POLL = 0.1
 
 
-@mypyc_attr(native_class=False)  # as QueuePair (smcr trace, fail_next)
 class ShmQp(QueuePair):
     """An RC QP of a :class:`~smcr.rdma.shm.device.ShmDevice` (create it with ``pd.create_qp``)."""
 
@@ -349,7 +347,7 @@ class ShmQp(QueuePair):
 
     # --------------------------------------------------------------- receive
 
-    def post_recv(self, wrs: RecvWr | Iterable[RecvWr]) -> None:
+    def _post_recv(self, wrs: RecvWr | Iterable[RecvWr]) -> None:
         """``ibv_post_recv``: publish the receives (and their lengths) to the requester.
 
         :raises VerbsError: EINVAL in RESET or for too many SGEs, ENOMEM when full.
@@ -463,7 +461,7 @@ class ShmQp(QueuePair):
 
     # ------------------------------------------------------------------ send
 
-    def post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
+    def _post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
         """``ibv_post_send``: run the WRs now, in order, or queue them behind a blocked one.
 
         :raises VerbsError: EINVAL before RTS, for an unsupported opcode or too many
@@ -500,14 +498,14 @@ class ShmQp(QueuePair):
         ``smcr trace``: shm QPs number their packets as RoCE does."""
         return self._next_psn, lay.U32.unpack_from(self._area, lay.OFF_EPSN)[0] & PSN_MASK
 
-    def post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
-                         wr_id: int, signaled: bool) -> None:  # fmt: skip
-        """The data path's batch (see the base class), fused: the checks of
-        :meth:`_execute` for every WR first, then the copies, with no WR objects.
+    def _post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
+                          wr_id: int, signaled: bool) -> None:  # fmt: skip
+        """:meth:`post_writes_send` (the data path's batch, see the base class), fused: the
+        checks of :meth:`_execute` for every WR first, then the copies, with no WR objects.
 
         Anything off the common path (not RTS, work queued, peer not ready, no
         receive posted, a remote check that fails, ``sq_sig_all``) goes to the
-        generic :meth:`post_send`, which repeats the checks and reports the
+        generic :meth:`_post_send` (within this one post), which repeats the checks and reports the
         exact error: nothing has moved by then.
         """
         with self._state_lock:
@@ -558,7 +556,7 @@ class ShmQp(QueuePair):
                                                      opcode=_SEND_OP, qp_num=self.qp_num,
                                                      byte_len=size))  # fmt: skip
                 return
-        super().post_writes_send(writes, message, wr_id, signaled)
+        super()._post_writes_send(writes, message, wr_id, signaled)
 
     def _check_inline(self, wr: SendWr) -> None:
         """An inline WR: the flag and the data together, a byte view, within ``max_inline_data``."""
