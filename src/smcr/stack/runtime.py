@@ -1015,14 +1015,17 @@ class Stack:
             self._dispatch_events()
 
     def send_fast(self, hc: HostConn, c: Connection, data: memoryview) -> int:
-        """A send's two common cases in one call (lock held; no urgent data): corked into the
-        send buffer (:meth:`Connection.cork` says so: the peer's answer flushes it), or
-        RDMA-written inline when all of it fits now (:meth:`send_inline`).
+        """A send's common cases in one call (lock held; no urgent data): corked into the
+        send buffer (:meth:`Connection.cork` says so: the peer's answer flushes it),
+        RDMA-written inline when all of it fits now (:meth:`send_inline`), or, on RNICs
+        without inline sends (RoCE), copied into the send buffer when all of it fits
+        there, after the news that came meanwhile (:meth:`process`: acknowledgements and
+        the peer's cursors free room), as the socket's general path does.
 
         Why here and not in the socket: this module is compiled (:mod:`smcr.native`), the
         socket's is not, and a small write's cost is mostly these few steps' Python.
 
-        :returns: the bytes taken (all of ``data``), or -1 when neither case applies (the
+        :returns: the bytes taken (all of ``data``), or -1 when no case applies (the
             socket's general path then waits, copies or splits).
         """
         n = len(data)
@@ -1030,12 +1033,24 @@ class Stack:
             ring_write(hc.sndbuf, c.tx_app, data)
             c.corked(n)
             self.corked(c)
-        elif self.max_inline and 0 < n <= c.direct_room():
+        elif self.max_inline:
+            if not 0 < n <= c.direct_room():
+                return -1
             self.send_inline(c, data, c.unanswered and not c.echo_pending and c.echo_wanted(n))
             if self.local_peer(hc, c):
                 self.process()
         else:
-            return -1
+            self.process()
+            if (not 0 < n <= c.sndbuf_space() or c.tx_flags or c.peer_closed or c.reset_reason
+                    or c.urg_tx_end is not None):  # fmt: skip
+                return -1  # (what process() took may have ended it: the general path says so)
+            ring_write(hc.sndbuf, c.tx_app, data)
+            actions: list[Action] = []
+            c.written(n, actions)
+            if actions:
+                self.execute(actions)
+            if self.local_peer(hc, c):
+                self.process()
         if hc.readiness is not None:
             self.update_readiness(hc)
         return n
