@@ -3,11 +3,13 @@ socket objects use them, and that what they do is what the class's methods do.""
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import socket
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -149,3 +151,25 @@ def test_a_socket_nobody_references_is_collected_at_once() -> None:
     finally:
         b.close()
 
+
+
+def test_a_data_call_kept_after_its_socket_was_collected_fails_as_on_a_closed_socket() -> None:
+    """The shortcut's bound methods do not keep their socket alive (no cycle, see the
+    module): one kept alone fails with EBADF once the socket is collected and closed,
+    not with an error of its own."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    a = smcr.create_connection(srv.getsockname(), timeout=20)
+    b, _ = srv.accept()
+    srv.close()
+    try:
+        b.settimeout(20)
+        kept: list[Callable[[Any], object]] = [a.sendall, a.send, a.recv, a.recv_into]
+        with pytest.warns(ResourceWarning):
+            del a
+        assert b.recv(1) == b""  # collected and closed
+        for call, arg in zip(kept, (b"x", b"x", 1, bytearray(1)), strict=True):
+            with pytest.raises(OSError) as err:
+                call(arg)
+            assert err.value.errno == errno.EBADF
+    finally:
+        b.close()

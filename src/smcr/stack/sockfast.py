@@ -12,11 +12,16 @@ full RMBE, a closed, shut, forked or reset socket, data of another shape -- goes
 the class's method, which does everything as before; nothing is taken before it does.
 
 The socket is held weakly: its dictionary holds this object, and a cycle would keep
-a socket nobody references from being collected (and closed) at once.
+a socket nobody references from being collected (and closed) at once.  The price: a
+program that keeps only ``sock.sendall`` (not the socket) no longer keeps the socket
+alive, as ``socket.socket``'s bound method does; once it is collected (and so closed)
+the method fails as on a closed socket (EBADF).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -57,8 +62,13 @@ class SocketFast:
         return (sock._mode == _SMCR and not sock._gone and not sock._forked
                 and not sock._wr_shut)  # fmt: skip
 
+    def _gone(self) -> OSError:
+        """The error of a call whose socket was collected (module docstring)."""
+        return OSError(errno.EBADF, os.strerror(errno.EBADF))
+
     def _sent(self, view: memoryview) -> int:
-        """``view`` corked or written inline, or -1 (the general path's first case)."""
+        """``view`` taken in one of :meth:`Stack.send_fast`'s cases (corked, written
+        inline, copied into the send buffer), or -1 (the general path's first case)."""
         stack, hc = self.stack, self.hc
         if self.wlock.locked():  # another thread sends (and may wait): keep its order
             return -1
@@ -75,7 +85,9 @@ class SocketFast:
     def sendall(self, data: Any, flags: int = 0) -> None:
         """``socket.sendall``."""
         sock = self.sock_ref()
-        if sock is not None and not flags and self._usable(sock):
+        if sock is None:
+            raise self._gone()
+        if not flags and self._usable(sock):
             view = memoryview(data)
             if view.format == "B" and view.ndim == 1 and view:
                 n = self._sent(view)
@@ -89,7 +101,9 @@ class SocketFast:
     def send(self, data: Any, flags: int = 0) -> int:
         """``socket.send``."""
         sock = self.sock_ref()
-        if sock is not None and not flags and self._usable(sock):
+        if sock is None:
+            raise self._gone()
+        if not flags and self._usable(sock):
             view = memoryview(data)
             if view.format == "B" and view.ndim == 1 and view:
                 n = self._sent(view)
@@ -116,7 +130,9 @@ class SocketFast:
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         """``socket.recv_into``."""
         sock = self.sock_ref()
-        if sock is not None and not flags and nbytes >= 0 and sock._mode == _SMCR \
+        if sock is None:
+            raise self._gone()
+        if not flags and nbytes >= 0 and sock._mode == _SMCR \
                 and not sock._gone and not sock._forked:  # fmt: skip
             out = memoryview(buffer)
             if out.format == "B" and out.ndim == 1 and nbytes <= len(out):
@@ -132,7 +148,9 @@ class SocketFast:
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         """``socket.recv``: a buffer the size of what is there, not of ``bufsize``."""
         sock = self.sock_ref()
-        if sock is not None and not flags and bufsize > 0 and sock._mode == _SMCR \
+        if sock is None:
+            raise self._gone()
+        if not flags and bufsize > 0 and sock._mode == _SMCR \
                 and not sock._gone and not sock._forked:  # fmt: skip
             c = self.stack.engine.conns.get(self.hc.conn_id)
             if c is not None:
