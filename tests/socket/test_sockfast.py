@@ -129,16 +129,23 @@ def test_a_duplicate_serves_itself_after_the_original_closes() -> None:
             d.close()
 
 
-def test_a_socket_nobody_references_is_collected_at_once() -> None:
-    """The shortcut holds its socket weakly: no cycle keeps an unreferenced SMC-R socket
-    (and its connection) alive until the cycle collector runs."""
+def lone_pair() -> tuple[smcr.SMCSocket, socket.socket]:
+    """A connected SMC-R pair whose client only the caller references (no fixture holds
+    it), the server with a timeout."""
     srv = smcr.create_server(("127.0.0.1", 0))
     a = smcr.create_connection(srv.getsockname(), timeout=20)
     b, _ = srv.accept()
     srv.close()
+    b.settimeout(20)
+    assert a.smc_info().mode == "SMCR" and fast_methods(a) == list(METHODS)
+    return a, b
+
+
+def test_a_socket_nobody_references_is_collected_at_once() -> None:
+    """The shortcut holds its socket weakly: no cycle keeps an unreferenced SMC-R socket
+    (and its connection) alive until the cycle collector runs."""
+    a, b = lone_pair()
     try:
-        b.settimeout(20)
-        assert a.smc_info().mode == "SMCR" and fast_methods(a) == list(METHODS)
         ref = weakref.ref(a)
         gc.disable()
         try:
@@ -152,17 +159,12 @@ def test_a_socket_nobody_references_is_collected_at_once() -> None:
         b.close()
 
 
-
 def test_a_data_call_kept_after_its_socket_was_collected_fails_as_on_a_closed_socket() -> None:
     """The shortcut's bound methods do not keep their socket alive (no cycle, see the
     module): one kept alone fails with EBADF once the socket is collected and closed,
     not with an error of its own."""
-    srv = smcr.create_server(("127.0.0.1", 0))
-    a = smcr.create_connection(srv.getsockname(), timeout=20)
-    b, _ = srv.accept()
-    srv.close()
+    a, b = lone_pair()
     try:
-        b.settimeout(20)
         kept: list[Callable[[Any], object]] = [a.sendall, a.send, a.recv, a.recv_into]
         with pytest.warns(ResourceWarning):
             del a

@@ -56,11 +56,10 @@ class SocketFast:
         self.slow_recv = slow_recv
         self.slow_recv_into = slow_recv_into
 
-    def _usable(self, sock: Any) -> bool:
+    def _open(self, sock: Any) -> bool:
         """The socket is an SMC-R socket of this process, open (the general path's
         checks before it looks at the connection)."""
-        return (sock._mode == _SMCR and not sock._gone and not sock._forked
-                and not sock._wr_shut)  # fmt: skip
+        return sock._mode == _SMCR and not sock._gone and not sock._forked
 
     def _gone(self) -> OSError:
         """The error of a call whose socket was collected (module docstring)."""
@@ -82,33 +81,32 @@ class SocketFast:
             COUNTERS.tx_pd[n.bit_length()] += 1
         return n
 
+    def _sent_all(self, sock: Any, data: Any, flags: int) -> int:
+        """All of ``data`` taken by :meth:`_sent` (its length), or 0: the general path's
+        turn (:meth:`Stack.send_fast` takes all or nothing)."""
+        if flags or not self._open(sock) or sock._wr_shut:
+            return 0
+        view = memoryview(data)
+        if view.format != "B" or view.ndim != 1 or not view:
+            return 0
+        return max(self._sent(view), 0)
+
     def sendall(self, data: Any, flags: int = 0) -> None:
         """``socket.sendall``."""
         sock = self.sock_ref()
         if sock is None:
             raise self._gone()
-        if not flags and self._usable(sock):
-            view = memoryview(data)
-            if view.format == "B" and view.ndim == 1 and view:
-                n = self._sent(view)
-                if n == len(view):
-                    return
-                if n > 0:  # (send_fast takes all or nothing; kept general)
-                    self.slow_sendall(sock, view[n:], flags)
-                    return
-        self.slow_sendall(sock, data, flags)
+        if not self._sent_all(sock, data, flags):
+            self.slow_sendall(sock, data, flags)
 
     def send(self, data: Any, flags: int = 0) -> int:
         """``socket.send``."""
         sock = self.sock_ref()
         if sock is None:
             raise self._gone()
-        if not flags and self._usable(sock):
-            view = memoryview(data)
-            if view.format == "B" and view.ndim == 1 and view:
-                n = self._sent(view)
-                if n > 0:
-                    return n
+        n = self._sent_all(sock, data, flags)
+        if n:
+            return n
         result: int = self.slow_send(sock, data, flags)
         return result
 
@@ -132,8 +130,7 @@ class SocketFast:
         sock = self.sock_ref()
         if sock is None:
             raise self._gone()
-        if not flags and nbytes >= 0 and sock._mode == _SMCR \
-                and not sock._gone and not sock._forked:  # fmt: skip
+        if not flags and nbytes >= 0 and self._open(sock):
             out = memoryview(buffer)
             if out.format == "B" and out.ndim == 1 and nbytes <= len(out):
                 if nbytes and nbytes < len(out):
@@ -150,8 +147,7 @@ class SocketFast:
         sock = self.sock_ref()
         if sock is None:
             raise self._gone()
-        if not flags and bufsize > 0 and sock._mode == _SMCR \
-                and not sock._gone and not sock._forked:  # fmt: skip
+        if not flags and bufsize > 0 and self._open(sock):
             c = self.stack.engine.conns.get(self.hc.conn_id)
             if c is not None:
                 avail = c.rx_prod - c.rx_cons  # (a glance: _read looks again, locked)
