@@ -7,8 +7,10 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from scapy.utils import RawPcapReader
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,3 +73,10 @@ def wait_for_mark(path: Path, send: Callable[[bytes], object], timeout: float = 
             return
         assert now < deadline, f"the capture {path} did not show a marker within {timeout} s"
         time.sleep(0.02)
+
+
+def pcap_frames(path: Path | str) -> Iterator[bytes]:
+    """Each frame of a pcap file, in order; the file is closed once read (or abandoned)."""
+    with RawPcapReader(str(path)) as reader:
+        for frame, _meta in reader:
+            yield bytes(frame)

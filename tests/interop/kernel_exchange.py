@@ -31,15 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scapy.utils import RawPcapReader
-
 from smcr.wire.clc import ClcMessage, decode_clc
 from smcr.wire.clc_header import EYECATCHER_SMCR
 from tests.interop.guest import GUEST_IP, HOST_IP, NETNS, Guest, mark_to_guest
 from tests.interop.smc_host import digest as pattern_digest
 from tests.interop.smc_host import pattern
 from tests.roce.netns import REPO
-from tests.support import stop_capture, wait_for_mark
+from tests.support import pcap_frames, stop_capture, wait_for_mark
 
 MB = 1 << 20
 SMC_OPTION = (254, b"\xe2\xd4\xc3\xd9")  # kind, ExID; length 6
@@ -110,7 +108,7 @@ def read_wires(pcap: Path, server_port: int) -> list[Wire]:
     the same port): a client SYN with a new ISN starts a new connection."""
     wires: dict[int, Wire] = {}  # by the client's port: the latest connection from it
     order: list[Wire] = []
-    for frame, _meta in RawPcapReader(str(pcap)):
+    for frame in pcap_frames(pcap):
         raw = bytes(frame)
         if raw[12:14] != b"\x08\x00" or raw[23] != 6:
             continue

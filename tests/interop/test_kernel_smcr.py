@@ -42,7 +42,6 @@ import pytest
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
-from scapy.utils import RawPcapReader
 
 from smcr.wire.clc import ClcAccept, ClcConfirm, ClcDecline, ClcProposal, make_eid
 from smcr.wire.clc_header import SmcType
@@ -64,6 +63,7 @@ from tests.interop.kernel_exchange import (
 from tests.interop.peer_gone import FIRST_PORT as PEER_GONE_PORT
 from tests.interop.peer_gone import link as eth0
 from tests.roce.netns import REPO
+from tests.support import pcap_frames
 
 pytestmark = [pytest.mark.interop, pytest.mark.root]
 
@@ -308,7 +308,7 @@ def test_test_link_both_ways(kernel_smc: Guest, prober: str) -> None:
 def sends(pcap: Path) -> list[tuple[str, bytes]]:
     """(sender, message) of every SEND Only on the wire: CDCs (0xFE) and LLC messages."""
     out = []
-    for frame, _meta in RawPcapReader(str(pcap)):
+    for frame in pcap_frames(pcap):
         raw = bytes(frame)
         pkt = Ether(raw)
         if UDP in pkt and pkt[UDP].dport == 4791 and pkt[BTH].opcode == SEND_ONLY:
@@ -352,7 +352,7 @@ def roce_frames(pcap: Path) -> dict[int, tuple[int, int | None]]:
     LLC type) for every RoCEv2 frame; each frame's ICRC is checked on the way (smcr's
     check and scapy's)."""
     out: dict[int, tuple[int, int | None]] = {}
-    for number, (frame, _meta) in enumerate(RawPcapReader(str(pcap)), start=1):
+    for number, frame in enumerate(pcap_frames(pcap), start=1):
         raw = bytes(frame)
         pkt = Ether(raw)
         if UDP not in pkt or pkt[UDP].dport != 4791:
@@ -638,7 +638,7 @@ def check_data_after(ex: Exchange) -> None:
 def acks(pcap: Path) -> list[tuple[str, int]]:
     """(sender, AETH syndrome) of every RoCEv2 Acknowledge on the wire (0x60 and up: NAKs)."""
     out = []
-    for frame, _meta in RawPcapReader(str(pcap)):
+    for frame in pcap_frames(pcap):
         raw = bytes(frame)
         pkt = Ether(raw)
         if UDP in pkt and pkt[UDP].dport == 4791 and pkt[BTH].opcode == ACKNOWLEDGE:

@@ -25,13 +25,12 @@ import pytest
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
-from scapy.utils import RawPcapReader
 
 from smcr.wire.roce_packet import verify_icrc
 from tests.interop.guest import NETNS, GuestPeer, HostPeer, mark_to_guest
 from tests.roce.netns import REPO
 from tests.roce.roce_peer import digest, pattern
-from tests.support import stop_capture, wait_for_mark
+from tests.support import pcap_frames, stop_capture, wait_for_mark
 
 pytestmark = [pytest.mark.interop, pytest.mark.root]
 MB = 1 << 20
@@ -359,7 +358,7 @@ def test_capture_icrc_verifies_and_tshark_decodes(peers: tuple[HostPeer, GuestPe
         wait_for_mark(capture_file, mark_to_guest)  # the NAK is in
     finally:
         stop_capture(cap)
-    frames = [bytes(f) for f, _ in RawPcapReader(str(capture_file))]
+    frames = list(pcap_frames(capture_file))
     frames = [f for f in frames if Ether(f)[UDP].dport == 4791]  # not the markers
     senders: Counter[str] = Counter()
     sports: set[int] = set()

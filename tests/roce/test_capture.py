@@ -24,11 +24,10 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
-from scapy.utils import RawPcapReader
 
 from smcr.wire.roce_packet import verify_icrc
 from tests.roce.netns import Hosts, PeerProc, connect
-from tests.support import stop_capture, wait_for_mark
+from tests.support import pcap_frames, stop_capture, wait_for_mark
 
 pytestmark = [
     pytest.mark.root,
@@ -93,7 +92,7 @@ def test_capture_decodes_in_tshark_and_every_icrc_is_right(capture_dir: Path, fa
         finally:
             a.close()
             b.close()
-    frames = [bytes(f) for f, _ in RawPcapReader(str(pcap))]
+    frames = list(pcap_frames(pcap))
     frames = [f for f in frames if Ether(f)[UDP].dport == 4791]  # not the markers
     assert len(frames) >= 10
     ids: Counter[int] = Counter()

@@ -17,22 +17,20 @@ from __future__ import annotations
 import socket
 from collections import defaultdict
 
-from scapy.utils import RawPcapReader
-
 from smcr.rdma import AccessFlag, MemoryRegion, RecvWr, SendFlag, SendWr, Sge, WrOpcode
 from smcr.rdma.roce.fastpath import RETH, U24, flow_icrc, pack_bth, recover_id
 from smcr.rdma.roce.requester import Requester
 from smcr.rdma.roce.responder import Responder
 from smcr.wire.roce_packet import rdma_get_udp_sport, split_udp_datagram
 from tests.roce.rc_pair import StubPd
-from tests.support import LINUX_PCAP
+from tests.support import LINUX_PCAP, pcap_frames
 
 Packet = tuple[bytes, bytes, int, int, bytes]  # src, dst, sport, ip id, UDP payload
 
 
 def roce_packets() -> list[Packet]:
     out = []
-    for frame, _meta in RawPcapReader(str(LINUX_PCAP)):
+    for frame in pcap_frames(LINUX_PCAP):
         raw = bytes(frame)
         if raw[12:14] != b"\x08\x00" or raw[23] != 17:
             continue

@@ -22,12 +22,11 @@ import pytest
 from scapy.contrib.roce import BTH
 from scapy.layers.inet import UDP
 from scapy.layers.l2 import Ether
-from scapy.utils import RawPcapReader
 
 from tests.roce.netns import Hosts
 from tests.socket import smc_peer
 from tests.socket.conftest import Peer
-from tests.support import stop_capture, wait_for_mark
+from tests.support import pcap_frames, stop_capture, wait_for_mark
 
 pytestmark = [
     pytest.mark.root,
@@ -106,7 +105,7 @@ def test_smcr_over_roce_capture_decodes_tcp_clc_llc_cdc_and_writes(
     assert {6, 8} <= ops, ops  # 10,000 bytes at path MTU 1024: FIRST ... LAST, both ways
     assert min(writes) > first_llc
     roce = 0
-    for frame, _meta in RawPcapReader(str(pcap)):
+    for frame in pcap_frames(pcap):
         pkt = Ether(frame)
         if UDP in pkt and pkt[UDP].dport == 4791:
             roce += 1

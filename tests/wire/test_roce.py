@@ -23,7 +23,6 @@ from scapy.contrib.roce import AETH, BTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.packet import Packet, Raw
-from scapy.utils import RawPcapReader
 
 from smcr.wire.errors import WireError
 from smcr.wire.inet import ipv4_checksum, ipv4_header, ipv6_header, udp_header
@@ -59,7 +58,7 @@ from smcr.wire.roce_packet import (
     split_udp_datagram,
     verify_icrc,
 )
-from tests.support import LINUX_DECODED, LINUX_PCAP, ROCE_EXAMPLES_PCAP
+from tests.support import LINUX_DECODED, LINUX_PCAP, ROCE_EXAMPLES_PCAP, pcap_frames
 
 EXAMPLES_PCAP = ROCE_EXAMPLES_PCAP
 
@@ -68,7 +67,7 @@ EXAMPLES_PCAP = ROCE_EXAMPLES_PCAP
 def roce_datagrams(path: Path) -> dict[int, bytes]:
     """Frame number -> IP datagram bytes, for every UDP/4791 frame of a pcap."""
     out: dict[int, bytes] = {}
-    for number, (frame, _meta) in enumerate(RawPcapReader(str(path)), 1):
+    for number, frame in enumerate(pcap_frames(path), 1):
         (ethertype,) = struct.unpack_from(">H", frame, 12)
         datagram = bytes(frame[14:])
         if ethertype == 0x0800 and datagram[9] == 17:
