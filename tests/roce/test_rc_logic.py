@@ -77,6 +77,45 @@ def test_segmentation_opcodes_and_ackreq() -> None:
     assert 1 <= len(acks) <= 3
 
 
+def test_ackreq_goes_on_each_rounds_last_packet_not_on_every_message_end() -> None:
+    """A WRITE and the SEND behind it posted as one batch go out in one round: only the
+    SEND (the round's last packet) asks for an ACK, which acknowledges both.  A round
+    the window cuts short asks on its last packet too, a Middle (else nothing would be
+    answered and the sender would wait for its timeout), and so does a post of its own."""
+    wire = Wire()
+    a, b = pair(wire)
+    fill(a, 256 * 8, 4)
+    b.post_recv(1)
+    sent: list[bytes] = []
+
+    def record(_dst: End, pkt: bytes) -> bool:
+        sent.append(pkt)
+        return True
+
+    def asked() -> list[tuple[int, bool]]:
+        return [(p[0], bool(p[8] & 0x80)) for p in sent if p[0] != Opcode.ACKNOWLEDGE]
+
+    wire.filter = record
+    views = [a.buf.buf[0 : 256 * 3]]
+    a.req.post(write_wr(a, b, 0, 256 * 3, 1), views, 256 * 3, 0.0, transmit=False)
+    a.post(send_wr(a, 0, 40, 2), 0.0)
+    wire.run((a, b), lambda: len(a.send_wcs) == 2)
+    assert asked() == [(Opcode.RDMA_WRITE_FIRST, False), (Opcode.RDMA_WRITE_MIDDLE, False),
+                       (Opcode.RDMA_WRITE_LAST, False), (Opcode.SEND_ONLY, True)]  # fmt: skip
+    assert [p[0] for p in sent if p[0] == Opcode.ACKNOWLEDGE] == [Opcode.ACKNOWLEDGE]
+    assert [(w.wr_id, w.status) for w in a.send_wcs] == [(1, WcStatus.SUCCESS),
+                                                         (2, WcStatus.SUCCESS)]  # fmt: skip
+
+    sent.clear()
+    a.req.window = 5  # the round stops at the WRITE's fifth packet, a Middle
+    a.post(write_wr(a, b, 0, 256 * 8, 3), 0.0)
+    wire.run((a, b), lambda: len(a.send_wcs) == 3)
+    assert asked() == [(Opcode.RDMA_WRITE_FIRST, False)] + [(Opcode.RDMA_WRITE_MIDDLE, False)] * 3 \
+        + [(Opcode.RDMA_WRITE_MIDDLE, True)] + [(Opcode.RDMA_WRITE_MIDDLE, False)] * 2 \
+        + [(Opcode.RDMA_WRITE_LAST, True)]  # fmt: skip
+    assert a.req.stats["timeouts"] == a.req.stats["retransmits"] == 0
+
+
 def test_nak_sequence_error_goes_back_n() -> None:
     wire = Wire()
     a, b = pair(wire)

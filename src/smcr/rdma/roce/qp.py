@@ -505,6 +505,7 @@ class RoceQp(QueuePair):
                 raise VerbsError(errno.ENOMEM, "send queue full")
             now = time.monotonic()
             mrs = self.pd.mrs
+            end = len(batch) - 1
             for i, wr in enumerate(batch):
                 need = _LOCAL_WRITE if wr.opcode is WrOpcode.RDMA_READ else 0
                 views: list[memoryview] = []
@@ -518,7 +519,7 @@ class RoceQp(QueuePair):
                         return
                     views.append(mr.buf[off : off + sge.length])
                     length += sge.length
-                self.req.post(wr, views, length, now)
+                self.req.post(wr, views, length, now, i == end)  # (one round: Requester.post)
             self.resp.flush()
             self.flush_tx()
             self._arm()

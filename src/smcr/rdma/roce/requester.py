@@ -11,8 +11,11 @@ Design (rxe ``rxe_req.c`` and ``rxe_comp.c``, digested in spec rocev2 §5.2, §5
   partially acknowledged WRITE resumes with a Middle/Last packet, as rxe does.
 * **Transmission** runs in whichever thread calls in (the poster, or the
   progress thread on an ACK), limited by a PSN window (:data:`WINDOW` unacked PSNs)
-  and ``max_rd_atomic``.  AckReq goes on every last packet and every
-  :data:`ACK_EVERY` packets.
+  and ``max_rd_atomic``.  AckReq goes on the last packet a transmission round
+  sends (nothing more to send now: the responder must answer it) and every
+  :data:`ACK_EVERY` packets of a message, not on every message's last packet as
+  rxe's requester does: a WRITE followed by its CDC would cost the responder an
+  ACK each, where the CDC's ACK acknowledges both (ACKs are cumulative).
 * **Completion** strictly in posting order: an ACK or READ response with PSN P
   completes every SEND/WRITE whose last PSN is at or below P (coalesced ACKs);
   an ACK beyond a READ whose responses did not all arrive starts a retry.
@@ -149,6 +152,7 @@ class Requester:
         self.wqes: deque[Wqe] = deque()
         self.pmtu = 1024
         self.una = self.tx = self.next = 0
+        self._final = -1  # PSN of the current transmission round's last packet (pump)
         self._tx_idx = 0  # index in wqes of the WQE holding ``tx``
         self.period: float | None = None
         self.retry_cnt = self.rnr_retry = 0
@@ -172,12 +176,18 @@ class Requester:
 
     # ------------------------------------------------------------------ input
 
-    def post(self, wr: SendWr, views: list[memoryview], length: int, now: float) -> None:
-        """Queue a WR whose local memory the caller already checked, then transmit."""
+    def post(self, wr: SendWr, views: list[memoryview], length: int, now: float,
+             transmit: bool = True) -> None:  # fmt: skip
+        """Queue a WR whose local memory the caller already checked, then transmit.
+
+        :param transmit: False for all but the last WR of a batch posted together: they
+            go out in one round (:meth:`pump`), whose last packet alone asks for an ACK.
+        """
         npkts = max(1, -(-length // self.pmtu))
         self.wqes.append(Wqe(wr, views, length, self.next, npkts))
         self.next = (self.next + npkts) & U24
-        self.pump(now)
+        if transmit:
+            self.pump(now)
 
     def deadline(self) -> float | None:
         """The earliest time :meth:`handle_timer` must run, or None."""
@@ -401,6 +411,9 @@ class Requester:
             return
         wqes, pmtu, tx_run = self.wqes, self.pmtu, self._tx_run
         room = self.window - pdiff(self.tx, self.una)
+        # the round's last packet asks for the ACK (module doc); a READ or fence that makes
+        # the round stop before it is answered by the READ responses before it
+        self._final = (self.tx + min(room, pdiff(self.next, self.tx)) - 1) & U24
         sent = 0
         while room > 0 and self.tx != self.next:
             w = wqes[self._tx_idx]
@@ -418,8 +431,10 @@ class Requester:
             end = min(w.npkts, k + room)
             last, psn, j = w.npkts - 1, self.tx, k
             while j < end:
-                if 0 < j < last:
-                    m = min(end, last) - j
+                m = min(end, last) - j if 0 < j < last else 0
+                if m and (psn + m - 1) & U24 == self._final:
+                    m -= 1  # (the round's last packet, which asks for the ACK, goes alone)
+                if m:
                     if tx_run is not None:
                         tx_run(MiddleRun(w.ops[1], psn, w.data, j * pmtu, pmtu, m, j, ACK_EVERY))
                     else:
@@ -475,7 +490,7 @@ class Requester:
         if last and w.imm:
             ext += U32.pack(w.wr.imm_data & 0xFFFFFFFF)
         b1 = 0x80 if last and w.solicited else 0
-        ack = ACK_REQ if last or k % ACK_EVERY == ACK_EVERY - 1 else 0
+        ack = ACK_REQ if self.tx == self._final or k % ACK_EVERY == ACK_EVERY - 1 else 0
         payload = w.data[off : off + pmtu] if w.length else b""
         self._tx(op, b1 | ((-len(payload) & 3) << 4), ack | self.tx, ext, payload)
 
