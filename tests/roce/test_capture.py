@@ -83,6 +83,12 @@ def test_capture_decodes_in_tshark_and_every_icrc_is_right(capture_dir: Path, fa
                     ["RDMA_READ", 8192, 3000, 0, True, 0, None],
                 ])  # fmt: skip
                 assert [w[1] for w in got["wcs"]] == ["SUCCESS"] * 3
+                b.ask("post_recv", count=1)  # a WRITE of whole packets and a SEND behind it
+                got = a.ask("post", remote=b.info, expect=2, wrs=[
+                    ["RDMA_WRITE", 0, 3 * 1024, 0, True, 0, None],
+                    ["SEND", 0, 44, 0, True, 0, None],
+                ])  # fmt: skip
+                assert [w[1] for w in got["wcs"]] == ["SUCCESS"] * 2
                 got = a.ask("post", remote=b.info, expect=1,
                             wrs=[["RDMA_WRITE", 0, 8, 0, True, 0, 0x1234]])  # a NAK
                 assert got["wcs"][0][1] == "REM_ACCESS_ERR"
@@ -116,6 +122,10 @@ def test_capture_decodes_in_tshark_and_every_icrc_is_right(capture_dir: Path, fa
     ).stdout.split("\n")  # fmt: skip
     if family == 4:
         assert ids[0] >= 1 and ids[1] >= 1 and ids[2] >= 1  # single packets, and GSO runs
+        # the SEND went in the GSO run of the WRITE's Middle and Last (IDs 0, 1): the
+        # kernel cut one sendmsg into the three (QueuePair._send_run)
+        sends = [Ether(f)[IP].id for f in frames if Ether(f)[BTH].opcode == 0x04]
+        assert sends == [2], sends
     rows = [line.split("\t") for line in out if line.strip()]
     assert len(rows) == len(frames)  # tshark decoded every frame as InfiniBand
     ops = Counter(int(r[0], 0) for r in rows)

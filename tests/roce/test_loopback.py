@@ -123,6 +123,32 @@ def test_write_send_read_over_loopback(pair: tuple[Side, Side]) -> None:
     assert a.dev.stats["icrc_errors"] == b.dev.stats["icrc_errors"] == 0
 
 
+def test_a_send_the_kernel_refuses_is_a_lost_packet_not_an_error(pair: tuple[Side, Side]) -> None:
+    """A ``sendmsg`` that fails is a packet lost on the wire: counted, left to the
+    retransmit timer; the post itself succeeds.  Here the peer is the broadcast address
+    without ``SO_BROADCAST``, which the kernel refuses at once (EACCES: nothing leaves the
+    host), on each send path: the WRITE's First alone, its Middle run with the Last and
+    the SEND behind it joined (gso), then, restored, everything arrives (the timer)."""
+    a, b = pair
+    pmtu = a.qp.req.pmtu
+    data = bytes(range(256)) * (3 * pmtu // 256)
+    a.buf.buf[: len(data)] = data
+    b.qp.post_recv(RecvWr(wr_id=4, sg_list=(Sge(b.buf.addr, 64, b.buf.lkey),)))
+    peer = a.qp.peer
+    a.qp.peer = ("255.255.255.255", peer[1])
+    a.qp.post_send([
+        SendWr(wr_id=1, opcode=WrOpcode.RDMA_WRITE, sg_list=(Sge(a.buf.addr, len(data),
+               a.buf.lkey),), remote_addr=b.rmb.addr, rkey=b.rmb.rkey),
+        SendWr(wr_id=2, opcode=WrOpcode.SEND, send_flags=SIG,
+               sg_list=(Sge(a.buf.addr, 44, a.buf.lkey),)),
+    ])  # fmt: skip
+    assert a.dev.stats["tx_errors"] >= 2  # (the First, then the rest: one or more sends)
+    a.qp.peer = peer
+    assert [(w.wr_id, w.status) for w in a.wait(timeout=10.0)] == [(2, WcStatus.SUCCESS)]
+    assert bytes(b.rmb.buf[: len(data)]) == data
+    assert b.wait()[0].byte_len == 44
+
+
 def test_rnr_then_delivery(pair: tuple[Side, Side]) -> None:
     a, b = pair
     a.qp.post_send(SendWr(wr_id=1, opcode=WrOpcode.SEND, send_flags=SIG,
