@@ -146,6 +146,10 @@ REPOST_BATCH = 16  # receives reposted together (RECV_SLOTS - REPOST_BATCH stay 
 WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
 TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
 STANDBY = 0.01  # the progress thread's look-in period while applications poll
+SENDS_PER_PROCESS = 4
+"""On RNICs without inline sends (RoCE), :meth:`Stack.send_fast` takes the news (ACKs, the
+peer's cursors) every this many sends, or sooner when the send buffer runs short: one
+look for several ACKs, which arrive one per message."""
 TESTLINK_ENV = "SMCR_TESTLINK_TIME"
 MAX_LINKS_ENV = "SMCR_MAX_LINKS"
 EXIT_DELETE_WAIT = 1.0
@@ -475,6 +479,7 @@ class Stack:
         self._poller: str | None = None
         self._poller_ident = 0
         self._app_polled = 0.0
+        self._sends_unprocessed = 0  # RoCE sends since send_fast last took the news
         self._timer_check = 0.0
         self._bg_wake = threading.Event()  # set by _wake_progress: the standby ends
         self._bell_r, self._bell_w = socket.socketpair()
@@ -1041,11 +1046,14 @@ class Stack:
             if self.local_peer(hc, c):
                 self.process()
         else:
-            self.process()
-            # (this thread took the news itself: the progress thread stands by meanwhile,
-            # rather than wake for each acknowledgement only to find it taken, and take the
-            # GIL and the lock from this thread to do so: _standing_by)
-            self._app_polled = time.monotonic()
+            self._sends_unprocessed += 1
+            if self._sends_unprocessed >= SENDS_PER_PROCESS or c.sndbuf_space() < 4 * n:
+                self._sends_unprocessed = 0
+                self.process()
+                # (this thread took the news itself: the progress thread stands by meanwhile,
+                # rather than wake for each acknowledgement only to find it taken, and take
+                # the GIL and the lock from this thread to do so: _standing_by)
+                self._app_polled = time.monotonic()
             if (not 0 < n <= c.sndbuf_space() or c.tx_flags or c.peer_closed or c.reset_reason
                     or c.urg_tx_end is not None):  # fmt: skip
                 return -1  # (what process() took may have ended it: the general path says so)
