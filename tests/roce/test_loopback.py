@@ -77,6 +77,17 @@ def make_side(address: str, psn: int, gso: bool = True) -> Side:
                 pd.alloc_mr(1 << 20, AccessFlag.LOCAL_WRITE), psn)  # fmt: skip
 
 
+def write_then_send(a: Side, b: Side, n: int, send: int) -> None:
+    """One batch: an unsignaled WRITE of ``a.buf[:n]`` to the start of ``b.rmb`` (wr_id 1),
+    then a signaled SEND of ``a.buf[:send]`` (wr_id 2)."""
+    a.qp.post_send([
+        SendWr(wr_id=1, opcode=WrOpcode.RDMA_WRITE, sg_list=(Sge(a.buf.addr, n, a.buf.lkey),),
+               remote_addr=b.rmb.addr, rkey=b.rmb.rkey),
+        SendWr(wr_id=2, opcode=WrOpcode.SEND, send_flags=SIG,
+               sg_list=(Sge(a.buf.addr, send, a.buf.lkey),)),
+    ])  # fmt: skip
+
+
 @pytest.fixture(params=[True, False], ids=["gso", "no-gso"])
 def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Side, Side]]:
     gso = request.param
@@ -136,12 +147,7 @@ def test_a_send_the_kernel_refuses_is_a_lost_packet_not_an_error(pair: tuple[Sid
     b.qp.post_recv(RecvWr(wr_id=4, sg_list=(Sge(b.buf.addr, 64, b.buf.lkey),)))
     peer = a.qp.peer
     a.qp.peer = ("255.255.255.255", peer[1])
-    a.qp.post_send([
-        SendWr(wr_id=1, opcode=WrOpcode.RDMA_WRITE, sg_list=(Sge(a.buf.addr, len(data),
-               a.buf.lkey),), remote_addr=b.rmb.addr, rkey=b.rmb.rkey),
-        SendWr(wr_id=2, opcode=WrOpcode.SEND, send_flags=SIG,
-               sg_list=(Sge(a.buf.addr, 44, a.buf.lkey),)),
-    ])  # fmt: skip
+    write_then_send(a, b, len(data), 44)
     assert a.dev.stats["tx_errors"] >= 2  # (the First, then the rest: one or more sends)
     a.qp.peer = peer
     assert [(w.wr_id, w.status) for w in a.wait(timeout=10.0)] == [(2, WcStatus.SUCCESS)]
@@ -213,12 +219,7 @@ def test_ipv6_two_rnics_on_one_address() -> None:
         data = bytes(range(256)) * 100
         a.buf.buf[: len(data)] = data
         b.qp.post_recv(RecvWr(wr_id=1, sg_list=(Sge(b.buf.addr, 64, b.buf.lkey),)))
-        a.qp.post_send([
-            SendWr(wr_id=1, opcode=WrOpcode.RDMA_WRITE, sg_list=(Sge(a.buf.addr, len(data),
-                   a.buf.lkey),), remote_addr=b.rmb.addr, rkey=b.rmb.rkey),
-            SendWr(wr_id=2, opcode=WrOpcode.SEND, send_flags=SIG,
-                   sg_list=(Sge(a.buf.addr, 50, a.buf.lkey),)),
-        ])  # fmt: skip
+        write_then_send(a, b, len(data), 50)
         assert a.wait()[0].status is WcStatus.SUCCESS
         assert b.wait()[0].byte_len == 50
         assert bytes(b.rmb.buf[: len(data)]) == data

@@ -168,26 +168,16 @@ class RoceQp(QueuePair):
                 i += 1 + self._send_run(item, q, i + 1)
                 continue
             size = _wire_size(item)
-            j, total = i + 1, size
+            j = i + 1
             if self.gso:
-                while j < n and j - i < GSO_MAX_SEGMENTS:
-                    e = q[j]
-                    if isinstance(e, MiddleRun):
-                        break
-                    s2 = _wire_size(e)
-                    if s2 > size or total + s2 > self._gso_bytes:
-                        break
-                    total += s2
-                    j += 1
-                    if s2 < size:
-                        break  # a shorter segment must be the last
+                j += _joining(q, j, size, GSO_MAX_SEGMENTS - 1, self._gso_bytes - size)
             parts = frames(q, i, j, dqp)  # type: ignore[arg-type]  # no MiddleRun in i..j
             try:
                 if j - i == 1:
                     sock.sendmsg(parts, (), 0, peer)
                 else:
                     sock.sendmsg(parts, [(SOL_UDP, UDP_SEGMENT, _GSO_SIZE.pack(size))], 0, peer)
-            except OSError as err:  # (not `e`, the loop's item above: mypyc types a name once)
+            except OSError as err:
                 if j - i > 1 and err.errno in _NO_GSO:
                     self.gso = False  # no UDP GSO here: resend this run one by one
                     self._txq = q[i:]
@@ -212,24 +202,13 @@ class RoceQp(QueuePair):
         assert icrc is not None and sock is not None
         seg = run.pmtu + 16
         per = min(GSO_MAX_SEGMENTS, self._gso_bytes // seg) if self.gso else 1
-        start, count, n = 0, run.count, len(q)
+        start, count = 0, run.count
         while start < count:
             m = min(per, count - start)
             parts = icrc.run_frames(run, start, m, dqp)
             took = 0
             if start + m == count:
-                j = after
-                while j < n and m + took < per:
-                    queued = q[j]  # (not `e`, the exception's name below: mypyc types a name once)
-                    if isinstance(queued, MiddleRun):
-                        break
-                    size = _wire_size(queued)
-                    if size > seg:
-                        break
-                    took += 1
-                    j += 1
-                    if size < seg:
-                        break  # a shorter segment must be the last
+                took = _joining(q, after, seg, per - m, (per - m) * seg)
                 if took:
                     extra = icrc.frames(q, after, after + took, dqp, m)  # type: ignore[arg-type]
                     parts[-1] = bytes(parts[-1]) + bytes(extra[0])
@@ -538,6 +517,27 @@ class RoceQp(QueuePair):
             self.resp.flush()
             self.flush_tx()
             self._arm()
+
+
+def _joining(q: list[tuple[int, int, int, bytes, Buffer] | MiddleRun], start: int, seg: int,
+             count: int, room: int) -> int:  # fmt: skip
+    """How many queued packets from ``q[start]`` on join a UDP GSO send of ``seg``-byte
+    segments: at most ``count`` of them and ``room`` bytes, none a :class:`MiddleRun`;
+    while they are ``seg`` bytes long, then one shorter (GSO cuts equal segments but
+    the last)."""
+    n, took = len(q), 0
+    while start + took < n and took < count:
+        item = q[start + took]
+        if isinstance(item, MiddleRun):
+            break
+        size = _wire_size(item)
+        if size > seg or size > room:
+            break
+        room -= size
+        took += 1
+        if size < seg:
+            break  # a shorter segment must be the last
+    return took
 
 
 def _wire_size(packet: tuple[int, int, int, bytes, Buffer]) -> int:
