@@ -181,3 +181,33 @@ def test_request_add_link_into_a_full_group_is_answered() -> None:
     req = RequestAddLinkV2(gids=(b"\x01" * 16, b"\x02" * 16))
     p.do(p.server, p.server.engine.receive_wr(qpn, memoryview(req.encode()), p.now))
     assert p.server.llc_sent == [bytes.fromhex("252c0080") + bytes(40)]
+
+
+def test_request_add_link_overtaking_the_asymmetric_links_confirmation_is_taken_up() -> None:
+    """Only the client's port 0 fails: the server replaces link 1 by an asymmetric link 3
+    (its port 0 to the client's port 1).  The port is back while that flow runs: the
+    client's REQUEST ADD LINK waits for the flow's end, then goes out on link 2 right
+    behind its CONFIRM LINK response on link 3, two QPs with no order between them.
+    Arriving first, it meets the server's running ADD LINK flow (dropped unanswered, as
+    Linux); once the asymmetric link is up the server offers the symmetric one anyway,
+    which ends the client's request flow, and the group is SYMMETRIC again."""
+    p = v2_pair()
+    c, s = p.connect()
+    p.pump()
+    p.run(p.client, p.client.engine.port_down(0, "carrier lost", p.now))
+    lgr = lgr_of(p.client)
+    p.step_until(lambda: lgr.remote_add is not None and lgr.remote_add.step == "confirm",
+                 "the client answered the asymmetric offer")  # fmt: skip
+    p.run(p.client, p.client.engine.port_up(0, p.now))  # waits for the server's flow
+    p.step_until(lambda: lgr.remote_add is None, "the client confirmed link 3")
+    *_, confirmed, request = p.sends
+    assert decode_llc(confirmed[2]).TYPE == LlcType.CONFIRM_LINK_V2
+    assert isinstance(decode_llc(request[2]), RequestAddLinkV2)
+    p.sends.remove(request)
+    p.sends.appendleft(request)  # the request overtakes the confirmation
+    p.pump()
+    for side in (p.client, p.server):
+        assert links(side) == [(2, 1), (4, 0)]
+        assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
+        assert lgr_of(side).flow is None
+    assert transfer(p, c, s, b"z" * 5000) == b"z" * 5000

@@ -206,8 +206,8 @@ class AddLinkLayer(LinkLayer):
             # one at a time: Linux drops a parallel ADD LINK request.  A request dropped
             # (the client's, or our own port back) is remembered: if the running offer
             # fails (the client rejected it, its port for it was still down then, or
-            # ours was when it was made), it is taken up after it (Linux would add no
-            # link until the next port event)
+            # ours was when it was made) or leaves the group ASYMMETRIC_PEER, it is
+            # taken up after it (Linux would add no link until the next port event)
             lgr.add_asked = True
             return
 
@@ -252,7 +252,10 @@ class AddLinkLayer(LinkLayer):
                 self._clear_link(new, actions)
             if lgr.add_asked:
                 lgr.add_asked = False
-                if not ok:
+                # ASYMMETRIC_PEER: the client asked, for a port of its own back, while
+                # the offer to its other port ran (its invitation, on the old link, can
+                # overtake its CONFIRM LINK answer on the new one)
+                if not ok or lgr.lgr_type is LgrType.ASYMMETRIC_PEER:
                     self._srv_add_link(lgr, t, actions)
             return actions
 
@@ -508,6 +511,8 @@ class AddLinkLayer(LinkLayer):
         lgr = link.lgr
         if lgr.role is Role.SERVER and not msg.is_response:
             if lgr.flow is not None:  # smc_llc_flow_parallel drops it, unanswered
+                if lgr.flow.adds_link:  # but it is remembered, as an invitation would be
+                    lgr.add_asked = True
                 self._drop(link.qpn, "REQUEST ADD LINK parallel to a running flow of ours")
             else:
                 self._srv_add_link(lgr, now, out, msg, link)
