@@ -28,14 +28,20 @@ import smcr
 from smcr import native
 import smcr.socket
 names = [n for n in sys.argv[1:]]
-mods = [sys.modules.get(n) or __import__(n, fromlist=["_"]) for n in names]
+mods = []
+for n in names:  # (a C extension has no source: it is there only when compiled)
+    try:
+        mods.append(sys.modules.get(n) or __import__(n, fromlist=["_"]))
+    except ImportError:
+        mods.append(None)
 print(json.dumps({"status": native.status().describe(), "compiled": native.status().compiled,
-                  "files": {n: m.__file__ for n, m in zip(names, mods)},
-                  "native": {n: native.module_is_compiled(m) for n, m in zip(names, mods)},
+                  "files": {n: m and m.__file__ for n, m in zip(names, mods)},
+                  "native": {n: bool(m) and native.module_is_compiled(m)
+                             for n, m in zip(names, mods)},
                   "socket": native.module_is_compiled(smcr.socket)}))
 """
 
-COMPILED = sorted(nativebuild.module_name(rel) for rel in nativebuild.MODULES)
+COMPILED = sorted([*map(nativebuild.module_name, nativebuild.MODULES), *nativebuild.C_EXTENSIONS])
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -57,7 +63,7 @@ def test_the_built_modules_are_what_is_imported() -> None:
     assert built.compiled, f"no usable build ({built.reason}): install.sh builds it"
     got = _probe()
     assert got["compiled"], got["status"]
-    assert got["status"] == f"compiled (mypyc, {len(COMPILED)} modules)"
+    assert got["status"] == f"compiled (mypyc and C, {len(COMPILED)} modules)"
     assert all(got["native"].values()), got["files"]
     assert all(Path(f).is_relative_to(native.NATIVE_DIR) for f in got["files"].values())
     assert not got["socket"]  # socket.py stays interpreted (weakref.finalize)
@@ -67,7 +73,14 @@ def test_smcr_pure_python_forces_the_sources() -> None:
     got = _probe(SMCR_PURE_PYTHON="1")
     assert got["status"] == "pure Python (SMCR_PURE_PYTHON is set)"
     assert not any(got["native"].values())
-    assert all(f.endswith(".py") for f in got["files"].values())
+    assert _sources_only(got["files"])
+
+
+def _sources_only(files: dict[str, str | None]) -> bool:
+    """Every module imported from its ``.py`` file; the C extensions, which have none, not
+    at all (the Python loops of :mod:`smcr.rdma.roce.fastpath` run instead)."""
+    return all(f is None if n in nativebuild.C_EXTENSIONS else (f or "").endswith(".py")
+               for n, f in files.items())  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +97,7 @@ def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(("edited", "stale"), [
     (None, False),
     ("core/engine.py", True),  # a compiled module
+    ("rdma/roce/_loops.c", True),  # the C extension's source
     ("wire/clc.py", True),  # interpreted, but imported by compiled ones (types, constants)
     ("cli.py", False),  # nothing compiled depends on it
 ])  # fmt: skip
@@ -97,10 +111,11 @@ def test_an_edited_source_is_never_shadowed(copy: Path, edited: str | None, stal
     finally:
         if source:
             source.write_bytes(before)
-    assert all(Path(f).is_relative_to(copy) for f in got["files"].values())
+    assert all(Path(f).is_relative_to(copy) for f in got["files"].values() if f)
     if stale:
         assert got["status"] == f"pure Python (stale: {edited} changed since the build)"
         assert not any(got["native"].values())
+        assert _sources_only(got["files"])
     else:
         assert got["compiled"], got["status"]
         assert all(got["native"].values())
@@ -136,5 +151,5 @@ def test_smcr_info_says_which_code_runs() -> None:
         said: str = json.loads(out.stdout)["code"]
         return said
 
-    assert code() == f"compiled (mypyc, {len(COMPILED)} modules)"
+    assert code() == f"compiled (mypyc and C, {len(COMPILED)} modules)"
     assert code(SMCR_PURE_PYTHON="1") == "pure Python (SMCR_PURE_PYTHON is set)"

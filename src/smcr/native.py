@@ -49,9 +49,10 @@ class Status:
     modules: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        """One line for people: ``compiled (mypyc, 20 modules)`` or ``pure Python (why)``."""
+        """One line for people: ``compiled (mypyc and C, 32 modules)`` or ``pure Python
+        (why)``."""
         if self.compiled:
-            return f"compiled (mypyc, {len(self.modules)} modules)"
+            return f"compiled (mypyc and C, {len(self.modules)} modules)"
         return f"pure Python ({self.reason})"
 
 

@@ -72,6 +72,11 @@ MODULES: tuple[str, ...] = (
     "rdma/roce/responder.py",
 )
 
+#: Extension modules written in C, built with the compiled modules (module name -> source,
+#: relative to the package directory): the RoCE RNIC's per-packet loops, where even
+#: mypyc's code spends most of its time in C-API calls (:mod:`smcr.rdma.roce.fastpath`).
+C_EXTENSIONS: dict[str, str] = {"smcr.rdma.roce._loops": "rdma/roce/_loops.c"}
+
 #: mypyc's group name: the shared library is the top-level module ``smcr_native__mypyc``.
 GROUP = "smcr_native"
 
@@ -179,8 +184,8 @@ def build(out_dir: Path = native.NATIVE_DIR, modules: tuple[str, ...] = MODULES)
 
     package_dir = native.PACKAGE_DIR
     src_dir = package_dir.parent
-    sources = {rel: native.source_digest(package_dir / rel)
-               for rel in import_closure(modules, package_dir)}  # fmt: skip
+    read = [*import_closure(modules, package_dir), *C_EXTENSIONS.values()]
+    sources = {rel: native.source_digest(package_dir / rel) for rel in read}
     work = Path(tempfile.mkdtemp(prefix="smcr-mypyc-"))
     staging = out_dir.parent / f"{out_dir.name}.new"
     shutil.rmtree(staging, ignore_errors=True)
@@ -196,6 +201,9 @@ def build(out_dir: Path = native.NATIVE_DIR, modules: tuple[str, ...] = MODULES)
             # file, and the compiled code measured as fast (datapath_bench, 2 runs each)
             multi_file=True,
         )  # fmt: skip
+        extensions += [setuptools.Extension(name, [f"{package_dir.name}/{rel}"],
+                                            extra_compile_args=["-O2"])
+                       for name, rel in C_EXTENSIONS.items()]  # fmt: skip
         dist = setuptools.Distribution({"name": "smcr-native", "ext_modules": extensions})
         cmd = dist.get_command_obj("build_ext")
         cmd.build_lib = str(staging)
@@ -238,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.if_stale:
         status, _ = native.check(args.out)
         reason = status.reason
-        if status.compiled and set(status.modules) != {module_name(rel) for rel in MODULES}:
+        if status.compiled and set(status.modules) != {*map(module_name, MODULES),
+                                                       *C_EXTENSIONS}:  # fmt: skip
             reason = "the modules to compile changed"
         elif status.compiled:
             print("smcr.nativebuild: compiled modules are current")

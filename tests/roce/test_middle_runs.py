@@ -4,20 +4,58 @@
 gives for the same packets queued one by one; ``place_middles`` (receiver) must
 place exactly the packets the general path would accept as in-order Middles,
 stop before anything else, and leave the target untouched past what it placed.
+Each test runs twice: with the C loops (``_loops.c``, built by install.sh with the
+compiled modules: a missing build fails here) and with the Python ones.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import socket
+import sys
+from collections.abc import Iterator
+from types import ModuleType
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from smcr import native, nativebuild
+from smcr.rdma.roce import fastpath
 from smcr.rdma.roce.fastpath import ACK_REQ, U24, Buffer, IcrcV4, IcrcV6, MiddleRun
 
 DQP = 0x00ABCDEF
 PMTU = 256
 SEG = PMTU + 16
+
+
+def c_loops() -> ModuleType:
+    """The built C loops, also in a pure-Python process (loaded from the build's file)."""
+    name = "smcr.rdma.roce._loops"
+    if name in sys.modules:
+        return sys.modules[name]
+    built, files = native.check()
+    assert name in files, f"no C loops ({built.reason}): install.sh builds them"
+    assert name in nativebuild.C_EXTENSIONS
+    loader = importlib.machinery.ExtensionFileLoader(name, str(files[name]))
+    spec = importlib.util.spec_from_file_location(name, files[name], loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(params=["C", "Python"], autouse=True, scope="module")
+def loops(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The module's tests with each implementation of the loops (module scope: hypothesis
+    wants no function-scoped fixture)."""
+    before = fastpath.LOOPS
+    fastpath.LOOPS = c_loops() if request.param == "C" else None
+    try:
+        yield request.param
+    finally:
+        fastpath.LOOPS = before
 
 
 def _flows(v6: bool, sport: int) -> tuple[IcrcV4 | IcrcV6, IcrcV4 | IcrcV6]:
@@ -107,3 +145,34 @@ def test_place_middles_stops_before_what_the_general_path_must_see() -> None:
         assert place(data=memoryview(other_qp))[0] == 0
         if not v6:  # IPv4: the ICRC covers the ID; a read whose IDs are not 0, 1, ... stops
             assert place(ip_id=1)[0] == 0
+
+
+def test_place_middles_never_writes_past_the_target() -> None:
+    """A target too short for the packets to place is an error, not a write past its end."""
+    rx, read, payload = _gro(False, 10, 3)
+    target = memoryview(bytearray(PMTU * 3))
+    with pytest.raises(ValueError):
+        rx.place_middles(memoryview(read), 0, len(read), SEG, 0, DQP, 10, 3, target, PMTU)
+    assert bytes(target[PMTU:]) == payload[: PMTU * 2]  # the two that fitted, nothing more
+
+
+def test_c_loops_refuse_buffers_too_short() -> None:
+    """The C ``frames`` checks its buffers before it writes: an output shorter than the
+    run, or data shorter than its packets, is a ValueError and nothing is written."""
+    c = c_loops()
+    tx, _ = _flows(False, 1)
+    pre, mid, ident = tx._varying(24 + PMTU, 0x07, DQP, 0)
+    bth8 = bytes(8)
+    data = bytes(PMTU * 4)
+    out = bytearray(SEG * 4)
+    assert c.frames(out, data, 0, PMTU, 4, bth8, 1, 0, 8, pre, mid, ident, 1) == SEG * 4
+    short = bytearray(SEG * 3)
+    with pytest.raises(ValueError):
+        c.frames(short, data, 0, PMTU, 4, bth8, 1, 0, 8, pre, mid, ident, 1)
+    with pytest.raises(ValueError):
+        c.frames(out, data, PMTU, PMTU, 4, bth8, 1, 0, 8, pre, mid, ident, 1)
+    assert not any(short)
+    with pytest.raises(TypeError):
+        c.frames(out, data, 0, PMTU, 4, bth8, 1, 0, 8, pre, mid, ident)  # an argument short
+    with pytest.raises(BufferError):
+        c.place(bytes(SEG), 0, SEG, SEG, pre, mid, ident, 1, 0, 0, 1, bytes(PMTU), 0)  # read-only

@@ -29,9 +29,11 @@ Every function here is tested for agreement with the codecs of
 
 from __future__ import annotations
 
+import importlib
 import struct
 from collections.abc import Sequence
 from functools import lru_cache
+from types import ModuleType
 from typing import ClassVar, Final
 
 try:  # zlib-ng: the same CRC-32, ~10x faster (carry-less multiply)
@@ -40,6 +42,20 @@ except ImportError:  # pragma: no cover - zlib-ng not installed: the stdlib's, s
     from zlib import crc32
 
 from smcr.wire.roce import _LENGTH_BY_BYTE, _MASK_BY_BYTE, ROCEV2_UDP_PORT
+
+
+def _c_loops() -> ModuleType | None:
+    """The C loops of WRITE Middles (``_loops.c``), built with the compiled modules and
+    served with them (:mod:`smcr.native`); None in a pure-Python process, where
+    :meth:`IcrcFlow.run_frames` and :meth:`IcrcFlow.place_middles` run their own loops."""
+    try:
+        return importlib.import_module("smcr.rdma.roce._loops")
+    except ImportError:
+        return None
+
+
+#: :func:`_c_loops`; tests set it to None to run the Python loops in a compiled process.
+LOOPS: ModuleType | None = _c_loops()
 
 Buffer = bytes | bytearray | memoryview
 
@@ -146,7 +162,7 @@ class IcrcFlow:
     :param dport: UDP destination port (4791).
     """
 
-    __slots__ = ("dport", "dst", "sport", "src")
+    __slots__ = ("_block", "dport", "dst", "sport", "src")
     _VARYING: ClassVar[struct.Struct]
     _ID_STEP: ClassVar[int]
 
@@ -155,6 +171,8 @@ class IcrcFlow:
         self.dst = dst
         self.sport = sport
         self.dport = dport
+        #: The C :meth:`run_frames`' packets, reused: ``sendmsg`` copies them before it returns.
+        self._block = memoryview(b"")
 
     def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
         """``(CRC of the masked header before the cut, fixed bytes to the PSN word, first
@@ -166,19 +184,27 @@ class IcrcFlow:
 
         What ``frames`` gives for the same packets (IPv4 IDs 0..m-1), for a
         :class:`MiddleRun`: no extension headers, no pad, one size, so a packet is
-        a slice, two small packs and two CRC calls.  The last buffer is the last
-        packet's ICRC alone, so a caller may join a shorter packet's first buffer
-        to it.
+        a slice, two small packs and two CRC calls; the buffers joined are the packets.
+        With the C loops (:data:`LOOPS`) the packets are one buffer, each payload copied
+        in beside its CRC (the buffer is reused: valid until the next call).
         """
-        parts: list[Buffer] = []
-        append = parts.append
         pm, data, every = run.pmtu, run.data, run.ack_every
         pre, mid, ident = self._varying(24 + pm, run.opcode, dest_qp, 0)
-        pack, step, icrc, word_of = self._VARYING.pack, self._ID_STEP, ICRC.pack, U32.pack
         bth8 = BTH.pack(run.opcode, 0, P_KEY, dest_qp, 0)[:8]
         psn = (run.psn + start) & U24
         off = run.offset + start * pm
         index = run.index + start
+        loops = LOOPS
+        if loops is not None:
+            block = self._block
+            if len(block) < m * (pm + 16):
+                block = self._block = memoryview(bytearray(max(m * (pm + 16), 1 << 16)))
+            n: int = loops.frames(block, data, off, pm, m, bth8, psn, index, every, pre, mid,
+                                  ident, self._ID_STEP)  # fmt: skip
+            return [block[:n]]
+        parts: list[Buffer] = []
+        append = parts.append
+        pack, step, icrc, word_of = self._VARYING.pack, self._ID_STEP, ICRC.pack, U32.pack
         tail = b""
         for _ in range(m):
             word = psn | ACK_REQ if index % every == every - 1 else psn
@@ -210,9 +236,14 @@ class IcrcFlow:
         """
         pm = seg - 16
         pre, mid, ident = self._varying(seg + 8, 0x07, dest_qp, ip_id)
+        want = (0x07 << 56) | (P_KEY << 32) | dest_qp  # opcode, no flags, P_Key, DestQP
+        loops = LOOPS
+        if loops is not None:
+            placed: tuple[int, int] = loops.place(view, off, end, seg, pre, mid, ident,
+                                                  self._ID_STEP, want, psn, limit, target, toff)
+            return placed
         pack, step = self._VARYING.pack, self._ID_STEP
         head, found = _BTH_SPLIT.unpack_from, ICRC.unpack_from
-        want = (0x07 << 56) | (P_KEY << 32) | dest_qp  # opcode, no flags, P_Key, DestQP
         count, ack = 0, -1
         while count < limit and off + seg <= end:
             fixed, word = head(view, off)

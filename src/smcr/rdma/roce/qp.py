@@ -210,9 +210,7 @@ class RoceQp(QueuePair):
             if start + m == count:
                 took = _joining(q, after, seg, per - m, (per - m) * seg)
                 if took:
-                    extra = icrc.frames(q, after, after + took, dqp, m)  # type: ignore[arg-type]
-                    parts[-1] = bytes(parts[-1]) + bytes(extra[0])
-                    parts += extra[1:]
+                    parts += icrc.frames(q, after, after + took, dqp, m)  # type: ignore[arg-type]
             try:
                 if m + took == 1:
                     sock.sendmsg(parts, (), 0, peer)
