@@ -155,24 +155,3 @@ def test_place_middles_never_writes_past_the_target() -> None:
         rx.place_middles(memoryview(read), 0, len(read), SEG, 0, DQP, 10, 3, target, PMTU)
     assert bytes(target[PMTU:]) == payload[: PMTU * 2]  # the two that fitted, nothing more
 
-
-def test_c_loops_refuse_buffers_too_short() -> None:
-    """The C ``frames`` checks its buffers before it writes: an output shorter than the
-    run, or data shorter than its packets, is a ValueError and nothing is written."""
-    c = c_loops()
-    tx, _ = _flows(False, 1)
-    pre, mid, ident = tx._varying(24 + PMTU, 0x07, DQP, 0)
-    bth8 = bytes(8)
-    data = bytes(PMTU * 4)
-    out = bytearray(SEG * 4)
-    assert c.frames(out, data, 0, PMTU, 4, bth8, 1, 0, 8, pre, mid, ident, 1) == SEG * 4
-    short = bytearray(SEG * 3)
-    with pytest.raises(ValueError):
-        c.frames(short, data, 0, PMTU, 4, bth8, 1, 0, 8, pre, mid, ident, 1)
-    with pytest.raises(ValueError):
-        c.frames(out, data, PMTU, PMTU, 4, bth8, 1, 0, 8, pre, mid, ident, 1)
-    assert not any(short)
-    with pytest.raises(TypeError):
-        c.frames(out, data, 0, PMTU, 4, bth8, 1, 0, 8, pre, mid, ident)  # an argument short
-    with pytest.raises(BufferError):
-        c.place(bytes(SEG), 0, SEG, SEG, pre, mid, ident, 1, 0, 0, 1, bytes(PMTU), 0)  # read-only

@@ -16,8 +16,19 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
 
 typedef uint32_t (*crc32_fn)(uint32_t crc, const unsigned char *buf, uint32_t len);
 
@@ -172,76 +183,147 @@ static PyObject *place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return Py_BuildValue("(Ll)", count, ack);
 }
 
-PyDoc_STRVAR(frames_doc,
-"frames(out, data, off, pmtu, m, bth8, psn, index, every, pre, mid, ident, step) -> n\n\n"
-"IcrcFlow.run_frames's loop, into one buffer: m WRITE Middles, packet i the 8 bytes\n"
-"bth8, PSN word psn+i (AckReq when (index+i) % every == every-1), the pmtu bytes of\n"
-"data at off+i*pmtu, and its ICRC (from pre over the varying part, ident+i*step, then\n"
-"the payload).  Writes out[0:n], n = m * (pmtu + 16).");
+PyDoc_STRVAR(sendrun_doc,
+"sendrun(fd, name, gso, scratch, data, off, pmtu, m, bth8, psn, index, every, pre, mid,\n"
+"        ident, step, extra) -> bytes sent\n\n"
+"IcrcFlow.run_frames's loop and the sendmsg after it, in one: m WRITE Middles, packet i\n"
+"the 8 bytes bth8, PSN word psn+i (AckReq when (index+i) % every == every-1), the pmtu\n"
+"bytes of data at off+i*pmtu, and its ICRC (from pre over the varying part, ident+i*step,\n"
+"then the payload); then the buffers of extra.  One sendmsg to the socket address name\n"
+"(packed), with UDP_SEGMENT gso unless gso is 0; the payloads go straight from data,\n"
+"the headers and ICRCs from scratch (16 * m + 4 bytes).  OSError as socket.sendmsg.");
 
-static PyObject *frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+#define IOV_CAP 320
+
+static PyObject *sendrun(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "frames() takes 13 arguments");
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "sendrun() takes 17 arguments");
         return NULL;
     }
-    static const int which[] = {2, 3, 4, 6, 7, 8, 9, 11, 12};
-    long long a[9];
-    if (int_args(args, which, 9, a) < 0)
+    static const int which[] = {0, 2, 5, 6, 7, 9, 10, 11, 12, 14, 15};
+    long long a[11];
+    if (int_args(args, which, 11, a) < 0)
         return NULL;
-    Py_ssize_t off = (Py_ssize_t)a[0], pm = (Py_ssize_t)a[1], m = (Py_ssize_t)a[2];
-    uint32_t psn = (uint32_t)a[3];
-    long long index = a[4], every = a[5];
-    uint32_t pre = (uint32_t)a[6];
-    long ident = (long)a[7], step = (long)a[8];
-    char *bth;
-    Py_ssize_t bth_len;
-    if (PyBytes_AsStringAndSize(args[5], &bth, &bth_len) < 0)
+    int fd = (int)a[0];
+    long long gso = a[1];
+    Py_ssize_t off = (Py_ssize_t)a[2], pm = (Py_ssize_t)a[3], m = (Py_ssize_t)a[4];
+    uint32_t psn = (uint32_t)a[5];
+    long long index = a[6], every = a[7];
+    uint32_t pre = (uint32_t)a[8];
+    long ident = (long)a[9], step = (long)a[10];
+    char *name, *bth;
+    Py_ssize_t name_len, bth_len;
+    if (PyBytes_AsStringAndSize(args[1], &name, &name_len) < 0 ||
+        PyBytes_AsStringAndSize(args[8], &bth, &bth_len) < 0)
         return NULL;
     Varying var;
-    if (varying_init(&var, args[10]) < 0)
+    if (varying_init(&var, args[13]) < 0)
         return NULL;
-    if (bth_len != 8 || pm <= 0 || m < 0 || off < 0 || every <= 0 || index < 0) {
+    PyObject *extra = args[16];
+    if (!PyList_Check(extra)) {
+        PyErr_SetString(PyExc_TypeError, "extra must be a list");
+        return NULL;
+    }
+    Py_ssize_t n_extra = PyList_GET_SIZE(extra);
+    if (bth_len != 8 || pm <= 0 || m < 1 || off < 0 || every <= 0 || index < 0 || gso < 0 ||
+        gso > 0xFFFF || 2 * m + 1 + n_extra > IOV_CAP) {
         PyErr_SetString(PyExc_ValueError, "bad run");
         return NULL;
     }
-    Py_buffer ob, db;
-    if (PyObject_GetBuffer(args[0], &ob, PyBUF_WRITABLE) < 0)
+    Py_buffer sb, db, eb[IOV_CAP];
+    if (PyObject_GetBuffer(args[3], &sb, PyBUF_WRITABLE) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &db, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&ob);
+    if (PyObject_GetBuffer(args[4], &db, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&sb);
         return NULL;
     }
-    Py_ssize_t seg = pm + 16;
-    if (m * seg > ob.len || off + m * pm > db.len) {
-        PyBuffer_Release(&db);
-        PyBuffer_Release(&ob);
+    Py_ssize_t got = 0;
+    PyObject *result = NULL;
+    if (16 * m + 4 > sb.len || off + m * pm > db.len) {
         PyErr_SetString(PyExc_ValueError, "run beyond its buffers");
-        return NULL;
+        goto done;
     }
-    unsigned char *o = ob.buf;
+    for (; got < n_extra; got++) {
+        if (PyObject_GetBuffer(PyList_GET_ITEM(extra, got), &eb[got], PyBUF_SIMPLE) < 0)
+            goto done;
+    }
+    struct iovec iov[IOV_CAP];
+    int n_iov = 0;
+    unsigned char *h = sb.buf;
     const unsigned char *d = db.buf;
     for (Py_ssize_t i = 0; i < m; i++) {
-        unsigned char *p = o + i * seg;
-        uint32_t word = index % every == every - 1 ? psn | ACK_REQ : psn;
-        memcpy(p, bth, 8);
-        put_be32(p + 8, word);
-        memcpy(p + 12, d + off, (size_t)pm);
-        uint32_t crc = crc32_of(varying_crc(&var, pre, ident, word), p + 12, (uint32_t)pm);
-        put_le32(p + 12 + pm, crc);
+        /* slot i: the ICRC of packet i-1, then packet i's BTH (slot 0: the BTH alone) */
+        unsigned char *slot = h + 16 * i;
+        const unsigned char *payload = d + off + i * pm;
+        uint32_t word = (index + i) % every == every - 1 ? psn | ACK_REQ : psn;
+        memcpy(slot + 4, bth, 8);
+        put_be32(slot + 12, word);
+        uint32_t crc = crc32_of(varying_crc(&var, pre, ident, word), payload, (uint32_t)pm);
+        put_le32(slot + 16, crc);
+        iov[n_iov].iov_base = i ? slot : slot + 4;
+        iov[n_iov++].iov_len = i ? 16 : 12;
+        iov[n_iov].iov_base = (void *)payload;
+        iov[n_iov++].iov_len = (size_t)pm;
         psn = (psn + 1) & U24;
-        off += pm;
-        index++;
         ident += step;
     }
+    iov[n_iov].iov_base = h + 16 * m;
+    iov[n_iov++].iov_len = 4;
+    for (Py_ssize_t k = 0; k < n_extra; k++) {
+        iov[n_iov].iov_base = eb[k].buf;
+        iov[n_iov++].iov_len = (size_t)eb[k].len;
+    }
+    union {
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } control;
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_name = name;
+    msg.msg_namelen = (socklen_t)name_len;
+    msg.msg_iov = iov;
+    msg.msg_iovlen = (size_t)n_iov;
+    if (gso) {
+        uint16_t size = (uint16_t)gso;
+        memset(&control, 0, sizeof control);
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof control.buf;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_UDP;
+        cm->cmsg_type = UDP_SEGMENT;
+        cm->cmsg_len = CMSG_LEN(sizeof size);
+        memcpy(CMSG_DATA(cm), &size, sizeof size);
+    }
+    ssize_t sent;
+    int err;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS
+        sent = sendmsg(fd, &msg, 0);
+        err = errno;
+        Py_END_ALLOW_THREADS
+        if (sent >= 0 || err != EINTR)
+            break;
+        if (PyErr_CheckSignals() < 0)  /* as socket.sendmsg (PEP 475) */
+            goto done;
+    }
+    if (sent < 0) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    result = PyLong_FromSsize_t(sent);
+done:
+    while (got > 0)
+        PyBuffer_Release(&eb[--got]);
     PyBuffer_Release(&db);
-    PyBuffer_Release(&ob);
-    return PyLong_FromSsize_t(m * seg);
+    PyBuffer_Release(&sb);
+    return result;
 }
 
 static PyMethodDef methods[] = {
     {"place", (PyCFunction)(void (*)(void))place, METH_FASTCALL, place_doc},
-    {"frames", (PyCFunction)(void (*)(void))frames, METH_FASTCALL, frames_doc},
+    {"sendrun", (PyCFunction)(void (*)(void))sendrun, METH_FASTCALL, sendrun_doc},
     {NULL, NULL, 0, NULL},
 };
 

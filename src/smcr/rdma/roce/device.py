@@ -88,6 +88,10 @@ SOL_UDP: Final = 17
 UDP_GRO: Final = 104
 _GRO_SIZE: Final = struct.Struct("i")
 _DQP: Final = struct.Struct(">I")
+#: ``struct sockaddr_in`` and ``sockaddr_in6``: family (host order), port, (flow info,)
+#: address, zero padding or scope id (host order)
+_SOCKADDR_IN: Final = struct.Struct("=H2s4s8s")
+_SOCKADDR_IN6: Final = struct.Struct("=H2sI16sI")
 #: Every QP of this process, by QPN (unique process-wide): a packet is handed to
 #: the QP its DestQP names whichever of our sockets the kernel chose, which
 #: matters when two QPs' flows have the same 4-tuple (two RNICs on one address).
@@ -238,6 +242,15 @@ class RoceDevice(Device):
         if self.family == socket.AF_INET:
             return (address, port)
         return (address, port, 0, self.scope_id)
+
+    def packed_sockaddr(self, address: bytes, port: int) -> bytes:
+        """:meth:`sockaddr` as ``sendmsg(2)`` takes it (``struct sockaddr_in`` or
+        ``sockaddr_in6``), for the C send loop (:meth:`IcrcFlow.send_run
+        <smcr.rdma.roce.fastpath.IcrcFlow.send_run>`)."""
+        if self.family == socket.AF_INET:
+            return _SOCKADDR_IN.pack(socket.AF_INET, port.to_bytes(2, "big"), address, b"")
+        return _SOCKADDR_IN6.pack(socket.AF_INET6, port.to_bytes(2, "big"), 0, address,
+                                  self.scope_id)  # fmt: skip
 
     def watch_qp_socket(self, qp: RoceQp, sock: socket.socket) -> None:
         """Receive a QP's flow socket in the progress thread and in its CQs' pollers."""

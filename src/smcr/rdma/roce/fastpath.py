@@ -162,7 +162,7 @@ class IcrcFlow:
     :param dport: UDP destination port (4791).
     """
 
-    __slots__ = ("_block", "dport", "dst", "sport", "src")
+    __slots__ = ("_scratch", "dport", "dst", "sport", "src")
     _VARYING: ClassVar[struct.Struct]
     _ID_STEP: ClassVar[int]
 
@@ -171,8 +171,9 @@ class IcrcFlow:
         self.dst = dst
         self.sport = sport
         self.dport = dport
-        #: The C :meth:`run_frames`' packets, reused: ``sendmsg`` copies them before it returns.
-        self._block = memoryview(b"")
+        #: :meth:`send_run`'s headers and ICRCs (the C loop's scratch; one sender at a time:
+        #: the QP's lock)
+        self._scratch = bytearray(16 * 64 + 4)
 
     def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
         """``(CRC of the masked header before the cut, fixed bytes to the PSN word, first
@@ -185,8 +186,6 @@ class IcrcFlow:
         What ``frames`` gives for the same packets (IPv4 IDs 0..m-1), for a
         :class:`MiddleRun`: no extension headers, no pad, one size, so a packet is
         a slice, two small packs and two CRC calls; the buffers joined are the packets.
-        With the C loops (:data:`LOOPS`) the packets are one buffer, each payload copied
-        in beside its CRC (the buffer is reused: valid until the next call).
         """
         pm, data, every = run.pmtu, run.data, run.ack_every
         pre, mid, ident = self._varying(24 + pm, run.opcode, dest_qp, 0)
@@ -194,14 +193,6 @@ class IcrcFlow:
         psn = (run.psn + start) & U24
         off = run.offset + start * pm
         index = run.index + start
-        loops = LOOPS
-        if loops is not None:
-            block = self._block
-            if len(block) < m * (pm + 16):
-                block = self._block = memoryview(bytearray(max(m * (pm + 16), 1 << 16)))
-            n: int = loops.frames(block, data, off, pm, m, bth8, psn, index, every, pre, mid,
-                                  ident, self._ID_STEP)  # fmt: skip
-            return [block[:n]]
         parts: list[Buffer] = []
         append = parts.append
         pack, step, icrc, word_of = self._VARYING.pack, self._ID_STEP, ICRC.pack, U32.pack
@@ -218,6 +209,22 @@ class IcrcFlow:
             ident += step
         append(tail)
         return parts
+
+    def send_run(self, fd: int, name: bytes, gso: int, run: MiddleRun, start: int, m: int,
+                 dest_qp: int, extra: list[Buffer]) -> int:  # fmt: skip
+        """Send packets ``start .. start+m-1`` of ``run`` and then the buffers ``extra`` with
+        one ``sendmsg`` on socket ``fd`` to the packed socket address ``name`` (UDP GSO
+        segments of ``gso`` bytes, unless 0): the C loops' (:data:`LOOPS`, which must be
+        there) :meth:`run_frames` and send in one, each payload straight from the run's
+        buffer.  Raises :class:`OSError` as ``socket.sendmsg``.  Bytes sent."""
+        assert LOOPS is not None
+        pm = run.pmtu
+        pre, mid, ident = self._varying(24 + pm, run.opcode, dest_qp, 0)
+        sent: int = LOOPS.sendrun(fd, name, gso, self._scratch, run.data, run.offset + start * pm,
+                                  pm, m, BTH.pack(run.opcode, 0, P_KEY, dest_qp, 0)[:8],
+                                  (run.psn + start) & U24, run.index + start, run.ack_every,
+                                  pre, mid, ident, self._ID_STEP, extra)  # fmt: skip
+        return sent
 
     def place_middles(self, view: memoryview, off: int, end: int, seg: int, ip_id: int,
                       dest_qp: int, psn: int, limit: int, target: memoryview,
