@@ -936,6 +936,9 @@ class SMCSocket(_PlainSocket):
                         else:
                             self._wait_data(stack, hc, c, flags)
                         continue
+                    if not got and not flags & ~_WAITALL and (
+                            n := stack.recv_fast(hc, c, part, bool(flags))) >= 0:
+                        return n  # the bytes came while we waited: the compiled copy too
                     n = self._copy_out(stack, hc, c, out[got:want] if got or want < len(out)
                                        else out, flags)  # fmt: skip
                     if n == 0:
