@@ -117,3 +117,28 @@ def test_bad_arguments_are_refused_before_anything_is_sent(
         call(fd=-1)
     assert failed.value.errno == errno.EBADF
     assert call() == 4 * SEG  # the same arguments, unchanged, do send
+
+
+def test_recvgro_reads_a_gro_batch_with_its_segment_size(
+        link: tuple[socket.socket, socket.socket, bytes]) -> None:  # fmt: skip
+    """The receiver's read (``recvgro``): a GSO run arrives as one read of a UDP_GRO socket,
+    with its segment size; a lone datagram with its own length; an empty socket is
+    ``(-1, 0)``, not an exception."""
+    tx, rx, name = link
+    rx.setsockopt(socket.SOL_UDP, 104, 1)  # UDP_GRO
+    c, icrc = c_loops(), flow(tx)
+    run = _run(7, 6, 0, DATA)
+    buf = bytearray(1 << 16)
+    assert c.recvgro(rx.fileno(), buf) == (-1, 0)
+    icrc.send_run(tx.fileno(), name, SEG, run, 0, 6, DQP, [])
+    n, seg = c.recvgro(rx.fileno(), buf)
+    assert (n, seg) == (6 * SEG, SEG)
+    assert bytes(buf[:n]) == b"".join(bytes(x) for x in icrc.run_frames(run, 0, 6, DQP))
+    tx.sendto(b"x" * 44, rx.getsockname())
+    assert c.recvgro(rx.fileno(), buf) == (44, 44)
+    assert c.recvgro(rx.fileno(), buf) == (-1, 0)
+    with pytest.raises(BufferError):
+        c.recvgro(rx.fileno(), bytes(10))
+    with pytest.raises(OSError) as failed:
+        c.recvgro(-1, buf)
+    assert failed.value.errno == errno.EBADF

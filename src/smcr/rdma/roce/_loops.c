@@ -29,6 +29,9 @@
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
 #endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
 
 typedef uint32_t (*crc32_fn)(uint32_t crc, const unsigned char *buf, uint32_t len);
 
@@ -321,9 +324,67 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(recvgro_doc,
+"recvgro(fd, buffer) -> (n, seg)\n\n"
+"One non-blocking recvmsg into buffer: n bytes, in datagrams of seg bytes (UDP GRO's\n"
+"segment size; n when the kernel joined none); (-1, 0) when nothing is there (EAGAIN,\n"
+"or EINTR once the signal handlers ran).  Why not socket.recvmsg_into: it makes an\n"
+"address string and an ancillary list per read, and an exception each time the socket\n"
+"is empty, which ends every drain of it.  Other errors raise OSError.");
+
+static PyObject *recvgro(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "recvgro() takes 2 arguments");
+        return NULL;
+    }
+    long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[1], &b, PyBUF_WRITABLE) < 0)
+        return NULL;
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    struct iovec iov = {b.buf, (size_t)b.len};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof control.buf;
+    ssize_t n;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    n = recvmsg((int)fd, &msg, MSG_DONTWAIT);
+    err = errno;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    if (n < 0) {
+        if (err == EAGAIN || err == EWOULDBLOCK)
+            return Py_BuildValue("(ii)", -1, 0);
+        if (err == EINTR)
+            return PyErr_CheckSignals() < 0 ? NULL : Py_BuildValue("(ii)", -1, 0);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    long seg = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == UDP_GRO) {
+            int size;
+            memcpy(&size, CMSG_DATA(cm), sizeof size);
+            seg = size;
+        }
+    }
+    return Py_BuildValue("(nl)", (Py_ssize_t)n, seg > 0 ? seg : (long)n);
+}
+
 static PyMethodDef methods[] = {
     {"place", (PyCFunction)(void (*)(void))place, METH_FASTCALL, place_doc},
     {"sendrun", (PyCFunction)(void (*)(void))sendrun, METH_FASTCALL, sendrun_doc},
+    {"recvgro", (PyCFunction)(void (*)(void))recvgro, METH_FASTCALL, recvgro_doc},
     {NULL, NULL, 0, NULL},
 };
 
