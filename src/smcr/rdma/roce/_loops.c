@@ -1,12 +1,14 @@
-/* The RoCE RNIC's two per-packet loops in C: the runs of RDMA WRITE Middles that make up
- * all but two packets of a long WRITE (smcr.rdma.roce.fastpath).
+/* The RoCE RNIC's per-packet loops in C: the runs of RDMA WRITE Middles that make up all
+ * but two packets of a long WRITE (smcr.rdma.roce.fastpath), and the read of a flow socket.
  *
  * Why C: per packet the Python of these loops costs about a microsecond (slices, struct
  * packs, two CRC calls, a copy: ten C-API calls), more than the CRC and the copy
  * themselves (0.1 us each for 4 KiB); a 1 MiB WRITE is 256 packets at each end.  The
- * protocol stays in Python: these functions only do what fastpath.IcrcFlow's
- * place_middles and run_frames do, with the constants their caller worked out, and
- * tests/roce/test_loops.py checks them byte for byte against that Python.
+ * protocol stays in Python: place checks and places what IcrcFlow.place_middles would,
+ * sendrun sends what IcrcFlow.run_frames builds (then the buffers the caller adds), with
+ * the constants their caller worked out, and recvgro is socket.recvmsg_into for the
+ * RNIC's reads; tests/roce/test_middle_runs.py and test_c_send.py check them byte for
+ * byte against the Python.
  *
  * The CRC is zlib-ng's (the zlib_ng package smcr depends on exports zng_crc32), found
  * in that loaded module at import; without it this module does not import and the
