@@ -51,6 +51,9 @@ def stop_capture(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)
+    for pipe in (proc.stdout, proc.stderr):  # (an unclosed one warns when collected)
+        if pipe is not None:
+            pipe.close()
 
 
 def wait_for_mark(path: Path, send: Callable[[bytes], object], timeout: float = 10.0) -> None:
