@@ -175,3 +175,54 @@ def test_a_data_call_kept_after_its_socket_was_collected_fails_as_on_a_closed_so
             assert err.value.errno == errno.EBADF
     finally:
         b.close()
+
+
+def test_a_blocking_read_waits_for_its_bytes_compiled_and_hands_the_rest_on() -> None:
+    """A blocking ``recv_into`` that must wait (no flags: for any byte; MSG_WAITALL: for
+    all it asked) waits and copies in the compiled code, the general path never called;
+    pieces that come one by one make up one MSG_WAITALL read.  A socket with a timeout,
+    and a MSG_WAITALL read that EOF cuts short, are the general path's."""
+    with pair("smc") as (a, b):
+        fast = vars(a)["recv_into"].__self__
+        slow_calls: list[int] = []
+        slow = fast.slow_recv_into
+
+        def counted(sock: Any, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+            slow_calls.append(flags)
+            n: int = slow(sock, buffer, nbytes, flags)
+            return n
+
+        fast.slow_recv_into = counted
+        a.settimeout(None)
+
+        def later(*pieces: bytes, then: Callable[[], object] | None = None) -> threading.Thread:
+            def run() -> None:
+                for piece in pieces:
+                    threading.Event().wait(0.05)
+                    b.sendall(piece)
+                if then is not None:
+                    then()
+
+            t = threading.Thread(target=run)
+            t.start()
+            return t
+
+        buf = bytearray(6)
+        t = later(b"abc")
+        assert a.recv_into(buf) == 3 and buf[:3] == b"abc"
+        t.join()
+        t = later(b"ab", b"cd", b"ef")
+        assert a.recv_into(buf, 6, socket.MSG_WAITALL) == 6 and buf == b"abcdef"
+        t.join()
+        assert slow_calls == []
+        a.settimeout(5)
+        t = later(b"xyz")
+        assert a.recv_into(buf) == 3 and buf[:3] == b"xyz"
+        t.join()
+        assert slow_calls == [0]
+        a.settimeout(None)
+        t = later(b"12", then=lambda: b.shutdown(socket.SHUT_WR))
+        assert a.recv_into(buf, 6, socket.MSG_WAITALL) == 2 and buf[:2] == b"12"
+        t.join()
+        assert slow_calls == [0, socket.MSG_WAITALL]
+        assert a.recv_into(buf) == 0  # EOF

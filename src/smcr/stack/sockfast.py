@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,7 @@ from smcr.diag.counters import COUNTERS
 from smcr.stack.runtime import HostConn, Stack
 
 _SMCR = "SMCR"
+_WAITALL = int(socket.MSG_WAITALL)
 #: The socket methods a :class:`SocketFast` stands in for.
 METHODS = ("sendall", "send", "recv", "recv_into")
 
@@ -125,18 +127,50 @@ class SocketFast:
             COUNTERS.rx_pd[want.bit_length()] += 1
         return n
 
+    def _read_waiting(self, sock: Any, out: memoryview, waitall: bool) -> int:
+        """A blocking read that waits for its bytes (``waitall``: all of ``out``), compiled
+        from the call to the copy: the thread that waited is the one that answers, and a
+        round trip is two of these.  Only for a blocking socket without a timeout, with no
+        other reader, on a connection whose bytes can all come (no EOF, reset or urgent
+        byte, and with ``waitall`` fewer than the RMBE holds); -1 for anything else, then
+        or after the wait (the general path takes over, and looks at everything again)."""
+        stack, hc, rlock = self.stack, self.hc, self.rlock
+        if sock._timeout is not None or sock._rd_shut or not rlock.acquire(False):
+            return -1
+        try:
+            with stack.lock:
+                c = stack.engine.conns.get(hc.conn_id)
+                if c is None or (waitall and len(out) >= len(hc.rmb)):
+                    return -1
+                need = len(out) if waitall else 1
+
+                def ready() -> bool:
+                    return (c.rx_prod - c.rx_cons >= need or c.peer_done or bool(c.reset_reason)
+                            or c.urg_rx_pos is not None)  # fmt: skip
+
+                if not ready():
+                    stack.wait(hc, ready, None)
+                n = stack.recv_fast(hc, c, out, waitall)
+        finally:
+            rlock.release()
+        if n > 0:
+            COUNTERS.rx_pd[len(out).bit_length()] += 1
+        return n
+
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         """``socket.recv_into``."""
         sock = self.sock_ref()
         if sock is None:
             raise self._gone()
-        if not flags and nbytes >= 0 and self._open(sock):
+        if (not flags or flags == _WAITALL) and nbytes >= 0 and self._open(sock):
             out = memoryview(buffer)
             if out.format == "B" and out.ndim == 1 and nbytes <= len(out):
                 if nbytes and nbytes < len(out):
                     out = out[:nbytes]
                 if len(out):
-                    n = self._read(out, len(out))
+                    n = -1 if flags else self._read(out, len(out))
+                    if n <= 0:
+                        n = self._read_waiting(sock, out, bool(flags))
                     if n > 0:
                         return n
         result: int = self.slow_recv_into(sock, buffer, nbytes, flags)
