@@ -9,6 +9,7 @@ from smcr.core import Config, LgrType, LinkState
 from smcr.wire.clc import ClcAccept, decode_clc
 from smcr.wire.llc import AddLinkV2, ConfirmLinkV2, LlcType, RequestAddLinkV2, decode_llc
 from tests.core.pair import Pair, Side, lgr_of, transfer
+from tests.core.test_recovery import ask_overtakes_the_confirmation
 from tests.core.test_v2 import EID, clc_sent
 from tests.wire.test_llc import golden_frame
 
@@ -184,27 +185,16 @@ def test_request_add_link_into_a_full_group_is_answered() -> None:
 
 
 def test_request_add_link_overtaking_the_asymmetric_links_confirmation_is_taken_up() -> None:
-    """Only the client's port 0 fails: the server replaces link 1 by an asymmetric link 3
-    (its port 0 to the client's port 1).  The port is back while that flow runs: the
-    client's REQUEST ADD LINK waits for the flow's end, then goes out on link 2 right
-    behind its CONFIRM LINK response on link 3, two QPs with no order between them.
-    Arriving first, it meets the server's running ADD LINK flow (dropped unanswered, as
-    Linux); once the asymmetric link is up the server offers the symmetric one anyway,
-    which ends the client's request flow, and the group is SYMMETRIC again."""
+    """:func:`~tests.core.test_recovery.ask_overtakes_the_confirmation`, v2: the REQUEST ADD
+    LINK meets the server's running ADD LINK flow (dropped unanswered, as Linux); once the
+    asymmetric link is up the server offers the symmetric one anyway, which ends the
+    client's request flow, and the group is SYMMETRIC again."""
     p = v2_pair()
     c, s = p.connect()
     p.pump()
-    p.run(p.client, p.client.engine.port_down(0, "carrier lost", p.now))
-    lgr = lgr_of(p.client)
-    p.step_until(lambda: lgr.remote_add is not None and lgr.remote_add.step == "confirm",
-                 "the client answered the asymmetric offer")  # fmt: skip
-    p.run(p.client, p.client.engine.port_up(0, p.now))  # waits for the server's flow
-    p.step_until(lambda: lgr.remote_add is None, "the client confirmed link 3")
-    *_, confirmed, request = p.sends
-    assert decode_llc(confirmed[2]).TYPE == LlcType.CONFIRM_LINK_V2
-    assert isinstance(decode_llc(request[2]), RequestAddLinkV2)
-    p.sends.remove(request)
-    p.sends.appendleft(request)  # the request overtakes the confirmation
+    confirmed, request = ask_overtakes_the_confirmation(p)
+    assert decode_llc(confirmed).TYPE == LlcType.CONFIRM_LINK_V2
+    assert isinstance(decode_llc(request), RequestAddLinkV2)
     p.pump()
     for side in (p.client, p.server):
         assert links(side) == [(2, 1), (4, 0)]

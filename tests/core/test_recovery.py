@@ -324,27 +324,35 @@ def test_link_events_for_the_host() -> None:
                                                                      (4, 0, "SYMMETRIC")]
 
 
-def test_invitation_overtaking_the_asymmetric_links_confirmation_is_taken_up() -> None:
+def ask_overtakes_the_confirmation(p: Pair) -> tuple[bytes, bytes]:
     """Only the client's port 0 fails: the server replaces link 1 by an asymmetric link 3
     (its port 0 to the client's port 1).  The port is back while that flow runs: the
-    client's invitation waits for the flow's end, then goes out on link 2 right behind
-    its CONFIRM LINK response on link 3, two QPs with no order between them.  Arriving
-    first, it meets the server's running ADD LINK flow (one at a time: not taken then);
-    once the asymmetric link is up the server takes it up (Linux would leave the group
-    asymmetric until the next port event), and the group is SYMMETRIC again."""
-    p, c, s = symmetric()
+    client's ask for a link (v1 invitation, v2 REQUEST ADD LINK) waits for the flow's end,
+    then goes out on link 2 right behind its CONFIRM LINK response on link 3, two QPs
+    with no order between them; here the ask is delivered first.  Returns (the
+    confirmation, the ask), both still to be delivered."""
     p.run(p.client, p.client.engine.port_down(0, "carrier lost", p.now))
     lgr = lgr_of(p.client)
     p.step_until(lambda: lgr.remote_add is not None and lgr.remote_add.step == "confirm",
                  "the client answered the asymmetric offer")  # fmt: skip
     p.run(p.client, p.client.engine.port_up(0, p.now))  # waits for the server's flow
     p.step_until(lambda: lgr.remote_add is None, "the client confirmed link 3")
-    *_, confirmed, invite = p.sends
-    assert decode_llc(confirmed[2]).TYPE == LlcType.CONFIRM_LINK
-    assert decode_llc(invite[2]) == AddLink(sender_mac=p.client.engine.identity.ports[0].mac,
-                                            sender_gid=p.client.engine.identity.ports[0].gid)
-    p.sends.remove(invite)
-    p.sends.appendleft(invite)  # the invitation overtakes the confirmation
+    *_, confirmed, ask = p.sends
+    p.sends.remove(ask)
+    p.sends.appendleft(ask)
+    return confirmed[2], ask[2]
+
+
+def test_invitation_overtaking_the_asymmetric_links_confirmation_is_taken_up() -> None:
+    """:func:`ask_overtakes_the_confirmation`, v1: the invitation meets the server's
+    running ADD LINK flow (one at a time: not taken then); once the asymmetric link is
+    up the server takes it up (Linux would leave the group asymmetric until the next
+    port event), and the group is SYMMETRIC again."""
+    p, c, s = symmetric()
+    confirmed, invite = ask_overtakes_the_confirmation(p)
+    assert decode_llc(confirmed).TYPE == LlcType.CONFIRM_LINK
+    assert decode_llc(invite) == AddLink(sender_mac=p.client.engine.identity.ports[0].mac,
+                                         sender_gid=p.client.engine.identity.ports[0].gid)
     p.pump()
     for side in (p.client, p.server):
         assert links(side) == [(2, 1), (4, 0)]
