@@ -77,6 +77,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from smcr import settings
 from smcr._mypyc import mypyc_attr
 from smcr.core import (
     Action,
@@ -130,7 +131,7 @@ from smcr.ueid import UeidTable
 from smcr.wire.clc import make_hostname
 from smcr.wire.decline import DeclineCode
 
-_DEBUG = bool(os.environ.get("SMCR_DEBUG"))
+_DEBUG = settings.debug()
 RMB_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 QP_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 RECV_SLOTS = 256  # per QP; Linux posts 48 (we answer from one thread, so keep more)
@@ -177,7 +178,7 @@ ROCE_BUFFER = 4 << 20
 AUTOCORK = 64 << 10
 """Autocorking size on the shm RNIC (Linux's ``autocorking_size`` default; see
 :attr:`Config.autocork_size`): 1 KiB writes in a stream go as one CDC per batch."""
-SPIN = float(os.environ.get("SMCR_SPIN_US", "50")) / 1e6
+SPIN = settings.spin_seconds()
 """How long an application thread that waits polls the CQ before it arms it and sleeps."""
 
 
@@ -1837,25 +1838,16 @@ def autocork_size(kind: str) -> int:
     """The autocorking size (:attr:`Config.autocork_size`) of a runtime on RNIC ``kind``:
     ``SMCR_AUTOCORK`` bytes (0 turns it off), default :data:`AUTOCORK` on the shm RNIC and
     off on RoCE (not measured there yet: each answer costs a SEND and its ACK)."""
-    text = os.environ.get("SMCR_AUTOCORK", "").strip()
-    if text:
-        return int(text)
-    return AUTOCORK if kind == "shm" else 0
+    return settings.AUTOCORK.value(AUTOCORK if kind == "shm" else 0)
 
 
 def testlink_time() -> float:
     """The TEST LINK keepalive interval, seconds: ``SMCR_TESTLINK_TIME`` (as Linux's sysctl
     ``net.smc.smcr_testlink_time``: 0 turns the keepalive off), default 30.
 
-    :raises ValueError: for a value that is not a number of seconds >= 0.
+    :raises SettingError: for a value that is not a number of seconds >= 0.
     """
-    text = os.environ.get(TESTLINK_ENV, "").strip()
-    if not text:
-        return Config().testlink_time
-    value = float(text)
-    if not value >= 0:
-        raise ValueError(f"{TESTLINK_ENV}={text!r}: expected seconds >= 0")
-    return value
+    return settings.TESTLINK_TIME.value(Config().testlink_time)
 
 
 def max_links() -> int:
@@ -1866,14 +1858,9 @@ def max_links() -> int:
     (both ends one RNIC) and accepts an offer over another RNIC of the peer's, its own
     side asymmetric (the interop suite sees both live).
 
-    :raises ValueError: for anything but 1 or 2 (Linux's range).
+    :raises SettingError: for anything but 1 or 2 (Linux's range).
     """
-    text = os.environ.get(MAX_LINKS_ENV, "").strip()
-    if not text:
-        return Config().max_links_v2
-    if text not in ("1", "2"):
-        raise ValueError(f"{MAX_LINKS_ENV}={text!r}: expected 1 or 2")
-    return int(text)
+    return settings.MAX_LINKS.value(Config().max_links_v2)
 
 
 def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None,
@@ -1886,8 +1873,10 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
     link-local IPv6 address, on the interface ``scope_id`` names; without an
     address, the default RNIC's.
 
-    :raises ValueError: for an unknown ``SMCR_RNIC``.
+    :raises SettingError: for a value of an ``SMCR_*`` variable that is not allowed
+        (:data:`smcr.settings.RUNTIME`), e.g. an unknown ``SMCR_RNIC``.
     """
+    settings.check(settings.RUNTIME)
     kind = devices.rnic_kind()
     key = "shm" if kind == "shm" else "roce:" + devices.roce_key(local_ip, scope_id)
     with _stack_lock:
