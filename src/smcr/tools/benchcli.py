@@ -24,7 +24,7 @@ from smcr.tools import bench
 
 def run(args: argparse.Namespace, console: Console) -> int:
     """Run the benchmark as the arguments say; print a table, or JSON with ``--json``."""
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else bench.SIZES
+    sizes = args.sizes or bench.SIZES
     steps = (len(sizes) + len(bench.PING_SIZES) + (2 if args.connections else 0)) * args.reps * 2
     err = Console(stderr=True)
     with Progress(console=err, transient=True, disable=args.json and not err.is_terminal) as bar:
