@@ -338,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run between two new network namespaces over a veth pair (root)")
     bench.add_argument("--mtu", type=argtypes.count(1280, 65535, "bytes"), default=9000,
                        help="with --netns: the veth MTU")
+    bench.add_argument("--plot", metavar="FILE", help="also draw SMC-R against TCP by message "
+                       "size into FILE (SVG)")
     bench.set_defaults(func=_cmd_bench)
     dev = sub.add_parser("device", help="list RNICs: RoCE per interface address, shm per process")
     dev.add_argument("action", nargs="?", choices=["show"], default="show",

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -15,10 +16,11 @@ import pytest
 from smcr.tools import bench, demo
 
 
-def test_bench_json_smoke() -> None:
+def test_bench_json_smoke(tmp_path: Path) -> None:
+    plot = tmp_path / "bench.svg"
     result = subprocess.run(
         [sys.executable, "-m", "smcr", "bench", "--json", "--reps", "1", "--sizes", "4096",
-         "--volume", "1", "--rounds", "20", "--connections", "20"],
+         "--volume", "1", "--rounds", "20", "--connections", "20", "--plot", str(plot)],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -31,6 +33,7 @@ def test_bench_json_smoke() -> None:
         assert r["unit"] == ("MB/s" if r["test"] == "throughput" else "us")
         assert r["smc_runs"] == [r["smc"]] and r["tcp_runs"] == [r["tcp"]]  # one rep: no median
         assert r["smc_cpu"] > 0 and r["tcp_cpu"] > 0
+    assert plot.read_text().count("<polyline") == 4  # (--plot: both transports, both panels)
 
 
 class ScriptedBench:
