@@ -41,17 +41,19 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-# Reinstall only when the project's metadata changed since the last install.
+# Reinstall only when the project's metadata or build changed since the last install.
+# An editable install: the checkout's sources run (a user's `pip install .` compiles
+# into the wheel instead; README, "Install").
 stamp=.venv/.smcr-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
     touch "$stamp"
 fi
 
-# The compiled hot path (README, "Compiled data path"): mypyc (from the pinned mypy)
-# compiles the data-path modules into src/smcr/_native; only when the sources changed
-# since the last build (about a minute).  Without a C compiler or Python's headers
-# smcr runs as pure Python, as it does with SMCR_PURE_PYTHON=1.
+# The compiled hot path of the checkout (docs/development.md, "Compiled data path"): mypyc
+# (from the pinned mypy) compiles the data-path modules into src/smcr/_native; only when
+# the sources changed since the last build (about 40 s).  Without a C compiler or
+# Python's headers it says so and smcr runs as pure Python, as with SMCR_PURE_PYTHON=1.
 .venv/bin/python -m smcr.nativebuild --if-stale ||
     echo "install.sh: not compiled (see above); smcr runs as pure Python" >&2
 

@@ -5,6 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 SMCR_NO_DEMO=1 ./install.sh
-.venv/bin/ruff check src tests bench
+.venv/bin/ruff check src tests bench setup.py
 .venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"
