@@ -87,19 +87,14 @@ from typing import TYPE_CHECKING, Any
 from smcr import discovery, forkrelay
 from smcr.core import FellBack, HandshakeCompleted
 from smcr.core.connection import Connection
-from smcr.diag import COUNTERS as _C
 from smcr.diag import registry as _registry
 from smcr.diag import start as _diag_start
+from smcr.stack.counters import COUNTERS as _C
 from smcr.stack.descriptors import put_at
-from smcr.stack.runtime import (
-    HostConn,
-    Readiness,
-    Stack,
-    default_buffer_size,
-    get_stack,
-    ring_read,
-    ring_write,
-)
+from smcr.stack.executor import ring_read, ring_write
+from smcr.stack.hostconn import HostConn
+from smcr.stack.readiness import Readiness
+from smcr.stack.runtime import Stack, default_buffer_size, get_stack
 from smcr.stack.sockfast import METHODS as FAST_METHODS
 from smcr.stack.sockfast import SocketFast
 from smcr.stack.watcher import get_watcher

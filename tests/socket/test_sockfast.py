@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import smcr
-from smcr.diag import COUNTERS
+from smcr.stack.counters import COUNTERS
 from smcr.stack.sockfast import METHODS, SocketFast
 from tests.socket.test_error_paths import pair, recv_exactly
 

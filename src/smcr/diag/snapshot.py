@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from smcr.diag import registry
-from smcr.diag.counters import COUNTERS
+from smcr.stack.counters import COUNTERS
 
 LOCK_WAIT = 0.5
 SMCSS_STATE = {"APPFINCLOSEWAIT": "APPFINCLOSEWAIT1"}
@@ -192,7 +192,7 @@ def gather(partial: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any
 
 def _add_live(engine: Any, live: dict[str, int]) -> None:
     """Add the engine's connections' byte counts (lock held): the released ones are in
-    :attr:`Counters.closed_tx_bytes <smcr.diag.counters.Counters.closed_tx_bytes>`."""
+    :attr:`Counters.closed_tx_bytes <smcr.stack.counters.Counters.closed_tx_bytes>`."""
     for c in list(engine.conns.values()):
         live["tx"] += c.tx_app
         live["rx"] += c.rx_cons

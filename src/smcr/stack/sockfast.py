@@ -27,8 +27,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from smcr.diag.counters import COUNTERS
-from smcr.stack.runtime import HostConn, Stack
+from smcr.stack.counters import COUNTERS
+from smcr.stack.hostconn import HostConn
+from smcr.stack.runtime import Stack
 
 _SMCR = "SMCR"
 _WAITALL = int(socket.MSG_WAITALL)
