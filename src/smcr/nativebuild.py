@@ -10,7 +10,7 @@ stale).  mypyc comes with mypy, a pinned test dependency.
 What is compiled (:data:`MODULES`): the modules every message goes through: the
 sans-IO engine and its connection/link-group state, the CDC and cursor codecs,
 the runtime that drives the engine, the socket's common data calls
-(:mod:`smcr.stack.sockfast`), and both software RNICs.  Measured (README,
+(:mod:`smcr.stack.conn`), and both software RNICs.  Measured (README,
 issue 15) against compiling less; modules that run once per connection or
 never on the data path (CLC, CLI, diagnostics, socket.py) stay interpreted.
 socket.py could not be compiled anyway: ``weakref.finalize`` needs a
@@ -64,7 +64,7 @@ MODULES: tuple[str, ...] = (
     "stack/closing.py",
     "stack/progress.py",
     "stack/runtime.py",
-    "stack/sockfast.py",
+    "stack/conn.py",
     "rdma/base.py",
     "rdma/qpstate.py",
     "rdma/shm/cq.py",

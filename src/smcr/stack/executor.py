@@ -101,7 +101,7 @@ class Executor:
         self.corked_any = False
         """Some connection may hold corked bytes (:meth:`corked`)."""
         self.timer_check = 0.0
-        self.sends_unprocessed = 0  # RoCE sends since send_fast last took the news
+        self.sends_unprocessed = 0  # RoCE sends since DataPath.send_fast last took the news
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
         self.fallback_reasons: Counter[tuple[int, int]] = Counter()
         """(local, peer) decline code -> count (Linux ``smc_stats`` fallback reasons)."""

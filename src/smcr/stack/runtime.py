@@ -76,7 +76,7 @@ from smcr.stack import devices, ports
 from smcr.stack.bufpool import BufferPool
 from smcr.stack.clcwatch import ClcWatch
 from smcr.stack.closing import EXIT_LINGER, Closing
-from smcr.stack.executor import Executor, ring_read, ring_write
+from smcr.stack.executor import Executor
 from smcr.stack.hostconn import HostConn, PortRes, StackTap, Taps
 from smcr.stack.progress import SPIN, Progress
 from smcr.stack.wakeup import Wakeups
@@ -84,10 +84,6 @@ from smcr.stack.wrslots import WorkRequests
 from smcr.ueid import UeidTable
 from smcr.wire.clc import make_hostname
 
-SENDS_PER_PROCESS = 4
-"""On RNICs without inline sends (RoCE), :meth:`Stack.send_fast` takes the news (ACKs, the
-peer's cursors) every this many sends, or sooner when the send buffer runs short: one
-look for several ACKs, which arrive one per message."""
 TESTLINK_ENV = "SMCR_TESTLINK_TIME"
 MAX_LINKS_ENV = "SMCR_MAX_LINKS"
 # Default send buffer and RMB on the shm RNIC, where Linux sizes them from the socket
@@ -353,84 +349,6 @@ class Stack:
     def send_inline(self, c: Connection, data: memoryview, request: bool = False) -> None:
         """RDMA-write ``data`` inline with its CDC (lock held; :meth:`Executor.send_inline`)."""
         self.ex.send_inline(c, data, request)
-
-    def send_fast(self, hc: HostConn, c: Connection, data: memoryview) -> int:
-        """A send's common cases in one call (lock held; no urgent data): corked into the
-        send buffer (:meth:`Connection.cork` says so: the peer's answer flushes it),
-        RDMA-written inline when all of it fits now (:meth:`send_inline`), or, on RNICs
-        without inline sends (RoCE), copied into the send buffer when all of it fits
-        there, after the news that came meanwhile (:meth:`process`: acknowledgements and
-        the peer's cursors free room), as the socket's general path does.
-
-        Why here and not in the socket: this module is compiled (:mod:`smcr.native`), the
-        socket's is not, and a small write's cost is mostly these few steps' Python.
-
-        :returns: the bytes taken (all of ``data``), or -1 when no case applies (the
-            socket's general path then waits, copies or splits).
-        """
-        n = len(data)
-        if c.echo_pending and c.cork(n):
-            ring_write(hc.sndbuf, c.tx_app, data)
-            c.corked(n)
-            self.ex.corked(c)
-        elif self.max_inline:
-            if not 0 < n <= c.direct_room():
-                return -1
-            self.send_inline(c, data, c.unanswered and not c.echo_pending and c.echo_wanted(n))
-            if self.local_peer(hc, c):
-                self.process()
-        else:
-            self.ex.sends_unprocessed += 1
-            if self.ex.sends_unprocessed >= SENDS_PER_PROCESS or c.sndbuf_space() < 4 * n:
-                self.ex.sends_unprocessed = 0
-                self.process()
-                # (this thread took the news itself: the progress thread stands by meanwhile,
-                # rather than wake for each acknowledgement only to find it taken, and take
-                # the GIL and the lock from this thread to do so: _standing_by)
-                self.wake.app_polled = time.monotonic()
-            if (not 0 < n <= c.sndbuf_space() or c.tx_flags or c.peer_closed or c.reset_reason
-                    or c.urg_tx_end is not None):  # fmt: skip
-                return -1  # (what process() took may have ended it: the general path says so)
-            ring_write(hc.sndbuf, c.tx_app, data)
-            actions: list[Action] = []
-            c.written(n, actions)
-            if actions:
-                self.execute(actions)
-            if self.local_peer(hc, c):
-                self.process()
-        if hc.readiness is not None:
-            self.update_readiness(hc)
-        return n
-
-    def recv_fast(self, hc: HostConn, c: Connection, out: memoryview, waitall: bool) -> int:
-        """A read's common case in one call (lock held): bytes are there, no urgent byte
-        among them, the RMBE not full (a full one is counted by the caller), and with
-        ``waitall`` all of ``out`` there: copy them out and consume them (the consumer
-        cursor update goes when due, :meth:`Connection.consumed`).  Compiled for the same
-        reason as :meth:`send_fast`.
-
-        :returns: the bytes copied, or -1 when the case does not apply (the socket's
-            general path then waits, stops at the urgent byte, or reads in pieces).
-        """
-        cons = c.rx_cons
-        avail = c.rx_prod - cons
-        rmb = hc.rmb
-        size = len(rmb)
-        n = len(out)
-        if (avail <= 0 or avail >= size or not n or c.urg_rx_pos is not None
-                or (waitall and avail < n)):  # fmt: skip
-            return -1
-        n = min(n, avail)
-        ring_read(rmb, cons, out[:n])
-        actions: list[Action] = []
-        c.consumed(n, actions)
-        if actions:
-            self.execute(actions)
-        if self.local_peer(hc, c):  # (a consumer cursor update, when one went)
-            self.process()
-        if hc.readiness is not None:
-            self.update_readiness(hc)
-        return n
 
     def uncork(self, hc: HostConn | None = None) -> None:
         """Send corked bytes now (lock held; :meth:`Executor.uncork`)."""

@@ -76,7 +76,7 @@ def poller_receives() -> bool:
     process exiting right after ``close`` with packets still unsent (the same
     symptom was traced to it in another test; the faster path makes it likelier);
     ``close`` now waits for the peer to confirm the closing CDC
-    (:func:`smcr.socket._cdcs_done`), and 20 runs of both bulk tests passed since.
+    (:func:`smcr.stack.conn.cdcs_done`), and 20 runs of both bulk tests passed since.
     The switch stays for diagnosis.
     """
     return os.environ.get(POLLER_RX_ENV, "1") != "0"
