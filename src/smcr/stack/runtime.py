@@ -327,6 +327,10 @@ class Stack:
         """The engine's connection record (None once released)."""
         return self.ex.engine_conn(hc)
 
+    def engine_conns(self) -> list[Connection]:
+        """The engine's records of every connection it holds (lock held)."""
+        return list(self.engine.conns.values())
+
     def local_peer(self, hc: HostConn, c: Connection) -> bool:
         """Whether the connection's other end is in this runtime too
         (:meth:`Executor.local_peer`)."""
