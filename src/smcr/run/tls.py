@@ -136,7 +136,7 @@ class SmcTlsSocket(ssl.SSLSocket):
         self._record_left = 0  # bytes of the current record not read yet
         self._tls = None
         self._sslobj = None
-        if inner._mode == "SMCR" and not self._still_connected():
+        if inner.smc_mode == "SMCR" and not self._still_connected():
             return self  # (as ssl's socket: not connected, every call says so)
         if inner.smc_mode == "SMCR":
             self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side,
