@@ -59,6 +59,7 @@ MODULES: tuple[str, ...] = (
     "stack/wrslots.py",
     "stack/qps.py",
     "stack/wakeup.py",
+    "stack/spin.py",
     "stack/clcwatch.py",
     "stack/executor.py",
     "stack/closing.py",

@@ -14,8 +14,9 @@
   holds the poller role (:mod:`smcr.stack.wakeup`); others wait on their
   connection's condition, which the poller notifies; the progress thread steps back
   while an application thread polls.  Before it arms the CQ and sleeps, a waiter
-  watches it for :data:`SPIN` (yielding the CPU between looks): an answer that comes
-  within microseconds then costs no doorbell, no sleep and no wakeup on either side.
+  may watch it for up to :data:`SPIN` while a CPU is free (:mod:`smcr.stack.spin`): an
+  answer that comes within microseconds then costs no doorbell, no sleep and no wakeup
+  on either side.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from smcr.rdma import WorkCompletion
 from smcr.stack.closing import Closing
 from smcr.stack.executor import Executor
 from smcr.stack.hostconn import HostConn
+from smcr.stack.spin import SpinPolicy
 
 STANDBY = 0.01  # the progress thread's look-in period while applications poll
 SPIN = float(os.environ.get("SMCR_SPIN_US", "50")) / 1e6
-"""How long an application thread that waits polls the CQ before it arms it and sleeps."""
+"""The longest an application thread that waits polls the CQ before it arms it and sleeps
+(:class:`~smcr.stack.spin.SpinPolicy` decides how long, and whether)."""
 
 
 class Progress:
@@ -47,6 +50,7 @@ class Progress:
         self.closing = closing
         self.wake = ex.wake
         self.running = True
+        self.spin = SpinPolicy(SPIN)
         self.thread = threading.Thread(target=self._progress_thread, name="smcr-progress",
                                        daemon=True)  # fmt: skip
 
@@ -135,7 +139,10 @@ class Progress:
         cq = ex.cq
         wcs = cq.poll(64)  # look first: arm (and pay for the rings it asks for) only to sleep
         if not wcs and spin > 0.0:
-            wcs = self._spin(spin if left is None else min(spin, left))
+            allowed = self.spin.allowance(spin if left is None else min(spin, left))
+            if allowed > 0.0:
+                wcs = self._spin(allowed)
+                self.spin.spun(bool(wcs))
         if not wcs:
             cq.req_notify()  # arm, then look again: a completion after this look rings
             wcs = cq.poll(64)
@@ -180,19 +187,17 @@ class Progress:
         """Watch the CQ for up to ``seconds`` with the lock released, then take what came
         (lock held again: completions are handled in order by whoever holds it).
 
-        Each empty look yields the CPU (``sched_yield``, GIL released): a peer
-        process or thread that is runnable on this core runs at once instead of
-        waiting for the spin to end -- on a host with fewer free cores than
-        busy threads a spinning waiter would otherwise delay the very answer it
-        waits for; on an idle core the yield returns at once.
+        No yield between looks: a spin happens only while a CPU is free
+        (:class:`~smcr.stack.spin.SpinPolicy`), and a ``sched_yield`` on a crowded CPU
+        hands it to a busy process for a whole time slice.
         """
         ex = self.ex
-        news, clock, yield_cpu = ex.cq.has_completions, time.monotonic, os.sched_yield
+        news, clock = ex.cq.has_completions, time.monotonic
         until = clock() + seconds
         ex.lock.release()
         try:
             while not news() and clock() < until:
-                yield_cpu()
+                pass
         finally:
             ex.lock.acquire()
         return ex.cq.poll(64)
