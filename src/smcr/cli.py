@@ -292,6 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--netns", action="store_true",
                        help="run between two new network namespaces over a veth pair (root)")
     bench.add_argument("--mtu", type=int, default=9000, help="with --netns: the veth MTU")
+    bench.add_argument("--load", type=int, default=0, metavar="N",
+                       help="N CPU-bound processes (nice 0) beside the run, both transports "
+                            "measured under the same load (a busy host)")
+    bench.add_argument("--cpus", metavar="LIST",
+                       help="pin both ends to these CPUs (as taskset -c: 0, 0,1, 0-3)")
     bench.set_defaults(func=_cmd_bench)
     dev = sub.add_parser("device", help="list RNICs: RoCE per interface address, shm per process")
     dev.add_argument("action", nargs="?", choices=["show"], default="show",

@@ -19,12 +19,15 @@ from rich.progress import Progress
 from rich.table import Table
 
 from smcr import native
-from smcr.tools import bench
+from smcr.tools import bench, load
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
     """Run the benchmark as the arguments say; print a table, or JSON with ``--json``."""
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else bench.SIZES
+    cpus = load.parse_cpus(args.cpus) if args.cpus else None
+    if args.load < 0:
+        raise ValueError(f"--load {args.load}: expected 0 or more processes")
     steps = (len(sizes) + len(bench.PING_SIZES) + (2 if args.connections else 0)) * args.reps * 2
     err = Console(stderr=True)
     with Progress(console=err, transient=True, disable=args.json and not err.is_terminal) as bar:
@@ -33,14 +36,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
         def progress(label: str) -> None:
             bar.update(task, advance=1, description=label)
 
-        with _hosts(args) as (host, peer_ns, where):
+        with (load.competitors(args.load), load.pinned(cpus),
+              _hosts(args) as (host, peer_ns, where)):  # fmt: skip
             results = bench.run(sizes, args.reps, args.volume << 20, args.rounds, args.bufsize,
                                 progress, host, peer_ns, args.connections)  # fmt: skip
+    conditions = _conditions(args.load, cpus)
     if args.json:
-        print(bench.to_json(results))
+        print(bench.to_json(results, {"load": args.load, "cpus": sorted(cpus) if cpus else None}))
         return 0
-    table = Table(title=f"SMC-R ({args.rnic} RNIC) vs TCP {where}, median of {args.reps}; "
-                        f"smcr {native.status().describe()}")  # fmt: skip
+    table = Table(title=f"SMC-R ({args.rnic} RNIC) vs TCP {where}, {conditions}, median of "
+                        f"{args.reps}; smcr {native.status().describe()}")  # fmt: skip
     for col in ("test", "size", "SMC-R", "TCP", "unit", "SMC/TCP", "CPU µs SMC-R", "CPU µs TCP"):
         table.add_column(col, justify="right")
     for r in results:
@@ -54,6 +59,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
             console.print(f"{r.test}: {1e6 / r.smc:.0f} connections/s with smcr, "
                           f"{1e6 / r.tcp:.0f} with TCP (connect, a byte each way, close)")
     return 0
+
+
+def _conditions(load_: int, cpus: set[int] | None) -> str:
+    """What else the host did during the run, for the table's title."""
+    text = f"{load_} CPU-bound process{'es' if load_ != 1 else ''} beside" if load_ else "idle"
+    if cpus:
+        names = ",".join(map(str, sorted(cpus)))
+        text += f", both ends on CPU{'s' if len(cpus) > 1 else ''} {names}"
+    return text
 
 
 @contextlib.contextmanager
