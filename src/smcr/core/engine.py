@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import deque
-from typing import Protocol
 
 from smcr.core import llc_msgs, negotiation
 from smcr.core.close import SmcState
@@ -50,6 +49,7 @@ from smcr.core.events import (
     FellBack,
     HandshakeCompleted,
     HandshakeFailed,
+    Provider,
     QpToRtr,
     QpToRts,
     ReuseRmb,
@@ -84,26 +84,6 @@ IDLE_RMBS_MAX = 16
 """RMBs of released connections a link group keeps announced to the peer (no DELETE
 RKEY) for its next connections (:meth:`Engine.release`)."""
 UNCONFIRMED_RKEY = "the peer did not confirm the RMB's rkey (CONFIRM RKEY)"
-
-
-class Provider(Protocol):
-    """What the engine asks of its host synchronously (no I/O)."""
-
-    def new_qp(self, port: int = 0) -> tuple[int, int]:
-        """Create an RC QP in RESET on ``port`` (an index into
-        :attr:`LocalIdentity.ports`); return its QP number and initial send PSN.
-        QP numbers must be unique among the process's QPs over all its ports: the
-        engine finds a link by the QP number a SEND or completion came in on."""
-
-    def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
-        """Register the connection's RMB on ``port`` too (a link over that port joined
-        its group, or it joins a group of several links); return its (rkey, vaddr)
-        there.  Only called with :attr:`Config.add_links`.
-
-    A host may also answer ``reaches(port, gid) -> bool``: whether our ``port`` has a path
-    to a peer port's GID (the RoCE runtime asks the kernel's routing); the engine then
-    adds links only over ports that reach the peer (:meth:`AddLinkLayer._reaches`).
-    A host without it: every port reaches every peer."""
 
 
 class Engine(PortLayer):

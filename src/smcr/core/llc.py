@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from smcr.core import llc_msgs
 from smcr.core.close import SmcState
@@ -27,13 +26,11 @@ from smcr.core.events import (
     LinkGroupTerminated,
     LlcDropped,
     PostSend,
+    Provider,
     QpToRts,
 )
 from smcr.core.handshake import Handshake, HsState
 from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, LocalFlow, Role
-
-if TYPE_CHECKING:
-    from smcr.core.engine import Provider
 from smcr.wire.cdc import CDC_MSG_TYPE, ConnectionStateFlags, ProducerFlags
 from smcr.wire.decline import DeclineCode
 from smcr.wire.errors import WireError
