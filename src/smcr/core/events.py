@@ -216,8 +216,8 @@ class Provider(Protocol):
 
     A host may also answer ``reaches(port, gid) -> bool``: whether our ``port`` has a path
     to a peer port's GID (the RoCE runtime asks the kernel's routing); the engine then
-    adds links only over ports that reach the peer (:meth:`AddLinkLayer._reaches
-    <smcr.core.addlink.AddLinkLayer._reaches>`).  A host without it: every port reaches
+    adds links only over ports that reach the peer (:meth:`AddLinkFlows._reaches
+    <smcr.core.addlink.AddLinkFlows._reaches>`).  A host without it: every port reaches
     every peer.  (Here, not beside the engine: every part of the engine uses its
     provider, and this module imports none of them.)
     """
