@@ -519,35 +519,46 @@ class AddLinkFlows:
 
     def receive_add_link(self, link: Link, msg: LlcMessage, now: float,
                          out: list[Action]) -> None:  # fmt: skip
-        """ADD LINK: the server's offer (client), the client's answer or invitation
-        (server)."""
+        """An ADD LINK request: the server's offer (client), the client's invitation
+        (server: it starts its own flow)."""
         assert isinstance(msg, AddLink | AddLinkV2)
         lgr = link.lgr
-        if msg.is_response:
-            if lgr.role is Role.SERVER:
-                self._srv_add_link_response(link, msg, now, out)
-            else:
-                self.llc.drop(link.qpn, "ADD LINK response without a request")
-        elif lgr.role is Role.CLIENT:
+        if lgr.role is Role.CLIENT:
             self._cli_add_link(link, msg, now, out)
-        else:  # the client's invitation: the server starts its own flow
+        else:
             self.srv_add_link(lgr, now, out, msg, link)
+
+    def receive_add_link_response(self, link: Link, msg: LlcMessage, now: float,
+                                  out: list[Action]) -> None:  # fmt: skip
+        """The client's answer to the server's ADD LINK."""
+        assert isinstance(msg, AddLink | AddLinkV2)
+        if link.lgr.role is Role.SERVER:
+            self._srv_add_link_response(link, msg, now, out)
+        else:
+            self.llc.drop(link.qpn, "ADD LINK response without a request")
 
     def receive_req_add_link(self, link: Link, msg: LlcMessage, now: float,
                              out: list[Action]) -> None:  # fmt: skip
         """REQUEST ADD LINK v2: a server starts its ADD LINK flow (answering the request
-        only if it adds no link); a client's request flow ends with the answer."""
+        only if it adds no link)."""
         assert isinstance(msg, RequestAddLinkV2)
         lgr = link.lgr
-        if lgr.role is Role.SERVER and not msg.is_response:
-            if lgr.flow is not None:  # smc_llc_flow_parallel drops it, unanswered
-                if lgr.flow.adds_link:  # but it is remembered, as an invitation would be
-                    lgr.add_asked = True
-                self.llc.drop(link.qpn, "REQUEST ADD LINK parallel to a running flow of ours")
-            else:
-                self.srv_add_link(lgr, now, out, msg, link)
-        elif (lgr.role is Role.CLIENT and msg.is_response and lgr.flow is not None
-              and isinstance(lgr.flow.request, RequestAddLinkV2)):  # fmt: skip
+        if lgr.role is not Role.SERVER:
+            self.llc.drop(link.qpn, "REQUEST ADD LINK not for us")
+        elif lgr.flow is not None:  # smc_llc_flow_parallel drops it, unanswered
+            if lgr.flow.adds_link:  # but it is remembered, as an invitation would be
+                lgr.add_asked = True
+            self.llc.drop(link.qpn, "REQUEST ADD LINK parallel to a running flow of ours")
+        else:
+            self.srv_add_link(lgr, now, out, msg, link)
+
+    def receive_req_add_link_response(self, link: Link, msg: LlcMessage, now: float,
+                                      out: list[Action]) -> None:  # fmt: skip
+        """The server's answer to a client's REQUEST ADD LINK: its flow ends."""
+        assert isinstance(msg, RequestAddLinkV2)
+        lgr = link.lgr
+        if (lgr.role is Role.CLIENT and lgr.flow is not None
+                and isinstance(lgr.flow.request, RequestAddLinkV2)):  # fmt: skip
             self.llc.flow_response(lgr, msg, True, now, out)
         else:
             self.llc.drop(link.qpn, "REQUEST ADD LINK not for us")

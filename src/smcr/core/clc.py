@@ -503,45 +503,17 @@ class ClcHandshakes:
         else:  # an LLC flow of this handshake stalled: its own timer declines
             hs.deadline = now + self.state.config.llc_wait
 
-    # -- CONFIRM LINK (``smcr_serv_conf_first_link``, ``smcr_clnt_conf_first_link``) ----
+    # -- CONFIRM LINK of a first contact --------------------------------------------
 
     def receive_confirm_link(self, link: Link, msg: LlcMessage, now: float,
                              out: list[Action]) -> None:  # fmt: skip
-        """CONFIRM LINK: of a first contact, whose handshake it ends, or of an ADD LINK
-        flow (:class:`~smcr.core.addlink.AddLinkFlows`); a server that may add links offers
-        one after its first contact."""
+        """The server's CONFIRM LINK: of an ADD LINK flow (:class:`AddLinkFlows
+        <smcr.core.addlink.AddLinkFlows>`), or of the client's first contact, whose
+        handshake it ends (``smcr_clnt_conf_first_link``); any other breaks the protocol."""
         assert isinstance(msg, ConfirmLink)
-        lgr = link.lgr
-        if msg.is_response and lgr.role is Role.SERVER:
-            if self.addlink.srv_confirm_link_response(link, msg, now, out):
-                return
-            first = self._handshake_on(link)
-            self._first_confirm_link(link, msg, now, out)
-            if (first is not None and link.state is LinkState.LINK_ACTIVE
-                    and lgr.max_links > 1):  # fmt: skip
-                self.addlink.srv_add_link(lgr, now, out)  # smcr_serv_conf_first_link
+        if link.lgr.role is Role.CLIENT and self.addlink.cli_confirm_link(link, msg, now, out):
             return
-        if (not msg.is_response and lgr.role is Role.CLIENT
-                and self.addlink.cli_confirm_link(link, msg, now, out)):  # fmt: skip
-            return
-        self._first_confirm_link(link, msg, now, out)
-
-    def _first_confirm_link(self, link: Link, msg: ConfirmLink, now: float,
-                            out: list[Action]) -> None:  # fmt: skip
-        """The CONFIRM LINK of a first contact: the server's request, or the client's
-        response to it; the link is up and the handshake done."""
         hs = self._handshake_on(link)
-        if msg.is_response:
-            if hs is None or hs.client or hs.state is not HsState.CONFIRM_LINK_RESP_WAIT:
-                self.llc.drop(link.qpn, "unexpected CONFIRM LINK response")
-                return
-            if not msg.flags & LLC_FLAG_NO_RMBE_EYEC:
-                self._decline(hs, DeclineCode.RMBE_EC, out)
-                return
-            self._link_up(link, now)
-            self._complete(hs, out)
-            self._release_held(now, out)
-            return
         if hs is None or not hs.client or hs.state is not HsState.CONFIRM_LINK_WAIT:
             raise LlcViolationError("CONFIRM LINK request outside first contact")
         if not msg.flags & LLC_FLAG_NO_RMBE_EYEC:
@@ -554,6 +526,29 @@ class ClcHandshakes:
         self.llc.post_llc(link, response, out)
         self._link_up(link, now)
         self._complete(hs, out)
+
+    def receive_confirm_link_response(self, link: Link, msg: LlcMessage, now: float,
+                                      out: list[Action]) -> None:  # fmt: skip
+        """The client's answer to the server's CONFIRM LINK: of an ADD LINK flow, or of the
+        first contact, whose handshake it ends (``smcr_serv_conf_first_link``); a server
+        that may add links then offers one."""
+        assert isinstance(msg, ConfirmLink)
+        lgr = link.lgr
+        if lgr.role is Role.SERVER and self.addlink.srv_confirm_link_response(link, msg, now,
+                                                                            out):  # fmt: skip
+            return
+        hs = self._handshake_on(link)
+        if hs is None or hs.client or hs.state is not HsState.CONFIRM_LINK_RESP_WAIT:
+            self.llc.drop(link.qpn, "unexpected CONFIRM LINK response")
+            return
+        if not msg.flags & LLC_FLAG_NO_RMBE_EYEC:
+            self._decline(hs, DeclineCode.RMBE_EC, out)
+            return
+        self._link_up(link, now)
+        self._complete(hs, out)
+        self._release_held(now, out)
+        if link.state is LinkState.LINK_ACTIVE and lgr.max_links > 1:
+            self.addlink.srv_add_link(lgr, now, out)  # smcr_serv_conf_first_link
 
     def _handshake_on(self, link: Link) -> Handshake | None:
         """The first-contact handshake whose link ``link`` is."""

@@ -56,7 +56,7 @@ from smcr.core.events import Action, Event, Provider
 from smcr.core.failover import Failover
 from smcr.core.handshake import Handshake, IpAddress
 from smcr.core.linkgroup import Link, LinkGroup, LinkState, Role
-from smcr.core.llc import LinkLayer, LlcHandler
+from smcr.core.llc import ANY_LINK_STATE, LinkLayer, LlcHandler, LlcRoute
 from smcr.core.ports import Ports
 from smcr.core.rkeys import Rkeys
 from smcr.core.state import EngineState
@@ -75,30 +75,56 @@ class Engine:
         self.ports = Ports(self.state, self.addlink, self.failover)
         self.rkeys = Rkeys(self.state, self.llc)
         self.clc = ClcHandshakes(self.state, self.llc, self.addlink, self.rkeys)
-        self.llc.handlers = self._llc_table()
+        self.llc.table = self._llc_table()
 
-    def _llc_table(self) -> dict[int, LlcHandler]:
-        """``msg_type -> handler`` (Linux ``smc_llc_rx_handlers`` / ``smc_llc_event_handler``):
-        the handlers of the parts, for the link layer's dispatch."""
+    def _llc_table(self) -> dict[tuple[int, bool], LlcRoute]:
+        """``(msg_type, response) -> (handler, allowed link states)``: the handlers of the
+        parts (Linux ``smc_llc_rx_handlers``, ``smc_llc_rx_response`` and
+        ``smc_llc_event_handler``), for the link layer's dispatch
+        (:meth:`LinkLayer._dispatch <smcr.core.llc.LinkLayer._dispatch>`).
+
+        A message on a link in a state its handler does not take is dropped and counted.
+        The states are those in which the handler does more than that: a CONFIRM LINK
+        response belongs to a link being confirmed, an ADD LINK response to the active
+        link the server's flow runs over, a CONTINUATION to that flow's link (a client's
+        may have come on a link still activating), while the rest are taken on any link
+        the engine knows: a request is answered, or its flow's handling decides, on
+        whatever link it came (a CONFIRM LINK request out of place breaks the protocol).
+        """
         llc, addlink, failover, clc = self.llc, self.addlink, self.failover, self.clc
-        return {
-            LlcType.CONFIRM_LINK: clc.receive_confirm_link,
-            LlcType.ADD_LINK: addlink.receive_add_link,
-            LlcType.ADD_LINK_CONT: addlink.receive_add_link_cont,
-            LlcType.DELETE_LINK: failover.receive_delete_link,
-            LlcType.CONFIRM_RKEY: llc.receive_confirm_rkey,
-            LlcType.DELETE_RKEY: llc.receive_delete_rkey,
-            LlcType.TEST_LINK: llc.receive_test_link,
-            LlcType.CONFIRM_RKEY_CONT: llc.ignore,
-            # v2 variants share the v1 handlers, as Linux takes the type's low nibble
-            LlcType.CONFIRM_LINK_V2: clc.receive_confirm_link,
-            LlcType.ADD_LINK_V2: addlink.receive_add_link,
-            LlcType.DELETE_LINK_V2: failover.receive_delete_link,
-            LlcType.REQ_ADD_LINK_V2: addlink.receive_req_add_link,
-            LlcType.CONFIRM_RKEY_V2: llc.receive_confirm_rkey,
-            LlcType.DELETE_RKEY_V2: llc.receive_delete_rkey,
-            LlcType.TEST_LINK_V2: llc.receive_test_link,
-        }
+        any_state = ANY_LINK_STATE
+        activating = frozenset({LinkState.LINK_ACTIVATING})
+        active = frozenset({LinkState.LINK_ACTIVE})
+        up = activating | active
+        rows: list[tuple[int, bool, LlcHandler, frozenset[LinkState]]] = [
+            # type, response, handler, the link states it is handled in
+            (LlcType.CONFIRM_LINK, False, clc.receive_confirm_link, any_state),
+            (LlcType.CONFIRM_LINK, True, clc.receive_confirm_link_response, activating),
+            (LlcType.ADD_LINK, False, addlink.receive_add_link, any_state),
+            (LlcType.ADD_LINK, True, addlink.receive_add_link_response, active),
+            (LlcType.ADD_LINK_CONT, False, addlink.receive_add_link_cont, up),
+            (LlcType.ADD_LINK_CONT, True, addlink.receive_add_link_cont, up),
+            (LlcType.DELETE_LINK, False, failover.receive_delete_link, any_state),
+            (LlcType.DELETE_LINK, True, failover.receive_delete_link_response, any_state),
+            (LlcType.REQ_ADD_LINK_V2, False, addlink.receive_req_add_link, any_state),
+            (LlcType.REQ_ADD_LINK_V2, True, addlink.receive_req_add_link_response, any_state),
+            (LlcType.CONFIRM_RKEY, False, llc.receive_confirm_rkey, any_state),
+            (LlcType.CONFIRM_RKEY, True, llc.receive_confirm_rkey_response, any_state),
+            (LlcType.TEST_LINK, False, llc.receive_test_link, any_state),
+            (LlcType.TEST_LINK, True, llc.ignore, any_state),
+            (LlcType.CONFIRM_RKEY_CONT, False, llc.ignore, any_state),
+            (LlcType.CONFIRM_RKEY_CONT, True, llc.ignore, any_state),
+            (LlcType.DELETE_RKEY, False, llc.receive_delete_rkey, any_state),
+            (LlcType.DELETE_RKEY, True, llc.receive_delete_rkey_response, any_state),
+        ]
+        table = {(msg_type, response): (handler, states)
+                 for msg_type, response, handler, states in rows}  # fmt: skip
+        # v2 variants share the v1 handlers, as Linux takes the type's low nibble
+        for v2 in (LlcType.CONFIRM_LINK_V2, LlcType.ADD_LINK_V2, LlcType.DELETE_LINK_V2,
+                   LlcType.CONFIRM_RKEY_V2, LlcType.TEST_LINK_V2, LlcType.DELETE_RKEY_V2):
+            for response in (False, True):
+                table[(v2, response)] = table[(v2 & 0x0F, response)]
+        return table
 
     # ============================================================ the state
 

@@ -159,16 +159,22 @@ class Failover:
         self.llc.drop(link.qpn, "DELETE LINK during the ADD LINK flow")
         return True
 
-    def receive_delete_link(self, link: Link, msg: LlcMessage, now: float,
-                            out: list[Action]) -> None:  # fmt: skip
-        """DELETE LINK: the answer to ours (a local flow), or the peer's request."""
+    def receive_delete_link_response(self, link: Link, msg: LlcMessage, now: float,
+                                     out: list[Action]) -> None:  # fmt: skip
+        """The answer to our DELETE LINK, if a flow of ours waits for it; else nothing (a
+        client's answer to an echo, one to an unwaited request)."""
         assert isinstance(msg, DeleteLink)
         lgr = link.lgr
-        if msg.is_response:
-            flow = lgr.flow
-            if flow is not None and flow.request.TYPE == msg.TYPE:
-                self.llc.flow_response(lgr, msg, True, now, out)
-            return
+        flow = lgr.flow
+        if flow is not None and flow.request.TYPE == msg.TYPE:
+            self.llc.flow_response(lgr, msg, True, now, out)
+
+    def receive_delete_link(self, link: Link, msg: LlcMessage, now: float,
+                            out: list[Action]) -> None:  # fmt: skip
+        """The peer's DELETE LINK: of one link of several (failover), of the only one or
+        of all (the group ends)."""
+        assert isinstance(msg, DeleteLink)
+        lgr = link.lgr
         if not msg.is_all and (self._delete_during_add(link, msg, now, out)
                                or self.llc.delay(link, msg)):  # fmt: skip
             return

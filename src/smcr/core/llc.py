@@ -49,6 +49,7 @@ from smcr.wire.llc import (
     DeleteRkey,
     DeleteRkeyV2,
     LlcMessage,
+    LlcType,
     TestLink,
     decode_llc,
 )
@@ -71,6 +72,11 @@ class LlcViolationError(Exception):
 
 
 LlcHandler = Callable[[Link, LlcMessage, float, list[Action]], None]
+LlcRoute = tuple[LlcHandler, frozenset[LinkState]]
+"""An LLC table entry: the handler, and the states of the link a message came in on in
+which it is handled; in any other the message is dropped (:meth:`LinkLayer._dispatch`)."""
+
+ANY_LINK_STATE = frozenset(LinkState)
 
 
 class LinkLayer:
@@ -78,9 +84,10 @@ class LinkLayer:
 
     def __init__(self, state: EngineState) -> None:
         self.state = state
-        self.handlers: dict[int, LlcHandler] = {}
-        """The LLC table, ``msg_type -> handler`` (Linux ``smc_llc_rx_handlers``): the
-        engine's (:meth:`Engine._llc_table <smcr.core.engine.Engine._llc_table>`)."""
+        self.table: dict[tuple[int, bool], LlcRoute] = {}
+        """The LLC table, ``(msg_type, response) -> (handler, allowed link states)`` (Linux
+        ``smc_llc_rx_handlers``): the engine's (:meth:`Engine._llc_table
+        <smcr.core.engine.Engine._llc_table>`)."""
 
     # ========================================================= what arrives
 
@@ -167,10 +174,21 @@ class LinkLayer:
         self._dispatch(link, msg, now, out)
 
     def _dispatch(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
-        handler = self.handlers.get(msg.TYPE)
+        """Hand an LLC message to its handler (the table's, by type and response flag, as
+        Linux ``smc_llc_rx_handler`` splits responses from requests) if the link it came
+        on is in a state the handler takes; else it is dropped.  A handler that finds the
+        peer broke the protocol ends the group (DELETE LINK ALL, protocol violation)."""
+        response = msg.is_response
+        route = self.table.get((msg.TYPE, response))
         try:
-            if handler is None:
+            if route is None:
                 raise LlcViolationError(f"LLC type 0x{msg.TYPE:02x} not handled")
+            handler, states = route
+            if link.state not in states:
+                kind = "response" if response else "request"
+                self.drop(link.qpn, f"LLC {LlcType(msg.TYPE).name} {kind} on a link in "
+                                    f"state {link.state.name}")  # fmt: skip
+                return
             handler(link, msg, now, out)
         except LlcViolationError as exc:
             self.delete_all(link.lgr, DeleteLinkReason.PROT_VIOL, str(exc), out)
@@ -251,11 +269,9 @@ class LinkLayer:
 
     def receive_confirm_rkey(self, link: Link, msg: LlcMessage, now: float,
                              out: list[Action]) -> None:  # fmt: skip
+        """The peer's CONFIRM RKEY (``smc_llc_rmt_conf_rkey``): its RMB's rkeys, the first
+        for the link it came on, the others named by link id; answered at once."""
         assert isinstance(msg, ConfirmRkey)
-        if msg.is_response:
-            self.flow_response(link.lgr, msg, not msg.flags & LLC_FLAG_RKEY_NEG, now, out)
-            return
-        # smc_llc_rmt_conf_rkey: the first rtoken is for the link it came on
         lgr = link.lgr
         named = [(x, other) for other in msg.other_rtokens
                  if (x := lgr.link_by_id(other.link_id)) is not None]  # fmt: skip
@@ -275,30 +291,42 @@ class LinkLayer:
             rt[x] = (other.rmb_key, other.rmb_vaddr)
         self.post_llc(link, msg.response(), out)
 
+    def receive_confirm_rkey_response(self, link: Link, msg: LlcMessage, now: float,
+                                      out: list[Action]) -> None:  # fmt: skip
+        """The answer to our CONFIRM RKEY flow: the peer took the rkeys unless negative."""
+        assert isinstance(msg, ConfirmRkey)
+        self.flow_response(link.lgr, msg, not msg.flags & LLC_FLAG_RKEY_NEG, now, out)
+
     def receive_delete_rkey(self, link: Link, msg: LlcMessage, now: float,
                             out: list[Action]) -> None:  # fmt: skip
+        """The peer's DELETE RKEY (``smc_llc_rmt_delete_rkey``): its RMBs forgotten,
+        answered at once."""
         assert isinstance(msg, DeleteRkey | DeleteRkeyV2)
-        if msg.is_response:
-            self.flow_response(link.lgr, msg, True, now, out)
-            return
         mask = invalid = 0
         for i, rkey in enumerate(msg.rkeys):
             if not link.lgr.rtoken_delete(link, rkey):
                 mask |= 0x80 >> i
                 invalid += 1
         # v1: a mask of the unknown ones; v2: their number, the list zeroed
-        # (smc_llc_rmt_delete_rkey)
         response = msg.response(invalid) if isinstance(msg, DeleteRkeyV2) else msg.response(mask)
         self.post_llc(link, response, out)
 
+    def receive_delete_rkey_response(self, link: Link, msg: LlcMessage, now: float,
+                                     out: list[Action]) -> None:  # fmt: skip
+        """The answer to our DELETE RKEY flow."""
+        assert isinstance(msg, DeleteRkey | DeleteRkeyV2)
+        self.flow_response(link.lgr, msg, True, now, out)
+
     def receive_test_link(self, link: Link, msg: LlcMessage, now: float,
                           out: list[Action]) -> None:  # fmt: skip
+        """The peer's TEST LINK, answered."""
         assert isinstance(msg, TestLink)
-        if not msg.is_response:
-            self.post_llc(link, msg.response(), out)
+        self.post_llc(link, msg.response(), out)
 
     def ignore(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
-        """CONFIRM RKEY CONTINUATION: Linux never sends it and ignores it."""
+        """A message that asks nothing: a TEST LINK response (anything received marks
+        the link alive), a CONFIRM RKEY CONTINUATION (Linux never sends it and ignores
+        it)."""
 
     # -- local flows ------------------------------------------------------------
 
