@@ -3,8 +3,23 @@ and CLC ``(role, handshake state, message type) -> handler``."""
 
 from __future__ import annotations
 
-from smcr.core import Action, LinkState, LlcDropped, SmcState
+import pytest
+
+from smcr.core import (
+    Action,
+    FellBack,
+    HandshakeFailed,
+    HsState,
+    LinkGroupTerminated,
+    LinkState,
+    LlcDropped,
+    Role,
+    SendClc,
+    SmcState,
+)
 from smcr.core.linkgroup import Link
+from smcr.wire.clc import ClcDecline, ClcType
+from smcr.wire.decline import DeclineCode
 from smcr.wire.llc import (
     LLC_CLASSES,
     LLC_FLAG_NO_RMBE_EYEC,
@@ -99,3 +114,68 @@ def test_the_dispatcher_calls_a_handler_only_in_its_states() -> None:
     engine.llc.table[key] = (handler, frozenset({LinkState.LINK_ACTIVE}))
     deliver(p, p.server, link, TestLink())
     assert (len(seen), engine.dropped) == (1, dropped + 1)
+
+
+# -- CLC ----------------------------------------------------------------------------
+
+
+def test_the_clc_table_takes_one_type_per_waiting_state_and_a_decline_in_each() -> None:
+    clc = Pair().client.engine.clc
+    assert clc.expected == {
+        (Role.CLIENT, HsState.PROPOSAL_SENT): ClcType.ACCEPT,
+        (Role.SERVER, HsState.PROPOSAL_WAIT): ClcType.PROPOSAL,
+        (Role.SERVER, HsState.CONFIRM_WAIT): ClcType.CONFIRM,
+    }
+    waiting = {(Role.CLIENT, HsState.PROPOSAL_SENT), (Role.CLIENT, HsState.CONFIRM_LINK_WAIT),
+               (Role.CLIENT, HsState.DECLINE_WAIT), (Role.SERVER, HsState.PROPOSAL_WAIT),
+               (Role.SERVER, HsState.CONFIRM_WAIT), (Role.SERVER, HsState.CONFIRM_LINK_RESP_WAIT)}
+    assert {(role, state) for role, state, t in clc.table if t is ClcType.DECLINE} == waiting
+
+
+def test_a_message_the_state_does_not_wait_for_fails_the_handshake_without_decline() -> None:
+    """The server waits for the Confirm; a second Proposal fails its handshake (Linux
+    ``smc_clc_wait_msg``: -EPROTO, no Decline): the first contact's group ends too."""
+    p = Pair()
+    c, s = p.connect()  # the Proposal is in, the Accept out
+    assert p.server.engine.handshakes[s].state is HsState.CONFIRM_WAIT
+    proposal = bytes(p.client.clc_out[c])
+    out = p.server.engine.receive_clc(s, proposal, p.now)
+    assert not any(isinstance(a, SendClc) for a in out)
+    p.run(p.server, out)
+    failed = [e for e in p.server.events if isinstance(e, HandshakeFailed)]
+    assert [e.conn for e in failed] == [s] and "PROPOSAL" in failed[0].reason
+    assert s not in p.server.engine.handshakes and s not in p.server.engine.conns
+    assert any(isinstance(e, LinkGroupTerminated) for e in p.server.events)
+
+
+@pytest.mark.parametrize("server", [False, True])
+def test_a_decline_in_a_waiting_state_falls_back(server: bool) -> None:
+    """A Decline is taken in every waiting state: here the client waiting for CONFIRM
+    LINK, the server waiting for the Confirm; both on a first contact, whose group ends."""
+    p = Pair()
+    c, s = p.connect()
+    side, conn = (p.server, s) if server else (p.client, c)
+    if not server:
+        p.drop_llc = lambda at, data: True  # CONFIRM LINK never comes
+        p.pump()
+    hs = side.engine.handshakes[conn]
+    assert hs.state is (HsState.CONFIRM_WAIT if server else HsState.CONFIRM_LINK_WAIT)
+    decline = ClcDecline.linux(DeclineCode.SYNCERR, b"\x07" * 8, version=hs.version)
+    p.run(side, side.engine.receive_clc(conn, decline.encode(), p.now))
+    assert FellBack(conn=conn, local_code=DeclineCode.PEERDECL,
+                    peer_code=DeclineCode.SYNCERR) in side.events
+    assert not side.engine.lgrs
+
+
+def test_a_state_without_an_entry_takes_nothing() -> None:
+    """A handshake in a state the table has no entry for fails on any message, as the
+    reader fails a type its state does not wait for."""
+    p = Pair()
+    c, _ = p.connect()
+    hs = p.client.engine.handshakes[c]
+    hs.state = HsState.CLIENT_RKEY_WAIT  # (no handshake waits in it)
+    decline = ClcDecline.linux(DeclineCode.SYNCERR, b"\x07" * 8, version=hs.version)
+    p.run(p.client, p.client.engine.receive_clc(c, decline.encode(), p.now))
+    (failed,) = [e for e in p.client.events if isinstance(e, HandshakeFailed)]
+    assert failed.conn == c and "DECLINE received in state CLIENT_RKEY_WAIT" in failed.reason
+    assert c not in p.client.engine.handshakes

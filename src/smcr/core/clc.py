@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 
 from smcr.core import llc_msgs, negotiation
 from smcr.core.addlink import AddLinkFlows
@@ -26,7 +27,7 @@ from smcr.core.close import SmcState
 from smcr.core.config import Config, LocalIdentity
 from smcr.core.connection import Connection, Rmb
 from smcr.core.events import Action, HandshakeCompleted, HandshakeFailed, QpToRtr, QpToRts, SendClc
-from smcr.core.handshake import EXPECTED, Decline, Handshake, HsState, IpAddress, decline_clc
+from smcr.core.handshake import Decline, Handshake, HsState, IpAddress, decline_clc
 from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, Role, V2Terms
 from smcr.core.llc import LinkLayer, LlcViolationError
 from smcr.core.rkeys import UNCONFIRMED_RKEY, Rkeys
@@ -48,6 +49,11 @@ from smcr.wire.llc import LLC_FLAG_NO_RMBE_EYEC, ConfirmLink, LlcMessage
 DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
 PROPOSALS_KEPT = 64
 
+ClcHandler = Callable[[Handshake, ClcMessage, float, list[Action]], None]
+CLC_TYPES: dict[type, ClcType] = {ClcProposal: ClcType.PROPOSAL, ClcAccept: ClcType.ACCEPT,
+                                  ClcConfirm: ClcType.CONFIRM, ClcDecline: ClcType.DECLINE}
+"""The CLC type of each message class (byte 4 of its header)."""
+
 
 class ClcHandshakes:
     """Every connection's CLC handshake (module docstring): a part of the engine, over
@@ -68,6 +74,11 @@ class ClcHandshakes:
         self._proposals: dict[tuple[int, IpAddress, tuple[bytes, ...]], tuple[bytes, bool]] = {}
         """Encoded Proposals by (port, local address, UEIDs) (:meth:`_proposal`)."""
         self._proposals_of: tuple[LocalIdentity, Config] | None = None
+        self.table = self._clc_table()
+        self.expected = {(role, hs_state): msg_type for role, hs_state, msg_type in self.table
+                          if msg_type is not ClcType.DECLINE}  # fmt: skip
+        """The type besides Decline each waiting state takes: the reader refuses any other
+        from its header (Linux ``smc_clc_wait_msg``)."""
 
     def connect(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float,
                 sndbuf_size: int = 0) -> list[Action]:  # fmt: skip
@@ -134,10 +145,11 @@ class ClcHandshakes:
                     # not an SMC peer at all: its bytes are the application's
                     self.state.fall_back(hs, int(DeclineCode.PEERNOSMC), 0)
                     break
-                msg = hs.reader.next_message(EXPECTED.get(hs.state, ClcType.DECLINE))
+                role = Role.CLIENT if hs.client else Role.SERVER
+                msg = hs.reader.next_message(self.expected.get((role, hs.state), ClcType.DECLINE))
                 if msg is None:
                     break
-                self._clc_message(hs, msg, now, out)
+                self._dispatch(hs, role, msg, now, out)
         except Decline as exc:
             self._decline(hs, exc.code, out)
         except WireError as err:  # (not `exc` again: mypyc gives a name one type per function)
@@ -164,19 +176,48 @@ class ClcHandshakes:
         self._release_held(now, out)
         return out
 
-    def _clc_message(self, hs: Handshake, msg: ClcMessage, now: float, out: list[Action]) -> None:
-        if isinstance(msg, ClcDecline):
-            lgr = hs.lgr
-            if lgr is not None and (msg.out_of_sync or hs.first_contact):
-                hs.lgr = None  # this one falls back below: no Decline back, no reset
-                self.llc.terminate(lgr, "peer declined out of sync", out)
-            self.state.fall_back(hs, int(DeclineCode.PEERDECL), msg.peer_diagnosis)
-        elif isinstance(msg, ClcAccept):
-            self._client_accept(hs, msg, now, out)
-        elif isinstance(msg, ClcProposal):
-            self._server_proposal(hs, msg, now, out)
-        elif isinstance(msg, ClcConfirm):
-            self._server_confirm(hs, msg, now, out)
+    def _clc_table(self) -> dict[tuple[Role, HsState, ClcType], ClcHandler]:
+        """``(role, handshake state, message type) -> handler``: what each waiting state
+        takes (Linux ``smc_clc_wait_msg``'s expected type in ``smc_connect_clc``,
+        ``smc_connect_rdma``, ``smc_listen_work``), a Decline in every one."""
+        declined = self._peer_declined
+        return {
+            # client: the Proposal is out
+            (Role.CLIENT, HsState.PROPOSAL_SENT, ClcType.ACCEPT): self._client_accept,
+            (Role.CLIENT, HsState.PROPOSAL_SENT, ClcType.DECLINE): declined,
+            (Role.CLIENT, HsState.CONFIRM_LINK_WAIT, ClcType.DECLINE): declined,
+            (Role.CLIENT, HsState.DECLINE_WAIT, ClcType.DECLINE): declined,
+            # server: waiting for the Proposal, then the Confirm, then CONFIRM LINK's answer
+            (Role.SERVER, HsState.PROPOSAL_WAIT, ClcType.PROPOSAL): self._server_proposal,
+            (Role.SERVER, HsState.PROPOSAL_WAIT, ClcType.DECLINE): declined,
+            (Role.SERVER, HsState.CONFIRM_WAIT, ClcType.CONFIRM): self._server_confirm,
+            (Role.SERVER, HsState.CONFIRM_WAIT, ClcType.DECLINE): declined,
+            (Role.SERVER, HsState.CONFIRM_LINK_RESP_WAIT, ClcType.DECLINE): declined,
+        }
+
+    def _dispatch(self, hs: Handshake, role: Role, msg: ClcMessage, now: float,
+                  out: list[Action]) -> None:  # fmt: skip
+        """Hand a CLC message to the table's handler.  The reader let through only the
+        type the state waits for, or a Decline; anything else (a state that takes
+        nothing) fails the handshake as the reader fails an unexpected type."""
+        msg_type = CLC_TYPES[type(msg)]
+        handler = self.table.get((role, hs.state, msg_type))
+        if handler is None:
+            self._fail(hs, f"malformed CLC message: CLC {msg_type.name} received in state "
+                           f"{hs.state.name}", out)  # fmt: skip
+            return
+        handler(hs, msg, now, out)
+
+    def _peer_declined(self, hs: Handshake, msg: ClcMessage, now: float,
+                       out: list[Action]) -> None:  # fmt: skip
+        """The peer's Decline: fall back (``smc_connect_decline_fallback``); out of sync,
+        or during our first contact, the group shared with the peer ends first."""
+        assert isinstance(msg, ClcDecline)
+        lgr = hs.lgr
+        if lgr is not None and (msg.out_of_sync or hs.first_contact):
+            hs.lgr = None  # this one falls back below: no Decline back, no reset
+            self.llc.terminate(lgr, "peer declined out of sync", out)
+        self.state.fall_back(hs, int(DeclineCode.PEERDECL), msg.peer_diagnosis)
 
     def _new_conn(self, hs: Handshake, rmb: Rmb) -> Connection:
         conn = Connection(hs.conn, next(self._tokens) & 0xFFFFFFFF or 1, rmb,
@@ -212,8 +253,10 @@ class ClcHandshakes:
 
     # -- client -----------------------------------------------------------
 
-    def _client_accept(self, hs: Handshake, acc: ClcAccept, now: float, out: list[Action]) -> None:
+    def _client_accept(self, hs: Handshake, acc: ClcMessage, now: float,
+                       out: list[Action]) -> None:  # fmt: skip
         """``smc_connect_rdma``: first contact builds a link group, else find the named link."""
+        assert isinstance(acc, ClcAccept)
         hs.version = 1 if acc.version == 1 else 2
         hs.accept = acc
         hs.terms = negotiation.check_accept(acc, hs.offered_v2)
@@ -285,9 +328,10 @@ class ClcHandshakes:
 
     # -- server -----------------------------------------------------------
 
-    def _server_proposal(self, hs: Handshake, prop: ClcProposal, now: float,
+    def _server_proposal(self, hs: Handshake, prop: ClcMessage, now: float,
                          out: list[Action]) -> None:  # fmt: skip
         """``smc_listen_work``: checks, then reuse a link group or make a first contact."""
+        assert isinstance(prop, ClcProposal)
         hs.version = 2 if prop.version >= 2 else 1
         state = self.state
         choice = negotiation.choose(prop, hs.local_ip, state.ueids, state.identity, state.config)
@@ -394,9 +438,10 @@ class ClcHandshakes:
         hs.state = HsState.CONFIRM_WAIT
         hs.deadline = now + self.state.config.clc_wait
 
-    def _server_confirm(self, hs: Handshake, conf: ClcConfirm, now: float,
+    def _server_confirm(self, hs: Handshake, conf: ClcMessage, now: float,
                         out: list[Action]) -> None:  # fmt: skip
         """First contact: QP up, CONFIRM LINK request; else the connection is ready."""
+        assert isinstance(conf, ClcConfirm)
         assert hs.link is not None
         link = hs.link
         conn = self.state.conns[hs.conn]

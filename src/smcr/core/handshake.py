@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from smcr.core.connection import Rmb
 from smcr.core.events import SendClc
 from smcr.core.linkgroup import Link, LinkGroup, V2Terms
-from smcr.wire.clc import ClcAccept, ClcDecline, ClcReader, ClcType
+from smcr.wire.clc import ClcAccept, ClcDecline, ClcReader
 from smcr.wire.clc_proposal import IpPrefixArea, Ipv6Prefix
 from smcr.wire.decline import DeclineCode
 
@@ -55,15 +55,6 @@ class HsState(enum.Enum):
     DONE = "SMC-R"
     FALLBACK = "TCP fallback"
     FAILED = "failed"
-
-
-EXPECTED: dict[HsState, ClcType] = {
-    HsState.PROPOSAL_SENT: ClcType.ACCEPT,
-    HsState.PROPOSAL_WAIT: ClcType.PROPOSAL,
-    HsState.CONFIRM_WAIT: ClcType.CONFIRM,
-}
-"""The CLC message each waiting state takes (besides Decline); any other state takes
-only a Decline."""
 
 
 class Decline(Exception):  # noqa: N818 - it is an outcome, named as Linux names it
