@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 from smcr.core import llc_msgs
 from smcr.core.close import SmcState
@@ -55,6 +56,15 @@ from smcr.wire.llc import (
 )
 
 _CDC_SIZE, _CDC_UNPACK = CDC.size, CDC.unpack_from
+# Fields of a CDC unpacked with connection.CDC (the layout of smcr.wire.cdc, spec §4):
+# type, length, sequence number, token, producer cursor (wrap, count), consumer cursor
+# (wrap, count), producer flags, connection state flags.  Named here until
+# smcr.wire.cdc names its fields beside its Struct.
+_CDC_TOKEN: Final = 3
+_CDC_PROD_COUNT: Final = 5
+_CDC_CONS_COUNT: Final = 7
+_CDC_PFLAGS: Final = 8
+_CDC_CSFLAGS: Final = 9
 # producer flags that ask for something (all but write-blocked): such a CDC is never coalesced
 _CDC_EVENT_PFLAGS = 0xF8 & ~int(ProducerFlags.WRITE_BLOCKED)
 
@@ -148,10 +158,13 @@ class LinkLayer:
         for data in datas:
             if len(data) == _CDC_SIZE and data[0] == CDC_MSG_TYPE and data[1] == _CDC_SIZE:
                 f = _CDC_UNPACK(data)
-                conn = conns.get(f[3])
-                if (conn is not None and not f[8] & _CDC_EVENT_PFLAGS and not f[9] & 0xE0
-                        and f[5] < conn.rmb.size and f[7] < (conn.peer_rmb_size or 1)):  # fmt: skip
-                    deferred[f[3]] = data
+                token = f[_CDC_TOKEN]
+                conn = conns.get(token)
+                if (conn is not None and not f[_CDC_PFLAGS] & _CDC_EVENT_PFLAGS
+                        and not f[_CDC_CSFLAGS] & 0xE0  # (no close: never coalesced)
+                        and f[_CDC_PROD_COUNT] < conn.rmb.size
+                        and f[_CDC_CONS_COUNT] < (conn.peer_rmb_size or 1)):  # fmt: skip
+                    deferred[token] = data
                     continue
             for earlier in deferred.values():
                 self._receive_cdc(link, earlier, out)
