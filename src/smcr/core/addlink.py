@@ -159,8 +159,8 @@ class AddLinkFlows:
     # -- server ------------------------------------------------------------------
 
     def srv_add_link(self, lgr: LinkGroup, now: float, out: list[Action],
-                      invite: LlcMessage | None = None,
-                      invite_link: Link | None = None) -> None:  # fmt: skip
+                     invite: LlcMessage | None = None,
+                     invite_link: Link | None = None) -> None:  # fmt: skip
         """Queue the server's ADD LINK flow (``smc_llc_add_link_local`` /
         ``smc_llc_srv_add_link``); what it offers is decided when its turn comes.
 
@@ -320,7 +320,7 @@ class AddLinkFlows:
         self._srv_conf_link(flow, now, out)
 
     def srv_confirm_link_response(self, link: Link, msg: ConfirmLink, now: float,
-                                   out: list[Action]) -> bool:  # fmt: skip
+                                  out: list[Action]) -> bool:  # fmt: skip
         """The CONFIRM LINK response of an ADD LINK flow; False if it is not one."""
         flow = self.srv_flow(link.lgr, "confirm")
         if flow is None or link is not flow.new:
@@ -382,7 +382,7 @@ class AddLinkFlows:
         lgr.remote_add = flow
 
     def cli_fail(self, lgr: LinkGroup, now: float, out: list[Action],
-                  delete_link: bool = False) -> None:  # fmt: skip
+                 delete_link: bool = False) -> None:  # fmt: skip
         """The client's ADD LINK flow failed after its answer (``out_clear_lnk``, then
         ``out_reject``): the new link cleared, the server's request rejected after all;
         ``delete_link``: the CONFIRM LINK never came, DELETE LINK for the new link first
@@ -415,7 +415,7 @@ class AddLinkFlows:
             flow.deadline = now + self.state.config.llc_wait_confirm
 
     def cli_confirm_link(self, link: Link, msg: ConfirmLink, now: float,
-                          out: list[Action]) -> bool:  # fmt: skip
+                         out: list[Action]) -> bool:  # fmt: skip
         """``smc_llc_cli_conf_link``: the server's CONFIRM LINK on the new link; False if
         it is not for an ADD LINK flow."""
         flow = link.lgr.remote_add

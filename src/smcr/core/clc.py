@@ -12,7 +12,8 @@ links then offers one (ADD LINK, :mod:`smcr.core.addlink`).  Whatever goes wrong
 in a Decline and a fallback to TCP, or, where no fallback is possible, a failure.
 
 One first contact at a time per peer, as Linux ``smc_server_lgr_pending``: a
-Proposal that comes while one runs is held until it ends (:meth:`ClcHandshakes.release_held`).
+Proposal that comes while one runs is held until it ends
+(:meth:`ClcHandshakes._release_held`).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class ClcHandshakes:
         self._proposals_of: tuple[LocalIdentity, Config] | None = None
         self.table = self._clc_table()
         self.expected = {(role, hs_state): msg_type for role, hs_state, msg_type in self.table
-                          if msg_type is not ClcType.DECLINE}  # fmt: skip
+                         if msg_type is not ClcType.DECLINE}  # fmt: skip
         """The type besides Decline each waiting state takes: the reader refuses any other
         from its header (Linux ``smc_clc_wait_msg``)."""
 
@@ -579,8 +580,8 @@ class ClcHandshakes:
         that may add links then offers one."""
         assert isinstance(msg, ConfirmLink)
         lgr = link.lgr
-        if lgr.role is Role.SERVER and self.addlink.srv_confirm_link_response(link, msg, now,
-                                                                            out):  # fmt: skip
+        addlink = self.addlink
+        if lgr.role is Role.SERVER and addlink.srv_confirm_link_response(link, msg, now, out):
             return
         hs = self._handshake_on(link)
         if hs is None or hs.client or hs.state is not HsState.CONFIRM_LINK_RESP_WAIT:
@@ -593,7 +594,7 @@ class ClcHandshakes:
         self._complete(hs, out)
         self._release_held(now, out)
         if link.state is LinkState.LINK_ACTIVE and lgr.max_links > 1:
-            self.addlink.srv_add_link(lgr, now, out)  # smcr_serv_conf_first_link
+            addlink.srv_add_link(lgr, now, out)  # smcr_serv_conf_first_link
 
     def _handshake_on(self, link: Link) -> Handshake | None:
         """The first-contact handshake whose link ``link`` is."""

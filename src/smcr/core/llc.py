@@ -11,7 +11,7 @@ move connections to one (``smc_switch_conns``), clear one (``smcr_link_clear``).
 
 It calls no other part: the handlers of ADD LINK (:mod:`smcr.core.addlink`), DELETE
 LINK (:mod:`smcr.core.failover`) and CONFIRM LINK (:mod:`smcr.core.clc`) come in
-through the table the engine gives it (:attr:`LinkLayer.handlers`), as Linux's
+through the table the engine gives it (:attr:`LinkLayer.table`), as Linux's
 ``smc_wr_rx_register_handler``; a handshake its group's end takes down falls back
 here, without the handshake part (a Decline, :meth:`EngineState.fall_back
 <smcr.core.state.EngineState.fall_back>`).
@@ -87,6 +87,7 @@ LlcRoute = tuple[LlcHandler, frozenset[LinkState]]
 which it is handled; in any other the message is dropped (:meth:`LinkLayer._dispatch`)."""
 
 ANY_LINK_STATE = frozenset(LinkState)
+"""The states of an LLC table entry whose handler takes a message on any link."""
 
 
 class LinkLayer:
@@ -237,30 +238,6 @@ class LinkLayer:
         except PeerFaultError as exc:
             self.abort(conn, f"peer fault: {exc}", out)
 
-    def rmb_on(self, conn: Connection, link: Link) -> tuple[int, int]:
-        """Our RMB's (rkey, vaddr) for ``link``: the host's registration on the link's
-        port (:meth:`Provider.register_rmb`), the RMB's own on port 0."""
-        keys = conn.rmb_keys.get(link)
-        if keys is None:
-            keys = conn.port_keys.get(link.port)
-            if keys is None:
-                keys = ((conn.rmb.rkey, conn.rmb.vaddr) if link.port == 0
-                        else self.state.provider.register_rmb(conn.id, link.port))  # fmt: skip
-                conn.port_keys[link.port] = keys
-            conn.rmb_keys[link] = keys
-        return keys
-
-    def use_link(self, conn: Connection, link: Link) -> None:
-        """Make ``link`` the connection's (Linux ``conn->lnk = link``): its QP, WR ids,
-        CDC completion queue and the peer RMB's rkey on it, read by the data path."""
-        conn.link = link
-        conn.qpn = link.qpn
-        conn.wr_ids = link.wr_ids
-        conn.cdc_pending = self.state.cdc_pending[link.qpn]
-        rkey, vaddr = conn.peer_rtoken[link]
-        conn.peer_rkey, conn.peer_vaddr = rkey, vaddr + conn.peer_rmbe_offset
-        self.rmb_on(conn, link)
-
     def abort(self, conn: Connection, reason: str, out: list[Action]) -> None:
         """Abort one connection: abort CDC, then CLOSED (``smc_conn_kill``)."""
         if conn.state is not SmcState.CLOSED:
@@ -383,6 +360,8 @@ class LinkLayer:
 
     def flow_response(self, lgr: LinkGroup, msg: LlcMessage, ok: bool, now: float,
                       out: list[Action]) -> None:  # fmt: skip
+        """The peer's answer to the group's running local flow (``ok``: a positive one);
+        the next flow starts.  One that fits no flow is dropped."""
         flow = lgr.flow
         if flow is None or flow.request.TYPE != msg.TYPE:
             self.drop(lgr.links[0].qpn if lgr.links else 0, "LLC response fits no flow")
@@ -392,9 +371,10 @@ class LinkLayer:
         self.next_flow(lgr, now, out)
 
     def finish_flow(self, flow: LocalFlow, ok: bool, now: float, out: list[Action]) -> None:
+        """A local flow ended (answered, or not): what its owner does then."""
         out.extend(flow.on_done(ok, now))
 
-    # ================================================================ verbs
+    # ============================================== verbs completions, keepalive
 
     def send_completed(self, qpn: int, wr_id: int, now: float) -> None:
         """A signaled send completed without error: CDCs up to it free send-buffer space
@@ -426,7 +406,23 @@ class LinkLayer:
             link.test_deadline = now + self.state.config.llc_wait
         return out
 
+    def keepalive(self, link: Link, now: float, out: list[Action]) -> bool:
+        """``smc_llc_testlink_work``: TEST LINK after idle time.  Whether the link is down
+        (its TEST LINK unanswered, ``smcr_link_down_cond_sched``): the caller fails it."""
+        period = self.state.config.testlink_time
+        if period <= 0 or link.state is not LinkState.LINK_ACTIVE:
+            return False
+        if link.test_deadline is not None:
+            return now >= link.test_deadline
+        if now >= link.last_rx + period:
+            self.post_llc(link, llc_msgs.test_link(link.lgr), out)
+            link.test_deadline = now + self.state.config.llc_wait
+        return False
+
+    # ==================================================== a link group's end
+
     def delete_all(self, lgr: LinkGroup, reason: int, text: str, out: list[Action]) -> None:
+        """End a link group and tell the peer: DELETE LINK ALL, orderly, with ``reason``."""
         link = lgr.active_link
         if link is not None:
             flags = LLC_FLAG_DEL_LINK_ALL | LLC_FLAG_DEL_LINK_ORDERLY
@@ -483,19 +479,6 @@ class LinkLayer:
         self.state.lgrs.pop(lgr.lgr_id, None)
         self.state.events.append(LinkGroupTerminated(lgr_id=lgr.lgr_id, reason=reason))
 
-    def keepalive(self, link: Link, now: float, out: list[Action]) -> bool:
-        """``smc_llc_testlink_work``: TEST LINK after idle time.  Whether the link is down
-        (its TEST LINK unanswered, ``smcr_link_down_cond_sched``): the caller fails it."""
-        period = self.state.config.testlink_time
-        if period <= 0 or link.state is not LinkState.LINK_ACTIVE:
-            return False
-        if link.test_deadline is not None:
-            return now >= link.test_deadline
-        if now >= link.last_rx + period:
-            self.post_llc(link, llc_msgs.test_link(link.lgr), out)
-            link.test_deadline = now + self.state.config.llc_wait
-        return False
-
     # ================================================================ links
 
     def new_link(self, lgr: LinkGroup, port: int, link_id: int) -> Link:
@@ -506,6 +489,30 @@ class LinkLayer:
         self.state.links[qpn] = link
         self.state.cdc_pending[qpn] = deque()
         return link
+
+    def rmb_on(self, conn: Connection, link: Link) -> tuple[int, int]:
+        """Our RMB's (rkey, vaddr) for ``link``: the host's registration on the link's
+        port (:meth:`Provider.register_rmb`), the RMB's own on port 0."""
+        keys = conn.rmb_keys.get(link)
+        if keys is None:
+            keys = conn.port_keys.get(link.port)
+            if keys is None:
+                keys = ((conn.rmb.rkey, conn.rmb.vaddr) if link.port == 0
+                        else self.state.provider.register_rmb(conn.id, link.port))  # fmt: skip
+                conn.port_keys[link.port] = keys
+            conn.rmb_keys[link] = keys
+        return keys
+
+    def use_link(self, conn: Connection, link: Link) -> None:
+        """Make ``link`` the connection's (Linux ``conn->lnk = link``): its QP, WR ids,
+        CDC completion queue and the peer RMB's rkey on it, read by the data path."""
+        conn.link = link
+        conn.qpn = link.qpn
+        conn.wr_ids = link.wr_ids
+        conn.cdc_pending = self.state.cdc_pending[link.qpn]
+        rkey, vaddr = conn.peer_rtoken[link]
+        conn.peer_rkey, conn.peer_vaddr = rkey, vaddr + conn.peer_rmbe_offset
+        self.rmb_on(conn, link)
 
     def clear_link(self, link: Link, out: list[Action]) -> None:
         """Forget a link (``smcr_link_clear``): its QP destroyed, its rkeys dropped from
