@@ -103,7 +103,7 @@ class Failover:
         if link is None or link.lgr.terminated:
             return out
         if link.state is not LinkState.LINK_ACTIVE or self.llc.other_active(link, True) is None:
-            # with one link, the group ends
+            # no other active link (over another port) to move to: the group ends
             self.llc.terminate(link.lgr, f"link down: {reason}", out, decline, now, peer_gone)
             return out
         lgr = link.lgr
