@@ -25,15 +25,31 @@ import struct
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from smcr.core.close import CloseInput, Send, SmcState, step
 from smcr.core.events import Action, PostSend, RdmaWrite, ReleaseConnection, ShutdownTcp
 from smcr.wire.cdc import CdcMessage, ConnectionStateFlags, ProducerFlags, sequence_before
 from smcr.wire.cursor import WRAP_LIMIT, Cursor
 
-if TYPE_CHECKING:
-    from smcr.core.linkgroup import Link
+
+class Link(Protocol):
+    """The link a connection sends on (:class:`smcr.core.linkgroup.Link`) as this module sees
+    it: connections are kept per link (their rkeys, the peer's rtokens), nothing of the
+    link is read here.  A protocol, not the class: the link group module holds
+    connections, and an import back from here would close a circle."""
+
+    @property
+    def qpn(self) -> int:
+        """The link's QP number."""
+
+    @property
+    def port(self) -> int:
+        """The RNIC port of our QP."""
+
+    @property
+    def link_id(self) -> int:
+        """The link's id in its group."""
 
 # The CDC layout of smcr.wire.cdc (spec §4), packed and unpacked here with plain
 # ints: the data path builds and reads one CDC per send and per receive, and
@@ -119,8 +135,10 @@ class Connection:
         """Our RMB's registrations per port the host made (``Provider.register_rmb``),
         kept when a link goes: a link over that port later uses them again."""
         self.peer_token = 0
-        self.peer_rtoken: dict[Link, tuple[int, int]] = {}
-        """The peer RMB's (rkey, vaddr) per link (the group's rtoken, shared)."""
+        self.peer_rtoken: dict[Any, tuple[int, int]] = {}
+        """The peer RMB's (rkey, vaddr) per link (the group's rtoken, shared: the very dict of
+        :meth:`LinkGroup.rtoken_add <smcr.core.linkgroup.LinkGroup.rtoken_add>`, keyed by its
+        links)."""
         self.peer_rmbe_offset = 0  # our RMBE's place in the peer RMB (CLC rmbe_idx)
         self.peer_rkey = 0
         self.peer_vaddr = 0

@@ -131,8 +131,7 @@ class Rkeys:
                 if not lgr.conns:
                     lgr.idle_since = now
                 if self._keep_rmb(lgr, c):
-                    assert c.link is not None
-                    lgr.idle_rmbs[c.rmb.rkey] = c.link
+                    lgr.idle_rmbs[c.rmb.rkey] = lgr.links[0]  # (c's link: the group's only)
                     break
                 if not lgr.terminated and lgr.active_link is not None:
                     def build(link: Link, lgr: LinkGroup = lgr) -> LlcMessage:
@@ -154,8 +153,8 @@ class Rkeys:
         has one link, the connection's, over port 0 (the RMB's own rkey, not one the
         host registered for another port and drops with the buffers), and the group
         keeps fewer than :data:`IDLE_RMBS_MAX` and within its room for connections."""
-        link = c.link
-        return (not lgr.terminated and link is not None and lgr.links == [link]
+        link = lgr.links[0] if len(lgr.links) == 1 else None
+        return (not lgr.terminated and link is not None and c.link is link
                 and link.state is LinkState.LINK_ACTIVE and link.port == 0
                 and c.peer_finished and not c.aborted
                 and c.rmb_keys.get(link) == (c.rmb.rkey, c.rmb.vaddr)
