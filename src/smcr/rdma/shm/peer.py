@@ -112,7 +112,7 @@ class PeerLink:
             table = lay.map_segment(table_fd, writable=False)
             notify = lay.map_segment(answer[1][3]) if len(answer[1]) == 4 else None
             hdr = lay.AREA_HEADER.unpack_from(area, 0)
-            depth, slot_size = hdr[5], hdr[6]
+            depth, slot_size = hdr[lay.HDR_DEPTH], hdr[lay.HDR_SLOT_SIZE]
             if (not depth or len(area) < lay.area_size(depth, slot_size)
                     or (notify is not None and len(notify) < 4)):  # fmt: skip
                 area.close()
