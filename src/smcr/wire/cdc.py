@@ -43,6 +43,7 @@ from typing import Final
 
 from smcr.wire.cursor import Cursor
 from smcr.wire.errors import WireError
+from smcr.wire.validate import check_uint
 
 __all__ = [
     "CDC",
@@ -70,7 +71,6 @@ CDC_MSG_LENGTH: Final = 44
 """Byte 1 of every CDC and its size on the wire (Linux ``SMC_WR_TX_SIZE``)."""
 
 _SEQNO_LIMIT = 1 << 16
-_TOKEN_LIMIT = 1 << 32
 
 
 class ProducerFlags(enum.IntFlag):
@@ -201,10 +201,8 @@ class CdcMessage:
     connection_state_flags: ConnectionStateFlags = _NO_CONNECTION_STATE_FLAGS
 
     def __post_init__(self) -> None:
-        if not 0 <= self.sequence_number < _SEQNO_LIMIT:
-            raise ValueError(f"CDC sequence number {self.sequence_number} is not a u16")
-        if not 0 <= self.alert_token < _TOKEN_LIMIT:
-            raise ValueError(f"CDC alert token {self.alert_token} is not a u32")
+        check_uint("CDC sequence_number", self.sequence_number, 16)
+        check_uint("CDC alert_token", self.alert_token, 32)
 
     @classmethod
     def failover_validation(cls, sequence_number: int, alert_token: int) -> CdcMessage:

@@ -62,9 +62,7 @@ from smcr.wire.clc_header import (
     ClcType,
     SmcType,
     byte7,
-    check_bytes,
     check_trailer,
-    check_uint,
     decode_header,
 )
 from smcr.wire.clc_proposal import (
@@ -81,6 +79,7 @@ from smcr.wire.clc_proposal import (
 from smcr.wire.decline import DeclineCode
 from smcr.wire.decline import lookup as lookup_decline
 from smcr.wire.errors import WireError
+from smcr.wire.validate import check_bytes, check_uint
 
 __all__ = [
     "CLC_HEADER_LEN",

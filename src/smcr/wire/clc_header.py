@@ -242,15 +242,3 @@ def byte7(version: int, typev2: int, typev1: int) -> int:
 def pack_header(msg_type: ClcType, length: int, flags: int) -> bytes:
     """The 8 header bytes with the ``SMCR`` eyecatcher; internal helper."""
     return _HEADER.pack(EYECATCHER_SMCR, msg_type, length, flags)
-
-
-def check_bytes(name: str, value: bytes, size: int) -> None:
-    """Raise ValueError unless *value* is ``bytes`` of exactly *size*; internal helper."""
-    if not isinstance(value, bytes) or len(value) != size:
-        raise ValueError(f"{name} must be {size} bytes, got {value!r}")
-
-
-def check_uint(name: str, value: int, bits: int) -> None:
-    """Raise ValueError unless 0 <= *value* < 2**bits; internal helper."""
-    if not 0 <= value < (1 << bits):
-        raise ValueError(f"{name} must fit in {bits} bits, got {value!r}")

@@ -55,13 +55,12 @@ from smcr.wire.clc_header import (
     ClcType,
     SmcType,
     byte7,
-    check_bytes,
     check_trailer,
-    check_uint,
     decode_header,
     pack_header,
 )
 from smcr.wire.errors import WireError
+from smcr.wire.validate import check_bytes, check_uint
 
 __all__ = [
     "MAX_ISM_GIDS",

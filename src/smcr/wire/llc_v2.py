@@ -54,13 +54,12 @@ from smcr.wire.llc_v1 import (
     LlcType,
     RkeyPair,
     TestLink,
-    _check_bytes,
     _check_type,
-    _check_uint,
     _pack_add_link_body,
     _parse_add_link_body,
     _view,
 )
+from smcr.wire.validate import check_bytes, check_uint
 
 __all__ = [
     "LLC_FLAG_ADD_LINK_V2_DIRECT",
@@ -273,7 +272,7 @@ class AddLinkV2Ext:
     rkeys: tuple[RkeyPair, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_bytes("client_target_gid", self.client_target_gid, 16)
+        check_bytes("client_target_gid", self.client_target_gid, 16)
         if len(self.rkeys) > _ADD_LINK_V2_MAX_RKEYS:
             raise ValueError(f"ADD LINK v2 carries at most {_ADD_LINK_V2_MAX_RKEYS} rkeys")
 
@@ -312,13 +311,13 @@ class AddLinkV2(LlcMessage):
     byteorder: ByteOrder = DEFAULT_BYTEORDER
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_bytes("sender_mac", self.sender_mac, 6)
-        _check_bytes("sender_gid", self.sender_gid, 16)
-        _check_uint("sender_qp_num", self.sender_qp_num, 24)
-        _check_uint("link_num", self.link_num, 8)
-        _check_uint("qp_mtu", self.qp_mtu, 4)
-        _check_uint("initial_psn", self.initial_psn, 24)
+        check_uint("flags", self.flags, 8)
+        check_bytes("sender_mac", self.sender_mac, 6)
+        check_bytes("sender_gid", self.sender_gid, 16)
+        check_uint("sender_qp_num", self.sender_qp_num, 24)
+        check_uint("link_num", self.link_num, 8)
+        check_uint("qp_mtu", self.qp_mtu, 4)
+        check_uint("initial_psn", self.initial_psn, 24)
         _check_order(self.byteorder)
         if self.ext is not None:
             canonical = _canonical_order(self.byteorder, self.size, len(self.ext.rkeys))
@@ -446,9 +445,9 @@ class DeleteRkeyV2(LlcMessage):
     byteorder: ByteOrder = DEFAULT_BYTEORDER
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_uint("num_rkeys", self.num_rkeys, 8)
-        _check_uint("num_invalid", self.num_invalid, 8)
+        check_uint("flags", self.flags, 8)
+        check_uint("num_rkeys", self.num_rkeys, 8)
+        check_uint("num_invalid", self.num_invalid, 8)
         _check_order(self.byteorder)
         if self.is_response:
             if self.rkeys:
@@ -456,7 +455,7 @@ class DeleteRkeyV2(LlcMessage):
         elif not 1 <= self.num_rkeys == len(self.rkeys):
             raise ValueError(f"num_rkeys={self.num_rkeys} but {len(self.rkeys)} rkeys")
         for rkey in self.rkeys:
-            _check_uint("rkey", rkey, 32)
+            check_uint("rkey", rkey, 32)
         object.__setattr__(self, "byteorder", _canonical_order(self.byteorder, self.size))
 
     @classmethod
@@ -544,12 +543,12 @@ class RequestAddLinkV2(LlcMessage):
     byteorder: ByteOrder = DEFAULT_BYTEORDER
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
+        check_uint("flags", self.flags, 8)
         _check_order(self.byteorder)
         if len(self.gids) > 255:
             raise ValueError("REQUEST ADD LINK v2 carries at most 255 GIDs")
         for gid in self.gids:
-            _check_bytes("gid", gid, _GID_SIZE)
+            check_bytes("gid", gid, _GID_SIZE)
         object.__setattr__(self, "byteorder", _canonical_order(self.byteorder, self.size))
 
     @property

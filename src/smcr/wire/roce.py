@@ -28,6 +28,7 @@ from enum import IntEnum, IntFlag
 from typing import Final, NamedTuple
 
 from smcr.wire.errors import WireError
+from smcr.wire.validate import check_uint
 
 Buffer = bytes | bytearray | memoryview
 
@@ -258,10 +259,9 @@ class Bth:
 
         :raises ValueError: for a field out of range.
         """
-        if (self.dest_qp | self.psn) >> 24 or self.dest_qp < 0 or self.psn < 0:
-            raise ValueError("BTH DestQP and PSN are 24-bit")
-        if not 0 <= self.pad_cnt <= 3:
-            raise ValueError("BTH PadCnt is 0-3")
+        check_uint("BTH DestQP", self.dest_qp, 24)
+        check_uint("BTH PSN", self.psn, 24)
+        check_uint("BTH PadCnt", self.pad_cnt, 2)
         return _BTH.pack(
             self.opcode,
             (self.se << 7) | (self.m << 6) | (self.pad_cnt << 4),
@@ -397,15 +397,13 @@ class Aeth:
     @classmethod
     def ack(cls, msn: int, credits: int = CREDITS_INVALID) -> Aeth:
         """An ACK; rxe always sends credit count 31."""
-        if not 0 <= credits <= 31:
-            raise ValueError("credit count is 0-31")
+        check_uint("AETH credit count", credits, 5)
         return cls(credits, msn)
 
     @classmethod
     def rnr_nak(cls, msn: int, timer: int) -> Aeth:
         """An RNR NAK carrying an RNR timer code (see :data:`RNR_TIMER_US`)."""
-        if not 0 <= timer <= 31:
-            raise ValueError("RNR timer code is 0-31")
+        check_uint("AETH RNR timer code", timer, 5)
         return cls(0x20 | timer, msn)
 
     @classmethod
@@ -441,8 +439,7 @@ class Aeth:
 
     def encode(self) -> bytes:
         """Return the 4 wire bytes."""
-        if not 0 <= self.msn <= _U24:
-            raise ValueError("AETH MSN is 24-bit")
+        check_uint("AETH MSN", self.msn, 24)
         return _AETH.pack((self.syndrome << 24) | self.msn)
 
     @classmethod
@@ -559,8 +556,8 @@ class Feth:
 
     def encode(self) -> bytes:
         """Return the 4 wire bytes."""
-        if not (0 <= self.placement_type <= 15 and 0 <= self.selectivity_level <= 3):
-            raise ValueError("FETH placement type is 4 bits, selectivity level 2 bits")
+        check_uint("FETH placement type", self.placement_type, 4)
+        check_uint("FETH selectivity level", self.selectivity_level, 2)
         return _U32.pack((self.selectivity_level << 4) | self.placement_type)
 
     @classmethod
