@@ -231,6 +231,9 @@ class LlcMessage:
 
     flags: int
 
+    def __post_init__(self) -> None:
+        """Check the fields (each message class checks its own)."""
+
     @property
     def is_response(self) -> bool:
         """Whether flag 0x80 (response) is set."""
