@@ -217,6 +217,34 @@ class MemoryRegion:
         self.dereg()
 
 
+def scatter(views: Sequence[memoryview], off: int, data: memoryview) -> None:
+    """Copy ``data`` into the SGE views at byte offset ``off`` of their concatenation.
+
+    How every RNIC places a message into a scatter list (the SGEs of a receive, the
+    destination of a READ; ``views`` from :meth:`ProtectionDomain.lookup_local`): one
+    slice assignment per SGE it touches.  The caller has checked that it fits.
+
+    :param views: the SGEs' memory, in order.
+    :param off: where ``data`` starts in the concatenation (a later packet of a message).
+    :param data: the bytes to place.
+    """
+    if len(views) == 1:
+        views[0][off : off + len(data)] = data
+        return
+    pos, n = 0, len(data)
+    for v in views:
+        size = len(v)
+        if off >= size:
+            off -= size
+            continue
+        take = min(size - off, n - pos)
+        v[off : off + take] = data[pos : pos + take]
+        pos += take
+        off = 0
+        if pos == n:
+            return
+
+
 # tests subclass it in Python (a PD that only holds MRs); mypyc allows that only if told
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ProtectionDomain(ABC):

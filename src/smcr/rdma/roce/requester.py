@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
+from smcr.rdma.base import scatter
 from smcr.rdma.roce.fastpath import ACK_REQ, RETH, U24, U32, Buffer, MiddleRun
 from smcr.rdma.verbs import (
     RNR_TIMER_SECONDS,
@@ -290,7 +291,7 @@ class Requester:
         if len(payload) != want:
             return  # malformed response: drop it, the timer will retry
         if want:
-            _scatter(head.views, off, payload)
+            scatter(head.views, off, payload)
         self.una = (psn + 1) & U24
         if psn == head.last:
             self.wqes.popleft()
@@ -499,20 +500,3 @@ class Requester:
         off = k * self.pmtu
         ext = RETH.pack(w.wr.remote_addr + off, w.wr.rkey, w.length - off)
         self._tx(Opcode.RDMA_READ_REQUEST, 0, ACK_REQ | self.tx, ext, b"")
-
-
-def _scatter(views: list[memoryview], off: int, data: memoryview) -> None:
-    """Copy ``data`` into the SGE views at byte offset ``off`` of their concatenation."""
-    pos = 0
-    n = len(data)
-    for v in views:
-        size = len(v)
-        if off >= size:
-            off -= size
-            continue
-        take = min(size - off, n - pos)
-        v[off : off + take] = data[pos : pos + take]
-        pos += take
-        off = 0
-        if pos == n:
-            return

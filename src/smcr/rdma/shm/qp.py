@@ -46,7 +46,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from smcr.rdma.base import CompletionQueue, QueuePair
+from smcr.rdma.base import CompletionQueue, QueuePair, scatter
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import fence
@@ -452,11 +452,7 @@ class ShmQp(QueuePair):
             room += sge.length
         if byte_len > self._slot_size or byte_len > room:
             return self._rwc(wr, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, 0), True
-        pos, end, area = payload, payload + byte_len, self._view
-        for v in views:
-            n = min(len(v), end - pos)
-            v[:n] = area[pos : pos + n]
-            pos += n
+        scatter(views, 0, self._view[payload : payload + byte_len])
         return self._rwc(wr, WcStatus.SUCCESS, WcOpcode.RECV, byte_len,
                          imm if kind == lay.KIND_SEND_IMM else 0), False  # fmt: skip
 
