@@ -14,7 +14,7 @@ Design decisions (the why of each):
   packet arrives on, it is dispatched by BTH DestQP among all QPs of this
   process (QPNs are unique per process).
 * **One progress thread per device** (the shm RNIC's epoll
-  :class:`~smcr.rdma.shm.engine.Engine`): it sleeps in ``epoll_wait`` until a
+  :class:`~smcr.rdma.eventloop.Engine`): it sleeps in ``epoll_wait`` until a
   socket is readable or a timer is due, so an idle RNIC costs no CPU; a
   readable socket is drained up to :data:`BATCH` reads (each may hold many
   packets with UDP GRO); an ACK that a read's packets asked for goes out at the
@@ -60,11 +60,11 @@ from smcr.rdma.base import (
     MemoryRegion,
     ProtectionDomain,
 )
+from smcr.rdma.eventloop import Engine
 from smcr.rdma.roce import fastpath, netif
 from smcr.rdma.roce.cq import CEDE_SECONDS, RoceCq
 from smcr.rdma.roce.fastpath import BTH, U24, IcrcV4, IcrcV6, flow_icrc
 from smcr.rdma.roce.qp import RoceQp
-from smcr.rdma.shm.engine import Engine
 from smcr.rdma.verbs import REMOTE_ACCESS, AccessFlag, DeviceAttr, QpCap, VerbsError
 from smcr.wire.roce import ROCEV2_UDP_PORT
 

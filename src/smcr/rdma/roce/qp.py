@@ -76,8 +76,8 @@ from smcr.wire.roce import ROCEV2_UDP_PORT
 from smcr.wire.roce_packet import rdma_get_udp_sport
 
 if TYPE_CHECKING:
+    from smcr.rdma.eventloop import Timer
     from smcr.rdma.roce.device import RoceDevice, RocePd
-    from smcr.rdma.shm.engine import Timer
 
 _SUPPORTED = frozenset({WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE,
                         WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ})  # fmt: skip

@@ -42,10 +42,10 @@ from smcr.rdma.base import (
     MemoryRegion,
     ProtectionDomain,
 )
+from smcr.rdma.eventloop import Engine
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import ShmCompletionQueue
-from smcr.rdma.shm.engine import Engine
 from smcr.rdma.shm.qp import ShmQp
 from smcr.rdma.verbs import (
     REMOTE_ACCESS,

@@ -82,8 +82,8 @@ from smcr.rdma.verbs import (
 )
 
 if TYPE_CHECKING:
+    from smcr.rdma.eventloop import Timer
     from smcr.rdma.shm.device import ShmDevice, ShmPd
-    from smcr.rdma.shm.engine import Timer
 
 DONE, RNR, NOT_READY, FAILED = 0, 1, 2, 3
 _LIVE = (int(QpState.RTR), int(QpState.RTS))

@@ -1,14 +1,17 @@
-"""The progress thread of a shm device: the part of the RNIC that works on its own.
+"""The progress thread of an RNIC: the part that works on its own, for every provider.
 
-Design: the data path runs in the caller's thread (``post_send`` copies straight
-into the peer's memory; ``poll`` moves arrived SENDs into receives), because a
+Design: the data path runs in the caller's thread (the shm RNIC's ``post_send``
+copies straight into the peer's memory and its ``poll`` moves arrived SENDs into
+receives; the RoCE RNIC sends and drains its sockets where it can), because a
 thread hop would double the latency.  What must happen while the application
-sleeps or computes lives here, in one daemon thread per device:
+sleeps or computes lives here, in one daemon thread per device (the shm RNIC has a
+second one for its rendezvous server):
 
-* accepting rendezvous connections (QP hellos, MR look-ups) and answering them;
+* reading what arrives on a descriptor (shm: rendezvous connections, QP hellos, MR
+  look-ups; RoCE: the UDP sockets, packets the application is not polling for);
 * noticing a peer's death (EOF/HUP on a connection, which the kernel delivers
   at once even after SIGKILL) and moving the QPs to ERR;
-* timers: RNR and retransmit-style retries of a blocked send queue.
+* timers: RNR and retransmit retries, the RoCE RNIC's socket reclaim.
 
 It is an ``epoll`` loop over registered descriptors plus a heap of deadlines; a
 doorbell eventfd wakes it when another thread adds a timer or stops it.  Handler
@@ -146,4 +149,4 @@ class Engine:
         try:
             fn(arg)
         except Exception:  # the engine must outlive any one faulty peer or handler
-            log.exception("shm engine handler failed")
+            log.exception("RNIC event loop handler failed")
