@@ -11,7 +11,7 @@ one precompiled :class:`struct.Struct` per step and plain ints and tuples:
   packet of one flow from a single 40-byte masked IPv4+UDP+BTH header packed per
   packet, continued over the extension headers, payload and pad (``crc32`` runs on
   from a seed, so nothing is joined); :meth:`IcrcFlow.compute` is
-  :func:`smcr.wire.icrc.icrc` itself, and the per-packet loops (:meth:`IcrcV4.frames`,
+  :func:`smcr.wire.icrc.icrc` itself, and the per-packet loops (:meth:`IcrcFlow.frames`,
   :meth:`IcrcV4.verify`) pack the same masked header inline, with the flow's
   constants in locals;
 * :class:`IcrcV6` does the same for IPv6, where every covered field is known
@@ -168,6 +168,7 @@ class IcrcFlow:
     __slots__ = ("_cuts", "_scratch", "dport", "dst", "sport", "src")
     _VARYING: ClassVar[struct.Struct]
     _ID_STEP: ClassVar[int]
+    _IPV6: ClassVar[bool]
 
     def __init__(self, src: bytes, dst: bytes, sport: int, dport: int = ROCEV2_UDP_PORT) -> None:
         self.src = src
@@ -210,6 +211,51 @@ class IcrcFlow:
         """:meth:`check` for a packet of ``n`` bytes whose BTH the caller has unpacked:
         0 if the ICRC is wrong, else 1 (or 2: right with a recovered IPv4 ID)."""
         raise NotImplementedError
+
+    def frames(self, queue: Sequence[tuple[int, int, int, bytes, Buffer]], start: int, end: int,
+               dest_qp: int, id_base: int = 0) -> list[Buffer]:  # fmt: skip
+        """The ``sendmsg`` buffers of the packets ``queue[start:end]``, one UDP GSO run.
+
+        Each entry is ``(opcode, b1, psn_word, ext_headers, payload)``; packet
+        ``k`` of the run gets IPv4 ID ``id_base + k`` (how the kernel numbers GSO
+        segments; IPv6 has none).  Why here and in one loop: per packet this is the
+        sender's hottest Python, so the masked header (:meth:`_masked`) is packed
+        inline with the flow's constants in locals, and each packet's ICRC shares a
+        buffer with the next packet's BTH, which halves the buffers handed to the kernel.
+        """
+        parts: list[Buffer] = []
+        append = parts.append
+        pack4, pack6, bth, icrc = _V4_MASKED.pack, _V6_MASKED.pack, BTH.pack, ICRC.pack
+        src, dst, sport, dport = self.src, self.dst, self.sport, self.dport
+        v6 = self._IPV6
+        masked_qp = 0xFF000000 | (dest_qp & U24)
+        tail = b""
+        for k in range(start, end):
+            opcode, b1, psn_word, ext, payload = queue[k]
+            pad = (b1 >> 4) & 3
+            ulen = 24 + len(ext) + len(payload) + pad
+            if v6:
+                crc = crc32(pack6(0x6FFFFFFF, ulen, 17, 0xFF, src, dst, sport, dport, ulen, 0xFFFF,
+                                  opcode, b1, P_KEY, masked_qp, psn_word), _SEED)  # fmt: skip
+            else:
+                crc = crc32(pack4(0x45, 0xFF, ulen + 20, id_base + k - start, IP_DF, 0xFF, 17,
+                                  0xFFFF, src, dst, sport, dport, ulen, 0xFFFF, opcode, b1, P_KEY,
+                                  masked_qp, psn_word), _SEED)  # fmt: skip
+            head = bth(opcode, b1, P_KEY, dest_qp, psn_word)
+            if ext:
+                crc = crc32(ext, crc)
+                head += ext
+            append(tail + head if tail else head)
+            if payload:
+                crc = crc32(payload, crc)
+                append(payload)
+            if pad:
+                crc = crc32(PADS[pad], crc)
+                tail = PADS[pad] + icrc(crc)
+            else:
+                tail = icrc(crc)
+        append(tail)
+        return parts
 
     def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
         """``(CRC of the masked header before the cut, fixed bytes to the PSN word, first
@@ -330,6 +376,7 @@ class IcrcV4(IcrcFlow):
     __slots__ = ()
     _VARYING = _ID_MID_PSN
     _ID_STEP = 1
+    _IPV6 = False
 
     def _masked(self, ulen: int, opcode: int, b1: int, dest_qp: int, psn_word: int,
                 ip_id: int) -> bytes:  # fmt: skip
@@ -365,46 +412,6 @@ class IcrcV4(IcrcFlow):
             return 2
         return 0 if recover_id(n, crc ^ found) is None else 2
 
-    def frames(self, queue: Sequence[tuple[int, int, int, bytes, Buffer]], start: int, end: int,
-               dest_qp: int, id_base: int = 0) -> list[Buffer]:  # fmt: skip
-        """The ``sendmsg`` buffers of the packets ``queue[start:end]``, one UDP GSO run.
-
-        Each entry is ``(opcode, b1, psn_word, ext_headers, payload)``; packet
-        ``k`` of the run gets IPv4 ID ``id_base + k`` (how the kernel numbers GSO
-        segments).  Why here and in one loop: per packet this is the sender's
-        hottest Python, so the masked header is packed inline with the flow's
-        constants in locals, and each packet's ICRC shares a buffer with the next
-        packet's BTH, which halves the buffers handed to the kernel.
-        """
-        parts: list[Buffer] = []
-        append = parts.append
-        pack, bth, icrc = _V4_MASKED.pack, BTH.pack, ICRC.pack
-        src, dst, sport, dport = self.src, self.dst, self.sport, self.dport
-        masked_qp = 0xFF000000 | (dest_qp & U24)
-        tail = b""
-        for k in range(start, end):
-            opcode, b1, psn_word, ext, payload = queue[k]
-            pad = (b1 >> 4) & 3
-            ulen = 24 + len(ext) + len(payload) + pad
-            crc = crc32(pack(0x45, 0xFF, ulen + 20, id_base + k - start, IP_DF, 0xFF, 17, 0xFFFF,
-                             src, dst, sport, dport, ulen, 0xFFFF, opcode, b1, P_KEY, masked_qp,
-                             psn_word), _SEED)  # fmt: skip
-            head = bth(opcode, b1, P_KEY, dest_qp, psn_word)
-            if ext:
-                crc = crc32(ext, crc)
-                head += ext
-            append(tail + head if tail else head)
-            if payload:
-                crc = crc32(payload, crc)
-                append(payload)
-            if pad:
-                crc = crc32(PADS[pad], crc)
-                tail = PADS[pad] + icrc(crc)
-            else:
-                tail = icrc(crc)
-        append(tail)
-        return parts
-
     def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
         """The masked header of a packet with UDP length ``ulen`` cut around what varies
         within a run (:meth:`IcrcFlow.run_frames`): the CRC of the bytes before the
@@ -424,6 +431,7 @@ class IcrcV6(IcrcFlow):
     __slots__ = ()
     _VARYING = _PKEY_QP_PSN
     _ID_STEP = 0
+    _IPV6 = True
 
     def _masked(self, ulen: int, opcode: int, b1: int, dest_qp: int, psn_word: int,
                 ip_id: int) -> bytes:  # fmt: skip
@@ -444,37 +452,6 @@ class IcrcV6(IcrcFlow):
         if n > 16:
             crc = crc32(packet[12 : n - 4], crc)
         return 1 if crc == ICRC.unpack_from(packet, n - 4)[0] else 0
-
-    def frames(self, queue: Sequence[tuple[int, int, int, bytes, Buffer]], start: int, end: int,
-               dest_qp: int, id_base: int = 0) -> list[Buffer]:  # fmt: skip
-        """The ``sendmsg`` buffers of ``queue[start:end]`` (see :meth:`IcrcV4.frames`)."""
-        parts: list[Buffer] = []
-        append = parts.append
-        pack, bth, icrc = _V6_MASKED.pack, BTH.pack, ICRC.pack
-        src, dst, sport, dport = self.src, self.dst, self.sport, self.dport
-        masked_qp = 0xFF000000 | (dest_qp & U24)
-        tail = b""
-        for k in range(start, end):
-            opcode, b1, psn_word, ext, payload = queue[k]
-            pad = (b1 >> 4) & 3
-            ulen = 24 + len(ext) + len(payload) + pad
-            crc = crc32(pack(0x6FFFFFFF, ulen, 17, 0xFF, src, dst, sport, dport, ulen, 0xFFFF,
-                             opcode, b1, P_KEY, masked_qp, psn_word), _SEED)  # fmt: skip
-            head = bth(opcode, b1, P_KEY, dest_qp, psn_word)
-            if ext:
-                crc = crc32(ext, crc)
-                head += ext
-            append(tail + head if tail else head)
-            if payload:
-                crc = crc32(payload, crc)
-                append(payload)
-            if pad:
-                crc = crc32(PADS[pad], crc)
-                tail = PADS[pad] + icrc(crc)
-            else:
-                tail = icrc(crc)
-        append(tail)
-        return parts
 
     def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
         """As :meth:`IcrcV4._varying`; IPv6 has no ID, so the cut is at the BTH's P_Key
