@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from smcr.wire.errors import WireError
+from smcr.wire.validate import check_bytes, check_uint
 
 __all__ = [
     "CLC_HEADER_LEN",
@@ -242,3 +243,19 @@ def byte7(version: int, typev2: int, typev1: int) -> int:
 def pack_header(msg_type: ClcType, length: int, flags: int) -> bytes:
     """The 8 header bytes with the ``SMCR`` eyecatcher; internal helper."""
     return _HEADER.pack(EYECATCHER_SMCR, msg_type, length, flags)
+
+
+def check_version(version: int) -> None:
+    """Raise ValueError unless *version* is a CLC version (byte 7's high nibble, >= 1);
+    internal helper."""
+    check_uint("version", version, 4)
+    if version < 1:
+        raise ValueError("version must be >= 1")
+
+
+def check_peer(peer_id: bytes, gid: bytes, mac: bytes) -> None:
+    """Raise ValueError unless the sender's peer ID (8 bytes), RoCE GID (16) and MAC (6)
+    have their sizes, as Proposal, Accept and Confirm carry them; internal helper."""
+    check_bytes("peer_id", peer_id, 8)
+    check_bytes("gid", gid, 16)
+    check_bytes("mac", mac, 6)

@@ -55,7 +55,9 @@ from smcr.wire.clc_header import (
     ClcType,
     SmcType,
     byte7,
+    check_peer,
     check_trailer,
+    check_version,
     decode_header,
     pack_header,
 )
@@ -291,12 +293,8 @@ class ClcProposal:
     smcd_v2_extension: SmcdV2Extension | None = None
 
     def __post_init__(self) -> None:
-        check_uint("version", self.version, 4)
-        if self.version < 1:
-            raise ValueError("version must be >= 1")
-        check_bytes("peer_id", self.peer_id, 8)
-        check_bytes("gid", self.gid, 16)
-        check_bytes("mac", self.mac, 6)
+        check_version(self.version)
+        check_peer(self.peer_id, self.gid, self.mac)
         check_uint("ism_gid", self.ism_gid, 64)
         check_uint("ism_chid", self.ism_chid, 16)
         check_bytes("vendor_oui", self.vendor_oui, 3)
@@ -353,16 +351,8 @@ class ClcProposal:
         v2 header, ``typev1 = R``, ``typev2 = N``: byte 7 ``0x28``, IP-area
         offset 40, zero SMC-D/v2 area; 92 bytes for IPv4, + 17 per IPv6 prefix.
         """
-        return cls(
-            version=2,
-            typev1=SmcType.R,
-            typev2=SmcType.N,
-            peer_id=peer_id,
-            gid=gid,
-            mac=mac,
-            ip_area_offset=_AREA_LEN,
-            prefix=IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes),
-        )
+        prefix = IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes)
+        return cls._offering_smcr_v1(2, peer_id, gid, mac, prefix, None)
 
     @classmethod
     def smcr_v2(
@@ -416,17 +406,8 @@ class ClcProposal:
         v2 extension (v2-extension offset 28 + prefix area size);
         ``92 + 40 + 32k`` bytes for IPv4 and k user EIDs (spec §2.3.5).
         """
-        return cls(
-            version=2,
-            typev1=SmcType.R,
-            typev2=SmcType.R,
-            peer_id=peer_id,
-            gid=gid,
-            mac=mac,
-            ip_area_offset=_AREA_LEN,
-            prefix=IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes),
-            v2_extension=v2_extension,
-        )
+        prefix = IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes)
+        return cls._offering_smcr_v1(2, peer_id, gid, mac, prefix, v2_extension)
 
     @classmethod
     def rfc_v1(
@@ -443,15 +424,31 @@ class ClcProposal:
 
         Prefix area right at 40; + 17 bytes per IPv6 prefix.
         """
+        prefix = IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes)
+        return cls._offering_smcr_v1(1, peer_id, gid, mac, prefix, None)
+
+    @classmethod
+    def _offering_smcr_v1(
+        cls,
+        version: int,
+        peer_id: bytes,
+        gid: bytes,
+        mac: bytes,
+        prefix: IpPrefixArea,
+        v2_extension: V2Extension | None,
+    ) -> ClcProposal:
+        """A Proposal that offers SMC-R v1 (and SMC-R v2 with ``v2_extension``): in a v2
+        header the IP area follows the 40-byte SMC-D/v2 area, in a v1 one it is at 40."""
         return cls(
-            version=1,
+            version=version,
             typev1=SmcType.R,
-            typev2=SmcType.N,
+            typev2=SmcType.N if v2_extension is None else SmcType.R,
             peer_id=peer_id,
             gid=gid,
             mac=mac,
-            ip_area_offset=0,
-            prefix=IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes),
+            ip_area_offset=_AREA_LEN if version >= 2 else 0,
+            prefix=prefix,
+            v2_extension=v2_extension,
         )
 
     # -- layout ---------------------------------------------------------------
