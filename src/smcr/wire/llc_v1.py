@@ -42,7 +42,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, replace
-from typing import ClassVar, Literal, Self, TypeAlias
+from typing import ClassVar, Literal, Protocol, Self, TypeAlias
 
 from smcr.wire.errors import WireError
 from smcr.wire.validate import check_bytes, check_uint
@@ -345,13 +345,41 @@ class ConfirmLink(LlcMessage):
 _ADD_LINK = struct.Struct(">6s2x16s3sBB3s8x")
 
 
-def _pack_add_link_body(
-    *, mac: bytes, gid: bytes, qpn: int, link_num: int, qp_mtu: int, psn: int
-) -> bytes:
+class _AddLinkFields(Protocol):
+    """The fields of bytes 3-43 that ADD LINK v1 and v2 share (:class:`AddLink`,
+    :class:`~smcr.wire.llc_v2.AddLinkV2`)."""
+
+    @property
+    def flags(self) -> int: ...
+    @property
+    def sender_mac(self) -> bytes: ...
+    @property
+    def sender_gid(self) -> bytes: ...
+    @property
+    def sender_qp_num(self) -> int: ...
+    @property
+    def link_num(self) -> int: ...
+    @property
+    def qp_mtu(self) -> int: ...
+    @property
+    def initial_psn(self) -> int: ...
+
+
+def _check_add_link(msg: _AddLinkFields) -> None:
+    """Check the fields of bytes 3-43 of an ADD LINK (v1 and v2 share them)."""
+    check_uint("flags", msg.flags, 8)
+    check_bytes("sender_mac", msg.sender_mac, 6)
+    check_bytes("sender_gid", msg.sender_gid, 16)
+    check_uint("sender_qp_num", msg.sender_qp_num, 24)
+    check_uint("link_num", msg.link_num, 8)
+    check_uint("qp_mtu", msg.qp_mtu, 4)
+    check_uint("initial_psn", msg.initial_psn, 24)
+
+
+def _pack_add_link_body(msg: _AddLinkFields) -> bytes:
     """Return bytes 4-43 of an ADD LINK (v1 and v2 share them)."""
-    return _ADD_LINK.pack(
-        mac, gid, qpn.to_bytes(3, "big"), link_num, qp_mtu, psn.to_bytes(3, "big")
-    )
+    return _ADD_LINK.pack(msg.sender_mac, msg.sender_gid, msg.sender_qp_num.to_bytes(3, "big"),
+                          msg.link_num, msg.qp_mtu, msg.initial_psn.to_bytes(3, "big"))  # fmt: skip
 
 
 def _parse_add_link_body(view: memoryview) -> tuple[bytes, bytes, int, int, int, int]:
@@ -401,14 +429,8 @@ class AddLink(LlcMessage):
     initial_psn: int = 0
 
     def __post_init__(self) -> None:
-        check_uint("flags", self.flags, 8)
+        _check_add_link(self)
         check_uint("reject_reason", self.reject_reason, 4)
-        check_bytes("sender_mac", self.sender_mac, 6)
-        check_bytes("sender_gid", self.sender_gid, 16)
-        check_uint("sender_qp_num", self.sender_qp_num, 24)
-        check_uint("link_num", self.link_num, 8)
-        check_uint("qp_mtu", self.qp_mtu, 4)
-        check_uint("initial_psn", self.initial_psn, 24)
 
     @property
     def is_rejected(self) -> bool:
@@ -431,14 +453,7 @@ class AddLink(LlcMessage):
         return self.reject_reason
 
     def _body(self) -> bytes:
-        return _pack_add_link_body(
-            mac=self.sender_mac,
-            gid=self.sender_gid,
-            qpn=self.sender_qp_num,
-            link_num=self.link_num,
-            qp_mtu=self.qp_mtu,
-            psn=self.initial_psn,
-        )
+        return _pack_add_link_body(self)
 
     @classmethod
     def _parse(cls, view: memoryview) -> Self:

@@ -54,6 +54,7 @@ from smcr.wire.llc_v1 import (
     LlcType,
     RkeyPair,
     TestLink,
+    _check_add_link,
     _check_type,
     _pack_add_link_body,
     _parse_add_link_body,
@@ -298,13 +299,7 @@ class AddLinkV2(_LlcV2):
     byteorder: ByteOrder = DEFAULT_BYTEORDER
 
     def __post_init__(self) -> None:
-        check_uint("flags", self.flags, 8)
-        check_bytes("sender_mac", self.sender_mac, 6)
-        check_bytes("sender_gid", self.sender_gid, 16)
-        check_uint("sender_qp_num", self.sender_qp_num, 24)
-        check_uint("link_num", self.link_num, 8)
-        check_uint("qp_mtu", self.qp_mtu, 4)
-        check_uint("initial_psn", self.initial_psn, 24)
+        _check_add_link(self)
         _LlcV2.__post_init__(self)
 
     def _u16s(self) -> tuple[int, ...]:
@@ -337,14 +332,7 @@ class AddLinkV2(_LlcV2):
 
     def encode(self) -> bytes:
         """Return the 44 or 72 + 16·n bytes of this message."""
-        base = self._header() + _pack_add_link_body(
-            mac=self.sender_mac,
-            gid=self.sender_gid,
-            qpn=self.sender_qp_num,
-            link_num=self.link_num,
-            qp_mtu=self.qp_mtu,
-            psn=self.initial_psn,
-        )
+        base = self._header() + _pack_add_link_body(self)
         ext = self.ext
         if ext is None:
             return base
