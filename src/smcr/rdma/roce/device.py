@@ -54,11 +54,13 @@ from collections.abc import Callable
 from typing import Final, cast
 
 from smcr.rdma.base import (
+    PAGE,
     CompletionQueue,
     Device,
     KeyAllocator,
     MemoryRegion,
     ProtectionDomain,
+    random_qpn,
 )
 from smcr.rdma.eventloop import Engine
 from smcr.rdma.roce import fastpath, netif
@@ -82,7 +84,6 @@ IPV6_MTU_DISCOVER: Final = 23
 UDP_NO_CHECK6_RX: Final = 102
 IPV6_AUTOFLOWLABEL: Final = 70
 IOVA_BASE: Final = 0x0000_7F00_0000_0000
-PAGE: Final = 4096
 MAX_DATAGRAM: Final = 65536
 SOL_UDP: Final = 17
 UDP_GRO: Final = 104
@@ -157,10 +158,7 @@ class RoceDevice(Device):
                cap: QpCap, sq_sig_all: bool) -> RoceQp:  # fmt: skip
         """A QP with a fresh random 24-bit QPN (0 and 1 are reserved in IB)."""
         with _PROCESS_LOCK:
-            while True:
-                qpn = secrets.randbits(24)
-                if qpn > 1 and qpn not in _PROCESS_QPS:
-                    break
+            qpn = random_qpn(_PROCESS_QPS)
             qp = RoceQp(self, pd, qpn, send_cq=send_cq, recv_cq=recv_cq, cap=cap,
                         sq_sig_all=sq_sig_all)  # fmt: skip
             self._qps[qpn] = qp
@@ -177,12 +175,6 @@ class RoceDevice(Device):
         """The live MR of an rkey, or None (the responder checks PD, access, bounds)."""
         return self._rkeys.get(rkey)
 
-    def next_iova(self, length: int) -> int:
-        """A fresh page-aligned virtual address range for an MR, plus a guard page."""
-        with self._lock:
-            addr = self._next_iova
-            self._next_iova += -(-max(length, 1) // PAGE) * PAGE + PAGE
-        return addr
 
     def publish(self, mr: MemoryRegion) -> None:
         """Make an MR reachable by its rkey."""
