@@ -215,12 +215,7 @@ class Requester:
         if self.period is None:  # timeout 0: rxe never retransmits; we poll, uncounted
             self._go_back(now)
             return
-        if self.retry_left == 0:
-            self._fail_head(WcStatus.RETRY_EXC_ERR)
-            return
-        if self.retry_cnt != 7:
-            self.retry_left -= 1
-        self._go_back(now)
+        self._retry(now)
 
     def receive(self, opcode: int, psn: int, syndrome: int, payload: memoryview,
                 now: float) -> None:  # fmt: skip
@@ -323,12 +318,7 @@ class Requester:
             if self.rnr_until is not None:
                 return  # packets sent after an RNR NAK; the RNR timer goes back anyway
             self._progress(before, now)
-            if self.retry_left == 0:
-                self._fail_head(WcStatus.RETRY_EXC_ERR)
-                return
-            if self.retry_cnt != 7:
-                self.retry_left -= 1
-            self._go_back(now)
+            self._retry(now)
             return
         status = {1: WcStatus.REM_INV_REQ_ERR, 2: WcStatus.REM_ACCESS_ERR}.get(
             code, WcStatus.REM_OP_ERR
@@ -363,6 +353,11 @@ class Requester:
         if self._retried_at == self.una:
             return
         self._retried_at = self.una
+        self._retry(now)
+
+    def _retry(self, now: float) -> None:
+        """Go back and resend from ``una``, one retry counted (``retry_cnt`` 7: without
+        limit); with none left the head WQE fails with RETRY_EXC_ERR (rxe ``rxe_completer``)."""
         if self.retry_left == 0:
             self._fail_head(WcStatus.RETRY_EXC_ERR)
             return
