@@ -40,6 +40,7 @@ from types import ModuleType
 from typing import ClassVar, Final
 
 from smcr.wire import icrc as wire_icrc
+from smcr.wire import roce as wire_roce
 from smcr.wire import roce_packet
 from smcr.wire.icrc import crc32, icrc, masked_ipv4_headers, masked_ipv6_headers
 from smcr.wire.roce import _LENGTH_BY_BYTE, _MASK_BY_BYTE, ROCEV2_UDP_PORT
@@ -62,17 +63,18 @@ LOOPS: ModuleType | None = _c_loops()
 
 Buffer = bytes | bytearray | memoryview
 
-BTH: Final = struct.Struct(">BBHII")
-RETH: Final = struct.Struct(">QII")
-U32: Final = struct.Struct(">I")
+# smcr.wire.roce's header layouts (BTH, RETH, a 32-bit word: AETH, ImmDt) and
 # smcr.wire.icrc's, as Final names of this module (the compiled build keeps them in C
 # statics, not in the module's dict): the ICRC, the masked headers, the CRC seed
+BTH: Final = wire_roce._BTH
+RETH: Final = wire_roce._RETH
+U32: Final = wire_roce._U32
 ICRC: Final = wire_icrc.ICRC
 _V4_MASKED: Final = wire_icrc.IPV4_MASKED
 _V6_MASKED: Final = wire_icrc.IPV6_MASKED
 _SEED: Final = wire_icrc.ICRC_SEED
 #: The parts of a masked IPv4 header that vary within a run of Middles: the ID, the
-#: fixed 30 bytes between (see :meth:`IcrcV4._split`), the PSN word.
+#: fixed 30 bytes between (see :meth:`IcrcV4._varying`), the PSN word.
 _ID_MID_PSN: Final = struct.Struct(">H30sI")
 #: The same for IPv6, cut at the BTH's P_Key: P_Key, the masked DestQP word, the PSN word.
 _PKEY_QP_PSN: Final = struct.Struct(">H4sI")
