@@ -624,7 +624,10 @@ class QueuePair(ABC):
         """How many calls of ``verb`` still fail (:meth:`fail_next`)."""
         hooks = self.hooks
         left = hooks.failures.get(verb) if hooks is not None else None
-        return left[1] if left is not None else 0
+        if left is None:
+            return 0
+        _error, times = left
+        return times
 
     def set_tap(self, tap: QpTap | None) -> None:
         """Attach ``tap`` to watch this QP's posts onto the send queue, or (None) take

@@ -29,8 +29,13 @@ import select
 import threading
 import time
 from collections.abc import Callable
+from typing import Final
 
 log = logging.getLogger(__name__)
+
+#: The timer heap holds ``(deadline, sequence number, Timer)``: these name the ends.
+_DEADLINE: Final = 0
+_TIMER: Final = 2
 
 
 class Timer:
@@ -92,7 +97,7 @@ class Engine:
         timer = Timer(deadline, fn)
         with self._lock:
             heapq.heappush(self._timers, (deadline, next(self._seq), timer))
-            first = self._timers[0][2] is timer
+            first = self._timers[0][_TIMER] is timer
         if first and not self.in_engine():
             self._ring()
         return timer
@@ -112,18 +117,18 @@ class Engine:
 
     def _next_timeout(self) -> float:
         with self._lock:
-            while self._timers and self._timers[0][2].cancelled:
+            while self._timers and self._timers[0][_TIMER].cancelled:
                 heapq.heappop(self._timers)
             if not self._timers:
                 return -1.0
-            return max(0.0, self._timers[0][0] - time.monotonic())
+            return max(0.0, self._timers[0][_DEADLINE] - time.monotonic())
 
     def _due(self) -> list[Timer]:
         now = time.monotonic()
         due: list[Timer] = []
         with self._lock:
-            while self._timers and self._timers[0][0] <= now:
-                due.append(heapq.heappop(self._timers)[2])
+            while self._timers and self._timers[0][_DEADLINE] <= now:
+                due.append(heapq.heappop(self._timers)[_TIMER])
         return [t for t in due if not t.cancelled]
 
     def _run(self) -> None:

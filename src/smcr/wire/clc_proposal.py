@@ -546,18 +546,17 @@ class ClcProposal:
             if ip_off != want:
                 raise WireError(f"v2 Proposal IP-area offset at 38 is {ip_off}, expected {want}")
         pos = _BASE_LEN
-        area: tuple[int, int, int, bytes, bytes] = (0, 0, 0, bytes(3), bytes(5))
+        ism_gid, ism_chid, v2_ext_offset, oui, options = 0, 0, 0, bytes(3), bytes(5)
         if hdr.version >= 2 or ip_off == _AREA_LEN:
             if len(data) < pos + _AREA_LEN + CLC_TRAILER_LEN:
                 raise WireError("Proposal SMC-D/v2 area at 40 truncated")
-            area = _SMCD_AREA.unpack_from(data, pos)
+            ism_gid, ism_chid, v2_ext_offset, oui, options = _SMCD_AREA.unpack_from(data, pos)
             pos += _AREA_LEN
         prefix = None
         if typev1 != SmcType.N:
             prefix = IpPrefixArea.decode_from(data, pos)
             pos += prefix.size
         ext = smcd = None
-        v2_ext_offset = area[2]
         if hdr.version >= 2:
             want_off = pos - 52 if typev2 != SmcType.N else 0
             if v2_ext_offset != want_off:
@@ -577,10 +576,10 @@ class ClcProposal:
             gid=gid,
             mac=mac,
             ip_area_offset=ip_off,
-            ism_gid=area[0],
-            ism_chid=area[1],
-            vendor_oui=area[3],
-            vendor_options=area[4],
+            ism_gid=ism_gid,
+            ism_chid=ism_chid,
+            vendor_oui=oui,
+            vendor_options=options,
             prefix=prefix,
             v2_extension=ext,
             smcd_v2_extension=smcd,

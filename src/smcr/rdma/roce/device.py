@@ -364,7 +364,10 @@ class RoceDevice(Device):
                         break
                 else:
                     n, anc, _flags, _addr = recv(bufs, 64)
-                    seg = (_GRO_SIZE.unpack(anc[0][2])[0] if anc else n) or n
+                    seg = n
+                    if anc:  # UDP_GRO's (level, type, segment size)
+                        _level, _type, gro = anc[0]
+                        seg = _GRO_SIZE.unpack(gro)[0] or n
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:  # an ICMP error reported on the connected socket
@@ -377,8 +380,8 @@ class RoceDevice(Device):
                 while off < n:
                     if seg == middle_seg and place is not None and view[off] == 0x07:
                         target = resp.middle_target()
-                        if target is not None and target[2] > 0:
-                            buf, toff, most = target
+                        buf, toff, most = target if target is not None else (view, 0, 0)
+                        if most > 0:
                             count, ack = place(view, off, n, seg, k, own, resp.epsn, most, buf,
                                                toff)  # fmt: skip
                             if count:
@@ -441,8 +444,9 @@ class RoceDevice(Device):
             if n < 16 or n & 3:
                 stats["malformed"] += 1
                 continue
-            src = socket.inet_pton(self.family, source[0].split("%", 1)[0])
-            if self.verify_icrc and not self._icrc_ok(flow_icrc(src, self.ip, source[1]), pkt):
+            host, port, *_ = source  # (IPv6 adds flow info and scope id)
+            src = socket.inet_pton(self.family, host.split("%", 1)[0])
+            if self.verify_icrc and not self._icrc_ok(flow_icrc(src, self.ip, port), pkt):
                 continue
             self._dispatch(pkt, now, touched, src)
         for q in touched.values():

@@ -139,10 +139,10 @@ def _ipv6_prefix_len(address: str) -> int:
         lines = Path("/proc/net/if_inet6").read_text().splitlines()
     except OSError:
         return 0
-    for line in lines:
-        fields = line.split()
-        if fields[0] == want:
-            return int(fields[2], 16)
+    for line in lines:  # address, ifindex, prefix length, scope, flags, name (all hex)
+        addr, _ifindex, prefix_len, *_ = line.split()
+        if addr == want:
+            return int(prefix_len, 16)
     return 0
 
 

@@ -72,6 +72,11 @@ _KIND = {
 _WC_OP = (WcOpcode.SEND, WcOpcode.RDMA_WRITE, WcOpcode.RDMA_READ)
 _IMM = (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
 # (first, middle, last, only) opcodes per kind, with and without immediate data
+#: A message's opcodes by the packet's place in it: first, middle, last, only (``Wqe.ops``).
+OP_FIRST: Final = 0
+OP_MIDDLE: Final = 1
+OP_LAST: Final = 2
+OP_ONLY: Final = 3
 _OPS = {
     (K_SEND, False): (Opcode.SEND_FIRST, Opcode.SEND_MIDDLE, Opcode.SEND_LAST, Opcode.SEND_ONLY),
     (K_SEND, True): (Opcode.SEND_FIRST, Opcode.SEND_MIDDLE, Opcode.SEND_LAST_WITH_IMMEDIATE,
@@ -432,7 +437,8 @@ class Requester:
                     m -= 1  # (the round's last packet, which asks for the ACK, goes alone)
                 if m:
                     if tx_run is not None:
-                        tx_run(MiddleRun(w.ops[1], psn, w.data, j * pmtu, pmtu, m, j, ACK_EVERY))
+                        tx_run(MiddleRun(w.ops[OP_MIDDLE], psn, w.data, j * pmtu, pmtu, m, j,
+                                         ACK_EVERY))  # fmt: skip
                     else:
                         self._send_middles(w, j, m, psn, pmtu)
                     psn = (psn + m) & U24
@@ -467,7 +473,7 @@ class Requester:
 
     def _send_middles(self, w: Wqe, j: int, m: int, psn: int, pmtu: int) -> None:
         """Middle packets ``j .. j+m-1`` of ``w`` one by one (a host without ``tx_run``)."""
-        op, data, tx = w.ops[1], w.data, self._tx
+        op, data, tx = w.ops[OP_MIDDLE], w.data, self._tx
         for i in range(j, j + m):
             off = i * pmtu
             ack = ACK_REQ if i % ACK_EVERY == ACK_EVERY - 1 else 0
@@ -479,7 +485,8 @@ class Requester:
         ops = w.ops
         off = k * pmtu
         last = k == w.npkts - 1
-        op = ops[3] if w.npkts == 1 else ops[0] if k == 0 else ops[2] if last else ops[1]
+        op = (ops[OP_ONLY] if w.npkts == 1 else ops[OP_FIRST] if k == 0
+              else ops[OP_LAST] if last else ops[OP_MIDDLE])  # fmt: skip
         ext = b""
         if k == 0 and w.kind == K_WRITE:
             ext = RETH.pack(w.wr.remote_addr, w.wr.rkey, w.length)

@@ -181,9 +181,10 @@ class ShmDevice(Device):
                 conn.settimeout(1.0)
                 got = rdv.receive(conn)
                 if got is not None:
-                    for fd in got[1]:
+                    msg, fds = got
+                    for fd in fds:
                         os.close(fd)
-                    keep = self._answer(conn, got[0])
+                    keep = self._answer(conn, msg)
             except OSError:
                 pass
             finally:
@@ -291,7 +292,8 @@ class ShmPd(ProtectionDomain):
         entry = owner._remote.get(mr.rkey) if isinstance(owner, ShmDevice) else None
         if entry is None:
             raise VerbsError(errno.EINVAL, "not a live remote-accessible shm MR")
-        fd = os.dup(entry[1])
+        _index, segment_fd, _mm, _mr = entry
+        fd = os.dup(segment_fd)
         try:
             mm = mmap(fd, mr.length)
         except BaseException:

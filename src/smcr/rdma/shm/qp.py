@@ -321,9 +321,10 @@ class ShmQp(QueuePair):
                     self._drop_peer()
                     self._drop_inbound()
                     return
-                for fd in got[1]:
+                msg, fds = got
+                for fd in fds:
                     os.close(fd)
-                if got[0].kind == rdv.QP_ERR:
+                if msg.kind == rdv.QP_ERR:
                     self._to_error("peer reported a fatal error on this QP")
 
     def _drop_peer(self) -> None:
