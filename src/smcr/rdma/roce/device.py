@@ -66,6 +66,7 @@ from smcr.rdma.eventloop import Engine
 from smcr.rdma.roce import fastpath, netif
 from smcr.rdma.roce.cq import CEDE_SECONDS, RoceCq
 from smcr.rdma.roce.fastpath import BTH, U24, IcrcV4, IcrcV6, flow_icrc
+from smcr.rdma.roce.netif import SOL_UDP, UDP_GRO
 from smcr.rdma.roce.qp import RoceQp
 from smcr.rdma.verbs import REMOTE_ACCESS, AccessFlag, DeviceAttr, QpCap, VerbsError
 from smcr.wire.roce import ROCEV2_UDP_PORT
@@ -85,8 +86,6 @@ UDP_NO_CHECK6_RX: Final = 102
 IPV6_AUTOFLOWLABEL: Final = 70
 IOVA_BASE: Final = 0x0000_7F00_0000_0000
 MAX_DATAGRAM: Final = 65536
-SOL_UDP: Final = 17
-UDP_GRO: Final = 104
 _GRO_SIZE: Final = struct.Struct("i")
 _DQP: Final = struct.Struct(">I")
 #: ``struct sockaddr_in`` and ``sockaddr_in6``: family (host order), port, (flow info,)
