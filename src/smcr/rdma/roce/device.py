@@ -174,7 +174,6 @@ class RoceDevice(Device):
         """The live MR of an rkey, or None (the responder checks PD, access, bounds)."""
         return self._rkeys.get(rkey)
 
-
     def publish(self, mr: MemoryRegion) -> None:
         """Make an MR reachable by its rkey."""
         self._rkeys[mr.rkey] = mr

@@ -227,7 +227,7 @@ class IcrcFlow:
         """
         parts: list[Buffer] = []
         append = parts.append
-        pack4, pack6, bth, icrc = _V4_MASKED.pack, _V6_MASKED.pack, BTH.pack, ICRC.pack
+        pack4, pack6, bth, put_icrc = _V4_MASKED.pack, _V6_MASKED.pack, BTH.pack, ICRC.pack
         src, dst, sport, dport = self.src, self.dst, self.sport, self.dport
         v6 = self._IPV6
         masked_qp = 0xFF000000 | (dest_qp & U24)
@@ -253,9 +253,9 @@ class IcrcFlow:
                 append(payload)
             if pad:
                 crc = crc32(PADS[pad], crc)
-                tail = PADS[pad] + icrc(crc)
+                tail = PADS[pad] + put_icrc(crc)
             else:
-                tail = icrc(crc)
+                tail = put_icrc(crc)
         append(tail)
         return parts
 

@@ -137,7 +137,6 @@ class ShmDevice(Device):
         with self._lock:
             self._qps.pop(qpn, None)
 
-
     def publish_mr(self, mr: MemoryRegion, fd: int, mm: mmap) -> None:
         """Enter a remote-accessible MR in the shared table (the rkey word last)."""
         with self._lock:
