@@ -21,7 +21,6 @@ Design (Linux ``smc_tx.c``, ``smc_rx.c``, ``smc_cdc.c``; spec §4, §5):
 from __future__ import annotations
 
 import itertools
-import struct
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +28,15 @@ from typing import Any, Protocol
 
 from smcr.core.close import CloseInput, Send, SmcState, step
 from smcr.core.events import Action, PostSend, RdmaWrite, ReleaseConnection, ShutdownTcp
-from smcr.wire.cdc import CdcMessage, ConnectionStateFlags, ProducerFlags, sequence_before
+from smcr.wire.cdc import CDC as CDC  # noqa: PLC0414 - re-export: core.llc imports it here
+from smcr.wire.cdc import (
+    CDC_MSG_LENGTH,
+    CDC_MSG_TYPE,
+    CdcMessage,
+    ConnectionStateFlags,
+    ProducerFlags,
+    sequence_before,
+)
 from smcr.wire.cursor import WRAP_LIMIT, Cursor
 
 
@@ -51,11 +58,9 @@ class Link(Protocol):
     def link_id(self) -> int:
         """The link's id in its group."""
 
-# The CDC layout of smcr.wire.cdc (spec §4), packed and unpacked here with plain
-# ints: the data path builds and reads one CDC per send and per receive, and
-# CdcMessage's enums and Cursor objects cost more than the rest of that path
-# (tests/core check both give the same bytes).
-CDC = struct.Struct(">BBHI2xHI2xHIBB18x")
+# The CDC layout (smcr.wire.cdc.CDC, spec §4) packed here with plain ints: the
+# data path builds one CDC per send, and CdcMessage's enums and Cursor objects
+# cost more than the rest of that path (tests/core check both give the same bytes).
 _PACK = CDC.pack
 
 SOCK_MIN_SNDBUF_HALF = 2304  # Linux SOCK_MIN_SNDBUF / 2 (spec §4, rule 3)
@@ -390,8 +395,8 @@ class Connection:
         rx_cons, tx_sent = self.rx_cons, self.tx_sent
         pwrap, pcount = divmod(tx_sent, self.peer_rmb_size)
         cwrap, ccount = divmod(rx_cons, self.rmb.size)
-        data = _PACK(0xFE, 44, seq, self.peer_token, pwrap & 0xFFFF, pcount, cwrap & 0xFFFF,
-                     ccount, flags, self.tx_flags)  # fmt: skip
+        data = _PACK(CDC_MSG_TYPE, CDC_MSG_LENGTH, seq, self.peer_token, pwrap & 0xFFFF, pcount,
+                     cwrap & 0xFFFF, ccount, flags, self.tx_flags)  # fmt: skip
         self.rx_cons_sent = rx_cons
         self.peer_wants_update = False
         wr_id = next(self.wr_ids)
@@ -424,7 +429,8 @@ class Connection:
         self.echo_pending = False  # (an answer asked for over the old link may never come)
         if self.state in (SmcState.INIT, SmcState.CLOSED):
             return
-        data = _PACK(0xFE, 44, seq_fin, self.peer_token, 0, 0, 0, 0, _FAILOVER, 0)
+        data = _PACK(CDC_MSG_TYPE, CDC_MSG_LENGTH, seq_fin, self.peer_token, 0, 0, 0, 0,
+                     _FAILOVER, 0)  # fmt: skip
         out.append(PostSend(self.qpn, data, next(self.wr_ids), False))
         self.flush(out, force_cdc=True)
 

@@ -53,9 +53,11 @@ from smcr.rdma.roce.fastpath import (
     flow_icrc,
     parse_bth,
 )
+from smcr.rdma.roce.netif import SOL_UDP, UDP_SEGMENT
 from smcr.rdma.roce.requester import WINDOW, Requester
 from smcr.rdma.roce.responder import Responder
 from smcr.rdma.verbs import (
+    IPV4_MAPPED_PREFIX,
     AccessFlag,
     AsyncEvent,
     AsyncEventType,
@@ -76,15 +78,13 @@ from smcr.wire.roce import ROCEV2_UDP_PORT
 from smcr.wire.roce_packet import rdma_get_udp_sport
 
 if TYPE_CHECKING:
+    from smcr.rdma.eventloop import Timer
     from smcr.rdma.roce.device import RoceDevice, RocePd
-    from smcr.rdma.shm.engine import Timer
 
 _SUPPORTED = frozenset({WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE,
                         WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ})  # fmt: skip
 _LOCAL_WRITE = int(AccessFlag.LOCAL_WRITE)
 _RESPONSE_MIN, _RESPONSE_MAX = 0x0D, 0x11  # READ responses and Acknowledge
-_IPV4_MAPPED = bytes(10) + b"\xff\xff"
-SOL_UDP, UDP_SEGMENT = 17, 103
 _GSO_SIZE = struct.Struct("H")
 #: ``sendmsg`` errors that mean "no UDP GSO on this path": fall back to one packet per call.
 _NO_GSO = (errno.EINVAL, errno.EIO, errno.EOPNOTSUPP)
@@ -311,7 +311,7 @@ class RoceQp(QueuePair):
         """Open this QP's flow sockets (see the module docstring)."""
         dev = self.device
         dgid = attr.ah_attr.dgid
-        v4 = dgid[:12] == _IPV4_MAPPED
+        v4 = dgid[:12] == IPV4_MAPPED_PREFIX
         if v4 != (dev.family == socket.AF_INET):
             raise VerbsError(errno.EINVAL, "the peer GID is not of this device's IP family")
         peer_raw = dgid[12:] if v4 else dgid

@@ -101,18 +101,19 @@ class PeerLink:
         try:
             rdv.send(sock, rdv.Message(rdv.HELLO, a=qp_num, b=dst_qpn, gid=device.gid))
             answer = rdv.receive(sock)
-            if answer is None or answer[0].kind != rdv.HELLO_OK or len(answer[1]) not in (3, 4):
-                for fd in answer[1] if answer else []:
+            msg, fds = answer if answer is not None else (None, [])
+            if msg is None or msg.kind != rdv.HELLO_OK or len(fds) not in (3, 4):
+                for fd in fds:
                     os.close(fd)
                 raise VerbsError(errno.ECONNREFUSED, f"peer QP {dst_qpn:#x} refused")
-            area_fd, bell_fd, table_fd = answer[1][:3]
+            area_fd, bell_fd, table_fd = fds[:3]  # and the CQ's notify word, if it has one
             bell = socket.socket(fileno=bell_fd)
             bell.setblocking(False)
             area = lay.map_segment(area_fd)
             table = lay.map_segment(table_fd, writable=False)
-            notify = lay.map_segment(answer[1][3]) if len(answer[1]) == 4 else None
+            notify = lay.map_segment(fds[3]) if len(fds) == 4 else None
             hdr = lay.AREA_HEADER.unpack_from(area, 0)
-            depth, slot_size = hdr[5], hdr[6]
+            depth, slot_size = hdr[lay.HDR_DEPTH], hdr[lay.HDR_SLOT_SIZE]
             if (not depth or len(area) < lay.area_size(depth, slot_size)
                     or (notify is not None and len(notify) < 4)):  # fmt: skip
                 area.close()

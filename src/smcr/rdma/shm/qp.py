@@ -46,10 +46,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from smcr.rdma.base import CompletionQueue, QueuePair
+from smcr.rdma.base import CompletionQueue, QueuePair, scatter
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import fence
+from smcr.rdma.shm.layout import (
+    HDR_ACCESS,
+    HDR_EPSN,
+    HDR_MAX_DEST_RD_ATOMIC,
+    HDR_PD,
+    HDR_POSTED,
+    HDR_STATE,
+)
 from smcr.rdma.shm.peer import PeerLink
 from smcr.rdma.verbs import (
     PSN_MASK,
@@ -74,8 +82,8 @@ from smcr.rdma.verbs import (
 )
 
 if TYPE_CHECKING:
+    from smcr.rdma.eventloop import Timer
     from smcr.rdma.shm.device import ShmDevice, ShmPd
-    from smcr.rdma.shm.engine import Timer
 
 DONE, RNR, NOT_READY, FAILED = 0, 1, 2, 3
 _LIVE = (int(QpState.RTR), int(QpState.RTS))
@@ -306,15 +314,17 @@ class ShmQp(QueuePair):
                     # a process that ended left its QP's state word as it was (RTR/RTS);
                     # one that destroyed or errored its QP wrote it first (destroy)
                     peer = self._peer
-                    self.peer_gone = (peer is not None
-                                      and _AREA_HEADER(peer.area, 0)[0] in _LIVE)  # fmt: skip
+                    self.peer_gone = (
+                        peer is not None and _AREA_HEADER(peer.area, 0)[HDR_STATE] in _LIVE
+                    )
                     self._to_error("peer closed or died")
                     self._drop_peer()
                     self._drop_inbound()
                     return
-                for fd in got[1]:
+                msg, fds = got
+                for fd in fds:
                     os.close(fd)
-                if got[0].kind == rdv.QP_ERR:
+                if msg.kind == rdv.QP_ERR:
                     self._to_error("peer reported a fatal error on this QP")
 
     def _drop_peer(self) -> None:
@@ -443,11 +453,7 @@ class ShmQp(QueuePair):
             room += sge.length
         if byte_len > self._slot_size or byte_len > room:
             return self._rwc(wr, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, 0), True
-        pos, end, area = payload, payload + byte_len, self._view
-        for v in views:
-            n = min(len(v), end - pos)
-            v[:n] = area[pos : pos + n]
-            pos += n
+        scatter(views, 0, self._view[payload : payload + byte_len])
         return self._rwc(wr, WcStatus.SUCCESS, WcOpcode.RECV, byte_len,
                          imm if kind == lay.KIND_SEND_IMM else 0), False  # fmt: skip
 
@@ -521,13 +527,14 @@ class ShmQp(QueuePair):
                 depth = peer.depth
                 idx = produced % depth
                 size = len(message)
-                if (hdr[0] not in _LIVE or hdr[7] != self._next_psn or hdr[8] == produced
-                        or not hdr[1] & _REMOTE_WRITE or size > peer.slot_size
+                if (hdr[HDR_STATE] not in _LIVE or hdr[HDR_EPSN] != self._next_psn
+                        or hdr[HDR_POSTED] == produced or not hdr[HDR_ACCESS] & _REMOTE_WRITE
+                        or size > peer.slot_size
                         or size > _U32_UNPACK(area, _SLOT_BASE + 4 * idx)[0]):  # fmt: skip
                     peer = None
                 else:
                     targets = []
-                    limit, mrs, table, pd = self._max_inline, peer.mrs, peer.table, hdr[4]
+                    limit, mrs, table, pd = self._max_inline, peer.mrs, peer.table, hdr[HDR_PD]
                     for addr, rkey, data in writes:
                         n = len(data)
                         rm = mrs.get(rkey)
@@ -588,7 +595,7 @@ class ShmQp(QueuePair):
             self._block(NOT_READY)
             return
         hdr = lay.AREA_HEADER.unpack_from(peer.area, 0)
-        if hdr[0] not in _LIVE or hdr[7] != self._next_psn:
+        if hdr[HDR_STATE] not in _LIVE or hdr[HDR_EPSN] != self._next_psn:
             self._block(NOT_READY)
             return
         self._retry_left = self.attr.retry_cnt  # the peer answers: an ACK resets the count
@@ -687,7 +694,7 @@ class ShmQp(QueuePair):
         slot = -1
         if op.kind:
             depth, slot_size = peer.depth, peer.slot_size
-            if hdr[8] == self._produced:  # posted == produced: no receive waiting
+            if hdr[HDR_POSTED] == self._produced:  # posted == produced: no receive waiting
                 return RNR
             idx = self._produced % depth
             slot = lay.slot_offset(depth, slot_size, idx)
@@ -699,7 +706,7 @@ class ShmQp(QueuePair):
                     return self._fail(wr, WcStatus.REM_INV_REQ_ERR, nak=True)
         need = op.need_remote
         if need:
-            if not hdr[1] & need or (op.read and hdr[3] == 0):  # QP access, max_dest_rd_atomic
+            if not hdr[HDR_ACCESS] & need or (op.read and hdr[HDR_MAX_DEST_RD_ATOMIC] == 0):
                 return self._fail(wr, WcStatus.REM_INV_REQ_ERR, nak=True)
             if length:
                 # spec §6 steps 3-4, inlined: the look-up cached per rkey, the live
@@ -713,7 +720,7 @@ class ShmQp(QueuePair):
                         return self._fail(wr, WcStatus.RETRY_EXC_ERR, nak=False)
                 addr = wr.remote_addr
                 if (rm is None or addr < rm.iova or addr + length > rm.end
-                        or need & ~rm.allowed or rm.pd != hdr[4]):  # fmt: skip
+                        or need & ~rm.allowed or rm.pd != hdr[HDR_PD]):  # fmt: skip
                     return self._fail(wr, WcStatus.REM_ACCESS_ERR, nak=True)
                 off = addr - rm.iova
                 view = rm.view
