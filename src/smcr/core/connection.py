@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 from smcr.core.close import CloseInput, Send, SmcState, step
 from smcr.core.events import Action, PostSend, RdmaWrite, ReleaseConnection, ShutdownTcp
-from smcr.wire.cdc import CDC as CDC  # noqa: PLC0414 - re-export: core.llc imports it here
 from smcr.wire.cdc import (
+    CDC,
     CDC_MSG_LENGTH,
     CDC_MSG_TYPE,
     CdcMessage,

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Final
 
 from smcr.core import llc_msgs
 from smcr.core.close import SmcState
-from smcr.core.connection import CDC, Connection, PeerFaultError
+from smcr.core.connection import Connection, PeerFaultError
 from smcr.core.events import (
     Action,
     ConnectionReset,
@@ -38,7 +37,17 @@ from smcr.core.events import (
 from smcr.core.handshake import HsState, decline_clc
 from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, LocalFlow
 from smcr.core.state import EngineState
-from smcr.wire.cdc import CDC_MSG_TYPE, ConnectionStateFlags, ProducerFlags
+from smcr.wire.cdc import (
+    CDC,
+    CDC_CONN_STATE_FLAGS,
+    CDC_CONS_COUNT,
+    CDC_MSG_TYPE,
+    CDC_PROD_COUNT,
+    CDC_PROD_FLAGS,
+    CDC_TOKEN,
+    ConnectionStateFlags,
+    ProducerFlags,
+)
 from smcr.wire.decline import DeclineCode
 from smcr.wire.errors import WireError
 from smcr.wire.llc import (
@@ -56,15 +65,6 @@ from smcr.wire.llc import (
 )
 
 _CDC_SIZE, _CDC_UNPACK = CDC.size, CDC.unpack_from
-# Fields of a CDC unpacked with connection.CDC (the layout of smcr.wire.cdc, spec §4):
-# type, length, sequence number, token, producer cursor (wrap, count), consumer cursor
-# (wrap, count), producer flags, connection state flags.  Named here until
-# smcr.wire.cdc names its fields beside its Struct.
-_CDC_TOKEN: Final = 3
-_CDC_PROD_COUNT: Final = 5
-_CDC_CONS_COUNT: Final = 7
-_CDC_PFLAGS: Final = 8
-_CDC_CSFLAGS: Final = 9
 # producer flags that ask for something (all but write-blocked): such a CDC is never coalesced
 _CDC_EVENT_PFLAGS = 0xF8 & ~int(ProducerFlags.WRITE_BLOCKED)
 
@@ -159,12 +159,12 @@ class LinkLayer:
         for data in datas:
             if len(data) == _CDC_SIZE and data[0] == CDC_MSG_TYPE and data[1] == _CDC_SIZE:
                 f = _CDC_UNPACK(data)
-                token = f[_CDC_TOKEN]
+                token = f[CDC_TOKEN]
                 conn = conns.get(token)
-                if (conn is not None and not f[_CDC_PFLAGS] & _CDC_EVENT_PFLAGS
-                        and not f[_CDC_CSFLAGS] & 0xE0  # (no close: never coalesced)
-                        and f[_CDC_PROD_COUNT] < conn.rmb.size
-                        and f[_CDC_CONS_COUNT] < (conn.peer_rmb_size or 1)):  # fmt: skip
+                if (conn is not None and not f[CDC_PROD_FLAGS] & _CDC_EVENT_PFLAGS
+                        and not f[CDC_CONN_STATE_FLAGS] & 0xE0  # (no close: never coalesced)
+                        and f[CDC_PROD_COUNT] < conn.rmb.size
+                        and f[CDC_CONS_COUNT] < (conn.peer_rmb_size or 1)):  # fmt: skip
                     deferred[token] = data
                     continue
             for earlier in deferred.values():
