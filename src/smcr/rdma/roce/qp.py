@@ -39,9 +39,10 @@ import struct
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from smcr.rdma.base import CompletionQueue, QueuePair
+from smcr.rdma.base import CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair
+from smcr.rdma.eventloop import Engine
 from smcr.rdma.roce import fastpath
 from smcr.rdma.roce.cq import RoceCq
 from smcr.rdma.roce.fastpath import (
@@ -61,6 +62,7 @@ from smcr.rdma.verbs import (
     AccessFlag,
     AsyncEvent,
     AsyncEventType,
+    PathMtu,
     QpAttr,
     QpAttrMask,
     QpCap,
@@ -79,7 +81,64 @@ from smcr.wire.roce_packet import rdma_get_udp_sport
 
 if TYPE_CHECKING:
     from smcr.rdma.eventloop import Timer
-    from smcr.rdma.roce.device import RoceDevice, RocePd
+
+
+class RoceQpDevice(Protocol):
+    """What a QP asks of its device (:class:`~smcr.rdma.roce.device.RoceDevice`): the device
+    module makes QPs and receives for them, and an import back from here would close a
+    circle.  Nothing here is asked per packet."""
+
+    @property
+    def engine(self) -> Engine:
+        """The device's event loop (the QPs' timers)."""
+
+    @property
+    def max_mtu(self) -> PathMtu:
+        """The path MTU the device allows."""
+
+    @property
+    def gso(self) -> bool:
+        """Whether the device sends and receives runs with UDP GSO/GRO."""
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The device's counters (errors and drops)."""
+
+    @property
+    def family(self) -> int:
+        """The address family of the device's address."""
+
+    @property
+    def ip(self) -> bytes:
+        """The device's address, packed."""
+
+    def open_socket(self, port: int, *, ttl: int = 64, tos: int = 0,
+                    gro: bool = False) -> socket.socket:
+        """A UDP socket of a QP's flow, bound to the device's address and ``port``."""
+
+    def sockaddr(self, address: str, port: int) -> tuple[str, int] | tuple[str, int, int, int]:
+        """A socket address of ``address`` in the device's family."""
+
+    def packed_sockaddr(self, address: bytes, port: int) -> bytes:
+        """A packed ``sockaddr`` of ``address``, as ``sendmsg(2)`` takes it."""
+
+    def watch_qp_socket(self, qp: RoceQp, sock: socket.socket) -> None:
+        """Receive the QP's flow socket's packets from now on."""
+
+    def lookup_rkey(self, rkey: int) -> MemoryRegion | None:
+        """The MR an rkey of this device names."""
+
+    def receive_qp(self, qp: RoceQp) -> None:
+        """Read and handle what waits on the QP's flow socket."""
+
+    def unwatch(self, sock: socket.socket, qp: RoceQp | None = None) -> None:
+        """Stop watching a flow socket."""
+
+    def forget_qp(self, qpn: int) -> None:
+        """The QP is destroyed: the device lets go of it."""
+
+    def post_async_event(self, event: AsyncEvent) -> None:
+        """Report an asynchronous event (a fatal QP error)."""
 
 _SUPPORTED = frozenset({WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE,
                         WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ})  # fmt: skip
@@ -100,7 +159,7 @@ Buffer = bytes | bytearray | memoryview
 class RoceQp(QueuePair):
     """An RC QP of a :class:`~smcr.rdma.roce.device.RoceDevice` (``pd.create_qp``)."""
 
-    def __init__(self, device: RoceDevice, pd: RocePd, qp_num: int, *,
+    def __init__(self, device: RoceQpDevice, pd: ProtectionDomain, qp_num: int, *,
                  send_cq: CompletionQueue, recv_cq: CompletionQueue, cap: QpCap,
                  sq_sig_all: bool) -> None:  # fmt: skip
         super().__init__(pd, qp_num, send_cq=send_cq, recv_cq=recv_cq, cap=cap,
@@ -345,6 +404,11 @@ class RoceQp(QueuePair):
         self.icrc_rx = flow_icrc(peer_raw, dev.ip, sport)
         self._gso_bytes = 65535 - (28 if v4 else 8)
         dev.watch_qp_socket(self, rx)
+
+    def receive(self) -> None:
+        """Read and handle what waits on the flow socket (:meth:`RoceDevice.receive_qp`): a
+        CQ's poller calls it (:class:`~smcr.rdma.roce.cq.ReceivingQp`)."""
+        self.device.receive_qp(self)
 
     def _window(self, pmtu: int) -> int:
         """The PSN window: :data:`~smcr.rdma.roce.requester.WINDOW`, or fewer if a socket

@@ -19,14 +19,12 @@ import os
 import socket
 from dataclasses import dataclass, field
 from mmap import mmap
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.verbs import AccessFlag, VerbsError
-
-if TYPE_CHECKING:
-    from smcr.rdma.shm.device import ShmDevice
 
 _REMOTE_WRITE = int(AccessFlag.REMOTE_WRITE)
 
@@ -87,7 +85,8 @@ class PeerLink:
         self.sock.close()
 
     @classmethod
-    def connect(cls, device: ShmDevice, qp_num: int, gid: bytes, dst_qpn: int) -> PeerLink:
+    def connect(cls, directory: Path, own_gid: bytes, qp_num: int, gid: bytes,
+                dst_qpn: int) -> PeerLink:  # fmt: skip
         """Reach the peer QP through its device's rendezvous and map its area (at RTR).
 
         :raises VerbsError: EHOSTUNREACH (no such device) or ECONNREFUSED (no such QP),
@@ -96,10 +95,10 @@ class PeerLink:
         """
         if not rdv.is_shm_gid(gid):
             raise VerbsError(errno.EHOSTUNREACH, f"{gid.hex()} is not a shm GID")
-        path = rdv.socket_path(device.directory, gid)
+        path = rdv.socket_path(directory, gid)
         sock = rdv.connect(path)
         try:
-            rdv.send(sock, rdv.Message(rdv.HELLO, a=qp_num, b=dst_qpn, gid=device.gid))
+            rdv.send(sock, rdv.Message(rdv.HELLO, a=qp_num, b=dst_qpn, gid=own_gid))
             answer = rdv.receive(sock)
             msg, fds = answer if answer is not None else (None, [])
             if msg is None or msg.kind != rdv.HELLO_OK or len(fds) not in (3, 4):

@@ -44,9 +44,11 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
-from smcr.rdma.base import CompletionQueue, QueuePair, scatter
+from smcr.rdma.base import CompletionQueue, ProtectionDomain, QueuePair, scatter
+from smcr.rdma.eventloop import Engine
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import fence
@@ -65,6 +67,7 @@ from smcr.rdma.verbs import (
     AccessFlag,
     AsyncEvent,
     AsyncEventType,
+    PathMtu,
     QpAttr,
     QpAttrMask,
     QpCap,
@@ -83,7 +86,46 @@ from smcr.rdma.verbs import (
 
 if TYPE_CHECKING:
     from smcr.rdma.eventloop import Timer
-    from smcr.rdma.shm.device import ShmDevice, ShmPd
+
+
+class ShmQpDevice(Protocol):
+    """What a QP asks of its device (:class:`~smcr.rdma.shm.device.ShmDevice`), none of it on
+    the data path: the device module makes QPs, and an import back from here would close
+    a circle."""
+
+    @property
+    def name(self) -> str:
+        """The device's name."""
+
+    @property
+    def gid(self) -> bytes:
+        """The device's GID (its rendezvous name)."""
+
+    @property
+    def directory(self) -> Path:
+        """Where the host's shm devices meet (:mod:`smcr.rdma.shm.rendezvous`)."""
+
+    @property
+    def engine(self) -> Engine:
+        """The device's event loop (timers, watched connections)."""
+
+    @property
+    def max_mtu(self) -> PathMtu:
+        """The path MTU the device allows."""
+
+    @property
+    def slot_size(self) -> int:
+        """The receive slot size of the device's QPs."""
+
+    @property
+    def table_fd(self) -> int:
+        """The descriptor of the device's MR table, handed to peers."""
+
+    def forget_qp(self, qpn: int) -> None:
+        """The QP is destroyed: the device lets go of it."""
+
+    def post_async_event(self, event: AsyncEvent) -> None:
+        """Report an asynchronous event (a fatal QP error)."""
 
 DONE, RNR, NOT_READY, FAILED = 0, 1, 2, 3
 _LIVE = (int(QpState.RTR), int(QpState.RTS))
@@ -137,8 +179,8 @@ class ShmQp(QueuePair):
 
     def __init__(
         self,
-        device: ShmDevice,
-        pd: ShmPd,
+        device: ShmQpDevice,
+        pd: ProtectionDomain,
         qp_num: int,
         *,
         send_cq: CompletionQueue,
@@ -199,8 +241,9 @@ class ShmQp(QueuePair):
     def _apply_modify(self, new: QpState, attr: QpAttr, mask: QpAttrMask) -> None:
         """Commit a validated modify; RTR connects to the peer first (may raise)."""
         if new is QpState.RTR:
-            peer = PeerLink.connect(self.device, self.qp_num, attr.ah_attr.dgid,
-                                    attr.dest_qp_num)  # fmt: skip
+            device = self.device
+            peer = PeerLink.connect(device.directory, device.gid, self.qp_num,
+                                    attr.ah_attr.dgid, attr.dest_qp_num)  # fmt: skip
             self.device.engine.watch(peer.sock.fileno(), self._on_socket_event)
             if self._peer is not None:
                 self._drop_peer()
@@ -401,6 +444,8 @@ class ShmQp(QueuePair):
         wcs: list[WorkCompletion] = []
         fatal = False
         depth, base, stride = self._depth, self._slot_base, self._slot_stride
+        pd, view, slot_size = self.pd, self._view, self._slot_size
+        qp_num, src_qp = self.qp_num, self.attr.dest_qp_num
         with self._rq_lock:
             produced = _U64_UNPACK(area, lay.OFF_PRODUCED)[0]
             rq, consumed = self._rq, self._consumed
@@ -409,7 +454,8 @@ class ShmQp(QueuePair):
                 off = base + (consumed % depth) * stride
                 consumed += 1
                 byte_len, kind, imm, _ = _SLOT_HEADER(area, off)
-                wc, fatal = self._deliver(wr, off + _SLOT_HEADER_SIZE, byte_len, kind, imm)
+                wc, fatal = deliver(pd, view, slot_size, qp_num, src_qp, wr,
+                                    off + _SLOT_HEADER_SIZE, byte_len, kind, imm)  # fmt: skip
                 wcs.append(wc)
             self._consumed = consumed
         last = wcs.pop() if fatal else None
@@ -417,53 +463,6 @@ class ShmQp(QueuePair):
             self.recv_cq.push_many(wcs, notify)
         if last is not None:
             self._to_error(None, first_recv=last)
-
-    def _deliver(
-        self, wr: RecvWr, payload: int, byte_len: int, kind: int, imm: int
-    ) -> tuple[WorkCompletion, bool]:
-        """Complete one receive from its slot; returns the completion and whether it is fatal."""
-        if kind == lay.KIND_LEN_ERR:
-            return self._rwc(wr, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, 0), True
-        if kind == lay.KIND_WRITE_IMM:
-            op = WcOpcode.RECV_RDMA_WITH_IMM
-            return self._rwc(wr, WcStatus.SUCCESS, op, byte_len, imm), False
-        if kind not in (lay.KIND_SEND, lay.KIND_SEND_IMM):
-            # the shared area is written by the peer: never trust it further than checked
-            return self._rwc(wr, WcStatus.LOC_QP_OP_ERR, WcOpcode.RECV, 0, 0), True
-        sges = wr.sg_list
-        if kind == lay.KIND_SEND and len(sges) == 1 and byte_len <= self._slot_size:
-            # the data path (a CDC into one buffer): lookup_local inlined, no lists
-            sge = sges[0]
-            mr = self.pd.mrs.get(sge.lkey)
-            off = sge.addr - mr.addr if mr is not None else -1
-            if (mr is not None and mr.valid and mr.access_bits & _LOCAL_WRITE and off >= 0
-                    and byte_len <= sge.length and off + sge.length <= mr.length):  # fmt: skip
-                mr.buf[off : off + byte_len] = self._view[payload : payload + byte_len]
-                return WorkCompletion(wr_id=wr.wr_id, status=_SUCCESS, opcode=_RECV,
-                                      qp_num=self.qp_num, byte_len=byte_len,
-                                      src_qp=self.attr.dest_qp_num), False  # fmt: skip
-        views: list[memoryview] = []
-        room = 0
-        lookup = self.pd.lookup_local
-        for sge in wr.sg_list:
-            v = lookup(sge, _LOCAL_WRITE)
-            if v is None:
-                return self._rwc(wr, WcStatus.LOC_PROT_ERR, WcOpcode.RECV, 0, 0), True
-            views.append(v)
-            room += sge.length
-        if byte_len > self._slot_size or byte_len > room:
-            return self._rwc(wr, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, 0), True
-        scatter(views, 0, self._view[payload : payload + byte_len])
-        return self._rwc(wr, WcStatus.SUCCESS, WcOpcode.RECV, byte_len,
-                         imm if kind == lay.KIND_SEND_IMM else 0), False  # fmt: skip
-
-    def _rwc(self, wr: RecvWr, st: WcStatus, op: WcOpcode, n: int, imm: int) -> WorkCompletion:
-        with_imm = op is WcOpcode.RECV_RDMA_WITH_IMM or bool(imm)
-        return WorkCompletion(
-            wr_id=wr.wr_id, status=st, opcode=op, qp_num=self.qp_num, byte_len=n,
-            imm_data=imm, wc_flags=_WITH_IMM if with_imm else _NO_FLAGS,
-            src_qp=self.attr.dest_qp_num,
-        )  # fmt: skip
 
     # ------------------------------------------------------------------ send
 
@@ -766,3 +765,54 @@ class ShmQp(QueuePair):
             _U32_PACK(notify, 0, 0)
         with contextlib.suppress(OSError):  # full means already rung; closed means dead
             peer.bell.send(b"\x01", socket.MSG_NOSIGNAL)
+
+
+def deliver(pd: ProtectionDomain, area: memoryview, slot_size: int, qp_num: int, src_qp: int,
+            wr: RecvWr, payload: int, byte_len: int, kind: int,
+            imm: int) -> tuple[WorkCompletion, bool]:  # fmt: skip
+    """Complete one receive of a QP from its slot (at ``payload`` in the QP's receive
+    ``area``); returns the completion and whether it is fatal.  A function, not a method:
+    the receive side needs nothing of the QP but these."""
+    if kind == lay.KIND_LEN_ERR:
+        return recv_wc(wr, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
+    if kind == lay.KIND_WRITE_IMM:
+        op = WcOpcode.RECV_RDMA_WITH_IMM
+        return recv_wc(wr, WcStatus.SUCCESS, op, byte_len, imm, qp_num, src_qp), False
+    if kind not in (lay.KIND_SEND, lay.KIND_SEND_IMM):
+        # the shared area is written by the peer: never trust it further than checked
+        return recv_wc(wr, WcStatus.LOC_QP_OP_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
+    sges = wr.sg_list
+    if kind == lay.KIND_SEND and len(sges) == 1 and byte_len <= slot_size:
+        # the data path (a CDC into one buffer): lookup_local inlined, no lists
+        sge = sges[0]
+        mr = pd.mrs.get(sge.lkey)
+        off = sge.addr - mr.addr if mr is not None else -1
+        if (mr is not None and mr.valid and mr.access_bits & _LOCAL_WRITE and off >= 0
+                and byte_len <= sge.length and off + sge.length <= mr.length):  # fmt: skip
+            mr.buf[off : off + byte_len] = area[payload : payload + byte_len]
+            return WorkCompletion(wr_id=wr.wr_id, status=_SUCCESS, opcode=_RECV, qp_num=qp_num,
+                                  byte_len=byte_len, src_qp=src_qp), False  # fmt: skip
+    views: list[memoryview] = []
+    room = 0
+    lookup = pd.lookup_local
+    for sge in wr.sg_list:
+        v = lookup(sge, _LOCAL_WRITE)
+        if v is None:
+            return recv_wc(wr, WcStatus.LOC_PROT_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
+        views.append(v)
+        room += sge.length
+    if byte_len > slot_size or byte_len > room:
+        return recv_wc(wr, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
+    scatter(views, 0, area[payload : payload + byte_len])
+    return recv_wc(wr, WcStatus.SUCCESS, WcOpcode.RECV, byte_len,
+                   imm if kind == lay.KIND_SEND_IMM else 0, qp_num, src_qp), False  # fmt: skip
+
+
+def recv_wc(wr: RecvWr, st: WcStatus, op: WcOpcode, n: int, imm: int, qp_num: int,
+            src_qp: int) -> WorkCompletion:  # fmt: skip
+    """A receive's completion."""
+    with_imm = op is WcOpcode.RECV_RDMA_WITH_IMM or bool(imm)
+    return WorkCompletion(
+        wr_id=wr.wr_id, status=st, opcode=op, qp_num=qp_num, byte_len=n,
+        imm_data=imm, wc_flags=_WITH_IMM if with_imm else _NO_FLAGS, src_qp=src_qp,
+    )  # fmt: skip
