@@ -29,7 +29,9 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
+
+from smcr.rdma.verbs import AsyncEvent, PathMtu
 
 log = logging.getLogger(__name__)
 
@@ -155,3 +157,23 @@ class Engine:
             fn(arg)
         except Exception:  # the engine must outlive any one faulty peer or handler
             log.exception("RNIC event loop handler failed")
+
+
+class QpDevice(Protocol):
+    """What a software RNIC's QP asks of its device, whichever RNIC (the shm and RoCE QPs
+    extend it): the device modules make QPs, and an import back from a QP's module would
+    close a circle.  Nothing here is asked per packet."""
+
+    @property
+    def engine(self) -> Engine:
+        """The device's event loop (the QPs' timers and watched sockets)."""
+
+    @property
+    def max_mtu(self) -> PathMtu:
+        """The path MTU the device allows."""
+
+    def forget_qp(self, qpn: int) -> None:
+        """The QP is destroyed: the device lets go of it."""
+
+    def post_async_event(self, event: AsyncEvent) -> None:
+        """Report an asynchronous event (a fatal QP error)."""

@@ -42,7 +42,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from smcr.rdma.base import CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair
-from smcr.rdma.eventloop import Engine
+from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.roce import fastpath
 from smcr.rdma.roce.cq import RoceCq
 from smcr.rdma.roce.fastpath import (
@@ -62,7 +62,6 @@ from smcr.rdma.verbs import (
     AccessFlag,
     AsyncEvent,
     AsyncEventType,
-    PathMtu,
     QpAttr,
     QpAttrMask,
     QpCap,
@@ -83,18 +82,10 @@ if TYPE_CHECKING:
     from smcr.rdma.eventloop import Timer
 
 
-class RoceQpDevice(Protocol):
+class RoceQpDevice(QpDevice, Protocol):
     """What a QP asks of its device (:class:`~smcr.rdma.roce.device.RoceDevice`): the device
     module makes QPs and receives for them, and an import back from here would close a
     circle.  Nothing here is asked per packet."""
-
-    @property
-    def engine(self) -> Engine:
-        """The device's event loop (the QPs' timers)."""
-
-    @property
-    def max_mtu(self) -> PathMtu:
-        """The path MTU the device allows."""
 
     @property
     def gso(self) -> bool:
@@ -134,11 +125,7 @@ class RoceQpDevice(Protocol):
     def unwatch(self, sock: socket.socket, qp: RoceQp | None = None) -> None:
         """Stop watching a flow socket."""
 
-    def forget_qp(self, qpn: int) -> None:
-        """The QP is destroyed: the device lets go of it."""
 
-    def post_async_event(self, event: AsyncEvent) -> None:
-        """Report an asynchronous event (a fatal QP error)."""
 
 _SUPPORTED = frozenset({WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE,
                         WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ})  # fmt: skip

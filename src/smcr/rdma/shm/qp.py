@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from smcr.rdma.base import CompletionQueue, ProtectionDomain, QueuePair, scatter
-from smcr.rdma.eventloop import Engine
+from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import fence
@@ -67,7 +67,6 @@ from smcr.rdma.verbs import (
     AccessFlag,
     AsyncEvent,
     AsyncEventType,
-    PathMtu,
     QpAttr,
     QpAttrMask,
     QpCap,
@@ -88,7 +87,7 @@ if TYPE_CHECKING:
     from smcr.rdma.eventloop import Timer
 
 
-class ShmQpDevice(Protocol):
+class ShmQpDevice(QpDevice, Protocol):
     """What a QP asks of its device (:class:`~smcr.rdma.shm.device.ShmDevice`), none of it on
     the data path: the device module makes QPs, and an import back from here would close
     a circle."""
@@ -106,14 +105,6 @@ class ShmQpDevice(Protocol):
         """Where the host's shm devices meet (:mod:`smcr.rdma.shm.rendezvous`)."""
 
     @property
-    def engine(self) -> Engine:
-        """The device's event loop (timers, watched connections)."""
-
-    @property
-    def max_mtu(self) -> PathMtu:
-        """The path MTU the device allows."""
-
-    @property
     def slot_size(self) -> int:
         """The receive slot size of the device's QPs."""
 
@@ -121,11 +112,6 @@ class ShmQpDevice(Protocol):
     def table_fd(self) -> int:
         """The descriptor of the device's MR table, handed to peers."""
 
-    def forget_qp(self, qpn: int) -> None:
-        """The QP is destroyed: the device lets go of it."""
-
-    def post_async_event(self, event: AsyncEvent) -> None:
-        """Report an asynchronous event (a fatal QP error)."""
 
 DONE, RNR, NOT_READY, FAILED = 0, 1, 2, 3
 _LIVE = (int(QpState.RTR), int(QpState.RTS))
