@@ -9,12 +9,14 @@ stale).  mypyc comes with mypy, a pinned test dependency.
 
 What is compiled (:data:`MODULES`): the modules every message goes through: the
 sans-IO engine and its connection/link-group state, the CDC and cursor codecs,
-the runtime that drives the engine, the socket's common data calls
-(:mod:`smcr.stack.conn`), and both software RNICs.  Measured (README,
-issue 15) against compiling less; modules that run once per connection or
-never on the data path (CLC, CLI, diagnostics, socket.py) stay interpreted.
-socket.py could not be compiled anyway: ``weakref.finalize`` needs a
-``__weakref__`` slot that mypyc's native classes lack.
+the runtime's parts that drive the engine, a connection's data path with the
+socket's data calls (:mod:`smcr.stack.conn`), and both software RNICs.  Measured
+(README, issue 15) against compiling less; modules that run once per connection or
+never on the data path (CLC, CLI, diagnostics, the socket package) stay interpreted.
+The socket package could not be compiled anyway: ``weakref.finalize`` needs a
+``__weakref__`` slot that mypyc's native classes lack.  What a compiled module must
+not do (shadow methods per instance, re-read a narrowed attribute after a call, ...)
+is in docs/architecture.md, "The compiled build".
 """
 
 from __future__ import annotations
