@@ -147,6 +147,11 @@ class Engine:
         self.state.identity = identity
 
     @property
+    def provider(self) -> Provider:
+        """The host's synchronous interface (QPs, RMB registrations)."""
+        return self.state.provider
+
+    @property
     def ueids(self) -> tuple[bytes, ...]:
         """The host's user EIDs (:attr:`EngineState.ueids`), kept current by the host."""
         return self.state.ueids
