@@ -515,7 +515,7 @@ class Connection:
             if pflags & _UPDATE_REQUESTED:
                 self.peer_wants_update = True
                 if self.peer_rmb_size:  # (else its CDC overtook its CLC Confirm: we answer
-                    self.send_cdc(out)  # once that is here, Engine._complete)
+                    self.send_cdc(out)  # once that is here, ClcHandshakes._complete)
         self.peer_write_blocked = self.peer_blocked_last = bool(pflags & _WRITE_BLOCKED)
         if self.tx_app > self.tx_sent and self.peer_space() > 0:
             self.flush(out, request=self.autocork > 0)  # (corked bytes: more may follow)
