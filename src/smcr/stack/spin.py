@@ -9,8 +9,8 @@ to a busy process for a whole time slice (milliseconds).  So (the wait-wake expe
 the team's reference notes measured each scheme idle, under load and pinned):
 
 * spin only while no more threads are runnable on the host than this process may use
-  CPUs (``/proc/loadavg``'s running count, looked at every :data:`LOOK_EVERY` seconds), and
-  never with one CPU;
+  CPUs (``/proc/loadavg``'s running count, looked at every :data:`LOOK_EVERY` seconds, in
+  two of the last three looks), and never with one CPU;
 * spin without yielding, for up to the caller's most; after :data:`MISSES` spins in a row
   that found nothing, pause spinning for a number of waits that doubles with each pause
   (up to :data:`MOST_PAUSE`), so that a connection whose answers come slowly (think time,
@@ -28,6 +28,12 @@ from collections.abc import Callable
 
 LOOK_EVERY = 0.02
 """Seconds between looks at the host's runnable threads."""
+LOOKS_MASK = 0b111
+CROWDED_LOOKS = 2
+"""Crowded when at least this many of the last three looks found more runnable threads than
+CPUs: one look catches the transient (a kernel worker, another thread's brief work) as
+often as the lasting (a busy process beside us), and a spin given up for a transient
+costs a wake-up per wait for the next :data:`LOOK_EVERY`."""
 MISSES = 4
 """Spins in a row that found nothing before spinning pauses."""
 MOST_PAUSE = 64
@@ -60,6 +66,8 @@ class SpinPolicy:
         self.cpus = cpus or len(os.sched_getaffinity(0))
         self.runnable = runnable
         self.crowded = self.cpus < 2
+        self.looks = 0
+        """The last looks, a bit each (1: more runnable threads than CPUs), newest lowest."""
         self.next_look = 0.0
         self.misses = 0
         """Spins in a row that found nothing."""
@@ -78,7 +86,8 @@ class SpinPolicy:
         now = time.monotonic()
         if now >= self.next_look:
             self.next_look = now + LOOK_EVERY
-            self.crowded = self.runnable() > self.cpus
+            self.looks = ((self.looks << 1) | (self.runnable() > self.cpus)) & LOOKS_MASK
+            self.crowded = self.looks.bit_count() >= CROWDED_LOOKS
         return 0.0 if self.crowded else min(most, self.most)
 
     def spun(self, found: bool) -> None:
