@@ -41,8 +41,8 @@ sys.path.insert(0, str(REPO))
 from tests.roce.netns import Hosts  # noqa: E402
 
 from smcr.rdma import AccessFlag, PathMtu, RecvWr, SendFlag, SendWr, Sge, WrOpcode  # noqa: E402
+from smcr.rdma import eventloop as engine_module  # noqa: E402
 from smcr.rdma.roce import RoceDevice  # noqa: E402
-from smcr.rdma.shm import engine as engine_module  # noqa: E402
 
 RW = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE | AccessFlag.REMOTE_READ
 TCP_PORT = 5201

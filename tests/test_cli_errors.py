@@ -29,7 +29,8 @@ CASES: dict[str, list[tuple[list[str], dict[str, str], int, str]]] = {
     "bench": [(["--sizes", "abc"], {}, 2, "'abc'"), (["--sizes", "0"], {}, 2, "'0'"),
               (["--reps", "0"], {}, 2, "'0'"), (["--volume", "-1"], {}, 2, "'-1'"),
               (["--rounds", "x"], {}, 2, "'x'"), (["--mtu", "100"], {}, 2, "'100'"),
-              (["--rnic", "rxe"], {}, 2, "'rxe'"),
+              (["--rnic", "rxe"], {}, 2, "'rxe'"), (["--load", "-1"], {}, 2, "'-1'"),
+              (["--cpus", "4096"], {}, 2, "'4096'"), (["--cpus", "a-b"], {}, 2, "'a-b'"),
               (["--plot", "/nonexistent/dir/bench.svg"], {}, 2, "no such directory")],
     "device": [(["list"], {}, 2, "'list'")],
     "enable": [(["--cgroup", "/nonexistent"], {}, 2, "'/nonexistent'")],
@@ -141,3 +142,15 @@ def test_no_traceback_from_the_command(args: list[str], env: dict[str, str]) -> 
     assert res.returncode == 2
     _one_line(res.stderr)
     assert res.stdout == ""
+
+
+def test_every_variable_the_sources_name_is_registered() -> None:
+    """A variable read anywhere in smcr is in :data:`smcr.settings.VARIABLES` (its check and
+    its line in the documentation come from there)."""
+    import re  # noqa: PLC0415
+
+    named = set()
+    for path in (ROOT / "src" / "smcr").rglob("*.py"):
+        named |= set(re.findall(r'"(SMCR_[A-Z_]+|SMC_RCVBUF|SMC_SNDBUF)"', path.read_text()))
+    named -= {"SMCR_RMBE_SIZES"}  # (a constant of smcr.wire.clc named after Linux's)
+    assert named == {var.name for var in settings.VARIABLES}

@@ -338,6 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run between two new network namespaces over a veth pair (root)")
     bench.add_argument("--mtu", type=argtypes.count(1280, 65535, "bytes"), default=9000,
                        help="with --netns: the veth MTU")
+    bench.add_argument("--load", type=argtypes.count(0, 1024, "processes"), default=0,
+                       metavar="N", help="N CPU-bound processes (nice 0) beside the run, both "
+                       "transports measured under the same load (a busy host)")
+    bench.add_argument("--cpus", metavar="LIST", type=argtypes.cpus,
+                       help="pin both ends to these CPUs (as taskset -c: 0, 0,1, 0-3)")
     bench.add_argument("--plot", metavar="FILE", help="also draw SMC-R against TCP by message "
                        "size into FILE (SVG)")
     bench.set_defaults(func=_cmd_bench)

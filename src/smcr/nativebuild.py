@@ -17,12 +17,14 @@ Two builds of one list (:data:`MODULES`, :data:`C_EXTENSIONS`), by one function
 
 What is compiled (:data:`MODULES`): the modules every message goes through: the
 sans-IO engine and its connection/link-group state, the CDC and cursor codecs,
-the runtime that drives the engine, the socket's common data calls
-(:mod:`smcr.stack.sockfast`), and both software RNICs.  Measured (README,
-issue 15) against compiling less; modules that run once per connection or
-never on the data path (CLC, CLI, diagnostics, socket.py) stay interpreted.
-socket.py could not be compiled anyway: ``weakref.finalize`` needs a
-``__weakref__`` slot that mypyc's native classes lack.
+the runtime's parts that drive the engine, a connection's data path with the
+socket's data calls (:mod:`smcr.stack.conn`), and both software RNICs.  Measured
+(README, issue 15) against compiling less; modules that run once per connection or
+never on the data path (CLC, CLI, diagnostics, the socket package) stay interpreted.
+The socket package could not be compiled anyway: ``weakref.finalize`` needs a
+``__weakref__`` slot that mypyc's native classes lack.  What a compiled module must
+not do (shadow methods per instance, re-read a narrowed attribute after a call, ...)
+is in docs/architecture.md, "The compiled build".
 
 This module imports nothing of smcr at its top: ``setup.py`` loads it by path,
 before smcr (or its dependencies) can be imported.  mypyc comes with mypy, a
@@ -57,20 +59,35 @@ MODULES: tuple[str, ...] = (
     "core/handshake.py",
     "core/connection.py",
     "core/linkgroup.py",
+    "core/state.py",
     "core/llc.py",
     "core/addlink.py",
     "core/failover.py",
     "core/ports.py",
+    "core/rkeys.py",
+    "core/clc.py",
     "core/engine.py",
     "wire/cursor.py",
     "wire/cdc.py",
+    "stack/counters.py",
+    "stack/readiness.py",
+    "stack/hostconn.py",
+    "stack/bufpool.py",
+    "stack/wrslots.py",
+    "stack/qps.py",
+    "stack/wakeup.py",
+    "stack/spin.py",
+    "stack/clcwatch.py",
+    "stack/executor.py",
+    "stack/closing.py",
+    "stack/progress.py",
     "stack/runtime.py",
-    "stack/sockfast.py",
+    "stack/conn.py",
     "rdma/base.py",
+    "rdma/eventloop.py",
     "rdma/qpstate.py",
     "rdma/shm/cq.py",
     "rdma/shm/device.py",
-    "rdma/shm/engine.py",
     "rdma/shm/layout.py",
     "rdma/shm/peer.py",
     "rdma/shm/qp.py",

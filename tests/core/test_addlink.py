@@ -98,7 +98,7 @@ def test_connection_moved_to_the_added_link_carries_bytes_over_its_rkey() -> Non
     assert transfer_over(p, c, s, b"over link 1") == b"over link 1"
     for side, conn in ((p.client, c), (p.server, s)):
         eng = side.engine
-        eng._use_link(eng.conns[conn], lgr_of(side).links[1])
+        eng.llc.use_link(eng.conns[conn], lgr_of(side).links[1])
     conn_c = p.client.engine.conns[c]
     assert conn_c.qpn == lgr_of(p.client).links[1].qpn
     assert conn_c.peer_rkey == p.server.registered[0][2]
@@ -116,7 +116,7 @@ def test_rkey_exchange_ping_pong_with_several_rmbs() -> None:
         side.engine.config = dataclasses.replace(side.engine.config, add_links=True)
     before_s, before_c = len(p.server.llc_sent), len(p.client.llc_sent)
     out: list[Action] = []
-    p.server.engine._srv_add_link(lgr_of(p.server), p.now, out)
+    p.server.engine.addlink.srv_add_link(lgr_of(p.server), p.now, out)
     p.do(p.server, out)
     conts_s = [AddLinkCont.decode(m) for m in p.server.llc_sent[before_s:]
                if m[0] == LlcType.ADD_LINK_CONT]  # fmt: skip

@@ -66,7 +66,7 @@ def test_v2_symmetric_add_link_rkeys_in_the_message() -> None:
     assert isinstance(conf, ConfirmLinkV2)
     assert (conf.link_num, conf.sender_gid, conf.max_links) == (2, s_port1.gid, 2)
     for side, conn in ((p.client, c), (p.server, s)):
-        side.engine._use_link(side.engine.conns[conn], lgr_of(side).links[1])
+        side.engine.llc.use_link(side.engine.conns[conn], lgr_of(side).links[1])
     assert transfer(p, c, s, b"v2 over link 2" * 300) == b"v2 over link 2" * 300
 
 

@@ -18,7 +18,7 @@ from smcr.core import (
     LlcDropped,
     SmcState,
 )
-from smcr.core.engine import IDLE_RMBS_MAX
+from smcr.core.rkeys import IDLE_RMBS_MAX
 from smcr.wire.clc import ClcDecline, ClcProposal, decode_clc
 from smcr.wire.clc_header import SmcType
 from smcr.wire.clc_proposal import IpPrefixArea

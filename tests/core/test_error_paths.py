@@ -154,7 +154,7 @@ def test_terminate_drains_the_llc_flow_queue_with_a_negative_outcome() -> None:
 
     out: list[Action] = []
     for n in range(3):
-        p.client.engine._start_flow(lgr, TestLink(), recorder(n), p.now, out)
+        p.client.engine.llc.start_flow(lgr, TestLink(), recorder(n), p.now, out)
     p.do(p.client, out)
     assert (lgr.flow is not None, len(lgr.flow_queue)) == (True, 2)  # one runs, two wait
     sent_before = len(p.client.llc_sent)

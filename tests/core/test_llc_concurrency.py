@@ -95,7 +95,7 @@ def test_add_link_waits_for_the_clients_confirm_rkey_flow() -> None:
             assert new in conn.peer_rtoken and new in conn.rmb_keys
     for side, ids in ((p.client, (c1, c2)), (p.server, (s1, s2))):
         for conn_id in ids:
-            side.engine._use_link(side.engine.conns[conn_id], lgr_of(side).links[1])
+            side.engine.llc.use_link(side.engine.conns[conn_id], lgr_of(side).links[1])
     assert transfer(p, c1, s1, b"x" * 3000) == b"x" * 3000
     assert transfer(p, c2, s2, b"y" * 3000) == b"y" * 3000
 

@@ -143,7 +143,7 @@ def test_asymmetric_link_replaced_when_the_port_comes_up() -> None:
     asym = lgr_of(p.server).links[1]
     assert asym.is_asym
     # a connection on the asymmetric link, to see it moved
-    p.server.engine._use_link(p.server.engine.conns[s], asym)
+    p.server.engine.llc.use_link(p.server.engine.conns[s], asym)
     p.do(p.server, p.server.engine.port_up(1, p.now))
     for side in (p.client, p.server):
         assert links(side) == [(1, 0), (3, 1)]
@@ -169,7 +169,7 @@ def test_asymmetric_link_failing_while_it_is_deleted_ends_nothing() -> None:
     p.pump()
     asym = lgr_of(p.server).links[1]
     assert asym.is_asym
-    p.server.engine._use_link(p.server.engine.conns[s], asym)
+    p.server.engine.llc.use_link(p.server.engine.conns[s], asym)
     p.run(p.server, p.server.engine.port_up(1, p.now))
     p.step_until(lambda: asym.state is LinkState.LINK_INACTIVE, "the asymmetric link deleted")
     p.run(p.server, p.server.engine.link_failed(asym.qpn, "receive WR_FLUSH_ERR", p.now))
@@ -268,7 +268,7 @@ def test_link_added_again_over_a_port_reuses_the_rmb_registration() -> None:
     assert [r[:2] for r in p.server.registered] == [(s, 1)]
     assert [r[:2] for r in p.client.registered] == [(c, 1)]
     for side, conn in ((p.client, c), (p.server, s)):
-        side.engine._use_link(side.engine.conns[conn], lgr_of(side).links[1])
+        side.engine.llc.use_link(side.engine.conns[conn], lgr_of(side).links[1])
     assert transfer(p, c, s, b"over port 1 again") == b"over port 1 again"
 
 

@@ -10,6 +10,7 @@ import errno
 import os
 import random
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -484,3 +485,22 @@ def test_fail_next_fails_the_named_verb_that_many_times_then_the_qp_works(
     assert a.qp.query().qp_state is QpState.ERR
     with pytest.raises(ValueError):
         a.qp.fail_next("post_recv", VerbsError(errno.EIO, "injected"), times=0)
+
+
+def test_area_header_names_agree_with_the_offsets() -> None:
+    """The data path reads the receive area header by index (``HDR_*``), the writers by
+    byte offset (``OFF_*``): both name the same field of :data:`layout.AREA_HEADER`."""
+    fmt = lay.AREA_HEADER.format
+    for index, offset in ((lay.HDR_STATE, lay.OFF_STATE), (lay.HDR_MIN_RNR, lay.OFF_MIN_RNR),
+                          (lay.HDR_EPSN, lay.OFF_EPSN), (lay.HDR_POSTED, lay.OFF_POSTED),
+                          (lay.HDR_PRODUCED, lay.OFF_PRODUCED)):  # fmt: skip
+        assert struct.calcsize(fmt[: 1 + index]) == offset
+    values = tuple(range(1, 11))
+    header = lay.AREA_HEADER.unpack(lay.AREA_HEADER.pack(*values))
+    assert header[lay.HDR_DEPTH] == 6 and header[lay.HDR_SLOT_SIZE] == 7
+    assert lay.AREA_FIELDS.unpack(lay.AREA_HEADER.pack(*values)[: lay.AREA_FIELDS.size]) == (
+        values[: lay.HDR_EPSN]
+    )
+    assert (header[lay.HDR_ACCESS], header[lay.HDR_MAX_DEST_RD_ATOMIC], header[lay.HDR_PD]) == (
+        2, 4, 5
+    )

@@ -36,6 +36,7 @@ from smcr.rdma import (
     rc_bring_up,
     transition_masks,
 )
+from smcr.rdma.base import scatter
 from smcr.rdma.verbs import RNR_TIMER_SECONDS
 
 M = QpAttrMask
@@ -168,3 +169,18 @@ def test_cq_fileno_wakes_a_sleeper() -> None:
         assert [w.wr_id for w in cq.poll()] == [10]
     finally:
         cq.close()
+
+
+def test_scatter_places_a_message_across_the_sges_at_any_offset() -> None:
+    """One scatter copy for every RNIC: a receive's or a READ's SGEs, a packet at a time."""
+    message = bytes(range(1, 21))
+    for sizes in ((20,), (3, 0, 7, 10), (1,) * 20):
+        for cut in (0, 1, 5, 13, 20):
+            bufs = [bytearray(n) for n in sizes]
+            views = [memoryview(b) for b in bufs]
+            scatter(views, 0, memoryview(message)[:cut])  # the first packet...
+            scatter(views, cut, memoryview(message)[cut:])  # ...and the rest at its offset
+            assert b"".join(bufs) == message, (sizes, cut)
+    bufs = [bytearray(4), bytearray(4)]
+    scatter([memoryview(b) for b in bufs], 2, memoryview(b"abc"))  # room left unwritten
+    assert bufs == [bytearray(b"\0\0ab"), bytearray(b"c\0\0\0")]

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from smcr.rdma import PathMtu
-from smcr.rdma.roce import list_devices
+from smcr.rdma.roce import fastpath, list_devices
 from smcr.rdma.roce.fastpath import (
     PADS,
     Buffer,
@@ -26,7 +26,9 @@ from smcr.rdma.roce.fastpath import (
     recover_id,
 )
 from smcr.rdma.roce.netif import active_mtu
-from smcr.wire.roce import OPCODE_INFO, Aeth, Bth, ImmDt, Opcode, Reth
+from smcr.wire import icrc as wire_icrc
+from smcr.wire import inet
+from smcr.wire.roce import DEFAULT_P_KEY, OPCODE_INFO, Aeth, Bth, ImmDt, Opcode, Reth
 from smcr.wire.roce_packet import (
     RocePacket,
     build_ipv4_udp_roce_frame,
@@ -119,6 +121,20 @@ def test_frames_are_the_packets_with_their_icrcs(pkts: list[RocePacket], sport: 
                  + PADS[bth.pad_cnt] + struct.pack("<I", crc))  # fmt: skip
     # the run starts inside the queue (entry 0 is not part of it)
     assert b"".join(icrc.frames(queue, 1, len(queue), 0x123456)) == want
+
+
+def test_the_loops_constants_are_the_wire_ones() -> None:
+    """The per-packet loops use literals (inlined by the compiled build) and the wire's
+    ICRC definition as their own Final names: all the same values as smcr.wire's."""
+    assert fastpath.P_KEY == DEFAULT_P_KEY
+    assert fastpath.IP_DF == inet.IP_DF
+    assert fastpath.U24 == (1 << 24) - 1
+    ack_req_byte = Bth(Opcode.SEND_ONLY, 0, 0, ack_req=True).encode()[8]
+    assert ack_req_byte << 24 == fastpath.ACK_REQ
+    assert fastpath.ICRC is wire_icrc.ICRC
+    assert fastpath._SEED == wire_icrc.ICRC_SEED
+    assert fastpath._V4_MASKED is wire_icrc.IPV4_MASKED
+    assert fastpath._V6_MASKED is wire_icrc.IPV6_MASKED
 
 
 def test_ext_header_packers() -> None:

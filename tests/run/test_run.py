@@ -157,7 +157,7 @@ def test_the_runtime_starts_with_the_interpreter(servers: list[Server]) -> None:
 def test_forking_server_children_serve_requests_accepted_by_the_parent(
         servers: list[Server]) -> None:  # fmt: skip
     """socketserver.ForkingTCPServer: the parent accepts, a child serves each request over
-    the parent's SMC-R connection (smcr.forkrelay); 4 MiB intact, both ends SMC-R."""
+    the parent's SMC-R connection (smcr.socket.fork); 4 MiB intact, both ends SMC-R."""
     sizes = "100,4194304,1"
     srv = Server("forking_server", "3")
     servers.append(srv)

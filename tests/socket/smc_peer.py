@@ -42,7 +42,7 @@ def in_netns(ctl: Connection, name: str, target: Callable[..., None], *args: obj
 def echo_server(ctl: Connection, decline: bool = False, conns: int = 1) -> None:
     """Accept ``conns`` clients one after another; echo until EOF; report each mode."""
     if decline:
-        get_stack(ipaddress.ip_address(host())).max_buffers = 0  # handshakes decline: MEM
+        get_stack(ipaddress.ip_address(host())).pool.max_buffers = 0  # handshakes decline: MEM
     srv = smcr.create_server((host(), 0))
     ctl.send(srv.getsockname()[1])
     for _ in range(conns):
@@ -263,7 +263,7 @@ def count_server(ctl: Connection, decline: bool = False, wait: bool = False) -> 
     error; report how it ended (``"eof"`` or the errno's name), the byte count and SHA-256
     of the bytes; close."""
     if decline:
-        get_stack(ipaddress.ip_address(host())).max_buffers = 0  # handshakes decline: MEM
+        get_stack(ipaddress.ip_address(host())).pool.max_buffers = 0  # handshakes decline: MEM
     srv = smcr.create_server((host(), 0))
     ctl.send(srv.getsockname()[1])
     c, _ = srv.accept()

@@ -13,11 +13,12 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 import smcr
-from smcr import forkrelay
+from smcr.socket import fork as forkrelay
 from tests.socket import discovery_peers, smc_peer
 from tests.socket.conftest import Peer
 
@@ -71,7 +72,7 @@ def _child(work: Callable[[], bool]) -> int:
 
 def test_forked_child_uses_the_connection_the_parent_handed_over() -> None:
     """The forking server's way: the parent closes its copy right after the fork and the
-    child goes on with the connection (relayed by the parent, smcr.forkrelay): 1 MiB
+    child goes on with the connection (relayed by the parent, smcr.socket.fork): 1 MiB
     each way intact, the peer on SMC-R throughout, the child's socket saying SMCR."""
     p = Peer(smc_peer.echo_server)
     try:
@@ -116,16 +117,16 @@ def test_a_connection_that_cannot_be_relayed_does_not_stop_the_others(
         broken = smcr.create_connection(("127.0.0.1", p.recv()), timeout=20)
         s = smcr.create_connection(("127.0.0.1", q.recv()), timeout=20)
         assert p.recv() == q.recv() == ("SMCR", 0, 0)
-        real = smcr.SMCSocket._become_relayed
+        real = forkrelay.become_relayed
 
-        def failing(sock: smcr.SMCSocket, end: socket.socket) -> None:
+        def failing(sock: Any, end: socket.socket) -> None:
             if sock is broken:
                 raise OSError(errno.ENOTCONN, "Transport endpoint is not connected")
             real(sock, end)
 
-        monkeypatch.setattr(smcr.SMCSocket, "_become_relayed", failing)
+        monkeypatch.setattr(forkrelay, "become_relayed", failing)
         # the failing one first (the process's set has no order)
-        monkeypatch.setattr(smcr.socket, "_smc_sockets", _Ordered([broken, s]))
+        monkeypatch.setattr(forkrelay, "smc_sockets", _Ordered([broken, s]))
 
         def work() -> bool:
             relayed = s._relayed is not None  # not the parent's runtime, copied by fork
@@ -280,17 +281,17 @@ def test_a_connect_settled_while_connect_is_called_again_answers_as_tcp(
     as TCP's does, and the connect after ``listen`` succeeds.  (It used to say EALREADY;
     asyncio then took the refusal from SO_ERROR, and its next connect met the kernel's
     ECONNABORTED: CPython's test_sock_client_connect_racing skipped under smcr run.)"""
-    from smcr import socket as smc_socket  # noqa: PLC0415
+    from smcr.socket import connecting as smc_connecting  # noqa: PLC0415
 
-    connecting = smc_socket._Connecting
+    connecting = smc_connecting.Connecting
     connected, connect_again = connecting._connected, connecting.connect_again
     called_again = threading.Event()
 
-    def watcher_waits(self: smc_socket._Connecting) -> None:
+    def watcher_waits(self: smc_connecting.Connecting) -> None:
         called_again.wait(20)  # the program's connect has seen CONNECTING by then
         connected(self)
 
-    def after_the_watcher(self: smc_socket._Connecting, address: object) -> None:
+    def after_the_watcher(self: smc_connecting.Connecting, address: object) -> None:
         called_again.set()
         deadline = time.monotonic() + 20
         while not self.tcp_done and time.monotonic() < deadline:

@@ -36,8 +36,9 @@ from smcr.rdma import (
     WrOpcode,
 )
 from smcr.rdma.base import QueuePair
-from smcr.stack import runtime
-from smcr.stack.runtime import Stack, StackTap, close_stacks, get_stack
+from smcr.stack import wrslots
+from smcr.stack.hostconn import StackTap
+from smcr.stack.runtime import Stack, close_stacks, get_stack
 from smcr.wire.clc import ClcProposal
 from smcr.wire.decline import DeclineCode
 
@@ -268,7 +269,7 @@ def test_failed_handshake_resets_the_tcp_connection_and_frees_the_buffers(
     srv = socket.create_server(("127.0.0.1", 0))
     stack = get_stack()
     with stack.lock:
-        errors, first_new = stack.stats["handshake_errors"], stack._next_conn
+        errors, first_new = stack.stats["handshake_errors"], stack.ex.next_conn
     seen: list[bytes] = []
 
     def serve() -> None:
@@ -294,7 +295,7 @@ def test_failed_handshake_resets_the_tcp_connection_and_frees_the_buffers(
     assert seen[1:] in ([], [b""])  # nothing more came: EOF or the reset
     with stack.lock:
         assert stack.stats["handshake_errors"] == errors + 1
-        assert stack._next_conn == first_new + 1  # it was this connection's
+        assert stack.ex.next_conn == first_new + 1  # it was this connection's
         assert first_new not in stack.conns  # let go (its buffers went back with it)
 
 
@@ -307,7 +308,7 @@ def test_connect_timeout_bounds_a_handshake_the_server_never_answers() -> None:
     srv = socket.create_server(("127.0.0.1", 0))
     stack = get_stack()
     with stack.lock:
-        first_new = stack._next_conn
+        first_new = stack.ex.next_conn
     seen: list[bytes] = []
 
     def serve() -> None:
@@ -430,7 +431,7 @@ def test_a_send_queue_full_for_good_downs_the_link_after_the_wait(
         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """The send queue stays full past ``SMC_WR_TX_WAIT_FREE_SLOT_TIME`` (here made 0.2 s):
     the link is declared down, its link group ends, both ends' reads end in ECONNRESET."""
-    monkeypatch.setattr(runtime, "WAIT_FREE_SLOT", 0.2)
+    monkeypatch.setattr(wrslots, "WAIT_FREE_SLOT", 0.2)
     with pair("smc") as (a, b):
         assert isinstance(a, smcr.SMCSocket)
         stack, qp, lgr_id = smc_parts(a)
@@ -483,7 +484,7 @@ def test_a_receive_completing_with_an_error_downs_the_link(monkeypatch: pytest.M
     that link before the receiver's QP has taken the SEND from its ring, the receiver's
     first completion is a flushed receive instead (seen once in ~1000 CI tests); either
     way the receiver's link goes down on a failed receive."""
-    monkeypatch.setattr(runtime, "V2_MSG", 128)
+    monkeypatch.setattr(wrslots, "V2_MSG", 128)
     close_stacks()  # a fresh runtime, whose QPs' receives take 128 bytes
     try:
         with pair("smc") as (a, b):

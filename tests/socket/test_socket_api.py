@@ -94,7 +94,7 @@ def test_collected_unclosed_socket_drains_closes_in_order_and_is_released(
     stack, hc = s._stack, s._hc
     assert stack is not None and hc is not None
     with stack.lock:
-        buffers_out = stack._buffers_out
+        buffers_out = stack.pool.out
     msg = os.urandom(3 << 20)  # more than the peer's RMB and our send buffer together
     s.sendall(msg)
     cycle: list[object] = [s]
@@ -112,7 +112,7 @@ def test_collected_unclosed_socket_drains_closes_in_order_and_is_released(
     deadline = time.monotonic() + 10  # the buffers follow once the peer answered DELETE RKEY
     while True:
         with stack.lock:
-            if stack._buffers_out == buffers_out - 1:
+            if stack.pool.out == buffers_out - 1:
                 break
         assert time.monotonic() < deadline, "the connection's buffers did not come back"
         time.sleep(0.01)

@@ -22,9 +22,9 @@ from collections.abc import Callable
 import pytest
 
 import smcr
-import smcr.socket as smcr_socket
+import smcr.socket.numbers as smcr_socket_numbers
 import smcr.stack.descriptors as smcr_descriptors
-import smcr.stack.runtime as smcr_runtime
+import smcr.stack.readiness as smcr_readiness
 
 Make = Callable[..., socket.socket]
 KINDS: dict[str, Make] = {"tcp": socket.socket, "smc": smcr.SMCSocket}
@@ -138,8 +138,8 @@ def test_a_settled_connect_moves_the_number_in_the_programs_thread_only(
         threads.append(threading.current_thread().name)
         real(number, source)
 
-    monkeypatch.setattr(smcr_socket, "put_at", put_at)
-    monkeypatch.setattr(smcr_runtime, "put_at", put_at)
+    monkeypatch.setattr(smcr_socket_numbers, "put_at", put_at)
+    monkeypatch.setattr(smcr_readiness, "put_at", put_at)
     tcp = connect_registered_before(socket.socket, target)
     smc = connect_registered_before(smcr.SMCSocket, target)
     assert tcp == smc

@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from smcr.core import Config, FellBack, HandshakeCompleted
 from smcr.core.connection import Connection
 from smcr.rdma.shm import ShmDevice
-from smcr.stack.runtime import HostConn, Stack
+from smcr.stack.hostconn import HostConn
+from smcr.stack.runtime import Stack
 
 LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
 SIZE = 1 << 16  # every buffer: a small RMB and send buffer, quick to fill

@@ -9,7 +9,8 @@ import time
 
 from smcr.core import FellBack
 from smcr.rdma import AccessFlag
-from smcr.stack.runtime import HostConn, Stack
+from smcr.stack.hostconn import HostConn
+from smcr.stack.runtime import Stack
 from smcr.wire.decline import DeclineCode
 from tests.stack.hosts import SIZE, conn, connect, handshake_outcome, hosts, read, send, wait
 
@@ -26,7 +27,7 @@ def close_both(x: Stack, hx: HostConn, y: Stack, hy: HostConn) -> None:
 def pooled(stack: Stack, size: int = SIZE, remote: bool = True) -> list[int]:
     """The rkeys (RMBs) or lkeys (send buffers) waiting in the pool for that size."""
     with stack.lock:
-        return [mr.rkey if remote else mr.lkey for mr in stack._pool.get((size, remote), [])]
+        return [mr.rkey if remote else mr.lkey for mr in stack.pool.free.get((size, remote), [])]
 
 
 def wait_pooled(stack: Stack, rkey: int, timeout: float = 10.0) -> bool:
@@ -60,17 +61,17 @@ def test_the_pool_keeps_sizes_and_kinds_apart() -> None:
     """A buffer comes back only for its own size, and a send buffer never comes out as an
     RMB nor the other way round: only an RMB is remotely writable."""
     with hosts(1) as (x,), x.lock:
-        bufs = x.alloc_buffers(SIZE, SIZE)
+        bufs = x.pool.alloc(SIZE, SIZE)
         assert bufs is not None
         rmb, snd = bufs
         assert rmb.access & AccessFlag.REMOTE_WRITE
         assert not snd.access & AccessFlag.REMOTE_WRITE
         hc = x.new_conn(socket.socket())
         hc.rmb_mr, hc.sndbuf_mr = rmb, snd
-        x._give_back(hc)
-        other = x.alloc_buffers(2 * SIZE, SIZE // 2)  # other sizes: new buffers
+        x.pool.give_back(hc)
+        other = x.pool.alloc(2 * SIZE, SIZE // 2)  # other sizes: new buffers
         assert other is not None and rmb not in other and snd not in other
-        again = x.alloc_buffers(SIZE, SIZE)
+        again = x.pool.alloc(SIZE, SIZE)
         assert again == (rmb, snd)  # each from its own kind's list
         hc.tcp.close()
 
@@ -143,11 +144,11 @@ def test_buffers_of_a_connection_whose_link_fails_go_back() -> None:
         assert hx.rmb_mr is not None
         rkey = hx.rmb_mr.rkey
         with x.lock:
-            out = x._buffers_out
+            out = x.pool.out
             x.execute(x.engine.link_failed(conn(x, hx).qpn, "injected", time.monotonic()))
             assert conn(x, hx).reset_reason
             x.app_close(hx)
-            assert hx.released and x._buffers_out == out - 1
+            assert hx.released and x.pool.out == out - 1
         assert rkey in pooled(x)
         cy = conn(y, hy)
         wait(y, hy, lambda: bool(cy.reset_reason))  # the peer's QP went to ERR: reset too

@@ -12,8 +12,9 @@ import pytest
 
 from smcr.rdma.base import QpTap, QueuePair
 from smcr.rdma.verbs import SendWr
-from smcr.stack import runtime
-from smcr.stack.runtime import HostConn, Stack
+from smcr.stack import wrslots
+from smcr.stack.hostconn import HostConn
+from smcr.stack.runtime import Stack
 from tests.stack.hosts import SIZE, conn, connect, hosts, read, send, wait
 
 
@@ -61,7 +62,7 @@ def test_writes_from_the_send_buffer_and_their_cdc_go_in_one_post(fused: bool) -
     the CDC that announces them (RC order); the peer reads them intact."""
     with hosts(2) as (x, y):
         hx, hy = connect(x, y)
-        x._fused = fused
+        x.ex.fused = fused
         send(x, hx, bytes(SIZE - 100))
         assert read(y, hy, SIZE - 100) == bytes(SIZE - 100)
         c = conn(x, hx)
@@ -81,13 +82,13 @@ def test_receives_are_reposted_so_the_link_never_runs_dry() -> None:
     with hosts(2) as (x, y):
         hx, hy = connect(x, y)
         with x.lock:
-            free = len(x._recv_free)
-        for i in range(3 * runtime.RECV_SLOTS + 5):
+            free = len(x.wr.recv_free)
+        for i in range(3 * wrslots.RECV_SLOTS + 5):
             send(y, hy, bytes([i & 0xFF]))
             assert read(x, hx, 1) == bytes([i & 0xFF])
         with x.lock:
-            assert len(x._recv_free) == free
-            assert len(x._qp_recv_ids[conn(x, hx).qpn]) == runtime.RECV_SLOTS
+            assert len(x.wr.recv_free) == free
+            assert len(x.wr.qp_recv_ids[conn(x, hx).qpn]) == wrslots.RECV_SLOTS
 
 
 def test_a_destroyed_qp_gives_its_receive_slots_back() -> None:
@@ -95,14 +96,14 @@ def test_a_destroyed_qp_gives_its_receive_slots_back() -> None:
     runtime's pool (else every dead link would leak RECV_SLOTS of them)."""
     with hosts(2) as (x, y):
         with x.lock:
-            free = len(x._recv_free)
+            free = len(x.wr.recv_free)
         hx, _ = connect(x, y)
         qpn = conn(x, hx).qpn
         with x.lock:
-            assert len(x._recv_free) == free - runtime.RECV_SLOTS
+            assert len(x.wr.recv_free) == free - wrslots.RECV_SLOTS
             x.execute(x.engine.link_failed(qpn, "injected", time.monotonic()))
-            assert qpn not in x.qps and qpn not in x._qp_recv_ids
-            assert len(x._recv_free) == free
+            assert qpn not in x.qps and qpn not in x.wr.qp_recv_ids
+            assert len(x.wr.recv_free) == free
 
 
 def test_an_orphan_with_linger_zero_is_aborted_and_the_peer_sees_the_reset() -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from smcr.core.events import PostSend
 from smcr.rdma import AccessFlag
 from smcr.rdma.verbs import SendFlag, SendWr, Sge, WrOpcode
-from smcr.stack import runtime
+from smcr.stack import runtime, wrslots
+from smcr.stack.hostconn import StackTap
 from tests.stack.hosts import conn, connect, hosts, read, send
 
 # frame 15 of shared/golden/linux-6.12-smcr-v2-rxe.pcap: the kernel server's ADD LINK v2
@@ -23,7 +24,7 @@ def test_an_88_byte_add_link_v2_keeps_the_link() -> None:
     (and, with one RNIC, rejects it) and the link carries on.  With one 64-byte SGE per
     receive the RNIC refused it (LOC_LEN_ERR), which ended the link and its connections:
     seen live when the Linux kernel offered its second link (tests/interop)."""
-    assert len(ADD_LINK_V2) == 88 > runtime.SLOT
+    assert len(ADD_LINK_V2) == 88 > wrslots.SLOT
     with hosts(2) as (x, y):
         hx, hy = connect(x, y)  # x the server, y the client
         qpn = conn(x, hx).qpn
@@ -48,7 +49,7 @@ def test_a_message_longer_than_a_send_slot_goes_whole_even_at_the_ring_end() -> 
         qpn = conn(x, hx).qpn
         seen: list[bytes] = []
 
-        class Record(runtime.StackTap):
+        class Record(StackTap):
             """The LLC messages of ADD_LINK_V2's type the engine is about to get."""
 
             def received(self, stack: runtime.Stack, qpn: int,
@@ -59,10 +60,10 @@ def test_a_message_longer_than_a_send_slot_goes_whole_even_at_the_ring_end() -> 
         with x.lock:
             # the send slots, as a RoCE RNIC uses them (the shm RNIC's inline fused
             # batches carry the CDC in the WR itself)
-            x._fused = False
-            x._send_off = len(x._send_mr.buf) - runtime.SLOT  # the ring's last slot
+            x.ex.fused = False
+            x.wr.send_off = len(x.wr.send_mr.buf) - wrslots.SLOT  # the ring's last slot
             x.execute([PostSend(qpn, ADD_LINK_V2, 1 << 60, signaled=False)])
-            assert x._send_off == 2 * runtime.SLOT  # it went from the ring's start
+            assert x.wr.send_off == 2 * wrslots.SLOT  # it went from the ring's start
         send(x, hx, b"after the offer")
         assert read(y, hy, 15) == b"after the offer"
         assert seen == [ADD_LINK_V2]

@@ -23,7 +23,9 @@ from smcr import ueid
 from smcr.core import Config, LgrType
 from smcr.core.linkgroup import LinkGroup, LinkState
 from smcr.rdma.shm import ShmDevice
-from smcr.stack.runtime import SLOT, HostConn, Stack
+from smcr.stack.hostconn import HostConn
+from smcr.stack.runtime import Stack
+from smcr.stack.wrslots import SLOT
 from tests.stack import hosts as h
 
 SIZE = 1 << 16
@@ -79,9 +81,9 @@ def until(what: Callable[[], bool], timeout: float = 20.0) -> None:
 def slots_all_back(stack: Stack) -> None:
     """Every receive slot is free or posted on a live QP: a cleared link's came back."""
     with stack.lock:
-        posted = sum(len(ids) for ids in stack._qp_recv_ids.values())
-        assert set(stack._qp_recv_ids) <= set(stack.qps)
-        assert len(stack._recv_free) + posted == len(stack._recv_mr.buf) // SLOT
+        posted = sum(len(ids) for ids in stack.wr.qp_recv_ids.values())
+        assert set(stack.wr.qp_recv_ids) <= set(stack.qps)
+        assert len(stack.wr.recv_free) + posted == len(stack.wr.recv_mr.buf) // SLOT
 
 
 def pump(stack: Stack, hc: HostConn, data: bytes) -> None:

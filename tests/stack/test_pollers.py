@@ -43,14 +43,14 @@ def test_a_ring_drained_by_the_progress_thread_still_wakes_the_app_poller(
     monkeypatch.setattr(select, "poll", HeldPoll)  # (the runtime's module is this one)
     stack = Stack()  # its progress thread polls through HeldPoll too
     standby = threading.Event()  # the progress thread gave polling up to the app thread
-    bg_wait = stack._bg_wake.wait
+    bg_wait = stack.wake.bg_wake.wait
 
     def watched_wait(timeout: float | None = None) -> bool:
-        if stack._poller == "app":
+        if stack.wake.poller == "app":
             standby.set()
         return bg_wait(timeout)
 
-    stack._bg_wake.wait = watched_wait  # type: ignore[method-assign]
+    stack.wake.bg_wake.wait = watched_wait  # type: ignore[method-assign]
     a, b = socket.socketpair()
     woke: list[bool] = []
     news = threading.Event()

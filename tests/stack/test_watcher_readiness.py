@@ -1,5 +1,5 @@
 """The runtime's small parts at their own level: the watcher thread and readiness
-descriptors (``smcr.stack.watcher``, ``smcr.stack.runtime.Readiness``)."""
+descriptors (``smcr.stack.watcher``, ``smcr.stack.readiness.Readiness``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import selectors
 import socket
 import threading
 
-from smcr.stack.runtime import Readiness
+from smcr.stack.readiness import Readiness
 from smcr.stack.watcher import Watcher, get_watcher
 
 

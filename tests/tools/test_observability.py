@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from smcr.diag import paths, protocol
-from smcr.diag.counters import bucket_of
+from smcr.stack.counters import bucket_of
 from smcr.stack.runtime import BUFFER
 
 HERE = Path(__file__).resolve().parent

@@ -12,8 +12,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from smcr.wire.cdc import (
+    CDC,
+    CDC_CONN_STATE_FLAGS,
+    CDC_CONS_COUNT,
+    CDC_CONS_WRAP,
+    CDC_HDR_LENGTH,
+    CDC_HDR_TYPE,
     CDC_MSG_LENGTH,
     CDC_MSG_TYPE,
+    CDC_PROD_COUNT,
+    CDC_PROD_FLAGS,
+    CDC_PROD_WRAP,
+    CDC_SEQNO,
+    CDC_TOKEN,
     CdcMessage,
     ConnectionStateFlags,
     ProducerFlags,
@@ -163,6 +174,26 @@ def test_field_offsets() -> None:
     raw = message.encode()
     assert len(raw) == CDC_MSG_LENGTH
     assert raw.hex() == ("fe2c1234a1b2c3d4000001020304050600000708090a0b0ca080" + "00" * 18)
+
+
+def test_named_indices_of_the_unpacked_layout() -> None:
+    """The data path reads CDC.unpack's tuple by these names: each is the field it says."""
+    message = CdcMessage(
+        sequence_number=0x1234,
+        alert_token=0xA1B2C3D4,
+        producer_cursor=Cursor(0x0102, 0x03040506),
+        consumer_cursor=Cursor(0x0708, 0x090A0B0C),
+        producer_flags=ProducerFlags.WRITE_BLOCKED,
+        connection_state_flags=ConnectionStateFlags.PEER_DONE_WRITING,
+    )
+    f = CDC.unpack(message.encode())
+    assert len(f) == 10
+    assert (f[CDC_HDR_TYPE], f[CDC_HDR_LENGTH]) == (CDC_MSG_TYPE, CDC_MSG_LENGTH)
+    assert (f[CDC_SEQNO], f[CDC_TOKEN]) == (0x1234, 0xA1B2C3D4)
+    assert (f[CDC_PROD_WRAP], f[CDC_PROD_COUNT]) == (0x0102, 0x03040506)
+    assert (f[CDC_CONS_WRAP], f[CDC_CONS_COUNT]) == (0x0708, 0x090A0B0C)
+    assert f[CDC_PROD_FLAGS] == ProducerFlags.WRITE_BLOCKED
+    assert f[CDC_CONN_STATE_FLAGS] == ConnectionStateFlags.PEER_DONE_WRITING
 
 
 def test_failover_validation_message() -> None:

@@ -236,7 +236,7 @@ def test_v1_twins_of_the_golden_44_byte_messages() -> None:
             assert isinstance(v1, DeleteRkey)
             assert v1.rkeys == (v2.rkeys or (0,)) and v1.flags == v2.flags
         else:
-            assert type(v1) is type(v2).__mro__[1], frame
+            assert type(v1) in type(v2).__bases__, frame  # its v1 twin, a direct base
             assert isinstance(v2, type(v1))
     cl = ConfirmLink.decode(v1_of(golden_frame(11)))
     assert cl.encode()[:4] == bytes.fromhex("012c0003")

@@ -25,6 +25,7 @@ from scapy.layers.inet6 import IPv6
 from scapy.packet import Packet, Raw
 
 from smcr.wire.errors import WireError
+from smcr.wire.icrc import ICRC_SEED
 from smcr.wire.inet import ipv4_checksum, ipv4_header, ipv6_header, udp_header
 from smcr.wire.roce import (
     OPCODE_INFO,
@@ -309,6 +310,7 @@ def test_spec_more_examples() -> None:
 def test_icrc_seed_is_rxe_seed() -> None:
     # rxe starts crc32_le from 0xDEBB20E3: the register after 8 x 0xFF (spec §4.1).
     assert zlib.crc32(b"\xff" * 8) ^ 0xFFFFFFFF == 0xDEBB20E3
+    assert ICRC_SEED ^ 0xFFFFFFFF == 0xDEBB20E3
 
 
 def test_icrc_pieces_equal_whole() -> None:

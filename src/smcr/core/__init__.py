@@ -6,7 +6,7 @@ See :mod:`smcr.core.engine` for the contract.
 from smcr.core.close import CloseInput, SmcState
 from smcr.core.config import Config, LocalIdentity, Port
 from smcr.core.connection import Connection, Rmb
-from smcr.core.engine import Engine, Provider
+from smcr.core.engine import Engine
 from smcr.core.events import (
     Action,
     ConnectionReset,
@@ -20,6 +20,7 @@ from smcr.core.events import (
     LinkRemoved,
     LlcDropped,
     PostSend,
+    Provider,
     QpToRtr,
     QpToRts,
     RdmaWrite,

@@ -5,7 +5,7 @@ The server drives it, as a local LLC flow of the group over a link it has:
 right after first contact (Linux ``smcr_serv_conf_first_link`` calls
 ``smc_llc_srv_add_link``), after a DELETE LINK left the group with one link
 (``smc_llc_process_srv_delete_link`` -> ``smc_llc_add_link_local``), when a
-port is usable again (``smcr_port_add``, :meth:`~smcr.core.ports.PortLayer.port_up`)
+port is usable again (``smcr_port_add``, :meth:`~smcr.core.ports.Ports.port_up`)
 and when the client asks (its ADD LINK invitation, v1, or REQUEST ADD LINK, v2):
 
 1. S->C ADD LINK request: the new QP (made on another of our ports, or on the
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from smcr.core import llc_msgs
 from smcr.core.connection import Connection
-from smcr.core.events import Action, DestroyQp, LinkAdded, QpToRtr, QpToRts
+from smcr.core.events import Action, LinkAdded, QpToRtr, QpToRts
 from smcr.core.linkgroup import (
     AddLinkFlow,
     LgrType,
@@ -53,8 +53,10 @@ from smcr.core.linkgroup import (
     LocalFlow,
     Role,
 )
-from smcr.core.llc import LinkLayer, LlcHandler, LlcViolationError
+from smcr.core.llc import LinkLayer, LlcViolationError
+from smcr.core.state import EngineState
 from smcr.wire.llc import (
+    LLC_FLAG_DEL_LINK_ORDERLY,
     LLC_FLAG_NO_RMBE_EYEC,
     AddLink,
     AddLinkCont,
@@ -62,7 +64,6 @@ from smcr.wire.llc import (
     ConfirmLink,
     DeleteLinkReason,
     LlcMessage,
-    LlcType,
     RequestAddLinkV2,
     RkeyPair,
 )
@@ -74,25 +75,13 @@ LINKS_PER_LGR_MAX = 3
 it is being replaced, ``smc_llc_delete_asym_link``)."""
 
 
-LATE_LINKS = 64
-"""Cleared links remembered for their late CDCs (:meth:`LinkLayer._receive_late`)."""
+class AddLinkFlows:
+    """The ADD LINK flows of both roles (module docstring): a part of the engine, over
+    its shared state and link layer."""
 
-
-class AddLinkLayer(LinkLayer):
-    """:class:`LinkLayer` with the ADD LINK flows (module docstring)."""
-
-    ports_down: set[int]
-
-    def _llc_table(self) -> dict[int, LlcHandler]:
-        table = super()._llc_table()
-        table[LlcType.ADD_LINK_CONT] = self._llc_add_link_cont
-        return table
-
-    def _new_link(self, lgr: LinkGroup, port: int, link_id: int) -> Link:
-        raise NotImplementedError  # the engine's: a QP from the provider
-
-    def _after_add(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
-        """A link was added as server (the failover layer deletes an asymmetric one)."""
+    def __init__(self, state: EngineState, llc: LinkLayer) -> None:
+        self.state = state
+        self.llc = llc
 
     # -- helpers ---------------------------------------------------------------
 
@@ -101,10 +90,10 @@ class AddLinkLayer(LinkLayer):
         ``smc_pnet_find_alt_roce``: another device, its port active, ``smc_pnet_match``
         with ``lgr->pnet_id``) and, when the peer's GIDs are known, one that reaches
         one of them (:meth:`_reaches`)."""
-        ports = self.identity.ports
+        ports, down = self.state.identity.ports, self.state.ports_down
         pnetid = link.lgr.pnet_id
         for i, port in enumerate(ports):
-            if (i != link.port and i not in self.ports_down and port.pnetid.strip() == pnetid
+            if (i != link.port and i not in down and port.pnetid.strip() == pnetid
                     and (not peer_gids or any(self._reaches(i, g) for g in peer_gids))):
                 return i
         return None
@@ -114,7 +103,7 @@ class AddLinkLayer(LinkLayer):
         (``Provider.reaches``; a host that does not say: every port does).  Linux asks
         the route to the GID's address (``smc_ib_determine_gid`` with ``smcrv2``,
         ``smc_ib_find_route``); the engine leaves the routing to its host."""
-        reaches = getattr(self.provider, "reaches", None)
+        reaches = getattr(self.state.provider, "reaches", None)
         return True if reaches is None else bool(reaches(port, peer_gid))
 
     def _may_add(self, lgr: LinkGroup, new_type: LgrType) -> bool:
@@ -127,24 +116,6 @@ class AddLinkLayer(LinkLayer):
         usable = [x for x in lgr.links if x.state is not LinkState.LINK_INACTIVE]
         return len(usable) < LINKS_PER_LGR_MAX
 
-    def _clear_link(self, new: Link, out: list[Action]) -> None:
-        """Forget a link (``smcr_link_clear``): its QP destroyed, its rkeys dropped from
-        the connections and the peer RMBs."""
-        lgr = new.lgr
-        new.state = LinkState.LINK_INACTIVE
-        if new in lgr.links:
-            lgr.links.remove(new)
-        if self.links.pop(new.qpn, None) is not None and not lgr.terminated:
-            self.late_links[new.qpn] = new
-            while len(self.late_links) > LATE_LINKS:
-                del self.late_links[next(iter(self.late_links))]
-        self._cdc_pending.pop(new.qpn, None)
-        for conn in lgr.conns.values():
-            conn.rmb_keys.pop(new, None)
-        for rt in lgr.peer_rtokens:
-            rt.pop(new, None)
-        out.append(DestroyQp(new.qpn, **new.names))
-
     def _new_link_up(self, flow: AddLinkFlow, now: float) -> None:
         """``smc_llc_link_active`` and ``smcr_lgr_set_type[_asym]``: an asymmetric type
         tags the new link as the asymmetric one, any type clears the others' tags."""
@@ -155,8 +126,9 @@ class AddLinkLayer(LinkLayer):
         for x in lgr.links:
             x.is_asym = False
         flow.new.is_asym = flow.new_type in _ASYMMETRIC
-        self._events.append(LinkAdded(lgr_id=lgr.lgr_id, link_id=flow.new.link_id,
-                                      port=flow.new.port, lgr_type=lgr.lgr_type.value))  # fmt: skip
+        self.state.events.append(LinkAdded(lgr_id=lgr.lgr_id, link_id=flow.new.link_id,
+                                           port=flow.new.port,
+                                           lgr_type=lgr.lgr_type.value))  # fmt: skip
 
     def _save_rkeys(self, flow: AddLinkFlow, pairs: tuple[RkeyPair, ...]) -> None:
         """``smc_rtoken_set``: each pair's RMB, known by its rkey on the old link, gets
@@ -181,14 +153,14 @@ class AddLinkLayer(LinkLayer):
         """``smcr_buf_map_lgr``: every RMB of the group registered for the new link."""
         conns = list(lgr.conns.values())
         for conn in conns:
-            self._rmb_on(conn, new)
+            self.llc.rmb_on(conn, new)
         return conns
 
     # -- server ------------------------------------------------------------------
 
-    def _srv_add_link(self, lgr: LinkGroup, now: float, out: list[Action],
-                      invite: LlcMessage | None = None,
-                      invite_link: Link | None = None) -> None:  # fmt: skip
+    def srv_add_link(self, lgr: LinkGroup, now: float, out: list[Action],
+                     invite: LlcMessage | None = None,
+                     invite_link: Link | None = None) -> None:  # fmt: skip
         """Queue the server's ADD LINK flow (``smc_llc_add_link_local`` /
         ``smc_llc_srv_add_link``); what it offers is decided when its turn comes.
 
@@ -198,9 +170,9 @@ class AddLinkLayer(LinkLayer):
         """
         if lgr.terminated:
             return
-        if not self.config.add_links:
+        if not self.state.config.add_links:
             if isinstance(invite, RequestAddLinkV2) and invite_link is not None:
-                self._post_llc(invite_link, invite.response(), out)
+                self.llc.post_llc(invite_link, invite.response(), out)
             return
         if any(f is not None and f.adds_link for f in (lgr.flow, *lgr.flow_queue)):
             # one at a time: Linux drops a parallel ADD LINK request.  A request dropped
@@ -223,13 +195,13 @@ class AddLinkLayer(LinkLayer):
                 port, new_type = link.port, LgrType.ASYMMETRIC_LOCAL
             if not self._may_add(lgr, new_type):
                 if isinstance(invite, RequestAddLinkV2) and invite_link in lgr.links:
-                    self._post_llc(invite_link, invite.response(), actions)
+                    self.llc.post_llc(invite_link, invite.response(), actions)
                 return None
-            new = self._new_link(lgr, port, lgr.new_link_id())
-            new.mtu = self.config.qp_mtu
+            new = self.llc.new_link(lgr, port, lgr.new_link_id())
+            new.mtu = self.state.config.qp_mtu
             conns = self._map_rmbs(lgr, new)
             local.add_link = AddLinkFlow(link, new, new_type, "response", [])
-            return llc_msgs.add_link(new, self.identity, via=link, conns=conns)
+            return llc_msgs.add_link(new, self.state.identity, via=link, conns=conns)
 
         def done(ok: bool, t: float) -> list[Action]:
             actions: list[Action] = []
@@ -238,7 +210,7 @@ class AddLinkLayer(LinkLayer):
                 return actions
             new = flow.new
             if ok:
-                self._after_add(lgr, t, actions)
+                self._delete_asym_link(lgr, t, actions)
             elif new.state is not LinkState.LINK_ACTIVE:
                 # smc_llc_srv_conf_link: DELETE LINK, lost path.  Also when the flow fails
                 # during the rkey exchange (our new QP failed: no path to the client's
@@ -248,22 +220,22 @@ class AddLinkLayer(LinkLayer):
                     request = llc_msgs.delete_link(lgr, 0, DeleteLinkReason.LOST_PATH,
                                                    new.link_id)  # fmt: skip
                     if flow.link in lgr.links:
-                        self._post_llc(flow.link, request, actions)
-                self._clear_link(new, actions)
+                        self.llc.post_llc(flow.link, request, actions)
+                self.llc.clear_link(new, actions)
             if lgr.add_asked:
                 lgr.add_asked = False
                 # ASYMMETRIC_PEER: the client asked, for a port of its own back, while
                 # the offer to its other port ran (its invitation, on the old link, can
                 # overtake its CONFIRM LINK answer on the new one)
                 if not ok or lgr.lgr_type is LgrType.ASYMMETRIC_PEER:
-                    self._srv_add_link(lgr, t, actions)
+                    self.srv_add_link(lgr, t, actions)
             return actions
 
         local = LocalFlow(llc_msgs.add_link_local(lgr), done, start=start, adds_link=True)
         lgr.flow_queue.append(local)
-        self._next_flow(lgr, now, out)
+        self.llc.next_flow(lgr, now, out)
 
-    def _srv_flow(self, lgr: LinkGroup, step: str | None = None) -> AddLinkFlow | None:
+    def srv_flow(self, lgr: LinkGroup, step: str | None = None) -> AddLinkFlow | None:
         """The server's running ADD LINK flow (at ``step``, if given)."""
         running = lgr.flow
         if running is None or running.add_link is None:
@@ -272,36 +244,36 @@ class AddLinkLayer(LinkLayer):
             return None
         return running.add_link
 
-    def _srv_end_flow(self, lgr: LinkGroup, ok: bool, now: float, out: list[Action]) -> None:
+    def srv_end_flow(self, lgr: LinkGroup, ok: bool, now: float, out: list[Action]) -> None:
         flow = lgr.flow
         assert flow is not None
         lgr.flow = None
-        self._finish_flow(flow, ok, now, out)
-        self._next_flow(lgr, now, out)
+        self.llc.finish_flow(flow, ok, now, out)
+        self.llc.next_flow(lgr, now, out)
 
     def _srv_add_link_response(self, link: Link, msg: AddLink | AddLinkV2, now: float,
                                out: list[Action]) -> None:  # fmt: skip
         lgr = link.lgr
-        flow = self._srv_flow(lgr)
+        flow = self.srv_flow(lgr)
         if flow is None or link is not flow.link:
-            self._drop(link.qpn, "ADD LINK response without a request")
+            self.llc.drop(link.qpn, "ADD LINK response without a request")
             return
         if msg.link_num != flow.new.link_id:
             # the reject of an offer of ours that failed already (a client's reject echoes
             # the request: its link number), come after our next offer
-            self._drop(link.qpn, "ADD LINK response for another link")
+            self.llc.drop(link.qpn, "ADD LINK response for another link")
             return
         if flow.step != "response" or msg.is_rejected:
             # a reject, or an ADD LINK where the flow waits for something else: Linux's
             # smc_llc_wait drops the unexpected message and the flow fails
-            self._srv_end_flow(lgr, False, now, out)
+            self.srv_end_flow(lgr, False, now, out)
             return
         new = flow.new
         if not self._reaches(new.port, msg.sender_gid):
             # the client's port is beyond our new link's reach: the path would be lost at
             # CONFIRM LINK (smc_llc_srv_conf_link); say so now, with DELETE LINK
             flow.step = "confirm"
-            self._srv_end_flow(lgr, False, now, out)
+            self.srv_end_flow(lgr, False, now, out)
             return
         if lgr.lgr_type is LgrType.SINGLE and self._same_path(link, msg):
             flow.new_type = LgrType.ASYMMETRIC_PEER
@@ -319,42 +291,42 @@ class AddLinkLayer(LinkLayer):
             return
         flow.to_send = list(lgr.conns.values())
         flow.step = "cont"
-        self._post_llc(link, llc_msgs.add_link_cont(link, new, flow.to_send, False), out)
-        lgr.flow.deadline = now + self.config.llc_wait
+        self.llc.post_llc(link, llc_msgs.add_link_cont(link, new, flow.to_send, False), out)
+        lgr.flow.deadline = now + self.state.config.llc_wait
 
     def _srv_conf_link(self, flow: AddLinkFlow, now: float, out: list[Action]) -> None:
         """``smc_llc_srv_conf_link``: CONFIRM LINK over the new link, its answer awaited."""
         lgr = flow.link.lgr
         flow.step = "confirm"
-        self._post_llc(flow.new, llc_msgs.confirm_link(flow.new, self.identity, self.config),
-                       out)  # fmt: skip
+        request = llc_msgs.confirm_link(flow.new, self.state.identity, self.state.config)
+        self.llc.post_llc(flow.new, request, out)
         assert lgr.flow is not None
-        lgr.flow.deadline = now + self.config.llc_wait_confirm
+        lgr.flow.deadline = now + self.state.config.llc_wait_confirm
 
     def _srv_add_link_cont(self, link: Link, msg: AddLinkCont, now: float,
                            out: list[Action]) -> None:  # fmt: skip
         lgr = link.lgr
-        flow = self._srv_flow(lgr, "cont")
+        flow = self.srv_flow(lgr, "cont")
         if flow is None or link is not flow.link or msg.link_num != flow.new.link_id:
-            self._drop(link.qpn, "ADD LINK CONTINUATION fits no ADD LINK flow")
+            self.llc.drop(link.qpn, "ADD LINK CONTINUATION fits no ADD LINK flow")
             return
         self._rkeys_received(flow, msg)
         assert lgr.flow is not None
-        lgr.flow.deadline = now + self.config.llc_wait
+        lgr.flow.deadline = now + self.state.config.llc_wait
         if flow.to_send or flow.recv_left > 0:
-            self._post_llc(link, llc_msgs.add_link_cont(link, flow.new, flow.to_send, False),
-                           out)  # fmt: skip
+            cont = llc_msgs.add_link_cont(link, flow.new, flow.to_send, False)
+            self.llc.post_llc(link, cont, out)
             return
         self._srv_conf_link(flow, now, out)
 
-    def _srv_confirm_link_response(self, link: Link, msg: ConfirmLink, now: float,
-                                   out: list[Action]) -> bool:  # fmt: skip
+    def srv_confirm_link_response(self, link: Link, msg: ConfirmLink, now: float,
+                                  out: list[Action]) -> bool:  # fmt: skip
         """The CONFIRM LINK response of an ADD LINK flow; False if it is not one."""
-        flow = self._srv_flow(link.lgr, "confirm")
+        flow = self.srv_flow(link.lgr, "confirm")
         if flow is None or link is not flow.new:
             return False
         self._new_link_up(flow, now)
-        self._srv_end_flow(link.lgr, True, now, out)
+        self.srv_end_flow(link.lgr, True, now, out)
         return True
 
     # -- client ------------------------------------------------------------------
@@ -368,18 +340,18 @@ class AddLinkLayer(LinkLayer):
         if running is not None and isinstance(running.request, RequestAddLinkV2):
             # the server started add_link processing: our REQUEST ADD LINK flow is over
             lgr.flow = None
-            self._finish_flow(running, True, now, out)
-        elif self._delay(link, msg):  # our CONFIRM / DELETE RKEY flow ends first
+            self.llc.finish_flow(running, True, now, out)
+        elif self.llc.delay(link, msg):  # our CONFIRM / DELETE RKEY flow ends first
             return
-        if (not self.config.add_links or isinstance(msg, AddLinkV2) != v2
+        if (not self.state.config.add_links or isinstance(msg, AddLinkV2) != v2
                 or lgr.remote_add is not None or not msg.qp_mtu):  # fmt: skip
-            self._post_llc(link, msg.reject(), out)  # v1 02 2C 01 C0, v2 22 2C 00 C0
+            self.llc.post_llc(link, msg.reject(), out)  # v1 02 2C 01 C0, v2 22 2C 00 C0
             return
         port = self._alt_port(link, msg.sender_gid)
         new_type = LgrType.SYMMETRIC
         if self._same_path(link, msg):
             if port is None:  # the same path twice: no alternate path
-                self._post_llc(link, msg.reject(), out)
+                self.llc.post_llc(link, msg.reject(), out)
                 return
             new_type = LgrType.ASYMMETRIC_PEER
         if port is None:
@@ -387,30 +359,30 @@ class AddLinkLayer(LinkLayer):
             if not self._reaches(port, msg.sender_gid):
                 # no port of ours reaches the offered one: no alternate path
                 # (SMC_LLC_REJ_RSN_NO_ALT_PATH, the reject's reason)
-                self._post_llc(link, msg.reject(), out)
+                self.llc.post_llc(link, msg.reject(), out)
                 return
         if not self._may_add(lgr, new_type) or lgr.link_by_id(msg.link_num) is not None:
-            self._post_llc(link, msg.reject(), out)
+            self.llc.post_llc(link, msg.reject(), out)
             return
-        new = self._new_link(lgr, port, msg.link_num)  # the server names the link
+        new = self.llc.new_link(lgr, port, msg.link_num)  # the server names the link
         new.peer_qpn, new.peer_psn = msg.sender_qp_num, msg.initial_psn
         new.peer_gid, new.peer_mac = msg.sender_gid, msg.sender_mac
-        new.mtu = min(self.config.qp_mtu, msg.qp_mtu)
+        new.mtu = min(self.state.config.qp_mtu, msg.qp_mtu)
         out.append(QpToRtr(new.qpn, new.peer_gid, new.peer_qpn, new.peer_psn, new.mtu,
                            **new.names))  # fmt: skip
         conns = self._map_rmbs(lgr, new)
-        self._post_llc(link, llc_msgs.add_link(new, self.identity, response=True, via=link,
-                                               conns=conns), out)  # fmt: skip
+        answer = llc_msgs.add_link(new, self.state.identity, response=True, via=link, conns=conns)
+        self.llc.post_llc(link, answer, out)
         flow = AddLinkFlow(link, new, new_type, "cont", conns,
-                           deadline=now + self.config.llc_wait, request=msg)  # fmt: skip
+                           deadline=now + self.state.config.llc_wait, request=msg)  # fmt: skip
         if isinstance(msg, AddLinkV2):  # smc_llc_save_add_link_rkeys, then CONFIRM LINK
             self._save_rkeys(flow, msg.ext.rkeys if msg.ext is not None else ())
             flow.step, flow.to_send = "confirm", []
-            flow.deadline = now + self.config.llc_wait_confirm
+            flow.deadline = now + self.state.config.llc_wait_confirm
         lgr.remote_add = flow
 
-    def _cli_fail(self, lgr: LinkGroup, now: float, out: list[Action],
-                  delete_link: bool = False) -> None:  # fmt: skip
+    def cli_fail(self, lgr: LinkGroup, now: float, out: list[Action],
+                 delete_link: bool = False) -> None:  # fmt: skip
         """The client's ADD LINK flow failed after its answer (``out_clear_lnk``, then
         ``out_reject``): the new link cleared, the server's request rejected after all;
         ``delete_link``: the CONFIRM LINK never came, DELETE LINK for the new link first
@@ -422,28 +394,28 @@ class AddLinkLayer(LinkLayer):
         usable = flow.link in lgr.links
         if delete_link and usable:
             request = llc_msgs.delete_link(lgr, 0, DeleteLinkReason.LOST_PATH, flow.new.link_id)
-            self._post_llc(flow.link, request, out)
-        self._clear_link(flow.new, out)
+            self.llc.post_llc(flow.link, request, out)
+        self.llc.clear_link(flow.new, out)
         if usable and isinstance(flow.request, AddLink | AddLinkV2):
-            self._post_llc(flow.link, flow.request.reject(), out)
-        self._next_flow(lgr, now, out)
+            self.llc.post_llc(flow.link, flow.request.reject(), out)
+        self.llc.next_flow(lgr, now, out)
 
     def _cli_add_link_cont(self, link: Link, msg: AddLinkCont, now: float,
                            out: list[Action]) -> None:  # fmt: skip
         flow = link.lgr.remote_add
         if (flow is None or flow.step != "cont" or link is not flow.link
                 or msg.link_num != flow.new.link_id):  # fmt: skip
-            self._drop(link.qpn, "ADD LINK CONTINUATION fits no ADD LINK flow")
+            self.llc.drop(link.qpn, "ADD LINK CONTINUATION fits no ADD LINK flow")
             return
         self._rkeys_received(flow, msg)
-        self._post_llc(link, llc_msgs.add_link_cont(link, flow.new, flow.to_send, True), out)
-        flow.deadline = now + self.config.llc_wait
+        self.llc.post_llc(link, llc_msgs.add_link_cont(link, flow.new, flow.to_send, True), out)
+        flow.deadline = now + self.state.config.llc_wait
         if not flow.to_send and flow.recv_left <= 0:
             flow.step = "confirm"
-            flow.deadline = now + self.config.llc_wait_confirm
+            flow.deadline = now + self.state.config.llc_wait_confirm
 
-    def _cli_confirm_link(self, link: Link, msg: ConfirmLink, now: float,
-                          out: list[Action]) -> bool:  # fmt: skip
+    def cli_confirm_link(self, link: Link, msg: ConfirmLink, now: float,
+                         out: list[Action]) -> bool:  # fmt: skip
         """``smc_llc_cli_conf_link``: the server's CONFIRM LINK on the new link; False if
         it is not for an ADD LINK flow."""
         flow = link.lgr.remote_add
@@ -453,20 +425,21 @@ class AddLinkLayer(LinkLayer):
             raise LlcViolationError("CONFIRM LINK out of the ADD LINK flow")
         link.lgr.remote_add = None
         out.append(QpToRts(link.qpn, link.psn, **link.names))
-        self._post_llc(link, llc_msgs.confirm_link(link, self.identity, self.config,
-                                                   response=True), out)  # fmt: skip
+        response = llc_msgs.confirm_link(link, self.state.identity, self.state.config,
+                                         response=True)  # fmt: skip
+        self.llc.post_llc(link, response, out)
         self._new_link_up(flow, now)
-        self._next_flow(link.lgr, now, out)  # our own flows waited for this one
+        self.llc.next_flow(link.lgr, now, out)  # our own flows waited for this one
         return True
 
-    def _cli_add_link_timeout(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
+    def cli_add_link_timeout(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
         """The server's flow stalled: the new link is cleared and the offer rejected; a
         missing CONFIRM LINK is reported with DELETE LINK first."""
         flow = lgr.remote_add
         if flow is not None and now >= flow.deadline:
-            self._cli_fail(lgr, now, out, delete_link=flow.step == "confirm")
+            self.cli_fail(lgr, now, out, delete_link=flow.step == "confirm")
 
-    def _cli_invite(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
+    def cli_invite(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
         """Ask the server for a link over a port usable again, as a local flow
         (``smc_llc_cli_add_link_invite``): v1 an ADD LINK request naming only the
         port's MAC and GID, not waited for; v2 REQUEST ADD LINK with our GIDs
@@ -477,73 +450,124 @@ class AddLinkLayer(LinkLayer):
             port = self._alt_port(link)
             if port is None or lgr.lgr_type in (LgrType.SYMMETRIC, LgrType.ASYMMETRIC_PEER):
                 return None
-            ports = self.identity.ports
+            ports = self.state.identity.ports
             if lgr.version >= 2:
                 return RequestAddLinkV2(gids=(ports[link.port].gid, ports[port].gid))
-            self._post_llc(link, AddLink(sender_mac=ports[port].mac, sender_gid=ports[port].gid),
-                           actions)  # fmt: skip
+            invitation = AddLink(sender_mac=ports[port].mac, sender_gid=ports[port].gid)
+            self.llc.post_llc(link, invitation, actions)
             return None
 
         stub = llc_msgs.add_link_local(lgr)
         lgr.flow_queue.append(LocalFlow(stub, lambda ok, t: [], start=start))
-        self._next_flow(lgr, now, out)
+        self.llc.next_flow(lgr, now, out)
+
+    # -- the asymmetric link, replaced --------------------------------------------
+
+    def _find_asym_link(self, lgr: LinkGroup) -> Link | None:
+        """``smc_llc_find_asym_link``: of two links over the same port of ours, the one
+        whose peer port another link reaches too."""
+        usable = [x for x in lgr.links if x.state is not LinkState.LINK_INACTIVE]
+        for n, a in enumerate(usable):
+            for b in usable[n + 1:]:
+                if a.port != b.port:
+                    continue
+                for k in usable:
+                    if k is not a and k.peer_gid == a.peer_gid:
+                        return a
+                    if k is not b and k.peer_gid == b.peer_gid:
+                        return b
+                return None
+        return None
+
+    def _delete_asym_link(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
+        """A link was added as server: ``smc_llc_delete_asym_link``, once symmetric the
+        asymmetric link goes: its connections move, DELETE LINK (orderly, "no longer
+        needed") is asked of the client next, and the link is cleared when it answers
+        (or does not).
+
+        An asymmetric link of ours (``ASYMMETRIC_LOCAL``) added while another port of
+        ours came back: that port's offer (:meth:`Ports.port_up
+        <smcr.core.ports.Ports.port_up>`) was dropped, one ADD LINK flow at a time, as
+        Linux drops it; the symmetric link is offered now instead of never (Linux has
+        that race; over RoCE a veth up again mid-flow met it)."""
+        if lgr.lgr_type is LgrType.ASYMMETRIC_LOCAL:
+            link = lgr.active_link
+            if link is not None and self._alt_port(link) is not None:
+                self.srv_add_link(lgr, now, out)
+            return
+        if lgr.lgr_type is not LgrType.SYMMETRIC:
+            return
+        asym = self._find_asym_link(lgr)
+        if asym is None or asym.state is not LinkState.LINK_ACTIVE:
+            return
+        asym.state = LinkState.LINK_INACTIVE
+        if self.llc.switch_conns(asym, out) is None:
+            return
+        request = llc_msgs.delete_link(lgr, LLC_FLAG_DEL_LINK_ORDERLY,
+                                       DeleteLinkReason.NO_ASYM_NEEDED, asym.link_id)  # fmt: skip
+
+        def done(ok: bool, t: float) -> list[Action]:
+            actions: list[Action] = []
+            if not lgr.terminated:
+                self.llc.link_gone(asym, actions, "asymmetric link no longer needed")
+            return actions
+
+        lgr.flow_queue.appendleft(LocalFlow(request, done))  # the next flow, as Linux's
+        self.llc.next_flow(lgr, now, out)  # ADD LINK flow turns into this DELETE LINK
 
     # -- handlers ------------------------------------------------------------------
 
-    def _llc_add_link(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
+    def receive_add_link(self, link: Link, msg: LlcMessage, now: float,
+                         out: list[Action]) -> None:  # fmt: skip
+        """An ADD LINK request: the server's offer (client), the client's invitation
+        (server: it starts its own flow)."""
         assert isinstance(msg, AddLink | AddLinkV2)
         lgr = link.lgr
-        if msg.is_response:
-            if lgr.role is Role.SERVER:
-                self._srv_add_link_response(link, msg, now, out)
-            else:
-                self._drop(link.qpn, "ADD LINK response without a request")
-        elif lgr.role is Role.CLIENT:
+        if lgr.role is Role.CLIENT:
             self._cli_add_link(link, msg, now, out)
-        else:  # the client's invitation: the server starts its own flow
-            self._srv_add_link(lgr, now, out, msg, link)
+        else:
+            self.srv_add_link(lgr, now, out, msg, link)
 
-    def _llc_req_add_link(self, link: Link, msg: LlcMessage, now: float,
-                          out: list[Action]) -> None:  # fmt: skip
+    def receive_add_link_response(self, link: Link, msg: LlcMessage, now: float,
+                                  out: list[Action]) -> None:  # fmt: skip
+        """The client's answer to the server's ADD LINK."""
+        assert isinstance(msg, AddLink | AddLinkV2)
+        if link.lgr.role is Role.SERVER:
+            self._srv_add_link_response(link, msg, now, out)
+        else:
+            self.llc.drop(link.qpn, "ADD LINK response without a request")
+
+    def receive_req_add_link(self, link: Link, msg: LlcMessage, now: float,
+                             out: list[Action]) -> None:  # fmt: skip
         """REQUEST ADD LINK v2: a server starts its ADD LINK flow (answering the request
-        only if it adds no link); a client's request flow ends with the answer."""
+        only if it adds no link)."""
         assert isinstance(msg, RequestAddLinkV2)
         lgr = link.lgr
-        if lgr.role is Role.SERVER and not msg.is_response:
-            if lgr.flow is not None:  # smc_llc_flow_parallel drops it, unanswered
-                if lgr.flow.adds_link:  # but it is remembered, as an invitation would be
-                    lgr.add_asked = True
-                self._drop(link.qpn, "REQUEST ADD LINK parallel to a running flow of ours")
-            else:
-                self._srv_add_link(lgr, now, out, msg, link)
-        elif (lgr.role is Role.CLIENT and msg.is_response and lgr.flow is not None
-              and isinstance(lgr.flow.request, RequestAddLinkV2)):  # fmt: skip
-            self._flow_response(lgr, msg, True, now, out)
+        if lgr.role is not Role.SERVER:
+            self.llc.drop(link.qpn, "REQUEST ADD LINK not for us")
+        elif lgr.flow is not None:  # smc_llc_flow_parallel drops it, unanswered
+            if lgr.flow.adds_link:  # but it is remembered, as an invitation would be
+                lgr.add_asked = True
+            self.llc.drop(link.qpn, "REQUEST ADD LINK parallel to a running flow of ours")
         else:
-            self._drop(link.qpn, "REQUEST ADD LINK not for us")
+            self.srv_add_link(lgr, now, out, msg, link)
 
-    def _llc_add_link_cont(self, link: Link, msg: LlcMessage, now: float,
-                           out: list[Action]) -> None:  # fmt: skip
+    def receive_req_add_link_response(self, link: Link, msg: LlcMessage, now: float,
+                                      out: list[Action]) -> None:  # fmt: skip
+        """The server's answer to a client's REQUEST ADD LINK: its flow ends."""
+        assert isinstance(msg, RequestAddLinkV2)
+        lgr = link.lgr
+        if (lgr.role is Role.CLIENT and lgr.flow is not None
+                and isinstance(lgr.flow.request, RequestAddLinkV2)):  # fmt: skip
+            self.llc.flow_response(lgr, msg, True, now, out)
+        else:
+            self.llc.drop(link.qpn, "REQUEST ADD LINK not for us")
+
+    def receive_add_link_cont(self, link: Link, msg: LlcMessage, now: float,
+                              out: list[Action]) -> None:  # fmt: skip
+        """ADD LINK CONTINUATION (v1): the rkey exchange of a running ADD LINK flow."""
         assert isinstance(msg, AddLinkCont)
         if link.lgr.role is Role.SERVER:
             self._srv_add_link_cont(link, msg, now, out)
         else:
             self._cli_add_link_cont(link, msg, now, out)
-
-    def _llc_confirm_link(self, link: Link, msg: LlcMessage, now: float,
-                          out: list[Action]) -> None:  # fmt: skip
-        assert isinstance(msg, ConfirmLink)
-        lgr = link.lgr
-        if msg.is_response and lgr.role is Role.SERVER:
-            if self._srv_confirm_link_response(link, msg, now, out):
-                return
-            first = self._handshake_on(link)
-            super()._llc_confirm_link(link, msg, now, out)
-            if (first is not None and link.state is LinkState.LINK_ACTIVE
-                    and lgr.max_links > 1):  # fmt: skip
-                self._srv_add_link(lgr, now, out)  # smcr_serv_conf_first_link
-            return
-        if (not msg.is_response and lgr.role is Role.CLIENT
-                and self._cli_confirm_link(link, msg, now, out)):  # fmt: skip
-            return
-        super()._llc_confirm_link(link, msg, now, out)

@@ -63,7 +63,7 @@ class Config:
     over the same; as client it accepts an offer as Linux ``smc_llc_cli_add_link`` does
     and asks for a link on ``port_up``; SMC-Rv2.1 negotiates 2 links.  It needs a host
     that makes a QP on any port and registers every RMB there
-    (:class:`~smcr.core.engine.Provider`).  False: one link per group, the server offers
+    (:class:`~smcr.core.events.Provider`).  False: one link per group, the server offers
     none and the client rejects every offer (the runtime's choice with one RNIC and
     one link per group asked for)."""
 

@@ -21,25 +21,46 @@ Design (Linux ``smc_tx.c``, ``smc_rx.c``, ``smc_cdc.c``; spec §4, §5):
 from __future__ import annotations
 
 import itertools
-import struct
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from smcr.core.close import CloseInput, Send, SmcState, step
 from smcr.core.events import Action, PostSend, RdmaWrite, ReleaseConnection, ShutdownTcp
-from smcr.wire.cdc import CdcMessage, ConnectionStateFlags, ProducerFlags, sequence_before
+from smcr.wire.cdc import (
+    CDC,
+    CDC_MSG_LENGTH,
+    CDC_MSG_TYPE,
+    CdcMessage,
+    ConnectionStateFlags,
+    ProducerFlags,
+    sequence_before,
+)
 from smcr.wire.cursor import WRAP_LIMIT, Cursor
 
-if TYPE_CHECKING:
-    from smcr.core.linkgroup import Link
 
-# The CDC layout of smcr.wire.cdc (spec §4), packed and unpacked here with plain
-# ints: the data path builds and reads one CDC per send and per receive, and
-# CdcMessage's enums and Cursor objects cost more than the rest of that path
-# (tests/core check both give the same bytes).
-CDC = struct.Struct(">BBHI2xHI2xHIBB18x")
+class Link(Protocol):
+    """The link a connection sends on (:class:`smcr.core.linkgroup.Link`) as this module sees
+    it: connections are kept per link (their rkeys, the peer's rtokens), nothing of the
+    link is read here.  A protocol, not the class: the link group module holds
+    connections, and an import back from here would close a circle."""
+
+    @property
+    def qpn(self) -> int:
+        """The link's QP number."""
+
+    @property
+    def port(self) -> int:
+        """The RNIC port of our QP."""
+
+    @property
+    def link_id(self) -> int:
+        """The link's id in its group."""
+
+# The CDC layout (smcr.wire.cdc.CDC, spec §4) packed here with plain ints: the
+# data path builds one CDC per send, and CdcMessage's enums and Cursor objects
+# cost more than the rest of that path (tests/core check both give the same bytes).
 _PACK = CDC.pack
 
 SOCK_MIN_SNDBUF_HALF = 2304  # Linux SOCK_MIN_SNDBUF / 2 (spec §4, rule 3)
@@ -119,8 +140,10 @@ class Connection:
         """Our RMB's registrations per port the host made (``Provider.register_rmb``),
         kept when a link goes: a link over that port later uses them again."""
         self.peer_token = 0
-        self.peer_rtoken: dict[Link, tuple[int, int]] = {}
-        """The peer RMB's (rkey, vaddr) per link (the group's rtoken, shared)."""
+        self.peer_rtoken: dict[Any, tuple[int, int]] = {}
+        """The peer RMB's (rkey, vaddr) per link (the group's rtoken, shared: the very dict of
+        :meth:`LinkGroup.rtoken_add <smcr.core.linkgroup.LinkGroup.rtoken_add>`, keyed by its
+        links)."""
         self.peer_rmbe_offset = 0  # our RMBE's place in the peer RMB (CLC rmbe_idx)
         self.peer_rkey = 0
         self.peer_vaddr = 0
@@ -372,8 +395,8 @@ class Connection:
         rx_cons, tx_sent = self.rx_cons, self.tx_sent
         pwrap, pcount = divmod(tx_sent, self.peer_rmb_size)
         cwrap, ccount = divmod(rx_cons, self.rmb.size)
-        data = _PACK(0xFE, 44, seq, self.peer_token, pwrap & 0xFFFF, pcount, cwrap & 0xFFFF,
-                     ccount, flags, self.tx_flags)  # fmt: skip
+        data = _PACK(CDC_MSG_TYPE, CDC_MSG_LENGTH, seq, self.peer_token, pwrap & 0xFFFF, pcount,
+                     cwrap & 0xFFFF, ccount, flags, self.tx_flags)  # fmt: skip
         self.rx_cons_sent = rx_cons
         self.peer_wants_update = False
         wr_id = next(self.wr_ids)
@@ -406,7 +429,8 @@ class Connection:
         self.echo_pending = False  # (an answer asked for over the old link may never come)
         if self.state in (SmcState.INIT, SmcState.CLOSED):
             return
-        data = _PACK(0xFE, 44, seq_fin, self.peer_token, 0, 0, 0, 0, _FAILOVER, 0)
+        data = _PACK(CDC_MSG_TYPE, CDC_MSG_LENGTH, seq_fin, self.peer_token, 0, 0, 0, 0,
+                     _FAILOVER, 0)  # fmt: skip
         out.append(PostSend(self.qpn, data, next(self.wr_ids), False))
         self.flush(out, force_cdc=True)
 
@@ -491,7 +515,7 @@ class Connection:
             if pflags & _UPDATE_REQUESTED:
                 self.peer_wants_update = True
                 if self.peer_rmb_size:  # (else its CDC overtook its CLC Confirm: we answer
-                    self.send_cdc(out)  # once that is here, Engine._complete)
+                    self.send_cdc(out)  # once that is here, ClcHandshakes._complete)
         self.peer_write_blocked = self.peer_blocked_last = bool(pflags & _WRITE_BLOCKED)
         if self.tx_app > self.tx_sent and self.peer_space() > 0:
             self.flush(out, request=self.autocork > 0)  # (corked bytes: more may follow)

@@ -7,6 +7,8 @@ its bytes on the same QP (RC ordering, spec §8).  Payload never appears here:
 actions name offsets in the connection's send buffer, events carry no bytes
 (the inline data path, :meth:`smcr.core.connection.Connection.write_inline`,
 hands the application's buffer back to its caller, not through an action).
+What the engine asks of its host synchronously (a QP, an RMB registration) is
+:class:`Provider`.
 
 The two actions of the data path, ``PostSend`` and ``RdmaWrite``, are plain
 (not frozen) slotted dataclasses: a frozen one costs about 1.3-2 µs to build in
@@ -17,6 +19,7 @@ CPython 3.11 (every field goes through ``object.__setattr__``), a plain one
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from smcr.wire.decline import DeclineCode
 
@@ -38,7 +41,7 @@ class QpToRtr:
     ``lgr_id``/``link_id`` name the link, ``port`` the RNIC port its QP was made on
     (an index into :attr:`~smcr.core.config.LocalIdentity.ports`); ``qpn`` is that
     QP's number, unique among the process's QPs over all its ports (the
-    :class:`~smcr.core.engine.Provider` contract).  A client's first link has
+    :class:`Provider` contract).  A client's first link has
     ``link_id`` 0 here: the server names it later, in CONFIRM LINK.
     """
 
@@ -205,6 +208,32 @@ Event = HandshakeCompleted | FellBack | HandshakeFailed | ConnectionReset | (
     LinkGroupTerminated | LinkAdded | LinkRemoved | LlcDropped
 )
 
+# ------------------------------------------------------------------ host
+
+
+class Provider(Protocol):
+    """What the engine asks of its host synchronously (no I/O).
+
+    A host may also answer ``reaches(port, gid) -> bool``: whether our ``port`` has a path
+    to a peer port's GID (the RoCE runtime asks the kernel's routing); the engine then
+    adds links only over ports that reach the peer (:meth:`AddLinkFlows._reaches
+    <smcr.core.addlink.AddLinkFlows._reaches>`).  A host without it: every port reaches
+    every peer.  (Here, not beside the engine: every part of the engine uses its
+    provider, and this module imports none of them.)
+    """
+
+    def new_qp(self, port: int = 0) -> tuple[int, int]:
+        """Create an RC QP in RESET on ``port`` (an index into
+        :attr:`LocalIdentity.ports`); return its QP number and initial send PSN.
+        QP numbers must be unique among the process's QPs over all its ports: the
+        engine finds a link by the QP number a SEND or completion came in on."""
+
+    def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
+        """Register the connection's RMB on ``port`` too (a link over that port joined
+        its group, or it joins a group of several links); return its (rkey, vaddr)
+        there.  Only called with :attr:`Config.add_links`."""
+
+
 __all__ = [
     "Action",
     "ConnectionReset",
@@ -219,6 +248,7 @@ __all__ = [
     "LinkRemoved",
     "LlcDropped",
     "PostSend",
+    "Provider",
     "QpToRtr",
     "QpToRts",
     "RdmaWrite",

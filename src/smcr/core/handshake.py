@@ -32,8 +32,9 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from smcr.core.connection import Rmb
+from smcr.core.events import SendClc
 from smcr.core.linkgroup import Link, LinkGroup, V2Terms
-from smcr.wire.clc import ClcAccept, ClcReader, ClcType
+from smcr.wire.clc import ClcAccept, ClcDecline, ClcReader
 from smcr.wire.clc_proposal import IpPrefixArea, Ipv6Prefix
 from smcr.wire.decline import DeclineCode
 
@@ -54,15 +55,6 @@ class HsState(enum.Enum):
     DONE = "SMC-R"
     FALLBACK = "TCP fallback"
     FAILED = "failed"
-
-
-EXPECTED: dict[HsState, ClcType] = {
-    HsState.PROPOSAL_SENT: ClcType.ACCEPT,
-    HsState.PROPOSAL_WAIT: ClcType.PROPOSAL,
-    HsState.CONFIRM_WAIT: ClcType.CONFIRM,
-}
-"""The CLC message each waiting state takes (besides Decline); any other state takes
-only a Decline."""
 
 
 class Decline(Exception):  # noqa: N818 - it is an outcome, named as Linux names it
@@ -95,6 +87,11 @@ class Handshake:
     smc_version: int = 1  # the SMC-R version chosen (server) or accepted (client)
     terms: V2Terms | None = None  # v2: what was negotiated
     port: int = 0  # client: our port the Proposal named (a first contact's link uses it)
+
+
+def decline_clc(hs: Handshake, code: DeclineCode, peer_id: bytes) -> SendClc:
+    """The Decline a handshake sends (``smc_clc_send_decline``), in its CLC version."""
+    return SendClc(hs.conn, ClcDecline.linux(code, peer_id, version=hs.version).encode())
 
 
 @functools.lru_cache(maxsize=256, typed=True)  # (an interface is not its address)

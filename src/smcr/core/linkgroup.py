@@ -164,7 +164,7 @@ class LinkGroup:
     peer_rtokens: list[Rtoken] = field(default_factory=list)  # confirmed peer RMBs
     idle_rmbs: dict[int, Link] = field(default_factory=dict)
     """Our RMBs of released connections whose rkey the peer still holds, by rkey, with
-    the link it holds it for (:meth:`Engine.release <smcr.core.engine.Engine.release>`):
+    the link it holds it for (:meth:`Rkeys.release <smcr.core.rkeys.Rkeys.release>`):
     a connection of this group that gets one of them again needs no CONFIRM RKEY."""
     next_link_id: int = 0  # server: the last link id given (Linux lgr->next_link_id)
     remote_add: AddLinkFlow | None = None  # client: the server's ADD LINK flow being answered
@@ -180,10 +180,12 @@ class LinkGroup:
     peer_hostname: bytes = b""  # v2: from the peer's first-contact extension
     add_asked: bool = False
     """Server: a client's ADD LINK invitation or REQUEST ADD LINK came while an ADD LINK
-    flow ran (:meth:`AddLinkLayer._srv_add_link`)."""
+    flow ran (:meth:`AddLinkFlows.srv_add_link
+    <smcr.core.addlink.AddLinkFlows.srv_add_link>`)."""
     pnet_id: str = ""
     """The PNET ID of the port the group started on (Linux ``lgr->pnet_id``): its further
-    links go over ports of this one only (:meth:`AddLinkLayer._alt_port`)."""
+    links go over ports of this one only (:meth:`AddLinkFlows._alt_port
+    <smcr.core.addlink.AddLinkFlows._alt_port>`)."""
     peer_release: int = 0
 
     @property

@@ -1,58 +1,65 @@
-"""The link layer of the engine: LLC flows, CDC demultiplexing, link failure.
+"""The link layer of the engine: what arrives on links, LLC flows, a link group's end.
 
-Split from :mod:`smcr.core.engine` the way Linux splits ``smc_llc.c`` and
-``smc_cdc.c`` from ``af_smc.c``: this class handles what arrives on a link
-(``smc_wr_rx_demultiplex``: byte 0 0xFE is a CDC, anything else LLC), the
-LLC requests and responses as Linux answers them, the local LLC flows (one at
-a time per link group, ``smc_llc_flow_start``), the TEST LINK keepalive, and
-the end of a link group.  :class:`~smcr.core.engine.Engine` inherits it and
-adds the CLC handshake and the application's calls.
+The part of :class:`~smcr.core.engine.Engine` that Linux has in ``smc_wr.c``,
+``smc_cdc.c``, ``smc_llc.c`` and the link functions of ``smc_core.c``: it handles what
+arrives on a link (``smc_wr_rx_demultiplex``: byte 0 0xFE is a CDC, anything else
+LLC, dispatched by the engine's LLC table), answers the LLC requests that need no
+flow of their own (CONFIRM RKEY, DELETE RKEY, TEST LINK), runs the local LLC flows
+(one at a time per link group, ``smc_llc_flow_start``), the TEST LINK keepalive, and
+the end of a link group; and it holds what the other parts do with links: make one,
+move connections to one (``smc_switch_conns``), clear one (``smcr_link_clear``).
+
+It calls no other part: the handlers of ADD LINK (:mod:`smcr.core.addlink`), DELETE
+LINK (:mod:`smcr.core.failover`) and CONFIRM LINK (:mod:`smcr.core.clc`) come in
+through the table the engine gives it (:attr:`LinkLayer.table`), as Linux's
+``smc_wr_rx_register_handler``; a handshake its group's end takes down falls back
+here, without the handshake part (a Decline, :meth:`EngineState.fall_back
+<smcr.core.state.EngineState.fall_back>`).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from smcr.core import llc_msgs
 from smcr.core.close import SmcState
-from smcr.core.config import Config, LocalIdentity
-from smcr.core.connection import CDC, Connection, PeerFaultError
+from smcr.core.connection import Connection, PeerFaultError
 from smcr.core.events import (
     Action,
     ConnectionReset,
     DestroyQp,
-    Event,
     LinkGroupTerminated,
+    LinkRemoved,
     LlcDropped,
     PostSend,
-    QpToRts,
 )
-from smcr.core.handshake import Handshake, HsState
-from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, LocalFlow, Role
-
-if TYPE_CHECKING:
-    from smcr.core.engine import Provider
-from smcr.wire.cdc import CDC_MSG_TYPE, ConnectionStateFlags, ProducerFlags
+from smcr.core.handshake import HsState, decline_clc
+from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, LocalFlow
+from smcr.core.state import EngineState
+from smcr.wire.cdc import (
+    CDC,
+    CDC_CONN_STATE_FLAGS,
+    CDC_CONS_COUNT,
+    CDC_MSG_TYPE,
+    CDC_PROD_COUNT,
+    CDC_PROD_FLAGS,
+    CDC_TOKEN,
+    ConnectionStateFlags,
+    ProducerFlags,
+)
 from smcr.wire.decline import DeclineCode
 from smcr.wire.errors import WireError
 from smcr.wire.llc import (
     LLC_FLAG_DEL_LINK_ALL,
     LLC_FLAG_DEL_LINK_ORDERLY,
-    LLC_FLAG_NO_RMBE_EYEC,
     LLC_FLAG_RKEY_NEG,
-    AddLink,
-    AddLinkV2,
-    ConfirmLink,
     ConfirmRkey,
-    DeleteLink,
     DeleteLinkReason,
     DeleteRkey,
     DeleteRkeyV2,
     LlcMessage,
     LlcType,
-    RequestAddLinkV2,
     TestLink,
     decode_llc,
 )
@@ -66,66 +73,34 @@ CLC_WAIT_TIME_SHORT = 1.0
 """How long a first-contact client whose link died waits for the server's Decline (Linux's
 name; the engine's ``DECLINE_WAIT_SHORT`` after an unanswered CONFIRM LINK)."""
 
+LATE_LINKS = 64
+"""Cleared links remembered for their late CDCs (:meth:`LinkLayer._receive_late`)."""
+
 
 class LlcViolationError(Exception):
     """The peer broke the LLC protocol: terminate the link group (reason 0x00040000)."""
 
 
 LlcHandler = Callable[[Link, LlcMessage, float, list[Action]], None]
+LlcRoute = tuple[LlcHandler, frozenset[LinkState]]
+"""An LLC table entry: the handler, and the states of the link a message came in on in
+which it is handled; in any other the message is dropped (:meth:`LinkLayer._dispatch`)."""
+
+ANY_LINK_STATE = frozenset(LinkState)
+"""The states of an LLC table entry whose handler takes a message on any link."""
 
 
 class LinkLayer:
-    """What happens on links (module docstring); state lives in the engine."""
+    """What happens on links (module docstring), over the engine's shared state."""
 
-    config: Config
-    identity: LocalIdentity
-    provider: Provider
-    _llc_handlers: dict[int, LlcHandler]
-    handshakes: dict[int, Handshake]
-    conns: dict[int, Connection]
-    lgrs: dict[int, LinkGroup]
-    links: dict[int, Link]
-    late_links: dict[int, Link]
-    """Links cleared while their group lives, by QPN: CDCs they delivered may still be in the
-    host's CQ (:meth:`_receive_late`)."""
-    touched: set[int]
-    dropped: int
-    _ending: set[int]
-    ports_down: set[int]
-    _cdc_pending: dict[int, deque[tuple[int, Connection, int]]]
-    _events: deque[Event]
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
+        self.table: dict[tuple[int, bool], LlcRoute] = {}
+        """The LLC table, ``(msg_type, response) -> (handler, allowed link states)`` (Linux
+        ``smc_llc_rx_handlers``): the engine's (:meth:`Engine._llc_table
+        <smcr.core.engine.Engine._llc_table>`)."""
 
-    def _llc_table(self) -> dict[int, LlcHandler]:
-        """``msg_type -> handler`` (Linux ``smc_llc_rx_handlers`` / ``smc_llc_event_handler``)."""
-        return {
-            LlcType.CONFIRM_LINK: self._llc_confirm_link,
-            LlcType.ADD_LINK: self._llc_add_link,
-            LlcType.DELETE_LINK: self._llc_delete_link,
-            LlcType.CONFIRM_RKEY: self._llc_confirm_rkey,
-            LlcType.DELETE_RKEY: self._llc_delete_rkey,
-            LlcType.TEST_LINK: self._llc_test_link,
-            LlcType.CONFIRM_RKEY_CONT: self._llc_ignore,
-            # v2 variants share the v1 handlers, as Linux takes the type's low nibble
-            LlcType.CONFIRM_LINK_V2: self._llc_confirm_link,
-            LlcType.ADD_LINK_V2: self._llc_add_link,
-            LlcType.DELETE_LINK_V2: self._llc_delete_link,
-            LlcType.REQ_ADD_LINK_V2: self._llc_req_add_link,
-            LlcType.CONFIRM_RKEY_V2: self._llc_confirm_rkey,
-            LlcType.DELETE_RKEY_V2: self._llc_delete_rkey,
-            LlcType.TEST_LINK_V2: self._llc_test_link,
-        }
-
-    # the engine's handshake steps that LLC events finish or abort
-    def _decline(self, hs: Handshake, code: DeclineCode, out: list[Action]) -> None:
-        raise NotImplementedError
-
-    def _complete(self, hs: Handshake, out: list[Action]) -> None:
-        raise NotImplementedError
-
-    def _release_held(self, now: float, out: list[Action]) -> None:
-        raise NotImplementedError
-
-    # ================================================================ links
+    # ========================================================= what arrives
 
     def receive_wr(self, qpn: int, data: memoryview, now: float) -> list[Action]:
         """A SEND arrived on a link: a CDC (byte 0 0xFE) or an LLC message."""
@@ -133,7 +108,7 @@ class LinkLayer:
         link = self._heard(qpn, now)
         if link is not None:
             self._receive_one(link, data, now, out)
-        elif qpn in self.late_links:
+        elif qpn in self.state.late_links:
             self._receive_late(qpn, [data], out)
         return out
 
@@ -142,9 +117,9 @@ class LinkLayer:
         (Linux drains a link's CQ before it clears it, ``smc_wr_drain_cq``): its CDCs still
         count, found by token in the group (``smc_cdc_rx_handler``), as the peer saw them
         complete; its LLC messages are dropped with the link."""
-        link = self.late_links[qpn]
+        link = self.state.late_links[qpn]
         if link.lgr.terminated:
-            del self.late_links[qpn]
+            del self.state.late_links[qpn]
             return
         for data in datas:
             if data and data[0] == CDC_MSG_TYPE:
@@ -152,7 +127,7 @@ class LinkLayer:
 
     def _heard(self, qpn: int, now: float) -> Link | None:
         """The link a message came in on, marked alive (no TEST LINK due); None if unknown."""
-        link = self.links.get(qpn)
+        link = self.state.links.get(qpn)
         if link is not None:
             link.last_rx = now
             link.test_deadline = None
@@ -176,7 +151,7 @@ class LinkLayer:
         out: list[Action] = []
         link = self._heard(qpn, now)
         if link is None:
-            if qpn in self.late_links:
+            if qpn in self.state.late_links:
                 self._receive_late(qpn, datas, out)
             return out
         conns = link.lgr.conns
@@ -184,10 +159,13 @@ class LinkLayer:
         for data in datas:
             if len(data) == _CDC_SIZE and data[0] == CDC_MSG_TYPE and data[1] == _CDC_SIZE:
                 f = _CDC_UNPACK(data)
-                conn = conns.get(f[3])
-                if (conn is not None and not f[8] & _CDC_EVENT_PFLAGS and not f[9] & 0xE0
-                        and f[5] < conn.rmb.size and f[7] < (conn.peer_rmb_size or 1)):  # fmt: skip
-                    deferred[f[3]] = data
+                token = f[CDC_TOKEN]
+                conn = conns.get(token)
+                if (conn is not None and not f[CDC_PROD_FLAGS] & _CDC_EVENT_PFLAGS
+                        and not f[CDC_CONN_STATE_FLAGS] & 0xE0  # (no close: never coalesced)
+                        and f[CDC_PROD_COUNT] < conn.rmb.size
+                        and f[CDC_CONS_COUNT] < (conn.peer_rmb_size or 1)):  # fmt: skip
+                    deferred[token] = data
                     continue
             for earlier in deferred.values():
                 self._receive_cdc(link, earlier, out)
@@ -205,20 +183,31 @@ class LinkLayer:
         try:
             msg = decode_llc(data)
         except WireError as exc:
-            self._drop(qpn, f"undecodable LLC message: {exc}")
+            self.drop(qpn, f"undecodable LLC message: {exc}")
             return
         self._dispatch(link, msg, now, out)
 
     def _dispatch(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
-        handler = self._llc_handlers.get(msg.TYPE)
+        """Hand an LLC message to its handler (the table's, by type and response flag, as
+        Linux ``smc_llc_rx_handler`` splits responses from requests) if the link it came
+        on is in a state the handler takes; else it is dropped.  A handler that finds the
+        peer broke the protocol ends the group (DELETE LINK ALL, protocol violation)."""
+        response = msg.is_response
+        route = self.table.get((msg.TYPE, response))
         try:
-            if handler is None:
+            if route is None:
                 raise LlcViolationError(f"LLC type 0x{msg.TYPE:02x} not handled")
+            handler, states = route
+            if link.state not in states:
+                kind = "response" if response else "request"
+                self.drop(link.qpn, f"LLC {LlcType(msg.TYPE).name} {kind} on a link in "
+                                    f"state {link.state.name}")  # fmt: skip
+                return
             handler(link, msg, now, out)
         except LlcViolationError as exc:
-            self._delete_all(link.lgr, DeleteLinkReason.PROT_VIOL, str(exc), out)
+            self.delete_all(link.lgr, DeleteLinkReason.PROT_VIOL, str(exc), out)
 
-    def _delay(self, link: Link, msg: LlcMessage) -> bool:
+    def delay(self, link: Link, msg: LlcMessage) -> bool:
         """An ADD LINK or DELETE LINK request while a local flow runs (Linux
         ``smc_llc_flow_start`` -> ``smc_llc_flow_parallel``): one of another kind waits
         for the flow's end (one such request; more are dropped), one of the same kind is
@@ -230,162 +219,56 @@ class LinkLayer:
         if (flow.request.TYPE & 0x0F) != (msg.TYPE & 0x0F) and lgr.delayed is None:
             lgr.delayed = (link, msg)
         else:
-            self._drop(link.qpn, "LLC request parallel to a running flow of ours")
+            self.drop(link.qpn, "LLC request parallel to a running flow of ours")
         return True
 
     def _receive_cdc(self, link: Link, data: memoryview, out: list[Action]) -> None:
         if len(data) != _CDC_SIZE or data[1] != _CDC_SIZE:  # smc_cdc_rx_handler drops it
-            self._drop(link.qpn, f"bad CDC: {len(data)} bytes, length byte {data[1:2].hex()}")
+            self.drop(link.qpn, f"bad CDC: {len(data)} bytes, length byte {data[1:2].hex()}")
             return
         _, _, seq, token, pwrap, pcount, cwrap, ccount, pflags, sflags = _CDC_UNPACK(data)
         conn = link.lgr.conns.get(token)
         if conn is None:
-            self._drop(link.qpn, f"CDC for unknown token {token}")
+            self.drop(link.qpn, f"CDC for unknown token {token}")
             return
-        self.touched.add(conn.id)
+        self.state.touched.add(conn.id)
         try:
             conn.receive_cdc_fields(seq, pwrap, pcount, cwrap, ccount, pflags & 0xF8,
                                     sflags & 0xE0, out)  # fmt: skip
         except PeerFaultError as exc:
-            self._abort(conn, f"peer fault: {exc}", out)
+            self.abort(conn, f"peer fault: {exc}", out)
 
-    def _rmb_on(self, conn: Connection, link: Link) -> tuple[int, int]:
-        """Our RMB's (rkey, vaddr) for ``link``: the host's registration on the link's
-        port (:meth:`Provider.register_rmb`), the RMB's own on port 0."""
-        keys = conn.rmb_keys.get(link)
-        if keys is None:
-            keys = conn.port_keys.get(link.port)
-            if keys is None:
-                keys = ((conn.rmb.rkey, conn.rmb.vaddr) if link.port == 0
-                        else self.provider.register_rmb(conn.id, link.port))  # fmt: skip
-                conn.port_keys[link.port] = keys
-            conn.rmb_keys[link] = keys
-        return keys
-
-    def _use_link(self, conn: Connection, link: Link) -> None:
-        """Make ``link`` the connection's (Linux ``conn->lnk = link``): its QP, WR ids,
-        CDC completion queue and the peer RMB's rkey on it, read by the data path."""
-        conn.link = link
-        conn.qpn = link.qpn
-        conn.wr_ids = link.wr_ids
-        conn.cdc_pending = self._cdc_pending[link.qpn]
-        rkey, vaddr = conn.peer_rtoken[link]
-        conn.peer_rkey, conn.peer_vaddr = rkey, vaddr + conn.peer_rmbe_offset
-        self._rmb_on(conn, link)
-
-    def _abort(self, conn: Connection, reason: str, out: list[Action]) -> None:
+    def abort(self, conn: Connection, reason: str, out: list[Action]) -> None:
         """Abort one connection: abort CDC, then CLOSED (``smc_conn_kill``)."""
         if conn.state is not SmcState.CLOSED:
             conn.tx_flags |= int(ConnectionStateFlags.PEER_CONNECTION_ABORT)
             conn.flush(out, force_cdc=True)
             conn.link_down(reason, out)
-        self._events.append(ConnectionReset(conn=conn.id, reason=reason))
+        self.state.events.append(ConnectionReset(conn=conn.id, reason=reason))
 
-    def _drop(self, qpn: int, reason: str) -> None:
-        self.dropped += 1
-        self._events.append(LlcDropped(qpn=qpn, reason=reason))
+    def drop(self, qpn: int, reason: str) -> None:
+        """Drop an LLC or CDC message: counted and reported (STYLE §4)."""
+        self.state.dropped += 1
+        self.state.events.append(LlcDropped(qpn=qpn, reason=reason))
 
-    def _post_llc(self, link: Link, msg: LlcMessage, out: list[Action]) -> None:
+    def post_llc(self, link: Link, msg: LlcMessage, out: list[Action]) -> None:
+        """SEND an LLC message on ``link``."""
         out.append(PostSend(link.qpn, msg.encode(), link.next_wr_id()))
 
     # -- LLC handlers (``smc_llc_event_handler``, ``smc_llc_rx_response``) ------
 
-    def _llc_confirm_link(self, link: Link, msg: LlcMessage, now: float,
-                          out: list[Action]) -> None:  # fmt: skip
-        assert isinstance(msg, ConfirmLink)
-        hs = self._handshake_on(link)
-        if msg.is_response:
-            if hs is None or hs.client or hs.state is not HsState.CONFIRM_LINK_RESP_WAIT:
-                self._drop(link.qpn, "unexpected CONFIRM LINK response")
-                return
-            if not msg.flags & LLC_FLAG_NO_RMBE_EYEC:
-                self._decline(hs, DeclineCode.RMBE_EC, out)
-                return
-            self._link_up(link, now)
-            self._complete(hs, out)
-            self._release_held(now, out)
-            return
-        if hs is None or not hs.client or hs.state is not HsState.CONFIRM_LINK_WAIT:
-            raise LlcViolationError("CONFIRM LINK request outside first contact")
-        if not msg.flags & LLC_FLAG_NO_RMBE_EYEC:
-            self._decline(hs, DeclineCode.RMBE_EC, out)
-            return
-        link.link_id = msg.link_num
-        out.append(QpToRts(link.qpn, link.psn, **link.names))
-        response = llc_msgs.confirm_link(link, self.identity, self.config, response=True)
-        self._post_llc(link, response, out)
-        self._link_up(link, now)
-        self._complete(hs, out)
-
-    def _handshake_on(self, link: Link) -> Handshake | None:
-        for hs in self.handshakes.values():
-            if hs.link is link and hs.first_contact:
-                return hs
-        return None
-
-    def _link_up(self, link: Link, now: float) -> None:
-        link.state = LinkState.LINK_ACTIVE
-        link.last_rx = now
-        link.lgr.lgr_type = LgrType.SINGLE
-
-    def _llc_add_link(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
-        assert isinstance(msg, AddLink | AddLinkV2)
-        if msg.is_response:
-            self._drop(link.qpn, "ADD LINK response without a request")
-        elif link.lgr.role is Role.CLIENT:
-            # no second RNIC (smc_llc_cli_add_link -> smc_llc_cli_add_link_reject); a v2
-            # reject is the request's first 44 bytes, the header rewritten
-            self._post_llc(link, msg.reject(), out)
-        # as server: a client's invitation; we have no second path to offer
-
-    def _llc_req_add_link(self, link: Link, msg: LlcMessage, now: float,
-                          out: list[Action]) -> None:  # fmt: skip
-        """REQUEST ADD LINK v2 (client -> server): Linux ``smc_llc_srv_add_link`` adds
-        no link without a second path and always answers with the zeroed response
-        (``smc_llc_send_req_add_link_response``)."""
-        assert isinstance(msg, RequestAddLinkV2)
-        if msg.is_response or link.lgr.role is Role.CLIENT:
-            self._drop(link.qpn, "REQUEST ADD LINK not for us")
-            return
-        self._post_llc(link, msg.response(), out)
-
-    def _llc_delete_link(self, link: Link, msg: LlcMessage, now: float,
-                         out: list[Action]) -> None:  # fmt: skip
-        assert isinstance(msg, DeleteLink)
-        lgr = link.lgr
-        if msg.is_response:
-            return
-        if msg.is_all:
-            # Linux answers with its own DELETE LINK ALL and the peer's reason: a server
-            # orderly (smc_llc_process_srv_delete_link), a client from the group's end
-            # (smc_lgr_cleanup); not when it is ending the group itself (ours is out)
-            if lgr.lgr_id not in self._ending:
-                flags = LLC_FLAG_DEL_LINK_ALL
-                if lgr.role is Role.SERVER:
-                    flags |= LLC_FLAG_DEL_LINK_ORDERLY
-                self._post_llc(link, llc_msgs.delete_link(lgr, flags, msg.reason), out)
-            self._terminate(lgr, f"peer deleted all links (reason 0x{msg.reason:08x})", out)
-            return
-        known = msg.link_num == link.link_id
-        self._post_llc(link, msg.response(DeleteLinkReason.OK if known else
-                                          DeleteLinkReason.NOLNK), out)  # fmt: skip
-        if known:  # our only link: nothing to fail over to
-            self._terminate(lgr, "peer deleted our only link", out)
-
-    def _llc_confirm_rkey(self, link: Link, msg: LlcMessage, now: float,
-                          out: list[Action]) -> None:  # fmt: skip
+    def receive_confirm_rkey(self, link: Link, msg: LlcMessage, now: float,
+                             out: list[Action]) -> None:  # fmt: skip
+        """The peer's CONFIRM RKEY (``smc_llc_rmt_conf_rkey``): its RMB's rkeys, the first
+        for the link it came on, the others named by link id; answered at once."""
         assert isinstance(msg, ConfirmRkey)
-        if msg.is_response:
-            self._flow_response(link.lgr, msg, not msg.flags & LLC_FLAG_RKEY_NEG, now, out)
-            return
-        # smc_llc_rmt_conf_rkey: the first rtoken is for the link it came on
         lgr = link.lgr
         named = [(x, other) for other in msg.other_rtokens
                  if (x := lgr.link_by_id(other.link_id)) is not None]  # fmt: skip
         rt = lgr.rtoken_find(link, msg.rmb_key)
         for x, other in named if rt is None else ():
             # a peer of ours sends its CLC message without waiting for this flow's end
-            # (Engine._confirm_rkey): for a connection on another link than the one
+            # (Rkeys.confirm_rkey): for a connection on another link than the one
             # this came on, the CLC message may have brought the RMB first, by its rkey
             # on that link; Linux's peer never does (its CLC message comes after)
             rt = lgr.rtoken_find(x, other.rmb_key)
@@ -396,46 +279,59 @@ class LinkLayer:
         rt[link] = (msg.rmb_key, msg.rmb_vaddr)
         for x, other in named:
             rt[x] = (other.rmb_key, other.rmb_vaddr)
-        self._post_llc(link, msg.response(), out)
+        self.post_llc(link, msg.response(), out)
 
-    def _llc_delete_rkey(self, link: Link, msg: LlcMessage, now: float,
-                         out: list[Action]) -> None:  # fmt: skip
+    def receive_confirm_rkey_response(self, link: Link, msg: LlcMessage, now: float,
+                                      out: list[Action]) -> None:  # fmt: skip
+        """The answer to our CONFIRM RKEY flow: the peer took the rkeys unless negative."""
+        assert isinstance(msg, ConfirmRkey)
+        self.flow_response(link.lgr, msg, not msg.flags & LLC_FLAG_RKEY_NEG, now, out)
+
+    def receive_delete_rkey(self, link: Link, msg: LlcMessage, now: float,
+                            out: list[Action]) -> None:  # fmt: skip
+        """The peer's DELETE RKEY (``smc_llc_rmt_delete_rkey``): its RMBs forgotten,
+        answered at once."""
         assert isinstance(msg, DeleteRkey | DeleteRkeyV2)
-        if msg.is_response:
-            self._flow_response(link.lgr, msg, True, now, out)
-            return
         mask = invalid = 0
         for i, rkey in enumerate(msg.rkeys):
             if not link.lgr.rtoken_delete(link, rkey):
                 mask |= 0x80 >> i
                 invalid += 1
         # v1: a mask of the unknown ones; v2: their number, the list zeroed
-        # (smc_llc_rmt_delete_rkey)
         response = msg.response(invalid) if isinstance(msg, DeleteRkeyV2) else msg.response(mask)
-        self._post_llc(link, response, out)
+        self.post_llc(link, response, out)
 
-    def _llc_test_link(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
+    def receive_delete_rkey_response(self, link: Link, msg: LlcMessage, now: float,
+                                     out: list[Action]) -> None:  # fmt: skip
+        """The answer to our DELETE RKEY flow."""
+        assert isinstance(msg, DeleteRkey | DeleteRkeyV2)
+        self.flow_response(link.lgr, msg, True, now, out)
+
+    def receive_test_link(self, link: Link, msg: LlcMessage, now: float,
+                          out: list[Action]) -> None:  # fmt: skip
+        """The peer's TEST LINK, answered."""
         assert isinstance(msg, TestLink)
-        if not msg.is_response:
-            self._post_llc(link, msg.response(), out)
+        self.post_llc(link, msg.response(), out)
 
-    def _llc_ignore(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
-        """CONFIRM RKEY CONTINUATION: Linux never sends it and ignores it."""
+    def ignore(self, link: Link, msg: LlcMessage, now: float, out: list[Action]) -> None:
+        """A message that asks nothing: a TEST LINK response (anything received marks
+        the link alive), a CONFIRM RKEY CONTINUATION (Linux never sends it and ignores
+        it)."""
 
     # -- local flows ------------------------------------------------------------
 
-    def _start_flow(self, lgr: LinkGroup, request: LlcMessage,
-                    on_done: Callable[[bool, float], list[Action]], now: float,
-                    out: list[Action],
-                    build: Callable[[Link], LlcMessage] | None = None) -> None:  # fmt: skip
+    def start_flow(self, lgr: LinkGroup, request: LlcMessage,
+                   on_done: Callable[[bool, float], list[Action]], now: float,
+                   out: list[Action],
+                   build: Callable[[Link], LlcMessage] | None = None) -> None:  # fmt: skip
         """Queue a local LLC flow; it starts when the group's previous flow ended (and, as
         Linux ``smc_llc_flow_start``, not while the peer's ADD LINK is being answered)."""
         lgr.flow_queue.append(LocalFlow(request, on_done, build=build))
-        self._next_flow(lgr, now, out)
+        self.next_flow(lgr, now, out)
 
-    def _next_flow(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
+    def next_flow(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
         """Start the next local flow, if none runs; a request held back while one ran
-        (:meth:`_delay`) is handled first, as Linux's ``smc_llc_flow_stop`` hands the
+        (:meth:`delay`) is handled first, as Linux's ``smc_llc_flow_stop`` hands the
         delayed event to the event worker before waking waiting flows."""
         while True:
             if (lgr.delayed is not None and lgr.flow is None and lgr.remote_add is None
@@ -458,54 +354,37 @@ class LinkLayer:
                 flow.request = request
             if flow.build is not None:
                 flow.request = flow.build(link)
-            flow.deadline = now + self.config.llc_wait
-            self._post_llc(link, flow.request, out)
+            flow.deadline = now + self.state.config.llc_wait
+            self.post_llc(link, flow.request, out)
             return
 
-    def _flow_response(self, lgr: LinkGroup, msg: LlcMessage, ok: bool, now: float,
-                       out: list[Action]) -> None:  # fmt: skip
+    def flow_response(self, lgr: LinkGroup, msg: LlcMessage, ok: bool, now: float,
+                      out: list[Action]) -> None:  # fmt: skip
+        """The peer's answer to the group's running local flow (``ok``: a positive one);
+        the next flow starts.  One that fits no flow is dropped."""
         flow = lgr.flow
         if flow is None or flow.request.TYPE != msg.TYPE:
-            self._drop(lgr.links[0].qpn if lgr.links else 0, "LLC response fits no flow")
+            self.drop(lgr.links[0].qpn if lgr.links else 0, "LLC response fits no flow")
             return
         lgr.flow = None
-        self._finish_flow(flow, ok, now, out)
-        self._next_flow(lgr, now, out)
+        self.finish_flow(flow, ok, now, out)
+        self.next_flow(lgr, now, out)
 
-    def _finish_flow(self, flow: LocalFlow, ok: bool, now: float, out: list[Action]) -> None:
+    def finish_flow(self, flow: LocalFlow, ok: bool, now: float, out: list[Action]) -> None:
+        """A local flow ended (answered, or not): what its owner does then."""
         out.extend(flow.on_done(ok, now))
 
-    # ================================================================ verbs
+    # ============================================== verbs completions, keepalive
 
-    def send_completed(self, qpn: int, wr_id: int, ok: bool, now: float) -> list[Action]:
-        """A signaled send completed; CDCs free send-buffer space (``smc_cdc_tx_handler``)."""
-        out: list[Action] = []
-        if not ok:
-            return self.link_failed(qpn, "send completed with an error", now)
-        pending = self._cdc_pending.get(qpn)
+    def send_completed(self, qpn: int, wr_id: int, now: float) -> None:
+        """A signaled send completed without error: CDCs up to it free send-buffer space
+        (``smc_cdc_tx_handler``)."""
+        pending = self.state.cdc_pending.get(qpn)
+        touched = self.state.touched
         while pending and pending[0][0] <= wr_id:
             _, conn, tx_sent = pending.popleft()
             conn.cdc_completed(tx_sent)
-            self.touched.add(conn.id)
-        return out
-
-    def link_failed(self, qpn: int, reason: str, now: float,
-                    decline: DeclineCode = DeclineCode.NOACTLINK,
-                    peer_gone: bool = False) -> list[Action]:  # fmt: skip
-        """The link's QP went to ERR (peer gone, flush): with one link, the group ends.
-
-        :param decline: the code of the Declines its unfinished handshakes get:
-            ``ERR_RDYLNK`` when the host could not bring the QP up (Linux
-            ``smc_ib_ready_link`` failing), else ``NOACTLINK``.
-        :param peer_gone: the RNIC saw the peer's process end, having delivered all
-            it posted (:attr:`smcr.rdma.base.QueuePair.peer_gone`); see
-            :meth:`Connection.link_down`.
-        """
-        out: list[Action] = []
-        link = self.links.get(qpn)
-        if link is not None and not link.lgr.terminated:
-            self._terminate(link.lgr, f"link down: {reason}", out, decline, now, peer_gone)
-        return out
+            touched.add(conn.id)
 
     def probe_link(self, conn_id: int, now: float) -> list[Action]:
         """Test a connection's link at once (TEST LINK), not after the idle time.
@@ -518,25 +397,41 @@ class LinkLayer:
         the link group as for any dead link.
         """
         out: list[Action] = []
-        conn = self.conns.get(conn_id)
-        link = self.links.get(conn.qpn) if conn is not None else None
+        conn = self.state.conns.get(conn_id)
+        link = self.state.links.get(conn.qpn) if conn is not None else None
         if link is None or link.state is not LinkState.LINK_ACTIVE or link.lgr.terminated:
             return out
         if link.test_deadline is None:
-            self._post_llc(link, llc_msgs.test_link(link.lgr), out)
-            link.test_deadline = now + self.config.llc_wait
+            self.post_llc(link, llc_msgs.test_link(link.lgr), out)
+            link.test_deadline = now + self.state.config.llc_wait
         return out
 
-    def _delete_all(self, lgr: LinkGroup, reason: int, text: str, out: list[Action]) -> None:
+    def keepalive(self, link: Link, now: float, out: list[Action]) -> bool:
+        """``smc_llc_testlink_work``: TEST LINK after idle time.  Whether the link is down
+        (its TEST LINK unanswered, ``smcr_link_down_cond_sched``): the caller fails it."""
+        period = self.state.config.testlink_time
+        if period <= 0 or link.state is not LinkState.LINK_ACTIVE:
+            return False
+        if link.test_deadline is not None:
+            return now >= link.test_deadline
+        if now >= link.last_rx + period:
+            self.post_llc(link, llc_msgs.test_link(link.lgr), out)
+            link.test_deadline = now + self.state.config.llc_wait
+        return False
+
+    # ==================================================== a link group's end
+
+    def delete_all(self, lgr: LinkGroup, reason: int, text: str, out: list[Action]) -> None:
+        """End a link group and tell the peer: DELETE LINK ALL, orderly, with ``reason``."""
         link = lgr.active_link
         if link is not None:
             flags = LLC_FLAG_DEL_LINK_ALL | LLC_FLAG_DEL_LINK_ORDERLY
-            self._post_llc(link, llc_msgs.delete_link(lgr, flags, reason), out)
-        self._terminate(lgr, text, out)
+            self.post_llc(link, llc_msgs.delete_link(lgr, flags, reason), out)
+        self.terminate(lgr, text, out)
 
-    def _terminate(self, lgr: LinkGroup, reason: str, out: list[Action],
-                   decline: DeclineCode = DeclineCode.NOACTLINK,
-                   now: float | None = None, peer_gone: bool = False) -> None:  # fmt: skip
+    def terminate(self, lgr: LinkGroup, reason: str, out: list[Action],
+                  decline: DeclineCode = DeclineCode.NOACTLINK,
+                  now: float | None = None, peer_gone: bool = False) -> None:  # fmt: skip
         """End a link group: every connection is reset, every QP destroyed
         (``smc_lgr_terminate``); handshakes under way on it decline with ``decline``.
 
@@ -552,14 +447,14 @@ class LinkLayer:
         lgr.terminated = True
         lgr.remote_add = None
         for conn in list(lgr.conns.values()):
-            hs = self.handshakes.get(conn.id)
+            hs = self.state.handshakes.get(conn.id)
             if hs is not None and hs.state not in (HsState.DONE, HsState.FALLBACK):
                 continue  # declined below: its TCP carries on as the fallback, not reset
-            self.touched.add(conn.id)
+            self.state.touched.add(conn.id)
             if conn.state is not SmcState.CLOSED:
                 conn.link_down(reason, out, peer_gone)
-                self._events.append(ConnectionReset(conn=conn.id, reason=reason))
-        for hs in list(self.handshakes.values()):
+                self.state.events.append(ConnectionReset(conn=conn.id, reason=reason))
+        for hs in list(self.state.handshakes.values()):
             if hs.lgr is lgr and hs.state not in (HsState.DONE, HsState.FALLBACK):
                 if hs.first_contact:
                     hs.lgr = None  # do not recurse
@@ -568,29 +463,115 @@ class LinkLayer:
                     hs.state = HsState.DECLINE_WAIT
                     hs.deadline = now + CLC_WAIT_TIME_SHORT
                     continue
-                self._decline(hs, decline, out)
+                # (a first contact is off its group already: no second end of it)
+                out.append(decline_clc(hs, decline, self.state.identity.peer_id))
+                self.state.fall_back(hs, int(decline), 0)
         if lgr.flow is not None:
-            self._finish_flow(lgr.flow, False, 0.0, out)
+            self.finish_flow(lgr.flow, False, 0.0, out)
             lgr.flow = None
         while lgr.flow_queue:
-            self._finish_flow(lgr.flow_queue.popleft(), False, 0.0, out)
+            self.finish_flow(lgr.flow_queue.popleft(), False, 0.0, out)
         for link in lgr.links:
             link.state = LinkState.LINK_INACTIVE
-            self.links.pop(link.qpn, None)
-            self._cdc_pending.pop(link.qpn, None)
+            self.state.links.pop(link.qpn, None)
+            self.state.cdc_pending.pop(link.qpn, None)
             out.append(DestroyQp(link.qpn, **link.names))
-        self.lgrs.pop(lgr.lgr_id, None)
-        self._events.append(LinkGroupTerminated(lgr_id=lgr.lgr_id, reason=reason))
+        self.state.lgrs.pop(lgr.lgr_id, None)
+        self.state.events.append(LinkGroupTerminated(lgr_id=lgr.lgr_id, reason=reason))
 
-    def _keepalive(self, link: Link, now: float, out: list[Action]) -> None:
-        """``smc_llc_testlink_work``: TEST LINK after idle time, link down if unanswered."""
-        period = self.config.testlink_time
-        if period <= 0 or link.state is not LinkState.LINK_ACTIVE:
-            return
-        if link.test_deadline is not None:
-            if now >= link.test_deadline:  # smcr_link_down_cond_sched: the link is down
-                out.extend(self.link_failed(link.qpn, "TEST LINK not answered", now))
-        elif now >= link.last_rx + period:
-            self._post_llc(link, llc_msgs.test_link(link.lgr), out)
-            link.test_deadline = now + self.config.llc_wait
+    # ================================================================ links
 
+    def new_link(self, lgr: LinkGroup, port: int, link_id: int) -> Link:
+        """A link of ``lgr`` over our ``port``: its QP made (RESET) by the host, not yet up."""
+        qpn, psn = self.state.provider.new_qp(port)
+        link = Link(qpn, psn, lgr, link_id=link_id, port=port)
+        lgr.links.append(link)
+        self.state.links[qpn] = link
+        self.state.cdc_pending[qpn] = deque()
+        return link
+
+    def rmb_on(self, conn: Connection, link: Link) -> tuple[int, int]:
+        """Our RMB's (rkey, vaddr) for ``link``: the host's registration on the link's
+        port (:meth:`Provider.register_rmb`), the RMB's own on port 0."""
+        keys = conn.rmb_keys.get(link)
+        if keys is None:
+            keys = conn.port_keys.get(link.port)
+            if keys is None:
+                keys = ((conn.rmb.rkey, conn.rmb.vaddr) if link.port == 0
+                        else self.state.provider.register_rmb(conn.id, link.port))  # fmt: skip
+                conn.port_keys[link.port] = keys
+            conn.rmb_keys[link] = keys
+        return keys
+
+    def use_link(self, conn: Connection, link: Link) -> None:
+        """Make ``link`` the connection's (Linux ``conn->lnk = link``): its QP, WR ids,
+        CDC completion queue and the peer RMB's rkey on it, read by the data path."""
+        conn.link = link
+        conn.qpn = link.qpn
+        conn.wr_ids = link.wr_ids
+        conn.cdc_pending = self.state.cdc_pending[link.qpn]
+        rkey, vaddr = conn.peer_rtoken[link]
+        conn.peer_rkey, conn.peer_vaddr = rkey, vaddr + conn.peer_rmbe_offset
+        self.rmb_on(conn, link)
+
+    def clear_link(self, link: Link, out: list[Action]) -> None:
+        """Forget a link (``smcr_link_clear``): its QP destroyed, its rkeys dropped from
+        the connections and the peer RMBs."""
+        state = self.state
+        lgr = link.lgr
+        link.state = LinkState.LINK_INACTIVE
+        if link in lgr.links:
+            lgr.links.remove(link)
+        if state.links.pop(link.qpn, None) is not None and not lgr.terminated:
+            state.late_links[link.qpn] = link
+            while len(state.late_links) > LATE_LINKS:
+                del state.late_links[next(iter(state.late_links))]
+        state.cdc_pending.pop(link.qpn, None)
+        for conn in lgr.conns.values():
+            conn.rmb_keys.pop(link, None)
+        for rt in lgr.peer_rtokens:
+            rt.pop(link, None)
+        out.append(DestroyQp(link.qpn, **link.names))
+
+    def link_gone(self, link: Link, out: list[Action], reason: str = "") -> None:
+        """``smcr_link_clear`` of a link that was up, and the group's new type."""
+        lgr = link.lgr
+        self.clear_link(link, out)
+        if sum(1 for x in lgr.links if x.state is LinkState.LINK_ACTIVE) == 1:
+            lgr.lgr_type = LgrType.SINGLE
+        self.state.events.append(LinkRemoved(lgr_id=lgr.lgr_id, link_id=link.link_id,
+                                             port=link.port, reason=reason))  # fmt: skip
+
+    def other_active(self, link: Link, dev_err: bool = False) -> Link | None:
+        """Another active link of the group; with ``dev_err`` not one over the same port
+        (``smc_switch_conns``' ``is_dev_err``)."""
+        for other in link.lgr.links:
+            if (other is not link and other.state is LinkState.LINK_ACTIVE
+                    and not (dev_err and other.port == link.port)):  # fmt: skip
+                return other
+        return None
+
+    def switch_conns(self, from_link: Link, out: list[Action],
+                     dev_err: bool = False) -> Link | None:  # fmt: skip
+        """``smc_switch_conns``: move every connection of ``from_link`` to another active
+        link of its group; that link, or None if there is none."""
+        to = self.other_active(from_link, dev_err)
+        if to is None:
+            return None
+        old = self.state.cdc_pending.get(from_link.qpn, ())
+        for conn in list(from_link.lgr.conns.values()):
+            if conn.link is not from_link:
+                continue
+            # CDCs complete in order and each one sent counted one sequence number: the
+            # last completed one is the current one less those still pending
+            unfinished = sum(1 for entry in old if entry[1] is conn)
+            seq_fin = (conn.seq - unfinished) & 0xFFFF
+            self.state.touched.add(conn.id)
+            if to not in conn.peer_rtoken:  # the peer never gave this RMB's rkey for it
+                reason = "failover: no rkey of the peer's RMB on the other link"
+                conn.link_down(reason, out)
+                self.state.events.append(ConnectionReset(conn=conn.id, reason=reason))
+                continue
+            self.use_link(conn, to)
+            conn.switch_cursor(seq_fin, out)
+        return to

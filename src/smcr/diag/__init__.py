@@ -7,13 +7,13 @@ a listen, a handshake, a fallback) opens an endpoint of its own
 (:mod:`smcr.diag.server`) in its user's private directory
 (:mod:`smcr.diag.paths`), and ``smcr ss``/``stats``/``linkgroup``/``top`` ask
 every endpoint they may see (:mod:`smcr.diag.client`).  Counters are the
-process's :data:`~smcr.diag.counters.COUNTERS`; at exit they are left in the
+process's :data:`~smcr.stack.counters.COUNTERS`; at exit they are left in the
 directory (:mod:`smcr.diag.store`) so host totals include processes that ended,
 by a normal exit or by SIGTERM, SIGHUP or SIGINT (:func:`keep_counters_on_signals`).
 
 Modules: ``paths`` (where), ``protocol`` (frames), ``server`` (the endpoint's
-thread), ``snapshot`` (what a process tells), ``counters`` and ``registry``
-(what the data path and the socket layer update), ``store`` (exited
+thread), ``snapshot`` (what a process tells), ``registry`` (the listening
+and fallback sockets, which the socket layer adds), ``store`` (exited
 processes, reset baseline), ``trace`` (``smcr trace``'s hooks and stream),
 ``client`` (the tools' side).
 """
@@ -27,7 +27,7 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from smcr.diag.counters import COUNTERS
+from smcr.stack.counters import COUNTERS
 
 if TYPE_CHECKING:
     from smcr.diag.server import Endpoint

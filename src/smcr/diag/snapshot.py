@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from smcr.diag import registry
-from smcr.diag.counters import COUNTERS
+from smcr.stack.counters import COUNTERS
 
 LOCK_WAIT = 0.5
 SMCSS_STATE = {"APPFINCLOSEWAIT": "APPFINCLOSEWAIT1"}
@@ -166,9 +166,9 @@ def gather(partial: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any
             continue
         try:
             engine = stack.engine
-            _add_live(engine, live)
+            _add_live(stack, live)
             for hc in list(stack.conns.values()):
-                row = _smc_row(stack, hc, engine.conns.get(hc.conn_id), uid)
+                row = _smc_row(stack, hc, stack.engine_conn(hc), uid)
                 if row is not None:
                     rows.append(row)
             found = [_lgr_row(stack, lgr) for lgr in list(engine.lgrs.values())]
@@ -190,10 +190,10 @@ def gather(partial: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any
     return rows, lgrs, devices, live
 
 
-def _add_live(engine: Any, live: dict[str, int]) -> None:
-    """Add the engine's connections' byte counts (lock held): the released ones are in
-    :attr:`Counters.closed_tx_bytes <smcr.diag.counters.Counters.closed_tx_bytes>`."""
-    for c in list(engine.conns.values()):
+def _add_live(stack: Any, live: dict[str, int]) -> None:
+    """Add the runtime's connections' byte counts (lock held): the released ones are in
+    :attr:`Counters.closed_tx_bytes <smcr.stack.counters.Counters.closed_tx_bytes>`."""
+    for c in stack.engine_conns():
         live["tx"] += c.tx_app
         live["rx"] += c.rx_cons
         live["peer_full"] += getattr(c, "stats_write_blocked", 0)
@@ -236,7 +236,7 @@ def counters() -> dict[str, Any]:
             partial.append(f"runtime {stack.device.name} busy")
             continue
         try:
-            _add_live(stack.engine, live)
+            _add_live(stack, live)
         finally:
             stack.lock.release()
     return {"process": process_info(), "partial": partial,

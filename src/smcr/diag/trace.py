@@ -8,7 +8,7 @@ Design (the why of each):
   (:class:`~smcr.rdma.base.QpTap`, :meth:`~smcr.rdma.base.QueuePair.set_tap`)
   sees its ``post_send`` and ``post_writes_send`` (every LLC and CDC SEND and
   every RDMA WRITE posted, fused or not, each once), the runtime's
-  (:class:`~smcr.stack.runtime.StackTap`, ``Stack.tap``) every SEND that
+  (:class:`~smcr.stack.hostconn.StackTap`, ``Stack.tap``) every SEND that
   arrived, CLC sent and received on the TCP socket, and the QPs made while
   tracing (which get a tap too).  (Why taps and not methods shadowed per
   instance: those classes are native ones in the compiled build,
@@ -51,6 +51,7 @@ from typing import Any
 from smcr.rdma.base import QpTap, QueuePair
 from smcr.rdma.verbs import SendFlag, SendWr, WrOpcode
 from smcr.stack import runtime
+from smcr.stack.hostconn import StackTap
 
 MAX_RECORDS = 8192
 """Records held for the tool; past this, new ones are dropped (and counted)."""
@@ -221,7 +222,7 @@ class Tracer:
         return out
 
 
-class _StackTrace(runtime.StackTap):
+class _StackTrace(StackTap):
     """A traced runtime's tap: its SENDs in, CLC both ways, QPs made while tracing."""
 
     def __init__(self, tracer: Tracer, dev: int) -> None:

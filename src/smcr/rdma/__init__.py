@@ -2,8 +2,9 @@
 
 Provider-independent pieces: :mod:`smcr.rdma.verbs` (enums, work requests,
 completions, attributes, with libibverbs names and values),
-:mod:`smcr.rdma.qpstate` (the RC state table) and :mod:`smcr.rdma.base`
-(device, PD, MR, CQ and QP bookkeeping).  Providers: :mod:`smcr.rdma.shm`
+:mod:`smcr.rdma.qpstate` (the RC state table), :mod:`smcr.rdma.base`
+(device, PD, MR, CQ and QP bookkeeping) and :mod:`smcr.rdma.eventloop` (every
+RNIC's progress thread: descriptors, peer death, timers).  Providers: :mod:`smcr.rdma.shm`
 (same host, shared memory) and :mod:`smcr.rdma.roce` (across hosts, RoCEv2
 over UDP, wire-compatible with Linux rxe).
 """

@@ -30,8 +30,8 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Container, Iterable, Sequence
+from typing import Any, Final
 
 from smcr._mypyc import mypyc_attr
 from smcr.rdma.qpstate import check_modify, rc_bring_up
@@ -53,6 +53,20 @@ from smcr.rdma.verbs import (
     WorkCompletion,
     WrOpcode,
 )
+
+PAGE: Final = 4096
+"""MRs get page-aligned virtual addresses (:meth:`Device.next_iova`)."""
+
+
+def random_qpn(taken: Container[int]) -> int:
+    """A fresh random 24-bit QP number, not in ``taken`` (0 and 1 are reserved in IB).
+
+    Random, as rxe's are not: a peer must not guess another connection's QP.
+    """
+    while True:
+        qpn = secrets.randbits(24)
+        if qpn > 1 and qpn not in taken:
+            return qpn
 
 
 class Device(ABC):
@@ -80,6 +94,9 @@ class Device(ABC):
         self._pds: list[ProtectionDomain] = []
         self._cqs: list[CompletionQueue] = []
         self._next_pd = 1
+        #: where :meth:`next_iova` hands out the next MR's address; a provider starts
+        #: it at a random page of its own range
+        self._next_iova = 0
 
     @property
     def max_mtu(self) -> PathMtu:
@@ -106,6 +123,13 @@ class Device(ABC):
             self._next_pd += 1
             self._pds.append(pd)
         return pd
+
+    def next_iova(self, length: int) -> int:
+        """A fresh page-aligned virtual address range for an MR, followed by a guard page."""
+        with self._lock:
+            addr = self._next_iova
+            self._next_iova += -(-max(length, 1) // PAGE) * PAGE + PAGE
+        return addr
 
     def create_cq(self, depth: int = 4096) -> CompletionQueue:
         """Create a completion queue of ``depth`` entries; closed with the device if not before."""
@@ -215,6 +239,34 @@ class MemoryRegion:
 
     def __exit__(self, *exc: object) -> None:
         self.dereg()
+
+
+def scatter(views: Sequence[memoryview], off: int, data: memoryview) -> None:
+    """Copy ``data`` into the SGE views at byte offset ``off`` of their concatenation.
+
+    How every RNIC places a message into a scatter list (the SGEs of a receive, the
+    destination of a READ; ``views`` from :meth:`ProtectionDomain.lookup_local`): one
+    slice assignment per SGE it touches.  The caller has checked that it fits.
+
+    :param views: the SGEs' memory, in order.
+    :param off: where ``data`` starts in the concatenation (a later packet of a message).
+    :param data: the bytes to place.
+    """
+    if len(views) == 1:
+        views[0][off : off + len(data)] = data
+        return
+    pos, n = 0, len(data)
+    for v in views:
+        size = len(v)
+        if off >= size:
+            off -= size
+            continue
+        take = min(size - off, n - pos)
+        v[off : off + take] = data[pos : pos + take]
+        pos += take
+        off = 0
+        if pos == n:
+            return
 
 
 # tests subclass it in Python (a PD that only holds MRs); mypyc allows that only if told
@@ -572,7 +624,10 @@ class QueuePair(ABC):
         """How many calls of ``verb`` still fail (:meth:`fail_next`)."""
         hooks = self.hooks
         left = hooks.failures.get(verb) if hooks is not None else None
-        return left[1] if left is not None else 0
+        if left is None:
+            return 0
+        _error, times = left
+        return times
 
     def set_tap(self, tap: QpTap | None) -> None:
         """Attach ``tap`` to watch this QP's posts onto the send queue, or (None) take

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Final
 
 #: QPNs and PSNs are 24-bit quantities on the wire (BTH), spec §2.1.
 QPN_MASK = 0xFFFFFF
@@ -263,6 +264,10 @@ def psn_diff(a: int, b: int) -> int:
     return d - (1 << 24) if d & 0x800000 else d
 
 
+IPV4_MAPPED_PREFIX: Final = bytes(10) + b"\xff\xff"
+"""The first 12 bytes of an IPv4-mapped GID (``::ffff:0:0/96``)."""
+
+
 def ipv4_mapped_gid(ip: bytes) -> bytes:
     """The RoCEv2 GID ``::ffff:a.b.c.d`` of an IPv4 address (spec §9).
 
@@ -270,7 +275,7 @@ def ipv4_mapped_gid(ip: bytes) -> bytes:
     """
     if len(ip) != 4:
         raise ValueError("an IPv4 address has four bytes")
-    return bytes(10) + b"\xff\xff" + ip
+    return IPV4_MAPPED_PREFIX + ip
 
 
 @dataclass(slots=True)

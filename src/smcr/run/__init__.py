@@ -86,15 +86,16 @@ def install() -> None:
     if installed():
         return
     from smcr import socket as smc_socket  # noqa: PLC0415 - not before install is asked for
+    from smcr.socket.base import bufsize  # noqa: PLC0415
 
     rmb = os.environ.get("SMC_RCVBUF")
     sndbuf = os.environ.get("SMC_SNDBUF")
     namespace: dict[str, Any] = {"_smcr_run": True, "__module__": "socket",
                                  "__qualname__": "socket", "__doc__": _ORIGINAL.__doc__}
     if rmb:
-        namespace["default_rmb_size"] = smc_socket._bufsize(parse_size(rmb))
+        namespace["default_rmb_size"] = bufsize(parse_size(rmb))
     if sndbuf:
-        namespace["default_sndbuf_size"] = smc_socket._bufsize(parse_size(sndbuf))
+        namespace["default_sndbuf_size"] = bufsize(parse_size(sndbuf))
     if os.environ.get("SMCR_RUN_DEBUG") == "1":
         namespace["_debug"] = True
     run_socket = _AnySocket("socket", (smc_socket.SMCSocket,), namespace)
@@ -152,7 +153,7 @@ def _patch_asyncio(unix_events: types.ModuleType) -> None:
 
     async def sock_sendfile_native(self: Any, sock: Any, file: Any, offset: int,
                                    count: int | None) -> int:  # fmt: skip
-        if not (isinstance(sock, SMCSocket) and sock._mode in ("SMCR", "CONNECTING")):
+        if not (isinstance(sock, SMCSocket) and sock.smc_mode in ("SMCR", "CONNECTING")):
             return int(await native(self, sock, file, offset, count))
         try:
             fileno = file.fileno()

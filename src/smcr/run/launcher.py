@@ -8,7 +8,6 @@ import shutil
 import sys
 from collections.abc import Mapping
 
-import smcr
 from smcr.run import BOOT_DIR, parse_size
 
 
@@ -20,7 +19,8 @@ def environment(base: Mapping[str, str], rmb: str | None = None, sndbuf: str | N
     :raises ValueError: for a buffer size that :func:`smcr.run.parse_size` refuses.
     """
     env = dict(base)
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(smcr.__file__)))
+    # (the directory that holds the smcr package: this file is smcr/run/launcher.py)
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parts = [BOOT_DIR, package_parent]
     parts += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in parts]
     env["PYTHONPATH"] = os.pathsep.join(parts)

@@ -22,7 +22,8 @@ import ssl
 import types
 from typing import Any
 
-from smcr.socket import SMCSocket, _PlainSocket, smc_socket_with_number
+from smcr.socket import PlainSocket as _PlainSocket
+from smcr.socket import SMCSocket, smc_socket_with_number
 
 _HEADER = 5
 """Bytes of a TLS record header (type, version, length): the length is its last two."""
@@ -48,8 +49,7 @@ def patch(ssl_module: types.ModuleType) -> None:
                     server_hostname: str | None = None, context: Any = None,
                     session: Any = None) -> Any:  # fmt: skip
             inner = _smc_socket_of(sock)
-            if inner is not None and (inner._mode == "SMCR" or (
-                    inner._mode == "LISTEN" and inner._smc_ok)):  # fmt: skip
+            if inner is not None and (inner.smc_mode == "SMCR" or inner.smc_listening):
                 return SmcTlsSocket.wrap(inner, server_side, do_handshake_on_connect,
                                          suppress_ragged_eofs, server_hostname, context,
                                          session)  # fmt: skip
@@ -117,7 +117,7 @@ class SmcTlsSocket(ssl.SSLSocket):
             raise ValueError("session can only be specified in client mode")
         if context.check_hostname and not server_hostname and not server_side:
             raise ValueError("check_hostname requires server_hostname")
-        inner = inner._move()  # ours now; the caller's object is closed, as ssl detaches it
+        inner = inner.smc_move()  # ours now; the caller's object is closed, as ssl detaches it
         self = cls.__new__(cls, inner.family, inner.type, inner.proto)  # type: ignore[call-arg]
         # our own descriptor of the TCP socket (addresses, options); the bytes go via inner
         _PlainSocket.__init__(self, inner.family, inner.type, inner.proto,
@@ -136,9 +136,9 @@ class SmcTlsSocket(ssl.SSLSocket):
         self._record_left = 0  # bytes of the current record not read yet
         self._tls = None
         self._sslobj = None
-        if inner._mode == "SMCR" and not self._still_connected():
+        if inner.smc_mode == "SMCR" and not self._still_connected():
             return self  # (as ssl's socket: not connected, every call says so)
-        if inner._mode == "SMCR":
+        if inner.smc_mode == "SMCR":
             self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side,
                                          server_hostname, session=session)  # fmt: skip
             if do_handshake_on_connect:

@@ -3,6 +3,7 @@
 See :mod:`smcr.stack.runtime` and, for the RNIC choice, :mod:`smcr.stack.devices`.
 """
 
-from smcr.stack.runtime import HostConn, Stack, close_stacks, get_stack
+from smcr.stack.hostconn import HostConn
+from smcr.stack.runtime import Stack, close_stacks, get_stack
 
 __all__ = ["HostConn", "Stack", "close_stacks", "get_stack"]

@@ -38,13 +38,11 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from smcr import settings
 from smcr.rdma.roce import RoceDevice, netif
-
-if TYPE_CHECKING:
-    from smcr.stack.runtime import Stack
+from smcr.stack.hostconn import PortRes
 
 ROCE_DEVS_ENV = "SMCR_ROCE_DEVS"
 SHM_RNICS_ENV = "SMCR_SHM_RNICS"
@@ -192,14 +190,33 @@ def roce_port_up(device: RoceDevice) -> bool:
     return (ifname, device.address) in netif.ipv4_addresses()
 
 
+class PortOwner(Protocol):
+    """What a :class:`PortWatcher` follows and tells: the runtime
+    (:class:`smcr.stack.runtime.Stack`)."""
+
+    @property
+    def ports(self) -> list[PortRes]:
+        """The runtime's RNICs by port."""
+
+    @property
+    def lock(self) -> Any:
+        """The runtime's lock, held around :meth:`port_up` and :meth:`port_down`."""
+
+    def port_up(self, port: int) -> None:
+        """The RNIC of ``port`` is back."""
+
+    def port_down(self, port: int, reason: str) -> None:
+        """The RNIC of ``port`` is gone."""
+
+
 class PortWatcher:
     """A thread that follows the RoCE ports of a runtime (module docstring).
 
-    :param stack: the runtime; its :attr:`~Stack.ports` are watched.
+    :param stack: the runtime; its :attr:`~PortOwner.ports` are watched.
     :param is_up: a port's state now (default :func:`roce_port_up`).
     """
 
-    def __init__(self, stack: Stack,
+    def __init__(self, stack: PortOwner,
                  is_up: Callable[[RoceDevice], bool] = roce_port_up) -> None:  # fmt: skip
         self.stack = stack
         self.is_up = is_up

@@ -103,6 +103,18 @@ def buffer(text: str) -> str:
     return text
 
 
+def cpus(text: str) -> set[int]:
+    """A CPU list as ``taskset -c`` takes it, of CPUs this process may run on."""
+    from smcr.tools.load import parse_cpus  # noqa: PLC0415
+
+    try:
+        return parse_cpus(text)
+    except ValueError:
+        allowed = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+        raise _refuse(text, f"CPUs of this host ({allowed}) as taskset -c takes them: "
+                      "0 or 0,1 or 0-3") from None
+
+
 def directory(text: str) -> str:
     """An existing directory."""
     if not os.path.isdir(text):
@@ -116,4 +128,4 @@ def fail(command: str, message: str, status: int = 2) -> int:
     return status
 
 
-__all__ = ["Parser", "buffer", "count", "directory", "fail", "port", "seconds", "sizes"]
+__all__ = ["Parser", "buffer", "count", "cpus", "directory", "fail", "port", "seconds", "sizes"]

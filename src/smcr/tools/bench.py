@@ -260,6 +260,7 @@ def _pingpong(bench: Bench, size: int, rounds: int, kind: str) -> tuple[float, f
     return bench.pingpong(kind, size, rounds)
 
 
-def to_json(results: list[BenchResult]) -> str:
-    """Machine-readable results."""
-    return json.dumps([{**asdict(r), "ratio": r.ratio} for r in results], indent=2)
+def to_json(results: list[BenchResult], conditions: dict[str, Any] | None = None) -> str:
+    """Machine-readable results, each with the run's ``conditions`` (``load``, ``cpus``)."""
+    extra = conditions or {}
+    return json.dumps([{**asdict(r), "ratio": r.ratio, **extra} for r in results], indent=2)

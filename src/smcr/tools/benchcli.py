@@ -20,7 +20,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from smcr import native
-from smcr.tools import argtypes, bench, benchplot
+from smcr.tools import argtypes, bench, benchplot, load
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -31,6 +31,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if problem:
             return argtypes.fail("bench", f"--plot {args.plot!r}: {problem}")
     sizes = args.sizes or bench.SIZES
+    cpus: set[int] | None = args.cpus  # (checked by the parser: load.parse_cpus)
     steps = (len(sizes) + len(bench.PING_SIZES) + (2 if args.connections else 0)) * args.reps * 2
     err = Console(stderr=True)
     with Progress(console=err, transient=True, disable=args.json and not err.is_terminal) as bar:
@@ -39,15 +40,17 @@ def run(args: argparse.Namespace, console: Console) -> int:
         def progress(label: str) -> None:
             bar.update(task, advance=1, description=label)
 
-        with _hosts(args) as (host, peer_ns, where):
+        with (load.competitors(args.load), load.pinned(cpus),
+              _hosts(args) as (host, peer_ns, where)):  # fmt: skip
             results = bench.run(sizes, args.reps, args.volume << 20, args.rounds, args.bufsize,
                                 progress, host, peer_ns, args.connections)  # fmt: skip
-    title = (f"SMC-R ({args.rnic} RNIC) vs TCP {where}, median of {args.reps}; "
+    conditions = _conditions(args.load, cpus)
+    title = (f"SMC-R ({args.rnic} RNIC) vs TCP {where}, {conditions}, median of {args.reps}; "
              f"smcr {native.status().describe()}")  # fmt: skip
     if args.plot:
         benchplot.write(Path(args.plot), results, title)
     if args.json:
-        print(bench.to_json(results))
+        print(bench.to_json(results, {"load": args.load, "cpus": sorted(cpus) if cpus else None}))
         return 0
     table = Table(title=title)
     for col in ("test", "size", "SMC-R", "TCP", "unit", "SMC/TCP", "CPU µs SMC-R", "CPU µs TCP"):
@@ -74,6 +77,15 @@ def _unwritable(path: Path) -> str:
     if not os.access(path.parent, os.W_OK):
         return "directory not writable"
     return ""
+
+
+def _conditions(load_: int, cpus: set[int] | None) -> str:
+    """What else the host did during the run, for the table's title."""
+    text = f"{load_} CPU-bound process{'es' if load_ != 1 else ''} beside" if load_ else "idle"
+    if cpus:
+        names = ",".join(map(str, sorted(cpus)))
+        text += f", both ends on CPU{'s' if len(cpus) > 1 else ''} {names}"
+    return text
 
 
 @contextlib.contextmanager

@@ -108,8 +108,9 @@ def svg(results: Sequence[BenchResult], title: str) -> str:
 
 def from_json(text: str) -> list[BenchResult]:
     """Results as ``smcr bench --json`` printed them."""
-    rows = json.loads(text)
-    return [BenchResult(**{k: v for k, v in row.items() if k != "ratio"}) for row in rows]
+    fields = set(BenchResult.__dataclass_fields__)
+    rows = json.loads(text)  # (each row with the run's conditions too: load, cpus)
+    return [BenchResult(**{k: v for k, v in row.items() if k in fields}) for row in rows]
 
 
 def write(path: Path, results: Sequence[BenchResult], title: str) -> None:

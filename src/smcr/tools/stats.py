@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from smcr.diag import client, paths, store
-from smcr.diag.counters import BUCKETS
+from smcr.stack.counters import BUCKETS
 from smcr.tools import diagview
 from smcr.wire.decline import describe
 

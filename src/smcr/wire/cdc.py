@@ -39,26 +39,38 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field
+from typing import Final
 
 from smcr.wire.cursor import Cursor
 from smcr.wire.errors import WireError
+from smcr.wire.validate import check_uint
 
 __all__ = [
+    "CDC",
+    "CDC_CONN_STATE_FLAGS",
+    "CDC_CONS_COUNT",
+    "CDC_CONS_WRAP",
+    "CDC_HDR_LENGTH",
+    "CDC_HDR_TYPE",
     "CDC_MSG_LENGTH",
     "CDC_MSG_TYPE",
+    "CDC_PROD_COUNT",
+    "CDC_PROD_FLAGS",
+    "CDC_PROD_WRAP",
+    "CDC_SEQNO",
+    "CDC_TOKEN",
     "CdcMessage",
     "ConnectionStateFlags",
     "ProducerFlags",
     "sequence_before",
 ]
 
-CDC_MSG_TYPE = 0xFE
+CDC_MSG_TYPE: Final = 0xFE
 """Byte 0 of every CDC (Linux ``SMC_CDC_MSG_TYPE``)."""
-CDC_MSG_LENGTH = 44
+CDC_MSG_LENGTH: Final = 44
 """Byte 1 of every CDC and its size on the wire (Linux ``SMC_WR_TX_SIZE``)."""
 
 _SEQNO_LIMIT = 1 << 16
-_TOKEN_LIMIT = 1 << 32
 
 
 class ProducerFlags(enum.IntFlag):
@@ -113,11 +125,38 @@ _CONNECTION_STATE_FLAGS_BY_BYTE = tuple(
     ConnectionStateFlags(b & _CONNECTION_STATE_FLAGS_MASK) for b in range(256)
 )
 
-# type, length, seqno, token, [2x] prod wrap, prod count, [2x] cons wrap,
-# cons count, producer flags, connection state flags, [18x].  The pad bytes
-# are skipped on unpack (any value accepted) and written as zeros on pack.
-_CDC = struct.Struct(">BBHI2xHI2xHIBB18x")
-assert _CDC.size == CDC_MSG_LENGTH
+CDC: Final = struct.Struct(">BBHI2xHI2xHIBB18x")
+"""The CDC layout (Linux ``struct smc_cdc_msg``), the one definition of it.
+
+Fields in order, at the indices below: type, length, seqno, token, [2x] prod wrap,
+prod count, [2x] cons wrap, cons count, producer flags, connection state flags,
+[18x].  The pad bytes are skipped on unpack (any value accepted) and written as
+zeros on pack.  The data path (:mod:`smcr.core.connection`, :mod:`smcr.core.llc`)
+packs and unpacks it with plain ints, without :class:`CdcMessage`'s enums and
+cursors; it indexes the unpacked tuple with these names (module-level ``Final``
+ints, which the compiled build inlines).
+"""
+CDC_HDR_TYPE: Final = 0
+"""Index of the type byte (:data:`CDC_MSG_TYPE`) in :data:`CDC`'s tuple."""
+CDC_HDR_LENGTH: Final = 1
+"""Index of the length byte (:data:`CDC_MSG_LENGTH`)."""
+CDC_SEQNO: Final = 2
+"""Index of the sequence number (u16)."""
+CDC_TOKEN: Final = 3
+"""Index of the alert token (u32, the receiver's)."""
+CDC_PROD_WRAP: Final = 4
+"""Index of the producer cursor's wrap (u16)."""
+CDC_PROD_COUNT: Final = 5
+"""Index of the producer cursor's count (u32)."""
+CDC_CONS_WRAP: Final = 6
+"""Index of the consumer cursor's wrap (u16)."""
+CDC_CONS_COUNT: Final = 7
+"""Index of the consumer cursor's count (u32)."""
+CDC_PROD_FLAGS: Final = 8
+"""Index of the producer flags byte (:class:`ProducerFlags`)."""
+CDC_CONN_STATE_FLAGS: Final = 9
+"""Index of the connection state flags byte (:class:`ConnectionStateFlags`)."""
+assert CDC.size == CDC_MSG_LENGTH
 
 
 def sequence_before(seq1: int, seq2: int) -> bool:
@@ -162,10 +201,8 @@ class CdcMessage:
     connection_state_flags: ConnectionStateFlags = _NO_CONNECTION_STATE_FLAGS
 
     def __post_init__(self) -> None:
-        if not 0 <= self.sequence_number < _SEQNO_LIMIT:
-            raise ValueError(f"CDC sequence number {self.sequence_number} is not a u16")
-        if not 0 <= self.alert_token < _TOKEN_LIMIT:
-            raise ValueError(f"CDC alert token {self.alert_token} is not a u32")
+        check_uint("CDC sequence_number", self.sequence_number, 16)
+        check_uint("CDC alert_token", self.alert_token, 32)
 
     @classmethod
     def failover_validation(cls, sequence_number: int, alert_token: int) -> CdcMessage:
@@ -208,7 +245,7 @@ class CdcMessage:
 
         :returns: the wire bytes.
         """
-        return _CDC.pack(*self._fields())
+        return CDC.pack(*self._fields())
 
     def encode_into(self, buf: bytearray | memoryview, offset: int = 0) -> None:
         """Write the 44 bytes of the message into ``buf`` at ``offset``.
@@ -220,7 +257,7 @@ class CdcMessage:
         :param offset: where the message starts in ``buf``.
         :raises struct.error: if ``buf`` is too small.
         """
-        _CDC.pack_into(buf, offset, *self._fields())
+        CDC.pack_into(buf, offset, *self._fields())
 
     @classmethod
     def decode(cls, data: bytes | bytearray | memoryview) -> CdcMessage:
@@ -245,7 +282,7 @@ class CdcMessage:
             cons_count,
             producer_flags,
             connection_state_flags,
-        ) = _CDC.unpack_from(data)
+        ) = CDC.unpack_from(data)
         if msg_type != CDC_MSG_TYPE:
             raise WireError(f"CDC type byte at 0 is 0x{msg_type:02X}, not 0xFE")
         if length != CDC_MSG_LENGTH:

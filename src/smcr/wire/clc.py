@@ -62,9 +62,9 @@ from smcr.wire.clc_header import (
     ClcType,
     SmcType,
     byte7,
-    check_bytes,
+    check_peer,
     check_trailer,
-    check_uint,
+    check_version,
     decode_header,
 )
 from smcr.wire.clc_proposal import (
@@ -81,6 +81,7 @@ from smcr.wire.clc_proposal import (
 from smcr.wire.decline import DeclineCode
 from smcr.wire.decline import lookup as lookup_decline
 from smcr.wire.errors import WireError
+from smcr.wire.validate import check_bytes, check_uint
 
 __all__ = [
     "CLC_HEADER_LEN",
@@ -333,12 +334,8 @@ class _AcceptConfirm:
     gid_list: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
-        check_uint("version", self.version, 4)
-        if self.version < 1:
-            raise ValueError("version must be >= 1")
-        check_bytes("peer_id", self.peer_id, 8)
-        check_bytes("gid", self.gid, 16)
-        check_bytes("mac", self.mac, 6)
+        check_version(self.version)
+        check_peer(self.peer_id, self.gid, self.mac)
         check_uint("qpn", self.qpn, 24)
         check_uint("rmb_rkey", self.rmb_rkey, 32)
         check_uint("rmbe_idx", self.rmbe_idx, 8)
@@ -530,9 +527,7 @@ class ClcDecline:
     peer_diagnosis_v2: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def __post_init__(self) -> None:
-        check_uint("version", self.version, 4)
-        if self.version < 1:
-            raise ValueError("version must be >= 1")
+        check_version(self.version)
         check_bytes("peer_id", self.peer_id, 8)
         check_uint("peer_diagnosis", self.peer_diagnosis, 32)
         check_uint("os_type", self.os_type, 4)

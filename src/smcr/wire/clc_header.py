@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from smcr.wire.errors import WireError
+from smcr.wire.validate import check_bytes, check_uint
 
 __all__ = [
     "CLC_HEADER_LEN",
@@ -244,13 +245,17 @@ def pack_header(msg_type: ClcType, length: int, flags: int) -> bytes:
     return _HEADER.pack(EYECATCHER_SMCR, msg_type, length, flags)
 
 
-def check_bytes(name: str, value: bytes, size: int) -> None:
-    """Raise ValueError unless *value* is ``bytes`` of exactly *size*; internal helper."""
-    if not isinstance(value, bytes) or len(value) != size:
-        raise ValueError(f"{name} must be {size} bytes, got {value!r}")
+def check_version(version: int) -> None:
+    """Raise ValueError unless *version* is a CLC version (byte 7's high nibble, >= 1);
+    internal helper."""
+    check_uint("version", version, 4)
+    if version < 1:
+        raise ValueError("version must be >= 1")
 
 
-def check_uint(name: str, value: int, bits: int) -> None:
-    """Raise ValueError unless 0 <= *value* < 2**bits; internal helper."""
-    if not 0 <= value < (1 << bits):
-        raise ValueError(f"{name} must fit in {bits} bits, got {value!r}")
+def check_peer(peer_id: bytes, gid: bytes, mac: bytes) -> None:
+    """Raise ValueError unless the sender's peer ID (8 bytes), RoCE GID (16) and MAC (6)
+    have their sizes, as Proposal, Accept and Confirm carry them; internal helper."""
+    check_bytes("peer_id", peer_id, 8)
+    check_bytes("gid", gid, 16)
+    check_bytes("mac", mac, 6)

@@ -55,13 +55,14 @@ from smcr.wire.clc_header import (
     ClcType,
     SmcType,
     byte7,
-    check_bytes,
+    check_peer,
     check_trailer,
-    check_uint,
+    check_version,
     decode_header,
     pack_header,
 )
 from smcr.wire.errors import WireError
+from smcr.wire.validate import check_bytes, check_uint
 
 __all__ = [
     "MAX_ISM_GIDS",
@@ -292,12 +293,8 @@ class ClcProposal:
     smcd_v2_extension: SmcdV2Extension | None = None
 
     def __post_init__(self) -> None:
-        check_uint("version", self.version, 4)
-        if self.version < 1:
-            raise ValueError("version must be >= 1")
-        check_bytes("peer_id", self.peer_id, 8)
-        check_bytes("gid", self.gid, 16)
-        check_bytes("mac", self.mac, 6)
+        check_version(self.version)
+        check_peer(self.peer_id, self.gid, self.mac)
         check_uint("ism_gid", self.ism_gid, 64)
         check_uint("ism_chid", self.ism_chid, 16)
         check_bytes("vendor_oui", self.vendor_oui, 3)
@@ -354,16 +351,8 @@ class ClcProposal:
         v2 header, ``typev1 = R``, ``typev2 = N``: byte 7 ``0x28``, IP-area
         offset 40, zero SMC-D/v2 area; 92 bytes for IPv4, + 17 per IPv6 prefix.
         """
-        return cls(
-            version=2,
-            typev1=SmcType.R,
-            typev2=SmcType.N,
-            peer_id=peer_id,
-            gid=gid,
-            mac=mac,
-            ip_area_offset=_AREA_LEN,
-            prefix=IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes),
-        )
+        prefix = IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes)
+        return cls._offering_smcr_v1(2, peer_id, gid, mac, prefix, None)
 
     @classmethod
     def smcr_v2(
@@ -417,17 +406,8 @@ class ClcProposal:
         v2 extension (v2-extension offset 28 + prefix area size);
         ``92 + 40 + 32k`` bytes for IPv4 and k user EIDs (spec §2.3.5).
         """
-        return cls(
-            version=2,
-            typev1=SmcType.R,
-            typev2=SmcType.R,
-            peer_id=peer_id,
-            gid=gid,
-            mac=mac,
-            ip_area_offset=_AREA_LEN,
-            prefix=IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes),
-            v2_extension=v2_extension,
-        )
+        prefix = IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes)
+        return cls._offering_smcr_v1(2, peer_id, gid, mac, prefix, v2_extension)
 
     @classmethod
     def rfc_v1(
@@ -444,15 +424,31 @@ class ClcProposal:
 
         Prefix area right at 40; + 17 bytes per IPv6 prefix.
         """
+        prefix = IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes)
+        return cls._offering_smcr_v1(1, peer_id, gid, mac, prefix, None)
+
+    @classmethod
+    def _offering_smcr_v1(
+        cls,
+        version: int,
+        peer_id: bytes,
+        gid: bytes,
+        mac: bytes,
+        prefix: IpPrefixArea,
+        v2_extension: V2Extension | None,
+    ) -> ClcProposal:
+        """A Proposal that offers SMC-R v1 (and SMC-R v2 with ``v2_extension``): in a v2
+        header the IP area follows the 40-byte SMC-D/v2 area, in a v1 one it is at 40."""
         return cls(
-            version=1,
+            version=version,
             typev1=SmcType.R,
-            typev2=SmcType.N,
+            typev2=SmcType.N if v2_extension is None else SmcType.R,
             peer_id=peer_id,
             gid=gid,
             mac=mac,
-            ip_area_offset=0,
-            prefix=IpPrefixArea(outgoing_subnet, prefix_len, ipv6_prefixes),
+            ip_area_offset=_AREA_LEN if version >= 2 else 0,
+            prefix=prefix,
+            v2_extension=v2_extension,
         )
 
     # -- layout ---------------------------------------------------------------
@@ -550,18 +546,17 @@ class ClcProposal:
             if ip_off != want:
                 raise WireError(f"v2 Proposal IP-area offset at 38 is {ip_off}, expected {want}")
         pos = _BASE_LEN
-        area: tuple[int, int, int, bytes, bytes] = (0, 0, 0, bytes(3), bytes(5))
+        ism_gid, ism_chid, v2_ext_offset, oui, options = 0, 0, 0, bytes(3), bytes(5)
         if hdr.version >= 2 or ip_off == _AREA_LEN:
             if len(data) < pos + _AREA_LEN + CLC_TRAILER_LEN:
                 raise WireError("Proposal SMC-D/v2 area at 40 truncated")
-            area = _SMCD_AREA.unpack_from(data, pos)
+            ism_gid, ism_chid, v2_ext_offset, oui, options = _SMCD_AREA.unpack_from(data, pos)
             pos += _AREA_LEN
         prefix = None
         if typev1 != SmcType.N:
             prefix = IpPrefixArea.decode_from(data, pos)
             pos += prefix.size
         ext = smcd = None
-        v2_ext_offset = area[2]
         if hdr.version >= 2:
             want_off = pos - 52 if typev2 != SmcType.N else 0
             if v2_ext_offset != want_off:
@@ -581,10 +576,10 @@ class ClcProposal:
             gid=gid,
             mac=mac,
             ip_area_offset=ip_off,
-            ism_gid=area[0],
-            ism_chid=area[1],
-            vendor_oui=area[3],
-            vendor_options=area[4],
+            ism_gid=ism_gid,
+            ism_chid=ism_chid,
+            vendor_oui=oui,
+            vendor_options=options,
             prefix=prefix,
             v2_extension=ext,
             smcd_v2_extension=smcd,

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from smcr.wire.errors import WireError
+from smcr.wire.validate import check_uint
 
 __all__ = [
     "COUNT_LIMIT",
@@ -71,10 +72,8 @@ class Cursor:
     count: int = 0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.wrap < WRAP_LIMIT:
-            raise ValueError(f"cursor wrap {self.wrap} is not a u16")
-        if not 0 <= self.count < COUNT_LIMIT:
-            raise ValueError(f"cursor count {self.count} is not a u32")
+        check_uint("cursor wrap", self.wrap, 16)
+        check_uint("cursor count", self.count, 32)
 
     def advance(self, n: int, size: int) -> Cursor:
         """Return the cursor ``n`` bytes further on in a buffer of ``size`` bytes.

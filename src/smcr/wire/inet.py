@@ -25,10 +25,15 @@ IPV6_HEADER_LEN: Final = 40
 UDP_HEADER_LEN: Final = 8
 IP_DF: Final = 0x4000
 
-_IPV4: Final = struct.Struct(">BBHHHBBH4s4s")
+IPV4_HEADER: Final = struct.Struct(">BBHHHBBH4s4s")
+"""IPv4 without options: version/IHL, TOS, total length, ID, flags/fragment, TTL,
+protocol, checksum, source, destination."""
 _IPV4_WORDS: Final = struct.Struct(">10H")
-_IPV6: Final = struct.Struct(">IHBB16s16s")
-_UDP: Final = struct.Struct(">HHHH")
+IPV6_HEADER: Final = struct.Struct(">IHBB16s16s")
+"""IPv6: version/traffic class/flow label, payload length, next header, hop limit,
+source, destination."""
+UDP_HEADER: Final = struct.Struct(">HHHH")
+"""UDP: source port, destination port, length, checksum."""
 _TCP: Final = struct.Struct(">HHIIBBHHH")
 _ETH: Final = struct.Struct(">6s6sH")
 
@@ -89,9 +94,9 @@ def ipv4_header(
     d = _addr(socket.AF_INET, dst, 4)
     length = IPV4_HEADER_LEN + payload_length
     frag = IP_DF if df else 0
-    header = _IPV4.pack(0x45, tos, length, identification, frag, ttl, protocol, 0, s, d)
+    header = IPV4_HEADER.pack(0x45, tos, length, identification, frag, ttl, protocol, 0, s, d)
     checksum = ipv4_checksum(header)
-    return _IPV4.pack(0x45, tos, length, identification, frag, ttl, protocol, checksum, s, d)
+    return IPV4_HEADER.pack(0x45, tos, length, identification, frag, ttl, protocol, checksum, s, d)
 
 
 def ipv6_header(
@@ -111,7 +116,7 @@ def ipv6_header(
     s = _addr(socket.AF_INET6, src, 16)
     d = _addr(socket.AF_INET6, dst, 16)
     first = (6 << 28) | (traffic_class << 20) | flow_label
-    return _IPV6.pack(first, payload_length, next_header, hop_limit, s, d)
+    return IPV6_HEADER.pack(first, payload_length, next_header, hop_limit, s, d)
 
 
 def udp_header(
@@ -121,7 +126,7 @@ def udp_header(
 
     :param payload_length: bytes after the UDP header (BTH through ICRC).
     """
-    return _UDP.pack(sport, dport, UDP_HEADER_LEN + payload_length, checksum)
+    return UDP_HEADER.pack(sport, dport, UDP_HEADER_LEN + payload_length, checksum)
 
 
 

@@ -13,6 +13,9 @@ first byte; 0xFE is a CDC message (:mod:`smcr.wire.cdc`) and is refused here.
 
 from __future__ import annotations
 
+from typing import Final
+
+from smcr.wire.cdc import CDC_MSG_TYPE
 from smcr.wire.errors import WireError
 from smcr.wire.llc_v1 import (
     DEFAULT_BYTEORDER,
@@ -96,8 +99,8 @@ __all__ = [
     "decode_llc",
 ]
 
-CDC_TYPE_BYTE = 0xFE
-"""Byte 0 of a CDC message, which shares the QP with LLC (spec §4)."""
+CDC_TYPE_BYTE: Final = CDC_MSG_TYPE
+"""Byte 0 of a CDC message, which shares the QP with LLC (spec §4; :mod:`smcr.wire.cdc`)."""
 
 LLC_CLASSES: dict[int, type[LlcMessage]] = {
     cls.TYPE: cls

@@ -42,9 +42,10 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, replace
-from typing import ClassVar, Literal, Self, TypeAlias
+from typing import ClassVar, Literal, Protocol, Self, TypeAlias
 
 from smcr.wire.errors import WireError
+from smcr.wire.validate import check_bytes, check_uint
 
 __all__ = [
     "DEFAULT_BYTEORDER",
@@ -152,16 +153,6 @@ _REASONS = frozenset(int(r) for r in DeleteLinkReason)
 _HDR_V1 = struct.Struct(">BBBB")
 
 
-def _check_uint(name: str, value: int, bits: int) -> None:
-    if not 0 <= value < 1 << bits:
-        raise ValueError(f"{name}={value!r} does not fit in {bits} bits")
-
-
-def _check_bytes(name: str, value: bytes, size: int) -> None:
-    if not isinstance(value, bytes) or len(value) != size:
-        raise ValueError(f"{name} must be {size} bytes, got {value!r}")
-
-
 def _view(data: Buffer, size: int | None = None) -> memoryview:
     """Return ``data`` as a byte memoryview, checking its size if given."""
     view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
@@ -191,9 +182,9 @@ class Rtoken:
     rmb_vaddr: int
 
     def __post_init__(self) -> None:
-        _check_uint("link_id", self.link_id, 8)
-        _check_uint("rmb_key", self.rmb_key, 32)
-        _check_uint("rmb_vaddr", self.rmb_vaddr, 64)
+        check_uint("link_id", self.link_id, 8)
+        check_uint("rmb_key", self.rmb_key, 32)
+        check_uint("rmb_vaddr", self.rmb_vaddr, 64)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -213,9 +204,9 @@ class RkeyPair:
     rmb_vaddr_new: int
 
     def __post_init__(self) -> None:
-        _check_uint("rmb_key", self.rmb_key, 32)
-        _check_uint("rmb_key_new", self.rmb_key_new, 32)
-        _check_uint("rmb_vaddr_new", self.rmb_vaddr_new, 64)
+        check_uint("rmb_key", self.rmb_key, 32)
+        check_uint("rmb_key_new", self.rmb_key_new, 32)
+        check_uint("rmb_vaddr_new", self.rmb_vaddr_new, 64)
 
 
 _RKEY_PAIR = struct.Struct(">IIQ")
@@ -239,6 +230,9 @@ class LlcMessage:
     """Byte 0 on the wire."""
 
     flags: int
+
+    def __post_init__(self) -> None:
+        """Check the fields (each message class checks its own)."""
 
     @property
     def is_response(self) -> bool:
@@ -312,14 +306,14 @@ class ConfirmLink(LlcMessage):
     max_conns: int = 0
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_bytes("sender_mac", self.sender_mac, 6)
-        _check_bytes("sender_gid", self.sender_gid, 16)
-        _check_uint("sender_qp_num", self.sender_qp_num, 24)
-        _check_uint("link_num", self.link_num, 8)
-        _check_bytes("link_uid", self.link_uid, 4)
-        _check_uint("max_links", self.max_links, 8)
-        _check_uint("max_conns", self.max_conns, 8)
+        check_uint("flags", self.flags, 8)
+        check_bytes("sender_mac", self.sender_mac, 6)
+        check_bytes("sender_gid", self.sender_gid, 16)
+        check_uint("sender_qp_num", self.sender_qp_num, 24)
+        check_uint("link_num", self.link_num, 8)
+        check_bytes("link_uid", self.link_uid, 4)
+        check_uint("max_links", self.max_links, 8)
+        check_uint("max_conns", self.max_conns, 8)
 
     def _body(self) -> bytes:
         return _CONFIRM_LINK.pack(
@@ -351,13 +345,41 @@ class ConfirmLink(LlcMessage):
 _ADD_LINK = struct.Struct(">6s2x16s3sBB3s8x")
 
 
-def _pack_add_link_body(
-    *, mac: bytes, gid: bytes, qpn: int, link_num: int, qp_mtu: int, psn: int
-) -> bytes:
+class _AddLinkFields(Protocol):
+    """The fields of bytes 3-43 that ADD LINK v1 and v2 share (:class:`AddLink`,
+    :class:`~smcr.wire.llc_v2.AddLinkV2`)."""
+
+    @property
+    def flags(self) -> int: ...
+    @property
+    def sender_mac(self) -> bytes: ...
+    @property
+    def sender_gid(self) -> bytes: ...
+    @property
+    def sender_qp_num(self) -> int: ...
+    @property
+    def link_num(self) -> int: ...
+    @property
+    def qp_mtu(self) -> int: ...
+    @property
+    def initial_psn(self) -> int: ...
+
+
+def _check_add_link(msg: _AddLinkFields) -> None:
+    """Check the fields of bytes 3-43 of an ADD LINK (v1 and v2 share them)."""
+    check_uint("flags", msg.flags, 8)
+    check_bytes("sender_mac", msg.sender_mac, 6)
+    check_bytes("sender_gid", msg.sender_gid, 16)
+    check_uint("sender_qp_num", msg.sender_qp_num, 24)
+    check_uint("link_num", msg.link_num, 8)
+    check_uint("qp_mtu", msg.qp_mtu, 4)
+    check_uint("initial_psn", msg.initial_psn, 24)
+
+
+def _pack_add_link_body(msg: _AddLinkFields) -> bytes:
     """Return bytes 4-43 of an ADD LINK (v1 and v2 share them)."""
-    return _ADD_LINK.pack(
-        mac, gid, qpn.to_bytes(3, "big"), link_num, qp_mtu, psn.to_bytes(3, "big")
-    )
+    return _ADD_LINK.pack(msg.sender_mac, msg.sender_gid, msg.sender_qp_num.to_bytes(3, "big"),
+                          msg.link_num, msg.qp_mtu, msg.initial_psn.to_bytes(3, "big"))  # fmt: skip
 
 
 def _parse_add_link_body(view: memoryview) -> tuple[bytes, bytes, int, int, int, int]:
@@ -407,14 +429,8 @@ class AddLink(LlcMessage):
     initial_psn: int = 0
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_uint("reject_reason", self.reject_reason, 4)
-        _check_bytes("sender_mac", self.sender_mac, 6)
-        _check_bytes("sender_gid", self.sender_gid, 16)
-        _check_uint("sender_qp_num", self.sender_qp_num, 24)
-        _check_uint("link_num", self.link_num, 8)
-        _check_uint("qp_mtu", self.qp_mtu, 4)
-        _check_uint("initial_psn", self.initial_psn, 24)
+        _check_add_link(self)
+        check_uint("reject_reason", self.reject_reason, 4)
 
     @property
     def is_rejected(self) -> bool:
@@ -437,14 +453,7 @@ class AddLink(LlcMessage):
         return self.reject_reason
 
     def _body(self) -> bytes:
-        return _pack_add_link_body(
-            mac=self.sender_mac,
-            gid=self.sender_gid,
-            qpn=self.sender_qp_num,
-            link_num=self.link_num,
-            qp_mtu=self.qp_mtu,
-            psn=self.initial_psn,
-        )
+        return _pack_add_link_body(self)
 
     @classmethod
     def _parse(cls, view: memoryview) -> Self:
@@ -488,9 +497,9 @@ class AddLinkCont(LlcMessage):
     rkeys: tuple[RkeyPair, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_uint("link_num", self.link_num, 8)
-        _check_uint("num_rkeys", self.num_rkeys, 8)
+        check_uint("flags", self.flags, 8)
+        check_uint("link_num", self.link_num, 8)
+        check_uint("num_rkeys", self.num_rkeys, 8)
         if len(self.rkeys) != min(self.num_rkeys, 2):
             raise ValueError(f"{len(self.rkeys)} rkey pairs for num_rkeys={self.num_rkeys}")
 
@@ -542,9 +551,9 @@ class DeleteLink(LlcMessage):
     reason: int = DeleteLinkReason.OK
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_uint("link_num", self.link_num, 8)
-        _check_uint("reason", self.reason, 32)
+        check_uint("flags", self.flags, 8)
+        check_uint("link_num", self.link_num, 8)
+        check_uint("reason", self.reason, 32)
 
     @property
     def is_all(self) -> bool:
@@ -602,9 +611,9 @@ class ConfirmRkey(LlcMessage):
     other_rtokens: tuple[Rtoken, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_uint("rmb_key", self.rmb_key, 32)
-        _check_uint("rmb_vaddr", self.rmb_vaddr, 64)
+        check_uint("flags", self.flags, 8)
+        check_uint("rmb_key", self.rmb_key, 32)
+        check_uint("rmb_vaddr", self.rmb_vaddr, 64)
         if len(self.other_rtokens) > 2:
             raise ValueError("CONFIRM RKEY carries at most 2 additional rtokens")
 
@@ -669,8 +678,8 @@ class ConfirmRkeyCont(LlcMessage):
     rtokens: tuple[Rtoken, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_uint("num_rkeys", self.num_rkeys, 8)
+        check_uint("flags", self.flags, 8)
+        check_uint("num_rkeys", self.num_rkeys, 8)
         if len(self.rtokens) != min(self.num_rkeys, 3):
             raise ValueError(f"{len(self.rtokens)} rtokens for num_rkeys={self.num_rkeys}")
 
@@ -723,12 +732,12 @@ class DeleteRkey(LlcMessage):
     rkeys: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_uint("err_mask", self.err_mask, 8)
+        check_uint("flags", self.flags, 8)
+        check_uint("err_mask", self.err_mask, 8)
         if not 1 <= len(self.rkeys) <= _DELETE_RKEY_MAX:
             raise ValueError(f"DELETE RKEY carries 1-8 rkeys, got {len(self.rkeys)}")
         for rkey in self.rkeys:
-            _check_uint("rkey", rkey, 32)
+            check_uint("rkey", rkey, 32)
 
     def response(self, err_mask: int = 0) -> Self:
         """Return the response Linux sends: the request echoed with 0x80.
@@ -776,8 +785,8 @@ class TestLink(LlcMessage):
     user_data: bytes = bytes(16)
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_bytes("user_data", self.user_data, 16)
+        check_uint("flags", self.flags, 8)
+        check_bytes("user_data", self.user_data, 16)
 
     def response(self) -> Self:
         """Return the echo Linux sends: the request with 0x80 (``smc_llc_event_handler``)."""

@@ -54,13 +54,13 @@ from smcr.wire.llc_v1 import (
     LlcType,
     RkeyPair,
     TestLink,
-    _check_bytes,
+    _check_add_link,
     _check_type,
-    _check_uint,
     _pack_add_link_body,
     _parse_add_link_body,
     _view,
 )
+from smcr.wire.validate import check_bytes, check_uint
 
 __all__ = [
     "LLC_FLAG_ADD_LINK_V2_DIRECT",
@@ -83,10 +83,6 @@ _HDR_V2 = {"little": struct.Struct("<BHB"), "big": struct.Struct(">BHB")}
 
 def _u16(view: memoryview, offset: int, order: ByteOrder) -> int:
     return int.from_bytes(view[offset : offset + 2], order)
-
-
-def _v2_header(type_byte: int, length: int, flags: int, order: ByteOrder) -> bytes:
-    return _HDR_V2[order].pack(type_byte, length, flags)
 
 
 def _check_order(order: str) -> None:
@@ -118,15 +114,58 @@ def _v2_view(data: Buffer, type_byte: int) -> tuple[memoryview, tuple[ByteOrder,
     return view, orders
 
 
-def _decode_fixed(data: Buffer, type_byte: int) -> tuple[memoryview, ByteOrder]:
-    view, orders = _v2_view(data, type_byte)
-    if len(view) != LLC_MSG_SIZE:
-        raise WireError(f"v2 LLC type 0x{type_byte:02x} is {len(view)} bytes, expected 44")
-    return view, orders[0]
+class _LlcV2(LlcMessage):
+    """What every v2 message has: the v2 header, its 16-bit length in ``byteorder``.
+
+    The 44-byte types name this base first, then their v1 class (``class
+    ConfirmLinkV2(_LlcV2, ConfirmLink)``), so that :meth:`_header` and
+    :meth:`decode` here come before the v1 ones and the v1 body codec (``_body``,
+    ``_parse``) is used as it is.  The types that carry a list (ADD LINK,
+    DELETE RKEY, REQUEST ADD LINK) override :attr:`size`, :meth:`decode` and
+    ``encode``, and end their own ``__post_init__`` with this one's (a slots
+    dataclass cannot call ``super()`` without arguments).  Each dataclass
+    declares the ``byteorder`` field.
+    """
+
+    __slots__ = ()
+
+    byteorder: ByteOrder
+
+    @property
+    def size(self) -> int:
+        """Size on the wire, the value of the length field."""
+        return LLC_MSG_SIZE
+
+    def _u16s(self) -> tuple[int, ...]:
+        """The u16 fields written in ``byteorder``: the length (and a list's count)."""
+        return (self.size,)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # a 44-byte type's v1 checks
+        _check_order(self.byteorder)
+        object.__setattr__(self, "byteorder", _canonical_order(self.byteorder, *self._u16s()))
+
+    def _header(self) -> bytes:
+        return _HDR_V2[self.byteorder].pack(self.TYPE, self.size, self.flags)
+
+    @classmethod
+    def decode(cls, data: Buffer) -> Self:
+        """Decode a 44-byte message of this type (its length in either byte order).
+
+        :raises WireError: wrong type, a size other than 44, or a length field
+            that is not 44 in either byte order.
+        """
+        view, orders = _v2_view(data, cls.TYPE)
+        if len(view) != LLC_MSG_SIZE:
+            raise WireError(f"v2 LLC type 0x{cls.TYPE:02x} is {len(view)} bytes, expected 44")
+        msg = cls._parse(view)
+        # set on the fresh message (nobody else holds it yet), as __post_init__ does
+        object.__setattr__(msg, "byteorder", orders[0])
+        return msg
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ConfirmLinkV2(ConfirmLink):
+class ConfirmLinkV2(_LlcV2, ConfirmLink):
     """CONFIRM LINK v2 (0x21): :class:`~smcr.wire.llc_v1.ConfirmLink` with a v2 header.
 
     Golden capture frame 11: ``21 2C 00 03`` …, max links 2, max conns 255.
@@ -138,22 +177,9 @@ class ConfirmLinkV2(ConfirmLink):
 
     byteorder: ByteOrder = DEFAULT_BYTEORDER
 
-    def __post_init__(self) -> None:
-        ConfirmLink.__post_init__(self)
-        _check_order(self.byteorder)
-
-    def _header(self) -> bytes:
-        return _v2_header(self.TYPE, LLC_MSG_SIZE, self.flags, self.byteorder)
-
-    @classmethod
-    def decode(cls, data: Buffer) -> Self:
-        """Decode a 44-byte CONFIRM LINK v2 (length in either byte order)."""
-        view, order = _decode_fixed(data, cls.TYPE)
-        return replace(cls._parse(view), byteorder=order)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteLinkV2(DeleteLink):
+class DeleteLinkV2(_LlcV2, DeleteLink):
     """DELETE LINK v2 (0x24): :class:`~smcr.wire.llc_v1.DeleteLink` with a v2 header.
 
     :meth:`response` keeps the request's ``byteorder``: Linux answers by
@@ -166,22 +192,9 @@ class DeleteLinkV2(DeleteLink):
 
     byteorder: ByteOrder = DEFAULT_BYTEORDER
 
-    def __post_init__(self) -> None:
-        DeleteLink.__post_init__(self)
-        _check_order(self.byteorder)
-
-    def _header(self) -> bytes:
-        return _v2_header(self.TYPE, LLC_MSG_SIZE, self.flags, self.byteorder)
-
-    @classmethod
-    def decode(cls, data: Buffer) -> Self:
-        """Decode a 44-byte DELETE LINK v2 (length in either byte order)."""
-        view, order = _decode_fixed(data, cls.TYPE)
-        return replace(cls._parse(view), byteorder=order)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ConfirmRkeyV2(ConfirmRkey):
+class ConfirmRkeyV2(_LlcV2, ConfirmRkey):
     """CONFIRM RKEY v2 (0x26): :class:`~smcr.wire.llc_v1.ConfirmRkey` with a v2 header.
 
     Golden capture frames 380/382: ``26 2C 00 00`` / ``26 2C 00 80``.
@@ -192,10 +205,6 @@ class ConfirmRkeyV2(ConfirmRkey):
     TYPE: ClassVar[int] = LlcType.CONFIRM_RKEY_V2
 
     byteorder: ByteOrder = DEFAULT_BYTEORDER
-
-    def __post_init__(self) -> None:
-        ConfirmRkey.__post_init__(self)
-        _check_order(self.byteorder)
 
     def response(self, negative: bool = False, *, byteorder: ByteOrder = DEFAULT_BYTEORDER) -> Self:
         """Return the response Linux sends: the echo with 0x80, header rewritten.
@@ -208,18 +217,9 @@ class ConfirmRkeyV2(ConfirmRkey):
         """
         return replace(ConfirmRkey.response(self, negative), byteorder=byteorder)
 
-    def _header(self) -> bytes:
-        return _v2_header(self.TYPE, LLC_MSG_SIZE, self.flags, self.byteorder)
-
-    @classmethod
-    def decode(cls, data: Buffer) -> Self:
-        """Decode a 44-byte CONFIRM RKEY v2 (length in either byte order)."""
-        view, order = _decode_fixed(data, cls.TYPE)
-        return replace(cls._parse(view), byteorder=order)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TestLinkV2(TestLink):
+class TestLinkV2(_LlcV2, TestLink):
     """TEST LINK v2 (0x27): :class:`~smcr.wire.llc_v1.TestLink` with a v2 header.
 
     :meth:`response` keeps the request's ``byteorder``: Linux echoes the
@@ -233,19 +233,6 @@ class TestLinkV2(TestLink):
     TYPE: ClassVar[int] = LlcType.TEST_LINK_V2
 
     byteorder: ByteOrder = DEFAULT_BYTEORDER
-
-    def __post_init__(self) -> None:
-        TestLink.__post_init__(self)
-        _check_order(self.byteorder)
-
-    def _header(self) -> bytes:
-        return _v2_header(self.TYPE, LLC_MSG_SIZE, self.flags, self.byteorder)
-
-    @classmethod
-    def decode(cls, data: Buffer) -> Self:
-        """Decode a 44-byte TEST LINK v2 (length in either byte order)."""
-        view, order = _decode_fixed(data, cls.TYPE)
-        return replace(cls._parse(view), byteorder=order)
 
 
 # extension flags, reserved, client target GID, 8 reserved; then the u16 count
@@ -273,13 +260,13 @@ class AddLinkV2Ext:
     rkeys: tuple[RkeyPair, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_bytes("client_target_gid", self.client_target_gid, 16)
+        check_bytes("client_target_gid", self.client_target_gid, 16)
         if len(self.rkeys) > _ADD_LINK_V2_MAX_RKEYS:
             raise ValueError(f"ADD LINK v2 carries at most {_ADD_LINK_V2_MAX_RKEYS} rkeys")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AddLinkV2(LlcMessage):
+class AddLinkV2(_LlcV2):
     """ADD LINK v2 (0x22): ADD LINK with the new link's rkeys appended (spec §3.4, §9).
 
     A request or (accepting) response is 44 bytes of ADD LINK plus the
@@ -312,17 +299,12 @@ class AddLinkV2(LlcMessage):
     byteorder: ByteOrder = DEFAULT_BYTEORDER
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_bytes("sender_mac", self.sender_mac, 6)
-        _check_bytes("sender_gid", self.sender_gid, 16)
-        _check_uint("sender_qp_num", self.sender_qp_num, 24)
-        _check_uint("link_num", self.link_num, 8)
-        _check_uint("qp_mtu", self.qp_mtu, 4)
-        _check_uint("initial_psn", self.initial_psn, 24)
-        _check_order(self.byteorder)
-        if self.ext is not None:
-            canonical = _canonical_order(self.byteorder, self.size, len(self.ext.rkeys))
-            object.__setattr__(self, "byteorder", canonical)
+        _check_add_link(self)
+        _LlcV2.__post_init__(self)
+
+    def _u16s(self) -> tuple[int, ...]:
+        """The length and, with the extension, the rkey count (bytes 70-71)."""
+        return (self.size,) if self.ext is None else (self.size, len(self.ext.rkeys))
 
     @property
     def size(self) -> int:
@@ -350,14 +332,7 @@ class AddLinkV2(LlcMessage):
 
     def encode(self) -> bytes:
         """Return the 44 or 72 + 16·n bytes of this message."""
-        base = _v2_header(self.TYPE, self.size, self.flags, self.byteorder) + _pack_add_link_body(
-            mac=self.sender_mac,
-            gid=self.sender_gid,
-            qpn=self.sender_qp_num,
-            link_num=self.link_num,
-            qp_mtu=self.qp_mtu,
-            psn=self.initial_psn,
-        )
+        base = self._header() + _pack_add_link_body(self)
         ext = self.ext
         if ext is None:
             return base
@@ -421,7 +396,7 @@ _DELETE_RKEY_V2_MAX = 255  # the count is one byte (Linux SMC_LLC_RKEYS_PER_MSG_
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DeleteRkeyV2(LlcMessage):
+class DeleteRkeyV2(_LlcV2):
     """DELETE RKEY v2 (0x29): withdraw rkeys; the list may pass 44 bytes (spec §3.8, §9).
 
     Request: count at byte 4, rkeys from byte 8, size max(44, 8 + 4·n) (Linux
@@ -446,18 +421,17 @@ class DeleteRkeyV2(LlcMessage):
     byteorder: ByteOrder = DEFAULT_BYTEORDER
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_uint("num_rkeys", self.num_rkeys, 8)
-        _check_uint("num_invalid", self.num_invalid, 8)
-        _check_order(self.byteorder)
+        check_uint("flags", self.flags, 8)
+        check_uint("num_rkeys", self.num_rkeys, 8)
+        check_uint("num_invalid", self.num_invalid, 8)
         if self.is_response:
             if self.rkeys:
                 raise ValueError("a DELETE RKEY v2 response carries no rkeys (Linux zeroes them)")
         elif not 1 <= self.num_rkeys == len(self.rkeys):
             raise ValueError(f"num_rkeys={self.num_rkeys} but {len(self.rkeys)} rkeys")
         for rkey in self.rkeys:
-            _check_uint("rkey", rkey, 32)
-        object.__setattr__(self, "byteorder", _canonical_order(self.byteorder, self.size))
+            check_uint("rkey", rkey, 32)
+        _LlcV2.__post_init__(self)
 
     @classmethod
     def request(cls, rkeys: tuple[int, ...], *, byteorder: ByteOrder = DEFAULT_BYTEORDER) -> Self:
@@ -483,7 +457,7 @@ class DeleteRkeyV2(LlcMessage):
     def encode(self) -> bytes:
         """Return the bytes of this message (44, or 8 + 4·n for more than 9 rkeys)."""
         size = self.size
-        head = _v2_header(self.TYPE, size, self.flags, self.byteorder)
+        head = self._header()
         body = _DELETE_RKEY_V2_HEAD.pack(self.num_rkeys, self.num_invalid)
         rkeys = struct.pack(f">{len(self.rkeys)}I", *self.rkeys)
         return b"".join((head, body, rkeys, bytes(size - 8 - len(rkeys))))
@@ -523,7 +497,7 @@ _GID_SIZE = 16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RequestAddLinkV2(LlcMessage):
+class RequestAddLinkV2(_LlcV2):
     """REQUEST ADD LINK v2 (0x25): the client asks the server to add a link (spec §9).
 
     Layout: header, 20 reserved, GID count (byte 24), 3 reserved, then the
@@ -544,13 +518,12 @@ class RequestAddLinkV2(LlcMessage):
     byteorder: ByteOrder = DEFAULT_BYTEORDER
 
     def __post_init__(self) -> None:
-        _check_uint("flags", self.flags, 8)
-        _check_order(self.byteorder)
+        check_uint("flags", self.flags, 8)
         if len(self.gids) > 255:
             raise ValueError("REQUEST ADD LINK v2 carries at most 255 GIDs")
         for gid in self.gids:
-            _check_bytes("gid", gid, _GID_SIZE)
-        object.__setattr__(self, "byteorder", _canonical_order(self.byteorder, self.size))
+            check_bytes("gid", gid, _GID_SIZE)
+        _LlcV2.__post_init__(self)
 
     @property
     def size(self) -> int:
@@ -570,7 +543,7 @@ class RequestAddLinkV2(LlcMessage):
         gids = b"".join(self.gids)
         return b"".join(
             (
-                _v2_header(self.TYPE, size, self.flags, self.byteorder),
+                self._header(),
                 _REQ_ADD_LINK_HEAD.pack(len(self.gids)),
                 gids,
                 bytes(size - _REQ_ADD_LINK_MIN - len(gids)),

@@ -23,11 +23,12 @@ only :class:`~smcr.wire.errors.WireError`; encoders raise ``ValueError`` (or
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from enum import IntEnum, IntFlag
-from typing import Final, NamedTuple
+from typing import ClassVar, Final, NamedTuple, Self
 
 from smcr.wire.errors import WireError
+from smcr.wire.validate import check_uint
 
 Buffer = bytes | bytearray | memoryview
 
@@ -258,10 +259,9 @@ class Bth:
 
         :raises ValueError: for a field out of range.
         """
-        if (self.dest_qp | self.psn) >> 24 or self.dest_qp < 0 or self.psn < 0:
-            raise ValueError("BTH DestQP and PSN are 24-bit")
-        if not 0 <= self.pad_cnt <= 3:
-            raise ValueError("BTH PadCnt is 0-3")
+        check_uint("BTH DestQP", self.dest_qp, 24)
+        check_uint("BTH PSN", self.psn, 24)
+        check_uint("BTH PadCnt", self.pad_cnt, 2)
         return _BTH.pack(
             self.opcode,
             (self.se << 7) | (self.m << 6) | (self.pad_cnt << 4),
@@ -321,7 +321,29 @@ def _need(data: Buffer, length: int, what: str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Reth:
+class _PlainHeader:
+    """An extension header whose fields are its :class:`struct.Struct`'s, in order.
+
+    :meth:`encode` packs the fields, :meth:`decode` unpacks exactly ``_LAYOUT.size``
+    bytes into them; a header with bit fields (AETH, FETH) has its own codec.
+    """
+
+    _LAYOUT: ClassVar[struct.Struct]
+    _NAME: ClassVar[str]
+
+    def encode(self) -> bytes:
+        """Return the wire bytes."""
+        return self._LAYOUT.pack(*astuple(self))
+
+    @classmethod
+    def decode(cls, data: Buffer) -> Self:
+        """Decode exactly ``_LAYOUT.size`` bytes."""
+        _need(data, cls._LAYOUT.size, cls._NAME)
+        return cls(*cls._LAYOUT.unpack_from(data))
+
+
+@dataclass(frozen=True, slots=True)
+class Reth(_PlainHeader):
     """RDMA Extended Transport Header, 16 bytes (spec §2.2).
 
     :param va: remote virtual address (u64).
@@ -333,15 +355,8 @@ class Reth:
     r_key: int
     dma_length: int
 
-    def encode(self) -> bytes:
-        """Return the 16 wire bytes."""
-        return _RETH.pack(self.va, self.r_key, self.dma_length)
-
-    @classmethod
-    def decode(cls, data: Buffer) -> Reth:
-        """Decode exactly 16 bytes."""
-        _need(data, RETH_LEN, "RETH")
-        return cls(*_RETH.unpack_from(data))
+    _LAYOUT: ClassVar[struct.Struct] = _RETH
+    _NAME: ClassVar[str] = "RETH"
 
 
 class AethKind(IntEnum):
@@ -397,15 +412,13 @@ class Aeth:
     @classmethod
     def ack(cls, msn: int, credits: int = CREDITS_INVALID) -> Aeth:
         """An ACK; rxe always sends credit count 31."""
-        if not 0 <= credits <= 31:
-            raise ValueError("credit count is 0-31")
+        check_uint("AETH credit count", credits, 5)
         return cls(credits, msn)
 
     @classmethod
     def rnr_nak(cls, msn: int, timer: int) -> Aeth:
         """An RNR NAK carrying an RNR timer code (see :data:`RNR_TIMER_US`)."""
-        if not 0 <= timer <= 31:
-            raise ValueError("RNR timer code is 0-31")
+        check_uint("AETH RNR timer code", timer, 5)
         return cls(0x20 | timer, msn)
 
     @classmethod
@@ -441,8 +454,7 @@ class Aeth:
 
     def encode(self) -> bytes:
         """Return the 4 wire bytes."""
-        if not 0 <= self.msn <= _U24:
-            raise ValueError("AETH MSN is 24-bit")
+        check_uint("AETH MSN", self.msn, 24)
         return _AETH.pack((self.syndrome << 24) | self.msn)
 
     @classmethod
@@ -454,7 +466,7 @@ class Aeth:
 
 
 @dataclass(frozen=True, slots=True)
-class ImmDt:
+class ImmDt(_PlainHeader):
     """Immediate data, 4 opaque bytes (spec §2.2).
 
     Kept as the unsigned integer the four wire bytes spell **big-endian** (network
@@ -467,19 +479,12 @@ class ImmDt:
 
     imm_data: int
 
-    def encode(self) -> bytes:
-        """Return the 4 wire bytes."""
-        return _U32.pack(self.imm_data)
-
-    @classmethod
-    def decode(cls, data: Buffer) -> ImmDt:
-        """Decode exactly 4 bytes."""
-        _need(data, IMMDT_LEN, "ImmDt")
-        return cls(*_U32.unpack_from(data))
+    _LAYOUT: ClassVar[struct.Struct] = _U32
+    _NAME: ClassVar[str] = "ImmDt"
 
 
 @dataclass(frozen=True, slots=True)
-class Ieth:
+class Ieth(_PlainHeader):
     """Invalidate Extended Transport Header, 4 bytes: the R_Key to invalidate (spec §2.2).
 
     :param r_key: the remote key the responder invalidates.
@@ -487,19 +492,12 @@ class Ieth:
 
     r_key: int
 
-    def encode(self) -> bytes:
-        """Return the 4 wire bytes."""
-        return _U32.pack(self.r_key)
-
-    @classmethod
-    def decode(cls, data: Buffer) -> Ieth:
-        """Decode exactly 4 bytes."""
-        _need(data, IETH_LEN, "IETH")
-        return cls(*_U32.unpack_from(data))
+    _LAYOUT: ClassVar[struct.Struct] = _U32
+    _NAME: ClassVar[str] = "IETH"
 
 
 @dataclass(frozen=True, slots=True)
-class AtomicEth:
+class AtomicEth(_PlainHeader):
     """Atomic Extended Transport Header, 28 bytes, packed (spec §2.2).
 
     :param va: remote virtual address (8-byte aligned, checked by the responder).
@@ -513,19 +511,12 @@ class AtomicEth:
     swap_add: int
     compare: int
 
-    def encode(self) -> bytes:
-        """Return the 28 wire bytes."""
-        return _ATOMIC_ETH.pack(self.va, self.r_key, self.swap_add, self.compare)
-
-    @classmethod
-    def decode(cls, data: Buffer) -> AtomicEth:
-        """Decode exactly 28 bytes."""
-        _need(data, ATOMIC_ETH_LEN, "AtomicETH")
-        return cls(*_ATOMIC_ETH.unpack_from(data))
+    _LAYOUT: ClassVar[struct.Struct] = _ATOMIC_ETH
+    _NAME: ClassVar[str] = "AtomicETH"
 
 
 @dataclass(frozen=True, slots=True)
-class AtomicAckEth:
+class AtomicAckEth(_PlainHeader):
     """Atomic Acknowledge Extended Transport Header, 8 bytes (spec §2.2).
 
     :param orig_rem_dt: the original remote data (u64) before the atomic operation.
@@ -533,15 +524,8 @@ class AtomicAckEth:
 
     orig_rem_dt: int
 
-    def encode(self) -> bytes:
-        """Return the 8 wire bytes."""
-        return _U64.pack(self.orig_rem_dt)
-
-    @classmethod
-    def decode(cls, data: Buffer) -> AtomicAckEth:
-        """Decode exactly 8 bytes."""
-        _need(data, ATOMIC_ACK_ETH_LEN, "AtomicAckETH")
-        return cls(*_U64.unpack_from(data))
+    _LAYOUT: ClassVar[struct.Struct] = _U64
+    _NAME: ClassVar[str] = "AtomicAckETH"
 
 
 @dataclass(frozen=True, slots=True)
@@ -559,8 +543,8 @@ class Feth:
 
     def encode(self) -> bytes:
         """Return the 4 wire bytes."""
-        if not (0 <= self.placement_type <= 15 and 0 <= self.selectivity_level <= 3):
-            raise ValueError("FETH placement type is 4 bits, selectivity level 2 bits")
+        check_uint("FETH placement type", self.placement_type, 4)
+        check_uint("FETH selectivity level", self.selectivity_level, 2)
         return _U32.pack((self.selectivity_level << 4) | self.placement_type)
 
     @classmethod

@@ -19,19 +19,9 @@ Last >= 1, spec §3.2, §5.3) and payload on a payload-less opcode (rxe ignores 
 does; :class:`~smcr.wire.roce.OpcodeInfo` tells it what to check.  Pad bytes are
 ignored on receive, as rxe does, and always sent as zeros.
 
-The ICRC (spec rocev2 §4) is a CRC-32 (``zlib.crc32``) over 8 bytes of 0xFF (the
-pseudo-LRH), the IP header, the UDP header and BTH through pad, with the fields a
-router may change set to all ones, appended little-endian.  The masked fields are:
-
-* IPv4: TOS (byte 1), TTL (byte 8), header checksum (bytes 10-11);
-* IPv6: traffic class and flow label (bytes 0-3 become ``6F FF FF FF``), hop limit (7);
-* UDP: checksum (bytes 6-7);
-* BTH: byte 4 (FECN, BECN, reserved).
-
-Speed: the headers (IP + UDP + BTH, 40 or 60 bytes) are masked in one step, as one
-big integer OR-ed with a precomputed mask (no per-byte loop), and the CRC runs on
-from the precomputed CRC of the eight 0xFF bytes (rxe's seed 0xDEBB20E3 is the same
-register state).  Payload pieces are passed to ``zlib.crc32`` as they are, no join.
+The ICRC (spec rocev2 §4, what it covers and how it is computed) is
+:mod:`smcr.wire.icrc`'s; :func:`icrc_ipv4` and :func:`icrc_ipv6` take it from the IP
+and UDP headers as sent.
 
 The IP and UDP builders make what rxe sends (spec §1.2, §1.4): IPv4 with DF, ID 0 (what
 an unconnected ``IP_PMTUDISC_DO`` socket sends), TTL 1 (SMC-R's hop limit, smc-r §8),
@@ -42,15 +32,18 @@ code accepts IPv4 only without options, and IPv6 only without extension headers.
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from smcr.wire.errors import WireError
+from smcr.wire.icrc import ICRC, icrc, masked_ipv4_headers, masked_ipv6_headers
 from smcr.wire.inet import (
     IPPROTO_UDP,
+    IPV4_HEADER,
     IPV4_HEADER_LEN,
+    IPV6_HEADER,
     IPV6_HEADER_LEN,
+    UDP_HEADER,
     UDP_HEADER_LEN,
     ipv4_header,
     ipv6_header,
@@ -61,6 +54,7 @@ from smcr.wire.roce import (
     _ATOMIC_ACK_ETH_F,
     _ATOMIC_ETH,
     _ATOMIC_ETH_F,
+    _BTH,
     _FETH_F,
     _IETH_F,
     _IMMDT_F,
@@ -100,21 +94,14 @@ from smcr.wire.roce import (
 #: TTL / hop limit Linux SMC-R gives its RoCE packets (smc-r spec §8).
 SMCR_HOP_LIMIT: Final = 1
 
-_IPV4: Final = struct.Struct(">BBHHHBBH4s4s")
-_IPV6: Final = struct.Struct(">IHBB16s16s")
-_UDP: Final = struct.Struct(">HHHH")
 _U16: Final = struct.Struct(">H")
-_ICRC: Final = struct.Struct("<I")
-
-# CRC register after the masked pseudo-LRH (8 x 0xFF); rxe starts from 0xDEBB20E3,
-# the same state before its final inversion (spec §4.1).
-_ICRC_SEED: Final = zlib.crc32(b"\xff" * 8)
 
 
 # --------------------------------------------------------------------------------------
 # Whole packets: BTH | ext headers | payload | pad | ICRC
 
-_PADS: Final = (b"", b"\x00", b"\x00\x00", b"\x00\x00\x00")
+PADS: Final = (b"", b"\x00", b"\x00\x00", b"\x00\x00\x00")
+"""The pad bytes after a payload, by PadCnt: always zeros (rxe ignores them on receive)."""
 
 
 def pad_count(payload_length: int) -> int:
@@ -241,7 +228,7 @@ class RocePacket:
     @property
     def pad(self) -> bytes:
         """The pad bytes: ``bth.pad_cnt`` zeros."""
-        return _PADS[self.bth.pad_cnt]
+        return PADS[self.bth.pad_cnt]
 
     def encode(self) -> bytes:
         """Return the whole UDP payload, BTH through ICRC (``icrc`` little-endian).
@@ -251,7 +238,7 @@ class RocePacket:
         if (len(self.payload) + self.bth.pad_cnt) & 3:
             raise ValueError("payload plus PadCnt must be a multiple of 4 bytes")
         return b"".join(
-            (self.encode_headers(), self.payload, _PADS[self.bth.pad_cnt], _ICRC.pack(self.icrc))
+            (self.encode_headers(), self.payload, PADS[self.bth.pad_cnt], ICRC.pack(self.icrc))
         )
 
     @classmethod
@@ -302,7 +289,7 @@ class RocePacket:
             if headers & _IETH_F:
                 ieth = Ieth(*_U32.unpack_from(view, off))
                 off += IETH_LEN
-        (icrc,) = _ICRC.unpack_from(view, total - ICRC_LEN)
+        (icrc,) = ICRC.unpack_from(view, total - ICRC_LEN)
         return cls(
             bth, view[off:end], reth, aeth, imm_dt, ieth, atomic_eth, atomic_ack_eth, feth, icrc
         )
@@ -312,33 +299,10 @@ class RocePacket:
 # ICRC (spec §4)
 
 
-def _mask(hexbytes: str) -> int:
-    return int(hexbytes.replace(" ", ""), 16)
-
-
-# IPv4 (20) + UDP (8) + BTH (12): TOS, TTL, checksum | UDP checksum | BTH byte 4.
-_MASK_V4: Final = _mask(
-    "00ff0000 00000000 ff00ffff 00000000 00000000"  # IPv4
-    " 00000000 0000ffff"  # UDP
-    " 00000000 ff000000 00000000"  # BTH
-)
-# IPv6 (40) + UDP (8) + BTH (12): TC and flow label, hop limit | UDP checksum | byte 4.
-_MASK_V6: Final = _mask(
-    "0fffffff 000000ff"  # IPv6: version/TC/flow label, payload length/next header/hop limit
-    + " 00000000" * 8  # IPv6 addresses
-    + " 00000000 0000ffff"  # UDP
-    + " 00000000 ff000000 00000000"  # BTH
-)
-_V4_HDRS: Final = IPV4_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN
-_V6_HDRS: Final = IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN
-
-
-def _crc_rest(crc: int, first: Buffer, rest: tuple[Buffer, ...]) -> int:
-    if len(first) > BTH_LEN:
-        crc = zlib.crc32(memoryview(first)[BTH_LEN:], crc)
-    for part in rest:
-        crc = zlib.crc32(part, crc)
-    return crc
+def _udp_and_bth(udp_header: Buffer, first: memoryview) -> tuple[int, ...]:
+    """``(sport, dport, UDP length, opcode, b1, P_Key, DestQP word, PSN word)``."""
+    sport, dport, ulen, _ = UDP_HEADER.unpack(udp_header)
+    return (sport, dport, ulen, *_BTH.unpack_from(first))
 
 
 def icrc_ipv4(ip_header: Buffer, udp_header: Buffer, bth_onwards: Buffer, *more: Buffer) -> int:
@@ -355,9 +319,13 @@ def icrc_ipv4(ip_header: Buffer, udp_header: Buffer, bth_onwards: Buffer, *more:
         raise ValueError("icrc_ipv4 needs a 20-byte IPv4 and an 8-byte UDP header")
     if len(bth_onwards) < BTH_LEN:
         raise ValueError("the first piece must hold the whole BTH")
-    head = b"".join((ip_header, udp_header, memoryview(bth_onwards)[:BTH_LEN]))
-    masked = (int.from_bytes(head) | _MASK_V4).to_bytes(_V4_HDRS)
-    return _crc_rest(zlib.crc32(masked, _ICRC_SEED), bth_onwards, more)
+    first = memoryview(bth_onwards)
+    vihl, _, total, ident, frag, _, proto, _, src, dst = IPV4_HEADER.unpack(ip_header)
+    sport, dport, ulen, opcode, b1, p_key, dqp, psn = _udp_and_bth(udp_header, first)
+    masked = masked_ipv4_headers(src, dst, sport, dport, ulen, opcode, b1, p_key, dqp, psn,
+                                 ident=ident, frag=frag, total_length=total, version_ihl=vihl,
+                                 protocol=proto)  # fmt: skip
+    return icrc(masked, first[BTH_LEN:], *more)
 
 
 def icrc_ipv6(ip_header: Buffer, udp_header: Buffer, bth_onwards: Buffer, *more: Buffer) -> int:
@@ -369,9 +337,13 @@ def icrc_ipv6(ip_header: Buffer, udp_header: Buffer, bth_onwards: Buffer, *more:
         raise ValueError("icrc_ipv6 needs a 40-byte IPv6 and an 8-byte UDP header")
     if len(bth_onwards) < BTH_LEN:
         raise ValueError("the first piece must hold the whole BTH")
-    head = b"".join((ip_header, udp_header, memoryview(bth_onwards)[:BTH_LEN]))
-    masked = (int.from_bytes(head) | _MASK_V6).to_bytes(_V6_HDRS)
-    return _crc_rest(zlib.crc32(masked, _ICRC_SEED), bth_onwards, more)
+    first = memoryview(bth_onwards)
+    word0, plen, next_header, _, src, dst = IPV6_HEADER.unpack(ip_header)
+    sport, dport, ulen, opcode, b1, p_key, dqp, psn = _udp_and_bth(udp_header, first)
+    masked = masked_ipv6_headers(src, dst, sport, dport, ulen, opcode, b1, p_key, dqp, psn,
+                                 payload_length=plen, version=word0 >> 28,
+                                 next_header=next_header)  # fmt: skip
+    return icrc(masked, first[BTH_LEN:], *more)
 
 
 # --------------------------------------------------------------------------------------
@@ -406,7 +378,7 @@ def split_udp_datagram(datagram: Buffer) -> UdpDatagram:
     if version == 4:
         if size < IPV4_HEADER_LEN + UDP_HEADER_LEN:
             raise WireError(f"IPv4 datagram of {size} bytes is too short for IP + UDP")
-        vihl, _, total, _, frag, _, proto, _, _, _ = _IPV4.unpack_from(view)
+        vihl, _, total, _, frag, _, proto, _, _, _ = IPV4_HEADER.unpack_from(view)
         if vihl != 0x45:
             raise WireError("IPv4 header with options (IHL != 5)")
         if frag & 0x3FFF:
@@ -416,7 +388,7 @@ def split_udp_datagram(datagram: Buffer) -> UdpDatagram:
     elif version == 6:
         if size < IPV6_HEADER_LEN + UDP_HEADER_LEN:
             raise WireError(f"IPv6 datagram of {size} bytes is too short for IP + UDP")
-        _, plen, proto, _, _, _ = _IPV6.unpack_from(view)
+        _, plen, proto, _, _, _ = IPV6_HEADER.unpack_from(view)
         hlen = IPV6_HEADER_LEN
         end = IPV6_HEADER_LEN + plen
     else:
@@ -438,7 +410,7 @@ def _icrc_of(parts: UdpDatagram) -> tuple[int, int]:
     body = roce[:-ICRC_LEN]
     icrc = icrc_ipv4 if len(ip) == IPV4_HEADER_LEN else icrc_ipv6
     computed = icrc(ip, udp, body)
-    (found,) = _ICRC.unpack_from(roce, len(roce) - ICRC_LEN)
+    (found,) = ICRC.unpack_from(roce, len(roce) - ICRC_LEN)
     return computed, found
 
 
@@ -462,7 +434,7 @@ def verify_icrc(datagram: Buffer) -> bool:
 def _frame(ip: bytes, udp: bytes, packet: RocePacket, headers: bytes, v4: bool) -> bytes:
     pad = packet.pad
     icrc = (icrc_ipv4 if v4 else icrc_ipv6)(ip, udp, headers, packet.payload, pad)
-    return b"".join((ip, udp, headers, packet.payload, pad, _ICRC.pack(icrc)))
+    return b"".join((ip, udp, headers, packet.payload, pad, ICRC.pack(icrc)))
 
 
 def _udp_payload_length(packet: RocePacket, headers: bytes) -> int:
@@ -491,7 +463,7 @@ def build_ipv4_udp_roce_frame(
     headers = packet.encode_headers()
     length = UDP_HEADER_LEN + _udp_payload_length(packet, headers)
     ip = ipv4_header(src, dst, length, ttl=ttl, tos=tos, identification=identification, df=df)
-    return _frame(ip, _UDP.pack(sport, dport, length, 0), packet, headers, True)
+    return _frame(ip, UDP_HEADER.pack(sport, dport, length, 0), packet, headers, True)
 
 
 def build_ipv6_udp_roce_frame(
@@ -511,7 +483,7 @@ def build_ipv6_udp_roce_frame(
     ip = ipv6_header(
         src, dst, length, hop_limit=hop_limit, traffic_class=traffic_class, flow_label=flow_label
     )
-    return _frame(ip, _UDP.pack(sport, dport, length, 0), packet, headers, False)
+    return _frame(ip, UDP_HEADER.pack(sport, dport, length, 0), packet, headers, False)
 
 
 # --------------------------------------------------------------------------------------

@@ -99,6 +99,14 @@ static inline uint32_t varying_crc(Varying *v, uint32_t pre, long ident, uint32_
     return crc32_of(pre, v->bytes, (uint32_t)(2 + v->mid + 4));
 }
 
+/* The argument count of a METH_FASTCALL entry point: 0 with a TypeError unless it is want. */
+static int nargs_ok(const char *name, Py_ssize_t nargs, Py_ssize_t want) {
+    if (nargs == want)
+        return 1;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments", name, want);
+    return 0;
+}
+
 static int int_args(PyObject *const *args, const int *which, int n, long long *out) {
     for (int i = 0; i < n; i++) {
         out[i] = PyLong_AsLongLong(args[which[i]]);
@@ -119,10 +127,8 @@ PyDoc_STRVAR(place_doc,
 
 static PyObject *place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "place() takes 13 arguments");
+    if (!nargs_ok("place", nargs, 13))
         return NULL;
-    }
     static const int which[] = {1, 2, 3, 4, 6, 7, 9, 10, 12};
     long long a[9];
     if (int_args(args, which, 9, a) < 0)
@@ -202,10 +208,8 @@ PyDoc_STRVAR(sendrun_doc,
 
 static PyObject *sendrun(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 17) {
-        PyErr_SetString(PyExc_TypeError, "sendrun() takes 17 arguments");
+    if (!nargs_ok("sendrun", nargs, 17))
         return NULL;
-    }
     static const int which[] = {0, 2, 5, 6, 7, 9, 10, 11, 12, 14, 15};
     long long a[11];
     if (int_args(args, which, 11, a) < 0)
@@ -336,10 +340,8 @@ PyDoc_STRVAR(recvgro_doc,
 
 static PyObject *recvgro(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "recvgro() takes 2 arguments");
+    if (!nargs_ok("recvgro", nargs, 2))
         return NULL;
-    }
     long fd = PyLong_AsLong(args[0]);
     if (fd == -1 && PyErr_Occurred())
         return NULL;

@@ -48,16 +48,26 @@ import contextlib
 import logging
 import os
 import select
+import socket
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from smcr.rdma.base import CompletionQueue
 from smcr.rdma.verbs import WorkCompletion
 
-if TYPE_CHECKING:
-    from smcr.rdma.roce.qp import RoceQp
+
+class ReceivingQp(Protocol):
+    """A QP whose flow socket a CQ's poller reads (:class:`~smcr.rdma.roce.qp.ReceivingQp`): the
+    QP module needs the CQ, and an import back from here would close a circle."""
+
+    @property
+    def rx_sock(self) -> socket.socket | None:
+        """The QP's flow socket (None before RTR and after destroy)."""
+
+    def receive(self) -> None:
+        """Read and handle what waits on the flow socket (its device's receive)."""
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +86,7 @@ def poller_receives() -> bool:
     process exiting right after ``close`` with packets still unsent (the same
     symptom was traced to it in another test; the faster path makes it likelier);
     ``close`` now waits for the peer to confirm the closing CDC
-    (:func:`smcr.socket._cdcs_done`), and 20 runs of both bulk tests passed since.
+    (:func:`smcr.stack.conn.cdcs_done`), and 20 runs of both bulk tests passed since.
     The switch stays for diagnosis.
     """
     return os.environ.get(POLLER_RX_ENV, "1") != "0"
@@ -94,7 +104,7 @@ class RoceCq(CompletionQueue):
         self._ep = select.epoll()
         self._bell_fd = self._bell_r.fileno()
         self._ep.register(self._bell_fd, select.EPOLLIN)
-        self._attached: dict[int, RoceQp] = {}
+        self._attached: dict[int, ReceivingQp] = {}
         self._tls = threading.local()
         self.last_poll = 0.0
         self.pollers_receive = poller_receives()
@@ -104,7 +114,7 @@ class RoceCq(CompletionQueue):
         """An epoll descriptor: readable when a completion may wait or a QP socket is readable."""
         return self._ep.fileno()
 
-    def attach(self, qp: RoceQp, fd: int) -> None:
+    def attach(self, qp: ReceivingQp, fd: int) -> None:
         """Receive the flow socket ``fd`` of ``qp`` in this CQ's pollers too."""
         if not self.pollers_receive:
             return
@@ -112,7 +122,7 @@ class RoceCq(CompletionQueue):
             self._ep.register(fd, select.EPOLLIN)
             self._attached[fd] = qp
 
-    def receives(self, qp: RoceQp) -> bool:
+    def receives(self, qp: ReceivingQp) -> bool:
         """Whether this CQ's pollers receive for ``qp``."""
         return qp.rx_sock is not None and self._attached.get(qp.rx_sock.fileno()) is qp
 
@@ -171,7 +181,7 @@ class RoceCq(CompletionQueue):
             qp = attached.get(fd)
             if qp is not None:
                 try:
-                    qp.device.receive_qp(qp)
+                    qp.receive()
                 except Exception:  # as in the progress thread: a provider fault is logged,
                     log.exception("RoCE receive in a CQ poller failed")  # not the app's
 

@@ -14,7 +14,7 @@ Design decisions (the why of each):
   packet arrives on, it is dispatched by BTH DestQP among all QPs of this
   process (QPNs are unique per process).
 * **One progress thread per device** (the shm RNIC's epoll
-  :class:`~smcr.rdma.shm.engine.Engine`): it sleeps in ``epoll_wait`` until a
+  :class:`~smcr.rdma.eventloop.Engine`): it sleeps in ``epoll_wait`` until a
   socket is readable or a timer is due, so an idle RNIC costs no CPU; a
   readable socket is drained up to :data:`BATCH` reads (each may hold many
   packets with UDP GRO); an ACK that a read's packets asked for goes out at the
@@ -54,17 +54,20 @@ from collections.abc import Callable
 from typing import Final, cast
 
 from smcr.rdma.base import (
+    PAGE,
     CompletionQueue,
     Device,
     KeyAllocator,
     MemoryRegion,
     ProtectionDomain,
+    random_qpn,
 )
+from smcr.rdma.eventloop import Engine
 from smcr.rdma.roce import fastpath, netif
 from smcr.rdma.roce.cq import CEDE_SECONDS, RoceCq
 from smcr.rdma.roce.fastpath import BTH, U24, IcrcV4, IcrcV6, flow_icrc
+from smcr.rdma.roce.netif import SOL_UDP, UDP_GRO
 from smcr.rdma.roce.qp import RoceQp
-from smcr.rdma.shm.engine import Engine
 from smcr.rdma.verbs import REMOTE_ACCESS, AccessFlag, DeviceAttr, QpCap, VerbsError
 from smcr.wire.roce import ROCEV2_UDP_PORT
 
@@ -82,10 +85,7 @@ IPV6_MTU_DISCOVER: Final = 23
 UDP_NO_CHECK6_RX: Final = 102
 IPV6_AUTOFLOWLABEL: Final = 70
 IOVA_BASE: Final = 0x0000_7F00_0000_0000
-PAGE: Final = 4096
 MAX_DATAGRAM: Final = 65536
-SOL_UDP: Final = 17
-UDP_GRO: Final = 104
 _GRO_SIZE: Final = struct.Struct("i")
 _DQP: Final = struct.Struct(">I")
 #: ``struct sockaddr_in`` and ``sockaddr_in6``: family (host order), port, (flow info,)
@@ -157,10 +157,7 @@ class RoceDevice(Device):
                cap: QpCap, sq_sig_all: bool) -> RoceQp:  # fmt: skip
         """A QP with a fresh random 24-bit QPN (0 and 1 are reserved in IB)."""
         with _PROCESS_LOCK:
-            while True:
-                qpn = secrets.randbits(24)
-                if qpn > 1 and qpn not in _PROCESS_QPS:
-                    break
+            qpn = random_qpn(_PROCESS_QPS)
             qp = RoceQp(self, pd, qpn, send_cq=send_cq, recv_cq=recv_cq, cap=cap,
                         sq_sig_all=sq_sig_all)  # fmt: skip
             self._qps[qpn] = qp
@@ -176,13 +173,6 @@ class RoceDevice(Device):
     def lookup_rkey(self, rkey: int) -> MemoryRegion | None:
         """The live MR of an rkey, or None (the responder checks PD, access, bounds)."""
         return self._rkeys.get(rkey)
-
-    def next_iova(self, length: int) -> int:
-        """A fresh page-aligned virtual address range for an MR, plus a guard page."""
-        with self._lock:
-            addr = self._next_iova
-            self._next_iova += -(-max(length, 1) // PAGE) * PAGE + PAGE
-        return addr
 
     def publish(self, mr: MemoryRegion) -> None:
         """Make an MR reachable by its rkey."""
@@ -372,7 +362,10 @@ class RoceDevice(Device):
                         break
                 else:
                     n, anc, _flags, _addr = recv(bufs, 64)
-                    seg = (_GRO_SIZE.unpack(anc[0][2])[0] if anc else n) or n
+                    seg = n
+                    if anc:  # UDP_GRO's (level, type, segment size)
+                        _level, _type, gro = anc[0]
+                        seg = _GRO_SIZE.unpack(gro)[0] or n
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:  # an ICMP error reported on the connected socket
@@ -385,8 +378,8 @@ class RoceDevice(Device):
                 while off < n:
                     if seg == middle_seg and place is not None and view[off] == 0x07:
                         target = resp.middle_target()
-                        if target is not None and target[2] > 0:
-                            buf, toff, most = target
+                        buf, toff, most = target if target is not None else (view, 0, 0)
+                        if most > 0:
                             count, ack = place(view, off, n, seg, k, own, resp.epsn, most, buf,
                                                toff)  # fmt: skip
                             if count:
@@ -449,8 +442,9 @@ class RoceDevice(Device):
             if n < 16 or n & 3:
                 stats["malformed"] += 1
                 continue
-            src = socket.inet_pton(self.family, source[0].split("%", 1)[0])
-            if self.verify_icrc and not self._icrc_ok(flow_icrc(src, self.ip, source[1]), pkt):
+            host, port, *_ = source  # (IPv6 adds flow info and scope id)
+            src = socket.inet_pton(self.family, host.split("%", 1)[0])
+            if self.verify_icrc and not self._icrc_ok(flow_icrc(src, self.ip, port), pkt):
                 continue
             self._dispatch(pkt, now, touched, src)
         for q in touched.values():

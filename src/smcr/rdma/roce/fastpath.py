@@ -7,10 +7,13 @@ one precompiled :class:`struct.Struct` per step and plain ints and tuples:
 
 * :func:`parse_bth` returns ``(opcode, b1, p_key, dest_qp_word, psn_word)``;
   the caller takes PSN, AckReq and PadCnt out of the ints itself;
-* :class:`IcrcV4` computes the ICRC (spec rocev2 §4) of a packet of one flow from
-  a single 40-byte masked IPv4+UDP+BTH header packed per packet, continued over
-  the extension headers, payload and pad (``crc32`` runs on from a seed, so
-  nothing is joined);
+* :class:`IcrcV4` computes the ICRC (spec rocev2 §4, :mod:`smcr.wire.icrc`) of a
+  packet of one flow from a single 40-byte masked IPv4+UDP+BTH header packed per
+  packet, continued over the extension headers, payload and pad (``crc32`` runs on
+  from a seed, so nothing is joined); :meth:`IcrcFlow.compute` is
+  :func:`smcr.wire.icrc.icrc` itself, and the per-packet loops (:meth:`IcrcFlow.frames`,
+  :meth:`IcrcV4.verify`) pack the same masked header inline, with the flow's
+  constants in locals;
 * :class:`IcrcV6` does the same for IPv6, where every covered field is known
   to a UDP receiver, so the check is exact;
 * :func:`recover_id` implements option (c) of spec §4.4: a UDP socket
@@ -36,11 +39,10 @@ from functools import lru_cache
 from types import ModuleType
 from typing import ClassVar, Final
 
-try:  # zlib-ng: the same CRC-32, ~10x faster (carry-less multiply)
-    from zlib_ng.zlib_ng import crc32
-except ImportError:  # pragma: no cover - zlib-ng not installed: the stdlib's, same results
-    from zlib import crc32
-
+from smcr.wire import icrc as wire_icrc
+from smcr.wire import roce as wire_roce
+from smcr.wire import roce_packet
+from smcr.wire.icrc import crc32, icrc, masked_ipv4_headers, masked_ipv6_headers
 from smcr.wire.roce import _LENGTH_BY_BYTE, _MASK_BY_BYTE, ROCEV2_UDP_PORT
 
 
@@ -61,25 +63,26 @@ LOOPS: ModuleType | None = _c_loops()
 
 Buffer = bytes | bytearray | memoryview
 
-BTH: Final = struct.Struct(">BBHII")
-RETH: Final = struct.Struct(">QII")
-U32: Final = struct.Struct(">I")
-ICRC: Final = struct.Struct("<I")
-#: Masked IPv4 (20) + UDP (8) + BTH (12), as the ICRC sees them (spec §4.2):
-#: TOS, TTL, IP checksum, UDP checksum and BTH byte 4 are all ones.
-_V4_MASKED: Final = struct.Struct(">BBHHHBBH4s4sHHHHBBHII")
-#: Masked IPv6 (40) + UDP (8) + BTH (12): traffic class and flow label (bytes 0-3
-#: become 6F FF FF FF), hop limit, UDP checksum and BTH byte 4 are all ones.
-_V6_MASKED: Final = struct.Struct(">IHBB16s16sHHHHBBHII")
-_SEED: Final = crc32(b"\xff" * 8)
+# smcr.wire.roce's header layouts (BTH, RETH, a 32-bit word: AETH, ImmDt) and
+# smcr.wire.icrc's, as Final names of this module (the compiled build keeps them in C
+# statics, not in the module's dict): the ICRC, the masked headers, the CRC seed
+BTH: Final = wire_roce._BTH
+RETH: Final = wire_roce._RETH
+U32: Final = wire_roce._U32
+ICRC: Final = wire_icrc.ICRC
+_V4_MASKED: Final = wire_icrc.IPV4_MASKED
+_V6_MASKED: Final = wire_icrc.IPV6_MASKED
+_SEED: Final = wire_icrc.ICRC_SEED
 #: The parts of a masked IPv4 header that vary within a run of Middles: the ID, the
-#: fixed 30 bytes between (see :meth:`IcrcV4._split`), the PSN word.
+#: fixed 30 bytes between (see :meth:`IcrcV4._varying`), the PSN word.
 _ID_MID_PSN: Final = struct.Struct(">H30sI")
 #: The same for IPv6, cut at the BTH's P_Key: P_Key, the masked DestQP word, the PSN word.
 _PKEY_QP_PSN: Final = struct.Struct(">H4sI")
 #: A BTH as its fixed first 8 bytes (opcode, flags, P_Key, DestQP word) and the PSN word.
 _BTH_SPLIT: Final = struct.Struct(">QI")
-PADS: Final = (b"", b"\x00", b"\x00\x00", b"\x00\x00\x00")
+PADS: Final = roce_packet.PADS
+#: The literals the loops need inlined (smcr.wire.roce.DEFAULT_P_KEY, _U24, ACK_REQ;
+#: smcr.wire.inet.IP_DF): tests/roce/test_fastpath.py checks them against the wire codecs.
 P_KEY: Final = 0xFFFF
 U24: Final = 0xFFFFFF
 ACK_REQ: Final = 0x80000000
@@ -167,6 +170,7 @@ class IcrcFlow:
     __slots__ = ("_cuts", "_scratch", "dport", "dst", "sport", "src")
     _VARYING: ClassVar[struct.Struct]
     _ID_STEP: ClassVar[int]
+    _IPV6: ClassVar[bool]
 
     def __init__(self, src: bytes, dst: bytes, sport: int, dport: int = ROCEV2_UDP_PORT) -> None:
         self.src = src
@@ -177,6 +181,83 @@ class IcrcFlow:
         #: the QP's lock)
         self._scratch = bytearray(16 * 64 + 4)
         self._cuts: dict[tuple[int, int, int, int], tuple[int, bytes, int]] = {}
+
+    def _masked(self, ulen: int, opcode: int, b1: int, dest_qp: int, psn_word: int,
+                ip_id: int) -> bytes:  # fmt: skip
+        """The masked IP + UDP + BTH header the ICRC of a packet of this flow covers
+        (:func:`smcr.wire.icrc.masked_ipv4_headers` or ``masked_ipv6_headers``)."""
+        raise NotImplementedError
+
+    def compute(
+        self, opcode: int, b1: int, dest_qp: int, psn_word: int, rest: Buffer, payload: Buffer,
+        ip_id: int = 0,
+    ) -> int:  # fmt: skip
+        """ICRC of a packet (with IPv4 ID ``ip_id`` and DF set; IPv6 has no ID).
+
+        :param rest: the extension headers (may be empty).
+        :param payload: the payload; the pad is derived from ``b1``'s PadCnt.
+        """
+        pad = (b1 >> 4) & 3
+        ulen = 8 + 12 + len(rest) + len(payload) + pad + 4
+        masked = self._masked(ulen, opcode, b1, dest_qp, psn_word, ip_id)
+        return icrc(masked, rest, payload, PADS[pad])
+
+    def check(self, packet: memoryview) -> int:
+        """Whether a received UDP payload (BTH through ICRC) carries a right ICRC:
+        :meth:`verify` with its BTH unpacked here."""
+        opcode, b1, _pkey, dqp_word, psn_word = BTH.unpack_from(packet)
+        return self.verify(packet, len(packet), opcode, b1, dqp_word, psn_word)
+
+    def verify(self, packet: memoryview, n: int, opcode: int, b1: int, dqp_word: int,
+               psn_word: int) -> int:  # fmt: skip
+        """:meth:`check` for a packet of ``n`` bytes whose BTH the caller has unpacked:
+        0 if the ICRC is wrong, else 1 (or 2: right with a recovered IPv4 ID)."""
+        raise NotImplementedError
+
+    def frames(self, queue: Sequence[tuple[int, int, int, bytes, Buffer]], start: int, end: int,
+               dest_qp: int, id_base: int = 0) -> list[Buffer]:  # fmt: skip
+        """The ``sendmsg`` buffers of the packets ``queue[start:end]``, one UDP GSO run.
+
+        Each entry is ``(opcode, b1, psn_word, ext_headers, payload)``; packet
+        ``k`` of the run gets IPv4 ID ``id_base + k`` (how the kernel numbers GSO
+        segments; IPv6 has none).  Why here and in one loop: per packet this is the
+        sender's hottest Python, so the masked header (:meth:`_masked`) is packed
+        inline with the flow's constants in locals, and each packet's ICRC shares a
+        buffer with the next packet's BTH, which halves the buffers handed to the kernel.
+        """
+        parts: list[Buffer] = []
+        append = parts.append
+        pack4, pack6, bth, put_icrc = _V4_MASKED.pack, _V6_MASKED.pack, BTH.pack, ICRC.pack
+        src, dst, sport, dport = self.src, self.dst, self.sport, self.dport
+        v6 = self._IPV6
+        masked_qp = 0xFF000000 | (dest_qp & U24)
+        tail = b""
+        for k in range(start, end):
+            opcode, b1, psn_word, ext, payload = queue[k]
+            pad = (b1 >> 4) & 3
+            ulen = 24 + len(ext) + len(payload) + pad
+            if v6:
+                crc = crc32(pack6(0x6FFFFFFF, ulen, 17, 0xFF, src, dst, sport, dport, ulen, 0xFFFF,
+                                  opcode, b1, P_KEY, masked_qp, psn_word), _SEED)  # fmt: skip
+            else:
+                crc = crc32(pack4(0x45, 0xFF, ulen + 20, id_base + k - start, IP_DF, 0xFF, 17,
+                                  0xFFFF, src, dst, sport, dport, ulen, 0xFFFF, opcode, b1, P_KEY,
+                                  masked_qp, psn_word), _SEED)  # fmt: skip
+            head = bth(opcode, b1, P_KEY, dest_qp, psn_word)
+            if ext:
+                crc = crc32(ext, crc)
+                head += ext
+            append(tail + head if tail else head)
+            if payload:
+                crc = crc32(payload, crc)
+                append(payload)
+            if pad:
+                crc = crc32(PADS[pad], crc)
+                tail = PADS[pad] + put_icrc(crc)
+            else:
+                tail = put_icrc(crc)
+        append(tail)
+        return parts
 
     def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
         """``(CRC of the masked header before the cut, fixed bytes to the PSN word, first
@@ -297,50 +378,25 @@ class IcrcV4(IcrcFlow):
     __slots__ = ()
     _VARYING = _ID_MID_PSN
     _ID_STEP = 1
+    _IPV6 = False
 
-    def compute(
-        self, opcode: int, b1: int, dest_qp: int, psn_word: int, rest: Buffer, payload: Buffer,
-        ip_id: int = 0,
-    ) -> int:  # fmt: skip
-        """ICRC of a packet with IPv4 ID ``ip_id`` and DF set.
+    def _masked(self, ulen: int, opcode: int, b1: int, dest_qp: int, psn_word: int,
+                ip_id: int) -> bytes:  # fmt: skip
+        return masked_ipv4_headers(self.src, self.dst, self.sport, self.dport, ulen, opcode, b1,
+                                   P_KEY, dest_qp, psn_word, ident=ip_id)  # fmt: skip
 
-        :param rest: the extension headers (may be empty).
-        :param payload: the payload; the pad is derived from ``b1``'s PadCnt.
-        """
-        pad = (b1 >> 4) & 3
-        ulen = 8 + 12 + len(rest) + len(payload) + pad + 4
-        crc = crc32(
-            _V4_MASKED.pack(
-                0x45, 0xFF, ulen + 20, ip_id, IP_DF, 0xFF, 17, 0xFFFF, self.src, self.dst,
-                self.sport, self.dport, ulen, 0xFFFF,
-                opcode, b1, P_KEY, 0xFF000000 | (dest_qp & U24), psn_word,
-            ),
-            _SEED,
-        )  # fmt: skip
-        if rest:
-            crc = crc32(rest, crc)
-        if payload:
-            crc = crc32(payload, crc)
-        if pad:
-            crc = crc32(PADS[pad], crc)
-        return crc
-
-    def check(self, packet: memoryview) -> int:
-        """Whether a received UDP payload (BTH through ICRC) carries a consistent ICRC.
+    def verify(self, packet: memoryview, n: int, opcode: int, b1: int, dqp_word: int,
+               psn_word: int) -> int:  # fmt: skip
+        """Whether a received packet of ``n`` bytes carries a consistent ICRC.
 
         :returns: 0 if not, 1 if it is right with IPv4 ID 0, 2 if right with a
             recovered ID.
 
         Tries ID 0 first (our own senders), then :meth:`recover_id` (rxe and
         hardware send a hashed ID that a UDP socket cannot see).  DF is assumed
-        set, as rxe always sets it (spec §1.4).
+        set, as rxe always sets it (spec §1.4).  The masked header is
+        :meth:`_masked`'s, packed inline (the general receive path's per-packet work).
         """
-        opcode, b1, _pkey, dqp_word, psn_word = BTH.unpack_from(packet)
-        return self.verify(packet, len(packet), opcode, b1, dqp_word, psn_word)
-
-    def verify(self, packet: memoryview, n: int, opcode: int, b1: int, dqp_word: int,
-               psn_word: int) -> int:  # fmt: skip
-        """:meth:`check` for a packet of ``n`` bytes whose BTH the caller has unpacked."""
         crc = crc32(
             _V4_MASKED.pack(
                 0x45, 0xFF, n + 28, 0, IP_DF, 0xFF, 17, 0xFFFF, self.src, self.dst,
@@ -358,53 +414,11 @@ class IcrcV4(IcrcFlow):
             return 2
         return 0 if recover_id(n, crc ^ found) is None else 2
 
-    def frames(self, queue: Sequence[tuple[int, int, int, bytes, Buffer]], start: int, end: int,
-               dest_qp: int, id_base: int = 0) -> list[Buffer]:  # fmt: skip
-        """The ``sendmsg`` buffers of the packets ``queue[start:end]``, one UDP GSO run.
-
-        Each entry is ``(opcode, b1, psn_word, ext_headers, payload)``; packet
-        ``k`` of the run gets IPv4 ID ``id_base + k`` (how the kernel numbers GSO
-        segments).  Why here and in one loop: per packet this is the sender's
-        hottest Python, so the masked header is packed inline with the flow's
-        constants in locals, and each packet's ICRC shares a buffer with the next
-        packet's BTH, which halves the buffers handed to the kernel.
-        """
-        parts: list[Buffer] = []
-        append = parts.append
-        pack, bth, icrc = _V4_MASKED.pack, BTH.pack, ICRC.pack
-        src, dst, sport, dport = self.src, self.dst, self.sport, self.dport
-        masked_qp = 0xFF000000 | (dest_qp & U24)
-        tail = b""
-        for k in range(start, end):
-            opcode, b1, psn_word, ext, payload = queue[k]
-            pad = (b1 >> 4) & 3
-            ulen = 24 + len(ext) + len(payload) + pad
-            crc = crc32(pack(0x45, 0xFF, ulen + 20, id_base + k - start, IP_DF, 0xFF, 17, 0xFFFF,
-                             src, dst, sport, dport, ulen, 0xFFFF, opcode, b1, P_KEY, masked_qp,
-                             psn_word), _SEED)  # fmt: skip
-            head = bth(opcode, b1, P_KEY, dest_qp, psn_word)
-            if ext:
-                crc = crc32(ext, crc)
-                head += ext
-            append(tail + head if tail else head)
-            if payload:
-                crc = crc32(payload, crc)
-                append(payload)
-            if pad:
-                crc = crc32(PADS[pad], crc)
-                tail = PADS[pad] + icrc(crc)
-            else:
-                tail = icrc(crc)
-        append(tail)
-        return parts
-
     def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
         """The masked header of a packet with UDP length ``ulen`` cut around what varies
         within a run (:meth:`IcrcFlow.run_frames`): the CRC of the bytes before the
         IPv4 ID, the 30 fixed bytes from there to the PSN word, the first ID (``id0``)."""
-        h = _V4_MASKED.pack(0x45, 0xFF, ulen + 20, 0, IP_DF, 0xFF, 17, 0xFFFF, self.src, self.dst,
-                            self.sport, self.dport, ulen, 0xFFFF, opcode, 0, P_KEY,
-                            0xFF000000 | (dest_qp & U24), 0)  # fmt: skip
+        h = self._masked(ulen, opcode, 0, dest_qp, 0, 0)
         return crc32(h[:4], _SEED), h[6:36], id0
 
 
@@ -419,37 +433,17 @@ class IcrcV6(IcrcFlow):
     __slots__ = ()
     _VARYING = _PKEY_QP_PSN
     _ID_STEP = 0
+    _IPV6 = True
 
-    def compute(
-        self, opcode: int, b1: int, dest_qp: int, psn_word: int, rest: Buffer, payload: Buffer,
-        ip_id: int = 0,
-    ) -> int:  # fmt: skip
-        """ICRC of a packet (``ip_id`` is ignored: IPv6 has none)."""
-        pad = (b1 >> 4) & 3
-        ulen = 8 + 12 + len(rest) + len(payload) + pad + 4
-        crc = crc32(
-            _V6_MASKED.pack(
-                0x6FFFFFFF, ulen, 17, 0xFF, self.src, self.dst, self.sport, self.dport, ulen,
-                0xFFFF, opcode, b1, P_KEY, 0xFF000000 | (dest_qp & U24), psn_word,
-            ),
-            _SEED,
-        )  # fmt: skip
-        if rest:
-            crc = crc32(rest, crc)
-        if payload:
-            crc = crc32(payload, crc)
-        if pad:
-            crc = crc32(PADS[pad], crc)
-        return crc
-
-    def check(self, packet: memoryview) -> int:
-        """1 if the ICRC of a received UDP payload (BTH through ICRC) is right, else 0."""
-        opcode, b1, _pkey, dqp_word, psn_word = BTH.unpack_from(packet)
-        return self.verify(packet, len(packet), opcode, b1, dqp_word, psn_word)
+    def _masked(self, ulen: int, opcode: int, b1: int, dest_qp: int, psn_word: int,
+                ip_id: int) -> bytes:  # fmt: skip
+        return masked_ipv6_headers(self.src, self.dst, self.sport, self.dport, ulen, opcode, b1,
+                                   P_KEY, dest_qp, psn_word)  # fmt: skip
 
     def verify(self, packet: memoryview, n: int, opcode: int, b1: int, dqp_word: int,
                psn_word: int) -> int:  # fmt: skip
-        """:meth:`check` for a packet of ``n`` bytes whose BTH the caller has unpacked."""
+        """1 if the ICRC of a received packet of ``n`` bytes is right, else 0 (the masked
+        header packed inline, as :meth:`IcrcV4.verify`)."""
         crc = crc32(
             _V6_MASKED.pack(
                 0x6FFFFFFF, n + 8, 17, 0xFF, self.src, self.dst, self.sport, self.dport, n + 8,
@@ -461,43 +455,10 @@ class IcrcV6(IcrcFlow):
             crc = crc32(packet[12 : n - 4], crc)
         return 1 if crc == ICRC.unpack_from(packet, n - 4)[0] else 0
 
-    def frames(self, queue: Sequence[tuple[int, int, int, bytes, Buffer]], start: int, end: int,
-               dest_qp: int, id_base: int = 0) -> list[Buffer]:  # fmt: skip
-        """The ``sendmsg`` buffers of ``queue[start:end]`` (see :meth:`IcrcV4.frames`)."""
-        parts: list[Buffer] = []
-        append = parts.append
-        pack, bth, icrc = _V6_MASKED.pack, BTH.pack, ICRC.pack
-        src, dst, sport, dport = self.src, self.dst, self.sport, self.dport
-        masked_qp = 0xFF000000 | (dest_qp & U24)
-        tail = b""
-        for k in range(start, end):
-            opcode, b1, psn_word, ext, payload = queue[k]
-            pad = (b1 >> 4) & 3
-            ulen = 24 + len(ext) + len(payload) + pad
-            crc = crc32(pack(0x6FFFFFFF, ulen, 17, 0xFF, src, dst, sport, dport, ulen, 0xFFFF,
-                             opcode, b1, P_KEY, masked_qp, psn_word), _SEED)  # fmt: skip
-            head = bth(opcode, b1, P_KEY, dest_qp, psn_word)
-            if ext:
-                crc = crc32(ext, crc)
-                head += ext
-            append(tail + head if tail else head)
-            if payload:
-                crc = crc32(payload, crc)
-                append(payload)
-            if pad:
-                crc = crc32(PADS[pad], crc)
-                tail = PADS[pad] + icrc(crc)
-            else:
-                tail = icrc(crc)
-        append(tail)
-        return parts
-
     def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
         """As :meth:`IcrcV4._varying`; IPv6 has no ID, so the cut is at the BTH's P_Key
         (constant), and the rest is the masked DestQP word."""
-        h = _V6_MASKED.pack(0x6FFFFFFF, ulen, 17, 0xFF, self.src, self.dst, self.sport,
-                            self.dport, ulen, 0xFFFF, opcode, 0, P_KEY,
-                            0xFF000000 | (dest_qp & U24), 0)  # fmt: skip
+        h = self._masked(ulen, opcode, 0, dest_qp, 0, 0)
         return crc32(h[:50], _SEED), h[52:56], P_KEY
 
 

@@ -17,6 +17,7 @@ import socket
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from smcr.rdma.verbs import PathMtu, ipv4_mapped_gid
 
@@ -30,6 +31,11 @@ IFF_RUNNING = 0x40
 _IFREQ = 40  # sizeof(struct ifreq) on 64-bit Linux
 #: rxe's RXE_MAX_HDR_LENGTH: the MTU room it keeps for headers.
 HEADER_ROOM = 80
+#: Linux UDP socket options the RNIC's sockets use (the typeshed stubs lack them):
+#: the level, GSO's segment size on send, GRO on receive.
+SOL_UDP: Final = 17
+UDP_SEGMENT: Final = 103
+UDP_GRO: Final = 104
 IFA_F_TENTATIVE = 0x40
 SYS_NET = Path("/sys/class/net")
 
@@ -139,10 +145,10 @@ def _ipv6_prefix_len(address: str) -> int:
         lines = Path("/proc/net/if_inet6").read_text().splitlines()
     except OSError:
         return 0
-    for line in lines:
-        fields = line.split()
-        if fields[0] == want:
-            return int(fields[2], 16)
+    for line in lines:  # address, ifindex, prefix length, scope, flags, name (all hex)
+        addr, _ifindex, prefix_len, *_ = line.split()
+        if addr == want:
+            return int(prefix_len, 16)
     return 0
 
 

@@ -39,9 +39,10 @@ import struct
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from smcr.rdma.base import CompletionQueue, QueuePair
+from smcr.rdma.base import CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair
+from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.roce import fastpath
 from smcr.rdma.roce.cq import RoceCq
 from smcr.rdma.roce.fastpath import (
@@ -53,9 +54,11 @@ from smcr.rdma.roce.fastpath import (
     flow_icrc,
     parse_bth,
 )
+from smcr.rdma.roce.netif import SOL_UDP, UDP_SEGMENT
 from smcr.rdma.roce.requester import WINDOW, Requester
 from smcr.rdma.roce.responder import Responder
 from smcr.rdma.verbs import (
+    IPV4_MAPPED_PREFIX,
     AccessFlag,
     AsyncEvent,
     AsyncEventType,
@@ -76,15 +79,58 @@ from smcr.wire.roce import ROCEV2_UDP_PORT
 from smcr.wire.roce_packet import rdma_get_udp_sport
 
 if TYPE_CHECKING:
-    from smcr.rdma.roce.device import RoceDevice, RocePd
-    from smcr.rdma.shm.engine import Timer
+    from smcr.rdma.eventloop import Timer
+
+
+class RoceQpDevice(QpDevice, Protocol):
+    """What a QP asks of its device (:class:`~smcr.rdma.roce.device.RoceDevice`): the device
+    module makes QPs and receives for them, and an import back from here would close a
+    circle.  Nothing here is asked per packet."""
+
+    @property
+    def gso(self) -> bool:
+        """Whether the device sends and receives runs with UDP GSO/GRO."""
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The device's counters (errors and drops)."""
+
+    @property
+    def family(self) -> int:
+        """The address family of the device's address."""
+
+    @property
+    def ip(self) -> bytes:
+        """The device's address, packed."""
+
+    def open_socket(self, port: int, *, ttl: int = 64, tos: int = 0,
+                    gro: bool = False) -> socket.socket:
+        """A UDP socket of a QP's flow, bound to the device's address and ``port``."""
+
+    def sockaddr(self, address: str, port: int) -> tuple[str, int] | tuple[str, int, int, int]:
+        """A socket address of ``address`` in the device's family."""
+
+    def packed_sockaddr(self, address: bytes, port: int) -> bytes:
+        """A packed ``sockaddr`` of ``address``, as ``sendmsg(2)`` takes it."""
+
+    def watch_qp_socket(self, qp: RoceQp, sock: socket.socket) -> None:
+        """Receive the QP's flow socket's packets from now on."""
+
+    def lookup_rkey(self, rkey: int) -> MemoryRegion | None:
+        """The MR an rkey of this device names."""
+
+    def receive_qp(self, qp: RoceQp) -> None:
+        """Read and handle what waits on the QP's flow socket."""
+
+    def unwatch(self, sock: socket.socket, qp: RoceQp | None = None) -> None:
+        """Stop watching a flow socket."""
+
+
 
 _SUPPORTED = frozenset({WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE,
                         WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ})  # fmt: skip
 _LOCAL_WRITE = int(AccessFlag.LOCAL_WRITE)
 _RESPONSE_MIN, _RESPONSE_MAX = 0x0D, 0x11  # READ responses and Acknowledge
-_IPV4_MAPPED = bytes(10) + b"\xff\xff"
-SOL_UDP, UDP_SEGMENT = 17, 103
 _GSO_SIZE = struct.Struct("H")
 #: ``sendmsg`` errors that mean "no UDP GSO on this path": fall back to one packet per call.
 _NO_GSO = (errno.EINVAL, errno.EIO, errno.EOPNOTSUPP)
@@ -100,7 +146,7 @@ Buffer = bytes | bytearray | memoryview
 class RoceQp(QueuePair):
     """An RC QP of a :class:`~smcr.rdma.roce.device.RoceDevice` (``pd.create_qp``)."""
 
-    def __init__(self, device: RoceDevice, pd: RocePd, qp_num: int, *,
+    def __init__(self, device: RoceQpDevice, pd: ProtectionDomain, qp_num: int, *,
                  send_cq: CompletionQueue, recv_cq: CompletionQueue, cap: QpCap,
                  sq_sig_all: bool) -> None:  # fmt: skip
         super().__init__(pd, qp_num, send_cq=send_cq, recv_cq=recv_cq, cap=cap,
@@ -311,7 +357,7 @@ class RoceQp(QueuePair):
         """Open this QP's flow sockets (see the module docstring)."""
         dev = self.device
         dgid = attr.ah_attr.dgid
-        v4 = dgid[:12] == _IPV4_MAPPED
+        v4 = dgid[:12] == IPV4_MAPPED_PREFIX
         if v4 != (dev.family == socket.AF_INET):
             raise VerbsError(errno.EINVAL, "the peer GID is not of this device's IP family")
         peer_raw = dgid[12:] if v4 else dgid
@@ -345,6 +391,11 @@ class RoceQp(QueuePair):
         self.icrc_rx = flow_icrc(peer_raw, dev.ip, sport)
         self._gso_bytes = 65535 - (28 if v4 else 8)
         dev.watch_qp_socket(self, rx)
+
+    def receive(self) -> None:
+        """Read and handle what waits on the flow socket (:meth:`RoceDevice.receive_qp`): a
+        CQ's poller calls it (:class:`~smcr.rdma.roce.cq.ReceivingQp`)."""
+        self.device.receive_qp(self)
 
     def _window(self, pmtu: int) -> int:
         """The PSN window: :data:`~smcr.rdma.roce.requester.WINDOW`, or fewer if a socket

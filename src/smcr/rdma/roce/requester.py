@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
+from smcr.rdma.base import scatter
 from smcr.rdma.roce.fastpath import ACK_REQ, RETH, U24, U32, Buffer, MiddleRun
 from smcr.rdma.verbs import (
     RNR_TIMER_SECONDS,
@@ -71,6 +72,11 @@ _KIND = {
 _WC_OP = (WcOpcode.SEND, WcOpcode.RDMA_WRITE, WcOpcode.RDMA_READ)
 _IMM = (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
 # (first, middle, last, only) opcodes per kind, with and without immediate data
+#: A message's opcodes by the packet's place in it: first, middle, last, only (``Wqe.ops``).
+OP_FIRST: Final = 0
+OP_MIDDLE: Final = 1
+OP_LAST: Final = 2
+OP_ONLY: Final = 3
 _OPS = {
     (K_SEND, False): (Opcode.SEND_FIRST, Opcode.SEND_MIDDLE, Opcode.SEND_LAST, Opcode.SEND_ONLY),
     (K_SEND, True): (Opcode.SEND_FIRST, Opcode.SEND_MIDDLE, Opcode.SEND_LAST_WITH_IMMEDIATE,
@@ -214,12 +220,7 @@ class Requester:
         if self.period is None:  # timeout 0: rxe never retransmits; we poll, uncounted
             self._go_back(now)
             return
-        if self.retry_left == 0:
-            self._fail_head(WcStatus.RETRY_EXC_ERR)
-            return
-        if self.retry_cnt != 7:
-            self.retry_left -= 1
-        self._go_back(now)
+        self._retry(now)
 
     def receive(self, opcode: int, psn: int, syndrome: int, payload: memoryview,
                 now: float) -> None:  # fmt: skip
@@ -290,7 +291,7 @@ class Requester:
         if len(payload) != want:
             return  # malformed response: drop it, the timer will retry
         if want:
-            _scatter(head.views, off, payload)
+            scatter(head.views, off, payload)
         self.una = (psn + 1) & U24
         if psn == head.last:
             self.wqes.popleft()
@@ -322,12 +323,7 @@ class Requester:
             if self.rnr_until is not None:
                 return  # packets sent after an RNR NAK; the RNR timer goes back anyway
             self._progress(before, now)
-            if self.retry_left == 0:
-                self._fail_head(WcStatus.RETRY_EXC_ERR)
-                return
-            if self.retry_cnt != 7:
-                self.retry_left -= 1
-            self._go_back(now)
+            self._retry(now)
             return
         status = {1: WcStatus.REM_INV_REQ_ERR, 2: WcStatus.REM_ACCESS_ERR}.get(
             code, WcStatus.REM_OP_ERR
@@ -362,6 +358,11 @@ class Requester:
         if self._retried_at == self.una:
             return
         self._retried_at = self.una
+        self._retry(now)
+
+    def _retry(self, now: float) -> None:
+        """Go back and resend from ``una``, one retry counted (``retry_cnt`` 7: without
+        limit); with none left the head WQE fails with RETRY_EXC_ERR (rxe ``rxe_completer``)."""
         if self.retry_left == 0:
             self._fail_head(WcStatus.RETRY_EXC_ERR)
             return
@@ -436,7 +437,8 @@ class Requester:
                     m -= 1  # (the round's last packet, which asks for the ACK, goes alone)
                 if m:
                     if tx_run is not None:
-                        tx_run(MiddleRun(w.ops[1], psn, w.data, j * pmtu, pmtu, m, j, ACK_EVERY))
+                        tx_run(MiddleRun(w.ops[OP_MIDDLE], psn, w.data, j * pmtu, pmtu, m, j,
+                                         ACK_EVERY))  # fmt: skip
                     else:
                         self._send_middles(w, j, m, psn, pmtu)
                     psn = (psn + m) & U24
@@ -471,7 +473,7 @@ class Requester:
 
     def _send_middles(self, w: Wqe, j: int, m: int, psn: int, pmtu: int) -> None:
         """Middle packets ``j .. j+m-1`` of ``w`` one by one (a host without ``tx_run``)."""
-        op, data, tx = w.ops[1], w.data, self._tx
+        op, data, tx = w.ops[OP_MIDDLE], w.data, self._tx
         for i in range(j, j + m):
             off = i * pmtu
             ack = ACK_REQ if i % ACK_EVERY == ACK_EVERY - 1 else 0
@@ -483,7 +485,8 @@ class Requester:
         ops = w.ops
         off = k * pmtu
         last = k == w.npkts - 1
-        op = ops[3] if w.npkts == 1 else ops[0] if k == 0 else ops[2] if last else ops[1]
+        op = (ops[OP_ONLY] if w.npkts == 1 else ops[OP_FIRST] if k == 0
+              else ops[OP_LAST] if last else ops[OP_MIDDLE])  # fmt: skip
         ext = b""
         if k == 0 and w.kind == K_WRITE:
             ext = RETH.pack(w.wr.remote_addr, w.wr.rkey, w.length)
@@ -499,20 +502,3 @@ class Requester:
         off = k * self.pmtu
         ext = RETH.pack(w.wr.remote_addr + off, w.wr.rkey, w.length - off)
         self._tx(Opcode.RDMA_READ_REQUEST, 0, ACK_REQ | self.tx, ext, b"")
-
-
-def _scatter(views: list[memoryview], off: int, data: memoryview) -> None:
-    """Copy ``data`` into the SGE views at byte offset ``off`` of their concatenation."""
-    pos = 0
-    n = len(data)
-    for v in views:
-        size = len(v)
-        if off >= size:
-            off -= size
-            continue
-        take = min(size - off, n - pos)
-        v[off : off + take] = data[pos : pos + take]
-        pos += take
-        off = 0
-        if pos == n:
-            return

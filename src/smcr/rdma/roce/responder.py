@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-from smcr.rdma.base import MemoryRegion, ProtectionDomain
+from smcr.rdma.base import MemoryRegion, ProtectionDomain, scatter
 from smcr.rdma.roce.fastpath import HEADER_LENGTH, RETH, U24, U32, pack_aeth
 from smcr.rdma.roce.requester import Transmit, pdiff
 from smcr.rdma.verbs import (
@@ -263,7 +263,7 @@ class Responder:
         if self._roff + n > self._rroom:
             raise _FaultError(NAK_INV, WcStatus.LOC_LEN_ERR)
         if n:
-            _scatter(self._rviews, self._roff, payload)
+            scatter(self._rviews, self._roff, payload)
             self._roff += n
         if pos in (LAST, ONLY):
             self._seq = SEQ_NONE
@@ -439,22 +439,3 @@ class _RnrError(_FaultError):
 
     def __init__(self) -> None:
         super().__init__(0x20)
-
-
-def _scatter(views: list[memoryview], off: int, data: memoryview) -> None:
-    """Copy ``data`` into the views at byte offset ``off`` of their concatenation."""
-    if len(views) == 1:
-        views[0][off : off + len(data)] = data
-        return
-    pos, n = 0, len(data)
-    for v in views:
-        size = len(v)
-        if off >= size:
-            off -= size
-            continue
-        take = min(size - off, n - pos)
-        v[off : off + take] = data[pos : pos + take]
-        pos += take
-        off = 0
-        if pos == n:
-            return

@@ -5,8 +5,8 @@ the provider-independent API of :mod:`smcr.rdma`.  Module map: ``device``
 (device, PD, MRs, rendezvous server), ``qp`` (the RC QP), ``layout`` (shared
 memory formats), ``rendezvous`` (unix-socket directory and control messages),
 ``peer`` (a requester's connection to, and mappings of, its responder),
-``cq`` (the completion queue whose arming requesters see: doorbells only for a sleeper),
-``engine`` (the progress thread).
+``cq`` (the completion queue whose arming requesters see: doorbells only for a sleeper).
+Its progress thread is :mod:`smcr.rdma.eventloop`'s, as the RoCE RNIC's.
 """
 
 from smcr.rdma.shm.device import ShmDevice, ShmPd

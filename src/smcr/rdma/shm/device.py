@@ -36,16 +36,18 @@ from pathlib import Path
 from typing import cast
 
 from smcr.rdma.base import (
+    PAGE,
     CompletionQueue,
     Device,
     KeyAllocator,
     MemoryRegion,
     ProtectionDomain,
+    random_qpn,
 )
+from smcr.rdma.eventloop import Engine
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import ShmCompletionQueue
-from smcr.rdma.shm.engine import Engine
 from smcr.rdma.shm.qp import ShmQp
 from smcr.rdma.verbs import (
     REMOTE_ACCESS,
@@ -59,7 +61,6 @@ from smcr.rdma.verbs import (
 DEFAULT_SLOT_SIZE = 8192
 DEFAULT_MAX_MR = 1024
 IOVA_BASE = 0x0000_7E00_0000_0000
-PAGE = 4096
 MAX_INLINE = 1 << 24
 """Inline WRs up to 16 MiB: the requester copies at post time anyway (:mod:`smcr.rdma.shm.qp`),
 so an inline WRITE costs what a registered one does and saves the caller a staging copy."""
@@ -125,10 +126,7 @@ class ShmDevice(Device):
                cap: QpCap, sq_sig_all: bool) -> ShmQp:  # fmt: skip
         """Create a QP with a fresh random 24-bit QPN (0 and 1 are reserved in IB)."""
         with self._lock:
-            while True:
-                qpn = secrets.randbits(24)
-                if qpn > 1 and qpn not in self._qps:
-                    break
+            qpn = random_qpn(self._qps)
             qp = ShmQp(self, pd, qpn, send_cq=send_cq, recv_cq=recv_cq, cap=cap,
                        sq_sig_all=sq_sig_all)  # fmt: skip
             self._qps[qpn] = qp
@@ -138,13 +136,6 @@ class ShmDevice(Device):
         """Drop a destroyed QP from the rendezvous table."""
         with self._lock:
             self._qps.pop(qpn, None)
-
-    def next_iova(self, length: int) -> int:
-        """A fresh page-aligned virtual address range for an MR, followed by a guard page."""
-        with self._lock:
-            addr = self._next_iova
-            self._next_iova += -(-max(length, 1) // PAGE) * PAGE + PAGE
-        return addr
 
     def publish_mr(self, mr: MemoryRegion, fd: int, mm: mmap) -> None:
         """Enter a remote-accessible MR in the shared table (the rkey word last)."""
@@ -189,9 +180,10 @@ class ShmDevice(Device):
                 conn.settimeout(1.0)
                 got = rdv.receive(conn)
                 if got is not None:
-                    for fd in got[1]:
+                    msg, fds = got
+                    for fd in fds:
                         os.close(fd)
-                    keep = self._answer(conn, got[0])
+                    keep = self._answer(conn, msg)
             except OSError:
                 pass
             finally:
@@ -299,7 +291,8 @@ class ShmPd(ProtectionDomain):
         entry = owner._remote.get(mr.rkey) if isinstance(owner, ShmDevice) else None
         if entry is None:
             raise VerbsError(errno.EINVAL, "not a live remote-accessible shm MR")
-        fd = os.dup(entry[1])
+        _index, segment_fd, _mm, _mr = entry
+        fd = os.dup(segment_fd)
         try:
             mm = mmap(fd, mr.length)
         except BaseException:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from typing import Final
 
 #: rkey u32, generation u32, access u32 (bit 31: valid), pd u32, length u64, iova u64.
 #: rkey and generation come first and together: the per-WR check reads just them.
@@ -36,8 +37,20 @@ MR_VALID = 1 << 31
 MR_TABLE_HEADER = 64
 
 #: state, access, min_rnr_timer, max_dest_rd_atomic, pd, depth, slot_size, epsn,
-#: posted u64, produced u64.
+#: posted u64, produced u64; read by index with the ``HDR_*`` names below.
 AREA_HEADER = struct.Struct("<IIIIIIIIQQ")
+#: Indices of the fields in the tuple ``AREA_HEADER.unpack`` returns (``Final`` ints,
+#: inlined by the compiled build): the data path reads the whole header at once.
+HDR_STATE: Final = 0
+HDR_ACCESS: Final = 1
+HDR_MIN_RNR: Final = 2
+HDR_MAX_DEST_RD_ATOMIC: Final = 3
+HDR_PD: Final = 4
+HDR_DEPTH: Final = 5
+HDR_SLOT_SIZE: Final = 6
+HDR_EPSN: Final = 7
+HDR_POSTED: Final = 8
+HDR_PRODUCED: Final = 9
 AREA_FIELDS = struct.Struct("<IIIIIII")
 AREA_HEADER_SIZE = 64
 OFF_STATE = 0

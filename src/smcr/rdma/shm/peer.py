@@ -19,14 +19,12 @@ import os
 import socket
 from dataclasses import dataclass, field
 from mmap import mmap
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.verbs import AccessFlag, VerbsError
-
-if TYPE_CHECKING:
-    from smcr.rdma.shm.device import ShmDevice
 
 _REMOTE_WRITE = int(AccessFlag.REMOTE_WRITE)
 
@@ -87,7 +85,8 @@ class PeerLink:
         self.sock.close()
 
     @classmethod
-    def connect(cls, device: ShmDevice, qp_num: int, gid: bytes, dst_qpn: int) -> PeerLink:
+    def connect(cls, directory: Path, own_gid: bytes, qp_num: int, gid: bytes,
+                dst_qpn: int) -> PeerLink:  # fmt: skip
         """Reach the peer QP through its device's rendezvous and map its area (at RTR).
 
         :raises VerbsError: EHOSTUNREACH (no such device) or ECONNREFUSED (no such QP),
@@ -96,23 +95,24 @@ class PeerLink:
         """
         if not rdv.is_shm_gid(gid):
             raise VerbsError(errno.EHOSTUNREACH, f"{gid.hex()} is not a shm GID")
-        path = rdv.socket_path(device.directory, gid)
+        path = rdv.socket_path(directory, gid)
         sock = rdv.connect(path)
         try:
-            rdv.send(sock, rdv.Message(rdv.HELLO, a=qp_num, b=dst_qpn, gid=device.gid))
+            rdv.send(sock, rdv.Message(rdv.HELLO, a=qp_num, b=dst_qpn, gid=own_gid))
             answer = rdv.receive(sock)
-            if answer is None or answer[0].kind != rdv.HELLO_OK or len(answer[1]) not in (3, 4):
-                for fd in answer[1] if answer else []:
+            msg, fds = answer if answer is not None else (None, [])
+            if msg is None or msg.kind != rdv.HELLO_OK or len(fds) not in (3, 4):
+                for fd in fds:
                     os.close(fd)
                 raise VerbsError(errno.ECONNREFUSED, f"peer QP {dst_qpn:#x} refused")
-            area_fd, bell_fd, table_fd = answer[1][:3]
+            area_fd, bell_fd, table_fd = fds[:3]  # and the CQ's notify word, if it has one
             bell = socket.socket(fileno=bell_fd)
             bell.setblocking(False)
             area = lay.map_segment(area_fd)
             table = lay.map_segment(table_fd, writable=False)
-            notify = lay.map_segment(answer[1][3]) if len(answer[1]) == 4 else None
+            notify = lay.map_segment(fds[3]) if len(fds) == 4 else None
             hdr = lay.AREA_HEADER.unpack_from(area, 0)
-            depth, slot_size = hdr[5], hdr[6]
+            depth, slot_size = hdr[lay.HDR_DEPTH], hdr[lay.HDR_SLOT_SIZE]
             if (not depth or len(area) < lay.area_size(depth, slot_size)
                     or (notify is not None and len(notify) < 4)):  # fmt: skip
                 area.close()

@@ -44,12 +44,22 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
-from smcr.rdma.base import CompletionQueue, QueuePair
+from smcr.rdma.base import CompletionQueue, ProtectionDomain, QueuePair, scatter
+from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import fence
+from smcr.rdma.shm.layout import (
+    HDR_ACCESS,
+    HDR_EPSN,
+    HDR_MAX_DEST_RD_ATOMIC,
+    HDR_PD,
+    HDR_POSTED,
+    HDR_STATE,
+)
 from smcr.rdma.shm.peer import PeerLink
 from smcr.rdma.verbs import (
     PSN_MASK,
@@ -74,8 +84,34 @@ from smcr.rdma.verbs import (
 )
 
 if TYPE_CHECKING:
-    from smcr.rdma.shm.device import ShmDevice, ShmPd
-    from smcr.rdma.shm.engine import Timer
+    from smcr.rdma.eventloop import Timer
+
+
+class ShmQpDevice(QpDevice, Protocol):
+    """What a QP asks of its device (:class:`~smcr.rdma.shm.device.ShmDevice`), none of it on
+    the data path: the device module makes QPs, and an import back from here would close
+    a circle."""
+
+    @property
+    def name(self) -> str:
+        """The device's name."""
+
+    @property
+    def gid(self) -> bytes:
+        """The device's GID (its rendezvous name)."""
+
+    @property
+    def directory(self) -> Path:
+        """Where the host's shm devices meet (:mod:`smcr.rdma.shm.rendezvous`)."""
+
+    @property
+    def slot_size(self) -> int:
+        """The receive slot size of the device's QPs."""
+
+    @property
+    def table_fd(self) -> int:
+        """The descriptor of the device's MR table, handed to peers."""
+
 
 DONE, RNR, NOT_READY, FAILED = 0, 1, 2, 3
 _LIVE = (int(QpState.RTR), int(QpState.RTS))
@@ -129,8 +165,8 @@ class ShmQp(QueuePair):
 
     def __init__(
         self,
-        device: ShmDevice,
-        pd: ShmPd,
+        device: ShmQpDevice,
+        pd: ProtectionDomain,
         qp_num: int,
         *,
         send_cq: CompletionQueue,
@@ -191,8 +227,9 @@ class ShmQp(QueuePair):
     def _apply_modify(self, new: QpState, attr: QpAttr, mask: QpAttrMask) -> None:
         """Commit a validated modify; RTR connects to the peer first (may raise)."""
         if new is QpState.RTR:
-            peer = PeerLink.connect(self.device, self.qp_num, attr.ah_attr.dgid,
-                                    attr.dest_qp_num)  # fmt: skip
+            device = self.device
+            peer = PeerLink.connect(device.directory, device.gid, self.qp_num,
+                                    attr.ah_attr.dgid, attr.dest_qp_num)  # fmt: skip
             self.device.engine.watch(peer.sock.fileno(), self._on_socket_event)
             if self._peer is not None:
                 self._drop_peer()
@@ -306,15 +343,17 @@ class ShmQp(QueuePair):
                     # a process that ended left its QP's state word as it was (RTR/RTS);
                     # one that destroyed or errored its QP wrote it first (destroy)
                     peer = self._peer
-                    self.peer_gone = (peer is not None
-                                      and _AREA_HEADER(peer.area, 0)[0] in _LIVE)  # fmt: skip
+                    self.peer_gone = (
+                        peer is not None and _AREA_HEADER(peer.area, 0)[HDR_STATE] in _LIVE
+                    )
                     self._to_error("peer closed or died")
                     self._drop_peer()
                     self._drop_inbound()
                     return
-                for fd in got[1]:
+                msg, fds = got
+                for fd in fds:
                     os.close(fd)
-                if got[0].kind == rdv.QP_ERR:
+                if msg.kind == rdv.QP_ERR:
                     self._to_error("peer reported a fatal error on this QP")
 
     def _drop_peer(self) -> None:
@@ -391,6 +430,8 @@ class ShmQp(QueuePair):
         wcs: list[WorkCompletion] = []
         fatal = False
         depth, base, stride = self._depth, self._slot_base, self._slot_stride
+        pd, view, slot_size = self.pd, self._view, self._slot_size
+        qp_num, src_qp = self.qp_num, self.attr.dest_qp_num
         with self._rq_lock:
             produced = _U64_UNPACK(area, lay.OFF_PRODUCED)[0]
             rq, consumed = self._rq, self._consumed
@@ -399,7 +440,8 @@ class ShmQp(QueuePair):
                 off = base + (consumed % depth) * stride
                 consumed += 1
                 byte_len, kind, imm, _ = _SLOT_HEADER(area, off)
-                wc, fatal = self._deliver(wr, off + _SLOT_HEADER_SIZE, byte_len, kind, imm)
+                wc, fatal = deliver(pd, view, slot_size, qp_num, src_qp, wr,
+                                    off + _SLOT_HEADER_SIZE, byte_len, kind, imm)  # fmt: skip
                 wcs.append(wc)
             self._consumed = consumed
         last = wcs.pop() if fatal else None
@@ -407,57 +449,6 @@ class ShmQp(QueuePair):
             self.recv_cq.push_many(wcs, notify)
         if last is not None:
             self._to_error(None, first_recv=last)
-
-    def _deliver(
-        self, wr: RecvWr, payload: int, byte_len: int, kind: int, imm: int
-    ) -> tuple[WorkCompletion, bool]:
-        """Complete one receive from its slot; returns the completion and whether it is fatal."""
-        if kind == lay.KIND_LEN_ERR:
-            return self._rwc(wr, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, 0), True
-        if kind == lay.KIND_WRITE_IMM:
-            op = WcOpcode.RECV_RDMA_WITH_IMM
-            return self._rwc(wr, WcStatus.SUCCESS, op, byte_len, imm), False
-        if kind not in (lay.KIND_SEND, lay.KIND_SEND_IMM):
-            # the shared area is written by the peer: never trust it further than checked
-            return self._rwc(wr, WcStatus.LOC_QP_OP_ERR, WcOpcode.RECV, 0, 0), True
-        sges = wr.sg_list
-        if kind == lay.KIND_SEND and len(sges) == 1 and byte_len <= self._slot_size:
-            # the data path (a CDC into one buffer): lookup_local inlined, no lists
-            sge = sges[0]
-            mr = self.pd.mrs.get(sge.lkey)
-            off = sge.addr - mr.addr if mr is not None else -1
-            if (mr is not None and mr.valid and mr.access_bits & _LOCAL_WRITE and off >= 0
-                    and byte_len <= sge.length and off + sge.length <= mr.length):  # fmt: skip
-                mr.buf[off : off + byte_len] = self._view[payload : payload + byte_len]
-                return WorkCompletion(wr_id=wr.wr_id, status=_SUCCESS, opcode=_RECV,
-                                      qp_num=self.qp_num, byte_len=byte_len,
-                                      src_qp=self.attr.dest_qp_num), False  # fmt: skip
-        views: list[memoryview] = []
-        room = 0
-        lookup = self.pd.lookup_local
-        for sge in wr.sg_list:
-            v = lookup(sge, _LOCAL_WRITE)
-            if v is None:
-                return self._rwc(wr, WcStatus.LOC_PROT_ERR, WcOpcode.RECV, 0, 0), True
-            views.append(v)
-            room += sge.length
-        if byte_len > self._slot_size or byte_len > room:
-            return self._rwc(wr, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, 0), True
-        pos, end, area = payload, payload + byte_len, self._view
-        for v in views:
-            n = min(len(v), end - pos)
-            v[:n] = area[pos : pos + n]
-            pos += n
-        return self._rwc(wr, WcStatus.SUCCESS, WcOpcode.RECV, byte_len,
-                         imm if kind == lay.KIND_SEND_IMM else 0), False  # fmt: skip
-
-    def _rwc(self, wr: RecvWr, st: WcStatus, op: WcOpcode, n: int, imm: int) -> WorkCompletion:
-        with_imm = op is WcOpcode.RECV_RDMA_WITH_IMM or bool(imm)
-        return WorkCompletion(
-            wr_id=wr.wr_id, status=st, opcode=op, qp_num=self.qp_num, byte_len=n,
-            imm_data=imm, wc_flags=_WITH_IMM if with_imm else _NO_FLAGS,
-            src_qp=self.attr.dest_qp_num,
-        )  # fmt: skip
 
     # ------------------------------------------------------------------ send
 
@@ -521,13 +512,14 @@ class ShmQp(QueuePair):
                 depth = peer.depth
                 idx = produced % depth
                 size = len(message)
-                if (hdr[0] not in _LIVE or hdr[7] != self._next_psn or hdr[8] == produced
-                        or not hdr[1] & _REMOTE_WRITE or size > peer.slot_size
+                if (hdr[HDR_STATE] not in _LIVE or hdr[HDR_EPSN] != self._next_psn
+                        or hdr[HDR_POSTED] == produced or not hdr[HDR_ACCESS] & _REMOTE_WRITE
+                        or size > peer.slot_size
                         or size > _U32_UNPACK(area, _SLOT_BASE + 4 * idx)[0]):  # fmt: skip
                     peer = None
                 else:
                     targets = []
-                    limit, mrs, table, pd = self._max_inline, peer.mrs, peer.table, hdr[4]
+                    limit, mrs, table, pd = self._max_inline, peer.mrs, peer.table, hdr[HDR_PD]
                     for addr, rkey, data in writes:
                         n = len(data)
                         rm = mrs.get(rkey)
@@ -588,7 +580,7 @@ class ShmQp(QueuePair):
             self._block(NOT_READY)
             return
         hdr = lay.AREA_HEADER.unpack_from(peer.area, 0)
-        if hdr[0] not in _LIVE or hdr[7] != self._next_psn:
+        if hdr[HDR_STATE] not in _LIVE or hdr[HDR_EPSN] != self._next_psn:
             self._block(NOT_READY)
             return
         self._retry_left = self.attr.retry_cnt  # the peer answers: an ACK resets the count
@@ -687,7 +679,7 @@ class ShmQp(QueuePair):
         slot = -1
         if op.kind:
             depth, slot_size = peer.depth, peer.slot_size
-            if hdr[8] == self._produced:  # posted == produced: no receive waiting
+            if hdr[HDR_POSTED] == self._produced:  # posted == produced: no receive waiting
                 return RNR
             idx = self._produced % depth
             slot = lay.slot_offset(depth, slot_size, idx)
@@ -699,7 +691,7 @@ class ShmQp(QueuePair):
                     return self._fail(wr, WcStatus.REM_INV_REQ_ERR, nak=True)
         need = op.need_remote
         if need:
-            if not hdr[1] & need or (op.read and hdr[3] == 0):  # QP access, max_dest_rd_atomic
+            if not hdr[HDR_ACCESS] & need or (op.read and hdr[HDR_MAX_DEST_RD_ATOMIC] == 0):
                 return self._fail(wr, WcStatus.REM_INV_REQ_ERR, nak=True)
             if length:
                 # spec §6 steps 3-4, inlined: the look-up cached per rkey, the live
@@ -713,7 +705,7 @@ class ShmQp(QueuePair):
                         return self._fail(wr, WcStatus.RETRY_EXC_ERR, nak=False)
                 addr = wr.remote_addr
                 if (rm is None or addr < rm.iova or addr + length > rm.end
-                        or need & ~rm.allowed or rm.pd != hdr[4]):  # fmt: skip
+                        or need & ~rm.allowed or rm.pd != hdr[HDR_PD]):  # fmt: skip
                     return self._fail(wr, WcStatus.REM_ACCESS_ERR, nak=True)
                 off = addr - rm.iova
                 view = rm.view
@@ -759,3 +751,54 @@ class ShmQp(QueuePair):
             _U32_PACK(notify, 0, 0)
         with contextlib.suppress(OSError):  # full means already rung; closed means dead
             peer.bell.send(b"\x01", socket.MSG_NOSIGNAL)
+
+
+def deliver(pd: ProtectionDomain, area: memoryview, slot_size: int, qp_num: int, src_qp: int,
+            wr: RecvWr, payload: int, byte_len: int, kind: int,
+            imm: int) -> tuple[WorkCompletion, bool]:  # fmt: skip
+    """Complete one receive of a QP from its slot (at ``payload`` in the QP's receive
+    ``area``); returns the completion and whether it is fatal.  A function, not a method:
+    the receive side needs nothing of the QP but these."""
+    if kind == lay.KIND_LEN_ERR:
+        return recv_wc(wr, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
+    if kind == lay.KIND_WRITE_IMM:
+        op = WcOpcode.RECV_RDMA_WITH_IMM
+        return recv_wc(wr, WcStatus.SUCCESS, op, byte_len, imm, qp_num, src_qp), False
+    if kind not in (lay.KIND_SEND, lay.KIND_SEND_IMM):
+        # the shared area is written by the peer: never trust it further than checked
+        return recv_wc(wr, WcStatus.LOC_QP_OP_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
+    sges = wr.sg_list
+    if kind == lay.KIND_SEND and len(sges) == 1 and byte_len <= slot_size:
+        # the data path (a CDC into one buffer): lookup_local inlined, no lists
+        sge = sges[0]
+        mr = pd.mrs.get(sge.lkey)
+        off = sge.addr - mr.addr if mr is not None else -1
+        if (mr is not None and mr.valid and mr.access_bits & _LOCAL_WRITE and off >= 0
+                and byte_len <= sge.length and off + sge.length <= mr.length):  # fmt: skip
+            mr.buf[off : off + byte_len] = area[payload : payload + byte_len]
+            return WorkCompletion(wr_id=wr.wr_id, status=_SUCCESS, opcode=_RECV, qp_num=qp_num,
+                                  byte_len=byte_len, src_qp=src_qp), False  # fmt: skip
+    views: list[memoryview] = []
+    room = 0
+    lookup = pd.lookup_local
+    for sge in wr.sg_list:
+        v = lookup(sge, _LOCAL_WRITE)
+        if v is None:
+            return recv_wc(wr, WcStatus.LOC_PROT_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
+        views.append(v)
+        room += sge.length
+    if byte_len > slot_size or byte_len > room:
+        return recv_wc(wr, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
+    scatter(views, 0, area[payload : payload + byte_len])
+    return recv_wc(wr, WcStatus.SUCCESS, WcOpcode.RECV, byte_len,
+                   imm if kind == lay.KIND_SEND_IMM else 0, qp_num, src_qp), False  # fmt: skip
+
+
+def recv_wc(wr: RecvWr, st: WcStatus, op: WcOpcode, n: int, imm: int, qp_num: int,
+            src_qp: int) -> WorkCompletion:  # fmt: skip
+    """A receive's completion."""
+    with_imm = op is WcOpcode.RECV_RDMA_WITH_IMM or bool(imm)
+    return WorkCompletion(
+        wr_id=wr.wr_id, status=st, opcode=op, qp_num=qp_num, byte_len=n,
+        imm_data=imm, wc_flags=_WITH_IMM if with_imm else _NO_FLAGS, src_qp=src_qp,
+    )  # fmt: skip

@@ -1,5 +1,5 @@
-"""The compiled common cases of an SMC-R socket's data calls (smcr.stack.sockfast): which
-socket objects use them, and that what they do is what the class's methods do."""
+"""The compiled data calls of an SMC-R socket (smcr.stack.conn.SocketCalls): which socket
+objects use them, and that what they do is what the class's methods do."""
 
 from __future__ import annotations
 
@@ -15,15 +15,16 @@ from typing import Any
 import pytest
 
 import smcr
-from smcr.diag import COUNTERS
-from smcr.stack.sockfast import METHODS, SocketFast
+from smcr.stack.conn import METHODS, SocketCalls
+from smcr.stack.counters import COUNTERS
 from tests.socket.test_error_paths import pair, recv_exactly
 
 
 def fast_methods(sock: socket.socket) -> list[str]:
-    """The data calls that ``sock`` answers with a SocketFast."""
+    """The data calls that ``sock`` answers with its SocketCalls."""
+    own = vars(sock)
     return [name for name in METHODS
-            if isinstance(getattr(vars(sock).get(name), "__self__", None), SocketFast)]  # fmt: skip
+            if isinstance(getattr(own.get(name), "__self__", None), SocketCalls)]  # fmt: skip
 
 
 def test_an_smcr_socket_answers_its_data_calls_compiled_and_a_closed_one_does_not() -> None:
@@ -142,8 +143,8 @@ def lone_pair() -> tuple[smcr.SMCSocket, socket.socket]:
 
 
 def test_a_socket_nobody_references_is_collected_at_once() -> None:
-    """The shortcut holds its socket weakly: no cycle keeps an unreferenced SMC-R socket
-    (and its connection) alive until the cycle collector runs."""
+    """The socket's calls do not hold the socket: no cycle keeps an unreferenced SMC-R
+    socket (and its connection) alive until the cycle collector runs."""
     a, b = lone_pair()
     try:
         ref = weakref.ref(a)
@@ -160,9 +161,9 @@ def test_a_socket_nobody_references_is_collected_at_once() -> None:
 
 
 def test_a_data_call_kept_after_its_socket_was_collected_fails_as_on_a_closed_socket() -> None:
-    """The shortcut's bound methods do not keep their socket alive (no cycle, see the
-    module): one kept alone fails with EBADF once the socket is collected and closed,
-    not with an error of its own."""
+    """The socket's calls (bound methods of its SocketCalls) do not keep the socket alive
+    (no cycle, see smcr.stack.conn): one kept alone fails with EBADF once the socket is
+    collected and closed, not with an error of its own."""
     a, b = lone_pair()
     try:
         kept: list[Callable[[Any], object]] = [a.sendall, a.send, a.recv, a.recv_into]
@@ -183,16 +184,8 @@ def test_a_blocking_read_waits_for_its_bytes_compiled_and_hands_the_rest_on() ->
     pieces that come one by one make up one MSG_WAITALL read.  A socket with a timeout,
     and a MSG_WAITALL read that EOF cuts short, are the general path's."""
     with pair("smc") as (a, b):
-        fast = vars(a)["recv_into"].__self__
-        slow_calls: list[int] = []
-        slow = fast.slow_recv_into
-
-        def counted(sock: Any, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-            slow_calls.append(flags)
-            n: int = slow(sock, buffer, nbytes, flags)
-            return n
-
-        fast.slow_recv_into = counted
+        path = vars(a)["recv_into"].__self__.path
+        general = path.general_reads
         a.settimeout(None)
 
         def later(*pieces: bytes, then: Callable[[], object] | None = None) -> threading.Thread:
@@ -214,15 +207,15 @@ def test_a_blocking_read_waits_for_its_bytes_compiled_and_hands_the_rest_on() ->
         t = later(b"ab", b"cd", b"ef")
         assert a.recv_into(buf, 6, socket.MSG_WAITALL) == 6 and buf == b"abcdef"
         t.join()
-        assert slow_calls == []
+        assert path.general_reads == general
         a.settimeout(5)
         t = later(b"xyz")
         assert a.recv_into(buf) == 3 and buf[:3] == b"xyz"
         t.join()
-        assert slow_calls == [0]
+        assert path.general_reads == general + 1
         a.settimeout(None)
         t = later(b"12", then=lambda: b.shutdown(socket.SHUT_WR))
         assert a.recv_into(buf, 6, socket.MSG_WAITALL) == 2 and buf[:2] == b"12"
         t.join()
-        assert slow_calls == [0, socket.MSG_WAITALL]
+        assert path.general_reads == general + 2
         assert a.recv_into(buf) == 0  # EOF

@@ -1,5 +1,8 @@
 """SMC-R connections across ``fork``: the child that is handed one uses it through the parent.
 
+A listening socket's accept queue pauses in a forking parent (:meth:`AcceptQueue.pause
+<smcr.socket.acceptq.AcceptQueue.pause>`) until it accepts again.
+
 An SMC-R connection lives in its process's runtime: the link group, the QP and
 the thread that drives them are the parent's, and a forked child has none of
 them.  Yet the classic forking server (``socketserver.ForkingMixIn``) accepts in
@@ -31,12 +34,16 @@ descriptor and is inherited as one.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket as _socket
 import threading
-from typing import TYPE_CHECKING
+import weakref
+from typing import Any
 
-if TYPE_CHECKING:
-    from smcr.socket import SMCSocket
+from smcr.socket import sharing
+from smcr.socket.base import PlainSocket, SocketBase, accept_queues, smc_sockets
+from smcr.socket.numbers import close_number
+from smcr.stack.descriptors import put_at
 
 CHUNK = 1 << 16
 """Bytes a relay thread copies at a time."""
@@ -69,7 +76,7 @@ class Relay:
     """Copies bytes between an SMC-R connection (the parent's socket, taken over) and
     the parent's end of a pair whose other end a child uses."""
 
-    def __init__(self, sock: SMCSocket, end: _socket.socket) -> None:
+    def __init__(self, sock: SocketBase, end: _socket.socket) -> None:
         self.sock = sock
         self.end = end
         self.lock = threading.Lock()
@@ -131,10 +138,10 @@ _relays: set[Relay] = set()
 """Relays at work (referenced here: their threads are all that uses them)."""
 
 
-def prepare(sockets: list[SMCSocket]) -> None:
+def prepare(sockets: list[SocketBase]) -> None:
     """Before ``fork`` (parent): a pair for each open SMC-R socket."""
     for sock in sockets:
-        if sock._mode == "SMCR" and not sock._closed and not sock._forked:
+        if sock._mode == "SMCR" and not sock._closed and not _forked(sock):
             try:
                 ends = ForkEnds()
             except OSError:
@@ -142,7 +149,7 @@ def prepare(sockets: list[SMCSocket]) -> None:
             sock._fork_ends = ends
 
 
-def after_in_parent(sockets: list[SMCSocket]) -> None:
+def after_in_parent(sockets: list[SocketBase]) -> None:
     """After ``fork`` (parent): keep our end of each pair, among the earlier ones whose
     child still holds its end (the others are closed: a parent that keeps a connection
     open across many forks would otherwise keep a descriptor per fork)."""
@@ -159,7 +166,7 @@ def after_in_parent(sockets: list[SMCSocket]) -> None:
             sock._parent_ends = [*kept, ends.parent]
 
 
-def after_in_child(sockets: list[SMCSocket]) -> None:
+def after_in_child(sockets: list[SocketBase]) -> None:
     """After ``fork`` (child): each socket becomes a stream over its end of the pair; one
     without a pair stays the parent's (its calls raise ``EOPNOTSUPP``)."""
     for sock in sockets:
@@ -168,16 +175,16 @@ def after_in_child(sockets: list[SMCSocket]) -> None:
             end.close()
         sock._parent_ends = []
         if ends is None:
-            sock._forked = True
+            _mark_forked(sock)
             continue
         ends.parent.close()
         try:
-            sock._become_relayed(ends.child)
+            become_relayed(sock, ends.child)
         except OSError:  # (closed meanwhile): the others must still become relayed
-            sock._forked = True
+            _mark_forked(sock)
 
 
-def hand_over(sock: SMCSocket) -> bool:
+def hand_over(sock: SocketBase) -> bool:
     """The parent closes ``sock``: if a child still holds its end of a pair, the
     connection goes to a relay for it (True); else the pairs go (False)."""
     ends, sock._parent_ends = sock._parent_ends, []
@@ -189,10 +196,69 @@ def hand_over(sock: SMCSocket) -> bool:
             end.close()
     if holder is None:
         return False
-    relayed = sock._move()
+    relayed = sharing.move(sock)
     relayed._closed = False  # (the caller's close() marked the original)
     Relay(relayed, holder).start()
     return True
+
+
+def become_relayed(sock: SocketBase, end: _socket.socket) -> None:
+    """In a forked child: this SMC-R connection is used through the parent, over
+    ``end`` (:mod:`smcr.socket.fork`), which becomes this socket's descriptor."""
+    addresses: tuple[Any, Any] = ("", "")
+    with contextlib.suppress(OSError):  # (a TCP connection already shut has no peer)
+        addresses = (PlainSocket.getsockname(sock), PlainSocket.getpeername(sock))
+    os.dup2(end.fileno(), PlainSocket.fileno(sock), inheritable=False)
+    if sock._shown >= 0 and sock._shown != PlainSocket.fileno(sock):
+        # the number the program has names the parent's readiness descriptor: the relay
+        put_at(sock._shown, end.fileno())
+        sock._shown_tcp = weakref.finalize(sock, close_number, sock._shown)
+        sock._shown_tcp.atexit = False
+    end.close()
+    if sock._finalizer is not None:
+        sock._finalizer.detach()
+        sock._finalizer = None
+    sock._relayed = addresses
+    sock._mode = "TCP"  # a stream like any other from here on
+    sock._unshadow_fast()
+    sock._hc = sock._stack = sock._calls = None
+    PlainSocket.settimeout(sock, sock._timeout)
+
+
+
+def _forked(sock: SocketBase) -> bool:
+    return sock._calls is not None and sock._calls.forked
+
+
+def _mark_forked(sock: SocketBase) -> None:
+    """The connection stays the parent's: the child's calls on it raise ``EOPNOTSUPP``."""
+    if sock._calls is not None:
+        sock._calls.forked = True
+
+
+def _forking() -> None:
+    prepare(list(smc_sockets))
+
+
+def _forked_parent() -> None:
+    for queue in list(accept_queues):
+        if queue.pid == os.getpid():
+            queue.pause()
+    after_in_parent(list(smc_sockets))
+
+
+def _forked_child() -> None:
+    """In a forked child, the SMC-R connections of the parent are used through the
+    parent: the runtime that drives them (its thread, its link groups) is not here, and
+    driving them from two processes would corrupt both.  (TCP sockets, and listening
+    SMC sockets, which start their own accept queue and runtime here, work as after any
+    fork.)"""
+    after_in_child(list(smc_sockets))
+    smc_sockets.clear()
+
+
+os.register_at_fork(before=_forking, after_in_parent=_forked_parent,
+                    after_in_child=_forked_child)  # fmt: skip
 
 
 __all__ = ["CHUNK", "ForkEnds", "Relay", "after_in_child", "after_in_parent", "hand_over",

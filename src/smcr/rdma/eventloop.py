@@ -1,14 +1,17 @@
-"""The progress thread of a shm device: the part of the RNIC that works on its own.
+"""The progress thread of an RNIC: the part that works on its own, for every provider.
 
-Design: the data path runs in the caller's thread (``post_send`` copies straight
-into the peer's memory; ``poll`` moves arrived SENDs into receives), because a
+Design: the data path runs in the caller's thread (the shm RNIC's ``post_send``
+copies straight into the peer's memory and its ``poll`` moves arrived SENDs into
+receives; the RoCE RNIC sends and drains its sockets where it can), because a
 thread hop would double the latency.  What must happen while the application
-sleeps or computes lives here, in one daemon thread per device:
+sleeps or computes lives here, in one daemon thread per device (the shm RNIC has a
+second one for its rendezvous server):
 
-* accepting rendezvous connections (QP hellos, MR look-ups) and answering them;
+* reading what arrives on a descriptor (shm: rendezvous connections, QP hellos, MR
+  look-ups; RoCE: the UDP sockets, packets the application is not polling for);
 * noticing a peer's death (EOF/HUP on a connection, which the kernel delivers
   at once even after SIGKILL) and moving the QPs to ERR;
-* timers: RNR and retransmit-style retries of a blocked send queue.
+* timers: RNR and retransmit retries, the RoCE RNIC's socket reclaim.
 
 It is an ``epoll`` loop over registered descriptors plus a heap of deadlines; a
 doorbell eventfd wakes it when another thread adds a timer or stops it.  Handler
@@ -26,8 +29,15 @@ import select
 import threading
 import time
 from collections.abc import Callable
+from typing import Final, Protocol
+
+from smcr.rdma.verbs import AsyncEvent, PathMtu
 
 log = logging.getLogger(__name__)
+
+#: The timer heap holds ``(deadline, sequence number, Timer)``: these name the ends.
+_DEADLINE: Final = 0
+_TIMER: Final = 2
 
 
 class Timer:
@@ -89,7 +99,7 @@ class Engine:
         timer = Timer(deadline, fn)
         with self._lock:
             heapq.heappush(self._timers, (deadline, next(self._seq), timer))
-            first = self._timers[0][2] is timer
+            first = self._timers[0][_TIMER] is timer
         if first and not self.in_engine():
             self._ring()
         return timer
@@ -109,18 +119,18 @@ class Engine:
 
     def _next_timeout(self) -> float:
         with self._lock:
-            while self._timers and self._timers[0][2].cancelled:
+            while self._timers and self._timers[0][_TIMER].cancelled:
                 heapq.heappop(self._timers)
             if not self._timers:
                 return -1.0
-            return max(0.0, self._timers[0][0] - time.monotonic())
+            return max(0.0, self._timers[0][_DEADLINE] - time.monotonic())
 
     def _due(self) -> list[Timer]:
         now = time.monotonic()
         due: list[Timer] = []
         with self._lock:
-            while self._timers and self._timers[0][0] <= now:
-                due.append(heapq.heappop(self._timers)[2])
+            while self._timers and self._timers[0][_DEADLINE] <= now:
+                due.append(heapq.heappop(self._timers)[_TIMER])
         return [t for t in due if not t.cancelled]
 
     def _run(self) -> None:
@@ -146,4 +156,24 @@ class Engine:
         try:
             fn(arg)
         except Exception:  # the engine must outlive any one faulty peer or handler
-            log.exception("shm engine handler failed")
+            log.exception("RNIC event loop handler failed")
+
+
+class QpDevice(Protocol):
+    """What a software RNIC's QP asks of its device, whichever RNIC (the shm and RoCE QPs
+    extend it): the device modules make QPs, and an import back from a QP's module would
+    close a circle.  Nothing here is asked per packet."""
+
+    @property
+    def engine(self) -> Engine:
+        """The device's event loop (the QPs' timers and watched sockets)."""
+
+    @property
+    def max_mtu(self) -> PathMtu:
+        """The path MTU the device allows."""
+
+    def forget_qp(self, qpn: int) -> None:
+        """The QP is destroyed: the device lets go of it."""
+
+    def post_async_event(self, event: AsyncEvent) -> None:
+        """Report an asynchronous event (a fatal QP error)."""

@@ -1,0 +1,288 @@
+"""The accept queue of a listening SMC socket: handshakes run side by side in the background
+from ``listen`` on, and ``accept`` takes what has finished (Linux's listen worker,
+``smc_tcp_listen_work``, and accept queue).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import selectors
+import socket as _socket
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+from smcr import discovery
+from smcr.socket import handshake
+from smcr.socket.base import LINGER_ZERO, PlainSocket, SocketBase, new_socket
+from smcr.stack.hostconn import HostConn
+from smcr.stack.readiness import Readiness
+from smcr.stack.runtime import Stack
+from smcr.stack.watcher import get_watcher
+from smcr.wire.decline import DeclineCode
+
+MAX_QUEUED = 4096
+"""Connections an accept queue holds (handshakes included) before it leaves the rest to
+the kernel: a bound for floods (each SMC-R one holds an RMB and a send buffer)."""
+
+
+class AcceptQueue:
+    """The connections of a listening socket whose handshakes have ended (Linux's
+    ``smc_tcp_listen_work`` and accept queue).
+
+    The process's watcher thread (:mod:`smcr.stack.watcher`) accepts from the
+    kernel as clients come, also while the application is busy elsewhere: a
+    client whose SYN did not offer SMC is queued at once as TCP; one that did
+    gets its handshake started, which the runtime drives, and is queued when it
+    ends.  The listen backlog is not a limit here: a client whose TCP connection
+    the kernel completed has sent its Proposal and waits for an answer, and would
+    fail at the CLC timeout if its handshake waited for the application (Linux
+    enforces the backlog on SYNs instead, which we cannot reach); up to
+    :data:`MAX_QUEUED` connections wait here or in handshakes, beyond that the
+    kernel holds them.  :meth:`fileno` is readable while one waits (``select``
+    on a listening socket, asyncio's ``sock_accept``).
+    """
+
+    def __init__(self, listener: SocketBase) -> None:
+        self.pid = os.getpid()
+        # our own descriptor of the listening socket (non-blocking; the listener's
+        # timeout applies to take()): nothing here keeps the listener object alive,
+        # so one dropped unclosed is collected, and its finalizer closes this too
+        self.sock = PlainSocket(fileno=os.dup(PlainSocket.fileno(listener)))
+        self.sock.setblocking(False)
+        self.fd = self.sock.fileno()
+        self.family, self.type, self.proto = listener.family, listener.type, listener.proto
+        self.cls = type(listener)  # (smcr run's socket class: its settings too)
+        self.listener = weakref.ref(listener)  # its buffer sizes, set after listen() too
+        handshake.stack_here(listener)  # bound to one address: its runtime
+        self.stack = listener._stack
+        self.polled: Stack | None = self.stack
+        """The runtime :meth:`_poll` polls: the listener's, or on a wildcard address the
+        one of its latest handshake."""
+        self.backlog = MAX_QUEUED
+        self.ready: deque[tuple[SocketBase, Any]] = deque()
+        self.pending = 0
+        self.error: OSError | None = None
+        self.cond = threading.Condition()
+        self.readiness = Readiness()
+        self.readiness.set(False, False)
+        self.closed = False
+        self.watching = False
+        self.paused = False
+        self.takers = 0
+        """Threads in :meth:`take` that poll the runtime (:meth:`_poll`)."""
+        self._watch()
+
+    def fileno(self) -> int:
+        """Readable while a connection (or an error) waits for ``accept``."""
+        number = self.readiness.fileno()
+        self.show()
+        return number
+
+    def show(self) -> None:
+        """The program has a number for the readiness descriptor now (:meth:`fileno`,
+        :func:`smcr.socket.numbers.reshow`): bring it up to date.  Until then :meth:`_changed`
+        leaves it alone: a program that only calls ``accept`` saves the three system
+        calls per connection of making it readable and unreadable again."""
+        with self.cond:
+            self.readiness.set(bool(self.ready) or self.error is not None, False)
+
+    def _watch(self) -> None:
+        self.watching = True
+        get_watcher().watch(self.fd, selectors.EVENT_READ, self._on_readable)
+
+    def pause(self) -> None:
+        """This process forked (:mod:`smcr.socket.fork`): stop taking connections from the
+        kernel until this process asks for one again (``accept``, ``fileno``).
+
+        A preforked server's parent listens and forks children that accept; were it
+        to go on accepting in the background, its children would see none.  Meanwhile
+        a connection the kernel holds makes :meth:`fileno` readable once, so that a
+        parent that does accept (asyncio, a forking server) wakes and resumes.
+        """
+        with self.cond:
+            if self.closed or self.paused:
+                return
+            self.paused = True
+            self.watching = False
+            get_watcher().watch(self.fd, selectors.EVENT_READ, self._on_readable_paused)
+
+    def _on_readable_paused(self) -> None:
+        with self.cond:
+            if self.paused and not self.closed:
+                get_watcher().unwatch(self.fd)
+                self.readiness.set(True, False)
+
+    def resume(self) -> None:
+        """The process wants connections (again): take them from the kernel."""
+        with self.cond:
+            if self.paused and not self.closed:
+                self.paused = False
+                self._changed()
+                self._watch()
+
+    def _on_readable(self) -> None:
+        """Accept what the kernel has (watcher thread)."""
+        while True:
+            with self.cond:
+                if self.closed:
+                    return
+                if len(self.ready) + self.pending >= self.backlog:
+                    self.watching = False  # full: take() watches again
+                    get_watcher().unwatch(self.fd)
+                    return
+            try:
+                fd, addr = self.sock._accept()  # type: ignore[attr-defined]
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:  # EMFILE, ENOBUFS...: accept() raises it
+                with self.cond:
+                    if not self.closed:
+                        self.error = exc
+                        self.watching = False
+                        get_watcher().unwatch(self.fd)
+                        self._changed()
+                return
+            self._admit(fd, addr)
+
+    def _admit(self, fd: int, addr: Any) -> None:
+        sock = new_socket(self.cls, self.family, self.type, self.proto, fd)
+        sock._stack = self.stack
+        listener = self.listener()
+        if listener is not None:
+            sock._rmb_size, sock._sndbuf_size = listener._rmb_size, listener._sndbuf_size
+        if not discovery.current().peer_offered(sock, client=False):
+            handshake.fall_back(sock, int(DeclineCode.PEERNOSMC), 0, True)
+            with self.cond:
+                self.ready.append((sock, addr))
+                self._changed()
+            return
+        with self.cond:
+            self.pending += 1
+        try:
+            handshake.start_handshake(sock, False, lambda hc: self._handshake_ended(sock, addr, hc))
+        except Exception:
+            with self.cond:
+                self.pending -= 1
+            sock.close()
+            raise
+        if self.stack is None:  # (a wildcard address: the runtime its clients came to)
+            with self.cond:
+                self.polled = sock._stack
+
+    def _handshake_ended(self, sock: SocketBase, addr: Any, hc: HostConn) -> None:
+        """The runtime's news (its lock held): queue the socket, or drop a failed one."""
+        assert sock._stack is not None
+        handshake.finish_handshake(sock, sock._stack, hc)
+        with self.cond:
+            self.pending -= 1
+            if sock._mode == "INIT":  # failed and reset: never seen by the application
+                if not self.watching and not self.closed:
+                    self._watch()
+                return
+            if self.closed:
+                self.ready.append((sock, addr))  # closed with the rest, outside the lock
+            else:
+                self.ready.append((sock, addr))
+                self._changed()
+        if self.closed:  # (this runs under the runtime's lock, which close() takes)
+            threading.Thread(target=self._close_ready, name="smcr-close", daemon=True).start()
+
+    def _changed(self) -> None:
+        """Wake ``take`` and the descriptor (cond held)."""
+        self.cond.notify_all()
+        self._wake_taker()
+        if self.readiness.app >= 0:  # (else: show() when the program asks for it)
+            self.readiness.set(bool(self.ready) or self.error is not None, False)
+
+    def _wake_taker(self) -> None:
+        """A thread in :meth:`take` that polls the runtime looks again (cond held)."""
+        if self.takers and self.polled is not None:
+            self.polled.wake_poller()
+
+    def take(self, timeout: float | None) -> tuple[SocketBase, Any]:
+        """The next connection: ``BlockingIOError`` when none waits and ``timeout`` is 0,
+        ``TimeoutError`` when none came in time, an accept error of the kernel's."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.resume()
+        with self.cond:
+            while not self.ready and self.error is None:
+                if self.closed:
+                    raise OSError(errno.EBADF, "Bad file descriptor")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    if timeout == 0.0:
+                        raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+                    raise TimeoutError("timed out")
+                if not self._poll(deadline) and not (self.ready or self.error or self.closed):
+                    self.cond.wait(left)  # (news came meanwhile: cond was released)
+            if self.error is not None and not self.ready:
+                error, self.error = self.error, None
+                self._changed()
+                self._watch()
+                raise error
+            item = self.ready.popleft()
+            self._changed()
+            if not self.watching:
+                self._watch()
+        item[0].settimeout(_socket.getdefaulttimeout())  # as socket.accept() leaves it
+        return item
+
+    def _poll(self, deadline: float | None) -> bool:
+        """Wait in :meth:`take` by polling the runtime (cond held, released meanwhile), as a
+        thread blocked in ``recv`` does (:meth:`Stack.poll_until`): the handshakes'
+        last CLC message is read, and the connection queued, in the thread that takes
+        it, and the CDCs that close earlier connections are taken here too, instead of
+        each waking the progress thread, which then wakes this one.
+
+        :returns: False when it did not poll (another application thread does, or no
+            runtime is known yet: a listener on a wildcard address before its first
+            handshake); the caller waits on ``cond`` then.  Waking it is
+            :meth:`_wake_taker`'s: a handshake of another runtime (RoCE, a wildcard
+            address) rings this one's doorbell when it ends.
+        """
+        stack = self.polled
+        if stack is None:
+            return False
+
+        def ready() -> bool:
+            return bool(self.ready) or self.error is not None or self.closed
+        self.takers += 1
+        self.cond.release()
+        try:
+            with stack.lock:
+                return stack.poll_until(ready, deadline)
+        finally:
+            self.cond.acquire()
+            self.takers -= 1
+
+    def _close_ready(self) -> None:
+        """Reset the connections nobody accepted, as a TCP listener's close resets its
+        queue's (the client's next call, or ``getsockopt(SO_ERROR)``, says ECONNRESET):
+        an abortive close (``SO_LINGER`` 0; SMC-R: the abort CDC)."""
+        with self.cond:
+            left, self.ready = list(self.ready), deque()
+        for sock, _addr in left:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER, LINGER_ZERO)
+            sock.close()
+
+    def close(self) -> None:
+        """The listener closes: connections nobody accepted are closed (Linux resets
+        them); handshakes still running close theirs when they end."""
+        with self.cond:
+            if self.closed:  # (again, from the listener's finalizer: the descriptor's
+                return  # number may be another socket's by now)
+            self.closed = True
+            if self.watching or self.paused:
+                get_watcher().unwatch(self.fd)
+            self.watching = False
+            self.cond.notify_all()
+            self._wake_taker()
+        self._close_ready()
+        self.readiness.close()
+        self.sock.close()

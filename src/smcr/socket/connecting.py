@@ -1,0 +1,208 @@
+"""A non-blocking ``connect`` in progress: the TCP connect, then (if the peer offered SMC)
+the handshake, finished in the background by the process's watcher thread
+(:mod:`smcr.stack.watcher`) and the runtime, as Linux's ``smc_connect_work`` finishes it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import selectors
+import socket as _socket
+import threading
+from typing import Any
+
+from smcr import discovery
+from smcr.socket import handshake, numbers
+from smcr.socket.base import INIT_INFO, PlainSocket, SocketBase
+from smcr.stack.hostconn import HostConn
+from smcr.stack.readiness import Readiness
+from smcr.stack.watcher import get_watcher
+from smcr.wire.decline import DeclineCode
+
+
+class Connecting:
+    """A non-blocking ``connect`` in progress: the TCP connect, then (if the peer
+    offered SMC) the handshake, finished by the watcher thread and the runtime.
+
+    ``readiness`` is the socket's descriptor meanwhile: writable (and readable)
+    once the socket is settled.  On SMC-R it becomes the connection's own
+    readiness descriptor, so a selector that registered it keeps working.
+    """
+
+    def __init__(self, sock: SocketBase) -> None:
+        self.sock = sock
+        self.readiness = Readiness()
+        self.readiness.set(False, False)
+        self.fd = -1  # the TCP socket's (start(): after SocketBase._reshow moved it)
+        self.closed = False
+        self.tcp_done = False  # the TCP connect's outcome is taken (watcher or SO_ERROR)
+        self.lock = threading.Lock()
+
+    def so_error(self) -> int:
+        """``getsockopt(SO_ERROR)`` while connecting: a failed TCP connect's error at once
+        (asyncio and others watch the TCP descriptor they saw before ``connect``);
+        0 while the TCP connect or the handshake goes on."""
+        with self.lock:
+            if self.tcp_done or self.closed:
+                return 0
+            err = int(PlainSocket.getsockopt(self.sock, _socket.SOL_SOCKET, _socket.SO_ERROR))
+            if err:
+                self.tcp_done = True
+                get_watcher().unwatch(self.fd)
+                self._settle("TCP", 0, failed=True)
+            return err
+
+    def connect_again(self, address: Any) -> None:
+        """``connect`` while connecting: the kernel's answer while the TCP connect is not
+        settled here (``EALREADY``; or its failure, reported and forgotten, as the
+        kernel's next ``connect`` after a failed one does)."""
+        with self.lock:
+            if self.tcp_done or self.closed:
+                return
+            err = PlainSocket.connect_ex(self.sock, address)
+            if err in (0, errno.EALREADY, errno.EINPROGRESS, errno.EISCONN):
+                return
+            self.tcp_done = True
+            get_watcher().unwatch(self.fd)
+            self._settle("TCP", 0, failed=True)
+        raise OSError(err, os.strerror(err))
+
+    def start(self) -> None:
+        """Watch for the TCP connect's end."""
+        self.fd = PlainSocket.fileno(self.sock)
+        get_watcher().watch(self.fd, selectors.EVENT_WRITE, self._connected)
+
+    def _connected(self) -> None:
+        """The TCP connect ended (watcher thread): settle the mode or start the handshake."""
+        get_watcher().unwatch(self.fd)
+        sock = self.sock
+        with self.lock:
+            if self.closed or self.tcp_done:
+                return
+            self.tcp_done = True
+            try:
+                PlainSocket.getpeername(sock)
+            except OSError:
+                # failed: its error stays the kernel's (SO_ERROR, EPOLLERR on the number
+                # the application has, which names the TCP socket again), as on TCP
+                self._settle("TCP", 0, failed=True)
+                return
+        if discovery.current().peer_offered(sock, client=True):
+            handshake.start_handshake(sock, True, self._handshake_ended)
+        else:
+            handshake.fall_back(sock, int(DeclineCode.PEERNOSMC), 0)
+            with self.lock:
+                if not self.closed:
+                    self._settle("TCP", 0)
+
+    def _handshake_ended(self, hc: HostConn) -> None:
+        """The runtime's news (its lock held)."""
+        sock = self.sock
+        assert sock._stack is not None
+        if self.closed:  # the application closed the socket meanwhile: nobody wants it
+            handshake.abandon(sock._stack, hc)
+            return
+        handshake.finish_handshake(sock, sock._stack, hc)
+        if sock._mode == "SMCR":
+            hc.readiness = self.readiness
+            sock._stack.update_readiness(hc)
+            sock._connecting = None  # the descriptor now belongs to the connection
+            return
+        with self.lock:
+            if not self.closed:
+                self._settle("TCP", 0 if sock._mode == "TCP" else errno.ECONNRESET)
+
+    def _settle(self, mode: str, err: int, failed: bool = False) -> None:
+        """Settle to TCP (connect failed, peer without SMC, handshake declined or failed):
+        the program's number names the TCP socket again, moved there by the program's
+        next call (:func:`smcr.socket.numbers.catch_up`; a fallback already set the
+        mode TCP).
+        Until then the readiness descriptor under it says what the TCP socket says:
+        writable (and readable, so that a program waiting to read calls in too), and
+        after a failure with ``EPOLLERR``/``EPOLLHUP`` as well (:meth:`Readiness.fail`)."""
+        sock = self.sock
+        sock._connect_error = err
+        if mode == "TCP" and sock._mode in ("CONNECTING", "INIT", "TCP"):
+            sock._mode = "TCP"
+            sock._connect_failed = failed or bool(err)
+            sock._reshow_due = True
+        if failed or err:
+            self.readiness.fail()
+        else:
+            self.readiness.set(True, True)
+
+    def close(self) -> None:
+        """The socket closes: stop watching (the descriptor goes with it)."""
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                get_watcher().unwatch(self.fd)
+                self.readiness.close()
+
+
+def connect(sock: SocketBase, address: Any) -> None:
+    """``SMCSocket.connect``: TCP connect; if the peer offered SMC (:mod:`smcr.discovery`),
+    the CLC handshake, falling back to TCP on a Decline; else plain TCP at once.  A
+    non-blocking socket gets a :class:`Connecting` and ``EINPROGRESS``."""
+    numbers.catch_up(sock)  # (before start_over() below closes the readiness under the number)
+    if sock._mode == "CONNECTING":
+        connecting = sock._connecting
+        if connecting is not None:
+            try:
+                connecting.connect_again(address)
+            finally:
+                numbers.catch_up(sock)
+        if sock._mode == "CONNECTING":
+            raise BlockingIOError(errno.EALREADY, os.strerror(errno.EALREADY))
+        # settled meanwhile by the watcher thread: answer as the settled socket does
+        # (EALREADY here would send the program to SO_ERROR, which takes the kernel's
+        # error, and its next connect would meet ECONNABORTED instead of a new attempt)
+    if sock._mode == "TCP" and sock._connect_failed:
+        # as the kernel's socket after a failed connect: the next connect reports that
+        # failure (here: if nobody read it from SO_ERROR), the one after starts anew
+        err, sock._connect_error = sock._connect_error, 0
+        if not err:  # the kernel's, when nobody read it (SO_ERROR)
+            err = int(PlainSocket.getsockopt(sock, _socket.SOL_SOCKET, _socket.SO_ERROR))
+        if err:
+            PlainSocket.connect_ex(sock, address)  # (the kernel's: it forgets the attempt)
+            raise OSError(err, os.strerror(err))
+        start_over(sock)
+    if sock._mode != "INIT":
+        PlainSocket.connect(sock, address)  # the kernel's EISCONN (or a new connect)
+        return
+    smc_ok = discovery.current().opt_in(sock)
+    if not smc_ok:
+        handshake.fall_back(sock, int(DeclineCode.PEERNOSMC), 0)
+        try:
+            PlainSocket.connect(sock, address)
+        except OSError as exc:
+            sock._connect_failed = not isinstance(exc, (BlockingIOError, InterruptedError))
+            raise
+        return
+    if sock._timeout == 0.0:
+        err = PlainSocket.connect_ex(sock, address)
+        if err not in (0, errno.EINPROGRESS):
+            raise OSError(err, os.strerror(err))
+        handshake.stack_here(sock)
+        sock._connecting = Connecting(sock)
+        sock._mode = "CONNECTING"
+        numbers.reshow(sock)
+        sock._connecting.start()
+        raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
+    PlainSocket.connect(sock, address)
+    if discovery.current().peer_offered(sock, client=True):
+        handshake.handshake(sock, client=True)
+    else:
+        handshake.fall_back(sock, int(DeclineCode.PEERNOSMC), 0)
+
+def start_over(sock: SocketBase) -> None:
+    """Back to a socket that never connected, after a failed connect."""
+    if sock._connecting is not None:
+        sock._connecting.close()
+        sock._connecting = None
+    sock._mode = "INIT"
+    sock._info = INIT_INFO
+    sock._connect_error = 0
+    sock._connect_failed = False
+    PlainSocket.settimeout(sock, sock._timeout)

@@ -1,0 +1,191 @@
+"""The CLC handshake of an SMC socket, from the socket's side: started on the socket's runtime
+(:meth:`Stack.start_handshake`), waited for in a blocking ``connect``, and its outcome
+taken: SMC-R (the socket gets its hold on the connection,
+:class:`~smcr.stack.conn.SocketCalls`), a fallback to TCP with the Linux reason codes, or
+a failure that resets the TCP connection (Linux ``smc_connect_*``,
+``smc_listen_work``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import ipaddress
+import os
+import socket as _socket
+import sys
+import time
+import weakref
+from collections.abc import Callable
+
+from smcr.core import FellBack, HandshakeCompleted
+from smcr.diag import registry
+from smcr.diag import start as diag_start
+from smcr.socket import numbers
+from smcr.socket.base import (
+    LINGER_ZERO,
+    PlainSocket,
+    SmcInfo,
+    SocketBase,
+    c_family,
+    collected,
+    parse_ip,
+    smc_sockets,
+)
+from smcr.stack.conn import DataPath, SocketCalls
+from smcr.stack.counters import COUNTERS as _C
+from smcr.stack.hostconn import HostConn
+from smcr.stack.runtime import Stack, get_stack
+from smcr.wire.decline import describe
+
+
+def stack_here(sock: SocketBase) -> None:
+    """Find the runtime of this socket's local address in the calling thread: the
+    handshake may start in the watcher thread, and a thread can be in another
+    network namespace than the process (``setns`` is per thread), where this
+    address has no RNIC."""
+    with contextlib.suppress(OSError, ValueError):
+        ip = local_ip(sock)
+        if not ip.is_unspecified:
+            sock._stack = get_stack(ip, scope_id(sock))
+
+
+def local_ip(sock: SocketBase) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return parse_ip(PlainSocket.getsockname(sock)[0])
+
+
+def scope_id(sock: SocketBase) -> int:
+    """The interface index of a link-local IPv6 local address (0 otherwise)."""
+    name = PlainSocket.getsockname(sock)
+    return int(name[3]) if len(name) == 4 else 0
+
+
+def handshake(sock: SocketBase, client: bool) -> None:
+    """The CLC handshake, waited for in this thread (blocking ``connect``).
+
+    :raises ConnectionResetError: when it failed with no way back to TCP (the
+        peer broke the CLC protocol): the TCP connection is reset.
+    """
+    stack, hc = start_handshake(sock, client, None, polled=True)
+    deadline = None if sock._timeout is None else time.monotonic() + sock._timeout
+    with stack.lock:
+        if not stack.wait(hc, lambda: hc.outcome is not None, deadline, spin=0.0):
+            # the socket's timeout bounds connect() as a whole, as on TCP: the
+            # handshake is given up (its TCP shut, so that it ends at once)
+            hc.on_outcome = functools.partial(abandon, stack)
+            with contextlib.suppress(OSError):
+                hc.tcp.shutdown(_socket.SHUT_RDWR)
+            sock._hc = None
+            raise TimeoutError("timed out")
+    finish_handshake(sock, stack, hc)
+    numbers.reshow(sock)  # (SMC-R: a number given out before connect names its readiness)
+    if sock._mode == "INIT":
+        raise ConnectionResetError(errno.ECONNRESET, "SMC handshake failed: "
+                                   f"{getattr(hc.outcome, 'reason', '')}")  # fmt: skip
+
+
+def start_handshake(sock: SocketBase, client: bool,
+                    on_outcome: Callable[[HostConn], None] | None,
+                    polled: bool = False) -> tuple[Stack, HostConn]:  # fmt: skip
+    """Start the CLC handshake; the runtime drives it (``on_outcome`` is called
+    with its lock held when it ends, in whichever thread polled).
+
+    :param polled: this thread waits for the outcome at once (:meth:`Stack.wait`),
+        polling for it itself (:meth:`Stack.start_handshake`)."""
+    diag_start()  # this process answers smcr ss/stats from now on (smcr.diag)
+    # the RNIC of this address (and, link-local, of this interface); found already
+    # where the background work may run in another thread (see :func:`stack_here`)
+    name = PlainSocket.getsockname(sock)  # (once: _local_ip and _scope_id in one)
+    local_ip = parse_ip(name[0])
+    stack = sock._stack = sock._stack or get_stack(local_ip,
+                                                   int(name[3]) if len(name) == 4 else 0)
+    with stack.lock:
+        # the runtime's own descriptor of the TCP socket: it outlives ours when the
+        # application closes first (the closing CDCs, then the FIN)
+        # (family, type and protocol given: none of the three system calls that
+        # socket.socket makes to learn them from a bare descriptor)
+        tcp = PlainSocket(c_family(sock), _socket.SOCK_STREAM, _socket.IPPROTO_TCP,
+                           os.dup(PlainSocket.fileno(sock)))  # fmt: skip
+        hc = sock._hc = stack.new_conn(tcp)
+        hc.on_outcome = on_outcome
+        stack.start_handshake(hc, client, local_ip, sock._rmb_size,
+                              sock._sndbuf_size, polled)  # fmt: skip
+        if hc.outcome is not None and hc.on_outcome is not None:
+            hc.on_outcome(hc)  # ended at once, and nobody took the news yet
+    return stack, hc
+
+
+def finish_handshake(sock: SocketBase, stack: Stack, hc: HostConn) -> None:
+    """Take the handshake's outcome: SMC-R, TCP fallback, or (mode stays INIT) a
+    failure, after which the TCP connection is reset and closed."""
+    outcome = hc.outcome
+    hc.on_outcome = None
+    server = not getattr(hc.handshake, "client", True)
+    if isinstance(outcome, HandshakeCompleted):
+        sock._rmb_size, sock._sndbuf_size = len(hc.rmb), len(hc.sndbuf)  # as allocated
+        _C.smc_established(server, outcome.version, sock._rmb_size,
+                           sock._sndbuf_size)  # fmt: skip
+        sock._info = SmcInfo("SMCR", lgr_id=outcome.lgr_id,
+                             first_contact=outcome.first_contact,
+                             version=outcome.version)  # fmt: skip
+        path = DataPath(stack, hc)
+        sock._calls = SocketCalls(path, sock._timeout)
+        # collected unclosed: close as close() would (the runtime holds the TCP
+        # socket and the buffers; nothing else would ever let them go)
+        sock._finalizer = weakref.finalize(sock, collected, sock._calls)
+        sock._finalizer.atexit = False  # at exit the runtime itself goes (module doc)
+        sock._mode = "SMCR"
+        sock._shadow_fast()
+        smc_sockets.add(sock)
+        if sock._debug:
+            report(sock)
+        return
+    trailing = hc.trailing_data()
+    sock._hc = None
+    hc.tcp.close()  # the runtime's descriptor: ours goes on (TCP) or is reset
+    with contextlib.suppress(OSError):  # (closed meanwhile: nothing to restore)
+        PlainSocket.settimeout(sock, sock._timeout)  # the runtime made it non-blocking
+    if isinstance(outcome, FellBack):
+        sock._prefix = trailing
+        fall_back(sock, outcome.local_code, outcome.peer_code, server)
+        return
+    _C.handshake_failed(server)
+    with contextlib.suppress(OSError):  # a reset, as Linux ends a broken handshake
+        PlainSocket.setsockopt(sock, _socket.SOL_SOCKET, _socket.SO_LINGER, LINGER_ZERO)
+    PlainSocket.close(sock)
+
+
+def fall_back(sock: SocketBase, local: int, peer: int, server: bool | None = False) -> None:
+    """:param server: the role counted in ``smcr stats`` (None: not counted, a socket
+        made from a connected descriptor)."""
+    sock._mode = "TCP"
+    sock._info = SmcInfo("TCP", local_code=local, peer_code=peer, state="ACTIVE")
+    if server is not None:
+        _C.fell_back(server, local, peer)
+    registry.fallbacks.add(sock)  # seen by smcr ss (smcr.diag)
+    diag_start()
+    if sock._debug:
+        report(sock)
+
+
+def report(sock: SocketBase) -> None:
+    """``smcr run -d``: one line per connection on standard error."""
+    try:
+        ends = f"{PlainSocket.getsockname(sock)} -> {PlainSocket.getpeername(sock)}"
+    except OSError:
+        ends = "(not connected)"
+    how = (f"SMCR link group {sock._info.lgr_id}" if sock._mode == "SMCR"
+           else f"TCP, reason {sock._info.reason} ({describe(sock._info.local_code)})")
+    print(f"smcr run [{os.getpid()}]: {ends}: {how}", file=sys.stderr, flush=True)
+
+
+def abandon(stack: Stack, hc: HostConn) -> None:
+    """A handshake nobody waits for any more has ended (runtime's lock held): a
+    connection it made is aborted, a fallback's TCP socket closed."""
+    hc.on_outcome = None
+    if isinstance(hc.outcome, HandshakeCompleted):
+        stack.abort(hc)
+    else:
+        with contextlib.suppress(OSError):
+            hc.tcp.close()

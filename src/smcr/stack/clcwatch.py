@@ -1,0 +1,81 @@
+"""The TCP sockets a runtime watches: those of handshakes under way (their CLC messages), and
+those of SMC-R connections (their peer's end).
+
+Pollers sleep on the handshakes' sockets through one epoll descriptor (:attr:`ClcWatch.ep`):
+one added wakes a poller already asleep by itself (a doorbell ring cost the poller a wasted
+round: on every accepted connection, the thread in ``accept`` that polls).  A socket is
+registered only while in :attr:`ClcWatch.watch`: it is let go (:meth:`ClcWatch.remove`)
+before it is closed.  Feeding what they bring to the engine is the executor's
+(:class:`~smcr.stack.executor.Executor`); this is the bookkeeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+
+from smcr.stack.hostconn import HostConn
+
+
+class ClcWatch:
+    """Handshakes' TCP sockets by descriptor, and SMC-R connections' (module docstring)."""
+
+    def __init__(self, watch_tcp: bool) -> None:
+        self.watch: dict[int, HostConn] = {}
+        self.ep = select.epoll()
+        """The sockets of :attr:`watch` (module docstring)."""
+        self.ends: dict[tuple[object, object], HostConn] = {}
+        """Handshakes under way by their TCP connection's (ours, peer's) addresses: the
+        other end of one is found when both ends are ours (:meth:`sent`)."""
+        self.local: list[HostConn] = []
+        """Handshakes of ours that CLC was sent to, to read it before ``execute`` returns."""
+        self.feeding = False
+        self.tcp: dict[int, HostConn] = {}
+        """TCP sockets of SMC-R connections, watched for the peer's end; not over shm
+        (``watch_tcp`` False), whose RNIC itself sees a peer process die."""
+        self.watch_tcp = watch_tcp
+
+    def add(self, hc: HostConn) -> None:
+        """Watch a handshake's TCP socket (made non-blocking) for CLC."""
+        hc.tcp.setblocking(False)
+        fd = hc.tcp.fileno()
+        self.watch[fd] = hc
+        try:
+            self.ep.register(fd, select.EPOLLIN)
+        except FileExistsError:  # (a number registered before: never closed unwatched)
+            self.ep.modify(fd, select.EPOLLIN)
+        with contextlib.suppress(OSError):
+            hc.ends = (hc.tcp.getsockname(), hc.tcp.getpeername())
+            self.ends[hc.ends] = hc
+
+    def remove(self, hc: HostConn) -> None:
+        """The handshake reads no more CLC (lock held)."""
+        fd = hc.tcp.fileno()
+        if self.watch.pop(fd, None) is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.ep.unregister(fd)
+        if hc.ends is not None:
+            self.ends.pop(hc.ends, None)
+            hc.ends = None
+
+    def sent(self, hc: HostConn) -> None:
+        """CLC went out on ``hc``'s TCP connection: if its other end is a handshake of this
+        runtime too (both ends in one process), that end reads it before ``execute``
+        returns -- as TCP over loopback has delivered when ``send`` returns.  Why: the
+        server's handshake then ends, and its connection is in the accept queue, before
+        the client's ``connect`` returns; a program that connects, talks, closes and then
+        closes its listener (CPython's asyncio test_streams does) found it closed before
+        it was queued, one time in four."""
+        if hc.ends is None:
+            return
+        peer = self.ends.get((hc.ends[1], hc.ends[0]))
+        if peer is not None and peer is not hc:
+            self.local.append(peer)
+
+    def unwatch_tcp(self, hc: HostConn) -> None:
+        """Stop watching an SMC-R connection's TCP socket (before it is closed)."""
+        self.tcp.pop(hc.tcp.fileno(), None)
+
+    def close(self) -> None:
+        """Close the epoll descriptor."""
+        self.ep.close()

@@ -1,0 +1,164 @@
+"""Closing connections in the background, as the kernel finishes a closed socket's work
+(Linux ``smc_close.c``: ``smc_close_active``, ``smc_close_wait_tx_pends``).
+
+* ``close()`` without ``SO_LINGER`` returns at once, as TCP's does, while the send buffer
+  still holds bytes: the progress thread sends the rest, then the closing CDC
+  (:meth:`Closing.close_later`).
+* A socket collected unclosed hands its connection over without the lock
+  (:meth:`Closing.orphan`): the collector may run inside code that holds it.
+* An abortive close (``SO_LINGER`` 0) resets at once (:meth:`Closing.abort`).
+* At exit the links end after the closes under way (:meth:`Closing.end_links`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import time
+from collections import deque
+
+from smcr.core import ShutdownTcp
+from smcr.stack.executor import Executor
+from smcr.stack.hostconn import HostConn
+
+_LINGER_ZERO = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
+EXIT_DELETE_WAIT = 1.0
+"""At exit, how long the peers may take to answer our DELETE LINK with theirs."""
+EXIT_LINGER = 2.0
+"""At exit, how long closes under way may take before the links end (:meth:`Closing.end_links`;
+``SMC_MAX_STREAM_WAIT_TIMEOUT``, the wait of a close for its data)."""
+
+
+class Closing:
+    """Closes of one runtime that the application does not wait for (module docstring)."""
+
+    def __init__(self, ex: Executor, pid: int) -> None:
+        self.ex = ex
+        self.pid = pid
+        self.running = True
+        """False once the runtime closes: orphans are no longer taken."""
+        self.orphans: deque[tuple[HostConn, float | None]] = deque()
+        """Connections whose socket was collected unclosed (:meth:`orphan`), for the progress
+        thread; a deque: appended from any thread without the lock."""
+        self.draining: dict[int, tuple[HostConn, float, int]] = {}
+        """Closed connections (orphans, and closes without SO_LINGER: :meth:`close_later`)
+        waiting for their send buffer before the closing CDC: (connection, deadline,
+        bytes unsent at the last look)."""
+
+    def busy(self) -> bool:
+        """Whether closes wait for the progress thread (read without the lock is fine: a
+        stale look costs one more round)."""
+        return bool(self.orphans or self.draining)
+
+    def app_close(self, hc: HostConn) -> None:
+        """The application closed the connection (lock held; the host waited for the send
+        buffer first): the closing CDC (:meth:`Engine.close`); a connection the engine has
+        forgotten already is let go here."""
+        ex = self.ex
+        ex.shutdowns.pop(hc.conn_id, None)
+        ex.execute(ex.engine.close(hc.conn_id, time.monotonic()))
+        ex.let_go(hc)
+
+    def abort(self, hc: HostConn) -> None:
+        """Abortive close (lock held): ``SO_LINGER`` on with a linger time of 0
+        (:meth:`Engine.abort`): the send buffer dropped, an abort CDC; the application is
+        done at once, the connection and its RMB go when the peer's closing CDC answers
+        (:meth:`Connection.app_abort`).  The TCP connection is reset now, as a TCP
+        socket's abortive close resets it (a peer that looks at its TCP socket, ssl's
+        ``wrap_socket`` for one, sees it unconnected at once); only the RMB waits."""
+        ex = self.ex
+        actions = ex.engine.abort(hc.conn_id, time.monotonic())
+        if ex.engine_conn(hc) is None or hc.released:
+            ex.execute(actions)
+        else:  # (no FIN before the reset: a peer in CLOSE_WAIT would read EPIPE, not ECONNRESET)
+            ex.execute([a for a in actions if not isinstance(a, ShutdownTcp)])
+            ex.clc.unwatch_tcp(hc)
+            with contextlib.suppress(OSError):
+                hc.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
+                hc.tcp.close()
+        ex.let_go(hc)
+
+    def orphan(self, hc: HostConn, linger: float | None) -> None:
+        """Close a connection whose socket was garbage-collected unclosed; any thread,
+        lock-free (the collector may run inside code that holds the runtime's lock).
+
+        The progress thread does it (:meth:`reap`): it waits, without blocking anyone, for
+        the send buffer to go out as ``close()`` would (``linger`` seconds, or
+        ``close_wait_tx`` when None; 0 aborts), then sends the closing CDC.  Nothing
+        happens in a runtime that is closed or was inherited by a forked child.
+        """
+        if not self.running or self.pid != os.getpid():
+            return
+        self.orphans.append((hc, linger))
+        self.ex.wake.kick()
+        self.ex.wake.wake_progress()
+
+    def close_later(self, hc: HostConn) -> None:
+        """The application closed a connection whose send buffer is not out yet, without
+        ``SO_LINGER`` (lock held): ``close`` returns at once, as TCP's does, and the
+        progress thread sends the rest, then the closing CDC (:meth:`reap`).
+        Why: TCP's kernel goes on sending after ``close``; a program whose peer is
+        served by the very thread that closes (an event loop running both ends)
+        would wait in ``close`` for a peer that cannot read meanwhile, and lose the
+        rest when the wait ended (CPython's asyncio test_sendfile).  The wait ends
+        after ``close_wait_tx`` (2 s) in which the peer took nothing, not 2 s in all."""
+        ex = self.ex
+        ex.uncork(hc)  # (nothing follows: corked bytes go now)
+        c = ex.engine_conn(hc)
+        self.draining[hc.conn_id] = (hc, time.monotonic() + ex.config.close_wait_tx,
+                                     c.tx_pending() if c is not None else 0)  # fmt: skip
+        ex.wake.kick()
+        ex.wake.wake_progress()
+
+    def reap(self) -> None:
+        """Close the orphans whose send buffer is out or whose wait is over (lock held)."""
+        ex = self.ex
+        now = time.monotonic()
+        while self.orphans:
+            hc, linger = self.orphans.popleft()
+            if linger == 0:
+                self.abort(hc)
+            else:
+                wait = ex.config.close_wait_tx if linger is None else linger
+                c = ex.engine_conn(hc)
+                self.draining[hc.conn_id] = (hc, now + wait, c.tx_pending() if c else 0)
+        for conn_id, (hc, deadline, unsent) in list(self.draining.items()):
+            c = ex.engine_conn(hc)
+            if (c is None or c.tx_pending() == 0 or bool(c.reset_reason) or c.peer_closed
+                    or now >= deadline):  # fmt: skip
+                del self.draining[conn_id]
+                self.app_close(hc)
+            elif c.tx_pending() < unsent:  # the peer reads: it gets the time again
+                self.draining[conn_id] = (hc, now + ex.config.close_wait_tx, c.tx_pending())
+
+    def end_links(self, deadline: float) -> None:
+        """Before the RNIC goes: closes under way finish (the progress thread carries
+        them: the peer's last CDCs are received and acknowledged, DELETE RKEY flows
+        answered) until ``deadline``; then every link group ends with DELETE LINK
+        (:meth:`Engine.shutdown`), the links kept until the peer's DELETE LINK has come
+        (Linux sends one back) or :data:`EXIT_DELETE_WAIT` is over.  Corked bytes go
+        first (:meth:`Executor.uncork`): the peer's answer that would send them may come
+        after the links have ended, and they would be lost."""
+        ex = self.ex
+        with ex.lock:
+            ex.uncork()
+        done = False  # (no `break` inside `with`: mypyc does not compile it)
+        while not done:
+            with ex.lock:
+                done = (not (ex.engine.closing() or self.busy())
+                        or time.monotonic() >= deadline)  # fmt: skip
+                if done:
+                    ex.execute(ex.engine.shutdown(time.monotonic()))
+            if not done:
+                ex.wake.kick()
+                time.sleep(0.005)
+        answered = time.monotonic() + EXIT_DELETE_WAIT
+        while True:  # the peers' DELETE LINKs, received and acknowledged
+            with ex.lock:
+                if not ex.engine.ending() or time.monotonic() >= answered:
+                    ex.execute(ex.engine.shutdown(time.monotonic(), final=True))
+                    return
+            ex.wake.kick()
+            time.sleep(0.005)

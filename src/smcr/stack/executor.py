@@ -1,0 +1,586 @@
+"""The executor: what turns the engine's actions into verbs calls and the RNIC's completions
+into the engine's inputs (Linux ``smc_wr_tx_send``/``smc_wr_rx_demultiplex`` and the work
+``af_smc.c`` does around them).
+
+It owns the engine and what the engine's actions name (connections, QPs, buffers) and is
+driven under the runtime's one lock by whoever holds it: an application thread in a call,
+or the progress thread (:mod:`smcr.stack.progress`).
+
+* :meth:`Executor.execute` runs actions in order: WRs of one QP are posted together, and
+  where the RNIC takes inline WRs (shm) the WRITEs and the CDC behind them go as one fused
+  batch (``QueuePair.post_writes_send``); then the engine's events are dispatched
+  (handshake outcomes, resets; waiters and readiness descriptors told).
+* :meth:`Executor.process` takes the CQ's completions (consecutive receives of one QP go to
+  the engine together: it coalesces CDCs), reposts receives in batches, runs the engine's
+  due timers, and wakes the waiters of the connections the engine touched.
+* It is the engine's :class:`~smcr.core.events.Provider` (QPs and RMB registrations), and
+  feeds the engine the CLC bytes of handshakes under way (:mod:`smcr.stack.clcwatch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from typing import Any
+
+from smcr import settings
+from smcr.core import (
+    Action,
+    Config,
+    ConnectionReset,
+    DestroyQp,
+    Engine,
+    FellBack,
+    HandshakeCompleted,
+    HandshakeFailed,
+    LocalIdentity,
+    PostSend,
+    QpToRtr,
+    QpToRts,
+    RdmaWrite,
+    ReleaseConnection,
+    ReuseRmb,
+    SendClc,
+    ShutdownTcp,
+)
+from smcr.core.connection import Connection
+from smcr.rdma import SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode
+from smcr.rdma.base import CompletionQueue
+from smcr.rdma.roce import RoceDevice
+from smcr.stack import ports
+from smcr.stack.bufpool import BufferPool
+from smcr.stack.clcwatch import ClcWatch
+from smcr.stack.counters import COUNTERS
+from smcr.stack.hostconn import HostConn, PortRes, Taps
+from smcr.stack.qps import QueuePairs
+from smcr.stack.wakeup import Wakeups
+from smcr.stack.wrslots import SLOT, WorkRequests, write_wrs
+from smcr.wire.decline import DeclineCode
+
+_DEBUG = settings.debug()
+TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
+_RECV, _SUCCESS = WcOpcode.RECV, WcStatus.SUCCESS
+_WRITE = WrOpcode.RDMA_WRITE
+_OUTCOME_KEY = {HandshakeCompleted: "smc", FellBack: "fallback",
+                HandshakeFailed: "handshake_errors"}  # fmt: skip
+
+
+class Executor:
+    """Runs the engine's actions and feeds it completions (module docstring)."""
+
+    def __init__(self, config: Config, identity: LocalIdentity, ports_: list[PortRes],
+                 cq: CompletionQueue, pool: BufferPool, wr: WorkRequests, wake: Wakeups,
+                 clc: ClcWatch, taps: Taps, max_inline: int) -> None:  # fmt: skip
+        self.config = config
+        self.lock = threading.Lock()  # not reentrant: a poller releases it once to sleep
+        self.ports = ports_
+        self.cq = cq
+        self.pool = pool
+        self.wr = wr
+        self.wake = wake
+        self.clc = clc
+        self.taps = taps
+        self.max_inline = max_inline
+        """Inline WRITE limit of this RNIC's QPs: a send this small skips the send buffer."""
+        self.fused = max_inline >= SLOT  # CDCs go inline, with their WRITEs fused
+        self.keep_copy = len(ports_) > 1
+        """Inline sends also copy into the send buffer (:meth:`send_inline`)."""
+        self.qp = QueuePairs(ports_, cq, wr, taps, max_inline)
+        self.qps = self.qp.qps
+        self.engine = Engine(config, identity, self)
+        self.conns: dict[int, HostConn] = {}
+        self.next_conn = 1
+        self.retired: dict[int, HostConn] = {}
+        """Released connections whose RMB the peer may still write (until :class:`ReuseRmb`)."""
+        self.shutdowns: dict[int, HostConn] = {}  # SHUT_WR waiting for the send buffer
+        self.corked_any = False
+        """Some connection may hold corked bytes (:meth:`corked`)."""
+        self.timer_check = 0.0
+        self.sends_unprocessed = 0  # RoCE sends since DataPath.send_fast last took the news
+        self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
+        self.fallback_reasons: Counter[tuple[int, int]] = Counter()
+        """(local, peer) decline code -> count (Linux ``smc_stats`` fallback reasons)."""
+
+    # ================================================================ provider
+
+    def new_qp(self, port: int = 0) -> tuple[int, int]:
+        """:class:`~smcr.core.events.Provider`: a QP in RESET on ``port``'s RNIC
+        (:meth:`QueuePairs.new_qp`)."""
+        return self.qp.new_qp(port)
+
+    def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
+        """:class:`~smcr.core.events.Provider`: the connection's RMB registered on ``port``'s
+        RNIC too (a link over it joined the group; :meth:`BufferPool.alias`)."""
+        hc = self.conns.get(conn) or self.retired.get(conn)
+        if hc is None:
+            raise ValueError(f"connection {conn}: no buffers to register on port {port}")
+        return self.pool.alias(hc, port, self.ports[port].pd)
+
+    def reaches(self, port: int, gid: bytes) -> bool:
+        """:class:`~smcr.core.events.Provider`: whether our ``port`` has a path to a peer
+        port's GID (RoCE: the kernel's route, :func:`ports.roce_reaches`; shm: every port
+        reaches every shm RNIC of the host)."""
+        dev = self.ports[port].device
+        return not isinstance(dev, RoceDevice) or ports.roce_reaches(dev, gid)
+
+    # ================================================================ connections
+
+    def new_conn(self, tcp: socket.socket) -> HostConn:
+        """Register a connection (lock held)."""
+        hc = HostConn(self.next_conn, tcp, threading.Condition(self.lock))
+        self.next_conn += 1
+        self.conns[hc.conn_id] = hc
+        return hc
+
+    def engine_conn(self, hc: HostConn) -> Connection | None:
+        """The engine's connection record (None once released)."""
+        return self.engine.conns.get(hc.conn_id)
+
+    def local_peer(self, hc: HostConn, c: Connection) -> bool:
+        """Whether the connection's other end is in this runtime too (its link's peer QP
+        is ours: both ends in one process).  Its sends and reads then take the
+        completions they made for the other end at once (:meth:`process`), so that the
+        other end's readiness descriptor changes before the call returns, as a TCP
+        peer's does over loopback; else it changes when the progress thread next wakes,
+        and an event loop that runs both ends sees the other end late."""
+        local = hc.local_peer
+        if local is None:
+            links = self.engine.links
+            link = links.get(c.qpn)
+            peer = links.get(link.peer_qpn) if link is not None else None
+            local = hc.local_peer = peer is not None and peer.peer_qpn == c.qpn
+        return local
+
+    # ================================================================ actions
+
+    def execute(self, actions: list[Action]) -> None:
+        """Run actions in order, then dispatch the engine's events (lock held)."""
+        if not actions:
+            if self.engine.has_events():
+                self._dispatch_events()
+            return
+        # WRs of one QP are posted together, in order.  Where the RNIC takes inline
+        # WRs, WRITEs (from the send buffer) and the CDC behind them go as one fused
+        # batch (QueuePair.post_writes_send): no WR objects, no SGE look-ups
+        wrs: list[SendWr] = []
+        writes: list[tuple[int, int, memoryview]] = []
+        wr_qpn = 0
+        fused = self.fused
+        qp_port = self.qp.qp_port
+        for a in actions:
+            kind = type(a)
+            if kind is RdmaWrite or kind is PostSend:
+                if (wrs or writes) and a.qpn != wr_qpn:  # type: ignore[union-attr]
+                    self.post(wr_qpn, wrs + write_wrs(writes))
+                    wrs, writes = [], []
+                wr_qpn = a.qpn  # type: ignore[union-attr]
+                if isinstance(a, RdmaWrite):
+                    hc = self.conns[a.conn]
+                    mr = hc.aliases[qp_port[a.qpn]][1] if a.qpn in qp_port else hc.sndbuf_mr
+                    assert mr is not None
+                    if fused:
+                        off = a.src_offset
+                        writes.append((a.remote_addr, a.rkey, mr.buf[off : off + a.length]))
+                    else:
+                        sge = Sge(mr.addr + a.src_offset, a.length, mr.lkey)
+                        wrs.append(SendWr(wr_id=0, opcode=_WRITE, remote_addr=a.remote_addr,
+                                          rkey=a.rkey, sg_list=(sge,)))  # fmt: skip
+                elif isinstance(a, PostSend):
+                    if fused and not wrs:
+                        self.post(wr_qpn, wrs, writes, a)
+                        writes = []
+                    else:
+                        port = qp_port.get(a.qpn)
+                        mr = self.wr.send_mr if port is None else self.ports[port].send_mr
+                        wrs.append(self.wr.send_wr(a, mr))
+            else:
+                if wrs or writes:
+                    self.post(wr_qpn, wrs + write_wrs(writes))
+                    wrs, writes = [], []
+                self._control(a)
+        if wrs or writes:
+            self.post(wr_qpn, wrs + write_wrs(writes))
+        self._dispatch_events()
+        if self.clc.local:
+            self._feed_local_clc()
+
+    def post(self, qpn: int, wrs: list[SendWr], writes: list[tuple[int, int, memoryview]]
+             | None = None, cdc: PostSend | None = None) -> None:  # fmt: skip
+        """Post WRs on QP ``qpn`` (:meth:`WorkRequests.post`); a post that fails downs the link."""
+        qp = self.qps.get(qpn)
+        if qp is None:
+            return
+        error = self.wr.post(qp, wrs, writes or (), cdc)
+        if error:
+            self.execute(self.engine.link_failed(qpn, error, time.monotonic()))
+
+    def send_inline(self, c: Connection, data: memoryview, request: bool = False) -> None:
+        """The data path (lock held): ``data`` (at most ``c.direct_room()`` bytes, at most
+        :attr:`max_inline`) RDMA-written from the caller's buffer, then its CDC, as one
+        fused batch (:meth:`Connection.write_inline`, :meth:`QueuePair.post_writes_send`).
+
+        With several links a failover re-sends from the last completed CDC, out of the
+        send buffer (:meth:`Connection.switch_cursor`): the bytes are copied there too.
+
+        :param request: the CDC asks the peer to answer (:meth:`Connection.echo_wanted`).
+        """
+        if self.keep_copy:
+            ring_write(self.conns[c.id].sndbuf, c.tx_sent, data)
+        writes, cdc, wr_id, signaled = c.write_inline(data, request)
+        qp = self.qps.get(c.qpn)
+        try:
+            if qp is None:
+                raise OSError("the link's QP is gone")
+            qp.post_writes_send(writes, cdc, wr_id, signaled)
+        except OSError:  # a full send queue or a dead QP: the general path's waiting and verdict
+            self.post(c.qpn, [], writes, PostSend(c.qpn, cdc, wr_id, signaled))
+        if self.engine.has_events():
+            self._dispatch_events()
+
+    def _control(self, a: Action) -> None:
+        tap = self.taps.tap
+        if tap is not None:
+            tap.control(self.taps.host, a)
+        if isinstance(a, SendClc):
+            hc = self.conns.get(a.conn)
+            if hc is not None:
+                with contextlib.suppress(OSError):
+                    hc.tcp.sendall(a.data)
+                    self.clc.sent(hc)
+        elif isinstance(a, QpToRtr):
+            link = self.engine.links.get(a.qpn)
+            error = self.qp.to_rtr(a, link.psn if link is not None else 0)
+            if error:
+                self.execute(self.engine.link_failed(a.qpn, error, time.monotonic(),
+                                                     DeclineCode.ERR_RDYLNK))  # fmt: skip
+        elif isinstance(a, QpToRts):
+            error = self.qp.to_rts(a.qpn)
+            if error:
+                self.execute(self.engine.link_failed(a.qpn, error, time.monotonic(),
+                                                     DeclineCode.ERR_RDYLNK))  # fmt: skip
+        elif isinstance(a, DestroyQp):
+            self.qp.destroy(a.qpn, a.qpn in self.engine.late_links)
+        elif isinstance(a, ShutdownTcp):
+            hc = self.conns.get(a.conn)
+            if hc is not None:
+                with contextlib.suppress(OSError):
+                    hc.tcp.shutdown(a.how)
+        elif isinstance(a, ReleaseConnection):
+            self._release(a.conn)
+        elif isinstance(a, ReuseRmb):
+            hc = self.retired.pop(a.conn, None)
+            if hc is not None:
+                self.pool.give_back(hc)
+
+    def _release(self, conn_id: int) -> None:
+        hc = self.conns.pop(conn_id, None)
+        if hc is None:
+            return
+        hc.released = True
+        self.clc.unwatch_tcp(hc)
+        c = self.engine.conns.get(conn_id)
+        if c is not None:  # smcr stats: its bytes, which its cursors counted
+            COUNTERS.released(c)
+        actions = self.engine.release(conn_id, time.monotonic())
+        self.retired[conn_id] = hc  # its buffers go back to the pool at ReuseRmb
+        with contextlib.suppress(OSError):
+            hc.tcp.close()
+        if hc.readiness is not None:
+            hc.readiness.close()
+        self.execute(actions)
+
+    def let_go(self, hc: HostConn) -> None:
+        """After the application's close: a connection the engine has forgotten goes."""
+        if self.engine_conn(hc) is None and not hc.released:
+            hc.released = True
+            self.conns.pop(hc.conn_id, None)
+            self.clc.unwatch_tcp(hc)
+            with contextlib.suppress(OSError):
+                hc.tcp.close()
+
+    def _dispatch_events(self) -> None:
+        while (ev := self.engine.next_event()) is not None:
+            if _DEBUG:
+                print(f"smcr[{os.getpid()}] {ev}", flush=True)
+            hc = self.conns.get(getattr(ev, "conn", -1))
+            if hc is None:
+                continue
+            if isinstance(ev, (HandshakeCompleted, FellBack, HandshakeFailed)):
+                self._outcome(hc, ev)
+            elif isinstance(ev, ConnectionReset):
+                hc.reset_reason = ev.reason
+            if hc.waiters:  # (as process(): only when someone listens)
+                hc.cond.notify_all()
+            self.update_readiness(hc)
+
+    def _outcome(self, hc: HostConn, ev: Any) -> None:
+        """A handshake ended: SMC-R, a fallback, or a failure."""
+        hc.outcome = ev
+        self.clc.remove(hc)
+        if self.wake.app_polls_elsewhere():
+            self.wake.kick()  # the waiting app thread sleeps on the CQ, not on hc.cond
+        self.stats[_OUTCOME_KEY[type(ev)]] += 1
+        if isinstance(ev, FellBack):
+            self.fallback_reasons[(ev.local_code, ev.peer_code)] += 1
+        if not isinstance(ev, HandshakeCompleted):
+            self.pool.give_back(hc)
+            self.conns.pop(hc.conn_id, None)
+        elif self.clc.watch_tcp:
+            self.clc.tcp[hc.tcp.fileno()] = hc
+        if hc.on_outcome is not None:
+            try:
+                hc.on_outcome(hc)
+            except Exception:  # the socket layer's; progress must go on for all
+                traceback.print_exc(file=sys.stderr)
+
+    def update_readiness(self, hc: HostConn) -> None:
+        """Bring the connection's readiness descriptor up to date (if anyone asked for it)."""
+        r = hc.readiness
+        if r is None:
+            return
+        c = self.engine.conns.get(hc.conn_id)
+        if c is None:
+            r.set(True, True)
+            return
+        readable = c.rx_available() > 0 or c.peer_done or bool(c.reset_reason)
+        writable = c.sndbuf_space() > 0 or bool(c.tx_flags) or bool(c.reset_reason)
+        r.set(readable, writable)
+
+    # ================================================================ completions
+
+    def process(self, first: list[WorkCompletion] | None = None) -> None:
+        """Take every completion and run due timers (lock held); wake touched waiters."""
+        engine, now = self.engine, time.monotonic()
+        wcs = first or self.cq.poll(64)
+        wr = self.wr
+        recv_slot, recv_buf = wr.recv_slot, wr.recv_mr.buf
+        while wcs:
+            # consecutive receives of one QP go to the engine together (it coalesces CDCs)
+            batch: list[memoryview] = []
+            batch_qpn = 0
+            for wc in wcs:
+                slot = recv_slot.get(wc.wr_id) if wc.opcode is _RECV else None
+                if slot is None or wc.status is not _SUCCESS:
+                    if batch:
+                        self._received(batch_qpn, batch, now)
+                        batch = []
+                    self._completion(wc, now)
+                    continue
+                if batch and wc.qp_num != batch_qpn:
+                    self._received(batch_qpn, batch, now)
+                    batch = []
+                batch_qpn = wc.qp_num
+                off = slot * SLOT
+                if wc.byte_len <= SLOT:
+                    batch.append(recv_buf[off : off + wc.byte_len])
+                else:
+                    batch.append(wr.long_message(wc, off))
+                wr.again(batch_qpn, wc.wr_id)
+            if batch:
+                self._received(batch_qpn, batch, now)
+            # a full batch may have left more; a short one did not (anything newer
+            # rings the armed CQ, and a waiter arms before it sleeps)
+            wcs = self.cq.poll(64) if len(wcs) == 64 else []
+        if wr.repost_due:
+            wr.repost_due = False
+            wr.repost(self.qps, False)
+        if now >= self.timer_check:  # engine deadlines are >= 1 s away when made
+            deadline = engine.get_timer()
+            if deadline is not None and deadline <= now:
+                self.execute(engine.handle_timer(now))
+                deadline = engine.get_timer()
+            self.timer_check = now + TIMER_GRAIN
+            if deadline is not None:
+                self.timer_check = min(self.timer_check, deadline)
+        touched = engine.touched
+        if not touched:
+            return
+        if self.shutdowns:
+            self._shutdown_sent(touched)
+        engine.touched = set()
+        if self.wake.app_polls_elsewhere():
+            self.wake.kick()  # the app poller may sleep on a doorbell this thread drained
+        for conn_id in touched:
+            hc = self.conns.get(conn_id)
+            if hc is not None:
+                if hc.waiters:
+                    hc.cond.notify_all()
+                if hc.readiness is not None:
+                    self.update_readiness(hc)
+
+    def _received(self, qpn: int, messages: list[memoryview], now: float) -> None:
+        """SENDs that arrived on a QP, in order, to the engine (their slots are not
+        reposted before this returns)."""
+        tap = self.taps.tap
+        if tap is not None:
+            tap.received(self.taps.host, qpn, messages)
+        engine = self.engine
+        actions = engine.receive_wrs(qpn, messages, now)
+        if actions or engine.has_events():
+            self.execute(actions)
+
+    def _completion(self, wc: WorkCompletion, now: float) -> None:
+        engine = self.engine
+        status, qpn, wr_id = wc.status, wc.qp_num, wc.wr_id
+        if wc.opcode is _RECV:
+            slot = self.wr.recv_slot.get(wr_id)
+            if status is not _SUCCESS or slot is None:
+                self.wr.free_slot(wr_id)
+                qp = self.qps.get(qpn)
+                self.execute(engine.link_failed(qpn, f"receive {status.name}", now,
+                                                peer_gone=qp is not None and qp.peer_gone))
+                return
+            off = slot * SLOT
+            if wc.byte_len <= SLOT:
+                self._received(qpn, [self.wr.recv_mr.buf[off : off + wc.byte_len]], now)
+            else:
+                self._received(qpn, [self.wr.long_message(wc, off)], now)
+            self.wr.again(qpn, wr_id)
+            return
+        if status is not WcStatus.SUCCESS:
+            qp = self.qps.get(qpn)
+            self.execute(engine.link_failed(qpn, f"send {status.name}", now,
+                                            peer_gone=qp is not None and qp.peer_gone))
+            return
+        self.execute(engine.send_completed(qpn, wr_id, True, now))
+
+    def link_failed_all(self, qpns: list[int], reason: str) -> None:
+        """QPs whose RNIC went (:meth:`Stack.port_down`): any link still over them fails,
+        and each goes to ERR, so that what it had posted completes as flushes."""
+        now = time.monotonic()
+        for qpn in qpns:
+            if qpn in self.qps:
+                self.execute(self.engine.link_failed(qpn, reason, now))
+            self.qp.to_err(qpn)
+
+    # ================================================================ sending
+
+    def corked(self, c: Connection) -> None:
+        """A send of ``c`` was corked (lock held): the peer's answer flushes it, and someone
+        must be there to take that answer while the application does other things -- the
+        progress thread, which therefore does not stand by while bytes are corked.  Free
+        when a corking was already under way."""
+        if not self.corked_any:
+            self.corked_any = True
+            self.wake.wake_progress()
+
+    def uncork(self, hc: HostConn | None = None) -> None:
+        """Send the corked bytes of ``hc``'s connection, or of every connection, now (lock
+        held): no send will come after a close or at exit, and waiting for the peer's
+        answer would only delay the close -- or, at exit, lose the bytes when the links
+        end first."""
+        conns = self.engine.conns
+        ids = list(conns) if hc is None else [hc.conn_id]
+        now = time.monotonic()
+        for conn_id in ids:
+            c = conns.get(conn_id)
+            if c is not None and c.tx_app > c.tx_sent and not c.reset_reason:
+                self.execute(self.engine.data_written(conn_id, 0, now))
+
+    def shutdown_write(self, hc: HostConn) -> None:
+        """``shutdown(SHUT_WR)`` (lock held): the done-writing CDC goes after the last byte
+        of the send buffer, as TCP's FIN goes after its data, however long the peer takes
+        to make room for it; until then the connection is in :attr:`shutdowns`."""
+        c = self.engine.conns.get(hc.conn_id)
+        if c is None:
+            return
+        self.uncork(hc)
+        if c.tx_pending() and not c.reset_reason and not c.peer_closed:
+            self.shutdowns[hc.conn_id] = hc
+            return
+        self.execute(self.engine.shutdown_write(hc.conn_id, time.monotonic()))
+        self.update_readiness(hc)
+
+    def _shutdown_sent(self, touched: set[int]) -> None:
+        """Send the done-writing CDCs whose send buffers are out now (lock held)."""
+        for conn_id in touched & self.shutdowns.keys():
+            c = self.engine.conns.get(conn_id)
+            if c is None or not c.tx_pending() or c.reset_reason or c.peer_closed:
+                del self.shutdowns[conn_id]
+                if c is not None:
+                    self.execute(self.engine.shutdown_write(conn_id, time.monotonic()))
+
+    # ================================================================ CLC
+
+    def clc_read(self, hc: HostConn) -> None:
+        """Feed CLC bytes from a handshaking connection's TCP socket to the engine."""
+        now = time.monotonic()
+        try:
+            data = hc.tcp.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            tap = self.taps.tap
+            if tap is not None:
+                tap.receive_clc(self.taps.host, hc.conn_id, data)
+            self.execute(self.engine.receive_clc(hc.conn_id, data, now))
+        else:
+            self.clc.remove(hc)  # EOF stays readable: look no more
+            self.execute(self.engine.tcp_closed(hc.conn_id, now))
+
+    def _feed_local_clc(self) -> None:
+        """Let the handshakes of ours that CLC was sent to read it (:meth:`ClcWatch.sent`)."""
+        clc = self.clc
+        if clc.feeding:
+            return  # (the outermost execute feeds them)
+        clc.feeding = True
+        try:
+            while clc.local:
+                peer = clc.local.pop(0)
+                if peer.ends is not None and peer.outcome is None:
+                    self.clc_read(peer)
+        finally:
+            clc.feeding = False
+
+    def tcp_ended(self, hc: HostConn) -> None:
+        """An SMC-R connection's TCP socket became readable: the peer closed it, or died.
+
+        Over the RoCE RNIC a killed peer process leaves only its kernel's FIN/RST,
+        so the engine tests the link at once (:meth:`Engine.probe_link`): a live
+        peer answers, a dead one does not and the connection is reset within
+        ``llc_wait`` (or the QP's retry exceeded).  The socket is watched no more
+        (bytes there, which SMC-R never sends, would wake us in a loop).
+        """
+        try:
+            hc.tcp.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            self.clc.tcp[hc.tcp.fileno()] = hc  # a spurious wakeup
+            return
+        except OSError:
+            pass
+        if not hc.released:
+            self.execute(self.engine.probe_link(hc.conn_id, time.monotonic()))
+
+
+def ring_write(ring: memoryview, pos: int, data: memoryview) -> None:
+    """Copy ``data`` into the ring buffer ``ring`` at cursor ``pos`` (absolute: taken
+    modulo the ring's size), wrapping around its end: a send buffer's bytes."""
+    size, n = len(ring), len(data)
+    start = pos % size
+    if start + n <= size:
+        ring[start : start + n] = data
+    else:
+        first = size - start
+        ring[start:] = data[:first]
+        ring[: n - first] = data[first:]
+
+
+def ring_read(ring: memoryview, pos: int, out: memoryview) -> None:
+    """Fill ``out`` from the ring buffer ``ring`` at cursor ``pos`` (absolute), wrapping
+    around its end: an RMBE's bytes."""
+    size, n = len(ring), len(out)
+    start = pos % size
+    if start + n <= size:
+        out[:] = ring[start : start + n]
+    else:
+        first = size - start
+        out[:first] = ring[start:]
+        out[first:] = ring[: n - first]

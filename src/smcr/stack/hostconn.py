@@ -1,0 +1,125 @@
+"""The runtime's records: one SMC connection (:class:`HostConn`), one RNIC (:class:`PortRes`),
+and what may watch a runtime's link traffic (:class:`StackTap`).
+
+They sit below every part of the runtime (:mod:`smcr.stack.runtime` lists them), which all
+read and write them under the runtime's one lock.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from smcr._mypyc import mypyc_attr
+from smcr.core import Action
+from smcr.core.handshake import Handshake
+from smcr.rdma.base import Device, MemoryRegion, ProtectionDomain
+from smcr.stack.readiness import Readiness
+
+
+@dataclass(eq=False)
+class HostConn:
+    """The runtime's side of one SMC connection: TCP socket, buffers, waiters."""
+
+    conn_id: int
+    tcp: socket.socket
+    cond: threading.Condition
+    rmb_mr: MemoryRegion | None = None
+    sndbuf_mr: MemoryRegion | None = None
+    handshake: Handshake | None = None
+    outcome: Any = None  # (Any, not object: mypyc) HandshakeCompleted / FellBack / HandshakeFailed
+    reset_reason: str = ""
+    readiness: Readiness | None = None
+    waiters: int = 0  # threads in cond.wait: notify only when someone listens (1.5 µs)
+    released: bool = False
+    on_release: list[Callable[[], None]] = field(default_factory=list)
+    # called (lock held) once the handshake has an outcome: accept queues and
+    # non-blocking connects finish the socket there, whichever thread polled
+    on_outcome: Callable[[HostConn], None] | None = None
+    local_peer: bool | None = None  # the other end is in this runtime (Executor.local_peer)
+    ends: tuple[object, object] | None = None  # handshaking: (ours, peer's) TCP addresses
+    aliases: dict[int, tuple[MemoryRegion, MemoryRegion]] = field(default_factory=dict)
+    """Port -> (RMB, send buffer) registered on that port's RNIC too
+    (:meth:`BufferPool.alias <smcr.stack.bufpool.BufferPool.alias>`; port 0's are
+    :attr:`rmb_mr` and :attr:`sndbuf_mr`)."""
+
+    def undecided(self) -> bool:
+        """The handshake has no outcome yet.  A method: after ``if hc.outcome is None``
+        mypyc reads ``hc.outcome`` as None-typed in that branch, and a call that
+        settled it meanwhile makes the read a TypeError."""
+        return self.outcome is None
+
+    def trailing_data(self) -> bytes:
+        """Bytes the peer sent behind its last CLC message: the application's, after a
+        fallback (h11's ``trailing_data``)."""
+        return self.handshake.reader.trailing_data if self.handshake is not None else b""
+
+    @property
+    def rmb(self) -> memoryview:
+        """Our RMBE."""
+        assert self.rmb_mr is not None
+        return self.rmb_mr.buf
+
+    @property
+    def sndbuf(self) -> memoryview:
+        """Our send buffer."""
+        assert self.sndbuf_mr is not None
+        return self.sndbuf_mr.buf
+
+
+@dataclass(eq=False)
+class PortRes:
+    """One RNIC of a runtime (a port of its engine's identity) and what is registered on it.
+
+    Why one CQ for every port's QPs: the software RNICs' CQs are process objects any
+    of their QPs may complete into, and one CQ keeps the poll loop, the sleep and the
+    spin of the data path as they are with one RNIC (one descriptor to sleep on).
+    The receive and send slots are one buffer each, registered on every RNIC: a slot
+    index means the same bytes whichever port's QP used it.
+    """
+
+    device: Device
+    pd: ProtectionDomain
+    recv_mr: MemoryRegion
+    send_mr: MemoryRegion
+    up: bool = True
+    """False from ``Stack.port_down`` to ``Stack.port_up``."""
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class StackTap:
+    """Something that watches one runtime's link traffic (``smcr trace``, tests): subclass
+    it, override what you watch, set it as ``Stack.tap``.
+
+    Why a tap and not methods shadowed per instance: the runtime's classes are native
+    in the compiled build, whose compiled callers would never see a shadow; the
+    runtime tests ``tap is None`` where it would call one, nothing more.  Called
+    with the runtime's lock held, in whichever thread does the work: keep it short,
+    never block, never call the runtime back.  ``stack`` is the runtime
+    (:class:`~smcr.stack.runtime.Stack`).
+    """
+
+    def new_qp(self, stack: Any, qpn: int) -> None:
+        """The runtime made QP ``qpn`` (it is in ``stack.qps``)."""
+
+    def received(self, stack: Any, qpn: int, messages: list[memoryview]) -> None:
+        """SENDs that arrived on QP ``qpn``, before the engine gets them."""
+
+    def control(self, stack: Any, action: Action) -> None:
+        """An engine action other than a post, before the runtime carries it out
+        (:class:`~smcr.core.events.SendClc`: a CLC message about to go)."""
+
+    def receive_clc(self, stack: Any, conn: int, data: bytes) -> None:
+        """CLC bytes read from connection ``conn``'s TCP socket, before the engine gets them."""
+
+
+@dataclass(eq=False)
+class Taps:
+    """Where a runtime's tap is (one object every part of the runtime holds): the tap, and
+    the runtime it is told about."""
+
+    tap: StackTap | None = None
+    host: Any = None

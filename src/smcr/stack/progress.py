@@ -1,0 +1,287 @@
+"""Progress and waiting: who takes the runtime's news, and how a thread waits for it.
+
+* **Progress does not depend on the application.**  A daemon thread answers TEST LINK,
+  CONFIRM/DELETE RKEY, and takes CDCs (window updates, close flags) while the
+  application computes.  It sleeps in ``poll`` on the CQ's descriptor and on the
+  engine's next deadline: it never spins.
+* **Whoever waits, polls.**  A thread blocked in ``recv``/``send`` does not wait for
+  the progress thread to hand it the news (two wakeups per message, one of them a
+  thread hop under the GIL); it becomes the *poller* itself and sleeps on the CQ
+  descriptor, so a message costs one wakeup, as in TCP.  A thread blocked in
+  ``accept`` polls the same way (:meth:`Progress.poll_until`): it reads the
+  handshakes' CLC messages itself, whose TCP sockets pollers sleep on through one
+  epoll descriptor (a new one needs no doorbell).  One application thread at a time
+  holds the poller role (:mod:`smcr.stack.wakeup`); others wait on their
+  connection's condition, which the poller notifies; the progress thread steps back
+  while an application thread polls.  Before it arms the CQ and sleeps, a waiter
+  may watch it for up to :data:`SPIN` while a CPU is free (:mod:`smcr.stack.spin`): an
+  answer that comes within microseconds then costs no doorbell, no sleep and no wakeup
+  on either side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+
+from smcr import settings
+from smcr.rdma import WorkCompletion
+from smcr.stack.closing import Closing
+from smcr.stack.executor import Executor
+from smcr.stack.hostconn import HostConn
+from smcr.stack.spin import SpinPolicy
+
+STANDBY = 0.01  # the progress thread's look-in period after an application polled
+STANDBY_IDLE = 0.1
+"""Its look-in period while an application thread polls now (asleep on the CQ, say in a
+blocked ``recv``): that thread takes the news meanwhile, so the progress thread need look
+only seldom (an idle blocked connection then costs ten wake-ups a second)."""
+SPIN = settings.spin_seconds()
+"""The longest an application thread that waits polls the CQ before it arms it and sleeps
+(:class:`~smcr.stack.spin.SpinPolicy` decides how long, and whether)."""
+
+
+class Progress:
+    """The waiting and the progress thread of one runtime (module docstring)."""
+
+    def __init__(self, ex: Executor, closing: Closing) -> None:
+        self.ex = ex
+        self.closing = closing
+        self.wake = ex.wake
+        self.running = True
+        self.spin = SpinPolicy(SPIN)
+        self.thread = threading.Thread(target=self._progress_thread, name="smcr-progress",
+                                       daemon=True)  # fmt: skip
+
+    def start(self) -> None:
+        """Start the progress thread."""
+        self.thread.start()
+
+    # ================================================================ waiting
+
+    def wait(self, hc: HostConn, ready: Callable[[], bool], deadline: float | None,
+             spin: float = SPIN) -> bool:
+        """Block until ``ready()`` (lock held); polls the CQ itself when it can (module doc).
+
+        :param spin: seconds to watch the CQ before sleeping (:data:`SPIN`); 0 for a wait
+            that the CQ does not end first (a CLC message comes over TCP).
+        :returns: ``ready()`` at the end (False on timeout).
+        """
+        polled = False
+        while not ready():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                if polled:
+                    self._hand_back()
+                return False
+            if self.wake.poller == "app":
+                hc.waiters += 1
+                try:
+                    hc.cond.wait(left if left is not None else 1.0)
+                finally:
+                    hc.waiters -= 1
+                continue
+            self._app_poll(left, spin)
+            polled = True
+        if polled:
+            self._hand_back()
+        return True
+
+    def poll_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
+        """Poll for the runtime until ``ready()`` or ``deadline`` (lock held), as
+        :meth:`wait` does, for a thread that waits for news of no one connection (an
+        accept queue's ``accept``: the handshakes' CLC messages are read, and their
+        outcomes delivered, in the thread that will take them, not handed over from
+        another).  Does nothing while another application thread polls (the caller
+        then waits its own way: that poller delivers the news as before), nor once the
+        runtime is closing (at exit, under a daemon thread that waits in ``accept``).
+
+        :returns: whether this thread polled (the caller looks at its state again).
+        """
+        polled = False
+        while not ready() and self.wake.poller != "app" and self.running:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self._app_poll(left)
+            polled = True
+        if polled:
+            self._hand_back()
+        return polled
+
+    def _app_poll(self, left: float | None, spin: float = 0.0) -> None:
+        """One round of an application thread polling the CQ for everyone (lock held;
+        :meth:`wait`, :meth:`poll_until`): it is the poller meanwhile, and others stand by."""
+        wake = self.wake
+        wake.poller = "app"
+        wake.poller_ident = threading.get_ident()
+        try:
+            self._sleep_on_cq(left, spin)
+        finally:
+            wake.set_poller(None)
+            wake.app_polled = time.monotonic()
+
+    def _hand_back(self) -> None:
+        """An application thread stops polling (lock held): handshakes under way (a
+        connect given up at its timeout, an accept queue's others) are the progress
+        thread's to watch now, at once rather than at its next look (:data:`STANDBY`)."""
+        if self.ex.clc.watch and self.wake.poller is None:
+            self.wake.wake_progress()
+
+    def _sleep_on_cq(self, left: float | None, spin: float = 0.0) -> None:
+        """Sleep on the CQ descriptor (lock released) until news or the next deadline.
+
+        :param spin: seconds to poll the CQ first (lock released) before arming it
+            and sleeping (see :data:`SPIN`).
+        """
+        ex = self.ex
+        cq = ex.cq
+        wcs = cq.poll(64)  # look first: arm (and pay for the rings it asks for) only to sleep
+        if not wcs and spin > 0.0:
+            allowed = self.spin.allowance(spin if left is None else min(spin, left))
+            if allowed > 0.0:
+                wcs = self._spin(allowed)
+                self.spin.spun(bool(wcs))
+        if not wcs:
+            cq.req_notify()  # arm, then look again: a completion after this look rings
+            wcs = cq.poll(64)
+        if not wcs:
+            timer = ex.engine.get_timer()
+            limit = 1.0 if left is None else left
+            if timer is not None:
+                limit = min(limit, max(0.0, timer - time.monotonic()))
+                if limit == 0.0:
+                    ex.timer_check = 0.0  # due now: process() must run the timers
+            clc = ex.clc
+            fds = [cq.fileno(), self.wake.bell_r.fileno(), clc.ep.fileno(), *clc.tcp]
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            ex.lock.release()
+            try:
+                r = [fd for fd, _ in poller.poll(limit * 1000)]
+            finally:
+                ex.lock.acquire()
+            for fd in r:
+                if fd == fds[2]:
+                    for clc_fd, _ in clc.ep.poll(0):
+                        hc = clc.watch.get(clc_fd)
+                        if hc is not None:
+                            ex.clc_read(hc)
+                elif (hc := clc.tcp.pop(fd, None)) is not None:
+                    ex.tcp_ended(hc)
+                elif fd == fds[0]:
+                    cq.clear_signal()
+                elif fd == fds[1]:  # our own doorbell (non-blocking)
+                    with contextlib.suppress(OSError):
+                        os.read(fd, 4096)
+                    if self.wake.app_polls_elsewhere():
+                        # an app thread took over polling while we slept: the ring (a new
+                        # descriptor to watch) was for it, and it may have gone into its
+                        # poll just after we drained the bell
+                        self.wake.kick()
+        ex.process(wcs)
+
+    def _spin(self, seconds: float) -> list[WorkCompletion]:
+        """Watch the CQ for up to ``seconds`` with the lock released, then take what came
+        (lock held again: completions are handled in order by whoever holds it).
+
+        No yield between looks: a spin happens only while a CPU is free
+        (:class:`~smcr.stack.spin.SpinPolicy`), and a ``sched_yield`` on a crowded CPU
+        hands it to a busy process for a whole time slice.
+        """
+        ex = self.ex
+        news, clock = ex.cq.has_completions, time.monotonic
+        until = clock() + seconds
+        ex.lock.release()
+        try:
+            while not news() and clock() < until:
+                pass
+        finally:
+            ex.lock.acquire()
+        return ex.cq.poll(64)
+
+    # ================================================================ the progress thread
+
+    def _progress_thread(self) -> None:
+        """Own progress while no application thread waits; stand by while one does.
+
+        An application poller hands the CQ back without waking this thread (that
+        would cost a wakeup per message); this thread looks every
+        :data:`STANDBY` seconds instead and sleeps on the CQ again only when no
+        application thread polled for that long.
+        """
+        with self.ex.lock:
+            while self.running:
+                try:
+                    self._progress_step()
+                except Exception:  # a bug must not stop progress for every connection
+                    traceback.print_exc(file=sys.stderr)
+                    self._standby()  # (and must not spin if it persists)
+
+    def _progress_step(self) -> None:
+        """One round of :meth:`_progress_thread` (lock held)."""
+        ex = self.ex
+        if self.closing.busy():
+            self.closing.reap()
+        # (handshakes under way need their TCP sockets watched: an app thread that
+        # polls watches them too, a standing-by progress thread would not)
+        if ex.corked_any:  # (corked bytes wait for a CDC: someone must take it promptly)
+            ex.corked_any = any(c.tx_app > c.tx_sent for c in ex.engine.conns.values())
+        if self._standing_by():
+            self._standby()
+            ex.process()
+            return
+        self.wake.set_poller("bg")
+        try:
+            self._sleep_on_cq(STANDBY if self.closing.draining else None)
+        finally:
+            if self.wake.poller == "bg":
+                self.wake.set_poller(None)
+
+    def _standing_by(self) -> bool:
+        """Whether the progress thread leaves the CQ to an application thread: one polls,
+        or polled within :data:`STANDBY`, and no handshake or corked bytes need watching."""
+        wake = self.wake
+        return wake.poller == "app" or (time.monotonic() - wake.app_polled < STANDBY
+                                         and not self.ex.clc.watch
+                                         and not self.ex.corked_any)  # fmt: skip
+
+    def _standby(self) -> None:
+        """The progress thread stands by (lock held on entry and on return): it lets go
+        of the lock and asks for it again only after :data:`STANDBY` in which no
+        application thread polled, or when woken (:meth:`Wakeups.wake_progress`).
+
+        Why not wait on a condition of the lock: its wait takes the lock back at each
+        timeout, and an application thread that polls releases and takes the lock at
+        every message; the waiter then sleeps and wakes once per release, losing the
+        race each time (measured: 10 000 context switches a second, a streaming RoCE
+        sender's every message, 64 KiB writes)."""
+        lock, wake = self.ex.lock, self.wake
+        bg_wake = wake.bg_wake
+        lock.release()
+        try:
+            while True:
+                woken = bg_wake.wait(STANDBY_IDLE if wake.poller == "app" else STANDBY)
+                bg_wake.clear()
+                # (read without the lock: a stale look only costs one more round; orphans
+                # and closes that drain are looked at every STANDBY, _progress_step)
+                if (woken or not self.running or self.closing.busy()
+                        or not self._standing_by()):  # fmt: skip
+                    return
+        finally:
+            lock.acquire()
+
+    def stop(self) -> bool:
+        """End the progress thread (waits up to 2 s): whether it is gone."""
+        self.running = False
+        self.wake.kick()
+        self.wake.wake_progress()
+        self.thread.join(timeout=2.0)
+        return not self.thread.is_alive()

@@ -1,0 +1,133 @@
+"""The runtime's queue pairs: made for the engine, brought up and torn down as it asks
+(Linux ``smc_ib_create_queue_pair``, ``smc_ib_modify_qp_*``, ``smc_ib_destroy_queue_pair``).
+
+Every port's QPs complete into the runtime's one CQ (:class:`~smcr.stack.hostconn.PortRes`).
+Errors are returned, not acted on: the executor fails the link
+(:class:`~smcr.stack.executor.Executor`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+
+from smcr.core import QpToRtr
+from smcr.rdma import (
+    AccessFlag,
+    PathMtu,
+    QpAttr,
+    QpAttrMask,
+    QpCap,
+    QpState,
+    rc_bring_up,
+)
+from smcr.rdma.base import CompletionQueue, QueuePair
+from smcr.stack.hostconn import PortRes, Taps
+from smcr.stack.wrslots import RECV_SLOTS, SEND_SLOTS, WorkRequests
+
+QP_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
+
+
+class QueuePairs:
+    """The QPs of one runtime, by number (module docstring)."""
+
+    def __init__(self, ports: list[PortRes], cq: CompletionQueue, wr: WorkRequests,
+                 taps: Taps, max_inline: int) -> None:  # fmt: skip
+        self.ports = ports
+        self.cq = cq
+        self.wr = wr
+        self.taps = taps
+        self.max_inline = max_inline
+        self.qps: dict[int, QueuePair] = {}
+        self.qp_port: dict[int, int] = {}
+        """QPN -> port, for the QPs of ports other than 0."""
+        self.setup: dict[int, list[tuple[QpAttr, QpAttrMask]]] = {}
+        """QPN -> its bring-up steps, from RTR until RTS."""
+
+    def new_qp(self, port: int = 0) -> tuple[int, int]:
+        """A QP in RESET on ``port``'s RNIC, with a random initial PSN.
+
+        QP numbers are unique in the process (the engine finds a link by it): the RoCE
+        RNIC draws them process-wide, the shm RNIC per device, so a number another port
+        uses is drawn again.
+        """
+        res = self.ports[port]
+        cap = QpCap(max_send_wr=SEND_SLOTS, max_recv_wr=RECV_SLOTS,
+                    max_inline_data=self.max_inline)  # fmt: skip
+        qp = res.pd.create_qp(self.cq, self.cq, cap)
+        while qp.qp_num in self.qps or qp.qp_num in self.qp_port:
+            again = res.pd.create_qp(self.cq, self.cq, cap)
+            qp.destroy()
+            qp = again
+        self.qps[qp.qp_num] = qp
+        if port:
+            self.qp_port[qp.qp_num] = port
+        tap = self.taps.tap
+        if tap is not None:
+            tap.new_qp(self.taps.host, qp.qp_num)
+        return qp.qp_num, secrets.randbits(24)
+
+    def port_of(self, qpn: int) -> int:
+        """The port (RNIC) a QP of this runtime is on."""
+        return self.qp_port.get(qpn, 0)
+
+    def to_rtr(self, a: QpToRtr, sq_psn: int) -> str:
+        """INIT and RTR (the peer's QP known), then the receives posted.
+
+        :returns: "" or why it failed.
+        """
+        qp = self.qps[a.qpn]
+        steps = rc_bring_up(dgid=a.peer_gid, dest_qp_num=a.peer_qpn, rq_psn=a.peer_psn,
+                            sq_psn=sq_psn, access=QP_ACCESS,
+                            path_mtu=PathMtu(max(1, min(a.mtu, 5))))  # fmt: skip
+        try:
+            qp.modify(*steps[0])
+            qp.modify(*steps[1])
+            self.wr.post_first(a.qpn, qp, self.ports[self.qp_port.get(a.qpn, 0)])
+        except (OSError, IndexError) as exc:
+            return f"RTR: {exc}"
+        self.setup[a.qpn] = steps
+        return ""
+
+    def to_rts(self, qpn: int) -> str:
+        """RTS (the link confirmed).  :returns: "" or why it failed."""
+        qp = self.qps.get(qpn)
+        steps = self.setup.pop(qpn, None)
+        if qp is not None and steps is not None:
+            try:
+                qp.modify(*steps[2])
+            except OSError as exc:
+                return f"RTS: {exc}"
+        return ""
+
+    def to_err(self, qpn: int) -> None:
+        """Move a QP to ERR: what it had posted completes as flushes."""
+        qp = self.qps.get(qpn)
+        if qp is not None:
+            with contextlib.suppress(OSError):
+                qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
+
+    def destroy(self, qpn: int, drain: bool) -> None:
+        """Destroy a QP; its receive slots go back to the pool.
+
+        ``drain``: the link is cleared while its group lives (failover): the QP is first
+        moved to ERR, so what it had delivered completes into the CQ and its other
+        receives flush (Linux ``smc_wr_drain_cq`` before ``smcr_link_clear``); their
+        slots come back as those completions are taken.  Otherwise at once.
+        """
+        self.qp_port.pop(qpn, None)
+        qp = self.qps.pop(qpn, None)
+        drained = False
+        if qp is not None:
+            if drain:
+                with contextlib.suppress(OSError):
+                    qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
+                    drained = True
+            qp.destroy()
+        self.wr.release(qpn, drained)
+
+    def destroy_all(self) -> None:
+        """Destroy every QP (the runtime closes)."""
+        for qp in list(self.qps.values()):
+            qp.destroy()
+        self.qps.clear()

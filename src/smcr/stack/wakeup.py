@@ -1,0 +1,72 @@
+"""Who polls a runtime's CQ now, and how to wake that thread.
+
+One thread at a time sleeps on the CQ for everyone: an application thread blocked in a
+call (:mod:`smcr.stack.progress`, "whoever waits, polls"), or the runtime's progress
+thread when none does.  Whoever changes what a sleeping poller must watch (a new
+deadline, a new descriptor) rings its doorbell; the progress thread also has a standby
+event of its own.  This module holds that state and the two bells, and nothing else, so
+that every part of the runtime can ring them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+_DONTWAIT = socket.MSG_DONTWAIT
+
+
+class Wakeups:
+    """The poller role and the doorbells of one runtime (module docstring)."""
+
+    def __init__(self) -> None:
+        self.poller: str | None = None
+        """``"app"``: an application thread polls; ``"bg"``: the progress thread; None."""
+        self.poller_ident = 0
+        """The thread ident of the application thread that polls."""
+        self.app_polled = 0.0
+        """When an application thread last polled (monotonic)."""
+        self.bg_wake = threading.Event()  # set by wake_progress: the standby ends
+        self.bell_r, self.bell_w = socket.socketpair()
+        self.bell_r.setblocking(False)
+        # a full doorbell already means a wake-up is pending: kick() must never block (it
+        # is called with the lock held, and the poller it wakes needs the lock to drain it)
+        self.bell_w.setblocking(False)
+
+    def app_polls_elsewhere(self) -> bool:
+        """Whether an application thread other than the calling one polls (and so may sleep
+        on a doorbell the caller drained, or on the CQ rather than its condition)."""
+        return self.poller == "app" and self.poller_ident != threading.get_ident()
+
+    def kick(self) -> None:
+        """Wake a sleeping poller (to re-check for a new deadline).
+
+        Never blocks: a full doorbell (kicks faster than a poller drains them) already
+        wakes the poller.  Blocking there, the kicker held the runtime's lock while the
+        poller that would drain the bell waited for that lock: every thread of the
+        process stopped (asyncio's test_ssl, TLS over TLS with ten client threads)."""
+        with contextlib.suppress(OSError):
+            self.bell_w.send(b"k", _DONTWAIT)
+
+    def wake_poller(self) -> None:
+        """:meth:`kick`, unless the calling thread is the application thread that polls
+        (it looks again when its poll returns; a ring would cost it a wasted round)."""
+        if self.poller != "app" or self.poller_ident != threading.get_ident():
+            self.kick()
+
+    def wake_progress(self) -> None:
+        """End the progress thread's standby now: there is work an application thread that
+        polls would not do (lock held or not)."""
+        self.bg_wake.set()
+
+    def set_poller(self, who: str | None) -> None:
+        """A method, not an assignment in place: mypyc would take the attribute for the
+        narrowed ``str`` in a ``finally`` after it, where another thread may have reset
+        it to None meanwhile (the lock is released while polling): TypeError."""
+        self.poller = who
+
+    def close(self) -> None:
+        """Close the doorbell (the progress thread is gone)."""
+        self.bell_r.close()
+        self.bell_w.close()
