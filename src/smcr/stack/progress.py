@@ -191,17 +191,22 @@ class Progress:
         """Watch the CQ for up to ``seconds`` with the lock released, then take what came
         (lock held again: completions are handled in order by whoever holds it).
 
-        No yield between looks: a spin happens only while a CPU is free
-        (:class:`~smcr.stack.spin.SpinPolicy`), and a ``sched_yield`` on a crowded CPU
-        hands it to a busy process for a whole time slice.
+        Without yielding between looks, but with one CPU (:class:`~smcr.stack.spin.SpinPolicy`
+        spins there only while the waiter and its peer are all the host runs, so a yield
+        hands the CPU to the peer).
         """
         ex = self.ex
         news, clock = ex.cq.has_completions, time.monotonic
         until = clock() + seconds
         ex.lock.release()
         try:
-            while not news() and clock() < until:
-                pass
+            if self.spin.yields:
+                yield_cpu = os.sched_yield
+                while not news() and clock() < until:
+                    yield_cpu()
+            else:
+                while not news() and clock() < until:
+                    pass
         finally:
             ex.lock.acquire()
         return ex.cq.poll(64)
