@@ -328,3 +328,18 @@ def eof_or_reset(sock: socket.socket) -> bytes:
         return sock.recv(1)
     except ConnectionResetError:
         return b""
+
+
+def two_conn_server(ctl: Connection) -> None:
+    """Accept two clients; at each ``"go"`` send a byte on the first, then 5 ms later one on
+    the second; ``"quit"`` ends."""
+    srv = smcr.create_server((host(), 0))
+    ctl.send(srv.getsockname()[1])
+    first, _ = srv.accept()
+    second, _ = srv.accept()
+    while ctl.recv() == "go":
+        first.sendall(b"x")
+        time.sleep(0.005)
+        second.sendall(b"y")
+    first.close()
+    second.close()

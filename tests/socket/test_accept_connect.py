@@ -3,6 +3,7 @@ connect errors, fork, and the accept queue under load (see smcr.socket)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -21,6 +22,7 @@ import smcr
 from smcr.socket import fork as forkrelay
 from tests.socket import discovery_peers, smc_peer
 from tests.socket.conftest import Peer
+from tests.socket.test_error_paths import recv_exactly
 
 
 def test_shutdown_write_keeps_every_byte_for_a_peer_that_reads_late() -> None:
@@ -92,6 +94,74 @@ def test_forked_child_uses_the_connection_the_parent_handed_over() -> None:
         s.close()  # the parent's copy: the connection is the child's now
         _, status = os.waitpid(pid, 0)
         assert status == 0
+    finally:
+        p.stop()
+
+
+def test_data_calls_kept_from_before_a_fork_go_through_the_relay_in_the_child() -> None:
+    """A program (an event loop, a writer object) keeps ``sock.sendall`` and ``sock.recv``
+    from before the fork: in the child they go through the parent's relay as the
+    socket's own calls do, never straight at the parent's connection (whose cursors the
+    child's copy would put out of step with the peer's: the bytes the child then sent
+    through the relay were lost)."""
+    p = Peer(smc_peer.echo_server)
+    try:
+        s = smcr.create_connection(("127.0.0.1", p.recv()), timeout=20)
+        assert p.recv() == ("SMCR", 0, 0)
+        send, recv = s.sendall, s.recv
+        msg = os.urandom(100_000)
+
+        def work() -> bool:
+            send(msg[:50_000])  # kept before the fork
+            s.sendall(msg[50_000:])  # the socket's own
+            back = b""
+            while len(back) < len(msg) and (data := recv(len(msg) - len(back))):
+                back += data
+            return back == msg
+
+        pid = _child(work)
+        s.close()  # the parent's copy: the child's now, relayed
+        _, status = os.waitpid(pid, 0)
+        assert status == 0
+    finally:
+        p.stop()
+
+
+def test_a_connection_that_stays_the_parents_is_not_usable_in_the_child_through_dup(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A child that got no relay for a connection (no descriptors were left for its pair
+    before the fork) cannot reach it through a ``dup()`` or a moved socket (ssl's wrap)
+    either: EOPNOTSUPP, as through the socket itself, and no CDC from the child's copy
+    of the runtime."""
+
+    def no_pair() -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(forkrelay, "ForkEnds", no_pair)
+    p = Peer(smc_peer.echo_server)
+    try:
+        s = smcr.create_connection(("127.0.0.1", p.recv()), timeout=20)
+        assert p.recv() == ("SMCR", 0, 0)
+
+        def work() -> bool:
+            refused = 0
+            with contextlib.suppress(OSError):
+                s.sendall(b"x")
+                return False
+            for make in (s.dup, s.smc_move):
+                other = make()
+                try:
+                    other.sendall(b"x")
+                except OSError as exc:
+                    refused += exc.errno == errno.EOPNOTSUPP
+            return refused == 2
+
+        pid = _child(work)
+        _, status = os.waitpid(pid, 0)
+        assert status == 0
+        s.sendall(b"still mine")  # the parent's connection is unharmed
+        assert recv_exactly(s, 10) == b"still mine"
+        s.close()
     finally:
         p.stop()
 

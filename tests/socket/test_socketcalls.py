@@ -114,6 +114,32 @@ def test_a_subclass_that_overrides_a_data_call_keeps_its_own() -> None:
             x.close()
 
 
+def test_a_subclass_that_overrides_recv_into_reads_through_it_with_recv() -> None:
+    """``recv`` of a subclass that has its own ``recv_into`` goes through it (the stdlib's
+    ``recv`` does not, but smcr's reads into a buffer: a subclass that counts or filters
+    its reads sees every one)."""
+    calls: list[int] = []
+
+    class Counting(smcr.SMCSocket):
+        def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+            calls.append(nbytes)
+            return super().recv_into(buffer, nbytes, flags)
+
+    srv = smcr.create_server(("127.0.0.1", 0))
+    c = Counting()
+    c.settimeout(20)
+    c.connect(srv.getsockname())
+    s, _ = srv.accept()
+    try:
+        assert c.smc_info().mode == "SMCR"
+        assert "recv" not in fast_methods(c)
+        s.sendall(b"hello")
+        assert c.recv(10) == b"hello" and calls == [10]
+    finally:
+        for x in (c, s, srv):
+            x.close()
+
+
 def test_a_duplicate_serves_itself_after_the_original_closes() -> None:
     """``dup()`` and ``ssl``'s detach-and-rewrap make another socket object for the same
     connection: its calls are its own, not the (closed) original's."""

@@ -29,10 +29,23 @@ def test_it_spins_while_a_cpu_is_free_and_not_while_the_host_is_crowded() -> Non
     assert policy.allowance(MOST) == MOST
 
 
-def test_one_cpu_or_no_budget_never_spins() -> None:
-    assert SpinPolicy(MOST, cpus=1, runnable=lambda: 1).allowance(MOST) == 0.0
+def test_no_budget_never_spins() -> None:
     assert SpinPolicy(0.0, cpus=2, runnable=lambda: 1).allowance(MOST) == 0.0
     assert SpinPolicy(MOST, cpus=2, runnable=lambda: 1).allowance(0.0) == 0.0
+
+
+def test_one_cpu_yields_only_while_the_waiter_its_peer_and_the_other_cpus_run() -> None:
+    runnable = [2]
+    policy = SpinPolicy(MOST, cpus=1, runnable=lambda: runnable[0])
+    policy.room = 3  # (a host of two CPUs: the pair on ours, one thread on the other)
+    assert policy.yields
+    assert policy.allowance(MOST) == MOST
+    runnable[0] = 4  # anyone else may be on this CPU: a yield would hand it a time slice
+    for _ in range(2):
+        policy.next_look = 0.0
+        policy.allowance(MOST)
+    assert policy.crowded and policy.allowance(MOST) == 0.0
+    assert not SpinPolicy(MOST, cpus=2, runnable=lambda: 1).yields
 
 
 def test_spins_that_find_nothing_pause_spinning_for_longer_and_longer() -> None:

@@ -358,6 +358,11 @@ class SMCSocket(SocketBase):
         """As ``socket.recv``."""
         if self._mode != "SMCR" or self._calls is None:
             return self._tcp_recv(bufsize, flags)
+        if type(self).recv_into is not SMCSocket.recv_into:  # a subclass's own: it reads
+            buf = bytearray(bufsize)
+            n = self.recv_into(buf, bufsize, flags)
+            del buf[n:]
+            return bytes(buf)
         return self._calls.recv(bufsize, flags)
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:

@@ -34,7 +34,7 @@ class Connecting:
         self.sock = sock
         self.readiness = Readiness()
         self.readiness.set(False, False)
-        self.fd = -1  # the TCP socket's (start(): after SocketBase._reshow moved it)
+        self.fd = -1  # the TCP socket's (start(): after numbers.reshow moved it)
         self.closed = False
         self.tcp_done = False  # the TCP connect's outcome is taken (watcher or SO_ERROR)
         self.lock = threading.Lock()

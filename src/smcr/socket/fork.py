@@ -221,6 +221,9 @@ def become_relayed(sock: SocketBase, end: _socket.socket) -> None:
     sock._relayed = addresses
     sock._mode = "TCP"  # a stream like any other from here on
     sock._unshadow_fast()
+    if sock._calls is not None:  # a data call kept from before the fork: through the relay
+        sock._calls.forked = True
+        sock._calls.relay = weakref.ref(sock)
     sock._hc = sock._stack = sock._calls = None
     PlainSocket.settimeout(sock, sock._timeout)
 

@@ -137,7 +137,7 @@ def sendfile(calls: SocketCalls, file: Any, offset: int, count: int | None) -> i
             raise ValueError(f"count must be a positive integer (got {count!r})")
     if calls.timeout == 0.0:
         raise ValueError("non-blocking sockets are not supported")
-    path = calls.check()  # EBADF when closed
+    calls.check()  # EBADF when closed
     seekable = getattr(file, "seekable", None)
     seekable = seekable is not None and seekable()
     if offset or seekable:
@@ -159,7 +159,7 @@ def sendfile(calls: SocketCalls, file: Any, offset: int, count: int | None) -> i
                 break
             view = chunk[:n]
             while view:
-                sent = path.send(view, 0, calls.timeout)
+                sent = calls.check().send(view, 0, calls.timeout)  # (closed meanwhile: EBADF)
                 total += sent
                 view = view[sent:]
         return total

@@ -32,6 +32,7 @@ alive: once it is collected (and so closed) the method fails as on a closed sock
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import threading
 import time
@@ -276,15 +277,6 @@ class DataPath:
         if not self.progress.wait(self.hc, ready, deadline):
             raise TimeoutError("timed out")
 
-    def sendall(self, view: memoryview, flags: int, timeout: float | None) -> None:
-        """Send everything (blocking, or raising where ``socket.sendall`` would)."""
-        wait_peer = timeout != 0.0 and not flags & (_DONTWAIT | _OOB)
-        while view:
-            n = self.send(view, flags, timeout, wait_peer)
-            if n == len(view):
-                return
-            view = view[n:]
-
     # ================================================================ receiving
 
     def recv_fast(self, c: Connection, out: memoryview, waitall: bool) -> int:
@@ -468,12 +460,13 @@ class DataPath:
     # ================================================================ state
 
     def info(self) -> tuple[str, int, int] | None:
-        """(state, RMB size, peer's RMB size) as ``smcss`` shows them, or None once released."""
-        with self.ex.lock:
-            c = self.conn()
-            if c is None:
-                return None
-            return c.state.value, c.rmb.size, c.peer_rmb_size
+        """(state, RMB size, peer's RMB size) as ``smcss`` shows them, or None once released.
+        Read without the runtime's lock (a glance, as ``smcss``'s): it may be asked from code
+        that holds it, a handshake's outcome callback or a tap."""
+        c = self.conn()
+        if c is None:
+            return None
+        return c.state.value, c.rmb.size, c.peer_rmb_size
 
     def limit_sndbuf(self, size: int) -> int:
         """``SO_SNDBUF`` after the send buffer was allocated: what a send may have in flight
@@ -595,8 +588,17 @@ class SocketCalls:
         self.timeout = timeout
         self.closed = False
         """The socket was closed (or handed its connection on): calls fail with ``EBADF``."""
-        self.forked = False
-        """The socket was inherited by a forked child: the connection is the parent's."""
+        self.forked = path.stack.pid != os.getpid()
+        """This process is a forked child of the connection's: the connection is the
+        parent's (its runtime drives it), and calls on it fail with ``EOPNOTSUPP``."""
+        self.relay: Callable[[], Any] | None = None
+        """A forked child's socket now relayed by the parent (``weakref.ref``), which a call
+        kept from before the fork goes to (:mod:`smcr.socket.fork`)."""
+
+    def _relayed(self) -> Any:
+        """The socket that serves this hold's calls through the parent now, or None."""
+        relay = self.relay
+        return relay() if relay is not None else None
 
     def check(self) -> DataPath:
         """The connection, for a call of an open socket of this process.
@@ -621,7 +623,13 @@ class SocketCalls:
         if not flags and view and not (self.closed or self.forked) and (
                 self.path.try_send(view) > 0):  # fmt: skip
             return
-        self.check().sendall(view, flags, self.timeout)
+        if (sock := self._relayed()) is not None:
+            type(sock).sendall(sock, data, flags)
+            return
+        wait_peer = self.timeout != 0.0 and not flags & (_DONTWAIT | _OOB)
+        while view:  # (the socket's state looked at again for every piece)
+            n = self.check().send(view, flags, self.timeout, wait_peer)
+            view = view[n:]
 
     def send(self, data: Any, flags: int = 0) -> int:
         """``socket.send``."""
@@ -631,6 +639,9 @@ class SocketCalls:
             n = self.path.try_send(view)
             if n > 0:
                 return n
+        if (sock := self._relayed()) is not None:
+            result: int = type(sock).send(sock, data, flags)
+            return result
         if not view:
             return 0
         return self.check().send(view, flags, self.timeout)
@@ -652,6 +663,9 @@ class SocketCalls:
                 n = path.read_waiting(part, bool(flags))
             if n > 0:
                 return n
+        if (sock := self._relayed()) is not None:
+            got: int = type(sock).recv_into(sock, buffer, nbytes, flags)
+            return got
         return self.check().recv_into(out, want, flags, self.timeout)
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
@@ -670,6 +684,9 @@ class SocketCalls:
                         if n < len(buf):
                             del buf[n:]
                         return bytes(buf)
+        if (sock := self._relayed()) is not None:
+            data: bytes = type(sock).recv(sock, bufsize, flags)
+            return data
         if bufsize < 0:
             raise ValueError("negative buffersize in recv")
         buf = bytearray(bufsize)

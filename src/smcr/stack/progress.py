@@ -73,12 +73,12 @@ class Progress:
             that the CQ does not end first (a CLC message comes over TCP).
         :returns: ``ready()`` at the end (False on timeout).
         """
-        polled = False
+        began = 0.0  # when this thread began to poll (0: it did not)
         while not ready():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                if polled:
-                    self._hand_back()
+                if began:
+                    self._hand_back(began)
                 return False
             if self.wake.poller == "app":
                 hc.waiters += 1
@@ -87,10 +87,10 @@ class Progress:
                 finally:
                     hc.waiters -= 1
                 continue
+            began = began or time.monotonic()
             self._app_poll(left, spin)
-            polled = True
-        if polled:
-            self._hand_back()
+        if began:
+            self._hand_back(began)
         return True
 
     def poll_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
@@ -104,21 +104,30 @@ class Progress:
 
         :returns: whether this thread polled (the caller looks at its state again).
         """
-        polled = False
+        began = 0.0
         while not ready() and self.wake.poller != "app" and self.running:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break
+            began = began or time.monotonic()
             self._app_poll(left)
-            polled = True
-        if polled:
-            self._hand_back()
-        return polled
+        if began:
+            self._hand_back(began)
+        return bool(began)
 
     def _app_poll(self, left: float | None, spin: float = 0.0) -> None:
         """One round of an application thread polling the CQ for everyone (lock held;
-        :meth:`wait`, :meth:`poll_until`): it is the poller meanwhile, and others stand by."""
+        :meth:`wait`, :meth:`poll_until`): it is the poller meanwhile, and others stand by.
+
+        A progress thread asleep on the CQ is woken to stand by: were both asleep on the
+        CQ's doorbell, whichever took the lock first would drain it, and the other's
+        ``poll`` would sleep on to its deadline, the CQ no longer armed -- news that came
+        next rang nobody (a second connection's bytes waited up to a second, one time in
+        three, when a blocked reader on the first one returned).
+        """
         wake = self.wake
+        if wake.poller == "bg":
+            wake.kick_progress()
         wake.poller = "app"
         wake.poller_ident = threading.get_ident()
         try:
@@ -127,11 +136,16 @@ class Progress:
             wake.set_poller(None)
             wake.app_polled = time.monotonic()
 
-    def _hand_back(self) -> None:
-        """An application thread stops polling (lock held): handshakes under way (a
-        connect given up at its timeout, an accept queue's others) are the progress
-        thread's to watch now, at once rather than at its next look (:data:`STANDBY`)."""
-        if self.ex.clc.watch and self.wake.poller is None:
+    def _hand_back(self, began: float) -> None:
+        """An application thread stops polling (lock held; it began at ``began``): the
+        progress thread takes over at once rather than at its next look when handshakes
+        are under way (a connect given up at its timeout, an accept queue's others), or
+        when this thread polled for longer than :data:`STANDBY` -- the progress thread
+        then stood by for :data:`STANDBY_IDLE`, and the other connections' news would
+        wait for it.  After a short wait (a stream's next message) it does not: a ring
+        per message would cost more than the look-ins."""
+        if self.wake.poller is None and (
+                self.ex.clc.watch or time.monotonic() - began > STANDBY):  # fmt: skip
             self.wake.wake_progress()
 
     def _sleep_on_cq(self, left: float | None, spin: float = 0.0) -> None:
@@ -159,7 +173,8 @@ class Progress:
                 if limit == 0.0:
                     ex.timer_check = 0.0  # due now: process() must run the timers
             clc = ex.clc
-            fds = [cq.fileno(), self.wake.bell_r.fileno(), clc.ep.fileno(), *clc.tcp]
+            bell = self.wake.bell(self.wake.poller == "bg")
+            fds = [cq.fileno(), bell.fileno(), clc.ep.fileno(), *clc.tcp]
             poller = select.poll()
             for fd in fds:
                 poller.register(fd, select.POLLIN)
@@ -192,17 +207,22 @@ class Progress:
         """Watch the CQ for up to ``seconds`` with the lock released, then take what came
         (lock held again: completions are handled in order by whoever holds it).
 
-        No yield between looks: a spin happens only while a CPU is free
-        (:class:`~smcr.stack.spin.SpinPolicy`), and a ``sched_yield`` on a crowded CPU
-        hands it to a busy process for a whole time slice.
+        Without yielding between looks, but with one CPU (:class:`~smcr.stack.spin.SpinPolicy`
+        spins there only while the waiter and its peer are all the host runs, so a yield
+        hands the CPU to the peer).
         """
         ex = self.ex
         news, clock = ex.cq.has_completions, time.monotonic
         until = clock() + seconds
         ex.lock.release()
         try:
-            while not news() and clock() < until:
-                pass
+            if self.spin.yields:
+                yield_cpu = os.sched_yield
+                while not news() and clock() < until:
+                    yield_cpu()
+            else:
+                while not news() and clock() < until:
+                    pass
         finally:
             ex.lock.acquire()
         return ex.cq.poll(64)
@@ -212,10 +232,11 @@ class Progress:
     def _progress_thread(self) -> None:
         """Own progress while no application thread waits; stand by while one does.
 
-        An application poller hands the CQ back without waking this thread (that
-        would cost a wakeup per message); this thread looks every
-        :data:`STANDBY` seconds instead and sleeps on the CQ again only when no
-        application thread polled for that long.
+        An application poller hands the CQ back without waking this thread after a short
+        wait (that would cost a wakeup per message); this thread looks every
+        :data:`STANDBY` seconds instead (:data:`STANDBY_IDLE` while an application thread
+        polls), and sleeps on the CQ again only when no application thread polled for
+        :data:`STANDBY`.
         """
         with self.ex.lock:
             while self.running:
@@ -256,7 +277,8 @@ class Progress:
     def _standby(self) -> None:
         """The progress thread stands by (lock held on entry and on return): it lets go
         of the lock and asks for it again only after :data:`STANDBY` in which no
-        application thread polled, or when woken (:meth:`Wakeups.wake_progress`).
+        application thread polled (it looks every :data:`STANDBY_IDLE` while one polls),
+        or when woken (:meth:`Wakeups.wake_progress`).
 
         Why not wait on a condition of the lock: its wait takes the lock back at each
         timeout, and an application thread that polls releases and takes the lock at

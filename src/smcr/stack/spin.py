@@ -10,8 +10,15 @@ the team's reference notes measured each scheme idle, under load and pinned):
 
 * spin only while no more threads are runnable on the host than this process may use
   CPUs (``/proc/loadavg``'s running count, looked at every :data:`LOOK_EVERY` seconds, in
-  two of the last three looks), and never with one CPU;
-* spin without yielding, for up to the caller's most; after :data:`MISSES` spins in a row
+  two of the last three looks);
+* with several CPUs, spin without yielding; with one (a process pinned to it), yield
+  between looks, and only while the host runs no more than the waiter, its peer and one
+  thread on each other CPU: a yield then hands the CPU to the peer whose answer is
+  awaited, a turn without a sleep, a doorbell or a wake-up on either side (smcr bench
+  pinned to one CPU: 42 us round trips this way, 70 us sleeping).  More runnable threads
+  may mean a busy process on this very CPU, which a yield would hand a whole time slice:
+  then no spin;
+* spin for up to the caller's most; after :data:`MISSES` spins in a row
   that found nothing, pause spinning for a number of waits that doubles with each pause
   (up to :data:`MOST_PAUSE`), so that a connection whose answers come slowly (think time,
   an idle one) costs one spin in tens of waits, and one that answers fast again is found
@@ -65,7 +72,13 @@ class SpinPolicy:
         self.most = most
         self.cpus = cpus or len(os.sched_getaffinity(0))
         self.runnable = runnable
-        self.crowded = self.cpus < 2
+        self.room = self.cpus if self.cpus >= 2 else (os.cpu_count() or 1) + 1
+        """Runnable threads the host may have for a spin to pay: this process's CPUs; with one
+        CPU, the waiter and its peer (who take turns on it) and one on each other CPU of
+        the host."""
+        self.yields = self.cpus < 2
+        """Spin by yielding the CPU between looks (one CPU: the peer runs in the turns)."""
+        self.crowded = False
         self.looks = 0
         """The last looks, a bit each (1: more runnable threads than CPUs), newest lowest."""
         self.next_look = 0.0
@@ -78,7 +91,7 @@ class SpinPolicy:
     def allowance(self, most: float) -> float:
         """Seconds to spin now, at most ``most``: 0 while the host is crowded, or while
         spinning pauses after spins that found nothing."""
-        if most <= 0.0 or self.cpus < 2:
+        if most <= 0.0:
             return 0.0
         if self.pause:
             self.pause -= 1
@@ -86,7 +99,7 @@ class SpinPolicy:
         now = time.monotonic()
         if now >= self.next_look:
             self.next_look = now + LOOK_EVERY
-            self.looks = ((self.looks << 1) | (self.runnable() > self.cpus)) & LOOKS_MASK
+            self.looks = ((self.looks << 1) | (self.runnable() > self.room)) & LOOKS_MASK
             self.crowded = self.looks.bit_count() >= CROWDED_LOOKS
         return 0.0 if self.crowded else min(most, self.most)
 

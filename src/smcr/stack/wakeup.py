@@ -28,11 +28,13 @@ class Wakeups:
         self.app_polled = 0.0
         """When an application thread last polled (monotonic)."""
         self.bg_wake = threading.Event()  # set by wake_progress: the standby ends
-        self.bell_r, self.bell_w = socket.socketpair()
-        self.bell_r.setblocking(False)
         # a full doorbell already means a wake-up is pending: kick() must never block (it
         # is called with the lock held, and the poller it wakes needs the lock to drain it)
-        self.bell_w.setblocking(False)
+        self.bell_r, self.bell_w = _doorbell()
+        """The application pollers' doorbell."""
+        self.bg_bell_r, self.bg_bell_w = _doorbell()
+        """The progress thread's own, for when it polls: were it to share the application
+        pollers', whichever drained it first would leave the other asleep on it."""
 
     def app_polls_elsewhere(self) -> bool:
         """Whether an application thread other than the calling one polls (and so may sleep
@@ -46,8 +48,20 @@ class Wakeups:
         wakes the poller.  Blocking there, the kicker held the runtime's lock while the
         poller that would drain the bell waited for that lock: every thread of the
         process stopped (asyncio's test_ssl, TLS over TLS with ten client threads)."""
+        bell = self.bg_bell_w if self.poller == "bg" else self.bell_w
         with contextlib.suppress(OSError):
-            self.bell_w.send(b"k", _DONTWAIT)
+            bell.send(b"k", _DONTWAIT)
+
+    def kick_progress(self) -> None:
+        """Wake the progress thread if it sleeps on the CQ (an application thread takes the
+        poller's role from it: two threads asleep on one CQ would race for its doorbell,
+        the loser sleeping on with the CQ no longer armed)."""
+        with contextlib.suppress(OSError):
+            self.bg_bell_w.send(b"k", _DONTWAIT)
+
+    def bell(self, progress: bool) -> socket.socket:
+        """The doorbell a poller sleeps on: the progress thread's, or the applications'."""
+        return self.bg_bell_r if progress else self.bell_r
 
     def wake_poller(self) -> None:
         """:meth:`kick`, unless the calling thread is the application thread that polls
@@ -67,6 +81,14 @@ class Wakeups:
         self.poller = who
 
     def close(self) -> None:
-        """Close the doorbell (the progress thread is gone)."""
-        self.bell_r.close()
-        self.bell_w.close()
+        """Close the doorbells (the progress thread is gone)."""
+        for end in (self.bell_r, self.bell_w, self.bg_bell_r, self.bg_bell_w):
+            end.close()
+
+
+def _doorbell() -> tuple[socket.socket, socket.socket]:
+    """A doorbell: a socket pair, both ends non-blocking."""
+    r, w = socket.socketpair()
+    r.setblocking(False)
+    w.setblocking(False)
+    return r, w
