@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# smcr set-up on a fresh Debian machine, then the main job.
+# smcr set-up on a fresh Debian machine, then the main job.  A user of smcr only needs
+# `pip install .` (README); this is the set-up for the tools, the tests and the interop
+# guests.
 #
 # Installs the system packages smcr and its tests use (tshark to check our
 # messages against Wireshark, iproute2 and nftables for the network-namespace
 # tests; qemu-system-x86, qemu-utils, debootstrap and tcpdump for the rxe
-# interop suite, tests/interop, which builds and boots a Debian guest),
-# creates the virtual environment .venv with smcr and its pinned test
-# tools, compiles the data path (smcr.nativebuild: gcc and Python's headers, which
+# interop suite, tests/interop, which builds and boots a Debian guest; git for the
+# packaging tests), creates the virtual environment .venv with smcr (editable) and
+# its pinned test tools (the docs build's included), compiles the data path (smcr.nativebuild: gcc and Python's headers, which
 # python3 on Debian brings with python3-dev), and runs `smcr demo`.  Safe to run
 # again: it skips what is there.
 # Set SMCR_NO_DEMO=1 to stop after the set-up.
@@ -21,6 +23,7 @@ command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 command -v qemu-img >/dev/null || need+=(qemu-utils)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v tcpdump >/dev/null || need+=(tcpdump)
+command -v git >/dev/null || need+=(git)  # tests/packaging: a clean copy of the checkout
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 # the compiled data path (smcr.nativebuild): a C compiler and Python's headers
 command -v gcc >/dev/null || need+=(gcc)
@@ -41,17 +44,19 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-# Reinstall only when the project's metadata changed since the last install.
+# Reinstall only when the project's metadata or build changed since the last install.
+# An editable install: the checkout's sources run (a user's `pip install .` compiles
+# into the wheel instead; README, "Install").
 stamp=.venv/.smcr-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
     touch "$stamp"
 fi
 
-# The compiled hot path (README, "Compiled data path"): mypyc (from the pinned mypy)
-# compiles the data-path modules into src/smcr/_native; only when the sources changed
-# since the last build (about a minute).  Without a C compiler or Python's headers
-# smcr runs as pure Python, as it does with SMCR_PURE_PYTHON=1.
+# The compiled hot path of the checkout (docs/development.md, "Compiled data path"): mypyc
+# (from the pinned mypy) compiles the data-path modules into src/smcr/_native; only when
+# the sources changed since the last build (about 40 s).  Without a C compiler or
+# Python's headers it says so and smcr runs as pure Python, as with SMCR_PURE_PYTHON=1.
 .venv/bin/python -m smcr.nativebuild --if-stale ||
     echo "install.sh: not compiled (see above); smcr runs as pure Python" >&2
 

@@ -16,7 +16,8 @@ settings.register_profile("smcr", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "smcr"))
 
 # --- CI guard (issue #14): in CI (CI=true) a skipped test fails the run; see tests/ci_guard.py.
-pytest_plugins = ("tests.ci_guard", "tests.discovery_on")
+# --- The host's smcr configuration stays out of the tests (issue 28): tests/host_isolation.py.
+pytest_plugins = ("tests.host_isolation", "tests.ci_guard", "tests.discovery_on")
 
 
 def pytest_sessionstart() -> None:

@@ -23,7 +23,7 @@ def test_decline_explains_codes(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_decline_rejects_garbage(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["decline", "zz"]) == 2
-    assert "not a hexadecimal code" in capsys.readouterr().err
+    assert "expected a hexadecimal code of 32 bits" in capsys.readouterr().err
 
 
 @pytest.mark.tshark

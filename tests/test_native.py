@@ -153,3 +153,61 @@ def test_smcr_info_says_which_code_runs() -> None:
 
     assert code() == f"compiled (mypyc and C, {len(COMPILED)} modules)"
     assert code(SMCR_PURE_PYTHON="1") == "pure Python (SMCR_PURE_PYTHON is set)"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package laid out as a compiled wheel installs it: each compiled module beside its
+    ``.py`` file, mypyc's library at the top, ``_build.json`` saying so (from our build,
+    without building a wheel: tests/packaging does that)."""
+    built, files = native.check()
+    assert built.compiled, f"no usable build ({built.reason}): install.sh builds it"
+    where = tmp_path_factory.mktemp("site")
+    shutil.copytree(native.PACKAGE_DIR, where / "smcr",
+                    ignore=shutil.ignore_patterns("__pycache__", "_native*"))  # fmt: skip
+    for path in files.values():
+        target = where / path.relative_to(native.NATIVE_DIR)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    (where / "smcr" / native.BUILD_INFO).write_text(native.build_info("", COMPILED))
+    return where
+
+
+def test_an_installed_wheel_imports_its_compiled_modules_normally(installed: Path) -> None:
+    got = _probe(PYTHONPATH=str(installed))
+    assert got["status"] == f"compiled (mypyc and C, {len(COMPILED)} modules)"
+    assert all(got["native"].values()), got["files"]
+    assert all(Path(f).parent.is_relative_to(installed / "smcr") for f in got["files"].values())
+    with_pure = _probe(PYTHONPATH=str(installed), SMCR_PURE_PYTHON="1")
+    assert with_pure["status"] == "pure Python (SMCR_PURE_PYTHON is set)"
+    assert not any(with_pure["native"].values())
+    assert _sources_only(with_pure["files"])
+
+
+def test_an_installed_wheel_missing_a_compiled_module_runs_pure(installed: Path) -> None:
+    (victim,) = (installed / "smcr" / "core").glob("engine.*.so")
+    kept = victim.read_bytes()
+    victim.unlink()
+    try:
+        got = _probe(PYTHONPATH=str(installed))
+    finally:
+        victim.write_bytes(kept)
+    assert got["status"] == ("pure Python (incomplete install: smcr.core.engine has no compiled "
+                             "file)")
+    assert not any(got["native"].values())
+    assert _sources_only(got["files"])
+
+
+def test_a_pure_wheel_says_why(tmp_path: Path) -> None:
+    shutil.copytree(native.PACKAGE_DIR, tmp_path / "smcr",
+                    ignore=shutil.ignore_patterns("__pycache__", "_native*"))  # fmt: skip
+    why = "no working C compiler ('/bin/false' cannot compile a C file that includes Python.h)"
+    (tmp_path / "smcr" / native.BUILD_INFO).write_text(native.build_info(why, COMPILED))
+    got = _probe(PYTHONPATH=str(tmp_path))
+    assert got["status"] == f"pure Python (installed without compiled modules: {why})"
+    assert _sources_only(got["files"])
+    res = subprocess.run([sys.executable, "-m", "smcr.nativebuild"],
+                         env=_env(PYTHONPATH=str(tmp_path)), cwd=tmp_path, capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert res.returncode == 1
+    assert "smcr is installed from a wheel" in res.stderr  # (it would write into the install)

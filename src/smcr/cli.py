@@ -1,20 +1,38 @@
 """The ``smcr`` command: tools in the habits of Linux smc-tools.
 
 Sub-commands grow with the project; each is a small function taking the parsed
-arguments and returning an exit status.
+arguments and returning an exit status (:data:`EXIT_STATUS`).  Bad input is one
+line on standard error and status 2, never a traceback: every argument has a
+checked type (:mod:`smcr.tools.argtypes`), and every ``SMCR_*`` variable is
+checked before a sub-command runs (:mod:`smcr.settings`).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from smcr import __version__
+from smcr import __version__, settings
+from smcr.tools import argtypes
 from smcr.wire.decline import describe
+
+EXIT_STATUS: dict[int, str] = {
+    0: "success (chk: SMC-R was used and the echo came back whole)",
+    1: "the command ran and what it checked or did failed (chk: no SMC-R, or the echo "
+       "differs; pnet/ueid: the table refused the change or has invalid lines; "
+       "enable: the kernel refused; trace: nothing to trace)",
+    2: "bad usage: an argument or an SMCR_* variable with a value that is not allowed "
+       "(one line on standard error names it and what is allowed)",
+    126: "run: the command cannot be executed",
+    127: "run: the command was not found",
+    130: "interrupted (Ctrl-C) where a command does not stop on it by design",
+}
+"""Exit statuses of every sub-command; ``smcr run`` otherwise exits with its program's."""
+
+MAX_CODE = 0xFFFFFFFF
 
 
 def _cmd_decline(args: argparse.Namespace) -> int:
@@ -24,7 +42,10 @@ def _cmd_decline(args: argparse.Namespace) -> int:
         try:
             code = int(text, 16)
         except ValueError:
-            print(f"smcr: not a hexadecimal code: {text!r}", file=sys.stderr)
+            code = -1
+        if not 0 <= code <= MAX_CODE:
+            print(f"smcr decline: {text!r} is not allowed: expected a hexadecimal code of "
+                  "32 bits (e.g. 0x03010000)", file=sys.stderr)  # fmt: skip
             status = 2
             continue
         print(describe(code))
@@ -140,16 +161,20 @@ def _cmd_pnet(args: argparse.Namespace) -> int:
     """The host's PNET table, as smc-tools' ``smc_pnet`` (:mod:`smcr.pnet`)."""
     from smcr import pnet  # noqa: PLC0415
 
+    if args.action in ("add", "del") and not args.pnetid:
+        return argtypes.fail("pnet", f"{args.action} needs a PNET ID (smcr pnet {args.action} "
+                             "PNETID ...)")  # fmt: skip
     try:
         if args.action == "add":
-            pnet.add(args.pnetid or "", args.netdev, args.rnic)
+            pnet.add(args.pnetid, args.netdev, args.rnic)
         elif args.action == "del":
-            pnet.remove(args.pnetid or "")
+            pnet.remove(args.pnetid)
         elif args.action == "flush":
             pnet.flush()
         else:
             for e in pnet.load():
                 print(f"{e.pnetid} {e.kind} {e.name}")
+            return _report_invalid("pnet", pnet.path_from(), pnet.invalid_lines())
     except pnet.PnetError as exc:
         print(f"smcr pnet: {exc} ({exc.errno_name})", file=sys.stderr)
         return 1
@@ -163,16 +188,20 @@ def _cmd_ueid(args: argparse.Namespace) -> int:
     """The host's user EIDs for SMC-Rv2, as smc-tools' ``smc_ueid`` (:mod:`smcr.ueid`)."""
     from smcr import ueid  # noqa: PLC0415
 
+    if args.action in ("add", "del") and not args.ueid:
+        return argtypes.fail("ueid", f"{args.action} needs a UEID (smcr ueid {args.action} "
+                             "UEID)")  # fmt: skip
     try:
         if args.action == "add":
-            ueid.add(args.ueid or "")
+            ueid.add(args.ueid)
         elif args.action == "del":
-            ueid.remove(args.ueid or "")
+            ueid.remove(args.ueid)
         elif args.action == "flush":
             ueid.flush()
         else:
             for eid in ueid.load():
                 print(ueid.decode(eid))
+            return _report_invalid("ueid", ueid.path_from(), ueid.invalid_lines())
     except ueid.UeidError as exc:
         print(f"smcr ueid: {exc} ({exc.errno_name})", file=sys.stderr)
         return 1
@@ -180,6 +209,14 @@ def _cmd_ueid(args: argparse.Namespace) -> int:
         print(f"smcr ueid: {ueid.path_from()}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _report_invalid(command: str, path: Path, invalid: list[tuple[int, str]]) -> int:
+    """Lines of a table file that every smcr process skips, on standard error: 1 if any."""
+    for number, line in invalid:
+        print(f"smcr {command}: {path} line {number}: {line!r} is not a valid entry "
+              "(skipped)", file=sys.stderr)  # fmt: skip
+    return 1 if invalid else 0
 
 
 def _tool(name: str) -> Callable[[argparse.Namespace], int]:
@@ -228,15 +265,17 @@ def _add_observability(sub: Any) -> None:
     chk = sub.add_parser("chk", help="check that SMC-R works (as smc_chk)")
     chk.add_argument("-S", "--server", action="store_true", help="run an echo server")
     chk.add_argument("-C", "--connect", metavar="HOST", help="check against a server there")
-    chk.add_argument("-p", "--port", type=int, default=37373, help="port (default 37373)")
+    chk.add_argument("-p", "--port", type=argtypes.port, default=37373,
+                     help="port (default 37373)")
     chk.add_argument("-6", dest="ipv6", action="store_true", help="IPv6")
     chk.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
     chk.add_argument("--bind", help=argparse.SUPPRESS)
     chk.add_argument("--json", action="store_true", help="machine-readable (README)")
     chk.set_defaults(func=_tool("chk"))
     top = sub.add_parser("top", help="live view of link groups, links and connections")
-    top.add_argument("--interval", type=float, default=1.0, help="seconds between looks")
-    top.add_argument("-n", "--iterations", type=int, default=0,
+    top.add_argument("--interval", type=argtypes.seconds(), default=1.0,
+                     help="seconds between looks")
+    top.add_argument("-n", "--iterations", type=argtypes.count(0), default=0,
                      help="stop after N looks (0: until Ctrl-C)")
     top.add_argument("--json", action="store_true",
                      help="one look (two with -n 2: rates) as JSON (README)")
@@ -245,20 +284,22 @@ def _add_observability(sub: Any) -> None:
                            "CDC, RDMA WRITE headers), shm RNIC included")
     trace.add_argument("-w", dest="write", metavar="FILE", required=True,
                        help="the pcap to write (a new file; '-': standard output)")
-    trace.add_argument("-p", "--pid", type=int, help="trace this process (default: every "
-                       "smcr process of yours)")
-    trace.add_argument("-s", "--snaplen", type=int, default=0, metavar="BYTES",
+    trace.add_argument("-p", "--pid", type=argtypes.count(1, 1 << 22, "a process id"),
+                       help="trace this process (default: every smcr process of yours)")
+    trace.add_argument("-s", "--snaplen", type=argtypes.count(0, 4096, "bytes"), default=0,
+                       metavar="BYTES",
                        help="payload bytes kept of each RDMA WRITE (0..4096; default 0)")
-    trace.add_argument("-c", "--count", type=int, metavar="N", help="stop after N frames")
-    trace.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    trace.add_argument("-c", "--count", type=argtypes.count(1), metavar="N",
+                       help="stop after N frames")
+    trace.add_argument("--duration", type=argtypes.seconds(), metavar="S",
+                       help="stop after S seconds")
     trace.add_argument("--json", action="store_true", help="the summary as JSON (README)")
     trace.set_defaults(func=_tool("trace"))
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``smcr`` command."""
-    parser = argparse.ArgumentParser(prog="smcr",
-                                     description=__doc__.splitlines()[0].replace("``", ""))
+    parser = argtypes.Parser(prog="smcr", description=__doc__.splitlines()[0].replace("``", ""))
     parser.add_argument("--version", action="version", version=f"smcr {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     decline = sub.add_parser("decline", help="explain SMC decline / fallback reason codes")
@@ -276,27 +317,34 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
     bench = sub.add_parser("bench", help="SMC-R vs TCP throughput and latency on this host")
     bench.add_argument("--json", action="store_true", help="machine-readable results")
-    bench.add_argument("--reps", type=int, default=5, help="repetitions (median; default 5)")
-    bench.add_argument("--sizes", help="comma-separated write sizes in bytes "
-                       "(default 1 KiB .. 1 MiB)")
-    bench.add_argument("--volume", type=int, default=64, help="MiB per throughput run")
-    bench.add_argument("--rounds", type=int, default=2000, help="ping-pong round trips per run")
-    bench.add_argument("--connections", type=int, default=300,
+    bench.add_argument("--reps", type=argtypes.count(1), default=5,
+                       help="repetitions (median; default 5)")
+    bench.add_argument("--sizes", type=argtypes.sizes, help="comma-separated write sizes in "
+                       "bytes (default 1 KiB .. 1 MiB)")
+    bench.add_argument("--volume", type=argtypes.count(1, 1 << 20, "MiB"), default=64,
+                       help="MiB per throughput run")
+    bench.add_argument("--rounds", type=argtypes.count(1), default=2000,
+                       help="ping-pong round trips per run")
+    bench.add_argument("--connections", type=argtypes.count(0), default=300,
                        help="connections per run of the set-up tests (0: skip them)")
-    bench.add_argument("--bufsize", type=int, default=0,
+    bench.add_argument("--bufsize", type=argtypes.count(0, 1 << 30, "bytes; 0: the RNIC's"),
+                       default=0,
                        help="SO_SNDBUF/SO_RCVBUF for SMC-R (default: the RNIC's, "
                             "4 MiB on both RNICs)")
     bench.add_argument("--rnic", choices=["shm", "roce"],
-                       default=os.environ.get("SMCR_RNIC", "shm") or "shm",
+                       default=settings.RNIC.text() or "shm",
                        help="the RNIC under SMC-R (default: $SMCR_RNIC or shm)")
     bench.add_argument("--netns", action="store_true",
                        help="run between two new network namespaces over a veth pair (root)")
-    bench.add_argument("--mtu", type=int, default=9000, help="with --netns: the veth MTU")
-    bench.add_argument("--load", type=int, default=0, metavar="N",
-                       help="N CPU-bound processes (nice 0) beside the run, both transports "
-                            "measured under the same load (a busy host)")
-    bench.add_argument("--cpus", metavar="LIST",
+    bench.add_argument("--mtu", type=argtypes.count(1280, 65535, "bytes"), default=9000,
+                       help="with --netns: the veth MTU")
+    bench.add_argument("--load", type=argtypes.count(0, 1024, "processes"), default=0,
+                       metavar="N", help="N CPU-bound processes (nice 0) beside the run, both "
+                       "transports measured under the same load (a busy host)")
+    bench.add_argument("--cpus", metavar="LIST", type=argtypes.cpus,
                        help="pin both ends to these CPUs (as taskset -c: 0, 0,1, 0-3)")
+    bench.add_argument("--plot", metavar="FILE", help="also draw SMC-R against TCP by message "
+                       "size into FILE (SVG)")
     bench.set_defaults(func=_cmd_bench)
     dev = sub.add_parser("device", help="list RNICs: RoCE per interface address, shm per process")
     dev.add_argument("action", nargs="?", choices=["show"], default="show",
@@ -304,16 +352,17 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--json", action="store_true", help="machine-readable list")
     dev.set_defaults(func=_cmd_device)
     enable = sub.add_parser("enable", help="turn on TCP-option discovery for a cgroup (root)")
-    enable.add_argument("--cgroup", metavar="DIR",
+    enable.add_argument("--cgroup", metavar="DIR", type=argtypes.directory,
                         help="cgroup v2 directory (default: the root: every process)")
     enable.set_defaults(func=_cmd_enable)
     disable = sub.add_parser("disable", help="turn TCP-option discovery off again (root)")
     disable.set_defaults(func=_cmd_disable)
     run = sub.add_parser("run", help="run a Python program with its TCP sockets using SMC-R "
                          "where the peer offers it (as smc_run)")
-    run.add_argument("-r", dest="rmb", metavar="SIZE", help="RMB (receive buffer) size, "
-                     "k/m suffixes (default: the RNIC's)")
-    run.add_argument("-t", dest="sndbuf", metavar="SIZE", help="send buffer size, k/m suffixes")
+    run.add_argument("-r", dest="rmb", metavar="SIZE", type=argtypes.buffer,
+                     help="RMB (receive buffer) size, k/m suffixes (default: the RNIC's)")
+    run.add_argument("-t", dest="sndbuf", metavar="SIZE", type=argtypes.buffer,
+                     help="send buffer size, k/m suffixes")
     run.add_argument("-d", dest="debug", action="store_true",
                      help="print how each connection was made (standard error)")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND [ARGS...]")
@@ -340,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "RNIC's device name; shm0, shm1... for a process's shm RNICs)")
     pnet.set_defaults(func=_cmd_pnet)
     _add_observability(sub)
+    parser.commands = sub.choices
     return parser
 
 
@@ -350,5 +400,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
-    status: int = args.func(args)
+    try:
+        settings.check()
+        status: int = args.func(args)
+    except settings.SettingError as exc:  # (also one met later, e.g. in a runtime's start)
+        return argtypes.fail(args.command, str(exc))
+    except OSError as exc:  # a file or the kernel refused: say which, in one line
+        if settings.debug():
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        return argtypes.fail(args.command, f"{where}{exc.strerror or exc}", 1)
+    except KeyboardInterrupt:
+        return 130
     return status

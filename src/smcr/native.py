@@ -1,23 +1,35 @@
-"""Which smcr runs: the compiled hot path (mypyc) or the pure-Python one.
+"""Which smcr runs: the compiled hot path (mypyc and C) or the pure-Python one.
 
-``python -m smcr.nativebuild`` (install.sh runs it) compiles a chosen list of
-modules with mypyc into ``src/smcr/_native/`` (git-ignored), beside a
-manifest: the SHA-256 of every source the build read (the compiled modules and
-every smcr module they import, whose types and constants the C code assumes).
-``smcr/__init__.py`` (interpreted, always) calls :func:`install` before
-anything else of smcr is imported; it puts a finder first on ``sys.meta_path``
-that serves those modules from the compiled files, but only if every recorded
-source is still byte-for-byte what was compiled, the files are there and built
-for this interpreter.  Otherwise nothing is installed and every module is the
-``.py`` file: all or none, since mypyc's modules share one library and call
-each other natively.  So an edited source is never shadowed by a stale build
-(the editable install's ``.py`` files win until the next build), and
-``SMCR_PURE_PYTHON=1`` forces the pure path.  ``SMCR_NATIVE_DIR`` names another
-build of the same sources (``nativebuild --out``: to compare builds side by side).
+Two kinds of smcr, told apart by :data:`BUILD_INFO`:
 
-The compiled files live apart from the sources on purpose: an extension module
-beside its ``.py`` file would be picked by Python's own finder ahead of the
-source, stale or not, and could not be turned off.
+* **An installed package** (a wheel, built by ``setup.py``) has the file: it
+  says whether the wheel was compiled, and if not why (no C compiler where it
+  was built).  Compiled modules sit beside their ``.py`` files and Python's own
+  import system picks them first; an installed package does not change, so
+  nothing is checked but that each is there.  ``SMCR_PURE_PYTHON=1`` puts a
+  finder first on ``sys.meta_path`` that serves those modules from their
+  ``.py`` files instead (:class:`_SourceFinder`).
+* **A development checkout** has none.  ``python -m smcr.nativebuild``
+  (install.sh runs it) compiles a chosen list of modules into
+  ``src/smcr/_native/`` (git-ignored), beside a manifest: the SHA-256 of every
+  source the build read (the compiled modules and every smcr module they import,
+  whose types and constants the C code assumes).  :func:`install` puts a finder
+  first on ``sys.meta_path`` that serves those modules from the compiled files,
+  but only if every recorded source is still byte-for-byte what was compiled,
+  the files are there and built for this interpreter.  Otherwise nothing is
+  installed and every module is the ``.py`` file: all or none, since mypyc's
+  modules share one library and call each other natively.  So an edited source
+  is never shadowed by a stale build (the editable install's ``.py`` files win
+  until the next build), and ``SMCR_PURE_PYTHON=1`` forces the pure path.
+  ``SMCR_NATIVE_DIR`` names another build of the same sources (``nativebuild
+  --out``: to compare builds side by side).  The compiled files live apart from
+  the sources on purpose: an extension module beside its ``.py`` file would be
+  picked by Python's own finder ahead of the source, stale or not, and could not
+  be turned off.
+
+``smcr/__init__.py`` (interpreted, always) calls :func:`install` before anything
+else of smcr is imported.  This module imports nothing of smcr: ``setup.py``
+loads it by path to write :data:`BUILD_INFO`.
 """
 
 from __future__ import annotations
@@ -33,11 +45,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 NATIVE_DIR = PACKAGE_DIR / "_native"
 MANIFEST = "manifest.json"
 FORMAT = 1
+BUILD_INFO = "_build.json"
+"""In an installed package: how its wheel was built (``{"compiled": bool, "reason": str,
+"modules": [name, ...]}``, :func:`build_info`); a development checkout has none."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,76 @@ def check(native_dir: Path = NATIVE_DIR) -> tuple[Status, dict[str, Path]]:
     return Status(True, "built and current", modules), files
 
 
+def build_info(problem: str, modules: Sequence[str]) -> str:
+    """The text of :data:`BUILD_INFO` for a wheel: compiled ``modules``, or pure Python
+    because of ``problem`` (when it is not "")."""
+    info = {"compiled": not problem, "reason": problem or "compiled when the wheel was built",
+            "modules": sorted(modules) if not problem else []}  # fmt: skip
+    return json.dumps(info, indent=1) + "\n"
+
+
+def installed_build(package_dir: Path = PACKAGE_DIR) -> dict[str, Any] | None:
+    """:data:`BUILD_INFO` of an installed package; None in a development checkout."""
+    try:
+        info = json.loads((package_dir / BUILD_INFO).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return {"compiled": False, "reason": f"unreadable {BUILD_INFO}: {exc}", "modules": []}
+    if not isinstance(info, dict) or not isinstance(info.get("modules"), list):
+        return {"compiled": False, "reason": f"unreadable {BUILD_INFO}", "modules": []}
+    return info
+
+
+def _compiled_file(name: str, package_dir: Path = PACKAGE_DIR) -> Path | None:
+    """The extension module file of smcr module ``name`` beside the sources, if any."""
+    base = package_dir.joinpath(*name.split(".")[1:])
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = base.with_name(base.name + suffix)
+        if path.is_file():
+            return path
+    return None
+
+
+def _use_installed(info: dict[str, Any], pure: bool) -> Status:
+    """The decision for an installed package (module docstring)."""
+    if not info.get("compiled"):
+        return Status(False, f"installed without compiled modules: {info.get('reason')}")
+    modules = tuple(sorted(str(m) for m in info["modules"]))
+    missing = [name for name in modules if _compiled_file(name) is None]
+    already = [name for name in modules if name in sys.modules]
+    if pure or missing or already:
+        sys.meta_path.insert(0, _SourceFinder(modules))
+        if pure:
+            return Status(False, "SMCR_PURE_PYTHON is set")
+        if missing:
+            return Status(False, f"incomplete install: {missing[0]} has no compiled file")
+        return Status(False, f"{already[0]} was imported before smcr.native")
+    return Status(True, "installed compiled", modules)
+
+
+class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Serves an installed package's compiled modules from their ``.py`` files; a module
+    that has none (a C extension) is not there, as in a pure-Python install."""
+
+    def __init__(self, modules: Sequence[str]) -> None:
+        self.modules = frozenset(modules)
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None = None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.modules:
+            return None
+        source = PACKAGE_DIR.joinpath(*fullname.split(".")[1:]).with_suffix(".py")
+        if not source.is_file():
+            raise ModuleNotFoundError(f"{fullname}: pure Python ({_status.reason})",
+                                      name=fullname)  # fmt: skip
+        return importlib.util.spec_from_file_location(fullname, source)
+
+
 class _NativeFinder(importlib.abc.MetaPathFinder):
     """Serves the compiled modules (and mypyc's shared library) from their files."""
 
@@ -122,9 +208,14 @@ def install() -> Status:
     first), so that a process never mixes the two.
     """
     global _status  # noqa: PLW0603 - one decision per process
-    if any(isinstance(f, _NativeFinder) for f in sys.meta_path):
+    if any(isinstance(f, _NativeFinder | _SourceFinder) for f in sys.meta_path):
         return _status
-    if os.environ.get("SMCR_PURE_PYTHON", "") not in ("", "0"):
+    pure = os.environ.get("SMCR_PURE_PYTHON", "") not in ("", "0")
+    installed = installed_build()
+    if installed is not None:
+        _status = _use_installed(installed, pure)
+        return _status
+    if pure:
         _status = Status(False, "SMCR_PURE_PYTHON is set")
         return _status
     status, files = check(Path(os.environ.get("SMCR_NATIVE_DIR") or NATIVE_DIR))

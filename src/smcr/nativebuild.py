@@ -1,11 +1,19 @@
-"""Compile smcr's hot path with mypyc: ``python -m smcr.nativebuild [--if-stale]``.
+"""Compile smcr's hot path with mypyc: into the wheel, or beside a development checkout.
 
-install.sh runs it after ``pip install`` (run-tests.sh through install.sh), so
-a clean clone and every edit get a current build; where it cannot build (no C
-compiler, no Python headers, mypyc fails) it says why and smcr runs as pure
-Python.  The result goes to ``src/smcr/_native/`` with a manifest of the
-sources' SHA-256 (see :mod:`smcr.native` for how it is used and why it is never
-stale).  mypyc comes with mypy, a pinned test dependency.
+Two builds of one list (:data:`MODULES`, :data:`C_EXTENSIONS`), by one function
+(:func:`compile_into`):
+
+* **The wheel** (``pip install .``, ``python -m build``): ``setup.py``'s
+  ``build_ext`` compiles into the wheel's tree, each compiled module beside its
+  ``.py`` file, where Python's own import system finds it first.  An installed
+  package never changes, so nothing more is needed; where no C compiler works
+  (:func:`build_problem`) the wheel is pure Python and says why
+  (:mod:`smcr.native`, ``smcr info``).
+* **A development checkout** (``python -m smcr.nativebuild [--if-stale]``;
+  install.sh runs it after ``pip install -e``): sources change all the time
+  there, so the build goes to ``src/smcr/_native/`` with a manifest of the
+  sources' SHA-256, and :mod:`smcr.native` uses it only while every source is
+  what was compiled.  An editable install builds nothing itself.
 
 What is compiled (:data:`MODULES`): the modules every message goes through: the
 sans-IO engine and its connection/link-group state, the CDC and cursor codecs,
@@ -17,6 +25,10 @@ The socket package could not be compiled anyway: ``weakref.finalize`` needs a
 ``__weakref__`` slot that mypyc's native classes lack.  What a compiled module must
 not do (shadow methods per instance, re-read a narrowed attribute after a call, ...)
 is in docs/architecture.md, "The compiled build".
+
+This module imports nothing of smcr at its top: ``setup.py`` loads it by path,
+before smcr (or its dependencies) can be imported.  mypyc comes with mypy, a
+build requirement and a pinned test dependency.
 """
 
 from __future__ import annotations
@@ -24,7 +36,7 @@ from __future__ import annotations
 import argparse
 import ast
 import concurrent.futures
-import contextlib
+import copy
 import importlib
 import json
 import os
@@ -33,11 +45,11 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from smcr import native
+PACKAGE_DIR = Path(__file__).resolve().parent
+"""The package's sources (``src/smcr`` in a checkout)."""
 
 #: Sources compiled, relative to the package directory.  One shared library.
 MODULES: tuple[str, ...] = (
@@ -115,7 +127,7 @@ def _module_file(name: str, package_dir: Path) -> str | None:
     return None
 
 
-def import_closure(sources: tuple[str, ...], package_dir: Path = native.PACKAGE_DIR) -> list[str]:
+def import_closure(sources: tuple[str, ...], package_dir: Path = PACKAGE_DIR) -> list[str]:
     """The sources plus every smcr module they import, transitively (relative paths).
 
     The compiled code was checked against these modules' types and may have
@@ -152,63 +164,87 @@ def import_closure(sources: tuple[str, ...], package_dir: Path = native.PACKAGE_
     return sorted(seen)
 
 
-@contextlib.contextmanager
-def _parallel_c(jobs: int) -> Iterator[None]:
-    """Compile an extension's C files side by side: distutils does one after another,
-    and mypyc's library is one extension of a C file per module (the build takes
-    about half as long on two cores)."""
-    # (setuptools' distutils, and the standard library's if something loaded it)
-    classes = {mod.CCompiler for name, mod in list(sys.modules.items())
-               if name.endswith("distutils.ccompiler") and hasattr(mod, "CCompiler")}  # fmt: skip
-    originals = {cls: cls.compile for cls in classes}
-
-    def compile_all(self: Any, sources: list[str], output_dir: str | None = None,
-                    macros: Any = None, include_dirs: Any = None, debug: int = 0,
-                    extra_preargs: Any = None, extra_postargs: Any = None,
-                    depends: Any = None) -> list[str]:  # fmt: skip
-        # (CCompiler.compile's own steps, the loop over the files in threads)
-        macros, objects, extra_postargs, pp_opts, build = self._setup_compile(
-            output_dir, macros, include_dirs, sources, depends, extra_postargs)
-        cc_args = self._get_cc_args(pp_opts, debug, extra_preargs)
-
-        def one(obj: str) -> None:
-            src, ext = build[obj]
-            self._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
-
-        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            list(pool.map(one, [obj for obj in objects if obj in build]))
-        objs: list[str] = objects
-        return objs
-
-    for cls in classes:
-        cls.compile = compile_all
+def build_problem() -> str:
+    """Why this machine cannot build the compiled modules ("" if it can): a C file that
+    includes ``Python.h`` is compiled with the compiler setuptools would use (``CC``),
+    and mypyc must be importable.  ``SMCR_PURE_PYTHON`` set at build time asks for a
+    pure-Python build."""
+    if os.environ.get("SMCR_PURE_PYTHON", "") not in ("", "0"):
+        return "SMCR_PURE_PYTHON was set when it was built"
+    importlib.import_module("setuptools")  # first: distutils is then setuptools' own
+    ccompiler = importlib.import_module("distutils.ccompiler")
+    du_sysconfig = importlib.import_module("distutils.sysconfig")
     try:
-        yield
-    finally:
-        for cls, original in originals.items():
-            cls.compile = original
+        importlib.import_module("mypyc.build")
+    except ImportError as exc:
+        return f"mypyc is not installed ({exc})"
+    with tempfile.TemporaryDirectory(prefix="smcr-cc-") as tmp:
+        probe = Path(tmp, "probe.c")
+        probe.write_text("#include <Python.h>\n"
+                         "int smcr_probe(void) { return Py_IsInitialized(); }\n")
+        compiler = ccompiler.new_compiler()
+        du_sysconfig.customize_compiler(compiler)
+        try:
+            compiler.compile([str(probe)], output_dir=tmp,
+                             include_dirs=[sysconfig.get_path("include")])  # fmt: skip
+        except Exception:  # (CompileError, DistutilsExecError, OSError: all say no)
+            cc = (getattr(compiler, "compiler_so", None) or ["cc"])[0]
+            return f"no working C compiler ({cc!r} cannot compile a C file that includes Python.h)"
+    return ""
 
 
-def build(out_dir: Path = native.NATIVE_DIR, modules: tuple[str, ...] = MODULES) -> Path:
-    """Compile ``modules`` and put them with their manifest in ``out_dir`` (replaced whole).
+def _parallel_build_ext(jobs: int) -> type:
+    """setuptools' ``build_ext``, compiling an extension's C files side by side: distutils
+    does one after another, and mypyc's library is one extension of a C file per module
+    (the build takes about half as long on two cores).  Public API only: each file is a
+    ``compile`` call of its own, the objects are linked as the extension's extra objects."""
+    build_ext: Any = importlib.import_module("setuptools.command.build_ext").build_ext
 
-    The sources are hashed before mypyc reads them: an edit during the build
-    leaves a manifest that no longer matches, i.e. the pure path, never a stale one.
+    class ParallelBuildExt(build_ext):  # type: ignore[misc]
+        def build_extension(self, ext: Any) -> None:
+            if jobs > 1 and len(ext.sources) > 1:
+                ext = copy.copy(ext)
+                objects = self._compile_side_by_side(ext)
+                ext.depends = [*ext.sources, *ext.depends]
+                ext.extra_objects = [*objects, *ext.extra_objects]
+                ext.sources = []
+            super().build_extension(ext)
+
+        def _compile_side_by_side(self, ext: Any) -> list[str]:
+            for obj in self.compiler.object_filenames(ext.sources, output_dir=self.build_temp):
+                Path(obj).parent.mkdir(parents=True, exist_ok=True)
+            macros = [*ext.define_macros, *((name,) for name in ext.undef_macros)]
+
+            def one(source: str) -> list[str]:
+                done: list[str] = self.compiler.compile(
+                    [source], output_dir=self.build_temp, macros=macros,
+                    include_dirs=ext.include_dirs, debug=self.debug,
+                    extra_postargs=ext.extra_compile_args or [], depends=ext.depends)  # fmt: skip
+                return done
+
+            with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+                return [obj for objs in pool.map(one, ext.sources) for obj in objs]
+
+    return ParallelBuildExt
+
+
+def compile_into(build_lib: Path, work: Path, package_dir: Path = PACKAGE_DIR,
+                 modules: tuple[str, ...] = MODULES) -> dict[str, str]:  # fmt: skip
+    """Compile ``modules`` with mypyc, and :data:`C_EXTENSIONS`, into ``build_lib`` as a
+    wheel lays them out (``smcr/core/engine.<tag>.so`` beside where its ``.py`` goes,
+    mypyc's shared library at the top); ``work`` holds the generated C and the objects.
+
+    :returns: each built file, relative to ``build_lib``, by module name.
+    :raises SystemExit: mypyc's way to report type errors.
     """
-    # setuptools first: then distutils, which mypyc.build imports, is setuptools' own
-    setuptools = importlib.import_module("setuptools")  # (no type stubs: Any)
-    from mypyc.build import mypycify  # noqa: PLC0415 - a build-time (test) dependency
+    setuptools: Any = importlib.import_module("setuptools")  # (no type stubs)
+    from mypyc.build import mypycify  # noqa: PLC0415 - a build-time dependency
 
-    package_dir = native.PACKAGE_DIR
-    src_dir = package_dir.parent
-    read = [*import_closure(modules, package_dir), *C_EXTENSIONS.values()]
-    sources = {rel: native.source_digest(package_dir / rel) for rel in read}
-    work = Path(tempfile.mkdtemp(prefix="smcr-mypyc-"))
-    staging = out_dir.parent / f"{out_dir.name}.new"
-    shutil.rmtree(staging, ignore_errors=True)
+    jobs = os.cpu_count() or 1
+    build_lib, work = build_lib.resolve(), work.resolve()  # (we change directory)
     cwd = os.getcwd()
     try:
-        os.chdir(src_dir)  # mypy names the modules from paths under src/
+        os.chdir(package_dir.parent)  # mypy names the modules from paths under src/
         extensions = mypycify(
             ["--cache-dir", str(work / "mypy-cache"),
              *(f"{package_dir.name}/{rel}" for rel in modules)],
@@ -221,19 +257,38 @@ def build(out_dir: Path = native.NATIVE_DIR, modules: tuple[str, ...] = MODULES)
         extensions += [setuptools.Extension(name, [f"{package_dir.name}/{rel}"],
                                             extra_compile_args=["-O2"])
                        for name, rel in C_EXTENSIONS.items()]  # fmt: skip
-        dist = setuptools.Distribution({"name": "smcr-native", "ext_modules": extensions})
+        dist = setuptools.Distribution({"name": "smcr-native", "ext_modules": extensions,
+                                        "cmdclass": {"build_ext": _parallel_build_ext(jobs)}})
         cmd = dist.get_command_obj("build_ext")
-        cmd.build_lib = str(staging)
+        cmd.build_lib = str(build_lib)
         cmd.build_temp = str(work / "obj")
-        with _parallel_c(os.cpu_count() or 1):
-            dist.run_command("build_ext")
-        files = {ext.name: cmd.get_ext_filename(ext.name)
-                 for ext in extensions}  # fmt: skip
+        dist.run_command("build_ext")
+        return {ext.name: cmd.get_ext_filename(ext.name) for ext in extensions}
+    finally:
+        os.chdir(cwd)
+
+
+def build(out_dir: Path | None = None, modules: tuple[str, ...] = MODULES) -> Path:
+    """Compile ``modules`` and put them with their manifest in ``out_dir`` (replaced whole;
+    default: :data:`smcr.native.NATIVE_DIR`): the development checkout's build.
+
+    The sources are hashed before mypyc reads them: an edit during the build
+    leaves a manifest that no longer matches, i.e. the pure path, never a stale one.
+    """
+    from smcr import native  # noqa: PLC0415 - not at the top: setup.py loads us by path
+
+    out_dir = out_dir or native.NATIVE_DIR
+    read = [*import_closure(modules, PACKAGE_DIR), *C_EXTENSIONS.values()]
+    sources = {rel: native.source_digest(PACKAGE_DIR / rel) for rel in read}
+    work = Path(tempfile.mkdtemp(prefix="smcr-mypyc-"))
+    staging = out_dir.parent / f"{out_dir.name}.new"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        files = compile_into(staging, work, PACKAGE_DIR, modules)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     finally:
-        os.chdir(cwd)
         shutil.rmtree(work, ignore_errors=True)
     manifest = {
         "format": native.FORMAT,
@@ -254,12 +309,19 @@ def build(out_dir: Path = native.NATIVE_DIR, modules: tuple[str, ...] = MODULES)
 
 def main(argv: list[str] | None = None) -> int:
     """Build (or, with ``--if-stale``, build only if the current build is unusable)."""
+    from smcr import native  # noqa: PLC0415 - not at the top: setup.py loads us by path
+
     ap = argparse.ArgumentParser(prog="python -m smcr.nativebuild", description=__doc__)
     ap.add_argument("--if-stale", action="store_true",
                     help="do nothing if the build is there and matches the sources")  # fmt: skip
     ap.add_argument("--out", type=Path, default=native.NATIVE_DIR,
                     help="build directory (default: the one smcr uses, src/smcr/_native)")
     args = ap.parse_args(argv)
+    if native.installed_build() is not None:
+        print("smcr.nativebuild: smcr is installed from a wheel, whose compiled modules come "
+              f"with it ({native.status().describe()}); this command builds a development "
+              "checkout", file=sys.stderr)  # fmt: skip
+        return 1
     if args.if_stale:
         status, _ = native.check(args.out)
         reason = status.reason
@@ -270,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
             print("smcr.nativebuild: compiled modules are current")
             return 0
         print(f"smcr.nativebuild: {reason}: compiling {len(MODULES)} modules with mypyc")
+    problem = build_problem()
+    if problem:
+        print(f"smcr.nativebuild: not compiled: {problem}; smcr runs as pure Python",
+              file=sys.stderr)  # fmt: skip
+        return 1
     start = time.monotonic()
     try:
         build(args.out)

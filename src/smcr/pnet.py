@@ -103,17 +103,33 @@ def parse(text: str) -> tuple[Entry, ...]:
     out: list[Entry] = []
     seen: set[tuple[str, str]] = set()
     for line in text.splitlines():
-        words = line.split("#", 1)[0].split()
-        if len(words) != 3 or words[1] not in KINDS:
-            continue
-        try:
-            entry = Entry(normalize(words[0]), words[1], _name(words[2]))
-        except PnetError:
-            continue
-        if (entry.kind, entry.name) not in seen:
+        entry = _entry(line)
+        if entry is not None and (entry.kind, entry.name) not in seen:
             seen.add((entry.kind, entry.name))
             out.append(entry)
     return tuple(out)
+
+
+def _entry(line: str) -> Entry | None:
+    """The entry of one line; None for an empty or comment line, or an invalid one."""
+    words = line.split("#", 1)[0].split()
+    if len(words) != 3 or words[1] not in KINDS:
+        return None
+    try:
+        return Entry(normalize(words[0]), words[1], _name(words[2]))
+    except PnetError:
+        return None
+
+
+def invalid_lines(path: Path | None = None) -> list[tuple[int, str]]:
+    """The lines of the file that :func:`parse` skips (not empty, not a comment), numbered
+    from 1 (``smcr pnet show`` reports them: a skipped line must not go unnoticed)."""
+    try:
+        text = (path or path_from()).read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return []
+    return [(number, line) for number, line in enumerate(text.splitlines(), 1)
+            if line.split("#", 1)[0].strip() and _entry(line) is None]  # fmt: skip
 
 
 def load(path: Path | None = None) -> tuple[Entry, ...]:

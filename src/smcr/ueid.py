@@ -111,6 +111,24 @@ def load(path: Path | None = None) -> tuple[bytes, ...]:
         return ()
 
 
+def invalid_lines(path: Path | None = None) -> list[tuple[int, str]]:
+    """The lines of the file that :func:`parse` skips, numbered from 1 (``smcr ueid show``
+    reports them: a skipped line must not go unnoticed)."""
+    try:
+        text = (path or path_from()).read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return []
+    bad = []
+    for number, line in enumerate(text.splitlines(), 1):
+        entry = line.split("#", 1)[0].strip()
+        try:
+            if entry:
+                encode(entry)
+        except UeidError:
+            bad.append((number, line))
+    return bad
+
+
 def _store(path: Path, eids: tuple[bytes, ...]) -> None:
     """Write the table (:func:`store_text`)."""
     store_text(path, "".join(decode(e) + "\n" for e in eids))

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -15,10 +16,11 @@ import pytest
 from smcr.tools import bench, demo
 
 
-def test_bench_json_smoke() -> None:
+def test_bench_json_smoke(tmp_path: Path) -> None:
+    plot = tmp_path / "bench.svg"
     result = subprocess.run(
         [sys.executable, "-m", "smcr", "bench", "--json", "--reps", "1", "--sizes", "4096",
-         "--volume", "1", "--rounds", "20", "--connections", "20"],
+         "--volume", "1", "--rounds", "20", "--connections", "20", "--plot", str(plot)],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -31,6 +33,7 @@ def test_bench_json_smoke() -> None:
         assert r["unit"] == ("MB/s" if r["test"] == "throughput" else "us")
         assert r["smc_runs"] == [r["smc"]] and r["tcp_runs"] == [r["tcp"]]  # one rep: no median
         assert r["smc_cpu"] > 0 and r["tcp_cpu"] > 0
+    assert plot.read_text().count("<polyline") == 4  # (--plot: both transports, both panels)
 
 
 class ScriptedBench:
@@ -100,7 +103,7 @@ def test_demo_runs_smcr_end_to_end(rnic: str, device: str) -> None:
 
 def test_info_reports_the_buffers_and_links_smcr_uses() -> None:
     """``smcr info`` gives the buffer sizes a connection really gets on each RNIC kind and
-    the one link per group smcr runs (not only the engine's Linux defaults)."""
+    the links per group as configured (not only the engine's Linux defaults)."""
     from smcr.core import Config  # noqa: PLC0415
     from smcr.stack.runtime import BUFFER, ROCE_BUFFER  # noqa: PLC0415
 
@@ -108,12 +111,20 @@ def test_info_reports_the_buffers_and_links_smcr_uses() -> None:
                          text=True, timeout=60, check=True)  # fmt: skip
     info = json.loads(got.stdout)
     assert info["buffers"] == {"shm": BUFFER, "roce": ROCE_BUFFER}
-    assert info["links_in_use"] == 1
+    assert info["limits"]["max_links_v2"] == 1 and info["limits"]["testlink_time"] == 30
+    assert info["link_rnics"] == "1 shm RNIC (SMCR_SHM_RNICS)"
     assert info["limits"]["max_conns"] == Config().max_conns == 255
     text = subprocess.run([sys.executable, "-m", "smcr", "info"], capture_output=True, text=True,
                           timeout=60, check=True).stdout  # fmt: skip
     assert f"send buffer and RMB {BUFFER >> 10} KiB on shm, {ROCE_BUFFER >> 10} KiB on roce" in text
-    assert "255 connections per link group, 1 link per link group" in text
+    assert "255 connections per link group\n" in text
+    assert "up to 1 per link group offered in SMC-Rv2.1 (SMCR_MAX_LINKS)" in text
+    configured = {**os.environ, "SMCR_MAX_LINKS": "2", "SMCR_SHM_RNICS": "2",
+                  "SMCR_TESTLINK_TIME": "5"}
+    text = subprocess.run([sys.executable, "-m", "smcr", "info"], capture_output=True, text=True,
+                          timeout=60, check=True, env=configured).stdout  # fmt: skip
+    assert "up to 2 per link group offered in SMC-Rv2.1 (SMCR_MAX_LINKS)" in text
+    assert "on 2 shm RNICs (SMCR_SHM_RNICS)" in text and "TEST LINK every 5.0 s" in text
 
 
 def test_demo_in_process_with_a_small_volume(monkeypatch: pytest.MonkeyPatch) -> None:

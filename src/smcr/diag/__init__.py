@@ -8,7 +8,8 @@ a listen, a handshake, a fallback) opens an endpoint of its own
 (:mod:`smcr.diag.paths`), and ``smcr ss``/``stats``/``linkgroup``/``top`` ask
 every endpoint they may see (:mod:`smcr.diag.client`).  Counters are the
 process's :data:`~smcr.stack.counters.COUNTERS`; at exit they are left in the
-directory (:mod:`smcr.diag.store`) so host totals include processes that ended.
+directory (:mod:`smcr.diag.store`) so host totals include processes that ended,
+by a normal exit or by SIGTERM, SIGHUP or SIGINT (:func:`keep_counters_on_signals`).
 
 Modules: ``paths`` (where), ``protocol`` (frames), ``server`` (the endpoint's
 thread), ``snapshot`` (what a process tells), ``registry`` (the listening
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import threading
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from smcr.stack.counters import COUNTERS
@@ -29,8 +32,13 @@ from smcr.stack.counters import COUNTERS
 if TYPE_CHECKING:
     from smcr.diag.server import Endpoint
 
-__all__ = ["COUNTERS", "endpoint", "start", "stop"]
+__all__ = ["COUNTERS", "SIGNALS", "endpoint", "keep_counters_on_signals", "start", "stop"]
 
+
+
+SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+"""The signals that end a process the usual way (a service manager, a closed terminal,
+Ctrl-C): the counters are kept as at a normal exit (:func:`keep_counters_on_signals`)."""
 
 
 class _State:
@@ -38,6 +46,7 @@ class _State:
 
     endpoint: Endpoint | None = None
     pid = 0  # the process that tried last
+    persisted = False  # the counters are left (at exit or a signal): never twice
 
 
 _state = _State()
@@ -71,6 +80,7 @@ def start() -> None:
             return
         pid = _state.pid = os.getpid()
         _state.endpoint = None  # a forked child: the parent's endpoint is the parent's
+        _state.persisted = False
         from smcr.diag import paths  # noqa: PLC0415 - nothing of this on import
 
         if not paths.enabled():
@@ -85,6 +95,36 @@ def start() -> None:
         except OSError:
             return
         atexit.register(_at_exit, pid)
+        keep_counters_on_signals()
+
+
+def keep_counters_on_signals() -> None:
+    """Leave the counters when :data:`SIGNALS` end the process, as at a normal exit.
+
+    A signal whose action is the default kills the process without its ``atexit``:
+    its counts left the host totals (a server stopped by SIGTERM, uvicorn among
+    them: it handles SIGTERM, then restores the handler it found and raises the
+    signal again).  So where the action is still the default, a handler leaves
+    the counters, restores the default and raises the signal again: the process
+    still dies of it, as it would have.  A handler the program installed first
+    is left alone (it decides how the process ends; one that exits normally runs
+    ``atexit``); one installed after ours finds ours and, as uvicorn, restores it.
+    Python's own SIGINT handler raises KeyboardInterrupt, a normal exit.  Only
+    the main thread may set handlers: ``smcr run`` calls this at start (through
+    :func:`start`), before the program sets its own.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _on_signal)
+
+
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    """Leave the counters, then die of the signal with its default action."""
+    _at_exit(os.getpid())
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)
 
 
 def endpoint() -> Endpoint | None:
@@ -101,13 +141,14 @@ def stop() -> None:
 
 def _at_exit(pid: int) -> None:
     """Leave the final counters (if any) and take the endpoint away."""
-    if pid != os.getpid():
+    if pid != os.getpid() or _state.persisted:
         return
     ep = endpoint()
     if ep is None:
         return
     from smcr.diag import snapshot, store  # noqa: PLC0415
 
+    _state.persisted = True
     if COUNTERS.any():
         store.persist_exit(ep.path.parent, snapshot.counters()["counters"], pid)
     ep.close()

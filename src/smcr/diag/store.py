@@ -6,9 +6,10 @@ Design (the why of each):
   ``exited/<pid>-<token>.json`` in its own private directory
   (:mod:`smcr.diag.paths`), written 0600 under a temporary name and renamed, so
   a reader sees a whole file or none.  ``smcr stats`` adds them to the running
-  processes' counters: host totals include processes that have gone.  A process
-  killed by a signal leaves nothing (nothing runs in it any more): its counts
-  leave the totals.
+  processes' counters: host totals include processes that have gone, those
+  that SIGTERM, SIGHUP or SIGINT ended too (:func:`smcr.diag.keep_counters_on_signals`).
+  A process killed by SIGKILL leaves nothing (nothing runs in it any more): its
+  counts leave the totals.
 * **Folding**: the tools add the exited files into ``exited/total.json`` and
   remove them, under an exclusive ``flock`` of ``exited/.lock`` (two tools at a
   time fold once), so the directory does not grow with every process.

@@ -20,7 +20,11 @@ does the same, in one of three modes (``SMCR_DISCOVERY``):
 this process belongs to, else ``policy`` when any peer is listed, else
 ``off``.  A mode that cannot work (``bpf`` forced but not enabled, a policy
 file with errors) means plain TCP, never an error on a socket: its reason is
-in :attr:`Discovery.why` (``smcr info``; ``SMCR_DEBUG`` prints it).
+in :attr:`Discovery.why` (``smcr info``, ``smcr discovery``).  A process whose
+configuration rules SMC out says so once, on standard error, at its first SMC
+socket (:meth:`Discovery.report_off`): every connection falling back to TCP
+with nothing said looked like a working smcr.  ``SMCR_DISCOVERY=off`` asks for
+it and is not reported; ``SMCR_DEBUG`` prints the mode chosen in any case.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from smcr import settings
 from smcr.discovery import bpf, policy
 
 MODES = ("auto", "bpf", "policy", "off")
@@ -53,12 +58,23 @@ class Discovery:
         if self.mode == "policy":
             return True
         if self.flags is None:
+            self.report_off()
             return False
         try:
             self.flags.want(_kernel_fd(sock))
         except OSError:
             return False
         return True
+
+    def report_off(self) -> None:
+        """Once per process: say that SMC is off and why, unless ``SMCR_DISCOVERY=off``
+        asked for it."""
+        global _reported  # noqa: PLW0603 - once per process
+        if _reported or self.mode != "off" or self.why == EXPLICIT_OFF:
+            return
+        _reported = True
+        print(f"smcr: SMC-R is off in this process, its connections are plain TCP: {self.why} "
+              "(smcr discovery tells more)", file=sys.stderr)  # fmt: skip
 
     def peer_offered(self, sock: socket.socket, client: bool) -> bool:
         """After ``connect`` (``client``) or ``accept``: did the peer offer SMC?
@@ -90,6 +106,8 @@ def _kernel_fd(sock: socket.socket) -> int:
 
 _current: Discovery | None = None
 _lock = threading.Lock()
+_reported = False
+EXPLICIT_OFF = "SMCR_DISCOVERY=off"
 
 
 def _choose() -> Discovery:
@@ -97,7 +115,7 @@ def _choose() -> Discovery:
     if wanted not in MODES:
         return Discovery("off", f"SMCR_DISCOVERY={wanted!r} is not one of {', '.join(MODES)}")
     if wanted == "off":
-        return Discovery("off", "SMCR_DISCOVERY=off")
+        return Discovery("off", EXPLICIT_OFF)
     why = []
     if wanted in ("auto", "bpf"):
         state = bpf.status()
@@ -126,6 +144,12 @@ def _choose() -> Discovery:
     return Discovery("off", "; ".join(why))
 
 
+def reported_by_caller() -> None:
+    """The process says itself why SMC is off (``smcr chk``): no report of its own."""
+    global _reported  # noqa: PLW0603
+    _reported = True
+
+
 def current() -> Discovery:
     """The discovery of this process, chosen on first use (module docstring)."""
     global _current  # noqa: PLW0603 - one per process, like the runtimes
@@ -135,7 +159,7 @@ def current() -> Discovery:
     with _lock:
         if _current is None:
             _current = _choose()
-            if os.environ.get("SMCR_DEBUG"):
+            if settings.debug():
                 print(f"smcr: discovery {_current.mode}: {_current.why}", file=sys.stderr)
         return _current
 

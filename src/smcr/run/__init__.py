@@ -43,6 +43,8 @@ from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from typing import Any
 
+from smcr import settings
+
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
 """The directory whose ``sitecustomize`` installs smcr in every Python started below."""
 
@@ -66,15 +68,11 @@ def parse_size(text: str) -> int:
 
     :raises ValueError: for anything else, or a size outside 16 KiB .. 1 GiB.
     """
-    t = text.strip().lower()
-    scale = 1
-    if t.endswith(("k", "m")):
-        scale = 1024 if t[-1] == "k" else 1 << 20
-        t = t[:-1]
-    value = int(t) * scale
-    if not 16 << 10 <= value <= 1 << 30:
-        raise ValueError(f"buffer size out of range (16k .. 1024m): {text}")
-    return value
+    try:
+        return settings.buffer_size(text)
+    except ValueError:
+        raise ValueError(f"buffer size {text!r} is not allowed: expected 16k .. 1024m "
+                         "(k, m suffixes)") from None
 
 
 def installed() -> bool:

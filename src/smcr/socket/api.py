@@ -47,10 +47,14 @@ from smcr.wire.decline import DeclineCode
 class SMCSocket(SocketBase):
     """A stream socket that uses SMC-R when the peer does (the package's docstring).
 
-    It is a ``socket.socket`` whose own descriptor is the TCP socket; the
-    methods that move bytes use the runtime instead in SMC-R mode.  Sockets of
-    other families and types (``smcr run`` makes every socket one of these) and
-    sockets made from a descriptor that is connected already are plain TCP.
+    It is a ``socket.socket`` (a subclass) and a drop-in for a stream one: blocking,
+    timeouts, non-blocking with ``BlockingIOError``, ``select``/``selectors``/asyncio on
+    ``fileno()``, ``makefile``, ``MSG_PEEK``/``MSG_WAITALL``/``MSG_DONTWAIT``/``MSG_OOB``,
+    ``shutdown``, ``sendmsg``/``recvmsg``, ``sendfile``, ``SO_LINGER``, ``dup``, ``detach``.
+    Its own descriptor is the TCP socket; the methods that move bytes use the runtime
+    instead in SMC-R mode.  Sockets of other families and types (``smcr run`` makes every
+    socket one of these) and sockets made from a descriptor that is connected already are
+    plain TCP.  Additions to ``socket.socket``: :meth:`smc_info`, :attr:`smc_mode`.
     """
 
     _queue: AcceptQueue | None = None  # listening: connections of its handshakes
@@ -153,7 +157,14 @@ class SMCSocket(SocketBase):
         return self._timeout != 0.0
 
     def smc_info(self) -> SmcInfo:
-        """How this socket is connected: mode, decline codes, link group, state."""
+        """How this socket is connected (what ``smcss`` shows of it): SMC-R with its link
+        group, connection state and buffer sizes, or TCP with the decline codes that
+        made it fall back (``smcr decline CODE`` explains one).
+
+        >>> sock.smc_info()  # doctest: +SKIP
+        SmcInfo(mode='SMCR', local_code=0, peer_code=0, lgr_id=1, first_contact=True,
+                state='ACTIVE', rmb_size=4194304, peer_rmb_size=4194304, version=1)
+        """
         calls = self._calls
         if self._mode == "SMCR" and calls is not None:
             info = self._info
@@ -587,7 +598,18 @@ def smc_socket_with_number(fd: int) -> SMCSocket | None:
 
 def create_connection(address: tuple[str, int], timeout: float | None = None,
                       source_address: tuple[str, int] | None = None) -> SMCSocket:
-    """As ``socket.create_connection``, returning an :class:`SMCSocket`."""
+    """Connect to ``address`` as ``socket.create_connection`` does, with SMC-R where the
+    peer offers it: the TCP connection is made, and if both ends offered SMC (discovery:
+    the TCP option, or a peer list) the CLC handshake follows within the same call and the
+    socket is in SMC-R mode; otherwise it is plain TCP (:meth:`SMCSocket.smc_info` says
+    which, and why).  The application uses it as a TCP socket either way.
+
+    :param address: ``(host, port)``; every address ``getaddrinfo`` gives is tried in turn.
+    :param timeout: seconds for the connect and the CLC handshake together (None: block).
+    :param source_address: ``(host, port)`` to bind to first.
+    :returns: the connected socket.
+    :raises OSError: as ``socket.create_connection``: the last address's error.
+    """
     host, port = address
     err: OSError | None = None
     for family, type_, proto, _, sa in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
@@ -608,7 +630,19 @@ def create_connection(address: tuple[str, int], timeout: float | None = None,
 def create_server(address: tuple[str, int] | tuple[str, int, int, int], *,
                   family: int = _socket.AF_INET,
                   backlog: int | None = None, reuse_port: bool = False) -> SMCSocket:
-    """As ``socket.create_server``, returning a listening :class:`SMCSocket`."""
+    """A listening socket on ``address``, as ``socket.create_server``, serving SMC-R and
+    plain TCP clients alike: each client whose connection offered SMC runs the CLC
+    handshake in the background from ``listen`` on, side by side with the others, and
+    ``accept`` returns connections as their handshakes end (in SMC-R mode, or TCP with
+    the reason of the fallback); a slow or silent client delays nobody.
+
+    :param address: ``(host, port)``, or ``(host, port, flowinfo, scope_id)`` for IPv6.
+    :param family: ``AF_INET`` or ``AF_INET6``.
+    :param backlog: the listen backlog (default 128).
+    :param reuse_port: set ``SO_REUSEPORT`` (``SO_REUSEADDR`` is always set).
+    :returns: the listening socket.
+    :raises OSError: from ``bind`` or ``listen``.
+    """
     sock = SMCSocket(family, _socket.SOCK_STREAM)
     try:
         sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)

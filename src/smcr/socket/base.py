@@ -41,17 +41,27 @@ LINGER_ZERO = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the c
 
 @dataclass(frozen=True, slots=True)
 class SmcInfo:
-    """How a socket is connected (``smcss`` columns)."""
+    """How a socket is connected (``smcss`` columns), from :meth:`SMCSocket.smc_info`."""
 
     mode: str  # "SMCR", "TCP" or "INIT"
+    """``SMCR`` (SMC-R), ``TCP`` (plain TCP: a fallback, or TCP from the start) or ``INIT``
+    (not connected yet)."""
     local_code: int = 0
+    """This end's decline code of a fallback (:class:`~smcr.DeclineCode`), 0 if none."""
     peer_code: int = 0
+    """The peer's decline code of a fallback (its CLC Decline), 0 if none."""
     lgr_id: int = 0
+    """SMC-R: the link group's id (per process)."""
     first_contact: bool = False
+    """SMC-R: whether this connection made its link group (else it reused one)."""
     state: str = "INIT"
+    """SMC-R: the connection state as Linux names it (``ACTIVE``, ``PEERCLW1``, ...)."""
     rmb_size: int = 0
+    """SMC-R: bytes of this end's receive buffer (RMBE)."""
     peer_rmb_size: int = 0
-    version: int = 0  # SMC-R: the version agreed (1 or 2)
+    """SMC-R: bytes of the peer's receive buffer, what this end may write ahead."""
+    version: int = 0
+    """SMC-R: the version agreed (1 or 2)."""
 
     @property
     def reason(self) -> str:

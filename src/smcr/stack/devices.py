@@ -44,6 +44,7 @@ import ipaddress
 import os
 import socket
 
+from smcr import settings
 from smcr.pnet import PnetTable, lookup
 from smcr.rdma.base import Device
 from smcr.rdma.roce import RnicInfo, RoceDevice, list_devices
@@ -61,12 +62,9 @@ _PNET = PnetTable()
 def rnic_kind() -> str:
     """The RNIC kind this process uses (``SMCR_RNIC``, default ``shm``).
 
-    :raises ValueError: for an unknown kind (a typo must not silently mean shm).
+    :raises SettingError: for an unknown kind (a typo must not silently mean shm).
     """
-    kind = os.environ.get(RNIC_ENV, "shm").strip().lower() or "shm"
-    if kind not in KINDS:
-        raise ValueError(f"{RNIC_ENV}={kind!r}: expected one of {', '.join(KINDS)}")
-    return kind
+    return settings.RNIC.value("shm")
 
 
 def loopback_address(pid: int) -> str:

@@ -29,6 +29,7 @@ import traceback
 from collections import Counter
 from typing import Any
 
+from smcr import settings
 from smcr.core import (
     Action,
     Config,
@@ -62,7 +63,7 @@ from smcr.stack.wakeup import Wakeups
 from smcr.stack.wrslots import SLOT, WorkRequests, write_wrs
 from smcr.wire.decline import DeclineCode
 
-_DEBUG = bool(os.environ.get("SMCR_DEBUG"))
+_DEBUG = settings.debug()
 TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
 _RECV, _SUCCESS = WcOpcode.RECV, WcStatus.SUCCESS
 _WRITE = WrOpcode.RDMA_WRITE

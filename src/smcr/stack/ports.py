@@ -40,6 +40,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from smcr import settings
 from smcr.rdma.roce import RoceDevice, netif
 from smcr.stack.hostconn import PortRes
 
@@ -63,15 +64,9 @@ RECHECK = 1.0
 def shm_rnics() -> int:
     """How many shm RNICs a process's runtime uses (``SMCR_SHM_RNICS``, default 1).
 
-    :raises ValueError: for a value that is not a count of 1 or more.
+    :raises SettingError: for a value that is not a count of 1 to 64.
     """
-    text = os.environ.get(SHM_RNICS_ENV, "").strip()
-    if not text:
-        return 1
-    n = int(text)
-    if n < 1:
-        raise ValueError(f"{SHM_RNICS_ENV}={text!r}: expected 1 or more")
-    return n
+    return settings.SHM_RNICS.value(1)
 
 
 def roce_more(first: RoceDevice) -> list[RoceDevice]:
@@ -80,14 +75,11 @@ def roce_more(first: RoceDevice) -> list[RoceDevice]:
 
     :raises LookupError: for a listed net device without an IPv4 address.
     """
-    text = os.environ.get(ROCE_DEVS_ENV, "").strip()
-    if not text or first.netdev in ("lo", None):
+    listed = settings.ROCE_DEVS.value(None)
+    if listed is None or first.netdev in ("lo", None):
         return []
-    if text == "all":
-        names = [i.ifname for i in netif.list_devices()
-                 if i.family == socket.AF_INET and i.ifname != "lo"]  # fmt: skip
-    else:
-        names = [n.strip() for n in text.split(",") if n.strip()]
+    names = list(listed) or [i.ifname for i in netif.list_devices()
+                             if i.family == socket.AF_INET and i.ifname != "lo"]  # fmt: skip
     out: list[RoceDevice] = []
     seen = {first.netdev}
     for name in names:

@@ -30,6 +30,7 @@ import time
 import traceback
 from collections.abc import Callable
 
+from smcr import settings
 from smcr.rdma import WorkCompletion
 from smcr.stack.closing import Closing
 from smcr.stack.executor import Executor
@@ -41,7 +42,7 @@ STANDBY_IDLE = 0.1
 """Its look-in period while an application thread polls now (asleep on the CQ, say in a
 blocked ``recv``): that thread takes the news meanwhile, so the progress thread need look
 only seldom (an idle blocked connection then costs ten wake-ups a second)."""
-SPIN = float(os.environ.get("SMCR_SPIN_US", "50")) / 1e6
+SPIN = settings.spin_seconds()
 """The longest an application thread that waits polls the CQ before it arms it and sleeps
 (:class:`~smcr.stack.spin.SpinPolicy` decides how long, and whether)."""
 

@@ -65,6 +65,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from smcr import settings
 from smcr.core import Action, Config, Engine, LocalIdentity, Port, Rmb
 from smcr.core.connection import Connection
 from smcr.pnet import Entry, PnetTable, lookup
@@ -466,25 +467,16 @@ def autocork_size(kind: str) -> int:
     """The autocorking size (:attr:`Config.autocork_size`) of a runtime on RNIC ``kind``:
     ``SMCR_AUTOCORK`` bytes (0 turns it off), default :data:`AUTOCORK` on the shm RNIC and
     off on RoCE (not measured there yet: each answer costs a SEND and its ACK)."""
-    text = os.environ.get("SMCR_AUTOCORK", "").strip()
-    if text:
-        return int(text)
-    return AUTOCORK if kind == "shm" else 0
+    return settings.AUTOCORK.value(AUTOCORK if kind == "shm" else 0)
 
 
 def testlink_time() -> float:
     """The TEST LINK keepalive interval, seconds: ``SMCR_TESTLINK_TIME`` (as Linux's sysctl
     ``net.smc.smcr_testlink_time``: 0 turns the keepalive off), default 30.
 
-    :raises ValueError: for a value that is not a number of seconds >= 0.
+    :raises SettingError: for a value that is not a number of seconds >= 0.
     """
-    text = os.environ.get(TESTLINK_ENV, "").strip()
-    if not text:
-        return Config().testlink_time
-    value = float(text)
-    if not value >= 0:
-        raise ValueError(f"{TESTLINK_ENV}={text!r}: expected seconds >= 0")
-    return value
+    return settings.TESTLINK_TIME.value(Config().testlink_time)
 
 
 def max_links() -> int:
@@ -495,14 +487,9 @@ def max_links() -> int:
     (both ends one RNIC) and accepts an offer over another RNIC of the peer's, its own
     side asymmetric (the interop suite sees both live).
 
-    :raises ValueError: for anything but 1 or 2 (Linux's range).
+    :raises SettingError: for anything but 1 or 2 (Linux's range).
     """
-    text = os.environ.get(MAX_LINKS_ENV, "").strip()
-    if not text:
-        return Config().max_links_v2
-    if text not in ("1", "2"):
-        raise ValueError(f"{MAX_LINKS_ENV}={text!r}: expected 1 or 2")
-    return int(text)
+    return settings.MAX_LINKS.value(Config().max_links_v2)
 
 
 def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None,
@@ -515,8 +502,10 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
     link-local IPv6 address, on the interface ``scope_id`` names; without an
     address, the default RNIC's.
 
-    :raises ValueError: for an unknown ``SMCR_RNIC``.
+    :raises SettingError: for a value of an ``SMCR_*`` variable that is not allowed
+        (:data:`smcr.settings.RUNTIME`), e.g. an unknown ``SMCR_RNIC``.
     """
+    settings.check(settings.RUNTIME)
     kind = devices.rnic_kind()
     key = "shm" if kind == "shm" else "roce:" + devices.roce_key(local_ip, scope_id)
     with _stack_lock:

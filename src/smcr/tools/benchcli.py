@@ -13,21 +13,25 @@ import argparse
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from smcr import native
-from smcr.tools import bench, load
+from smcr.tools import argtypes, bench, benchplot, load
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    """Run the benchmark as the arguments say; print a table, or JSON with ``--json``."""
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else bench.SIZES
-    cpus = load.parse_cpus(args.cpus) if args.cpus else None
-    if args.load < 0:
-        raise ValueError(f"--load {args.load}: expected 0 or more processes")
+    """Run the benchmark as the arguments say; print a table, or JSON with ``--json``;
+    ``--plot FILE`` draws the results too (:mod:`smcr.tools.benchplot`)."""
+    if args.plot:  # (refused before the run, not after it)
+        problem = _unwritable(Path(args.plot))
+        if problem:
+            return argtypes.fail("bench", f"--plot {args.plot!r}: {problem}")
+    sizes = args.sizes or bench.SIZES
+    cpus: set[int] | None = args.cpus  # (checked by the parser: load.parse_cpus)
     steps = (len(sizes) + len(bench.PING_SIZES) + (2 if args.connections else 0)) * args.reps * 2
     err = Console(stderr=True)
     with Progress(console=err, transient=True, disable=args.json and not err.is_terminal) as bar:
@@ -41,11 +45,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
             results = bench.run(sizes, args.reps, args.volume << 20, args.rounds, args.bufsize,
                                 progress, host, peer_ns, args.connections)  # fmt: skip
     conditions = _conditions(args.load, cpus)
+    title = (f"SMC-R ({args.rnic} RNIC) vs TCP {where}, {conditions}, median of {args.reps}; "
+             f"smcr {native.status().describe()}")  # fmt: skip
+    if args.plot:
+        benchplot.write(Path(args.plot), results, title)
     if args.json:
         print(bench.to_json(results, {"load": args.load, "cpus": sorted(cpus) if cpus else None}))
         return 0
-    table = Table(title=f"SMC-R ({args.rnic} RNIC) vs TCP {where}, {conditions}, median of "
-                        f"{args.reps}; smcr {native.status().describe()}")  # fmt: skip
+    table = Table(title=title)
     for col in ("test", "size", "SMC-R", "TCP", "unit", "SMC/TCP", "CPU µs SMC-R", "CPU µs TCP"):
         table.add_column(col, justify="right")
     for r in results:
@@ -59,6 +66,17 @@ def run(args: argparse.Namespace, console: Console) -> int:
             console.print(f"{r.test}: {1e6 / r.smc:.0f} connections/s with smcr, "
                           f"{1e6 / r.tcp:.0f} with TCP (connect, a byte each way, close)")
     return 0
+
+
+def _unwritable(path: Path) -> str:
+    """Why the picture cannot go to ``path`` ("" if it can)."""
+    if path.is_dir():
+        return "is a directory"
+    if not path.parent.is_dir():
+        return "no such directory"
+    if not os.access(path.parent, os.W_OK):
+        return "directory not writable"
+    return ""
 
 
 def _conditions(load_: int, cpus: set[int] | None) -> str:

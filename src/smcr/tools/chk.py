@@ -65,6 +65,7 @@ def check(host: str, port: int, ipv6: bool) -> dict[str, Any]:
                       peer_code=info.peer_code)  # fmt: skip
         if info.mode != "SMCR":
             result["reason"] = describe(info.local_code or info.peer_code)
+            result["fix"] = fix(info.local_code, info.peer_code)
         try:
             sock.sendall(PATTERN)
             got = bytearray()
@@ -74,6 +75,22 @@ def check(host: str, port: int, ipv6: bool) -> dict[str, Any]:
         except OSError as exc:
             result["error"] = f"echo failed: {exc.strerror or exc}"
     return result
+
+
+def fix(local_code: int, peer_code: int) -> str:
+    """What to do about a fallback, where smcr can tell: the peer did not offer SMC
+    (``PEERNOSMC``) is most often this host's discovery, off or not covering the peer."""
+    from smcr import discovery  # noqa: PLC0415
+    from smcr.wire.decline import DeclineCode  # noqa: PLC0415
+
+    if DeclineCode.PEERNOSMC not in (local_code, peer_code):
+        return ""
+    found = discovery.current()
+    if found.mode == "off":
+        return (f"SMC-R is off here ({found.why}): run 'smcr enable' as root, or list the "
+                "peer in SMCR_PEERS or the peers file; 'smcr discovery' tells more")
+    return (f"discovery here is {found.mode} ({found.why}); the peer did not offer SMC: is "
+            "it on there ('smcr discovery' on the peer)?")
 
 
 def _local(port: int, ipv6: bool) -> dict[str, Any]:
@@ -98,6 +115,9 @@ def _local(port: int, ipv6: bool) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """0 when SMC-R was used and the echo came back whole, 1 otherwise."""
+    from smcr import discovery  # noqa: PLC0415
+
+    discovery.reported_by_caller()  # (a fallback's line names the cause and the fix)
     if args.server:
         return serve(args.port, args.ipv6, args.once, args.bind)
     if args.connect:
@@ -117,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  Live test (SMC-R)  [FAILED]  fell back to TCP, reason "
               f"0x{result['local_code']:08x}/0x{result['peer_code']:08x}")
         print(f"    {result['reason']}")
+        if result.get("fix"):
+            print(f"    {result['fix']}")
     return 0 if ok else 1
 
 
-__all__ = ["PORT", "check", "run", "serve"]
+__all__ = ["PORT", "check", "fix", "run", "serve"]

@@ -1,10 +1,11 @@
 """``smcr info``: what this smcr and this host can do (smc-tools' ``smcr info``, more).
 
-Versions (smcr, Python, the SMC-R versions spoken), the RNICs, the discovery
-mode in force and why, the UEIDs, the buffer sizes a connection gets on each RNIC
-kind, the limits (Linux's defaults, as the engine's :class:`~smcr.core.Config` has
-them, and the one link per group smcr runs today) and how many smcr processes
-answer here.
+Versions (smcr, Python, the SMC-R versions spoken), which code runs (compiled or
+pure Python, and why), the RNICs, the discovery mode in force and why, the UEIDs,
+the buffer sizes a connection gets on each RNIC kind, the limits and timers as a
+runtime started here would have them (Linux's defaults, as the engine's
+:class:`~smcr.core.Config` has them, with the ``SMCR_*`` variables applied), the
+links per link group as configured, and how many smcr processes answer here.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ def collect() -> dict[str, Any]:
     from smcr.core import Config  # noqa: PLC0415
     from smcr.diag import client, paths  # noqa: PLC0415
     from smcr.stack.devices import KINDS, rnic_kind  # noqa: PLC0415
-    from smcr.stack.runtime import default_buffer_size  # noqa: PLC0415
+    from smcr.stack.runtime import (  # noqa: PLC0415
+        default_buffer_size,
+        max_links,
+        testlink_time,
+    )
     from smcr.tools import device  # noqa: PLC0415
 
     found = discovery.current()
@@ -31,7 +36,7 @@ def collect() -> dict[str, Any]:
         eids = [ueid.decode(e) for e in ueid.load()]
     except (OSError, ueid.UeidError):
         eids = []
-    config = dataclasses.asdict(Config())
+    config = dataclasses.asdict(Config(testlink_time=testlink_time(), max_links_v2=max_links()))
     buffers = {kind: default_buffer_size(kind) for kind in KINDS}
     return {
         "smcr_version": __version__, "python": platform.python_version(),
@@ -40,10 +45,27 @@ def collect() -> dict[str, Any]:
         "rnic_default": rnic_kind(),
         "rnics": [dataclasses.asdict(r) for r in device.rows(rnic_kind())],
         "discovery": {"mode": found.mode, "why": found.why},
-        "ueids": eids, "limits": config, "buffers": buffers, "links_in_use": 1,
+        "ueids": eids, "limits": config, "buffers": buffers,
+        "link_rnics": link_rnics(rnic_kind()),
         "diag_directory": str(paths.own_directory()),
         "processes": len(client.endpoints()),
     }  # fmt: skip
+
+
+def link_rnics(kind: str) -> str:
+    """The RNICs a runtime of ``kind`` puts the links of a link group on, as configured
+    (``SMCR_SHM_RNICS``, ``SMCR_ROCE_DEVS``)."""
+    from smcr import settings  # noqa: PLC0415
+    from smcr.stack import ports  # noqa: PLC0415
+
+    if kind == "shm":
+        count = ports.shm_rnics()
+        return f"{count} shm RNIC{'s' if count > 1 else ''} (SMCR_SHM_RNICS)"
+    listed = settings.ROCE_DEVS.value(None)
+    if listed is None:
+        return "the RoCE RNIC of the connection's interface (SMCR_ROCE_DEVS adds more)"
+    more = ", ".join(listed) if listed else "every interface with an IPv4 address"
+    return f"the RoCE RNIC of the connection's interface and those of {more} (SMCR_ROCE_DEVS)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,10 +88,10 @@ def run(args: argparse.Namespace) -> int:
     sizes = ", ".join(f"{size >> 10} KiB on {kind}" for kind, size in info["buffers"].items())
     print(f"Buffers:        send buffer and RMB {sizes} (SO_SNDBUF/SO_RCVBUF, smcr run -t/-r "
           "change them)")  # fmt: skip
-    print(f"Limits:         {lim['max_conns']} connections per link group, "
-          f"{info['links_in_use']} link per link group (no redundant links yet; "
-          f"SMC-Rv1 CONFIRM LINK advertises {lim['max_links']}, SMC-Rv2.1 offers "
-          f"{lim['max_links_v2']})")  # fmt: skip
+    print(f"Limits:         {lim['max_conns']} connections per link group")
+    print(f"Links:          up to {lim['max_links_v2']} per link group offered in SMC-Rv2.1 "
+          f"(SMCR_MAX_LINKS), {lim['max_links']} advertised in SMC-Rv1 CONFIRM LINK; on "
+          f"{info['link_rnics']}")  # fmt: skip
     print(f"Timers:         CLC wait {lim['clc_wait']} s, LLC wait {lim['llc_wait']} s, "
           f"TEST LINK every {lim['testlink_time']} s")  # fmt: skip
     print(f"Diag:           {info['processes']} smcr process(es) answer in "

@@ -1,10 +1,11 @@
 """``smcr linkgroup show|link-show [-d]``: link groups and links of every smcr process.
 
-smc-tools' columns: ``show``: ``LG-ID LG-Role LG-Type VLAN #Conns PNET-ID``;
-``link-show``: ``LG-ID LG-Role LG-Type Net-Dev Link-State #Conns``, ``-d`` adds
-``Link-UID Peer-UID IB-Dev IB-P``, ``-dd`` ``Local-GID Peer-GID``.  Link group
-ids are per process in smcr (each process has its own engine), hence the
-``PID`` column.
+smc-tools' columns: ``show``: ``LG-ID LG-Role LG-Type VLAN #Conns PNET-ID``,
+``-d`` adds the group's links (``#Links``, their states and RNICs), ``-dd``
+their GIDs; ``link-show``: ``LG-ID LG-Role LG-Type Net-Dev Link-State #Conns``,
+``-d`` adds ``Link-UID Peer-UID IB-Dev IB-P``, ``-dd`` ``Local-GID Peer-GID``.
+Link group ids are per process in smcr (each process has its own engine), hence
+the ``PID`` column.
 """
 
 from __future__ import annotations
@@ -35,11 +36,7 @@ def collect() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def table(groups: list[dict[str, Any]], links: bool, detail: int) -> str:
     """``show`` or ``link-show`` as smc-tools prints them."""
     if not links:
-        return diagview.render(
-            ("LG-ID", "LG-Role", "LG-Type", "VLAN", "#Conns", "PNET-ID", "PID", "Command"),
-            [(f"{g.get('lgr_id', 0):08x}", g.get("role", "-"), g.get("type", "-"),
-              g.get("vlan", 0), g.get("conns", 0), g.get("pnet_id", "-"), g["pid"],
-              g["command"]) for g in groups])  # fmt: skip
+        return _groups(groups, detail)
     head = ["LG-ID", "LG-Role", "LG-Type", "Net-Dev", "Link-State", "#Conns"]
     if detail:
         head += ["Link-UID", "Peer-UID", "IB-Dev", "IB-P"]
@@ -56,6 +53,29 @@ def table(groups: list[dict[str, Any]], links: bool, detail: int) -> str:
             if detail > 1:
                 row += [link.get("gid", "-"), link.get("peer_gid", "-")]
             rows.append([*row, g["pid"], g["command"]])
+    return diagview.render([*head, "PID", "Command"], rows)
+
+
+def _groups(groups: list[dict[str, Any]], detail: int) -> str:
+    """``show``: one row per link group; ``-d`` its links, ``-dd`` their GIDs too."""
+    head = ["LG-ID", "LG-Role", "LG-Type", "VLAN", "#Conns", "PNET-ID"]
+    if detail:
+        head += ["#Links", "Link-States", "IB-Devs"]
+    if detail > 1:
+        head += ["Local-GIDs", "Peer-GIDs"]
+    rows = []
+    for g in groups:
+        row = [f"{g.get('lgr_id', 0):08x}", g.get("role", "-"), g.get("type", "-"),
+               g.get("vlan", 0), g.get("conns", 0), g.get("pnet_id", "-")]  # fmt: skip
+
+        def each(key: str, g: dict[str, Any] = g) -> str:
+            return ",".join(str(link.get(key, "-")) for link in g["links"]) or "-"
+
+        if detail:
+            row += [len(g["links"]), each("state"), each("device")]
+        if detail > 1:
+            row += [each("gid"), each("peer_gid")]
+        rows.append([*row, g["pid"], g["command"]])
     return diagview.render([*head, "PID", "Command"], rows)
 
 

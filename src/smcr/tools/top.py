@@ -4,6 +4,8 @@ Beyond smc-tools: each refresh asks every process (:mod:`smcr.diag`) and shows
 each connection's send and receive rates, from the byte counts of two
 successive looks (a connection is known by pid and socket inode).  ``-n N``
 stops after N refreshes (``--json`` prints the last look, rates included).
+Without a terminal (a pipe, a file) the tables take the width their cells
+need, nothing cut at 80 columns (:data:`UNBOUNDED`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from rich.text import Text
 
 from smcr.diag import client
 from smcr.tools import diagview
+
+UNBOUNDED = 10_000
+"""The console width without a terminal: wider than any table, which then keeps the
+width its cells need (rich's default there is 80 columns, and cells were cut)."""
 
 
 def sample() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -72,23 +78,24 @@ def _cells(*values: object) -> list[Text]:
 
 
 def view(conns: list[dict[str, Any]], groups: list[dict[str, Any]],
-         procs: list[dict[str, Any]]) -> Group:  # fmt: skip
-    """The three tables.  Every cell is plain text (:func:`_cells`): what other processes
-    said must not be read as rich markup."""
-    pt = Table(title=f"smcr processes ({len(procs)})", expand=True)
+         procs: list[dict[str, Any]], expand: bool = True) -> Group:  # fmt: skip
+    """The three tables, as wide as the terminal (``expand``) or as their cells.  Every cell
+    is plain text (:func:`_cells`): what other processes said must not be read as rich
+    markup."""
+    pt = Table(title=f"smcr processes ({len(procs)})", expand=expand)
     for col in ("PID", "Command", "Netns", "Status"):
         pt.add_column(col)
     for p in procs:
         pt.add_row(*_cells(str(p["pid"]), str(p.get("command", "?")), str(p.get("netns", "-")),
                    str(p.get("error", "ok"))))  # fmt: skip
-    gt = Table(title="link groups", expand=True)
+    gt = Table(title="link groups", expand=expand)
     for col in ("PID", "LG-ID", "LG-Role", "LG-Type", "#Links", "#Conns", "IB-Dev"):
         gt.add_column(col)
     for g in groups:
         gt.add_row(*_cells(str(g["pid"]), f"{g.get('lgr_id', 0):08x}", str(g.get("role", "-")),
                    str(g.get("type", "-")), str(g["links"]), str(g.get("conns", 0)),
                    str(g.get("device", "-"))))  # fmt: skip
-    ct = Table(title="connections", expand=True)
+    ct = Table(title="connections", expand=expand)
     for col in ("PID", "State", "Local Address", "Peer Address", "Mode", "TX", "RX"):
         ct.add_column(col)
     for c in conns:
@@ -104,6 +111,9 @@ def view(conns: list[dict[str, Any]], groups: list[dict[str, Any]],
 def run(args: argparse.Namespace) -> int:
     """Refresh every ``--interval`` seconds until Ctrl-C (or ``-n`` refreshes)."""
     console = Console()
+    terminal = console.is_terminal
+    if not terminal:
+        console = Console(width=UNBOUNDED)
     before: dict[tuple[int, int], tuple[int, int]] = {}
     last = time.monotonic()
     conns, groups, procs = sample()
@@ -117,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         diagview.dump({"connections": conns, "linkgroups": groups, "processes": procs})
         return 0
     try:
-        with Live(view(conns, groups, procs), console=console, auto_refresh=False) as live:
+        with Live(view(conns, groups, procs, terminal), console=console,
+                  auto_refresh=False) as live:  # fmt: skip
             while args.iterations == 0 or count < args.iterations:
                 time.sleep(args.interval)
                 conns, groups, procs = sample()
@@ -125,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                 before = add_rates(conns, before, now - last)
                 last = now
                 count += 1
-                live.update(view(conns, groups, procs), refresh=True)
+                live.update(view(conns, groups, procs, terminal), refresh=True)
     except KeyboardInterrupt:
         pass
     return 0
