@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = SRC / "smcr"
 
 LAYERS: list[set[str]] = [
-    {"smcr._mypyc", "smcr.native", "smcr.ueid", "smcr.pnet"},
+    {"smcr._mypyc", "smcr.native", "smcr.ueid", "smcr.pnet", "smcr.peers", "smcr.settings"},
     {"smcr.wire"},
     {"smcr.rdma"},
     {"smcr.core"},

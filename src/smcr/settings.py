@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from smcr.peers import parse
+
 T = TypeVar("T")
 U = TypeVar("U")
 
@@ -98,9 +100,7 @@ def _net_devices(text: str) -> tuple[str, ...]:
 
 
 def _peers(text: str) -> str:
-    """Entries of :mod:`smcr.discovery.policy` (checked by its parser)."""
-    from smcr.discovery.policy import parse  # noqa: PLC0415 - only when checked
-
+    """Entries of a peers list (:mod:`smcr.peers`)."""
     parse(text)
     return text
 
