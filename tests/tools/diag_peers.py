@@ -3,7 +3,9 @@
 ``server [HOST]``, ``client PORT [HOST]`` (default 127.0.0.1).  Each prints one line
 when it is ready (``ready PORT`` for servers) and then
 waits for a line on standard input (``exit``: leave normally, so that its
-counters are left behind; ``close``: close the SMC-R connection and wait again).
+counters are left behind; ``close``: close the SMC-R connections and wait again; a
+client's ``talk``: 100 more round trips on each of them and one more connection to the
+server, made by this process and so on the link group there is, which has its 100 too).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import smcr
 
 
 def _echo(conn: socket.socket) -> None:
-    try:
-        while data := conn.recv(65536):
-            conn.sendall(data)
-    except OSError:
-        pass
+    with conn:
+        try:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+        except OSError:
+            pass
 
 
 def server(host: str = "127.0.0.1") -> None:
@@ -41,22 +44,31 @@ def client(port: int, host: str = "127.0.0.1") -> None:
     """One SMC-R connection (100 round trips of 1000 bytes), one plain TCP connection (the
     server falls back: 0x03010000), then wait."""
     conn = smcr.create_connection((host, port))
+    _round_trips(conn)
+    plain = socket.create_connection((host, port))
+    print(f"ready {conn.smc_info().mode} {plain.getsockname()[1]}", flush=True)
+    _commands([conn], (host, port))
+
+
+def _round_trips(conn: socket.socket) -> None:
     for _ in range(100):
         conn.sendall(b"x" * 1000)
         got = 0
         while got < 1000:
             got += len(conn.recv(1000 - got))
-    plain = socket.create_connection((host, port))
-    print(f"ready {conn.smc_info().mode} {plain.getsockname()[1]}", flush=True)
-    _commands([conn])
 
 
-def _commands(conns: list[socket.socket]) -> None:
+def _commands(conns: list[socket.socket], server_at: tuple[str, int] | None = None) -> None:
     for line in sys.stdin:
         if line.strip() == "close":
             for c in conns:
                 c.close()
             print("closed", flush=True)
+        elif line.strip() == "talk" and server_at is not None:
+            conns.append(smcr.create_connection(server_at))
+            for c in conns:
+                _round_trips(c)
+            print("talked", " ".join(c.smc_info().mode for c in conns), flush=True)
         elif line.strip() == "exit":
             return
 

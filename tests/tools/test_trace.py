@@ -155,6 +155,67 @@ def _check_conversation(frames: list[DecodedFrame], port: int) -> None:
         assert sum(int(f.first("infiniband.reth.dmalen")) for f in writes) == 100 * 1000
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_trace_of_links_up_before_it_decodes(version: str, env: dict[str, str],
+                                               procs: Callable[..., Proc],
+                                               tmp_path: Path) -> None:  # fmt: skip
+    """A trace that starts while RoCE links exist: the client's first connection has
+    talked already; during the trace it talks again, and a second connection comes on
+    the link group there is (CLC without first contact, no CONFIRM LINK).  Every SEND
+    decodes as SMC-R and nothing is malformed; each way's PSNs run on without a gap from
+    the RNIC's; the WRITEs carry what was sent.  With SMC-Rv2 (a UEID in common) the LLC
+    messages are v2 ones, whose length Linux (and so smcr) writes in host order where
+    Wireshark reads big-endian: its heuristic skips them (as in the kernel's own
+    capture, ``shared/golden``), so there they are only counted, not decoded."""
+    extra = {"SMCR_RNIC": "roce"}
+    if version == "v2":
+        ueid = tmp_path / "ueid"
+        ueid.write_text("SMCR-TRACE-TEST\n")
+        extra["SMCR_UEID_FILE"] = str(ueid)
+    server = procs("server", "127.0.0.2", **extra)
+    port = server.first[1]
+    client = procs("client", port, "127.0.0.2", **extra)
+    assert client.first[1] == "SMCR"
+    pcap = tmp_path / "trace.pcap"
+    tracer = Trace(env, "-w", str(pcap), "-p", str(server.p.pid), "--json")
+    try:
+        client.say("talk")
+        assert client.p.stdout is not None
+        assert client.p.stdout.readline().split() == ["talked", "SMCR", "SMCR"]
+        client.say("close")
+        assert client.p.stdout.readline().strip() == "closed"
+        assert wait_for(lambda: _connections_gone(env, server.p.pid))
+        status, out, err = tracer.stop()
+    finally:
+        tracer.kill()
+    assert status == 0, err
+    (proc,) = json.loads(out)["processes"]
+    assert (proc["dropped"], proc["bad"], proc["unframed"]) == (0, 0, 0)
+    frames = decode(pcap)
+    assert [(f.number, f.errors) for f in frames if f.malformed or f.errors] == []
+    clc = [int(f.first("smc.clc_msg")) for f in frames if f.values("smc.clc_msg")]
+    assert clc == [1, 2, 3]  # the second connection's; the first's was before the trace
+    roce = [f for f in frames if "infiniband" in f.protocols]
+    sends = [f for f in roce if _ints(f, "infiniband.bth.opcode") == [4]]
+    llc = [f for f in sends if not f.values("smc.llc_msg")]
+    if version == "v1":
+        assert llc == []
+    else:
+        assert all(f.first("infiniband.bth.destqp") for f in llc)  # framed, not decoded
+    assert not [f for f in sends if _ints(f, "smc.llc_msg") == [1]]  # no CONFIRM LINK
+    ways: dict[int, list[DecodedFrame]] = {}
+    for f in roce:
+        ways.setdefault(_ints(f, "infiniband.bth.destqp")[0], []).append(f)
+    assert len(ways) == 2
+    for way in ways.values():
+        psns = [_ints(f, "infiniband.bth.psn")[0] for f in way]
+        assert psns == [(psns[0] + i) & 0xFFFFFF for i in range(len(psns))]
+        cdcs = [f for f in way if _ints(f, "smc.llc_msg") == [0xFE]]
+        assert len(cdcs) >= 200  # 100 round trips on each connection, each way
+        writes = [f for f in way if _ints(f, "infiniband.bth.opcode") == [10]]
+        assert sum(int(f.first("infiniband.reth.dmalen")) for f in writes) == 2 * 100 * 1000
+
+
 def _bth_rows(pcap: Path) -> list[tuple[str, ...]]:
     """(source, destination, opcode, dest QP, PSN, DMA length) of every RoCE packet but ACKs."""
     out = subprocess.run(["tshark", "-n", "-r", str(pcap), "-Y",
