@@ -50,7 +50,7 @@ def client(port: int, host: str = "127.0.0.1") -> None:
     _commands([conn], (host, port))
 
 
-def _round_trips(conn: socket.socket) -> None:
+def _round_trips(conn: smcr.SMCSocket) -> None:
     for _ in range(100):
         conn.sendall(b"x" * 1000)
         got = 0
@@ -58,7 +58,7 @@ def _round_trips(conn: socket.socket) -> None:
             got += len(conn.recv(1000 - got))
 
 
-def _commands(conns: list[socket.socket], server_at: tuple[str, int] | None = None) -> None:
+def _commands(conns: list[smcr.SMCSocket], server_at: tuple[str, int] | None = None) -> None:
     for line in sys.stdin:
         if line.strip() == "close":
             for c in conns:
