@@ -4,11 +4,13 @@ RMB is not handed out while the old peer may still write into it."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
 from smcr.core import FellBack
 from smcr.rdma import AccessFlag
+from smcr.rdma.shm import ShmDevice
 from smcr.stack.hostconn import HostConn
 from smcr.stack.runtime import Stack
 from smcr.wire.decline import DeclineCode
@@ -73,6 +75,27 @@ def test_the_pool_keeps_sizes_and_kinds_apart() -> None:
         assert other is not None and rmb not in other and snd not in other
         again = x.pool.alloc(SIZE, SIZE)
         assert again == (rmb, snd)  # each from its own kind's list
+        hc.tcp.close()
+
+
+def test_pooled_buffers_hold_no_memory_and_come_back_zeroed() -> None:
+    """What a closed connection wrote stays neither in the host's memory nor in the next
+    connection's buffers: a buffer going back to the pool gives its pages back."""
+    with hosts(1) as (x,), x.lock:
+        bufs = x.pool.alloc(SIZE, SIZE)
+        assert bufs is not None
+        rmb, snd = bufs
+        for mr in bufs:
+            mr.buf[:] = b"w" * mr.length
+        hc = x.new_conn(socket.socket())
+        hc.rmb_mr, hc.sndbuf_mr = rmb, snd
+        x.pool.give_back(hc)
+        assert isinstance(x.device, ShmDevice)
+        _index, fd, _mm, _mr = x.device._remote[rmb.rkey]  # the RMB's segment
+        assert os.fstat(fd).st_blocks == 0
+        again = x.pool.alloc(SIZE, SIZE)
+        assert again == (rmb, snd)
+        assert bytes(rmb.buf) == bytes(SIZE) and bytes(snd.buf) == bytes(SIZE)
         hc.tcp.close()
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import mmap
 import secrets
 import select
 import socket
@@ -199,6 +200,19 @@ class KeyAllocator:
         return key in self._live
 
 
+def zeroed_memory(length: int) -> memoryview:
+    """``length`` zero bytes whose pages are backed only once written: an anonymous
+    mapping, not a ``bytearray`` (which writes all of its zeros at once, so that a
+    connection's 4 MiB buffer would cost 4 MiB however little it sends).
+
+    :raises VerbsError: ENOMEM when the mapping fails.
+    """
+    try:
+        return memoryview(mmap.mmap(-1, length))
+    except OSError as e:
+        raise VerbsError(errno.ENOMEM, f"cannot map {length} bytes: {e}") from e
+
+
 class MemoryRegion:
     """A registered buffer: ``buf`` seen by the peer at ``[addr, addr + length)``.
 
@@ -227,6 +241,23 @@ class MemoryRegion:
         self.access_bits = int(access)
         self._on_dereg = on_dereg
         self.valid = True
+
+    def discard(self) -> None:
+        """Give the region's pages back to the kernel; its bytes read as zeros afterwards.
+
+        For a region that is kept for reuse while nobody writes into it (a pooled RMB
+        or send buffer): its memory returns to the host until it is written again.
+        Only mappings can do this (a shared segment is punched, so every mapping of it,
+        the peer's included, lets the pages go); a plain buffer keeps its memory.
+        """
+        memory = self.buf.obj
+        if not isinstance(memory, mmap.mmap):
+            return
+        try:
+            memory.madvise(mmap.MADV_REMOVE)  # a shared segment: the pages of the file
+        except OSError:
+            with contextlib.suppress(OSError):
+                memory.madvise(mmap.MADV_DONTNEED)  # private anonymous memory
 
     def dereg(self) -> None:
         """Deregister: remote and local access end now; ``buf`` must not be used after."""

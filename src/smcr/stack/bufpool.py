@@ -2,7 +2,9 @@
 
 Linux keeps freed RMBs in the link group for reuse (``smcr_buf_unuse``); here a released
 connection's RMB and send buffer go back to a per-(size, kind) free list and come out
-again with the same rkey and address.  When they go back is the executor's business
+again with the same rkey and address; their pages go back to the host meanwhile
+(:meth:`~smcr.rdma.base.MemoryRegion.discard`), so that the memory of connections that
+closed does not stay with the process.  When they go back is the executor's business
 (:class:`~smcr.core.ReuseRmb`: once the peer can no longer write into the RMB).  The pool
 is bounded by :attr:`BufferPool.max_buffers`; past it a handshake declines with ``MEM``.
 """
@@ -56,6 +58,7 @@ class BufferPool:
         hc.aliases.clear()
         for mr, remote in ((hc.rmb_mr, True), (hc.sndbuf_mr, False)):
             if mr is not None:
+                mr.discard()  # (its memory back to the host while it waits in the pool)
                 self.free.setdefault((mr.length, remote), []).append(mr)
         if hc.rmb_mr is not None:
             self.out -= 1

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
 import secrets
 import select
 import socket
@@ -61,6 +60,7 @@ from smcr.rdma.base import (
     MemoryRegion,
     ProtectionDomain,
     random_qpn,
+    zeroed_memory,
 )
 from smcr.rdma.eventloop import Engine
 from smcr.rdma.roce import fastpath, netif
@@ -495,22 +495,15 @@ class RocePd(ProtectionDomain):
         self.device = device
 
     def alloc_mr(self, length: int, access: AccessFlag) -> MemoryRegion:
-        """Allocate ``length`` zeroed bytes and register them.
-
-        The bytes are an anonymous mapping, not a ``bytearray``: its pages are
-        backed only once written, so a connection's 4 MiB RMB and send buffer
-        cost what it sends (``bytearray(n)`` writes all n zeros at once).
+        """Allocate ``length`` zeroed bytes (:func:`~smcr.rdma.base.zeroed_memory`: backed
+        only once written) and register them.
 
         :raises VerbsError: EINVAL for REMOTE_WRITE without LOCAL_WRITE (as
             ``ibv_reg_mr``) or a bad length; ENOMEM if the mapping fails.
         """
         if length <= 0 or length > self.device.attr.max_mr_size:
             raise VerbsError(errno.EINVAL, f"MR length {length}")
-        try:
-            memory = mmap.mmap(-1, length)
-        except OSError as e:
-            raise VerbsError(errno.ENOMEM, f"cannot map {length} bytes: {e}") from e
-        return self.reg_mr(memoryview(memory), access)
+        return self.reg_mr(zeroed_memory(length), access)
 
     def reg_mr(self, buffer: bytearray | memoryview, access: AccessFlag) -> MemoryRegion:
         """Register a caller's writable buffer; remote access is allowed (the responder is us).

@@ -43,6 +43,7 @@ from smcr.rdma.base import (
     MemoryRegion,
     ProtectionDomain,
     random_qpn,
+    zeroed_memory,
 )
 from smcr.rdma.eventloop import Engine
 from smcr.rdma.shm import layout as lay
@@ -254,7 +255,7 @@ class ShmPd(ProtectionDomain):
         if access & AccessFlag.REMOTE_WRITE and not access & AccessFlag.LOCAL_WRITE:
             raise VerbsError(errno.EINVAL, "REMOTE_WRITE needs LOCAL_WRITE")
         if not access & REMOTE_ACCESS:
-            return self._register(memoryview(bytearray(length)), access, None)
+            return self._register(zeroed_memory(length), access, None)
         fd, mm = lay.new_segment("smcr-mr", length)
         try:
             return self._register(memoryview(mm), access, (fd, mm))

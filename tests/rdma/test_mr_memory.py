@@ -1,0 +1,75 @@
+"""What a registered buffer costs the host: pages backed only once written, and given back
+by ``MemoryRegion.discard`` (a pooled RMB or send buffer waiting for its next connection).
+
+Memory is read from the kernel: the process's resident set (``VmRSS``) for private
+memory, a shared segment's allocated blocks (``st_blocks`` of its memfd) for shared
+memory, which the peer's mappings keep alive too.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from smcr.rdma import AccessFlag
+from smcr.rdma.base import MemoryRegion
+from smcr.rdma.shm import ShmDevice
+from tests.rdma.rdma_helpers import RW
+
+SIZE = 32 << 20
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def _segment_bytes(dev: ShmDevice, mr: MemoryRegion) -> int:
+    """Bytes of memory a remote-accessible MR's shared segment holds now."""
+    _index, fd, _mm, _mr = dev._remote[mr.rkey]
+    return os.fstat(fd).st_blocks * 512
+
+
+def test_a_send_buffer_costs_what_is_written(shm_dir: Path) -> None:
+    dev = ShmDevice("m", directory=shm_dir)
+    try:
+        pd = dev.alloc_pd()
+        before = _rss_kib()
+        mr = pd.alloc_mr(SIZE, AccessFlag.LOCAL_WRITE)
+        assert _rss_kib() - before < 4096  # not 32 MiB of zeros written at once
+        mr.buf[: 1 << 20] = b"x" * (1 << 20)
+        grown = _rss_kib() - before
+        assert 1024 <= grown < 8192
+        mr.discard()
+        assert _rss_kib() - before < grown - 512  # the written MiB went back
+        assert bytes(mr.buf[:4096]) == bytes(4096)  # and reads as zeros
+        mr.buf[:3] = b"abc"  # still usable
+        assert bytes(mr.buf[:3]) == b"abc"
+    finally:
+        dev.close()
+
+
+def test_an_rmb_segment_is_given_back_for_every_mapping(shm_dir: Path) -> None:
+    dev = ShmDevice("m", directory=shm_dir)
+    try:
+        pd = dev.alloc_pd()
+        mr = pd.alloc_mr(SIZE, RW)
+        assert _segment_bytes(dev, mr) == 0  # a new segment holds nothing
+        mr.buf[:SIZE] = b"y" * SIZE
+        assert _segment_bytes(dev, mr) >= SIZE
+        mr.discard()
+        assert _segment_bytes(dev, mr) == 0
+        assert bytes(mr.buf[SIZE - 8 :]) == bytes(8)
+    finally:
+        dev.close()
+
+
+def test_a_callers_buffer_is_left_alone(shm_dir: Path) -> None:
+    dev = ShmDevice("m", directory=shm_dir)
+    try:
+        buffer = bytearray(b"keep" * 1024)
+        mr = dev.alloc_pd().reg_mr(buffer, AccessFlag.LOCAL_WRITE)
+        mr.discard()
+        assert buffer[:4] == b"keep"
+    finally:
+        dev.close()
