@@ -39,9 +39,18 @@ from smcr.stack.spin import SpinPolicy
 
 STANDBY = 0.01  # the progress thread's look-in period after an application polled
 STANDBY_IDLE = 0.1
-"""Its look-in period while an application thread polls now (asleep on the CQ, say in a
-blocked ``recv``): that thread takes the news meanwhile, so the progress thread need look
-only seldom (an idle blocked connection then costs ten wake-ups a second)."""
+"""Its first look-in after that while an application thread polls now (asleep on the CQ,
+say in a blocked ``recv``); each further look that finds it still polling waits twice as
+long, up to :data:`STANDBY_LONGEST`.  That thread takes the news meanwhile (timers
+included), and when a wait that long ends it rings the progress thread
+(:meth:`Progress._hand_back`), so the look-ins are only a safety net: an idle blocked
+connection should cost almost no wake-ups, which are not free (on a virtual machine of
+the kind we run on a thread woken from a timed wait costs about a millisecond of CPU)."""
+STANDBY_LONGEST = 1.6
+LONGEST_SLEEP = 4.0
+"""The longest a poller sleeps on the CQ without a deadline of its own or the engine's: news
+rings it (completions, doorbells, CLC sockets) and timers bound the sleep, so this is a
+safety net, long enough that a blocked idle connection costs a wake-up only now and then."""
 SPIN = settings.spin_seconds()
 """The longest an application thread that waits polls the CQ before it arms it and sleeps
 (:class:`~smcr.stack.spin.SpinPolicy` decides how long, and whether)."""
@@ -167,7 +176,7 @@ class Progress:
             wcs = cq.poll(64)
         if not wcs:
             timer = ex.engine.get_timer()
-            limit = 1.0 if left is None else left
+            limit = LONGEST_SLEEP if left is None else left
             if timer is not None:
                 limit = min(limit, max(0.0, timer - time.monotonic()))
                 if limit == 0.0:
@@ -277,8 +286,8 @@ class Progress:
     def _standby(self) -> None:
         """The progress thread stands by (lock held on entry and on return): it lets go
         of the lock and asks for it again only after :data:`STANDBY` in which no
-        application thread polled (it looks every :data:`STANDBY_IDLE` while one polls),
-        or when woken (:meth:`Wakeups.wake_progress`).
+        application thread polled (while one polls, it looks after :data:`STANDBY_IDLE`,
+        then ever more seldom), or when woken (:meth:`Wakeups.wake_progress`).
 
         Why not wait on a condition of the lock: its wait takes the lock back at each
         timeout, and an application thread that polls releases and takes the lock at
@@ -287,10 +296,16 @@ class Progress:
         sender's every message, 64 KiB writes)."""
         lock, wake = self.ex.lock, self.wake
         bg_wake = wake.bg_wake
+        idle = STANDBY_IDLE
         lock.release()
         try:
             while True:
-                woken = bg_wake.wait(STANDBY_IDLE if wake.poller == "app" else STANDBY)
+                if wake.poller == "app":
+                    woken = bg_wake.wait(idle)
+                    idle = min(2 * idle, STANDBY_LONGEST)
+                else:
+                    woken = bg_wake.wait(STANDBY)
+                    idle = STANDBY_IDLE
                 bg_wake.clear()
                 # (read without the lock: a stale look only costs one more round; orphans
                 # and closes that drain are looked at every STANDBY, _progress_step)
