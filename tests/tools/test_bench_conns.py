@@ -140,7 +140,7 @@ def test_medians_leave_failed_runs_out_and_fallbacks_show(
         _run("smc", 4.0, fallbacks={"TCP 0x03010000/0x00000000": 2}), _run("tcp", 3.0),
         _run("smc", 9.0, failure="opened 4 of 10: connection 5: [Errno 24] Too many "
              "open files"),
-        _run("tcp", 2.0, errors={"wrong bytes in a response": 1}),
+        _run("tcp", 2.0, errors={"wrong bytes in a response": 1, "recv: [bold] x": 1}),
     ])  # fmt: skip
     kinds: list[str] = []
 
@@ -158,7 +158,7 @@ def test_medians_leave_failed_runs_out_and_fallbacks_show(
     assert [cell.strip() for cell in row.split("│")[2:5]] == ["3", "2", "s"], row
     assert "FALLBACK: 2 of 24 connections of the SMC-R runs fell back to TCP: " \
            "TCP 0x03010000/0x00000000 x2" in text
-    assert "ERRORS (1): wrong bytes in a response x1" in text
+    assert "ERRORS (2): wrong bytes in a response x1; recv: [bold] x x1" in text  # (not markup)
     assert "FAILED: SMC-R run 3: opened 4 of 10: connection 5: [Errno 24]" in text
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -123,15 +124,15 @@ def _conns_verdict(report: benchconns.ConnsReport) -> list[str]:
     if report.fallbacks:
         lines.append(f"[red]FALLBACK: {opened - smcr} of {opened} connections of the SMC-R "
                      "runs fell back to TCP:[/red] " + ", ".join(
-                         f"{reason} x{n}" for reason, n in report.fallbacks.items()))
+                         f"{escape(reason)} x{n}" for reason, n in report.fallbacks.items()))
     elif opened:
         lines.append(f"SMC-R runs: all {opened} connections in SMC-R mode")
     if report.errors:
         lines.append(f"[red]ERRORS ({sum(report.errors.values())}):[/red] " + "; ".join(
-            f"{what} x{n}" for what, n in report.errors.items()))
+            f"{escape(what)} x{n}" for what, n in report.errors.items()))
     else:
         lines.append("errors: none (every response checked byte for byte)")
-    lines += [f"[red]FAILED:[/red] {text}" for text in report.failures]
+    lines += [f"[red]FAILED:[/red] {escape(text)}" for text in report.failures]
     lines.append("RSS and descriptors: /proc/PID of each process with every connection "
                  "open, minus before the first connect, per connection; kept after close: "
                  "RSS once every connection ended, minus before")
