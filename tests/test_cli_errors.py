@@ -31,7 +31,10 @@ CASES: dict[str, list[tuple[list[str], dict[str, str], int, str]]] = {
               (["--rounds", "x"], {}, 2, "'x'"), (["--mtu", "100"], {}, 2, "'100'"),
               (["--rnic", "rxe"], {}, 2, "'rxe'"), (["--load", "-1"], {}, 2, "'-1'"),
               (["--cpus", "4096"], {}, 2, "'4096'"), (["--cpus", "a-b"], {}, 2, "'a-b'"),
-              (["--plot", "/nonexistent/dir/bench.svg"], {}, 2, "no such directory")],
+              (["--plot", "/nonexistent/dir/bench.svg"], {}, 2, "no such directory"),
+              (["--conns", "0"], {}, 2, "'0'"), (["--conns", "abc"], {}, 2, "'abc'"),
+              (["--conns", "-5"], {}, 2, "'-5'"), (["--exchanges", "0"], {}, 2, "'0'"),
+              (["--conns", "10", "--plot", "bench.svg"], {}, 2, "--plot")],
     "device": [(["list"], {}, 2, "'list'")],
     "enable": [(["--cgroup", "/nonexistent"], {}, 2, "'/nonexistent'")],
     "disable": [(["now"], {}, 2, "now")],
@@ -131,6 +134,7 @@ def test_the_library_refuses_a_bad_variable_when_the_runtime_starts(
 
 @pytest.mark.parametrize(("args", "env"), [
     (["bench", "--sizes", "0"], {}),
+    (["bench", "--conns", "abc"], {}),
     (["chk", "-S", "-p", "99999"], {}),
     (["chk"], {"SMCR_RNIC": "bogus"}),
     (["demo"], {"SMCR_MAX_LINKS": "7"}),

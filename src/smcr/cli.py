@@ -23,7 +23,8 @@ EXIT_STATUS: dict[int, str] = {
     0: "success (chk: SMC-R was used and the echo came back whole)",
     1: "the command ran and what it checked or did failed (chk: no SMC-R, or the echo "
        "differs; pnet/ueid: the table refused the change or has invalid lines; "
-       "enable: the kernel refused; trace: nothing to trace)",
+       "enable: the kernel refused; trace: nothing to trace; bench --conns: a "
+       "connection could not be opened, fell back to TCP or saw an error)",
     2: "bad usage: an argument or an SMCR_* variable with a value that is not allowed "
        "(one line on standard error names it and what is allowed)",
     126: "run: the command cannot be executed",
@@ -73,7 +74,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    """SMC-R against TCP on this host: throughput and ping-pong latency."""
+    """SMC-R against TCP on this host: throughput and ping-pong latency, or N connections
+    at once (``--conns``)."""
     from rich.console import Console  # noqa: PLC0415
 
     from smcr.tools import benchcli  # noqa: PLC0415
@@ -315,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --capture: where to write the capture "
                            "(default: a new private temp dir)")
     demo.set_defaults(func=_cmd_demo)
-    bench = sub.add_parser("bench", help="SMC-R vs TCP throughput and latency on this host")
+    bench = sub.add_parser("bench", help="SMC-R vs TCP throughput and latency on this host; "
+                           "with --conns: N connections at once")
     bench.add_argument("--json", action="store_true", help="machine-readable results")
     bench.add_argument("--reps", type=argtypes.count(1), default=5,
                        help="repetitions (median; default 5)")
@@ -327,6 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ping-pong round trips per run")
     bench.add_argument("--connections", type=argtypes.count(0), default=300,
                        help="connections per run of the set-up tests (0: skip them)")
+    bench.add_argument("--conns", type=argtypes.count(1, what="connections"), metavar="N",
+                       help="instead of the size sweep: N connections open at once, each "
+                            "doing --exchanges request/responses of 100 B: connect time, "
+                            "transactions/s, memory and descriptors per connection, memory "
+                            "kept after close, SMC-R and TCP (README)")
+    bench.add_argument("--exchanges", type=argtypes.count(1), default=200, metavar="K",
+                       help="with --conns: request/response exchanges per connection "
+                            "(default 200)")
     bench.add_argument("--bufsize", type=argtypes.count(0, 1 << 30, "bytes; 0: the RNIC's"),
                        default=0,
                        help="SO_SNDBUF/SO_RCVBUF for SMC-R (default: the RNIC's, "

@@ -32,3 +32,21 @@ def test_bench_over_roce_between_namespaces_reports_both_and_cleans_up() -> None
                           check=True)
     ours = {f"smcrb{proc.pid % 100000}a", f"smcrb{proc.pid % 100000}b"}
     assert not [line for line in left.stdout.splitlines() if line.split()[0] in ours]
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                    reason="needs root and iproute2 (network namespaces)")
+def test_bench_conns_over_roce_between_namespaces() -> None:
+    """``--conns``: the client in the first namespace, the server it spawns in the second."""
+    got = subprocess.run(
+        [sys.executable, "-m", "smcr", "bench", "--rnic", "roce", "--netns", "--json",
+         "--conns", "20", "--exchanges", "5", "--reps", "1"],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr[-2000:]
+    report = json.loads(got.stdout)
+    assert report["ok"] and report["rnic"] == "roce"
+    assert report["smcr_connections"] == 20
+    assert all(r["server_smcr"] == (20 if r["kind"] == "smc" else 0) for r in report["runs"])
