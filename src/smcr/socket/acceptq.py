@@ -165,6 +165,14 @@ class AcceptQueue:
             self.pending += 1
         try:
             handshake.start_handshake(sock, False, lambda hc: self._handshake_ended(sock, addr, hc))
+        except OSError as exc:  # EMFILE, ENOMEM...: the peer is refused, accept() raises it
+            sock.close()
+            with self.cond:
+                self.pending -= 1
+                if not self.closed:
+                    self.error = exc
+                    self._changed()
+            return
         except Exception:
             with self.cond:
                 self.pending -= 1

@@ -89,7 +89,14 @@ class Connecting:
                 self._settle("TCP", 0, failed=True)
                 return
         if discovery.current().peer_offered(sock, client=True):
-            handshake.start_handshake(sock, True, self._handshake_ended)
+            try:
+                handshake.start_handshake(sock, True, self._handshake_ended)
+            except OSError as e:  # (no descriptor left for the runtime's hold, say)
+                declined = handshake.decline_instead(sock, e)
+                with self.lock:
+                    if not self.closed:
+                        self._settle("TCP", 0 if declined else (e.errno or errno.EIO),
+                                     failed=not declined)  # fmt: skip
         else:
             handshake.fall_back(sock, int(DeclineCode.PEERNOSMC), 0)
             with self.lock:

@@ -37,7 +37,12 @@ from smcr.stack.conn import DataPath, SocketCalls
 from smcr.stack.counters import COUNTERS as _C
 from smcr.stack.hostconn import HostConn
 from smcr.stack.runtime import Stack, get_stack
-from smcr.wire.decline import describe
+from smcr.wire.clc import ClcDecline
+from smcr.wire.decline import DeclineCode, describe
+
+OUT_OF_RESOURCES = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS))
+"""Errors of a process out of descriptors or memory: a handshake that meets one at its start
+is declined (``MEM``), never left hanging."""
 
 
 def stack_here(sock: SocketBase) -> None:
@@ -67,7 +72,12 @@ def handshake(sock: SocketBase, client: bool) -> None:
     :raises ConnectionResetError: when it failed with no way back to TCP (the
         peer broke the CLC protocol): the TCP connection is reset.
     """
-    stack, hc = start_handshake(sock, client, None, polled=True)
+    try:
+        stack, hc = start_handshake(sock, client, None, polled=True)
+    except OSError as e:
+        if not decline_instead(sock, e):
+            raise
+        return
     deadline = None if sock._timeout is None else time.monotonic() + sock._timeout
     with stack.lock:
         if not stack.wait(hc, lambda: hc.outcome is not None, deadline, spin=0.0):
@@ -114,6 +124,23 @@ def start_handshake(sock: SocketBase, client: bool,
         if hc.outcome is not None and hc.on_outcome is not None:
             hc.on_outcome(hc)  # ended at once, and nobody took the news yet
     return stack, hc
+
+
+def decline_instead(sock: SocketBase, error: OSError) -> bool:
+    """A client that cannot start its handshake because the process is out of descriptors
+    or memory (:data:`OUT_OF_RESOURCES`: the runtime holds the TCP socket by a descriptor of
+    its own) tells the server so with a CLC Decline (``MEM``), which ends the server's
+    handshake in a fallback as it ends Linux's, and goes on over TCP (Linux
+    ``smc_connect_decline_fallback``).
+
+    :returns: whether it did (False: ``error`` is another, for the caller to report).
+    """
+    if error.errno not in OUT_OF_RESOURCES:
+        return False
+    with contextlib.suppress(OSError):  # (a peer gone meanwhile: TCP will say so)
+        PlainSocket.sendall(sock, ClcDecline.linux(DeclineCode.MEM, version=1).encode())
+    fall_back(sock, int(DeclineCode.MEM), 0)
+    return True
 
 
 def finish_handshake(sock: SocketBase, stack: Stack, hc: HostConn) -> None:

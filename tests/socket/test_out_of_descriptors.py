@@ -1,0 +1,132 @@
+"""A process out of descriptors while SMC-R connections start: never a hang.
+
+The runtime holds each connection's TCP socket by a descriptor of its own (``os.dup``),
+so a process at its descriptor limit can have a TCP connect succeed and the handshake
+fail to start.  A client then declines (CLC Decline ``MEM``, as Linux's
+``smc_connect_decline_fallback``) and both ends go on over TCP; a server refuses that
+peer and ``accept`` raises the error, as it raises TCP's own ``EMFILE``, with the
+listener usable afterwards.  The limit is reached for one end only, by failing exactly
+the ``dup`` of that end's TCP socket (a real limit would hit the other end too, which
+lives in this process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import selectors
+import socket
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import smcr
+from smcr.wire.decline import DeclineCode
+
+MEM = int(DeclineCode.MEM)
+
+
+def _ports(fd: int) -> tuple[int, int]:
+    """(local, peer) port of a connected TCP descriptor (no descriptor made to learn it)."""
+    probe = socket.socket(fileno=fd)
+    try:
+        local, peer = probe.getsockname(), probe.getpeername()
+    finally:
+        probe.detach()
+    if not (isinstance(local, tuple) and isinstance(peer, tuple)):
+        raise OSError(errno.ENOTSOCK, "not a TCP socket")  # (a socketpair's end)
+    return local[1], peer[1]
+
+
+@pytest.fixture
+def server() -> Iterator[smcr.SMCSocket]:
+    srv = smcr.create_server(("127.0.0.1", 0))
+    srv.settimeout(20)
+    yield srv
+    srv.close()
+
+
+def _no_descriptor_for(monkeypatch: pytest.MonkeyPatch,
+                       which: Callable[[int, int], bool]) -> list[int]:  # fmt: skip
+    """``os.dup`` fails with EMFILE for TCP sockets whose (local, peer) ports ``which``
+    picks; the list counts the failures."""
+    real_dup, failed = os.dup, []
+
+    def dup(fd: int) -> int:
+        try:
+            ports = _ports(fd)
+        except OSError:
+            ports = (0, 0)
+        if ports != (0, 0) and which(*ports):
+            failed.append(fd)
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_dup(fd)
+
+    monkeypatch.setattr(os, "dup", dup)
+    return failed
+
+
+def _talk(a: socket.socket, b: socket.socket) -> None:
+    """Bytes both ways, intact: nothing of the handshake is left in the stream."""
+    a.sendall(b"ping" * 1000)
+    got = b""
+    while len(got) < 4000:
+        got += b.recv(4000 - len(got))
+    assert got == b"ping" * 1000
+    b.sendall(b"pong")
+    assert a.recv(4) == b"pong"
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_client_out_of_descriptors_declines_and_both_go_on_over_tcp(
+        blocking: bool, server: smcr.SMCSocket,
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    port = server.getsockname()[1]
+    failed = _no_descriptor_for(monkeypatch, lambda _local, peer: peer == port)
+    if blocking:
+        client = smcr.create_connection(("127.0.0.1", port), timeout=20)
+    else:
+        client = smcr.SMCSocket()
+        client.setblocking(False)
+        assert client.connect_ex(("127.0.0.1", port)) == errno.EINPROGRESS
+        with selectors.DefaultSelector() as sel:
+            sel.register(client, selectors.EVENT_WRITE)
+            assert sel.select(20), "the connect never settled"
+        assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        client.setblocking(True)
+        client.settimeout(20)
+    with client:
+        accepted, _ = server.accept()
+        assert isinstance(accepted, smcr.SMCSocket)
+        with accepted:
+            assert len(failed) == 1
+            info, peer_info = client.smc_info(), accepted.smc_info()
+            assert (info.mode, info.local_code) == ("TCP", MEM)
+            assert (peer_info.mode, peer_info.peer_code) == ("TCP", MEM)
+            _talk(client, accepted)
+
+
+def test_a_server_out_of_descriptors_refuses_the_peer_and_accept_raises_it(
+        server: smcr.SMCSocket, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    port = server.getsockname()[1]
+    failed = _no_descriptor_for(monkeypatch, lambda local, _peer: local == port)
+    try:
+        refused = smcr.create_connection(("127.0.0.1", port), timeout=20)
+    except OSError:
+        refused = None  # (the handshake met the closed peer: as good as a reset)
+    with pytest.raises(OSError) as raised:
+        server.accept()
+    assert raised.value.errno == errno.EMFILE
+    assert len(failed) == 1
+    if refused is not None:  # closed by the server: end of stream or a reset, never a hang
+        refused.settimeout(20)
+        with contextlib.suppress(ConnectionError):
+            assert refused.recv(1) == b""
+        refused.close()
+    monkeypatch.undo()  # descriptors again: the listener goes on
+    with smcr.create_connection(("127.0.0.1", port), timeout=20) as client:
+        accepted, _ = server.accept()
+        with accepted:
+            assert client.smc_info().mode == "SMCR"
+            _talk(client, accepted)
