@@ -9,6 +9,7 @@ memory, which the peer's mappings keep alive too.
 from __future__ import annotations
 
 import os
+import resource
 from pathlib import Path
 
 from smcr.rdma import AccessFlag
@@ -73,3 +74,22 @@ def test_a_callers_buffer_is_left_alone(shm_dir: Path) -> None:
         assert buffer[:4] == b"keep"
     finally:
         dev.close()
+
+
+def test_thousands_of_rmbs_fit_in_the_mr_table(shm_dir: Path) -> None:
+    """Remote-accessible MRs are not capped at a number a busy server meets (1,024 was: a
+    connection past it fell back with MEM); the table costs what it holds."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    dev = ShmDevice("m", directory=shm_dir)
+    try:
+        assert dev.attr.max_mr >= 1 << 16
+        pd = dev.alloc_pd()
+        mrs = [pd.alloc_mr(4096, RW) for _ in range(1500)]
+        assert len({mr.rkey for mr in mrs}) == 1500
+        assert os.fstat(dev.table_fd).st_blocks * 512 < 1 << 20  # (2 MiB if all backed)
+        for mr in mrs:
+            mr.dereg()
+    finally:
+        dev.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

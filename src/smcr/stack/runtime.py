@@ -112,7 +112,7 @@ AUTOCORK = 64 << 10
 class Stack:
     """The per-process runtime (module docstring): its parts, wired."""
 
-    def __init__(self, config: Config | None = None, max_buffers: int = 4096,
+    def __init__(self, config: Config | None = None, max_buffers: int = 1 << 16,
                  device: Device | None = None,
                  more_devices: Sequence[Device] = (),
                  pnet_table: PnetTable | None = None) -> None:  # fmt: skip

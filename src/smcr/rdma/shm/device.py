@@ -60,7 +60,10 @@ from smcr.rdma.verbs import (
 )
 
 DEFAULT_SLOT_SIZE = 8192
-DEFAULT_MAX_MR = 1024
+DEFAULT_MAX_MR = 1 << 16
+"""Entries of the shared MR table: remote-accessible MRs (RMBs) at once, as the RoCE RNIC
+allows.  32 bytes each, in a segment whose pages are backed only once written, so a
+large table costs what it holds; below this a process's descriptors run out first."""
 IOVA_BASE = 0x0000_7E00_0000_0000
 MAX_INLINE = 1 << 24
 """Inline WRs up to 16 MiB: the requester copies at post time anyway (:mod:`smcr.rdma.shm.qp`),
