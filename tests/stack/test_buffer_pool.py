@@ -8,9 +8,13 @@ import os
 import socket
 import time
 
+import pytest
+
 from smcr.core import FellBack
 from smcr.rdma import AccessFlag
+from smcr.rdma.base import MemoryRegion
 from smcr.rdma.shm import ShmDevice
+from smcr.stack import bufpool
 from smcr.stack.hostconn import HostConn
 from smcr.stack.runtime import Stack
 from smcr.wire.decline import DeclineCode
@@ -78,25 +82,37 @@ def test_the_pool_keeps_sizes_and_kinds_apart() -> None:
         hc.tcp.close()
 
 
-def test_pooled_buffers_hold_no_memory_and_come_back_zeroed() -> None:
-    """What a closed connection wrote stays neither in the host's memory nor in the next
-    connection's buffers: a buffer going back to the pool gives its pages back."""
+def _backed(x: Stack, rmb: MemoryRegion) -> int:
+    """Bytes of memory an RMB's shared segment holds now."""
+    assert isinstance(x.device, ShmDevice)
+    _index, fd, _mm, _mr = x.device._remote[rmb.rkey]
+    return os.fstat(fd).st_blocks * 512
+
+
+def test_the_latest_pooled_buffers_keep_their_pages_the_others_give_them_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """What closed connections wrote does not stay in the host's memory, but for the
+    latest ones given back (``HOT_BYTES`` in all), whose pages the next connections
+    reuse as they are (a bulk stream then faults no page in)."""
+    monkeypatch.setattr(bufpool, "HOT_BYTES", 2 * SIZE)  # one connection's two buffers
     with hosts(1) as (x,), x.lock:
-        bufs = x.pool.alloc(SIZE, SIZE)
-        assert bufs is not None
-        rmb, snd = bufs
-        for mr in bufs:
-            mr.buf[:] = b"w" * mr.length
-        hc = x.new_conn(socket.socket())
-        hc.rmb_mr, hc.sndbuf_mr = rmb, snd
-        x.pool.give_back(hc)
-        assert isinstance(x.device, ShmDevice)
-        _index, fd, _mm, _mr = x.device._remote[rmb.rkey]  # the RMB's segment
-        assert os.fstat(fd).st_blocks == 0
-        again = x.pool.alloc(SIZE, SIZE)
-        assert again == (rmb, snd)
-        assert bytes(rmb.buf) == bytes(SIZE) and bytes(snd.buf) == bytes(SIZE)
-        hc.tcp.close()
+        given: list[tuple[MemoryRegion, MemoryRegion]] = []
+        for _ in range(2):
+            bufs = x.pool.alloc(SIZE, SIZE)
+            assert bufs is not None
+            for mr in bufs:
+                mr.buf[:] = b"w" * mr.length
+            given.append(bufs)
+        for rmb, snd in given:
+            hc = x.new_conn(socket.socket())
+            hc.rmb_mr, hc.sndbuf_mr = rmb, snd
+            x.pool.give_back(hc)
+            hc.tcp.close()
+        (old_rmb, old_snd), (new_rmb, new_snd) = given
+        assert _backed(x, old_rmb) == 0 and bytes(old_snd.buf) == bytes(SIZE)  # given back
+        assert _backed(x, new_rmb) >= SIZE and bytes(new_snd.buf[:1]) == b"w"  # kept
+        assert x.pool.alloc(SIZE, SIZE) == (new_rmb, new_snd)  # the hot ones come first
+        assert x.pool.alloc(SIZE, SIZE) == (old_rmb, old_snd)
 
 
 def test_the_pool_limit_declines_mem_until_a_buffer_comes_back() -> None:
