@@ -308,7 +308,8 @@ class Progress:
                     idle = STANDBY_IDLE
                 bg_wake.clear()
                 # (read without the lock: a stale look only costs one more round; orphans
-                # and closes that drain are looked at every STANDBY, _progress_step)
+                # and closes that drain are looked at every STANDBY, _progress_step, or
+                # at the look-ins while an application thread polls and takes their news)
                 if (woken or not self.running or self.closing.busy()
                         or not self._standing_by()):  # fmt: skip
                     return
