@@ -139,8 +139,7 @@ def _cmd_discovery(args: argparse.Namespace) -> int:
         return 0
     print(f"discovery: {found.mode} ({found.why})")
     if state.enabled:
-        where = state.cgroup or f"id {state.cgroup_id} (not visible here)"
-        print(f"TCP option: enabled for cgroup {where}, pinned in {state.pin_dir}"
+        print(f"TCP option: enabled for {state.attached_to()}, pinned in {state.pin_dir}"
               + ("" if state.covers_us else "; this process is outside that cgroup"))
     else:
         print(f"TCP option: not enabled ({state.why})")

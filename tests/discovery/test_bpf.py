@@ -140,6 +140,40 @@ def test_unprivileged_process_uses_the_pinned_map() -> None:
         assert nobody_peer_flags(src) == ["True", "True"]
 
 
+def test_a_user_other_than_root_uses_the_option_after_roots_enable(
+        private: tuple[Path, Path]) -> None:  # fmt: skip
+    """After root's ``smcr enable`` (the link pin stays root's: whoever opens it may detach
+    it), a process of user nobody in that cgroup chooses the bpf mode and its connections
+    are SMC-R; before, it could not open the link, said "Permission denied" and got TCP."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) missing")
+    pins, cgroup = private
+    bpf.enable(cgroup, pins)
+    assert (pins / "link").stat().st_mode & 0o777 == 0o600
+    script = ("import smcr; from smcr import discovery; d = discovery.current();"
+              "srv = smcr.create_server(('127.0.0.1', 0));"
+              "c = smcr.create_connection(srv.getsockname(), timeout=20); s, _ = srv.accept();"
+              "c.sendall(b'x'); assert s.recv(1) == b'x';"
+              "print(d.mode, c.smc_info().mode, s.smc_info().mode)")
+    with tempfile.TemporaryDirectory() as tmp:  # a copy of the package user nobody can read
+        src, run = Path(tmp) / "src", Path(tmp) / "run"
+        shutil.copytree(REPO_ROOT / "src" / "smcr", src / "smcr")
+        run.mkdir()
+        for path in [Path(tmp), *src.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        run.chmod(0o777)
+        res = subprocess.run(
+            ["sh", "-c", 'echo $$ > "$1/cgroup.procs" && exec setpriv --reuid=65534 '
+             '--regid=65534 --clear-groups "$2" -c "$3"', "sh", str(cgroup),
+             os.path.realpath(sys.executable), script],
+            capture_output=True, text=True, timeout=120, check=False, cwd=tmp,
+            env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin", "SMCR_BPF_DIR": str(pins),
+                 "SMCR_PEERS": "", "SMCR_SHM_DIR": str(run / "shm"), "SMCR_DIAG": "0"},
+        )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["bpf", "SMCR", "SMCR"]
+
+
 def nobody_peer_flags(src: Path) -> list[str]:
     script = ("import socket; from smcr.discovery.bpf import SocketFlags; f = SocketFlags();"
               "ls = socket.socket(); ls.bind(('127.0.0.1', 0)); f.want(ls.fileno()); ls.listen();"

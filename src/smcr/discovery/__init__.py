@@ -121,8 +121,7 @@ def _choose() -> Discovery:
         state = bpf.status()
         if state.enabled and state.covers_us:
             try:
-                where = state.cgroup or f"cgroup id {state.cgroup_id} (not visible here)"
-                return Discovery("bpf", f"TCP option, attached to {where}",
+                return Discovery("bpf", f"TCP option, attached to {state.attached_to()}",
                                  flags=bpf.SocketFlags(state.pin_dir))  # fmt: skip
             except OSError as exc:
                 why.append(f"{state.pin_dir / bpf.MAP_PIN}: {exc.strerror}")

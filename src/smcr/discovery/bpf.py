@@ -111,6 +111,14 @@ class Status:
     why: str = ""  # when not enabled: what is missing
     cgroup_id: int = 0
 
+    def attached_to(self) -> str:
+        """Where the program is attached, in words (when enabled)."""
+        if self.cgroup is not None:
+            return f"cgroup {self.cgroup}"
+        if self.cgroup_id:
+            return f"cgroup id {self.cgroup_id} (not visible here)"
+        return "a cgroup only root can tell (the pinned link is root's)"
+
 
 def _cgroup_path(cgroup_id: int) -> Path | None:
     """The cgroup v2 directory whose inode number is ``cgroup_id``."""
@@ -141,8 +149,10 @@ def status(pins: Path | None = None) -> Status:
     try:
         link_fd = bpfsys.obj_get(str(pins / LINK_PIN))
     except OSError as exc:
-        if exc.errno == 2:
+        if exc.errno == errno.ENOENT:
             return Status(False, pins, why=f"nothing pinned at {pins / LINK_PIN}")
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return _status_unprivileged(pins, exc)
         return Status(False, pins, why=f"{pins / LINK_PIN}: {os.strerror(exc.errno or 0)}")
     try:
         link_type, prog_id, cgroup_id = bpfsys.link_info(link_fd)
@@ -158,6 +168,21 @@ def status(pins: Path | None = None) -> Status:
     # it that we are covered; if not, our SYNs carry no option and both ends see TCP
     covers = cgroup is None or mine is None or mine == cgroup or cgroup in mine.parents
     return Status(True, pins, cgroup, prog_id, covers, cgroup_id=cgroup_id)
+
+
+def _status_unprivileged(pins: Path, denied: OSError) -> Status:
+    """The status as a user other than root sees it: the link is root's alone (whoever may
+    open it may detach it, so ``smcr enable`` leaves it mode 0600), but the map is every
+    user's (0666), and a map pinned beside a link is the program's, attached.  Where it
+    is attached stays unknown, so this process is taken to be covered, as where the
+    cgroup tree is not visible: if it is not, its SYNs carry no option and both ends see
+    TCP."""
+    try:
+        os.close(bpfsys.obj_get(str(pins / MAP_PIN)))
+    except OSError as exc:
+        return Status(False, pins, why=f"{pins / LINK_PIN}: {os.strerror(denied.errno or 0)}; "
+                                       f"{pins / MAP_PIN}: {os.strerror(exc.errno or 0)}")
+    return Status(True, pins, covers_us=True)
 
 
 def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
