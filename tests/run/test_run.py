@@ -8,12 +8,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from smcr.run import parse_size
-from smcr.run.launcher import environment
+from smcr.run.launcher import environment, program_kind
 from tests.support import REPO_ROOT
 
 SMCR = [sys.executable, "-m", "smcr", "run"]
@@ -222,3 +223,22 @@ def test_errors_of_the_command_line() -> None:
                           "print(type(socket.socket()).__mro__[1].__name__)'"],
                          capture_output=True, text=True, timeout=60, check=True)
     assert res.stdout.strip() == "SMCSocket"  # a Python program below a shell is covered
+
+
+def test_debug_says_when_the_command_is_not_python(tmp_path: Path) -> None:
+    """``-d`` tells that a command other than a Python program keeps its own connections
+    on TCP (smcr reaches Python interpreters only); not for Python ones."""
+    script = tmp_path / "tool"
+    script.write_text("#!/usr/bin/env python3\nprint('ok')\n")
+    script.chmod(0o755)
+    for command, kind in ((["true"], "an ELF binary"), (["sh", "-c", "true"], "an ELF binary"),
+                          ([sys.executable, "-c", "pass"], None), ([str(script)], None)):
+        res = subprocess.run([*SMCR, "-d", *command], capture_output=True, text=True,
+                             timeout=60, check=True)  # fmt: skip
+        said = [line for line in res.stderr.splitlines() if "is not a Python program" in line]
+        if kind is None:
+            assert said == [], res.stderr
+        else:
+            assert said == [f"smcr run: {command[0]} is not a Python program ({kind}): its own "
+                            "connections stay TCP; Python programs it starts use smcr"]
+    assert program_kind("/nonexistent") == "unknown"

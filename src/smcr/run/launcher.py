@@ -4,6 +4,7 @@ installed in every Python interpreter below it (see :mod:`smcr.run`)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping
@@ -49,8 +50,41 @@ def run(command: list[str], rmb: str | None = None, sndbuf: str | None = None,
         return 127
     if debug:
         print(f"smcr run: PYTHONPATH={env['PYTHONPATH']}", file=sys.stderr)
+        kind = program_kind(shutil.which(command[0], path=env.get("PATH")) or command[0])
+        if kind != "python":
+            print(f"smcr run: {command[0]} is not a Python program ({kind}): its own "
+                  "connections stay TCP; Python programs it starts use smcr",
+                  file=sys.stderr)  # fmt: skip
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
         print(f"smcr run: {command[0]}: {exc.strerror}", file=sys.stderr)
         return 126
+
+
+_PYTHON = re.compile(r"python[0-9.]*$")
+
+
+def program_kind(path: str) -> str:
+    """What ``path`` runs: ``python`` (a Python interpreter, or a script whose ``#!`` line
+    names one), else a short description for ``smcr run -d`` (``an ELF binary``, ``a
+    script for /bin/sh``, ``unknown``): smcr reaches only Python interpreters."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return "unknown"
+    if head.startswith(b"#!"):
+        words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+        if not words:
+            return "unknown"
+        names = [os.path.basename(w) for w in words[:2]]  # (#!/usr/bin/env python3)
+        if any(_PYTHON.match(n) for n in names):
+            return "python"
+        return f"a script for {words[0]}"
+    if head.startswith(b"\x7fELF"):
+        real = os.path.basename(os.path.realpath(path))
+        if _PYTHON.match(real) or _PYTHON.match(os.path.basename(path)):
+            return "python"
+        return "an ELF binary"
+    return "unknown"
