@@ -3,13 +3,14 @@ objects use them, and that what they do is what the class's methods do."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import os
 import socket
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -89,6 +90,22 @@ def test_recv_returns_what_is_there_up_to_bufsize() -> None:
         assert a.recv(2) == b"xy" and a.recv(2) == b"z"
 
 
+@contextlib.contextmanager
+def connected(cls: type[smcr.SMCSocket]) -> Iterator[tuple[smcr.SMCSocket, socket.socket]]:
+    """A socket of ``cls`` connected over SMC-R to a server's, both closed afterwards."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    c = cls()
+    c.settimeout(20)
+    c.connect(srv.getsockname())
+    s, _ = srv.accept()
+    try:
+        assert c.smc_info().mode == "SMCR"
+        yield c, s
+    finally:
+        for x in (c, s, srv):
+            x.close()
+
+
 def test_a_subclass_that_overrides_a_data_call_keeps_its_own() -> None:
     """ssl's SSLSocket and a program's subclass of socket.socket (under ``smcr run``, of
     SMCSocket) override ``sendall`` and ``recv``: theirs are called, not the shortcut."""
@@ -99,19 +116,10 @@ def test_a_subclass_that_overrides_a_data_call_keeps_its_own() -> None:
             seen.append("sendall")
             super().sendall(data, flags)
 
-    srv = smcr.create_server(("127.0.0.1", 0))
-    c = Counting()
-    c.settimeout(20)
-    c.connect(srv.getsockname())
-    s, _ = srv.accept()
-    try:
-        assert c.smc_info().mode == "SMCR"
+    with connected(Counting) as (c, s):
         assert fast_methods(c) == ["send", "recv", "recv_into"]
         c.sendall(b"hello")
         assert recv_exactly(s, 5) == b"hello" and seen == ["sendall"]
-    finally:
-        for x in (c, s, srv):
-            x.close()
 
 
 def test_a_subclass_that_overrides_recv_into_reads_through_it_with_recv() -> None:
@@ -125,19 +133,10 @@ def test_a_subclass_that_overrides_recv_into_reads_through_it_with_recv() -> Non
             calls.append(nbytes)
             return super().recv_into(buffer, nbytes, flags)
 
-    srv = smcr.create_server(("127.0.0.1", 0))
-    c = Counting()
-    c.settimeout(20)
-    c.connect(srv.getsockname())
-    s, _ = srv.accept()
-    try:
-        assert c.smc_info().mode == "SMCR"
+    with connected(Counting) as (c, s):
         assert "recv" not in fast_methods(c)
         s.sendall(b"hello")
         assert c.recv(10) == b"hello" and calls == [10]
-    finally:
-        for x in (c, s, srv):
-            x.close()
 
 
 def test_a_duplicate_serves_itself_after_the_original_closes() -> None:
