@@ -26,7 +26,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import statistics
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -79,6 +79,14 @@ METRICS: list[tuple[str, str, str, Callable[[ConnsRun], float]]] = [
 """Every figure of a run: (JSON key, table label, unit, how to read it from a run)."""
 
 
+def _summed(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """The counts of every run added up, by key."""
+    total: Counter[str] = Counter()
+    for c in counts:
+        total.update(c)
+    return dict(total)
+
+
 @dataclass
 class ConnsReport:
     """Everything one ``--conns`` bench measured."""
@@ -92,18 +100,12 @@ class ConnsReport:
     @property
     def fallbacks(self) -> dict[str, int]:
         """SMC-R connections that fell back, by reason, over every run."""
-        total: Counter[str] = Counter()
-        for r in self.runs:
-            total.update(r.fallbacks)
-        return dict(total)
+        return _summed(r.fallbacks for r in self.runs)
 
     @property
     def errors(self) -> dict[str, int]:
         """Errors by kind, over every run."""
-        total: Counter[str] = Counter()
-        for r in self.runs:
-            total.update(r.errors)
-        return dict(total)
+        return _summed(r.errors for r in self.runs)
 
     @property
     def failures(self) -> list[str]:
