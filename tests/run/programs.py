@@ -289,6 +289,15 @@ def socket_api() -> None:
     results["dup_listener"] = (isinstance(dup, socket.socket)
                                and dup.getsockname() == srv.getsockname())  # fmt: skip
     dup.close()
+    adopted = socket.fromfd(srv.fileno(), srv.family, socket.SOCK_STREAM)  # a handed-over port
+    adopted.settimeout(20)
+    with socket.create_connection(srv.getsockname(), timeout=20) as other:
+        taken, _ = adopted.accept()
+        other.sendall(b"y")
+        results["fromfd_listener"] = [adopted.getsockname() == srv.getsockname(),
+                                      mode(taken), taken.recv(1).decode()]  # fmt: skip
+        taken.close()
+    adopted.close()
     raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     results["udp"] = mode(raw) in ("plain", "INIT") and raw.type == socket.SOCK_DGRAM
     raw.close()

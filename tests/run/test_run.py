@@ -132,7 +132,7 @@ def test_standard_socket_api_keeps_working() -> None:
     found = run("socket_api")
     assert found == {"socketpair": True, "modes": ["SMCR", "SMCR"], "isinstance": True,
                      "family_type": [True, True], "makefile": True, "selectors": True,
-                     "dup_listener": True, "udp": True}
+                     "dup_listener": True, "fromfd_listener": [True, "SMCR", "y"], "udp": True}
 
 
 def test_socketserver_threading_server(servers: list[Server]) -> None:

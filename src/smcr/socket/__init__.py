@@ -74,7 +74,7 @@ listener's accept queue), ``fork`` (connections across ``fork``: relayed by the 
 """
 
 from smcr.socket.api import SMCSocket, create_connection, create_server, smc_socket_with_number
-from smcr.socket.base import PlainSocket, SmcInfo
+from smcr.socket.base import PlainSocket, SmcInfo, lets_go_of_buffer
 
 __all__ = ["PlainSocket", "SMCSocket", "SmcInfo", "create_connection", "create_server",
-           "smc_socket_with_number"]
+           "lets_go_of_buffer", "smc_socket_with_number"]

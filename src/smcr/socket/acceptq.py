@@ -75,6 +75,9 @@ class AcceptQueue:
         self.paused = False
         self.takers = 0
         """Threads in :meth:`take` that poll the runtime (:meth:`_poll`)."""
+        self.holders = 1
+        """Socket objects listening with this queue: the listener, and those made from its
+        ``fileno()`` (``dup``, ``socket.fromfd``); the last to let go closes it."""
         self._watch()
 
     def fileno(self) -> int:
@@ -278,6 +281,15 @@ class AcceptQueue:
             with contextlib.suppress(OSError):
                 sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER, LINGER_ZERO)
             sock.close()
+
+    def release(self) -> None:
+        """A socket listening with this queue closed (or was collected): the last one
+        closes it (:meth:`close`), as the last descriptor of a listening socket does."""
+        with self.cond:
+            self.holders -= 1
+            if self.holders > 0:
+                return
+        self.close()
 
     def close(self) -> None:
         """The listener closes: connections nobody accepted are closed (Linux resets

@@ -32,12 +32,13 @@ from smcr.socket.base import (
     c_gettimeout,
     c_proto,
     c_type,
+    lets_go_of_buffer,
     linger,
     smc_sockets,
 )
 from smcr.socket.connecting import Connecting
 from smcr.socket.fork import hand_over
-from smcr.socket.sharing import Share, share_of, shared_address
+from smcr.socket.sharing import Share, queue_of, share_of, shared_address
 from smcr.stack.conn import METHODS
 from smcr.stack.counters import COUNTERS as _C
 from smcr.stack.runtime import default_buffer_size
@@ -63,9 +64,13 @@ class SMCSocket(SocketBase):
 
     def __init__(self, family: int = -1, type: int = -1, proto: int = -1,
                  fileno: int | None = None, *, _accepted: bool = False) -> None:  # fmt: skip
-        share = share_of(fileno) if fileno is not None and not _accepted else None
+        adopted = fileno is not None and not _accepted
+        share = share_of(fileno) if fileno is not None and adopted else None
+        queue = queue_of(fileno) if fileno is not None and adopted and not share else None
         if share is not None:  # fromfd()/socket(fileno=) of an SMC-R socket's fileno()
             family, type, proto = share.family, _socket.SOCK_STREAM, 0
+        elif queue is not None:  # ... of a listening one's
+            family, type, proto = queue.family, queue.type, queue.proto
         super().__init__(family, type, proto, fileno)
         self._timeout: float | None = c_gettimeout(self)
         if share is not None:
@@ -79,6 +84,9 @@ class SMCSocket(SocketBase):
         # local address (smcr.stack.devices); SO_RCVBUF/SO_SNDBUF set them
         self._rmb_size = self.default_rmb_size
         self._sndbuf_size = self.default_sndbuf_size
+        if queue is not None:
+            sharing.listen_with(self, queue)
+            return
         if not (c_family(self) in INET and c_type(self) == _socket.SOCK_STREAM
                 and c_proto(self) in (0, _socket.IPPROTO_TCP)):
             self._mode = "PLAIN"  # AF_UNIX, UDP, ...: a socket.socket, nothing more
@@ -122,6 +130,8 @@ class SMCSocket(SocketBase):
         if self._mode == "PLAIN":
             PlainSocket.listen(self, backlog)
             return
+        if self._mode == "LISTEN" and self._via_readiness:
+            return  # (made from a listener's number: the listening socket is that one's)
         self._smc_ok = discovery.current().opt_in(self)
         PlainSocket.listen(self, backlog)
         self._mode = "LISTEN"
@@ -205,7 +215,15 @@ class SMCSocket(SocketBase):
             return self._relayed[0]
         if self._via_readiness and self._share is not None:
             return shared_address(self._share.addresses[0])
-        return PlainSocket.getsockname(self)
+        return PlainSocket.getsockname(self._listening())
+
+    def _listening(self) -> _socket.socket:
+        """Where TCP's own calls go (addresses, options): this socket, or, for one made
+        from a listening socket's number, the listening TCP socket."""
+        queue = self._queue
+        if self._mode == "LISTEN" and self._via_readiness and queue is not None:
+            return queue.sock
+        return self
 
     def getpeername(self) -> Any:
         """As ``socket.getpeername`` (a forked child's relayed connection: the TCP one's)."""
@@ -228,7 +246,10 @@ class SMCSocket(SocketBase):
             calls = self._calls
             if self._mode == "SMCR" and calls is not None and not calls.forked:
                 self._sndbuf_size = calls.check().limit_sndbuf(self._sndbuf_size)
-        PlainSocket.setsockopt(self, level, optname, value, *args)
+        PlainSocket.setsockopt(self._listening(), level, optname, value, *args)
+        if level == _socket.SOL_SOCKET and optname == _socket.SO_OOBINLINE and (
+                self._calls is not None):  # fmt: skip
+            self._calls.path.oob_inline = bool(PlainSocket.getsockopt(self, level, optname))
         if level == _socket.IPPROTO_TCP and value and self._mode == "SMCR":  # smcr stats
             if optname == _socket.TCP_CORK:
                 _C.cork_cnt += 1
@@ -262,7 +283,7 @@ class SMCSocket(SocketBase):
                 return self._rmb_size or default_buffer_size()
             if optname == _socket.SO_SNDBUF:
                 return self._sndbuf_size or default_buffer_size()
-        return PlainSocket.getsockopt(self, level, optname, *args)
+        return PlainSocket.getsockopt(self._listening(), level, optname, *args)
 
     # ------------------------------------------------------------ connecting
 
@@ -328,7 +349,7 @@ class SMCSocket(SocketBase):
             # dropped unclosed: the queue goes too; not at interpreter exit, where a
             # socket.socket's listener stays open under a daemon thread in accept (closing
             # it woke that thread with EBADF: a traceback at every such program's exit)
-            self._queue_finalizer = weakref.finalize(self, queue.close)
+            self._queue_finalizer = weakref.finalize(self, queue.release)
             self._queue_finalizer.atexit = False
             accept_queues.add(queue)
         else:
@@ -337,6 +358,7 @@ class SMCSocket(SocketBase):
 
     # ------------------------------------------------------------ data
 
+    @lets_go_of_buffer
     def send(self, data: Any, flags: int = 0) -> int:
         """Send (``smc_tx_sendmsg``, :meth:`DataPath.send`): straight into the peer's RMBE
         when nothing waits and the RNIC takes inline WRITEs, else by copying into the
@@ -346,6 +368,7 @@ class SMCSocket(SocketBase):
             return PlainSocket.send(self, data, flags)
         return self._calls.send(data, flags)
 
+    @lets_go_of_buffer
     def sendall(self, data: Any, flags: int = 0) -> None:
         """Send everything (blocking, or raising where ``socket.sendall`` would)."""
         if self._mode != "SMCR" or self._calls is None:
@@ -365,6 +388,7 @@ class SMCSocket(SocketBase):
             return bytes(buf)
         return self._calls.recv(bufsize, flags)
 
+    @lets_go_of_buffer
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         """Copy from our RMBE (``smc_rx_recvmsg``, :meth:`DataPath.recv_into`): MSG_PEEK,
         MSG_WAITALL, MSG_DONTWAIT, MSG_OOB as Linux handles them."""
@@ -372,6 +396,7 @@ class SMCSocket(SocketBase):
             return self._tcp_recv_into(buffer, nbytes, flags)
         return self._calls.recv_into(buffer, nbytes, flags)
 
+    @lets_go_of_buffer
     def sendmsg(self, buffers: Any, *args: Any) -> int:
         """``sendmsg(buffers[, ancdata[, flags[, address]]])`` (:func:`messages.sendmsg`
         over SMC-R: control messages raise ``EINVAL``)."""
@@ -389,6 +414,7 @@ class SMCSocket(SocketBase):
             return PlainSocket.recvmsg(self, bufsize, ancbufsize, flags)
         return messages.recvmsg(self.recv, bufsize, ancbufsize, flags)
 
+    @lets_go_of_buffer
     def recvmsg_into(self, buffers: Any, ancbufsize: int = 0, flags: int = 0) -> tuple[
             int, list[tuple[int, int, bytes]], int, Any]:  # fmt: skip
         """As ``socket.recvmsg_into``: fills ``buffers`` in order
@@ -544,8 +570,10 @@ class SMCSocket(SocketBase):
         if self._share is not None and self._share.release():
             self._drop_descriptor()  # another socket (or a detached descriptor) holds it
             return
-        if self._queue is not None and self._queue.pid == os.getpid():
-            self._queue.close()
+        queue = self._queue
+        if (self._queue_finalizer is not None and self._queue_finalizer.detach()
+                and queue is not None and queue.pid == os.getpid()):  # fmt: skip
+            queue.release()  # (the last of the sockets listening with it closes it)
         if self._connecting is not None:
             self._connecting.close()
         if self._mode == "SMCR" and calls is not None:
@@ -570,6 +598,7 @@ class SMCSocket(SocketBase):
             return PlainSocket.recvfrom(self, bufsize, flags)
         return self.recv(bufsize, flags), None
 
+    @lets_go_of_buffer
     def recvfrom_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> tuple[int, Any]:
         """As ``socket.recvfrom_into`` on a connected stream."""
         if self._mode != "SMCR" and not self._prefix:
@@ -577,6 +606,7 @@ class SMCSocket(SocketBase):
             return PlainSocket.recvfrom_into(self, buffer, nbytes, flags)
         return self.recv_into(buffer, nbytes, flags), None
 
+    @lets_go_of_buffer
     def sendto(self, data: Any, *args: Any) -> int:
         """As ``socket.sendto``: a connected TCP socket ignores the address; so does SMC-R
         mode (``sendto(data[, flags], address)``)."""

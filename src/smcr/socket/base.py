@@ -11,12 +11,13 @@ import functools
 import ipaddress
 import socket as _socket
 import struct
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
-from smcr.stack.conn import METHODS, DataPath, SocketCalls
+from smcr.stack.conn import METHODS, DataPath, SocketCalls, release_frames
 from smcr.stack.hostconn import HostConn
 from smcr.stack.readiness import Readiness
 from smcr.stack.runtime import Stack
@@ -72,6 +73,27 @@ class SmcInfo:
 INIT_INFO = SmcInfo("INIT")
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def lets_go_of_buffer(method: _Method) -> _Method:
+    """A method that takes the caller's buffer (``send``, ``recv_into``, ...) whose error
+    keeps no view of it (:func:`~smcr.stack.conn.release_frames`): as a call of
+    ``socket.socket``'s, which is C, the buffer is free again once the call returned, the
+    program may resize a ``bytearray`` even while it keeps the error."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as exc:
+            release_frames(exc)
+            del args, kwargs
+            raise
+
+    return call  # type: ignore[return-value]
+
+
 def bufsize(value: int) -> int:
     """SO_SNDBUF/SO_RCVBUF -> buffer size as Linux rounds it (16 KiB << n >= value)."""
     size = 16384
@@ -105,9 +127,22 @@ class QueueLike(Protocol):
     pid: int
     readiness: Readiness
     listener: Any
+    closed: bool
+    holders: int
+    cond: threading.Condition
+
+    @property
+    def sock(self) -> _socket.socket: ...  # the listening TCP socket
+    @property
+    def family(self) -> int: ...
+    @property
+    def type(self) -> int: ...
+    @property
+    def proto(self) -> int: ...
 
     def show(self) -> None: ...
     def close(self) -> None: ...
+    def release(self) -> None: ...
 
 
 class ConnectingLike(Protocol):

@@ -157,6 +157,9 @@ def finish_handshake(sock: SocketBase, stack: Stack, hc: HostConn) -> None:
                              first_contact=outcome.first_contact,
                              version=outcome.version)  # fmt: skip
         path = DataPath(stack, hc)
+        with contextlib.suppress(OSError):  # (set on the TCP socket before: a listener's)
+            path.oob_inline = bool(PlainSocket.getsockopt(sock, _socket.SOL_SOCKET,
+                                                          _socket.SO_OOBINLINE))  # fmt: skip
         sock._calls = SocketCalls(path, sock._timeout)
         # collected unclosed: close as close() would (the runtime holds the TCP
         # socket and the buffers; nothing else would ever let them go)

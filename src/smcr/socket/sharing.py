@@ -11,9 +11,18 @@ import os
 import stat
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from smcr.socket.base import PlainSocket, SocketBase, collected, new_socket, orphan, smc_sockets
+from smcr.socket.base import (
+    PlainSocket,
+    QueueLike,
+    SocketBase,
+    accept_queues,
+    collected,
+    new_socket,
+    orphan,
+    smc_sockets,
+)
 from smcr.socket.numbers import close_number
 from smcr.stack.conn import METHODS, SocketCalls
 
@@ -90,6 +99,36 @@ def share_of(fd: int) -> Share | None:
         if hc is not None and hc.readiness is not None and hc.readiness.file == key:
             return shared(sock)
     return None
+
+
+def queue_of(fd: int) -> QueueLike | None:
+    """The accept queue of this process whose readiness descriptor ``fd`` is (or is a dup
+    of): ``fd`` came from a listening socket's ``fileno()``."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    if not stat.S_ISSOCK(st.st_mode):
+        return None
+    key = (st.st_dev, st.st_ino)
+    for queue in list(accept_queues):
+        if queue.pid == os.getpid() and not queue.closed and queue.readiness.file == key:
+            return cast(QueueLike, queue)
+    return None
+
+
+def listen_with(sock: SocketBase, queue: QueueLike) -> None:
+    """``sock``, made from a listening socket's number (``fromfd``, ``dup``), listens with
+    that socket's accept queue: its ``accept`` takes from it, its addresses and options
+    are the listening TCP socket's, and the queue stays until its last holder closes."""
+    sock._via_readiness = True
+    sock._mode = "LISTEN"
+    sock._smc_ok = True
+    sock._queue = queue
+    with queue.cond:
+        queue.holders += 1
+    sock._queue_finalizer = weakref.finalize(sock, queue.release)
+    sock._queue_finalizer.atexit = False
 
 
 def address_of(sock: SocketBase, get: Callable[[Any], Any]) -> Any:
@@ -197,7 +236,7 @@ def move(sock: SocketBase) -> SocketBase:
     if queue is not None and sock._queue_finalizer is not None:  # a listener's queue
         sock._queue_finalizer.detach()
         sock._queue_finalizer = None
-        new._queue_finalizer = weakref.finalize(new, queue.close)
+        new._queue_finalizer = weakref.finalize(new, queue.release)
         new._queue_finalizer.atexit = False
         queue.listener = weakref.ref(new)
     if sock._finalizer is not None and new_calls is not None:
@@ -226,7 +265,11 @@ def dup(sock: SocketBase) -> SocketBase:
         join(new, share, borrowed=False)
         new.settimeout(sock.gettimeout())
         return new
-    new = new_socket(type(sock), sock.family, sock.type, sock.proto,
-                     os.dup(PlainSocket.fileno(sock)), accepted=False)  # fmt: skip
+    queue = sock._queue
+    listening = sock._mode == "LISTEN" and queue is not None and queue.pid == os.getpid()
+    # a listener's number names its accept queue's readiness: a socket made from a dup of
+    # it listens with that queue (queue_of), as a dup'ed descriptor names one listener
+    fd = os.dup(sock.fileno() if listening else PlainSocket.fileno(sock))
+    new = new_socket(type(sock), sock.family, sock.type, sock.proto, fd, accepted=False)
     new.settimeout(sock.gettimeout())
     return new

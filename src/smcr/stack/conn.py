@@ -36,6 +36,7 @@ import os
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +77,8 @@ class DataPath:
         self.reset_told = False  # SO_ERROR or a send reported the connection's reset
         self.oob = -1  # an urgent byte taken out of the stream, unread (-1: none)
         self.oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
+        self.oob_inline = False
+        """``SO_OOBINLINE``: the urgent byte stays in the stream (Linux ``SOCK_URGINLINE``)."""
         self.general_reads = 0
         """Reads that took the general path (:meth:`recv_into`), not a common case's."""
 
@@ -150,13 +153,15 @@ class DataPath:
 
     def _send_after_close(self, c: Connection, size: int) -> int:
         """A send when our side or the peer's has closed (lock held): the first after the
-        peer's close is taken, as TCP takes it (the peer's kernel answers it with a
-        reset: the bytes go nowhere); the peer's abort is told once, as ECONNRESET, as
-        after a TCP reset (Linux: ``sk_stream_error`` turns its EPIPE into the pending
-        error); else EPIPE."""
+        peer's close is taken as far as the send buffer has room, as TCP takes what its
+        socket buffer holds (the peer's kernel answers it with a reset: the bytes go
+        nowhere), so a large write fails as over TCP rather than seem delivered; the
+        peer's abort is told once, as ECONNRESET, as after a TCP reset (Linux:
+        ``sk_stream_error`` turns its EPIPE into the pending error); else EPIPE."""
         if c.peer_closed and not (c.tx_flags or self.wr_shut or self.sent_late or c.aborted):
             self.sent_late = True
-            return size
+            if (room := c.sndbuf_space()) > 0:
+                return min(size, room)
         if c.aborted and not c.tx_flags and not self.reset_told:
             self.reset_told = True
             raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
@@ -422,14 +427,19 @@ class DataPath:
         cons = c.rx_cons
         avail = c.rx_prod - cons
         urg = c.urg_rx_pos
+        force = False  # the consumer cursor goes at once (an urgent byte was read)
         if urg is not None and urg >= cons:
-            if urg == cons:  # the urgent byte itself: out of band, skip it
+            if urg > cons:
+                avail = min(avail, urg - cons)  # a read stops at the mark, as TCP's
+            elif not self.oob_inline:  # the urgent byte itself: out of band, skip it
                 if self.oob_read != urg:
                     self.oob = hc.rmb[urg % c.rmb.size]
                 c.urg_rx_pos = None
                 ex.execute(ex.engine.data_consumed(hc.conn_id, 1, time.monotonic(), True))
                 return 0
-            avail = min(avail, urg - cons)
+            elif not flags & _PEEK:  # SO_OOBINLINE: read in the stream from the mark on
+                c.urg_rx_pos = None
+                force = True
         n = min(avail, len(out))
         rmb = hc.rmb
         if avail >= len(rmb):  # our RMB was full (Linux rmb_rx.buf_full_cnt)
@@ -437,13 +447,16 @@ class DataPath:
         ring_read(rmb, cons, out[:n])
         if not flags & _PEEK:
             actions: list[Action] = []
-            c.consumed(n, actions)  # the engine's connection: no look-up per read
+            c.consumed(n, actions, force)  # the engine's connection: no look-up per read
             if actions:
                 ex.execute(actions)
         return n
 
     def recv_oob(self, out: memoryview) -> int:
-        """``recv(MSG_OOB)``: the urgent byte, once (``EINVAL`` when there is none)."""
+        """``recv(MSG_OOB)``: the urgent byte, once (``EINVAL`` when there is none, or when
+        it stays in the stream: ``SO_OOBINLINE``, as Linux's ``smc_rx_recv_urg``)."""
+        if self.oob_inline:
+            raise OSError(errno.EINVAL, "Invalid argument")
         ex, hc = self.ex, self.hc
         with ex.lock:
             c = ex.engine.conns.get(hc.conn_id)
@@ -617,6 +630,34 @@ class SocketCalls:
         return deadline_of(flags, self.timeout)
 
     def sendall(self, data: Any, flags: int = 0) -> None:
+        """``socket.sendall`` (:meth:`_sendall`; an error keeps no hold on ``data``:
+        :func:`release_frames`)."""
+        try:
+            self._sendall(data, flags)
+        except OSError as exc:
+            release_frames(exc)
+            del data
+            raise
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        """``socket.send`` (:meth:`_send`; an error keeps no hold on ``data``)."""
+        try:
+            return self._send(data, flags)
+        except OSError as exc:
+            release_frames(exc)
+            del data
+            raise
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        """``socket.recv_into`` (:meth:`_recv_into`; an error keeps no hold on ``buffer``)."""
+        try:
+            return self._recv_into(buffer, nbytes, flags)
+        except OSError as exc:
+            release_frames(exc)
+            del buffer
+            raise
+
+    def _sendall(self, data: Any, flags: int = 0) -> None:
         """``socket.sendall``."""
         view = byte_view(data)
         flags = int(flags)
@@ -631,7 +672,7 @@ class SocketCalls:
             n = self.check().send(view, flags, self.timeout, wait_peer)
             view = view[n:]
 
-    def send(self, data: Any, flags: int = 0) -> int:
+    def _send(self, data: Any, flags: int = 0) -> int:
         """``socket.send``."""
         view = byte_view(data)
         flags = int(flags)
@@ -646,7 +687,7 @@ class SocketCalls:
             return 0
         return self.check().send(view, flags, self.timeout)
 
-    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+    def _recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         """``socket.recv_into``."""
         flags = int(flags)  # socket.MSG_* are enums: one conversion, not one per test
         out = byte_view(buffer)
@@ -690,7 +731,7 @@ class SocketCalls:
         if bufsize < 0:
             raise ValueError("negative buffersize in recv")
         buf = bytearray(bufsize)
-        n = self.recv_into(buf, bufsize, flags)
+        n = self._recv_into(buf, bufsize, flags)
         del buf[n:]
         return bytes(buf)
 
@@ -704,6 +745,20 @@ def deadline_of(flags: int, timeout: float | None) -> float | None:
     if flags & _DONTWAIT or timeout == 0.0:
         return 0.0
     return None if timeout is None else time.monotonic() + timeout
+
+
+def release_frames(exc: BaseException) -> None:
+    """Clear the variables of the finished frames that ``exc``'s traceback (and those of the
+    exceptions it was raised during) keep, as a call into C leaves none: a program that
+    keeps the error (an event loop closing a stream with it) must not keep the views of
+    its buffer our frames held, which would forbid resizing a ``bytearray`` (``BufferError``)
+    for as long (compiled frames hold none; a frame still running is left as it is)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # (a context chain is short; a cycle must not loop)
+        if seen is None:
+            return
+        traceback.clear_frames(seen.__traceback__)
+        seen = seen.__context__
 
 
 def byte_view(data: Any) -> memoryview:
