@@ -113,11 +113,16 @@ def story(c: ssl.SSLSocket, s: ssl.SSLSocket) -> list[object]:
     unwrapped: list[socket.socket] = []
     t = threading.Thread(target=lambda: unwrapped.append(s.unwrap()))
     t.start()
+    seen.append(c._sslobj is not None)  # type: ignore[attr-defined]  # (programs look)
     plain_c = c.unwrap()  # both ends shut TLS down; the connection beneath carries on
     t.join(20)
     plain_s = unwrapped[0]
+    # the same object, in clear text now (ftplib's ccc keeps using it), once only
+    seen += [plain_c is c, plain_s is s, c._sslobj, outcome(c.unwrap)]  # type: ignore[attr-defined]
     plain_s.sendall(b"in clear")
     seen.append(recv_exactly(plain_c, 8))
+    plain_c.sendall(b"back")
+    seen += [recv_exactly(plain_s, 4), c.version()]
     return seen
 
 
@@ -179,3 +184,27 @@ def test_what_a_tls_socket_over_smcr_refuses() -> None:
         assert repr(c).startswith("<smcr.SmcTlsSocket over <smcr.socket.SMCSocket fd=")
 
 
+
+
+@pytest.mark.parametrize("kind", ["tcp", "smc"])
+def test_a_failed_call_keeps_no_hold_on_the_buffer(kind: str) -> None:
+    """tornado's "bytearray resizable after error": the program keeps the error and
+    resizes its buffer (a view kept by a frame of ours forbids it: ``BufferError``)."""
+    with tls_pair(kind) as (c, s):
+        c.settimeout(0.05)
+        buf = bytearray(100)
+        kept: list[OSError] = []
+        for call in (lambda: c.recv_into(buf), lambda: c.read(10, buf)):
+            with pytest.raises(TimeoutError) as timed_out:
+                call()
+            kept.append(timed_out.value)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # reset: writes fail
+        c.settimeout(5)
+        data = bytearray(1 << 20)
+        with pytest.raises(OSError) as info:
+            for _ in range(100):  # (send, as event loops write: ssl's own sendall is
+                c.send(data)  # Python, and its error keeps a view of the data over TCP too)
+        kept.append(info.value)
+        buf.append(1)
+        del data[:]

@@ -23,7 +23,7 @@ import types
 from typing import Any
 
 from smcr.socket import PlainSocket as _PlainSocket
-from smcr.socket import SMCSocket, smc_socket_with_number
+from smcr.socket import SMCSocket, lets_go_of_buffer, smc_socket_with_number
 
 _HEADER = 5
 """Bytes of a TLS record header (type, version, length): the length is its last two."""
@@ -103,8 +103,18 @@ class SmcTlsSocket(ssl.SSLSocket):
     # SSLSocket's plain attributes (set by its _create; not in its type stubs)
     do_handshake_on_connect: bool
     suppress_ragged_eofs: bool
-    _sslobj: Any
     _closed: bool
+
+    @property
+    def _sslobj(self) -> ssl.SSLObject | None:
+        """ssl's own name for the TLS state, which programs look at to tell whether a
+        socket still speaks TLS (an ``asyncore`` server sends its close_notify only
+        then): ours (None before the handshake can start and after ``unwrap``)."""
+        return self._tls
+
+    @_sslobj.setter
+    def _sslobj(self, tls: ssl.SSLObject | None) -> None:
+        self._tls = tls
 
     @classmethod
     def wrap(cls, inner: SMCSocket, server_side: bool, do_handshake_on_connect: bool,
@@ -135,7 +145,6 @@ class SmcTlsSocket(ssl.SSLSocket):
         self._header = b""  # the part of a record header read so far
         self._record_left = 0  # bytes of the current record not read yet
         self._tls = None
-        self._sslobj = None
         if inner.smc_mode == "SMCR" and not self._still_connected():
             return self  # (as ssl's socket: not connected, every call says so)
         if inner.smc_mode == "SMCR":
@@ -323,6 +332,7 @@ class SmcTlsSocket(ssl.SSLSocket):
         if self._tls is None:
             raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
 
+    @lets_go_of_buffer
     def read(self, len: int = 1024, buffer: Any = None) -> Any:
         try:
             try:
@@ -336,6 +346,7 @@ class SmcTlsSocket(ssl.SSLSocket):
                 return 0 if buffer is not None else b""
             raise
 
+    @lets_go_of_buffer
     def write(self, data: Any) -> int:
         """Encrypt and send all of ``data``, or raise ``SSLWantWriteError`` (non-blocking
         socket, full send buffer) and take the rest when called again with the same
@@ -383,6 +394,7 @@ class SmcTlsSocket(ssl.SSLSocket):
             raise ValueError(f"non-zero flags not allowed in calls to recv() on {type(self)}")
         return bytes(self.read(buflen))
 
+    @lets_go_of_buffer
     def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
         if (raw := self._raw()) is not None:
             return raw.recv_into(buffer, nbytes or 0, flags)
@@ -400,6 +412,7 @@ class SmcTlsSocket(ssl.SSLSocket):
                       flags: int = 0) -> tuple[int, Any]:  # fmt: skip
         raise ValueError(f"recvfrom_into not allowed on instances of {type(self)}")
 
+    @lets_go_of_buffer
     def send(self, data: Any, flags: int = 0) -> int:
         if (raw := self._raw()) is not None:
             return raw.send(data, flags)
@@ -407,6 +420,7 @@ class SmcTlsSocket(ssl.SSLSocket):
             raise ValueError(f"non-zero flags not allowed in calls to send() on {type(self)}")
         return self.write(data)
 
+    @lets_go_of_buffer
     def sendall(self, data: Any, flags: int = 0) -> None:
         if (raw := self._raw()) is not None:
             raw.sendall(data, flags)
@@ -455,12 +469,15 @@ class SmcTlsSocket(ssl.SSLSocket):
         assert self._tls is not None
         self._tls.verify_client_post_handshake()
 
-    def unwrap(self) -> SMCSocket:
-        """Shut TLS down; the SMC socket beneath carries on (``SSLSocket.unwrap``)."""
-        self._check_connected()
+    def unwrap(self) -> SmcTlsSocket:
+        """Shut TLS down (``SSLSocket.unwrap``): this socket carries on in clear text over
+        the SMC socket beneath (:meth:`_raw`), as ssl's own does over TCP; ``ValueError``
+        when it has no TLS (never had, or unwrapped already)."""
+        if self._tls is None:
+            raise ValueError(f"No SSL wrapper around {self}")
         self._pump("unwrap")
         self._tls = None
-        return self._inner
+        return self
 
     def shutdown(self, how: int) -> None:
         self._tls = None
