@@ -119,7 +119,8 @@ def test_asyncio_sock_sendfile_over_smcr() -> None:
     """asyncio would os.sendfile() into fileno(), smcr's readiness descriptor: under
     smcr run SMC-R sockets take asyncio's fallback, and every byte arrives."""
     found = run("asyncio_sendfile", str(3 << 20))
-    assert found == {"modes": ["SMCR", "SMCR"], "sent": 3 << 20, "ok": True}
+    assert found == {"modes": ["SMCR", "SMCR"], "sent": 3 << 20, "ok": True,
+                     "without": "os.sendfile() is not available at 0"}
 
 
 def test_python_children_get_smcr_whatever_starts_them() -> None:

@@ -143,7 +143,8 @@ def _patch_asyncio(unix_events: types.ModuleType) -> None:
     file (``os.pread``, the file position untouched until the end, as ``os.sendfile``
     leaves it) and sends it with ``sock_sendall``.  Native, not asyncio's fallback: a
     transport's ``write`` during the transfer raises "sendfile is in progress", as over
-    TCP, and the same files are refused (``SendfileNotAvailableError``)."""
+    TCP, and the same files are refused (``SendfileNotAvailableError``), as is every file
+    where ``os.sendfile`` is missing."""
     from asyncio import exceptions  # noqa: PLC0415
 
     from smcr.socket import SMCSocket  # noqa: PLC0415
@@ -155,6 +156,9 @@ def _patch_asyncio(unix_events: types.ModuleType) -> None:
                                    count: int | None) -> int:  # fmt: skip
         if not (isinstance(sock, SMCSocket) and sock.smc_mode in ("SMCR", "CONNECTING")):
             return int(await native(self, sock, file, offset, count))
+        if not hasattr(unix_events.os, "sendfile"):  # (as the native path: asyncio's tests
+            raise exceptions.SendfileNotAvailableError(  # patch it away to see the fallback)
+                "os.sendfile() is not available")
         try:
             fileno = file.fileno()
             size = os.fstat(fileno).st_size
