@@ -9,6 +9,7 @@ never import smcr: what they learn about it comes from ``getattr(sock,
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import http.client
 import http.server
@@ -314,6 +315,29 @@ def socket_api() -> None:
     raw.close()
     for s in (cli, conn, srv):
         s.close()
+    out(**results)
+
+
+def linux_smc_api() -> None:
+    """Sockets made with Linux's SMC API (AF_SMC = 43, IPPROTO_SMC = 256): what they are,
+    or the errno making them fails with."""
+    results: dict[str, Any] = {}
+    for name, family, proto in (("af_smc", 43, 0), ("ipproto_smc", socket.AF_INET, 256)):
+        try:
+            srv = socket.socket(family, socket.SOCK_STREAM, proto)
+        except OSError as exc:
+            results[name] = errno.errorcode[exc.errno or 0]
+            continue
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        srv.settimeout(20)
+        with srv, socket.socket(family, socket.SOCK_STREAM, proto) as cli:
+            cli.connect(srv.getsockname())
+            conn, _ = srv.accept()
+            cli.sendall(b"k")
+            results[name] = [int(cli.family), cli.proto, mode(cli), mode(conn),
+                             conn.recv(1).decode()]  # fmt: skip
+            conn.close()
     out(**results)
 
 

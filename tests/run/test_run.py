@@ -184,6 +184,16 @@ def test_preforked_children_accept_on_an_inherited_listener(servers: list[Server
     assert srv.result() == {"exit_codes": [0, 0]}
 
 
+def test_linux_smc_api_sockets_are_smc_sockets() -> None:
+    """A program written for the kernel's SMC (AF_SMC, IPPROTO_SMC) runs under smcr run and
+    uses SMC-R; without it, on this kernel (no SMC), making such sockets fails."""
+    found = run("linux_smc_api")
+    assert found == {"af_smc": [43, 0, "SMCR", "SMCR", "k"],
+                     "ipproto_smc": [2, 256, "SMCR", "SMCR", "k"]}
+    assert run("linux_smc_api", smcr=False) == {"af_smc": "EAFNOSUPPORT",
+                                                  "ipproto_smc": "EPROTONOSUPPORT"}
+
+
 def test_without_smcr_run_nothing_changes() -> None:
     found = run("children", smcr=False)
     assert found == {name: "socket" for name in

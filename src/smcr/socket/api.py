@@ -10,13 +10,14 @@ import errno
 import io
 import os
 import socket as _socket
+import sys
 import weakref
 from typing import Any, cast
 
 from smcr import discovery
 from smcr.diag import registry as _registry
 from smcr.diag import start as _diag_start
-from smcr.socket import connecting, handshake, messages, numbers, sharing
+from smcr.socket import connecting, handshake, linuxapi, messages, numbers, sharing
 from smcr.socket.acceptq import AcceptQueue
 from smcr.socket.base import (
     INET,
@@ -61,9 +62,12 @@ class SMCSocket(SocketBase):
     _queue: AcceptQueue | None = None  # listening: connections of its handshakes
     _connecting: Connecting | None = None  # a non-blocking connect in progress
     _share: Share | None = None  # SMC-R mode, held by several sockets (dup, detach)
+    _shown_as: tuple[int, int] | None = None  # (family, proto) made with (linuxapi), if not TCP's
+    _limit_hs = 0  # SOL_SMC SMC_LIMIT_HS
 
     def __init__(self, family: int = -1, type: int = -1, proto: int = -1,
                  fileno: int | None = None, *, _accepted: bool = False) -> None:  # fmt: skip
+        family, proto, shown = linuxapi.beneath(family, type, proto)  # AF_SMC, IPPROTO_SMC
         adopted = fileno is not None and not _accepted
         share = share_of(fileno) if fileno is not None and adopted else None
         queue = queue_of(fileno) if fileno is not None and adopted and not share else None
@@ -72,6 +76,7 @@ class SMCSocket(SocketBase):
         elif queue is not None:  # ... of a listening one's
             family, type, proto = queue.family, queue.type, queue.proto
         super().__init__(family, type, proto, fileno)
+        self._shown_as = shown
         self._timeout: float | None = c_gettimeout(self)
         if share is not None:
             self._via_readiness = True
@@ -106,6 +111,19 @@ class SMCSocket(SocketBase):
         handshake.fall_back(self, int(DeclineCode.PEERNOSMC), 0, None)
 
     # ------------------------------------------------------------ plain attributes
+
+    @property
+    def family(self) -> int:  # type: ignore[override]  # (AF_SMC is no AddressFamily)
+        """As ``socket.socket``'s, or ``AF_SMC`` for a socket made so (:mod:`.linuxapi`)."""
+        shown = self._shown_as
+        return PlainSocket.family.fget(self) if shown is None else shown[0]  # type: ignore[attr-defined]
+
+    @property
+    def proto(self) -> int:
+        """As ``socket.socket``'s, or the SMC protocol a socket was made with
+        (``SMCPROTO_SMC6``, ``IPPROTO_SMC``)."""
+        shown = self._shown_as
+        return c_proto(self) if shown is None else shown[1]
 
     def __repr__(self) -> str:
         """``socket.socket``'s, with the mode: ``<smcr.socket.SMCSocket fd=5, family=2,
@@ -236,9 +254,14 @@ class SMCSocket(SocketBase):
     # ------------------------------------------------------------ options
 
     def setsockopt(self, level: int, optname: int, value: Any, *args: Any) -> None:
-        """SO_SNDBUF/SO_RCVBUF size smcr's buffers (before connect); the rest go to TCP."""
+        """SO_SNDBUF/SO_RCVBUF size smcr's buffers (before connect); ``SOL_SMC`` options
+        are ours (:meth:`_smc_option`); the rest go to TCP."""
         if self._relayed is not None and level == _socket.IPPROTO_TCP:
             return  # (the TCP connection is the parent's: nothing to set here)
+        if level == linuxapi.SOL_SMC and self._mode != "PLAIN":
+            self._smc_option(optname)
+            self._limit_hs = linuxapi.option_value(value, args)
+            return
         if level == _socket.SOL_SOCKET and optname == _socket.SO_RCVBUF:
             self._rmb_size = bufsize(int(value))
         elif level == _socket.SOL_SOCKET and optname == _socket.SO_SNDBUF:
@@ -261,6 +284,15 @@ class SMCSocket(SocketBase):
         non-blocking connect; the rest come from TCP."""
         if self._relayed is not None and level == _socket.IPPROTO_TCP:
             return 0 if not args else bytes(args[0])
+        if level == linuxapi.SOL_SMC and self._mode != "PLAIN":
+            self._smc_option(optname)
+            return self._limit_hs if not args else self._limit_hs.to_bytes(
+                4, sys.byteorder)[: int(args[0])]  # fmt: skip
+        if level == _socket.SOL_SOCKET and self._shown_as is not None and not args:
+            if optname == _socket.SO_DOMAIN:
+                return self._shown_as[0]
+            if optname == _socket.SO_PROTOCOL:
+                return self._shown_as[1]
         numbers.catch_up(self)
         if level == _socket.SOL_SOCKET and optname == _socket.SO_ERROR and not args:
             connecting = self._connecting
@@ -284,6 +316,13 @@ class SMCSocket(SocketBase):
             if optname == _socket.SO_SNDBUF:
                 return self._sndbuf_size or default_buffer_size()
         return PlainSocket.getsockopt(self._listening(), level, optname, *args)
+
+    def _smc_option(self, optname: int) -> None:
+        """A ``SOL_SMC`` option: ``SMC_LIMIT_HS`` is the only one (``EOPNOTSUPP`` else, as
+        Linux's ``__smc_setsockopt``).  Kept and reported; smcr's accept queue runs every
+        handshake in the background whatever its value."""
+        if optname != linuxapi.SMC_LIMIT_HS:
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
 
     # ------------------------------------------------------------ connecting
 
