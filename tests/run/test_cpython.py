@@ -1,6 +1,5 @@
 """CPython's own regression tests of the networking modules (socket, http, socketserver,
-selectors, select/poll/epoll, xmlrpc, urllib, ssl, asyncio's socket calls, event loops,
-streams, sendfile and TLS),
+selectors, select/poll/epoll, xmlrpc, urllib, ssl, ftplib and the whole asyncio package),
 under ``smcr run`` and without it: the same tests run, and pass, either way; under
 ``smcr run`` the connections they make between their own ends are SMC-R (counted by
 ``smcr stats``, :mod:`smcr.diag`).
@@ -35,13 +34,9 @@ MODULES = {
     "test_xmlrpc": [],
     "test_urllib2_localnet": [],
     "test_httpservers": [],
-    "test_asyncio.test_sock_lowlevel": [],
-    "test_asyncio.test_events": [],
     "test_ssl": [],
-    "test_asyncio.test_ssl": [],
-    "test_asyncio.test_sslproto": [],
-    "test_asyncio.test_streams": [],
-    "test_asyncio.test_sendfile": [],
+    "test_ftplib": [],  # (urgent data in line for ABOR; TLS unwrap for CCC and data channels)
+    "test_asyncio": [],  # the whole package: event loops, streams, TLS, sendfile, subprocesses
 }
 
 SUMMARY = re.compile(r"^Total tests: (.*)$", re.MULTILINE)
