@@ -100,3 +100,18 @@ def test_both_listen_until_both_closed() -> None:
     with pytest.raises(OSError) as info:
         connect("smcr", address)
     assert info.value.errno == errno.ECONNREFUSED
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_adopted_from_a_non_blocking_listener_does_not_block(kind: str) -> None:
+    """``O_NONBLOCK`` belongs to the descriptor both numbers name: made from a non-blocking
+    listener, the new socket says ``gettimeout() is None`` as TCP's does, and its accept
+    still returns at once (Twisted's ``adoptStreamPort`` accepts until ``EAGAIN``)."""
+    srv = listener(kind, "127.0.0.1")
+    srv.setblocking(False)
+    cls = smcr.SMCSocket if kind == "smcr" else socket.socket
+    adopted = cls(srv.family, socket.SOCK_STREAM, 0, os.dup(srv.fileno()))
+    with srv, adopted:
+        assert adopted.gettimeout() is None
+        with pytest.raises(BlockingIOError):
+            adopted.accept()

@@ -81,6 +81,8 @@ class SMCSocket(SocketBase):
         if share is not None:
             self._via_readiness = True
             sharing.join(self, share, borrowed=fileno == share.readiness_fd())
+            if self._calls is not None and self._nonblocking_descriptor():
+                self._calls.timeout = 0.0
             return
         self._mode = "INIT"
         self._info = INIT_INFO
@@ -97,6 +99,13 @@ class SMCSocket(SocketBase):
             self._mode = "PLAIN"  # AF_UNIX, UDP, ...: a socket.socket, nothing more
         elif fileno is not None and not _accepted:
             self._adopt()
+
+    def _nonblocking_descriptor(self) -> bool:
+        """A socket made from a descriptor with ``O_NONBLOCK`` and no timeout of its own
+        (``socket.fromfd`` of a non-blocking socket: ``gettimeout()`` says None): its calls
+        return at once, as the kernel's do on that descriptor, whose flag the socket it
+        came from shares."""
+        return self._timeout is None and not os.get_blocking(PlainSocket.fileno(self))
 
     def _adopt(self) -> None:
         """A socket made from a descriptor: connected ones are TCP (whatever they were
@@ -368,7 +377,10 @@ class SMCSocket(SocketBase):
             if _socket.getdefaulttimeout() is None and self._timeout:
                 sock.setblocking(True)  # as socket.accept(): not the listener's timeout
             return sock, addr
-        taken, addr = queue.take(self._timeout)
+        timeout = self._timeout
+        if self._via_readiness and self._nonblocking_descriptor():
+            timeout = 0.0
+        taken, addr = queue.take(timeout)
         return cast(SMCSocket, taken), addr
 
     def _accept_queue(self) -> AcceptQueue | None:
