@@ -130,3 +130,53 @@ def test_a_server_out_of_descriptors_refuses_the_peer_and_accept_raises_it(
         with accepted:
             assert client.smc_info().mode == "SMCR"
             _talk(client, accepted)
+
+
+def test_a_non_blocking_connect_without_a_descriptor_to_spare_goes_on_over_tcp(
+        server: smcr.SMCSocket, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The connect's own machinery (its readiness descriptor) cannot be made: the kernel's
+    connect needs no descriptor, so it goes on as TCP's, and the server hears why (a
+    Decline, ``MEM``) before the program's first byte."""
+    port = server.getsockname()[1]
+    client = smcr.SMCSocket()
+    client.setblocking(False)
+    with monkeypatch.context() as patched:
+
+        def no_descriptor(*_args: object) -> None:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+        patched.setattr("smcr.socket.connecting.Connecting", no_descriptor)
+        assert client.connect_ex(("127.0.0.1", port)) == errno.EINPROGRESS
+    with client, selectors.DefaultSelector() as sel:
+        sel.register(client, selectors.EVENT_WRITE)
+        assert sel.select(20), "the connect never settled"
+        assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        client.setblocking(True)
+        client.settimeout(20)
+        assert (client.smc_info().mode, client.smc_info().local_code) == ("TCP", MEM)
+        client.sendall(b"x")  # the Decline goes first
+        accepted, _ = server.accept()
+        with accepted:
+            assert (accepted.smc_info().mode, accepted.smc_info().peer_code) == ("TCP", MEM)
+            assert accepted.recv(1) == b"x"
+            _talk(client, accepted)
+
+
+def test_accept_without_a_free_descriptor_raises_and_keeps_the_connection(
+        server: smcr.SMCSocket, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """As accept(2), which takes a number before it looks at the queue: EMFILE, the
+    connection (accepted in the background, its descriptors its own) stays queued."""
+    with smcr.create_connection(server.getsockname(), timeout=20) as client:
+        with monkeypatch.context() as patched:
+
+            def no_descriptor(_fd: int) -> int:
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+            patched.setattr(os, "dup", no_descriptor)
+            with pytest.raises(OSError) as raised:
+                server.accept()
+            assert raised.value.errno == errno.EMFILE
+        accepted, _ = server.accept()
+        with accepted:
+            assert accepted.smc_info().mode == client.smc_info().mode == "SMCR"
+            _talk(client, accepted)

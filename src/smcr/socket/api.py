@@ -10,7 +10,6 @@ import errno
 import io
 import os
 import socket as _socket
-import sys
 import weakref
 from typing import Any, cast
 
@@ -62,8 +61,6 @@ class SMCSocket(SocketBase):
     _queue: AcceptQueue | None = None  # listening: connections of its handshakes
     _connecting: Connecting | None = None  # a non-blocking connect in progress
     _share: Share | None = None  # SMC-R mode, held by several sockets (dup, detach)
-    _shown_as: tuple[int, int] | None = None  # (family, proto) made with (linuxapi), if not TCP's
-    _limit_hs = 0  # SOL_SMC SMC_LIMIT_HS
 
     def __init__(self, family: int = -1, type: int = -1, proto: int = -1,
                  fileno: int | None = None, *, _accepted: bool = False) -> None:  # fmt: skip
@@ -100,13 +97,6 @@ class SMCSocket(SocketBase):
         elif fileno is not None and not _accepted:
             self._adopt()
 
-    def _nonblocking_descriptor(self) -> bool:
-        """A socket made from a descriptor with ``O_NONBLOCK`` and no timeout of its own
-        (``socket.fromfd`` of a non-blocking socket: ``gettimeout()`` says None): its calls
-        return at once, as the kernel's do on that descriptor, whose flag the socket it
-        came from shares."""
-        return self._timeout is None and not os.get_blocking(PlainSocket.fileno(self))
-
     def _adopt(self) -> None:
         """A socket made from a descriptor: connected ones are TCP (whatever they were
         before, SMC cannot start in the middle of a stream), listening ones listen."""
@@ -120,19 +110,6 @@ class SMCSocket(SocketBase):
         handshake.fall_back(self, int(DeclineCode.PEERNOSMC), 0, None)
 
     # ------------------------------------------------------------ plain attributes
-
-    @property
-    def family(self) -> int:  # type: ignore[override]  # (AF_SMC is no AddressFamily)
-        """As ``socket.socket``'s, or ``AF_SMC`` for a socket made so (:mod:`.linuxapi`)."""
-        shown = self._shown_as
-        return PlainSocket.family.fget(self) if shown is None else shown[0]  # type: ignore[attr-defined]
-
-    @property
-    def proto(self) -> int:
-        """As ``socket.socket``'s, or the SMC protocol a socket was made with
-        (``SMCPROTO_SMC6``, ``IPPROTO_SMC``)."""
-        shown = self._shown_as
-        return c_proto(self) if shown is None else shown[1]
 
     def __repr__(self) -> str:
         """``socket.socket``'s, with the mode: ``<smcr.socket.SMCSocket fd=5, family=2,
@@ -164,7 +141,10 @@ class SMCSocket(SocketBase):
         self._mode = "LISTEN"
         _registry.listening.add(self)  # seen by smcr ss (smcr.diag)
         _diag_start()
-        self._accept_queue()  # handshakes run from now on, as the kernel's do
+        if self._accept_queue() is not None:  # handshakes run from now on, as the kernel's do
+            # its number now, while the process has one free: TCP's fileno() never fails,
+            # and an event loop asks for it first when the process may be out of them
+            self.fileno()
 
     def settimeout(self, value: float | None) -> None:
         """As ``socket.settimeout``."""
@@ -244,14 +224,6 @@ class SMCSocket(SocketBase):
             return shared_address(self._share.addresses[0])
         return PlainSocket.getsockname(self._listening())
 
-    def _listening(self) -> _socket.socket:
-        """Where TCP's own calls go (addresses, options): this socket, or, for one made
-        from a listening socket's number, the listening TCP socket."""
-        queue = self._queue
-        if self._mode == "LISTEN" and self._via_readiness and queue is not None:
-            return queue.sock
-        return self
-
     def getpeername(self) -> Any:
         """As ``socket.getpeername`` (a forked child's relayed connection: the TCP one's)."""
         if self._relayed is not None:
@@ -264,12 +236,11 @@ class SMCSocket(SocketBase):
 
     def setsockopt(self, level: int, optname: int, value: Any, *args: Any) -> None:
         """SO_SNDBUF/SO_RCVBUF size smcr's buffers (before connect); ``SOL_SMC`` options
-        are ours (:meth:`_smc_option`); the rest go to TCP."""
+        are ours (:func:`linuxapi.set_option`); the rest go to TCP."""
         if self._relayed is not None and level == _socket.IPPROTO_TCP:
             return  # (the TCP connection is the parent's: nothing to set here)
         if level == linuxapi.SOL_SMC and self._mode != "PLAIN":
-            self._smc_option(optname)
-            self._limit_hs = linuxapi.option_value(value, args)
+            self._limit_hs = linuxapi.set_option(optname, value, args)
             return
         if level == _socket.SOL_SOCKET and optname == _socket.SO_RCVBUF:
             self._rmb_size = bufsize(int(value))
@@ -294,9 +265,7 @@ class SMCSocket(SocketBase):
         if self._relayed is not None and level == _socket.IPPROTO_TCP:
             return 0 if not args else bytes(args[0])
         if level == linuxapi.SOL_SMC and self._mode != "PLAIN":
-            self._smc_option(optname)
-            return self._limit_hs if not args else self._limit_hs.to_bytes(
-                4, sys.byteorder)[: int(args[0])]  # fmt: skip
+            return linuxapi.get_option(optname, self._limit_hs, args)
         if level == _socket.SOL_SOCKET and self._shown_as is not None and not args:
             if optname == _socket.SO_DOMAIN:
                 return self._shown_as[0]
@@ -325,13 +294,6 @@ class SMCSocket(SocketBase):
             if optname == _socket.SO_SNDBUF:
                 return self._sndbuf_size or default_buffer_size()
         return PlainSocket.getsockopt(self._listening(), level, optname, *args)
-
-    def _smc_option(self, optname: int) -> None:
-        """A ``SOL_SMC`` option: ``SMC_LIMIT_HS`` is the only one (``EOPNOTSUPP`` else, as
-        Linux's ``__smc_setsockopt``).  Kept and reported; smcr's accept queue runs every
-        handshake in the background whatever its value."""
-        if optname != linuxapi.SMC_LIMIT_HS:
-            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
 
     # ------------------------------------------------------------ connecting
 
@@ -380,6 +342,7 @@ class SMCSocket(SocketBase):
         timeout = self._timeout
         if self._via_readiness and self._nonblocking_descriptor():
             timeout = 0.0
+        descriptors_free(queue.fd, ACCEPT_HEADROOM)
         taken, addr = queue.take(timeout)
         return cast(SMCSocket, taken), addr
 
@@ -496,9 +459,12 @@ class SMCSocket(SocketBase):
     # ------------------------------------------------------------ TCP mode
 
     def _tcp_ok(self) -> None:
-        """Before a call goes to the kernel's TCP socket: not while connecting."""
+        """Before a call goes to the kernel's TCP socket: not while connecting, and not
+        before a Decline this client owes (:func:`handshake.pay_decline`)."""
         if self._mode == "CONNECTING":  # not a byte before SMC-R or TCP is settled
             raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+        if self._decline_owed:
+            handshake.pay_decline(self)
         numbers.catch_up(self)
 
     def _tcp_recv(self, bufsize: int, flags: int) -> bytes:
@@ -667,6 +633,32 @@ class SMCSocket(SocketBase):
         if len(args) not in (1, 2):
             raise TypeError(f"sendto() takes 2 or 3 arguments ({len(args) + 1} given)")
         return self.send(data, int(args[0]) if len(args) == 2 else 0)
+
+
+ACCEPT_HEADROOM = 1
+"""Descriptors ``accept`` wants free: the number of TCP's accept, and the readiness pair the
+connection makes when the program first asks for its ``fileno()``."""
+
+
+def descriptors_free(fd: int, count: int) -> None:
+    """Raise EMFILE (ENFILE) unless ``count`` descriptor numbers are free now (found by
+    duplicating ``fd``, an open descriptor, and closing the copies).
+
+    ``accept(2)`` takes a number before it looks at the queue, so a process with none free
+    gets EMFILE and the connection stays queued; ours was accepted in the background with
+    descriptors of its own, some of which a fallback gives back, so the program would
+    otherwise be handed a connection at its limit that TCP would have refused it (an event
+    loop frees a reserved descriptor then, accepts and closes the peer: Twisted's)."""
+    taken: list[int] = []
+    try:
+        for _ in range(count):
+            taken.append(os.dup(fd))
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise
+    finally:
+        for copy in taken:
+            os.close(copy)
 
 
 def smc_socket_with_number(fd: int) -> SMCSocket | None:

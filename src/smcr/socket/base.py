@@ -9,6 +9,7 @@ from __future__ import annotations
 import _socket as _csocket
 import functools
 import ipaddress
+import os
 import socket as _socket
 import struct
 import threading
@@ -205,6 +206,7 @@ class SocketBase(PlainSocket):
     _connecting: ConnectingLike | None = None  # a non-blocking connect in progress
     _connect_error = 0  # what getsockopt(SO_ERROR) says next (non-blocking connect)
     _connect_failed = False  # TCP mode after a failed connect: a new connect may start over
+    _decline_owed = False  # fell back while connecting: the Decline goes first (pay_decline)
     _gone = False  # closed for good (close(), and no makefile() file open)
     _parent_ends: list[_socket.socket] = []  # noqa: RUF012 - SMC-R mode: forked children's pairs
     _fork_ends: Any = None  # during a fork (smcr.socket.fork.ForkEnds)
@@ -214,6 +216,37 @@ class SocketBase(PlainSocket):
     _shown_tcp: weakref.finalize[Any, Any] | None = None  # _shown is a TCP number of ours
     _reshow_due = False  # settled in a background thread: reshow in the program's (catch_up)
     _queue_finalizer: weakref.finalize[Any, Any] | None = None  # listening: the queue's
+
+    _shown_as: tuple[int, int] | None = None  # (family, proto) made with (linuxapi), if not TCP's
+    _limit_hs = 0  # SOL_SMC SMC_LIMIT_HS
+
+    @property
+    def family(self) -> int:  # type: ignore[override]  # (AF_SMC is no AddressFamily)
+        """As ``socket.socket``'s, or ``AF_SMC`` for a socket made so (:mod:`.linuxapi`)."""
+        shown = self._shown_as
+        return PlainSocket.family.fget(self) if shown is None else shown[0]  # type: ignore[attr-defined]
+
+    @property
+    def proto(self) -> int:
+        """As ``socket.socket``'s, or the SMC protocol a socket was made with
+        (``SMCPROTO_SMC6``, ``IPPROTO_SMC``)."""
+        shown = self._shown_as
+        return c_proto(self) if shown is None else shown[1]
+
+    def _listening(self) -> _socket.socket:
+        """Where TCP's own calls go (addresses, options): this socket, or, for one made
+        from a listening socket's number, the listening TCP socket."""
+        queue = self._queue
+        if self._mode == "LISTEN" and self._via_readiness and queue is not None:
+            return queue.sock
+        return self
+
+    def _nonblocking_descriptor(self) -> bool:
+        """A socket made from a descriptor with ``O_NONBLOCK`` and no timeout of its own
+        (``socket.fromfd`` of a non-blocking socket: ``gettimeout()`` says None): its calls
+        return at once, as the kernel's do on that descriptor, whose flag the socket it
+        came from shares."""
+        return self._timeout is None and not os.get_blocking(PlainSocket.fileno(self))
 
     def _real_close(self) -> None:
         """socket.socket's, and the TCP socket's duplicate under the application's number

@@ -191,8 +191,17 @@ def connect(sock: SocketBase, address: Any) -> None:
         err = PlainSocket.connect_ex(sock, address)
         if err not in (0, errno.EINPROGRESS):
             raise OSError(err, os.strerror(err))
-        handshake.stack_here(sock)
-        sock._connecting = Connecting(sock)
+        try:
+            handshake.stack_here(sock)
+            sock._connecting = Connecting(sock)
+        except OSError as exc:
+            if exc.errno not in handshake.OUT_OF_RESOURCES:
+                raise
+            # no descriptor for the connect's machinery: TCP, as the kernel's connect needs
+            # none; the server hears why once the connection is there (owe_decline)
+            handshake.fall_back(sock, int(DeclineCode.MEM), 0)
+            sock._decline_owed = True
+            raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS)) from None
         sock._mode = "CONNECTING"
         numbers.reshow(sock)
         sock._connecting.start()

@@ -19,6 +19,7 @@ import time
 import weakref
 from collections.abc import Callable
 
+from smcr import discovery
 from smcr.core import FellBack, HandshakeCompleted
 from smcr.diag import registry
 from smcr.diag import start as diag_start
@@ -124,6 +125,22 @@ def start_handshake(sock: SocketBase, client: bool,
         if hc.outcome is not None and hc.on_outcome is not None:
             hc.on_outcome(hc)  # ended at once, and nobody took the news yet
     return stack, hc
+
+
+def pay_decline(sock: SocketBase) -> None:
+    """A client that fell back before its non-blocking connect had finished (out of
+    descriptors, :data:`OUT_OF_RESOURCES`) owes the server the Decline (``MEM``) that
+    ends a handshake the server may have started, before any byte of the program's: sent
+    at the first call that moves bytes once the connection is there, if the peer offered
+    SMC."""
+    try:
+        PlainSocket.getpeername(sock)
+    except OSError:
+        return  # not connected (yet, or ever): the program's call gets TCP's answer
+    sock._decline_owed = False
+    if discovery.current().peer_offered(sock, client=True):
+        with contextlib.suppress(OSError):  # (a peer gone meanwhile: TCP will say so)
+            PlainSocket.sendall(sock, ClcDecline.linux(DeclineCode.MEM, version=1).encode())
 
 
 def decline_instead(sock: SocketBase, error: OSError) -> bool:

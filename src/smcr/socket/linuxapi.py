@@ -55,9 +55,26 @@ def beneath(family: int, kind: int, proto: int) -> tuple[int, int, tuple[int, in
     return family, proto, None
 
 
-def option_value(value: object, args: tuple[object, ...]) -> int:
+def _only_limit_hs(optname: int) -> None:
+    """``SMC_LIMIT_HS`` is the only ``SOL_SMC`` option (``EOPNOTSUPP`` else, as Linux's
+    ``__smc_setsockopt``/``__smc_getsockopt``).  Kept and reported; smcr's accept queue
+    runs every handshake in the background whatever its value."""
+    if optname != SMC_LIMIT_HS:
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+
+def get_option(optname: int, value: int, args: tuple[object, ...]) -> int | bytes:
+    """``getsockopt(SOL_SMC, optname[, buflen])`` of a socket whose option is ``value``."""
+    _only_limit_hs(optname)
+    if not args:
+        return value
+    return value.to_bytes(4, sys.byteorder)[: int(args[0])]  # type: ignore[call-overload]
+
+
+def set_option(optname: int, value: object, args: tuple[object, ...]) -> int:
     """The int a ``setsockopt(SOL_SMC, SMC_LIMIT_HS, value)`` sets (``!!val``, as
     ``__smc_setsockopt``); bytes as C passes them (at least an int's size)."""
+    _only_limit_hs(optname)
     if args:
         raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
     if isinstance(value, (bytes, bytearray, memoryview)):
