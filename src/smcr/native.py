@@ -27,9 +27,10 @@ Two kinds of smcr, told apart by :data:`BUILD_INFO`:
   picked by Python's own finder ahead of the source, stale or not, and could not
   be turned off.
 
-``smcr/__init__.py`` (interpreted, always) calls :func:`install` before anything
-else of smcr is imported.  This module imports nothing of smcr: ``setup.py``
-loads it by path to write :data:`BUILD_INFO`.
+``smcr/__init__.py`` (interpreted, always) has :func:`install` run before any
+other module of smcr's but a few light ones is imported (``smcr._NativeFirst``).
+This module imports nothing of smcr: ``setup.py`` loads it by path to write
+:data:`BUILD_INFO`.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ class Status:
         return f"pure Python ({self.reason})"
 
 
-_status = Status(False, "smcr.native.install() not called")
+_UNDECIDED = Status(False, "smcr.native.install() not called")
+_status = _UNDECIDED
 
 
 def source_digest(path: Path) -> str:
@@ -230,7 +232,10 @@ def install() -> Status:
 
 
 def status() -> Status:
-    """What this process uses (as decided at ``import smcr``)."""
+    """What this process uses (decided before the first module that may be compiled is
+    imported, or now)."""
+    if _status is _UNDECIDED:
+        install()
     return _status
 
 
