@@ -70,7 +70,7 @@ class _NativeFirst:
     compiled module sits in a subpackage, whose ``__init__`` is imported first, so the
     decision is made before the first of them is looked for."""
 
-    LIGHT = frozenset({"smcr.native", "smcr.run"})
+    LIGHT = frozenset({"smcr.native", "smcr.run", "smcr.run.patches"})
     """Modules that ``smcr run``'s start in every interpreter imports: they import no
     compiled module and not :mod:`smcr.native` (whose check costs milliseconds)."""
 

@@ -366,6 +366,36 @@ def lazy_start(port: str) -> None:
     out(**found)
 
 
+def hook_classes(port: str) -> None:
+    """Sockets the first TCP socket may be: a subclass of socket.socket defined before it
+    (as libraries do at import), and one made from a TCP listener's descriptor (made by
+    the C type, which smcr run does not change)."""
+    import _socket  # noqa: PLC0415 - the C type, under socket.socket
+
+    class Mine(socket.socket):
+        pass
+
+    found: dict[str, Any] = {"before": _smcr_heavy()}
+    raw = _socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    raw.bind(("127.0.0.1", 0))
+    raw.listen()
+    listener = socket.socket(fileno=raw.detach())
+    found["from_fd"] = listener.smc_info().mode if hasattr(listener, "smc_info") else "plain"
+    found["from_fd_mode"] = getattr(listener, "smc_mode", "plain")
+    listener.close()
+    unix = socket.socket(socket.AF_UNIX)
+    with Mine(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(20)
+        s.connect(("127.0.0.1", int(port)))
+        s.sendall(b"mine\n")
+        answer = json.loads(s.makefile("rb").readline())
+        found.update(mode=answer["mode"], client_mode=mode(s), name=type(s).__name__,
+                     is_mine=isinstance(s, Mine), unix_is_mine=isinstance(unix, Mine),
+                     is_socket=isinstance(s, socket.socket))
+    unix.close()
+    out(**found)
+
+
 def thread_count(port: str) -> None:
     """Threads of this process (``_thread._count()``, what CPython's tests compare) before
     and after an SMC-R connection to a line server."""

@@ -151,8 +151,8 @@ def test_socketserver_threading_server(servers: list[Server]) -> None:
 def test_smcr_is_imported_with_the_first_tcp_socket(servers: list[Server]) -> None:
     """An interpreter under smcr run imports nothing heavy of smcr (socket layer, runtime,
     engine, compiled modules, discovery) until its first TCP socket: sockets of other
-    kinds and the modules smcr patches (ssl, asyncio) do not import it; that socket does,
-    connects by SMC-R, and ssl is patched then."""
+    kinds and the modules smcr patches (ssl, asyncio: patched all the same) do not import
+    it; that socket does, and connects by SMC-R."""
     srv = Server("socketserver_echo", "1")
     servers.append(srv)
     found = run("lazy_start", srv.port)
@@ -163,6 +163,34 @@ def test_smcr_is_imported_with_the_first_tcp_socket(servers: list[Server]) -> No
             "smcr.native"} <= set(found["tcp"])  # fmt: skip
     assert found["mode"] == found["client_mode"] == "SMCR" and found["isinstance_tcp"]
     assert found["ssl_patched"]
+
+
+def test_first_tcp_socket_of_a_subclass_or_from_a_descriptor(servers: list[Server]) -> None:
+    """A subclass of socket.socket defined before smcr is imported makes SMC sockets (and
+    only its own sockets are its instances); a socket made from a listening TCP socket's
+    descriptor listens for SMC."""
+    srv = Server("socketserver_echo", "1")
+    servers.append(srv)
+    found = run("hook_classes", srv.port)
+    assert found["before"] == [] and found["from_fd_mode"] == "LISTEN"
+    assert found["mode"] == found["client_mode"] == "SMCR"
+    assert found["name"] == "Mine" and found["is_mine"] and found["is_socket"]
+    assert not found["unix_is_mine"]
+
+
+def test_a_setting_smcr_refuses_leaves_the_sockets_plain(servers: list[Server]) -> None:
+    """SMC_RCVBUF is read when the first TCP socket imports smcr: a value it refuses is one
+    line on standard error, and the program runs on with the standard library's sockets
+    (the smcr command refuses it, so it is given as smcr run would give it)."""
+    srv = Server("socketserver_echo", "1")
+    servers.append(srv)
+    env = environment(os.environ)
+    env["SMC_RCVBUF"] = "12"
+    res = subprocess.run([*PROGRAM, "line_client", srv.port], cwd=REPO_ROOT, env=env,
+                         capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    found = json.loads(res.stdout.strip().splitlines()[-1])
+    assert found["answer"]["mode"] == "TCP" and found["client_mode"] == "plain"
+    assert res.stderr.count("smcr run: not active in this interpreter") == 1, res.stderr
 
 
 def test_the_compiled_modules_are_imported_with_the_first_tcp_socket(

@@ -47,17 +47,14 @@ from __future__ import annotations
 
 import _socket
 import _thread
-import io
 import os
 import socket
 import sys
-from importlib.machinery import PathFinder
+
+from smcr.run import patches
 
 TYPE_CHECKING = False  # (typing costs milliseconds to import; mypy reads this name as True)
 if TYPE_CHECKING:
-    import types
-    from collections.abc import Callable, Sequence
-    from importlib.machinery import ModuleSpec
     from typing import Any
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
@@ -160,13 +157,9 @@ def install() -> None:
     for name in ("SMC_RCVBUF", "SMC_SNDBUF", "SMCR_RUN_DEBUG"):
         _environment[name] = os.environ.get(name, "")
     socket.socket = RunSocket  # type: ignore[misc]
-    waiting = {name for name in _PATCHES if name not in sys.modules}
-    for name in _PATCHES.keys() - waiting:
-        _patch(name, sys.modules[name])
-    if waiting:
-        sys.meta_path.insert(0, _PatchingFinder(waiting))
-    if os.environ.get("SMCR_RUN_EAGER", "").lower() in ("1", "on", "yes", "true"):
-        _smc_class(RunSocket)
+    patches.install()
+    eager = os.environ.get("SMCR_RUN_EAGER", "").lower() in ("1", "on", "yes", "true")
+    if eager and _smc_class(RunSocket) is not RunSocket:
         _start_runtime()
 
 
@@ -176,8 +169,6 @@ debug output of ``smcr run``; None until the first TCP socket imports smcr."""
 _smc_classes: dict[type[Any], type[Any]] = {}
 """The class of SMC sockets for each class that ``socket.socket`` is (:func:`_smc_class`)."""
 _lock = _thread.RLock()
-_pending: dict[str, types.ModuleType] = {}
-"""Modules of :data:`_PATCHES` imported before smcr was: patched when it is."""
 
 
 def _smc_class(cls: type[Any]) -> type[Any]:
@@ -206,7 +197,7 @@ _load_failed = False
 
 def _load() -> type[Any] | None:
     """:data:`_smc_base`, importing smcr's socket layer the first time (under ``_lock``);
-    None if that failed.  Then patches the modules of :data:`_PATCHES` imported so far."""
+    None if that failed."""
     global _smc_base, _load_failed  # noqa: PLW0603 - one per process
     if _smc_base is not None or _load_failed:
         return _smc_base
@@ -227,9 +218,6 @@ def _load() -> type[Any] | None:
         print(f"smcr run: not active in this interpreter: {exc!r}", file=sys.stderr)
         return None
     _smc_base, _load_failed = base, False
-    while _pending:
-        name, module = _pending.popitem()
-        _PATCHES[name](module)
     return base
 
 
@@ -252,126 +240,3 @@ def _start_runtime() -> None:
         diag.start()
     except (OSError, ValueError):
         pass
-
-
-def _patch(name: str, module: types.ModuleType) -> None:
-    """Patch ``module`` (``name`` in :data:`_PATCHES`) now if smcr is imported, else
-    when it is: a module patched for SMC sockets needs none before the first."""
-    with _lock:
-        if _smc_base is None:
-            _pending[name] = module
-            return
-    _PATCHES[name](module)
-
-
-def _patch_ssl(ssl: types.ModuleType) -> None:
-    from smcr.run.tls import patch  # noqa: PLC0415 - only once ssl is there
-
-    patch(ssl)
-
-
-def _patch_asyncio(unix_events: types.ModuleType) -> None:
-    """asyncio's ``sock_sendfile`` (and ``loop.sendfile`` of its transports) calls
-    ``os.sendfile`` on ``sock.fileno()``, which for an SMC-R socket is smcr's readiness
-    descriptor, not the connection: for such sockets its "native" sendfile reads the
-    file (``os.pread``, the file position untouched until the end, as ``os.sendfile``
-    leaves it) and sends it with ``sock_sendall``.  Native, not asyncio's fallback: a
-    transport's ``write`` during the transfer raises "sendfile is in progress", as over
-    TCP, and the same files are refused (``SendfileNotAvailableError``)."""
-    from asyncio import exceptions  # noqa: PLC0415
-
-    from smcr.socket import SMCSocket  # noqa: PLC0415
-
-    loop_class = unix_events._UnixSelectorEventLoop
-    native = loop_class._sock_sendfile_native
-
-    async def sock_sendfile_native(self: Any, sock: Any, file: Any, offset: int,
-                                   count: int | None) -> int:  # fmt: skip
-        if not (isinstance(sock, SMCSocket) and sock.smc_mode in ("SMCR", "CONNECTING")):
-            return int(await native(self, sock, file, offset, count))
-        try:
-            fileno = file.fileno()
-            size = os.fstat(fileno).st_size
-        except (AttributeError, io.UnsupportedOperation, OSError) as err:
-            raise exceptions.SendfileNotAvailableError("not a regular file") from err
-        if not (count or size):
-            return 0  # empty file
-        total = 0  # bytes the socket took: the file position behind them, also on errors
-        try:
-            while count is None or total < count:
-                want = _SENDFILE_PIECE if count is None else min(_SENDFILE_PIECE, count - total)
-                view = memoryview(os.pread(fileno, want, offset + total))
-                if not view:
-                    break
-                while view:
-                    try:
-                        n = sock.send(view)
-                    except (BlockingIOError, InterruptedError):
-                        await _writable(self, sock)
-                        continue
-                    total += n
-                    view = view[n:]
-        finally:
-            if total:
-                os.lseek(fileno, offset + total, os.SEEK_SET)
-        return total
-
-    loop_class._sock_sendfile_native = sock_sendfile_native
-
-
-async def _writable(loop: Any, sock: Any) -> None:
-    """Until ``sock`` is writable (the event loop watching its ``fileno()``)."""
-    fut = loop.create_future()
-    fd = sock.fileno()
-    loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
-    try:
-        await fut
-    finally:
-        loop.remove_writer(fd)
-
-
-_SENDFILE_PIECE = 1 << 18
-"""Bytes of the file read and sent at a time by asyncio's sendfile over SMC-R."""
-
-
-_PATCHES: dict[str, Callable[[types.ModuleType], None]] = {
-    "ssl": _patch_ssl, "asyncio.unix_events": _patch_asyncio}
-"""Modules that ``smcr run`` adjusts, each once it is imported (:class:`_PatchingFinder`)
-and smcr is (:func:`_patch`)."""
-
-
-class _PatchingFinder:
-    """Patches modules of :data:`_PATCHES` when the program imports them (importing them
-    up front would cost every Python process under ``smcr run`` milliseconds).  A finder
-    of ``sys.meta_path`` by its ``find_spec`` alone: ``importlib.abc`` takes longer to
-    import than the rest of :func:`install`."""
-
-    def __init__(self, names: set[str]) -> None:
-        self.names = names
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: types.ModuleType | None = None) -> ModuleSpec | None:  # fmt: skip
-        if fullname not in self.names:
-            return None
-        self.names.discard(fullname)
-        if not self.names:
-            sys.meta_path.remove(self)
-        spec = PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        exec_module = loader.exec_module
-
-        def exec_and_patch(module: types.ModuleType) -> None:
-            # ssl's SSLSocket must subclass the standard library's socket class (it
-            # drives the descriptor in C), not ours: give it that one while it loads
-            ours = socket.socket
-            socket.socket = _ORIGINAL  # type: ignore[misc]
-            try:
-                exec_module(module)
-            finally:
-                socket.socket = ours  # type: ignore[misc]
-            _patch(fullname, module)
-
-        loader.exec_module = exec_and_patch  # type: ignore[method-assign]
-        return spec
