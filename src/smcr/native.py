@@ -206,8 +206,9 @@ class _NativeFinder(importlib.abc.MetaPathFinder):
 def install() -> Status:
     """Use the compiled modules if they are current and not refused; idempotent.
 
-    Must run before any compiled module is imported (``smcr/__init__.py`` calls it
-    first), so that a process never mixes the two.
+    Must run before any compiled module is imported (``smcr/__init__.py`` has it run
+    before the first of smcr's modules but a few light ones), so that a process never
+    mixes the two.
     """
     global _status  # noqa: PLW0603 - one decision per process
     if any(isinstance(f, _NativeFinder | _SourceFinder) for f in sys.meta_path):

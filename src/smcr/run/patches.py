@@ -139,10 +139,9 @@ def install() -> None:
 
 
 class PatchingFinder:
-    """Patches modules of :data:`_PATCHES` when the program imports them (importing them
-    up front would cost every Python process under ``smcr run`` milliseconds).  A finder
-    of ``sys.meta_path`` by its ``find_spec`` alone: ``importlib.abc`` takes longer to
-    import than the rest of :func:`install`."""
+    """Patches modules of :data:`PATCHES` when the program imports them.  A finder of
+    ``sys.meta_path`` by its ``find_spec`` alone: ``importlib.abc`` takes longer to import
+    than the rest of ``smcr run``'s start."""
 
     def __init__(self, names: set[str]) -> None:
         self.names = names
