@@ -193,6 +193,36 @@ def test_a_setting_smcr_refuses_leaves_the_sockets_plain(servers: list[Server]) 
     assert res.stderr.count("smcr run: not active in this interpreter") == 1, res.stderr
 
 
+FORK_WHILE_IMPORTING = """
+import os, signal, socket, threading
+import smcr.run
+held, release = threading.Event(), threading.Event()
+def hold():
+    with smcr.run._lock:  # as a thread importing smcr for its first TCP socket holds it
+        held.set()
+        release.wait()
+holder = threading.Thread(target=hold)
+holder.start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(30)  # (a child waiting for the lock forever ends here)
+    os._exit(0 if hasattr(socket.socket(), "smc_info") else 1)
+release.set()
+holder.join()
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_a_child_forked_while_smcr_is_imported_makes_smc_sockets() -> None:
+    """A child forked while another thread of its parent imports smcr (holding the lock
+    that makes one SMC socket class) does not wait for that thread, gone in the child."""
+    env = environment(os.environ)
+    res = subprocess.run([sys.executable, "-c", FORK_WHILE_IMPORTING], cwd=REPO_ROOT, env=env,
+                         capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    assert res.stdout.strip() == "0", res.stderr
+
+
 def test_the_compiled_modules_are_imported_with_the_first_tcp_socket(
         servers: list[Server]) -> None:  # fmt: skip
     """With the compiled build current, the first TCP socket imports the compiled modules

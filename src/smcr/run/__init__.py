@@ -193,15 +193,16 @@ def _smc_class(cls: type[Any]) -> type[Any]:
 
 
 _load_failed = False
+_loading = False  # (a socket that importing smcr makes is a plain one)
 
 
 def _load() -> type[Any] | None:
     """:data:`_smc_base`, importing smcr's socket layer the first time (under ``_lock``);
     None if that failed."""
-    global _smc_base, _load_failed  # noqa: PLW0603 - one per process
-    if _smc_base is not None or _load_failed:
+    global _smc_base, _load_failed, _loading  # noqa: PLW0603 - one per process
+    if _smc_base is not None or _load_failed or _loading:
         return _smc_base
-    _load_failed = True  # (also for a socket that importing smcr makes: a plain one)
+    _loading = True
     try:
         from smcr.socket import SMCSocket  # noqa: PLC0415 - with the first TCP socket
         from smcr.socket.base import bufsize  # noqa: PLC0415
@@ -215,10 +216,24 @@ def _load() -> type[Any] | None:
             names["_debug"] = True
         base = type("SMCSocket", (SMCSocket,), names)
     except Exception as exc:  # the program must run on whatever happens
+        _load_failed = True
         print(f"smcr run: not active in this interpreter: {exc!r}", file=sys.stderr)
         return None
-    _smc_base, _load_failed = base, False
+    finally:
+        _loading = False
+    _smc_base = base
     return base
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread imported smcr would wait for ``_lock``
+    forever: it gets a new one (and tries the import again)."""
+    global _lock, _loading  # noqa: PLW0603 - the child's own
+    _lock = _thread.RLock()
+    _loading = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _start_runtime() -> None:
