@@ -89,11 +89,12 @@ class RunSocket(_ORIGINAL, metaclass=_AnySocket):
 
     __slots__ = ()
     _smcr_run = True
-    _smcr_plain = _ORIGINAL  # (smcr.socket.base subclasses this one, whenever it is imported)
+    _smcr_plain = _ORIGINAL  # (what smcr.socket.base subclasses, whenever it is imported)
     _smcr_smc = False  # True in the classes of SMC sockets
 
     def __new__(cls, family: int = -1, type: int = -1, proto: int = -1,
                 fileno: int | None = None, **extra: object) -> RunSocket:  # fmt: skip
+        # (extra: SMCSocket's own keywords, for its accepted sockets; its __init__ takes them)
         made = cls
         if not cls._smcr_smc and (cls is not RunSocket or _inet_stream(family, type, fileno)):
             made = _smc_class(cls)
@@ -110,15 +111,16 @@ def _inet_stream(family: int, kind: int, fileno: int | None) -> bool:
     constructor reads its arguments: -1 is AF_INET and SOCK_STREAM, or with ``fileno``
     what the descriptor is).  Once smcr is imported, every socket made from a descriptor
     goes to :class:`smcr.SMCSocket`, which knows its own sockets' ``fileno()``."""
-    if fileno is not None and (_smc_base is not None or family == -1 or kind == -1):
+    if fileno is not None:
         if _smc_base is not None:
             return True
-        try:  # the C type alone: it reads the descriptor's family and type
-            probe = _socket.socket(family, kind, -1, fileno)
-        except (OSError, TypeError, ValueError, OverflowError):
-            return False  # the constructor will say so
-        family, kind = probe.family, probe.type
-        probe.detach()
+        if family == -1 or kind == -1:
+            try:  # the C type alone: it reads the descriptor's family and type
+                probe = _socket.socket(family, kind, -1, fileno)
+            except (OSError, TypeError, ValueError, OverflowError):
+                return False  # the constructor will say so
+            family, kind = probe.family, probe.type
+            probe.detach()
     if family == -1:
         family = _INET[0]
     if kind == -1:
