@@ -36,7 +36,6 @@ This module imports nothing of smcr: ``setup.py`` loads it by path to write
 from __future__ import annotations
 
 import hashlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
@@ -162,9 +161,11 @@ def _use_installed(info: dict[str, Any], pure: bool) -> Status:
     return Status(True, "installed compiled", modules)
 
 
-class _SourceFinder(importlib.abc.MetaPathFinder):
+class _SourceFinder:
     """Serves an installed package's compiled modules from their ``.py`` files; a module
-    that has none (a C extension) is not there, as in a pure-Python install."""
+    that has none (a C extension) is not there, as in a pure-Python install.  (A finder of
+    ``sys.meta_path`` by its ``find_spec``: ``importlib.abc`` costs milliseconds to import,
+    in every smcr process.)"""
 
     def __init__(self, modules: Sequence[str]) -> None:
         self.modules = frozenset(modules)
@@ -184,7 +185,7 @@ class _SourceFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(fullname, source)
 
 
-class _NativeFinder(importlib.abc.MetaPathFinder):
+class _NativeFinder:
     """Serves the compiled modules (and mypyc's shared library) from their files."""
 
     def __init__(self, files: dict[str, Path]) -> None:
