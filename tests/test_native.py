@@ -3,7 +3,8 @@ refused, and indistinguishable from the pure-Python path in what it does.
 
 install.sh builds it (``python -m smcr.nativebuild``), so a missing build is a
 failure here, not a skip: the suite is meant to run on the compiled modules.
-Each case runs a fresh interpreter, since the choice is made once, at ``import smcr``.
+Each case runs a fresh interpreter, since the choice is made once, before the first of
+smcr's modules that may be compiled is imported.
 """
 
 from __future__ import annotations
@@ -211,3 +212,32 @@ def test_a_pure_wheel_says_why(tmp_path: Path) -> None:
                          text=True, check=False)  # fmt: skip
     assert res.returncode == 1
     assert "smcr is installed from a wheel" in res.stderr  # (it would write into the install)
+
+
+LAZY_PROBE = """
+import json, sys
+import smcr, smcr.run
+before = sorted(m for m in sys.modules if m.startswith(("smcr.", "smcr_native")))
+names = sorted(set(smcr.__all__) - set(dir(smcr)))  # not imported yet (PEP 562)
+socket_class = smcr.SMCSocket.__module__
+import smcr.core.engine
+from smcr import native
+print(json.dumps({"before": before, "lazy_names": names, "socket_class": socket_class,
+                  "status": native.status().describe(),
+                  "engine": native.module_is_compiled(sys.modules["smcr.core.engine"])}))
+"""
+
+
+def test_import_smcr_leaves_the_choice_of_build_to_the_first_module_of_smcr() -> None:
+    """``import smcr`` (and ``smcr run``'s start, which imports smcr.run) imports nothing
+    else of smcr's; its names load on first use; the build is chosen before the first
+    module that may be compiled, which is then the compiled one."""
+    out = subprocess.run([sys.executable, "-c", LAZY_PROBE], cwd=ROOT, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    got = json.loads(out.stdout)
+    assert got["before"] == ["smcr.run", "smcr.run.patches"]
+    assert got["lazy_names"] == ["DeclineCode", "SMCSocket", "SmcInfo", "WireError",
+                                 "create_connection", "create_server"]  # fmt: skip
+    assert got["socket_class"] == "smcr.socket"
+    assert got["status"] == native.status().describe()
+    assert got["engine"] is native.status().compiled

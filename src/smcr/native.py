@@ -27,15 +27,15 @@ Two kinds of smcr, told apart by :data:`BUILD_INFO`:
   picked by Python's own finder ahead of the source, stale or not, and could not
   be turned off.
 
-``smcr/__init__.py`` (interpreted, always) calls :func:`install` before anything
-else of smcr is imported.  This module imports nothing of smcr: ``setup.py``
-loads it by path to write :data:`BUILD_INFO`.
+``smcr/__init__.py`` (interpreted, always) has :func:`install` run before any
+other module of smcr's but a few light ones is imported (``smcr._NativeFirst``).
+This module imports nothing of smcr: ``setup.py`` loads it by path to write
+:data:`BUILD_INFO`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
@@ -72,7 +72,8 @@ class Status:
         return f"pure Python ({self.reason})"
 
 
-_status = Status(False, "smcr.native.install() not called")
+_UNDECIDED = Status(False, "smcr.native.install() not called")
+_status = _UNDECIDED
 
 
 def source_digest(path: Path) -> str:
@@ -160,9 +161,11 @@ def _use_installed(info: dict[str, Any], pure: bool) -> Status:
     return Status(True, "installed compiled", modules)
 
 
-class _SourceFinder(importlib.abc.MetaPathFinder):
+class _SourceFinder:
     """Serves an installed package's compiled modules from their ``.py`` files; a module
-    that has none (a C extension) is not there, as in a pure-Python install."""
+    that has none (a C extension) is not there, as in a pure-Python install.  (A finder of
+    ``sys.meta_path`` by its ``find_spec``: ``importlib.abc`` costs milliseconds to import,
+    in every smcr process.)"""
 
     def __init__(self, modules: Sequence[str]) -> None:
         self.modules = frozenset(modules)
@@ -182,7 +185,7 @@ class _SourceFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(fullname, source)
 
 
-class _NativeFinder(importlib.abc.MetaPathFinder):
+class _NativeFinder:
     """Serves the compiled modules (and mypyc's shared library) from their files."""
 
     def __init__(self, files: dict[str, Path]) -> None:
@@ -204,8 +207,9 @@ class _NativeFinder(importlib.abc.MetaPathFinder):
 def install() -> Status:
     """Use the compiled modules if they are current and not refused; idempotent.
 
-    Must run before any compiled module is imported (``smcr/__init__.py`` calls it
-    first), so that a process never mixes the two.
+    Must run before any compiled module is imported (``smcr/__init__.py`` has it run
+    before the first of smcr's modules but a few light ones), so that a process never
+    mixes the two.
     """
     global _status  # noqa: PLW0603 - one decision per process
     if any(isinstance(f, _NativeFinder | _SourceFinder) for f in sys.meta_path):
@@ -230,7 +234,10 @@ def install() -> Status:
 
 
 def status() -> Status:
-    """What this process uses (as decided at ``import smcr``)."""
+    """What this process uses (decided before the first module that may be compiled is
+    imported, or now)."""
+    if _status is _UNDECIDED:
+        install()
     return _status
 
 

@@ -235,9 +235,11 @@ RUN = Variable("SMCR_RUN", _flag, "1", "unset",
 RUN_DEBUG = Variable("SMCR_RUN_DEBUG", _flag, "1 or 0", "0",
                      "Set by ``smcr run -d``: how each connection was made, on standard "
                      "error.", "run")
-RUN_EAGER = Variable("SMCR_RUN_EAGER", _flag, "1 or 0", "1",
-                     "Under ``smcr run``: start the runtime with the interpreter (0: with the "
-                     "first SMC socket).", "run")
+RUN_EAGER = Variable("SMCR_RUN_EAGER", _flag, "1 or 0", "0",
+                     "Under ``smcr run``: import smcr and start the runtime with each "
+                     "interpreter (0: with its first TCP socket), for test harnesses that "
+                     "count threads; costs each interpreter a few hundred milliseconds.",
+                     "run")
 
 VARIABLES: tuple[Variable[Any], ...] = (
     RNIC, DISCOVERY, PEERS, PEERS_FILE, BPF_DIR, UEID_FILE, PNET_FILE, TESTLINK_TIME,

@@ -241,17 +241,25 @@ def asyncio_tls(size: str) -> None:
 # ------------------------------------------------------------------ children
 
 
+def _smc_class_name(s: socket.socket) -> str:
+    """The name of the first of smcr's classes in the hierarchy of ``s``'s class, else of
+    the class right above it (``socket``: the C type)."""
+    mro = type(s).__mro__
+    return next((c.__name__ for c in mro if c.__module__.startswith("smcr")), mro[1].__name__)
+
+
 def _report_child(queue: Any) -> None:
     s = socket.socket()
-    queue.put(type(s).__mro__[1].__name__)
+    queue.put(_smc_class_name(s))
     s.close()
 
 
 def children() -> None:
     """Which socket class Python children get: subprocess, and multiprocessing's start
-    methods (the class right above the one socket.socket names)."""
+    methods (the first of smcr's classes above the one socket.socket makes)."""
     found: dict[str, str] = {}
-    probe = "import socket; s = socket.socket(); print(type(s).__mro__[1].__name__)"
+    probe = ("import socket; s = socket.socket(); mro = type(s).__mro__; print(next((c.__name__ "
+             "for c in mro if c.__module__.startswith('smcr')), mro[1].__name__))")
     found["subprocess"] = subprocess.run([sys.executable, "-c", probe], capture_output=True,
                                          text=True, check=True).stdout.strip()
     for method in ("fork", "spawn", "forkserver"):
@@ -261,7 +269,7 @@ def children() -> None:
         proc.start()
         found[method] = queue.get(timeout=60)
         proc.join(30)
-    found["self"] = type(socket.socket()).__mro__[1].__name__
+    found["self"] = _smc_class_name(socket.socket())
     out(**found)
 
 
@@ -366,6 +374,70 @@ def line_client(port: str) -> None:
         s.sendall(b"hello\n")
         answer = s.makefile("rb").readline()
         out(answer=json.loads(answer), client_mode=mode(s))
+
+
+SMCR_HEAVY = ("smcr.socket", "smcr.stack", "smcr.core", "smcr.wire", "smcr.rdma",
+              "smcr.discovery", "smcr.diag", "smcr.native", "smcr_native__mypyc")
+"""smcr's socket layer, runtime, engine, codecs, RNICs, discovery, diag endpoint, the
+choice of build and the compiled modules' shared library (with its modules)."""
+
+
+def _smcr_heavy() -> list[str]:
+    """Which of :data:`SMCR_HEAVY` (or their modules) this interpreter has imported."""
+    return sorted(name for name in sys.modules
+                  if name.startswith(SMCR_HEAVY) and name.split(".")[0] in ("smcr",
+                                                                            "smcr_native__mypyc"))
+
+
+def lazy_start(port: str) -> None:
+    """What smcr has imported: at the start, after sockets that are not TCP (AF_UNIX,
+    socketpair, UDP) and modules that ``smcr run`` patches (ssl, asyncio), and after a
+    TCP connection to a line server (with its mode)."""
+    found: dict[str, Any] = {"start": _smcr_heavy(), "hook": type(socket.socket).__module__}
+    others = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), *socket.socketpair(),
+              socket.socket(socket.AF_INET, socket.SOCK_DGRAM)]
+    found["plain"] = [mode(s) for s in others]
+    found["isinstance"] = all(isinstance(s, socket.socket) for s in others)
+    for s in others:
+        s.close()
+    found["not_tcp"] = _smcr_heavy()
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=20) as s:
+        s.sendall(b"lazy\n")
+        answer = json.loads(s.makefile("rb").readline())
+        found.update(tcp=_smcr_heavy(), mode=answer["mode"], client_mode=mode(s),
+                     isinstance_tcp=isinstance(s, socket.socket))
+    found["ssl_patched"] = ssl.SSLContext.sslsocket_class is not ssl.SSLSocket
+    out(**found)
+
+
+def hook_classes(port: str) -> None:
+    """Sockets the first TCP socket may be: a subclass of socket.socket defined before it
+    (as libraries do at import), and one made from a TCP listener's descriptor (made by
+    the C type, which smcr run does not change)."""
+    import _socket  # noqa: PLC0415 - the C type, under socket.socket
+
+    class Mine(socket.socket):
+        pass
+
+    found: dict[str, Any] = {"before": _smcr_heavy()}
+    raw = _socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    raw.bind(("127.0.0.1", 0))
+    raw.listen()
+    listener = socket.socket(fileno=raw.detach())
+    found["from_fd"] = listener.smc_info().mode if hasattr(listener, "smc_info") else "plain"
+    found["from_fd_mode"] = getattr(listener, "smc_mode", "plain")
+    listener.close()
+    unix = socket.socket(socket.AF_UNIX)
+    with Mine(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(20)
+        s.connect(("127.0.0.1", int(port)))
+        s.sendall(b"mine\n")
+        answer = json.loads(s.makefile("rb").readline())
+        found.update(mode=answer["mode"], client_mode=mode(s), name=type(s).__name__,
+                     is_mine=isinstance(s, Mine), unix_is_mine=isinstance(unix, Mine),
+                     is_socket=isinstance(s, socket.socket))
+    unix.close()
+    out(**found)
 
 
 def thread_count(port: str) -> None:

@@ -1,7 +1,7 @@
 """``smcr.run.tls`` in one process: the ``ssl.SSLSocket`` API of a TLS socket over SMC-R,
 held against the ``ssl`` module's own socket over TCP in the same story.
 
-The patch goes on a subclass of ``ssl.SSLContext`` (:func:`smcr.run.tls.patch` takes
+The patch goes on a subclass of ``ssl.SSLContext`` (:func:`smcr.run.patches.patch_ssl` takes
 the module whose ``SSLContext`` it changes), so the rest of the test session keeps the
 ``ssl`` module as it is.  A TCP socket wrapped by that context gets ssl's own socket;
 an SMC socket in SMC-R mode gets :class:`~smcr.run.tls.SmcTlsSocket`.
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import smcr
-from smcr.run import tls
+from smcr.run import patches, tls
 from tests.run.programs import CERT, KEY
 from tests.socket.test_error_paths import recv_exactly
 
@@ -32,7 +32,7 @@ class Context(ssl.SSLContext):
     """An SSLContext class of this module's own, for the patch."""
 
 
-tls.patch(types.SimpleNamespace(SSLContext=Context))  # type: ignore[arg-type]
+patches.patch_ssl(types.SimpleNamespace(SSLContext=Context))  # type: ignore[arg-type]
 
 
 def outcome(call: Callable[[], object]) -> object:

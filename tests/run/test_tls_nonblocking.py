@@ -4,7 +4,7 @@ then ``do_handshake``/``recv_into``/``send`` whenever ``selectors`` says the
 descriptor is ready), held against ``ssl``'s own socket over TCP in the same test.
 
 Both ends are in this process; the SMC-R pair is wrapped by a context class that
-``smcr.run.tls.patch`` made (what ``smcr run`` does to ``ssl.SSLContext``), so the
+``smcr.run.patches.patch_ssl`` made (what ``smcr run`` does to ``ssl.SSLContext``), so the
 TCP pair gets ``ssl.SSLSocket`` and the SMC-R pair ``SmcTlsSocket``.
 """
 
@@ -17,7 +17,8 @@ import time
 import types
 from collections.abc import Callable
 
-from smcr.run.tls import SmcTlsSocket, patch
+from smcr.run.patches import patch_ssl
+from smcr.run.tls import SmcTlsSocket
 from tests.socket.test_error_paths import pair
 from tests.support import REPO_ROOT
 
@@ -32,7 +33,7 @@ class Context(ssl.SSLContext):
 
 _module = types.ModuleType("ssl_of_these_tests")
 _module.SSLContext = Context  # type: ignore[attr-defined]
-patch(_module)
+patch_ssl(_module)
 
 Story = Callable[[ssl.SSLSocket, ssl.SSLSocket, selectors.BaseSelector], object]
 

@@ -19,7 +19,6 @@ import errno
 import os
 import socket as _socket
 import ssl
-import types
 from typing import Any
 
 from smcr.socket import PlainSocket as _PlainSocket
@@ -32,32 +31,17 @@ _WRITE_PIECE = 16 << 10
 non-blocking ``write`` takes or leaves, record by record (:meth:`SmcTlsSocket.write`)."""
 
 
-def patch(ssl_module: types.ModuleType) -> None:
-    """Make ``ssl_module.SSLContext.wrap_socket`` wrap SMC sockets with
-    :class:`SmcTlsSocket` (idempotent)."""
-    context_class = ssl_module.SSLContext
-    base = context_class.sslsocket_class
-    if getattr(base, "_smcr_tls", False):
-        return
-
-    class RunSSLSocket(base):  # type: ignore[valid-type, misc]
-        _smcr_tls = True
-
-        @classmethod
-        def _create(cls, sock: Any, server_side: bool = False,
-                    do_handshake_on_connect: bool = True, suppress_ragged_eofs: bool = True,
-                    server_hostname: str | None = None, context: Any = None,
-                    session: Any = None) -> Any:  # fmt: skip
-            inner = _smc_socket_of(sock)
-            if inner is not None and (inner.smc_mode == "SMCR" or inner.smc_listening):
-                return SmcTlsSocket.wrap(inner, server_side, do_handshake_on_connect,
-                                         suppress_ragged_eofs, server_hostname, context,
-                                         session)  # fmt: skip
-            return base._create(sock, server_side, do_handshake_on_connect,
-                                suppress_ragged_eofs, server_hostname, context, session)
-
-    RunSSLSocket.__name__ = RunSSLSocket.__qualname__ = base.__name__
-    context_class.sslsocket_class = RunSSLSocket
+def wrap_smc(sock: Any, server_side: bool, do_handshake_on_connect: bool,
+             suppress_ragged_eofs: bool, server_hostname: str | None, context: Any,
+             session: Any) -> SmcTlsSocket | None:  # fmt: skip
+    """What ``SSLContext.wrap_socket`` returns for ``sock`` under ``smcr run``
+    (:func:`smcr.run.patches.patch_ssl`) if it is an SMC socket in SMC-R mode or a
+    listening one; None if the ``ssl`` module's own socket is to wrap it."""
+    inner = _smc_socket_of(sock)
+    if inner is not None and (inner.smc_mode == "SMCR" or inner.smc_listening):
+        return SmcTlsSocket.wrap(inner, server_side, do_handshake_on_connect,
+                                 suppress_ragged_eofs, server_hostname, context, session)
+    return None
 
 
 def _smc_socket_of(sock: Any) -> SMCSocket | None:

@@ -24,9 +24,13 @@ from smcr.stack.readiness import Readiness
 from smcr.stack.runtime import Stack
 from smcr.wire.clc import uncompress_bufsize
 
-PlainSocket = _socket.socket
+if TYPE_CHECKING:
+    PlainSocket = _socket.socket
+else:
+    PlainSocket = getattr(_socket.socket, "_smcr_plain", _socket.socket)
 """``socket.socket`` as the standard library defines it (``smcr run`` replaces the
-module's name with a class of its own; this stays the original)."""
+module's name with a class of its own, which names the original ``_smcr_plain``: this
+module may be imported after that, with the first TCP socket)."""
 INET = (int(_socket.AF_INET), int(_socket.AF_INET6))
 # the C type's own attribute getters: socket.socket's properties convert to enums
 c_family = _csocket.socket.family.__get__

@@ -6,7 +6,6 @@ cannot be imported here (another Python version, a broken install), the
 program runs without it, with a line on standard error.
 """
 
-import importlib.util
 import os
 import sys
 
@@ -29,6 +28,8 @@ def _chain() -> None:
             continue
         path = os.path.join(entry or ".", "sitecustomize.py")
         if os.path.isfile(path):
+            import importlib.util  # noqa: PLC0415 - milliseconds, and seldom needed
+
             spec = importlib.util.spec_from_file_location("_smcr_chained_sitecustomize", path)
             if spec is not None and spec.loader is not None:
                 spec.loader.exec_module(importlib.util.module_from_spec(spec))
