@@ -116,6 +116,12 @@ class LocalIdentity:
     """The first port's PNET ID (:attr:`Port.pnetid`)."""
     more_ports: tuple[Port, ...] = ()
     """Further RNIC ports (redundant links, ADD LINK); CLC always names the first."""
+    v2_over_ipv6: bool = False
+    """Whether SMC-Rv2 is offered over IPv6 TCP connections too: :attr:`gid` is an IPv6
+    RoCE v2 GID (the RoCE RNIC of an IPv6 address).  Linux offers SMC-Rv2 over IPv4 only
+    (``smc_find_proposal_devices``); smcr peers cross IPv6 routers with it, and a Linux
+    server answers such an offer as one without v2 (its route check finds no IPv4
+    address in the GID)."""
 
     @property
     def ports(self) -> tuple[Port, ...]:
