@@ -122,12 +122,21 @@ class Routed:
 
     def popen(self, ns: str, *args: str, env: dict[str, str] | None = None,
               ) -> subprocess.Popen[str]:  # fmt: skip
-        """Start ``python -m ARGS`` inside namespace ``ns`` (stdout a pipe, text)."""
-        full = dict(os.environ) | (env or {})
-        full["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO)])
+        """Start ``python -m ARGS`` inside namespace ``ns`` (stdout a pipe, text), with this
+        checkout's sources (not what the venv installed)."""
         return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", *args],
                                 stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
-                                cwd=Path(REPO), env=full)  # fmt: skip
+                                cwd=Path(REPO), env=_environment(env))  # fmt: skip
+
+    def python(self, ns: str, code: str) -> str:
+        """Run ``python -c CODE`` inside namespace ``ns`` (bounded) with this checkout's
+        sources; its output."""
+        res = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code],
+                             capture_output=True, text=True, timeout=30, cwd=Path(REPO),
+                             env=_environment(None), check=False)  # fmt: skip
+        if res.returncode:
+            raise RuntimeError(f"python in {ns}: {res.stderr.strip()}")
+        return res.stdout
 
     def close(self) -> None:
         """Delete every namespace (and with them the veths and nftables tables)."""
@@ -139,3 +148,10 @@ class Routed:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _environment(extra: dict[str, str] | None) -> dict[str, str]:
+    """This process's environment with ``extra``, and PYTHONPATH on this checkout."""
+    env = dict(os.environ) | (extra or {})
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO)])
+    return env

@@ -228,3 +228,30 @@ def tshark(pcap: Path, display_filter: str, *fields: str) -> list[list[str]]:
         args += ["-e", f]
     out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout
     return [line.split("\t") for line in out.splitlines() if line.strip()]
+
+
+def test_find_route_sees_the_gateway_and_its_mac() -> None:
+    """:func:`smcr.stack.routes.find_route` in the client's namespace: the server is behind
+    the router (its address the gateway, its MAC from the neighbour table, resolved by
+    the TCP connection before SMC-R asks), the router's own address on-link."""
+    with Routed(1) as r:
+        srv = r.popen(r.server_ns, "tests.roce.routed_peer", "server", r.address(-1), "1")
+        try:
+            assert srv.stdout is not None
+            port = json.loads(srv.stdout.readline())["port"]
+            code = (
+                "import ipaddress, json, socket\n"
+                "from smcr.stack.routes import find_route\n"
+                f"s = socket.create_connection(('{r.address(-1)}', {port}), timeout=5)\n"
+                "hops = [find_route(ipaddress.ip_address(a)) for a in "
+                f"('{r.address(-1)}', '{r.v4[0][1]}')]\n"
+                "print(json.dumps([[str(h.gateway), h.nexthop_mac.hex(), h.oif] for h in hops]))"
+            )
+            out = r.python(r.client_ns, code)
+        finally:
+            srv.kill()
+            srv.wait(5)
+        link = json.loads(r.exec(r.ns[1], "ip", "-j", "link", "show", "left0").stdout)
+    routed, on_link = json.loads(out)
+    assert routed[:2] == [r.v4[0][1], link[0]["address"].replace(":", "")]
+    assert on_link == ["None", "000000000000", routed[2]]

@@ -55,8 +55,8 @@ class Route:
 
     :param oif: the interface index it leaves by.
     :param gateway: the next hop when it is not on-link (``rt_uses_gateway``), else None.
-    :param nexthop_mac: the next hop's MAC (the gateway's, or the peer's own when
-        on-link) from the neighbour table; zeros while unresolved.
+    :param nexthop_mac: the gateway's MAC from the neighbour table (zeros while
+        unresolved, and for an on-link peer, whose own MAC CLC tells).
     """
 
     oif: int
@@ -167,8 +167,8 @@ def find_route(address: IpAddress, source: IpAddress | None = None) -> Route | N
         return None
     oif = int(struct.unpack("=i", oif_raw[:4])[0])
     gw_raw = attrs.get(RTA_GATEWAY)
-    if gw_raw is None:
-        return Route(oif, None, neighbour_mac(address, oif))
+    if gw_raw is None:  # on-link: Linux takes the peer's MAC from CLC then
+        return Route(oif)
     gateway = ipaddress.ip_address(gw_raw)
     return Route(oif, gateway, neighbour_mac(gateway, oif))
 
