@@ -6,6 +6,7 @@ the next hop's MAC in the QPs' address vectors (``smc_ib_modify_qp_rtr``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 
 import pytest
@@ -117,3 +118,19 @@ def test_add_link_v2_says_not_direct_in_a_routed_group() -> None:
     assert adds and all(isinstance(a, AddLinkV2) and a.ext is not None and not a.ext.direct
                         for a in adds)  # fmt: skip
     assert {r.hop_limit for side in (p.client, p.server) for r in side.rtr} == {64}
+
+
+def test_an_ipv6_roce_gid_offers_v2_over_ipv6() -> None:
+    """Beyond Linux (which offers SMC-Rv2 over IPv4 only): an RNIC whose GID is an IPv6
+    address offers it over IPv6 TCP too, with that GID in the v2 extension."""
+    p = v2_pair()
+    gid = ipaddress.IPv6Address("fd00::1").packed
+    p.client.engine.identity = dataclasses.replace(p.client.engine.identity, gid=gid,
+                                                   v2_over_ipv6=True)  # fmt: skip
+    c, s = 41, 42
+    p.tcp[("client", c)], p.tcp[("server", s)] = ("server", s), ("client", c)
+    p.run(p.client, p.client.engine.connect(c, p.fabric.alloc(65536),
+                                            ipaddress.IPv6Address("fd00::1"), 0.0))  # fmt: skip
+    prop = decode_clc(clc_sent(p.client, c)[0])
+    assert isinstance(prop, ClcProposal) and prop.v2_extension is not None
+    assert prop.v2_extension.roce_gid == gid
