@@ -170,6 +170,7 @@ def test_smcr_v1_across_subnets_declines_at_once_diffprefix(family: int) -> None
     the CLC exchange: TCP at once, data intact, no wait for a link that cannot come."""
     with Routed(1) as r:
         client, server = run(r, family, None, conns=2, total=64 * 1024)
+    print(f"\nSMC-Rv1 decline, IPv{family}: {[round(x['connect'] * 1000, 1) for x in client]} ms")
     for row in client:
         assert (row["mode"], row["ok"]) == ("TCP", True), row
         assert (row["local"], row["peer"]) == (DeclineCode.PEERDECL, DeclineCode.DIFFPREFIX)
