@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +60,8 @@ def env(ueids: Path | None) -> dict[str, str]:
 
 
 def run(r: Routed, family: int, ueids: Path | None, conns: int = 3, total: int = 2 * MB,
-        target: str | None = None,
-        before: Any = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+        target: str | None = None, before: Callable[[int], None] | None = None,
+        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
     """Server in the last namespace, client in the first: ``conns`` connections one after
     another, ``total`` bytes each way on each; the rows both print.
 
@@ -69,8 +69,9 @@ def run(r: Routed, family: int, ueids: Path | None, conns: int = 3, total: int =
     :param before: called with the server's port before the client starts.
     """
     server_ip = r.address(-1, family)
-    srv = r.popen(r.server_ns, "tests.roce.routed_peer", "server", server_ip, str(conns),
-                  env=env(ueids))  # fmt: skip
+    procs = [r.popen(r.server_ns, "tests.roce.routed_peer", "server", server_ip, str(conns),
+                     env=env(ueids))]  # fmt: skip
+    srv = procs[0]
     try:
         assert srv.stdout is not None
         port = json.loads(srv.stdout.readline())["port"]
@@ -78,12 +79,13 @@ def run(r: Routed, family: int, ueids: Path | None, conns: int = 3, total: int =
             before(port)
         cli = r.popen(r.client_ns, "tests.roce.routed_peer", "client", target or server_ip,
                       str(port), str(total), str(conns), env=env(ueids))  # fmt: skip
+        procs.append(cli)
         out, _ = cli.communicate(timeout=60)
         assert cli.returncode == 0, out
         srv_out, _ = srv.communicate(timeout=30)
     finally:
-        for p in (srv, locals().get("cli")):
-            if p is not None and p.poll() is None:
+        for p in procs:
+            if p.poll() is None:
                 p.kill()
                 p.wait(5)
     return ([json.loads(x) for x in out.splitlines()],
