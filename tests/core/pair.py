@@ -25,6 +25,7 @@ from smcr.core import (
     Engine,
     Event,
     LocalIdentity,
+    NextHop,
     Port,
     PostSend,
     QpToRtr,
@@ -94,10 +95,17 @@ class Side:
     qp_port: dict[int, int] = field(default_factory=dict)  # our qpn -> its port
     registered: list[tuple[int, int, int]] = field(default_factory=list)  # (conn, port, rkey)
     reach: Callable[[int, bytes], bool] | None = None  # Provider.reaches; None: every port
+    route: Callable[[int, bytes], NextHop | None] | None = None
+    """Provider.find_route; None: every peer on-link."""
+    rtr: list[QpToRtr] = field(default_factory=list)  # the QpToRtr actions, in order
 
     def reaches(self, port: int, gid: bytes) -> bool:
         """Whether our ``port`` reaches the peer's ``gid`` (the host's routing)."""
         return True if self.reach is None else self.reach(port, gid)
+
+    def find_route(self, port: int, gid: bytes) -> NextHop | None:
+        """How our ``port`` reaches the peer's ``gid`` (the host's routing)."""
+        return NextHop() if self.route is None else self.route(port, gid)
 
     def new_qp(self, port: int = 0) -> tuple[int, int]:
         assert port < len(self.engine.identity.ports), f"no port {port}"
@@ -244,6 +252,7 @@ class Pair:
             self.pending_actions.append((peer, peer.engine.receive_clc(peer_conn, data, self.now)))
         elif isinstance(a, QpToRtr):
             side.qp_peer[a.qpn] = a.peer_qpn
+            side.rtr.append(a)
         elif isinstance(a, QpToRts):
             side.rts.add(a.qpn)
         elif isinstance(a, PostSend):

@@ -6,10 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+from collections.abc import Callable
 
 import pytest
 
-from smcr.core import Config, ConnectionReset, FellBack, HandshakeCompleted, LinkGroupTerminated
+from smcr.core import (
+    Config,
+    ConnectionReset,
+    FellBack,
+    HandshakeCompleted,
+    LinkGroupTerminated,
+    NextHop,
+)
 from smcr.core.close import SmcState
 from smcr.core.negotiation import SMC_FEATURE_MASK
 from smcr.wire.clc import (
@@ -163,8 +171,10 @@ def test_ipv6_connections_offer_v1_only() -> None:
 
 
 def server_gets(proposal: ClcProposal, ueids: tuple[bytes, ...] = (EID,),
-                config: Config | None = None, v2_capable: bool = True) -> Pair:
+                config: Config | None = None, v2_capable: bool = True,
+                route: Callable[[int, bytes], NextHop | None] | None = None) -> Pair:  # fmt: skip
     p = v2_pair((), ueids, config)
+    p.server.route = route
     p.server.engine.identity = dataclasses.replace(p.server.engine.identity,
                                                    v2_capable=v2_capable)
     s = 7

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from smcr.core import llc_msgs
 from smcr.core.connection import Connection
-from smcr.core.events import Action, LinkAdded, QpToRtr, QpToRts
+from smcr.core.events import Action, LinkAdded, QpToRts
 from smcr.core.linkgroup import (
     AddLinkFlow,
     LgrType,
@@ -281,8 +281,7 @@ class AddLinkFlows:
         new.peer_qpn, new.peer_psn = msg.sender_qp_num, msg.initial_psn
         new.peer_gid, new.peer_mac = msg.sender_gid, msg.sender_mac
         new.mtu = min(new.mtu, msg.qp_mtu)
-        out.append(QpToRtr(new.qpn, new.peer_gid, new.peer_qpn, new.peer_psn, new.mtu,
-                           **new.names))  # fmt: skip
+        out.append(new.qp_to_rtr())
         out.append(QpToRts(new.qpn, new.psn, **new.names))
         assert lgr.flow is not None
         if isinstance(msg, AddLinkV2):  # smc_llc_save_add_link_rkeys: no CONT exchange
@@ -368,8 +367,7 @@ class AddLinkFlows:
         new.peer_qpn, new.peer_psn = msg.sender_qp_num, msg.initial_psn
         new.peer_gid, new.peer_mac = msg.sender_gid, msg.sender_mac
         new.mtu = min(self.state.config.qp_mtu, msg.qp_mtu)
-        out.append(QpToRtr(new.qpn, new.peer_gid, new.peer_qpn, new.peer_psn, new.mtu,
-                           **new.names))  # fmt: skip
+        out.append(new.qp_to_rtr())
         conns = self._map_rmbs(lgr, new)
         answer = llc_msgs.add_link(new, self.state.identity, response=True, via=link, conns=conns)
         self.llc.post_llc(link, answer, out)

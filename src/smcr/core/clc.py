@@ -27,7 +27,14 @@ from smcr.core.addlink import AddLinkFlows
 from smcr.core.close import SmcState
 from smcr.core.config import Config, LocalIdentity
 from smcr.core.connection import Connection, Rmb
-from smcr.core.events import Action, HandshakeCompleted, HandshakeFailed, QpToRtr, QpToRts, SendClc
+from smcr.core.events import (
+    Action,
+    HandshakeCompleted,
+    HandshakeFailed,
+    NextHop,
+    QpToRts,
+    SendClc,
+)
 from smcr.core.handshake import Decline, Handshake, HsState, IpAddress, decline_clc
 from smcr.core.linkgroup import LgrType, Link, LinkGroup, LinkState, Role, V2Terms
 from smcr.core.llc import LinkLayer, LlcViolationError
@@ -236,6 +243,12 @@ class ClcHandshakes:
             hs.lgr.conns[conn.token] = conn
         return conn
 
+    def _route(self, port: int, gid: bytes) -> NextHop | None:
+        """How our ``port`` reaches a peer's GID, as the host says (``Provider.find_route``;
+        a host that does not say: on-link).  Linux ``smc_ib_find_route``."""
+        find = getattr(self.state.provider, "find_route", None)
+        return NextHop() if find is None else find(port, gid)
+
     def _usable_port(self) -> int:
         """The port a new link group starts on: the first one not reported down (Linux
         ``smc_pnet_find_roce_resource`` takes an RNIC whose port is active), else 0."""
@@ -265,7 +278,11 @@ class ClcHandshakes:
         if hs.rmb is None:
             raise Decline(DeclineCode.MEM, "no buffer for the connection")
         if acc.first_contact:
+            port = hs.port
+            hop = (negotiation.client_next_hop(acc, lambda gid: self._route(port, gid))
+                   if hs.terms is not None else NextHop())  # fmt: skip
             lgr, link = self._new_lgr(Role.CLIENT, acc.peer_id, hs.terms, hs.port)
+            lgr.uses_gateway, lgr.nexthop_mac = hop.uses_gateway, hop.mac
             if acc.fce is not None:  # smc_conn_save_peer_info_fce
                 lgr.peer_hostname, lgr.peer_release = acc.fce.hostname, acc.fce.release
             link.peer_qpn, link.peer_psn, link.peer_gid, link.peer_mac = (
@@ -274,7 +291,7 @@ class ClcHandshakes:
             hs.lgr, hs.link, hs.first_contact = lgr, link, True
             conn = self._new_conn(hs, hs.rmb)
             self._attach(conn, link, acc)
-            out.append(QpToRtr(link.qpn, acc.gid, acc.qpn, acc.psn, link.mtu, **link.names))
+            out.append(link.qp_to_rtr())
             out.append(SendClc(hs.conn, self._confirm(hs, link).encode()))
             hs.state = HsState.CONFIRM_LINK_WAIT
             hs.deadline = now + self.state.config.llc_wait_first
@@ -316,7 +333,8 @@ class ClcHandshakes:
         if terms is not None:
             v2 = {"eid": terms.eid}
             if hs.first_contact:
-                v2 |= {"fce": negotiation.first_contact_ext(terms, ident),
+                direct = not link.lgr.uses_gateway
+                v2 |= {"fce": negotiation.first_contact_ext(terms, ident, direct),
                        "gid_list": (ident.ports[link.port].gid,)}  # fmt: skip
         port = ident.ports[link.port]  # the link's port (Linux: conn->lnk's gid and mac)
         rkey, vaddr = self.llc.rmb_on(self.state.conns[hs.conn], link)  # on the link's RNIC
@@ -335,7 +353,9 @@ class ClcHandshakes:
         assert isinstance(prop, ClcProposal)
         hs.version = 2 if prop.version >= 2 else 1
         state = self.state
-        choice = negotiation.choose(prop, hs.local_ip, state.ueids, state.identity, state.config)
+        port = self._usable_port()
+        choice = negotiation.choose(prop, hs.local_ip, state.ueids, state.identity, state.config,
+                                    lambda gid: self._route(port, gid))  # fmt: skip
         hs.smc_version, hs.terms = choice.version, choice.terms
         if hs.rmb is None:
             raise Decline(DeclineCode.MEM, "no buffer for the connection")
@@ -350,6 +370,7 @@ class ClcHandshakes:
         if link is None:
             lgr, link = self._new_lgr(Role.SERVER, prop.peer_id, choice.terms,
                                       self._usable_port())  # fmt: skip
+            lgr.uses_gateway, lgr.nexthop_mac = choice.next_hop.uses_gateway, choice.next_hop.mac
             link.peer_gid, link.peer_mac = choice.peer_gid, choice.peer_mac
             hs.lgr, hs.link, hs.first_contact = lgr, link, True
             self._new_conn(hs, hs.rmb)
@@ -425,7 +446,7 @@ class ClcHandshakes:
         if terms is not None:
             v2 = {"eid": terms.eid}
             if hs.first_contact:
-                v2["fce"] = negotiation.first_contact_ext(terms, ident)
+                v2["fce"] = negotiation.first_contact_ext(terms, ident, not link.lgr.uses_gateway)
         port = ident.ports[link.port]  # the link's port: the client finds the link by it
         rkey, vaddr = self.llc.rmb_on(self.state.conns[hs.conn], link)  # on the link's RNIC
         acc = ClcAccept(
@@ -458,7 +479,7 @@ class ClcHandshakes:
             return
         link.peer_qpn, link.peer_psn = conf.qpn, conf.psn
         link.mtu = min(conf.qp_mtu, self.state.config.qp_mtu)
-        out.append(QpToRtr(link.qpn, link.peer_gid, conf.qpn, conf.psn, link.mtu, **link.names))
+        out.append(link.qp_to_rtr())
         out.append(QpToRts(link.qpn, link.psn, **link.names))
         request = llc_msgs.confirm_link(link, self.state.identity, self.state.config)
         self.llc.post_llc(link, request, out)

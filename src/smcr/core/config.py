@@ -116,6 +116,14 @@ class LocalIdentity:
     """The first port's PNET ID (:attr:`Port.pnetid`)."""
     more_ports: tuple[Port, ...] = ()
     """Further RNIC ports (redundant links, ADD LINK); CLC always names the first."""
+    v2_over_ipv6: bool = False
+    """Whether SMC-Rv2 is offered over IPv6 TCP connections too: :attr:`gid` is an IPv6
+    RoCE v2 GID (the RoCE RNIC of an IPv6 address).  Linux offers SMC-Rv2 over IPv4 only
+    (``smc_find_proposal_devices``); smcr peers cross IPv6 routers with it, and a Linux
+    server answers such an offer as one without v2 (its route check finds no IPv4
+    address in the GID).  The same wire form as the RFC "net/smc: add full IPv6 support
+    for SMC" (netdev, November 2025: the GID is the IPv6 address, the route is
+    ``smc_ib_find_route_v6``)."""
 
     @property
     def ports(self) -> tuple[Port, ...]:

@@ -42,7 +42,10 @@ class QpToRtr:
     (an index into :attr:`~smcr.core.config.LocalIdentity.ports`); ``qpn`` is that
     QP's number, unique among the process's QPs over all its ports (the
     :class:`Provider` contract).  A client's first link has
-    ``link_id`` 0 here: the server names it later, in CONFIRM LINK.
+    ``link_id`` 0 here: the server names it later, in CONFIRM LINK.  ``hop_limit``
+    and ``dmac`` are the address vector's (Linux ``smc_ib_modify_qp_rtr``): 1 and the
+    peer's MAC, or in an SMC-Rv2 group whose peer is behind a router 64 and the next
+    hop's MAC (:meth:`~smcr.core.linkgroup.Link.qp_to_rtr`).
     """
 
     qpn: int
@@ -53,6 +56,8 @@ class QpToRtr:
     lgr_id: int = 0
     link_id: int = 0
     port: int = 0
+    hop_limit: int = 1
+    dmac: bytes = bytes(6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +216,15 @@ Event = HandshakeCompleted | FellBack | HandshakeFailed | ConnectionReset | (
 # ------------------------------------------------------------------ host
 
 
+@dataclass(frozen=True, slots=True)
+class NextHop:
+    """How a port reaches a peer (Linux ``smc_init_info_smcrv2``'s ``uses_gateway`` and
+    ``nexthop_mac``): through an IP gateway or not, and the MAC of the next hop."""
+
+    uses_gateway: bool = False
+    mac: bytes = bytes(6)
+
+
 class Provider(Protocol):
     """What the engine asks of its host synchronously (no I/O).
 
@@ -218,8 +232,14 @@ class Provider(Protocol):
     to a peer port's GID (the RoCE runtime asks the kernel's routing); the engine then
     adds links only over ports that reach the peer (:meth:`AddLinkFlows._reaches
     <smcr.core.addlink.AddLinkFlows._reaches>`).  A host without it: every port reaches
-    every peer.  (Here, not beside the engine: every part of the engine uses its
-    provider, and this module imports none of them.)
+    every peer.
+
+    And ``find_route(port, gid) -> NextHop | None``: how our ``port`` reaches a peer's
+    GID (Linux ``smc_ib_find_route``: on-link or through a gateway, and the next hop's
+    MAC), None when there is no route.  SMC-Rv2 asks it as Linux does
+    (:mod:`smcr.core.negotiation`); a host without it: every peer is on-link.  (Here,
+    not beside the engine: every part of the engine uses its provider, and this module
+    imports none of them.)
     """
 
     def new_qp(self, port: int = 0) -> tuple[int, int]:
@@ -247,6 +267,7 @@ __all__ = [
     "LinkGroupTerminated",
     "LinkRemoved",
     "LlcDropped",
+    "NextHop",
     "PostSend",
     "Provider",
     "QpToRtr",

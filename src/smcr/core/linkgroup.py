@@ -30,9 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from smcr.core.connection import Connection
-from smcr.core.events import Action
+from smcr.core.events import Action, QpToRtr
 from smcr.wire.llc import LlcMessage
 
+ROUTED_HOP_LIMIT = 64
+"""The hop limit of a link to a peer behind a router (Linux ``IPV6_DEFAULT_HOPLIMIT`` in
+``smc_ib_modify_qp_rtr``); on-link peers get 1."""
 SMC_FEATURE_MASK = 0x0001
 """``SMC_FEATURE_MASK`` (``SMC_SPF_EMULATED_ISM_DEV``), what Linux 6.12 sends."""
 
@@ -115,6 +118,18 @@ class Link:
         """The QP actions' naming fields for this link (lgr_id, link_id, port)."""
         return {"lgr_id": self.lgr.lgr_id, "link_id": self.link_id, "port": self.port}
 
+    def qp_to_rtr(self) -> QpToRtr:
+        """The action that brings this link's QP to RTR towards its peer (Linux
+        ``smc_ib_modify_qp_rtr``): hop limit 1 and the peer's MAC; in an SMC-Rv2 group
+        whose peer is behind a router (``lgr->uses_gateway``) hop limit 64
+        (``IPV6_DEFAULT_HOPLIMIT``) and the next hop's MAC."""
+        lgr = self.lgr
+        routed = lgr.version >= 2 and lgr.uses_gateway
+        return QpToRtr(self.qpn, self.peer_gid, self.peer_qpn, self.peer_psn, self.mtu,
+                       lgr.lgr_id, self.link_id, self.port,
+                       ROUTED_HOP_LIMIT if routed else 1,
+                       lgr.nexthop_mac if routed else self.peer_mac)  # fmt: skip
+
 
 @dataclass(eq=False)
 class AddLinkFlow:
@@ -187,6 +202,11 @@ class LinkGroup:
     links go over ports of this one only (:meth:`AddLinkFlows._alt_port
     <smcr.core.addlink.AddLinkFlows._alt_port>`)."""
     peer_release: int = 0
+    uses_gateway: bool = False
+    """SMC-Rv2: the peer is behind an IP router (Linux ``lgr->uses_gateway``): links send
+    with hop limit 64 to :attr:`nexthop_mac`, and CLC and ADD LINK say "not direct"."""
+    nexthop_mac: bytes = bytes(6)
+    """SMC-Rv2: the MAC of the next hop to the peer (Linux ``lgr->nexthop_mac``)."""
 
     @property
     def max_conns(self) -> int:

@@ -109,8 +109,9 @@ def add_link(new: Link, identity: LocalIdentity, response: bool = False,
     request, min(ours, the peer's) in a response (``new.mtu`` is that then).
 
     In a v2 group the message carries the extension (``smc_llc_fill_ext_v2``): direct
-    (no gateway), the new link's GID, and per RMB of ``conns`` its rkey on ``via`` (the
-    link the message goes over), its rkey and vaddr on ``new``.
+    unless the group's peer is behind a router (``!lgr->uses_gateway``), the new link's
+    GID, and per RMB of ``conns`` its rkey on ``via`` (the link the message goes over),
+    its rkey and vaddr on ``new``.
     """
     port = identity.ports[new.port]
     fields = {"flags": LLC_FLAG_RESP if response else 0, "sender_mac": port.mac,
@@ -121,7 +122,7 @@ def add_link(new: Link, identity: LocalIdentity, response: bool = False,
     assert via is not None
     pairs = tuple(RkeyPair(rmb_key=c.rmb_keys[via][0], rmb_key_new=c.rmb_keys[new][0],
                            rmb_vaddr_new=c.rmb_keys[new][1]) for c in conns)  # fmt: skip
-    ext = AddLinkV2Ext(direct=True, client_target_gid=port.gid, rkeys=pairs)
+    ext = AddLinkV2Ext(direct=not new.lgr.uses_gateway, client_target_gid=port.gid, rkeys=pairs)
     return AddLinkV2(ext=ext, **fields)  # type: ignore[arg-type]
 
 

@@ -26,19 +26,29 @@ else SMC-Rv1 when the prefixes match (``smc_find_rdma_v1_device_serv``:
 UEID is declined with ``NOSMCDEV``, not ``NOUEID``.  On the Confirm
 (:func:`check_confirm`): ``smc_clc_v2x_features_confirm_check``.
 
-Where smcr differs, and why: Linux checks a v2 peer's reachability with a
-route lookup (``v2_direct``, ``NOROUTE``/``NOINDIRECT``); the core has no
-routing table, and smcr's RoCE RNIC sends through the kernel's UDP routing, so
-smcr always announces "direct" and takes an indirect peer as it is.
+Routes (SMC-Rv2 crosses IP routers): the server asks how it reaches the GID of
+the Proposal's v2 extension (``smc_find_rdma_v2_device_serv`` ->
+``smc_ib_determine_gid`` -> ``smc_ib_find_route``); no route means no SMC-Rv2
+device (``NOSMCRDEV`` recorded, SMC-Rv1 may still be chosen), an on-link client's
+next hop is the Proposal's MAC.  Its first-contact extension says "direct" unless
+the client is behind a gateway (``smc_clc_send_confirm_accept``: ``v2_direct =
+!lgr->uses_gateway``).  The client takes a "direct" Accept's MAC as next hop, else
+asks its own route to the server's GID (:func:`client_next_hop`,
+``smc_connect_rdma_v2_prepare``): none declines ``NOROUTE``, an on-link one
+``NOINDIRECT``.  The lookup itself is the host's (``Provider.find_route``): the core
+has no routing table.  SMC-Rv1 has no gateways: a client in another subnet has
+other prefixes and the server declines ``DIFFPREFIX`` at once.
 """
 
 from __future__ import annotations
 
 import functools
 import ipaddress
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from smcr.core.config import Config, LocalIdentity
+from smcr.core.events import NextHop
 from smcr.core.handshake import Decline, IpAddress, prefix_area
 from smcr.core.linkgroup import SMC_FEATURE_MASK, V2Terms
 from smcr.wire.clc import ClcAccept, ClcConfirm, ClcProposal, FirstContactExt, V2Extension
@@ -46,12 +56,22 @@ from smcr.wire.decline import DeclineCode
 
 SMC_RELEASE = 1
 """``SMC_RELEASE``: we speak SMC v2.1 (max conns / max links negotiation)."""
-__all__ = ["SMC_FEATURE_MASK", "ServerChoice", "V2Terms", "check_accept", "check_confirm",
-           "choose", "first_contact_ext", "offers_v2", "proposal"]
+__all__ = ["SMC_FEATURE_MASK", "RouteTo", "ServerChoice", "V2Terms", "check_accept",
+           "check_confirm", "choose", "client_next_hop", "first_contact_ext", "offers_v2",
+           "on_link", "proposal"]
 CONN_PER_LGR_MIN = 16  # SMC_CONN_PER_LGR_MIN
 CONN_PER_LGR_MAX = 255  # SMC_CONN_PER_LGR_MAX
 LINKS_ADD_LNK_MIN = 1  # SMC_LINKS_ADD_LNK_MIN
 LINKS_ADD_LNK_MAX = 2  # SMC_LINKS_ADD_LNK_MAX
+
+
+RouteTo = Callable[[bytes], "NextHop | None"]
+"""How we reach a peer's GID (``Provider.find_route`` for the port in question)."""
+
+
+def on_link(gid: bytes) -> NextHop | None:
+    """The route of a host without routes: every peer on-link."""
+    return NextHop()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +82,15 @@ class ServerChoice:
     :param peer_gid: the client's GID for the link (v2: the v2 extension's).
     :param peer_mac: the client's MAC (v2: zeros unless a v1 part was offered).
     :param terms: the v2 terms; ``None`` for v1.
+    :param next_hop: v2: how we reach the client (through a gateway or not, and the
+        next hop's MAC: the client's own when on-link).
     """
 
     version: int
     peer_gid: bytes
     peer_mac: bytes
     terms: V2Terms | None = None
+    next_hop: NextHop = field(default_factory=NextHop)
 
 
 # ---------------------------------------------------------------- client
@@ -75,8 +98,10 @@ class ServerChoice:
 
 def offers_v2(ueids: tuple[bytes, ...], identity: LocalIdentity, local_ip: IpAddress) -> bool:
     """Whether a Proposal offers SMC-Rv2 (``smc_find_proposal_devices``: a UEID is set,
-    an RNIC GID serves v2, the TCP socket is IPv4 or v4-mapped)."""
-    return bool(ueids) and identity.v2_capable and _ipv4_or_mapped(local_ip)
+    an RNIC GID serves v2, the TCP socket is IPv4 or v4-mapped; or, beyond Linux, an
+    IPv6 RoCE GID, :attr:`LocalIdentity.v2_over_ipv6`)."""
+    return (bool(ueids) and identity.v2_capable
+            and (identity.v2_over_ipv6 or _ipv4_or_mapped(local_ip)))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=256, typed=True)  # (an interface is not its address)
@@ -131,11 +156,32 @@ def check_accept(acc: ClcAccept, offered_v2: bool) -> V2Terms | None:
                    feature_mask=fce.feature_mask & SMC_FEATURE_MASK)  # fmt: skip
 
 
-def first_contact_ext(terms: V2Terms, identity: LocalIdentity) -> FirstContactExt:
-    """Our first-contact extension (``smc_clc_fill_fce_v2x``): v2.1 fields only in v2.1."""
+def client_next_hop(acc: ClcAccept, route_to: RouteTo) -> NextHop:
+    """How the client reaches the server of a first-contact v2 Accept
+    (``smc_connect_rdma_v2_prepare``): a "direct" server is on-link at the Accept's MAC;
+    else our route to its GID must go through a gateway.
+
+    :raises Decline: ``NOROUTE`` without a route, ``NOINDIRECT`` for an on-link route
+        to a server that said it is not direct.
+    """
+    fce = acc.fce
+    if fce is None or fce.v2_direct:
+        return NextHop(False, acc.mac)
+    hop = route_to(acc.gid)
+    if hop is None:
+        raise Decline(DeclineCode.NOROUTE, "no route to the server's GID")
+    if not hop.uses_gateway:
+        raise Decline(DeclineCode.NOINDIRECT, "the server says indirect, our route is on-link")
+    return hop
+
+
+def first_contact_ext(terms: V2Terms, identity: LocalIdentity,
+                      direct: bool = True) -> FirstContactExt:  # fmt: skip
+    """Our first-contact extension (``smc_clc_fill_fce_v2x``): v2.1 fields only in v2.1;
+    ``v2_direct`` unless the peer is behind a gateway."""
     v21 = terms.release >= SMC_RELEASE
     return FirstContactExt(
-        v2_direct=True, release=terms.release, hostname=identity.hostname,
+        v2_direct=direct, release=terms.release, hostname=identity.hostname,
         max_conns=terms.max_conns if v21 else 0, max_links=terms.max_links if v21 else 0,
         feature_mask=terms.feature_mask if v21 else 0,
     )  # fmt: skip
@@ -145,8 +191,10 @@ def first_contact_ext(terms: V2Terms, identity: LocalIdentity) -> FirstContactEx
 
 
 def choose(prop: ClcProposal, local_ip: IpAddress, ueids: tuple[bytes, ...],
-           identity: LocalIdentity, config: Config) -> ServerChoice:  # fmt: skip
-    """The server's choice of SMC-Rv2 or SMC-Rv1 for a Proposal (module docstring).
+           identity: LocalIdentity, config: Config,
+           route_to: RouteTo = on_link) -> ServerChoice:  # fmt: skip
+    """The server's choice of SMC-Rv2 or SMC-Rv1 for a Proposal (module docstring);
+    ``route_to`` says how we reach the client's v2 GID.
 
     :raises Decline: with the code Linux declines with on that path.
     """
@@ -190,10 +238,13 @@ def choose(prop: ClcProposal, local_ip: IpAddress, ueids: tuple[bytes, ...],
     if v2 and ext is not None:
         eid = next((e for e in ext.user_eids if e in ueids), None)
         if eid is not None:
-            if identity.v2_capable:
+            hop = route_to(ext.roce_gid) if identity.v2_capable else None
+            if hop is not None:
                 terms = V2Terms(eid=eid, release=release, max_conns=max_conns,
                                 max_links=max_links)  # fmt: skip
-                return ServerChoice(2, ext.roce_gid, prop.mac, terms)
+                if not hop.uses_gateway:  # the client's own MAC
+                    hop = NextHop(False, prop.mac)
+                return ServerChoice(2, ext.roce_gid, prop.mac, terms, hop)
             stored = stored or DeclineCode.NOSMCRDEV
     if not prefix_ok:
         raise Decline(DeclineCode.DIFFPREFIX)

@@ -72,8 +72,14 @@ def rc_bring_up(
     rnr_retry: int = 7,
     min_rnr_timer: int = 5,
     max_rd_atomic: int = 1,
+    hop_limit: int = 1,
+    dmac: bytes = bytes(6),
 ) -> list[tuple[QpAttr, QpAttrMask]]:
     """The three modifies RESET->INIT->RTR->RTS with exactly the masks of §7.2.
+
+    ``hop_limit`` and ``dmac`` go into the address vector: 1 and the peer's MAC on one
+    subnet; Linux SMC-Rv2 gives 64 and the next hop's MAC for a peer behind a router
+    (``smc_ib_modify_qp_rtr``).
 
     Defaults are the Linux SMC-R ones (smc-r.md §8: timeout 15, retry 7, rnr
     retry 7 = infinite, min_rnr_timer 5, one outstanding READ each way), so the
@@ -83,7 +89,8 @@ def rc_bring_up(
     return [
         (QpAttr(qp_state=QpState.INIT, qp_access_flags=access),
          M.STATE | M.PKEY_INDEX | M.PORT | M.ACCESS_FLAGS),
-        (QpAttr(qp_state=QpState.RTR, ah_attr=AhAttr(dgid=dgid), path_mtu=path_mtu,
+        (QpAttr(qp_state=QpState.RTR, ah_attr=AhAttr(dgid=dgid, hop_limit=hop_limit, dmac=dmac),
+                path_mtu=path_mtu,
                 dest_qp_num=dest_qp_num, rq_psn=rq_psn, max_dest_rd_atomic=max_rd_atomic,
                 min_rnr_timer=min_rnr_timer),
          M.STATE | M.AV | M.PATH_MTU | M.DEST_QPN | M.RQ_PSN | M.MAX_DEST_RD_ATOMIC

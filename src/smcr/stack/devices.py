@@ -23,15 +23,12 @@ Design (the why of each):
   TCP local address is handed to the engine as an ``ip_interface`` with the
   RNIC's prefix length, so two hosts on one /24 pass the check.  Over shm the
   plain address keeps the "same host" rule of :mod:`smcr.core.handshake`.
-* **CLC over RoCE stays SMC-Rv1** (in the v2-header Proposal, as over shm),
-  with the RoCEv2 GID (IPv4-mapped or IPv6 address) and the interface MAC.
-  Why not SMC-Rv2 now: it needs a UEID on both ends, v2 Accept/Confirm and the
-  v2 LLC, and buys routing across subnets, which smcr-to-smcr does not need
-  yet.  Linux uses SMC-Rv1 only with RoCE v1 GIDs, which rxe lacks, so a Linux
-  peer over rxe answers our v1 offer with ``NOSMCDEV`` (seen live) and both fall back to
-  TCP cleanly; offering SMC-Rv2 beside v1 once a UEID is configured (Linux
-  picks v2 then) is the interop issue's step, and nothing here stands in its
-  way: the identity already is a real RoCEv2 GID.
+* **CLC over RoCE** carries the RoCEv2 GID (IPv4-mapped or IPv6 address) and the
+  interface MAC: SMC-Rv1, or SMC-Rv2 beside it once a UEID is configured (Linux
+  picks v2 then).  Linux uses SMC-Rv1 only with RoCE v1 GIDs, which rxe lacks, so
+  a Linux peer over rxe answers a v1-only offer with ``NOSMCDEV``.  SMC-Rv2 is
+  what crosses IP routers (:mod:`smcr.stack.routes`); smcr offers it over IPv6
+  too (:func:`v2_over_ipv6`), where Linux offers it over IPv4 only.
 * **Mixed kinds fail fast**: a shm RNIC cannot reach a RoCE GID nor the other
   way round; the QP set-up fails at once and both ends fall back
   (``ERR_RDYLNK``/``PEERDECL``, as Linux when ``smc_ib_ready_link`` fails) with the
@@ -126,13 +123,14 @@ def open_roce(key: str) -> RoceDevice:
     return RoceDevice(address, ifname=ifname or None)
 
 
-def serves_v2(device: Device) -> bool:
-    """Whether the RNIC's GID serves SMC-Rv2 (Linux ``smc_ib_determine_gid`` with
-    ``smcrv2``: a RoCE v2 GID that is an IPv4-mapped address).  A RoCE RNIC on an IPv6
-    address does not; the shm RNIC's opaque GID does, between smcr peers."""
-    if not isinstance(device, RoceDevice):
-        return True
-    return device.gid[:12] == bytes(10) + b"\xff\xff"
+def v2_over_ipv6(device: Device) -> bool:
+    """Whether the RNIC's GID (which serves SMC-Rv2 whatever it is: an IPv4-mapped RoCE
+    v2 GID as Linux ``smc_ib_determine_gid`` wants, the shm RNIC's opaque one between
+    smcr peers) is an IPv6 one that carries SMC-Rv2 over IPv6 TCP
+    (:attr:`smcr.core.config.LocalIdentity.v2_over_ipv6`): the RoCE RNIC of an IPv6
+    address.  Why beyond Linux: SMC-Rv2 is what crosses routers, and Linux's needs an
+    IPv4 address; an IPv6 host pair of smcr would else have SMC-R on one subnet only."""
+    return isinstance(device, RoceDevice) and device.gid[:12] != bytes(10) + b"\xff\xff"
 
 
 def prefix_ip(device: Device, local_ip: IpAddress) -> IpAddress:

@@ -40,6 +40,7 @@ from smcr.core import (
     HandshakeCompleted,
     HandshakeFailed,
     LocalIdentity,
+    NextHop,
     PostSend,
     QpToRtr,
     QpToRts,
@@ -53,7 +54,7 @@ from smcr.core.connection import Connection
 from smcr.rdma import SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode
 from smcr.rdma.base import CompletionQueue
 from smcr.rdma.roce import RoceDevice
-from smcr.stack import ports
+from smcr.stack import ports, routes
 from smcr.stack.bufpool import BufferPool
 from smcr.stack.clcwatch import ClcWatch
 from smcr.stack.counters import COUNTERS
@@ -128,6 +129,16 @@ class Executor:
         reaches every shm RNIC of the host)."""
         dev = self.ports[port].device
         return not isinstance(dev, RoceDevice) or ports.roce_reaches(dev, gid)
+
+    def find_route(self, port: int, gid: bytes) -> NextHop | None:
+        """:class:`~smcr.core.events.Provider`: how our ``port`` reaches a peer's GID (RoCE:
+        the kernel's route from the RNIC's address, :func:`routes.find_route`, as Linux
+        ``smc_ib_find_route``; None: no route).  The shm RNIC: every peer is on-link."""
+        dev = self.ports[port].device
+        if not isinstance(dev, RoceDevice):
+            return NextHop()
+        route = routes.find_route(routes.gid_address(gid), routes.gid_address(dev.gid))
+        return None if route is None else NextHop(route.uses_gateway, route.nexthop_mac)
 
     # ================================================================ connections
 

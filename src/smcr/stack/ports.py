@@ -30,8 +30,6 @@ Design (the why of each):
 from __future__ import annotations
 
 import contextlib
-import errno
-import ipaddress
 import os
 import select
 import socket
@@ -43,6 +41,7 @@ from typing import Any, Protocol
 from smcr import settings
 from smcr.rdma.roce import RoceDevice, netif
 from smcr.stack.hostconn import PortRes
+from smcr.stack.routes import gid_address, route_oif, rtnl_ask
 
 ROCE_DEVS_ENV = "SMCR_ROCE_DEVS"
 SHM_RNICS_ENV = "SMCR_SHM_RNICS"
@@ -51,11 +50,8 @@ RTMGRP_IPV4_IFADDR = 0x10
 RTMGRP_IPV6_IFADDR = 0x100
 RTM_NEWLINK = 16
 RTM_GETLINK = 18
-NLMSG_ERROR = 2
-NLM_F_REQUEST = 1
 IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
-_NLMSG = struct.Struct("=IHHII")
 _IFINFO = struct.Struct("=BxHiII")
 RECHECK = 1.0
 """Seconds between re-reads without an event (a lost netlink message costs at most this)."""
@@ -93,28 +89,6 @@ def roce_more(first: RoceDevice) -> list[RoceDevice]:
     return out
 
 
-def _rtnl_ask(kind: int, body: bytes, answer: int, what: str) -> memoryview:
-    """Send one rtnetlink request (``kind``, ``body``) in the calling thread's network
-    namespace; the payload of the first answer of type ``answer``.
-
-    :raises OSError: the kernel's error for the request (``what`` names its subject).
-    """
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as nl:
-        nl.settimeout(2.0)
-        nl.send(_NLMSG.pack(_NLMSG.size + len(body), kind, NLM_F_REQUEST, 1, 0) + body)
-        while True:
-            data = nl.recv(65536)
-            off = 0
-            while off + _NLMSG.size <= len(data):
-                length, got, _flags, _seq, _pid = _NLMSG.unpack_from(data, off)
-                if got == NLMSG_ERROR:
-                    err = -struct.unpack_from("i", data, off + _NLMSG.size)[0]
-                    raise OSError(err, os.strerror(err), what)
-                if got == answer:
-                    return memoryview(data)[off + _NLMSG.size : off + max(length, _NLMSG.size)]
-                off += max(length, _NLMSG.size)
-
-
 def link_flags(ifname: str) -> int:
     """A net device's flags as rtnetlink gives them (``ifi_flags``, 32 bits: with
     ``IFF_LOWER_UP``, which ``SIOCGIFFLAGS`` cuts off), asked of the calling thread's
@@ -124,46 +98,7 @@ def link_flags(ifname: str) -> int:
     """
     index = socket.if_nametoindex(ifname)
     body = _IFINFO.pack(socket.AF_UNSPEC, 0, index, 0, 0)
-    return int(_IFINFO.unpack_from(_rtnl_ask(RTM_GETLINK, body, RTM_NEWLINK, ifname))[3])
-
-
-RTM_NEWROUTE = 24
-RTM_GETROUTE = 26
-RTA_DST = 1
-RTA_OIF = 4
-_RTMSG = struct.Struct("=BBBBBBBBI")
-_RTA = struct.Struct("=HH")
-
-
-def route_oif(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> int:
-    """The interface index the kernel routes ``address`` out of (``ip route get``), asked
-    of the calling thread's network namespace.
-
-    Why no ``oif`` in the question: given one, the kernel assumes an address it has no
-    route for is on that link and answers anyway; without, the answer is the route.
-
-    :raises OSError: no route (``ENETUNREACH``...), or rtnetlink failed.
-    """
-    family = socket.AF_INET if address.version == 4 else socket.AF_INET6
-    raw = address.packed
-    rta = _RTA.pack(_RTA.size + len(raw), RTA_DST) + raw
-    body = _RTMSG.pack(family, len(raw) * 8, 0, 0, 0, 0, 0, 0, 0) + rta
-    route = _rtnl_ask(RTM_GETROUTE, body, RTM_NEWROUTE, str(address))
-    at = _RTMSG.size
-    while at + _RTA.size <= len(route):
-        alen, atype = _RTA.unpack_from(route, at)
-        if alen < _RTA.size:
-            break
-        if atype == RTA_OIF:
-            return int(struct.unpack_from("=i", route, at + _RTA.size)[0])
-        at += (alen + 3) & ~3
-    raise OSError(errno.ENETUNREACH, "route without an interface", str(address))
-
-
-def gid_address(gid: bytes) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """The IP address of a RoCEv2 GID (IPv4-mapped, or IPv6)."""
-    ip = ipaddress.IPv6Address(gid)
-    return ip.ipv4_mapped or ip
+    return int(_IFINFO.unpack_from(rtnl_ask(RTM_GETLINK, body, RTM_NEWLINK, ifname))[3])
 
 
 def roce_reaches(device: RoceDevice, gid: bytes) -> bool:

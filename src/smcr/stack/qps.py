@@ -79,7 +79,8 @@ class QueuePairs:
         qp = self.qps[a.qpn]
         steps = rc_bring_up(dgid=a.peer_gid, dest_qp_num=a.peer_qpn, rq_psn=a.peer_psn,
                             sq_psn=sq_psn, access=QP_ACCESS,
-                            path_mtu=PathMtu(max(1, min(a.mtu, 5))))  # fmt: skip
+                            path_mtu=PathMtu(max(1, min(a.mtu, 5))), hop_limit=a.hop_limit,
+                            dmac=a.dmac)  # fmt: skip
         try:
             qp.modify(*steps[0])
             qp.modify(*steps[1])

@@ -66,7 +66,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from smcr import settings
-from smcr.core import Action, Config, Engine, LocalIdentity, Port, Rmb
+from smcr.core import Action, Config, Engine, LocalIdentity, NextHop, Port, Rmb
 from smcr.core.connection import Connection
 from smcr.pnet import Entry, PnetTable, lookup
 from smcr.rdma import WorkCompletion
@@ -149,7 +149,7 @@ class Stack:
         mac = self.device.mac
         identity = LocalIdentity(self.device.gid, mac, secrets.token_bytes(2) + mac,
                                  hostname=make_hostname(socket.gethostname()),
-                                 v2_capable=devices.serves_v2(self.device),
+                                 v2_over_ipv6=devices.v2_over_ipv6(self.device),
                                  netdev=self.device.netdev or self.device.name,
                                  more_ports=tuple(Port(d.gid, d.mac, d.netdev or d.name)
                                                   for d in more_devices))  # fmt: skip
@@ -224,6 +224,10 @@ class Stack:
     def reaches(self, port: int, gid: bytes) -> bool:
         """Whether our ``port`` has a path to a peer port's GID (:meth:`Executor.reaches`)."""
         return self.ex.reaches(port, gid)
+
+    def find_route(self, port: int, gid: bytes) -> NextHop | None:
+        """How our ``port`` reaches a peer's GID (:meth:`Executor.find_route`)."""
+        return self.ex.find_route(port, gid)
 
     def port_down(self, port: int, reason: str) -> None:
         """An RNIC is gone (net device down, address lost, injected failure; lock held):

@@ -368,7 +368,8 @@ class RoceQp(QueuePair):
         tx = None
         try:
             rx.connect(dev.sockaddr(peer_ip, sport))
-            # TTL = our hop_limit (1 by default, as Linux SMC-R).  Nothing on receive looks
+            # TTL = our hop_limit (1 by default, as Linux SMC-R; 64 in an SMC-Rv2 group whose
+            # peer is behind a router, smc_ib_modify_qp_rtr).  Nothing on receive looks
             # at the peer's TTL, and must not: live rxe 6.12 (tests/interop; not in spec
             # rocev2.md) sends TTL 64 from a *user* QP whatever hop_limit it was given, since
             # the kernel resolves the MAC at INIT->RTR (ib_resolve_eth_dmac) and overwrites
