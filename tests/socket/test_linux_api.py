@@ -71,3 +71,12 @@ def test_smc_limit_hs() -> None:
             assert info.value.errno == code
     with smcr.SMCSocket(socket.AF_INET, socket.SOCK_DGRAM) as udp, pytest.raises(OSError):
         udp.getsockopt(SOL_SMC, SMC_LIMIT_HS)  # not an SMC socket: the kernel's answer
+
+
+def test_a_descriptor_is_taken_as_it_comes() -> None:
+    """``socket(family, type, proto, fileno)`` does not make a socket: the C type takes the
+    numbers as given (CPython's test_socket passes 43, the next unknown family, with a TCP
+    descriptor); only a new socket of family 43 is an AF_SMC one."""
+    fd = socket.socket(socket.AF_INET, socket.SOCK_STREAM).detach()
+    with smcr.SMCSocket(AF_SMC, 11, 23, fd) as s:
+        assert (s.family, s.type, s.proto) == (AF_SMC, 11, 23)

@@ -124,7 +124,7 @@ def _inet_stream(family: int, kind: int, fileno: int | None) -> bool:
                 return False  # the constructor will say so
             family, kind = probe.family, probe.type
             probe.detach()
-    if family == _AF_SMC:
+    if family == _AF_SMC and fileno is None:
         return True  # Linux's SMC API: smcr.socket.linuxapi makes it (or refuses as Linux)
     if family == -1:
         family = _INET[0]

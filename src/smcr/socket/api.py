@@ -64,7 +64,9 @@ class SMCSocket(SocketBase):
 
     def __init__(self, family: int = -1, type: int = -1, proto: int = -1,
                  fileno: int | None = None, *, _accepted: bool = False) -> None:  # fmt: skip
-        family, proto, shown = linuxapi.beneath(family, type, proto)  # AF_SMC, IPPROTO_SMC
+        shown = None
+        if fileno is None or _accepted:  # (a descriptor is taken as it comes, as the C type's)
+            family, proto, shown = linuxapi.beneath(family, type, proto)  # AF_SMC, IPPROTO_SMC
         adopted = fileno is not None and not _accepted
         share = share_of(fileno) if fileno is not None and adopted else None
         queue = queue_of(fileno) if fileno is not None and adopted and not share else None
