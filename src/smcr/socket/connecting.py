@@ -198,7 +198,7 @@ def connect(sock: SocketBase, address: Any) -> None:
             if exc.errno not in handshake.OUT_OF_RESOURCES:
                 raise
             # no descriptor for the connect's machinery: TCP, as the kernel's connect needs
-            # none; the server hears why once the connection is there (owe_decline)
+            # none; the server hears why once the connection is there (pay_decline)
             handshake.fall_back(sock, int(DeclineCode.MEM), 0)
             sock._decline_owed = True
             raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS)) from None
