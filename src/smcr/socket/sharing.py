@@ -75,16 +75,22 @@ detached_shares: set[Share] = set()
 """Connections whose descriptor ``detach`` gave out (see :class:`Share`)."""
 
 
-def share_of(fd: int) -> Share | None:
-    """The SMC-R connection whose readiness descriptor ``fd`` is (or is a dup of), if any;
-    a detached descriptor becomes the new socket's (no longer counted apart)."""
+def socket_file(fd: int) -> tuple[int, int] | None:
+    """(device, inode) of the socket ``fd`` names (what its dups name too), or None for a
+    descriptor that is not an open socket."""
     try:
         st = os.fstat(fd)
     except OSError:
         return None
-    if not stat.S_ISSOCK(st.st_mode):
+    return (st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
+
+
+def share_of(fd: int) -> Share | None:
+    """The SMC-R connection whose readiness descriptor ``fd`` is (or is a dup of), if any;
+    a detached descriptor becomes the new socket's (no longer counted apart)."""
+    key = socket_file(fd)
+    if key is None:
         return None
-    key = (st.st_dev, st.st_ino)
     for share in list(detached_shares):
         if same_file(share.readiness_fd(), key):
             if fd in share.detached:
@@ -104,13 +110,9 @@ def share_of(fd: int) -> Share | None:
 def queue_of(fd: int) -> QueueLike | None:
     """The accept queue of this process whose readiness descriptor ``fd`` is (or is a dup
     of): ``fd`` came from a listening socket's ``fileno()``."""
-    try:
-        st = os.fstat(fd)
-    except OSError:
+    key = socket_file(fd)
+    if key is None:
         return None
-    if not stat.S_ISSOCK(st.st_mode):
-        return None
-    key = (st.st_dev, st.st_ino)
     for queue in list(accept_queues):
         if queue.pid == os.getpid() and not queue.closed and queue.readiness.file == key:
             return cast(QueueLike, queue)
