@@ -118,7 +118,7 @@ def silent_smc_client(port: int) -> socket.socket:
 def test_a_silent_smc_client_delays_nobody() -> None:
     """Handshakes run side by side: while one client's handshake waits for a Proposal
     that never comes, a later client's completes and accept() returns it first."""
-    p = Peer(discovery_peers.modes_server, 2)
+    p = Peer(discovery_peers.modes_server, 3)
     try:
         port = p.recv()
         silent = silent_smc_client(port)
@@ -127,9 +127,12 @@ def test_a_silent_smc_client_delays_nobody() -> None:
         assert p.recv() == ("SMCR", 0, s.getsockname()[1])  # the later client came first
         s.sendall(b"ping")
         assert s.recv(4) == b"ping"
-        silent.close()  # its handshake ends (the server sees EOF) and is never accepted...
+        silent_port = silent.getsockname()[1]
+        silent.close()  # its handshake ends (the server sees EOF), and accept() gives it
+        # as TCP's listener would: a TCP connection whose reads see the end
+        assert p.recv() == ("TCP", 0, silent_port)
         s2 = smcr.create_connection(("127.0.0.1", port), timeout=20)
-        assert p.recv() == ("SMCR", 0, s2.getsockname()[1])  # ...so the next one is the 2nd
+        assert p.recv() == ("SMCR", 0, s2.getsockname()[1])
         s2.sendall(b"pong")
         assert s2.recv(4) == b"pong"
         p.ctl.send("stop")

@@ -180,7 +180,7 @@ class ClcHandshakes:
         out: list[Action] = []
         hs = self.state.handshakes.get(conn)
         if hs is not None and hs.state is not HsState.CONFIRM_LINK_RESP_WAIT:
-            self._fail(hs, "TCP connection closed during the CLC handshake", out)
+            self._fail(hs, "TCP connection closed during the CLC handshake", out, peer_gone=True)
         self._release_held(now, out)
         return out
 
@@ -529,13 +529,14 @@ class ClcHandshakes:
             self.llc.terminate(lgr, f"first contact failed: {code.name}", out)
         self.state.fall_back(hs, int(code), 0)
 
-    def _fail(self, hs: Handshake, reason: str, out: list[Action]) -> None:
+    def _fail(self, hs: Handshake, reason: str, out: list[Action], *,
+              peer_gone: bool = False) -> None:
         self.state.handshakes.pop(hs.conn, None)
         hs.state = HsState.FAILED
         if hs.first_contact and hs.lgr is not None:
             self.llc.terminate(hs.lgr, reason, out)
         self.state.forget_conn(hs.conn)
-        self.state.events.append(HandshakeFailed(conn=hs.conn, reason=reason))
+        self.state.events.append(HandshakeFailed(conn=hs.conn, reason=reason, peer_gone=peer_gone))
 
     def handshake(self, conn: int) -> Handshake | None:
         """The running handshake of a connection (the host reads its trailing data)."""

@@ -161,6 +161,10 @@ class HandshakeFailed:
 
     conn: int
     reason: str
+    peer_gone: bool = False
+    """The TCP connection ended under the handshake (the peer closed or reset it): a
+    server still hands it to ``accept`` as TCP's listener does, whose reads then tell
+    what the peer did; other failures reset a TCP connection that is still up."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

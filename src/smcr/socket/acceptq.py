@@ -192,6 +192,7 @@ class AcceptQueue:
         with self.cond:
             self.pending -= 1
             if sock._mode == "INIT":  # failed and reset: never seen by the application
+                # (one whose client left under it is queued, as TCP: finish_handshake)
                 if not self.watching and not self.closed:
                     self._watch()
                 return

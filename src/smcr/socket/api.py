@@ -283,6 +283,9 @@ class SMCSocket(SocketBase):
             if self._connect_error:
                 err, self._connect_error = self._connect_error, 0
                 return err
+            if self._tcp_error:
+                err, self._tcp_error = self._tcp_error, 0
+                return err
             calls = self._calls
             if self._mode == "SMCR" and calls is not None and not (calls.forked or self._gone):
                 # the TCP socket's own error too (an abortive close resets it): taken, so
@@ -468,6 +471,9 @@ class SMCSocket(SocketBase):
         if self._decline_owed:
             handshake.pay_decline(self)
         numbers.catch_up(self)
+        if self._tcp_error:  # once, as the kernel tells a reset
+            err, self._tcp_error = self._tcp_error, 0
+            raise OSError(err, os.strerror(err))
 
     def _tcp_recv(self, bufsize: int, flags: int) -> bytes:
         if self._prefix and not flags & OOB:

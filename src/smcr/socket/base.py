@@ -210,6 +210,7 @@ class SocketBase(PlainSocket):
     _connecting: ConnectingLike | None = None  # a non-blocking connect in progress
     _connect_error = 0  # what getsockopt(SO_ERROR) says next (non-blocking connect)
     _connect_failed = False  # TCP mode after a failed connect: a new connect may start over
+    _tcp_error = 0  # the kernel's error a CLC read took from the TCP socket: _tcp_ok tells it
     _decline_owed = False  # fell back while connecting: the Decline goes first (pay_decline)
     _gone = False  # closed for good (close(), and no makefile() file open)
     _parent_ends: list[_socket.socket] = []  # noqa: RUF012 - SMC-R mode: forked children's pairs

@@ -162,7 +162,8 @@ def decline_instead(sock: SocketBase, error: OSError) -> bool:
 
 def finish_handshake(sock: SocketBase, stack: Stack, hc: HostConn) -> None:
     """Take the handshake's outcome: SMC-R, TCP fallback, or (mode stays INIT) a
-    failure, after which the TCP connection is reset and closed."""
+    failure, after which the TCP connection is reset and closed (a server's whose
+    client went away under it goes on as that TCP connection instead)."""
     outcome = hc.outcome
     hc.on_outcome = None
     server = not getattr(hc.handshake, "client", True)
@@ -198,6 +199,14 @@ def finish_handshake(sock: SocketBase, stack: Stack, hc: HostConn) -> None:
         fall_back(sock, outcome.local_code, outcome.peer_code, server)
         return
     _C.handshake_failed(server)
+    if server and getattr(outcome, "peer_gone", False):
+        # the client closed or reset its TCP under the handshake: a TCP listener still
+        # hands such a connection to accept(), whose reads then say what the client did
+        # (Linux's SMC queues it too: smc_listen_out_err); with no other reason to give
+        sock._mode = "TCP"
+        sock._info = SmcInfo("TCP", state="CLOSED")
+        sock._tcp_error = hc.tcp_error  # (the runtime's read took it from the kernel)
+        return
     with contextlib.suppress(OSError):  # a reset, as Linux ends a broken handshake
         PlainSocket.setsockopt(sock, _socket.SOL_SOCKET, _socket.SO_LINGER, LINGER_ZERO)
     PlainSocket.close(sock)

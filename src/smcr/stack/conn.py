@@ -74,7 +74,7 @@ class DataPath:
         self.rd_shut = False
         self.wr_shut = False
         self.sent_late = False  # a send after the peer closed was taken (the next one fails)
-        self.reset_told = False  # SO_ERROR or a send reported the connection's reset
+        self.reset_told = False  # SO_ERROR, a send or a read reported the connection's reset
         self.oob = -1  # an urgent byte taken out of the stream, unread (-1: none)
         self.oob_read = -1  # position of the urgent byte read by recv(MSG_OOB)
         self.oob_inline = False
@@ -383,8 +383,9 @@ class DataPath:
                         if c.peer_finished or self.rd_shut:
                             return got
                         if c.aborted:
-                            if got:
+                            if got or self.reset_told:  # told once, then the end (TCP's)
                                 return got
+                            self.reset_told = True
                             why = c.reset_reason or "peer aborted the connection"
                             raise ConnectionResetError(errno.ECONNRESET,
                                                        f"Connection reset by peer ({why})")

@@ -526,7 +526,8 @@ class Executor:
             data = hc.tcp.recv(4096)
         except BlockingIOError:
             return
-        except OSError:
+        except OSError as exc:
+            hc.tcp_error = exc.errno or 0
             data = b""
         if data:
             tap = self.taps.tap

@@ -32,6 +32,10 @@ class HostConn:
     handshake: Handshake | None = None
     outcome: Any = None  # (Any, not object: mypyc) HandshakeCompleted / FellBack / HandshakeFailed
     reset_reason: str = ""
+    tcp_error: int = 0
+    """The TCP socket's error (``ECONNRESET``) that a CLC read took from the kernel, which
+    tells it once: the application's socket reports it instead (a server's handshake
+    whose client reset its TCP, :func:`smcr.socket.handshake.finish_handshake`)."""
     readiness: Readiness | None = None
     waiters: int = 0  # threads in cond.wait: notify only when someone listens (1.5 µs)
     released: bool = False
