@@ -34,7 +34,7 @@ def listener(kind: str) -> socket.socket:
     return srv
 
 
-def reset_at_once(address: object, *, smc: bool, after: float = 0.0) -> None:
+def reset_at_once(address: tuple[str, int], *, smc: bool, after: float = 0.0) -> None:
     """Connect without waiting and close abortively (``SO_LINGER`` 0) straight away, or
     ``after`` seconds."""
     client = smcr.SMCSocket() if smc else socket.socket()
