@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import select
 import socket
 import struct
 import time
@@ -95,3 +96,26 @@ def test_smc_clients_that_abort_while_connecting_are_all_accepted() -> None:
             with server:
                 outcomes.append(first_reads(server))
     assert set(outcomes) == {("ConnectionResetError", b"")}
+
+
+@pytest.mark.parametrize("kind", ["smcr", "tcp"])
+def test_the_listener_has_the_connection_once_the_connect_is_done(kind: str) -> None:
+    """Both ends in one program: when a non-blocking connect is reported done, the
+    listener is readable already, as TCP's is (an event loop that runs both ends
+    accepts in the same round).  Over SMC-R the server's handshake ends after the
+    client's (the Confirm or the CONFIRM LINK response is still on its way to it)."""
+    make = smcr.SMCSocket if kind == "smcr" else socket.socket
+    with listener(kind) as srv:
+        srv.setblocking(False)
+        for _ in range(20):
+            client = make()
+            client.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                client.connect(srv.getsockname())
+            readable, _, _ = select.select([srv], [client], [], 10)  # (whichever first)
+            assert readable, "the connect was done before the listener had it"
+            server, _ = srv.accept()
+            _, writable, _ = select.select([], [client], [], 10)
+            assert writable and client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+            server.close()
+            client.close()

@@ -104,6 +104,9 @@ class Executor:
         """Some connection may hold corked bytes (:meth:`corked`)."""
         self.timer_check = 0.0
         self.sends_unprocessed = 0  # RoCE sends since DataPath.send_fast last took the news
+        self.held: list[tuple[HostConn, HandshakeCompleted]] = []
+        """Clients' completed handshakes whose server end, in this runtime too, has not
+        ended its own yet (:meth:`_hold`)."""
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
         self.fallback_reasons: Counter[tuple[int, int]] = Counter()
         """(local, peer) decline code -> count (Linux ``smc_stats`` fallback reasons)."""
@@ -322,13 +325,47 @@ class Executor:
             hc = self.conns.get(getattr(ev, "conn", -1))
             if hc is None:
                 continue
+            if isinstance(ev, HandshakeCompleted) and self._hold(hc):
+                self.held.append((hc, ev))
+                continue
             if isinstance(ev, (HandshakeCompleted, FellBack, HandshakeFailed)):
                 self._outcome(hc, ev)
             elif isinstance(ev, ConnectionReset):
                 hc.reset_reason = ev.reason
-            if hc.waiters:  # (as process(): only when someone listens)
-                hc.cond.notify_all()
-            self.update_readiness(hc)
+            self._tell(hc)
+        if self.held:
+            self._release_held()
+
+    def _tell(self, hc: HostConn) -> None:
+        """Wake the connection's waiters and bring its readiness descriptor up to date."""
+        if hc.waiters:  # (as process(): only when someone listens)
+            hc.cond.notify_all()
+        self.update_readiness(hc)
+
+    def _hold(self, hc: HostConn) -> bool:
+        """Whether a client's completed handshake waits for its server end's: both ends in
+        this runtime, and the server's handshake still running (the CLC Confirm or the
+        CONFIRM LINK response is on its way to it).
+
+        Why: over TCP a listener is readable when the client's connect completes, so an
+        event loop that runs both ends accepts in the same round as it learns the
+        connect is done.  Told first, a client that wrote and aborted at once had its
+        connection gone before the server's loop had seen it (Twisted's abort tests)."""
+        ends = hc.ends
+        if ends is None or hc.handshake is None or not hc.handshake.client:
+            return False
+        server = self.clc.ends.get((ends[1], ends[0]))
+        return server is not None and server is not hc and server.undecided()
+
+    def _release_held(self) -> None:
+        """Tell the held clients whose server end has an outcome now (or is gone)."""
+        held, self.held = self.held, []
+        for hc, ev in held:
+            if self._hold(hc):
+                self.held.append((hc, ev))
+            elif hc.undecided():
+                self._outcome(hc, ev)
+                self._tell(hc)
 
     def _outcome(self, hc: HostConn, ev: Any) -> None:
         """A handshake ended: SMC-R, a fallback, or a failure."""
