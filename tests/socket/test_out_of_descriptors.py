@@ -18,11 +18,13 @@ import os
 import selectors
 import socket
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 import smcr
 from smcr.wire.decline import DeclineCode
+from tests.socket.conftest import Peer
 
 MEM = int(DeclineCode.MEM)
 
@@ -180,3 +182,76 @@ def test_accept_without_a_free_descriptor_raises_and_keeps_the_connection(
         with accepted:
             assert accepted.smc_info().mode == client.smc_info().mode == "SMCR"
             _talk(client, accepted)
+
+
+def _reserve_dance(ctl: Any) -> None:
+    """An event loop's recovery from EMFILE, in a process of its own (it takes every free
+    descriptor): at its limit, it closes a reserved descriptor, accepts and closes the
+    peer, and reserves again, which must succeed (no background work took the number it
+    freed).  Reports what each step saw."""
+    seen: list[str] = []
+    exhausted: list[int] = []
+    try:
+        srv = smcr.create_server(("127.0.0.1", 0))
+        srv.setblocking(False)
+        reserve = os.open("/dev/null", os.O_RDONLY)
+        client = smcr.SMCSocket()
+        client.setblocking(False)
+        with selectors.DefaultSelector() as sel:
+            sel.register(srv, selectors.EVENT_READ)
+            with contextlib.suppress(OSError):
+                while True:
+                    exhausted.append(os.dup(0))
+            with contextlib.suppress(BlockingIOError):  # (TCP: no descriptor for SMC-R's)
+                client.connect(srv.getsockname())
+            for _ in range(50):
+                if not sel.select(10):
+                    seen.append("no connection")
+                    break
+                try:
+                    accepted, _ = srv.accept()
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    seen.append(errno.errorcode[exc.errno or 0])
+                    os.close(reserve)
+                    with contextlib.suppress(OSError):
+                        while True:
+                            peer, _ = srv.accept()
+                            peer.close()
+                            seen.append("closed the peer")
+                    reserve = os.open("/dev/null", os.O_RDONLY)  # (EMFILE: the test fails)
+                    seen.append("reserved again")
+                    break
+                accepted.close()
+                seen.append("accepted at the limit")
+                break
+        for fd in exhausted:
+            os.close(fd)
+        exhausted.clear()
+        client.close()
+        with smcr.create_connection(srv.getsockname(), timeout=20) as again:
+            srv.setblocking(True)
+            srv.settimeout(20)
+            taken, _ = srv.accept()
+            with taken:
+                again.sendall(b"ok")
+                seen.append(f"{taken.smc_info().mode} {taken.recv(2)!r}")
+        ctl.send(seen)
+    except BaseException as exc:
+        ctl.send([*seen, repr(exc)])
+    finally:
+        for fd in exhausted:
+            os.close(fd)
+
+
+def test_an_event_loop_recovers_from_emfile_with_its_reserved_descriptor() -> None:
+    """Twisted's EMFILE recovery: the number it frees for ``accept`` is still free when
+    it reserves it again, and the listener goes on with SMC-R afterwards."""
+    peer = Peer(_reserve_dance)
+    try:
+        seen = peer.recv(60)
+    finally:
+        peer.stop()
+    assert seen[-2:] == ["reserved again", "SMCR b'ok'"], seen
+    assert seen[0] == "EMFILE", seen

@@ -30,6 +30,31 @@ MAX_QUEUED = 4096
 the kernel: a bound for floods (each SMC-R one holds an RMB and a send buffer)."""
 
 
+INLINE_HEADROOM = 8
+"""Descriptors free for an accept queue to accept in the background again after the process
+ran out: a connection's (TCP's, the runtime's copy, the readiness pair) and some to spare."""
+
+
+INLINE_RECHECK = 0.05
+"""Seconds between looks at the free descriptors while the kernel holds a connection and
+``accept`` takes them itself."""
+
+
+def has_free_descriptors(fd: int, count: int) -> bool:
+    """Whether ``count`` descriptor numbers are free now (found by duplicating ``fd``, an
+    open descriptor, and closing the copies at once)."""
+    taken: list[int] = []
+    try:
+        for _ in range(count):
+            taken.append(os.dup(fd))
+    except OSError:
+        return False
+    finally:
+        for copy in taken:
+            os.close(copy)
+    return True
+
+
 class AcceptQueue:
     """The connections of a listening socket whose handshakes have ended (Linux's
     ``smc_tcp_listen_work`` and accept queue).
@@ -75,6 +100,12 @@ class AcceptQueue:
         self.paused = False
         self.takers = 0
         """Threads in :meth:`take` that poll the runtime (:meth:`_poll`)."""
+        self.kernel_waiting = False
+        """Paused or inline: the kernel holds a connection (:meth:`_on_readable_paused`)."""
+        self.inline = False
+        """After the kernel's accept ran out of descriptors: ``accept`` itself takes the
+        next connection from the kernel (:meth:`_accept_inline`), and the watcher only
+        makes :meth:`fileno` readable when one waits."""
         self.holders = 1
         """Socket objects listening with this queue: the listener, and those made from its
         ``fileno()`` (``dup``, ``socket.fromfd``); the last to let go closes it."""
@@ -92,7 +123,7 @@ class AcceptQueue:
         leaves it alone: a program that only calls ``accept`` saves the three system
         calls per connection of making it readable and unreadable again."""
         with self.cond:
-            self.readiness.set(bool(self.ready) or self.error is not None, False)
+            self.readiness.set(self._readable(), False)
 
     def _watch(self) -> None:
         self.watching = True
@@ -118,7 +149,13 @@ class AcceptQueue:
         with self.cond:
             if self.paused and not self.closed:
                 get_watcher().unwatch(self.fd)
+                self.kernel_waiting = True
                 self.readiness.set(True, False)
+
+    def _readable(self) -> bool:
+        """What :meth:`fileno` says (cond held): a connection or an error for ``accept``, or
+        one the kernel holds while we do not take them in the background."""
+        return bool(self.ready) or self.error is not None or self.kernel_waiting
 
     def resume(self) -> None:
         """The process wants connections (again): take them from the kernel."""
@@ -142,12 +179,17 @@ class AcceptQueue:
                 fd, addr = self.sock._accept()  # type: ignore[attr-defined]
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
-            except OSError as exc:  # EMFILE, ENOBUFS...: accept() raises it
+            except OSError as exc:
                 with self.cond:
                     if not self.closed:
-                        self.error = exc
                         self.watching = False
                         get_watcher().unwatch(self.fd)
+                        if exc.errno in handshake.OUT_OF_RESOURCES:
+                            # (EMFILE...) the program's accept takes it from the kernel
+                            # itself, and meets the kernel's error there, or not
+                            self.inline = self.kernel_waiting = True
+                        else:
+                            self.error = exc  # accept() raises it
                         self._changed()
                 return
             self._admit(fd, addr)
@@ -209,18 +251,81 @@ class AcceptQueue:
         self.cond.notify_all()
         self._wake_taker()
         if self.readiness.app >= 0:  # (else: show() when the program asks for it)
-            self.readiness.set(bool(self.ready) or self.error is not None, False)
+            self.readiness.set(self._readable(), False)
 
     def _wake_taker(self) -> None:
         """A thread in :meth:`take` that polls the runtime looks again (cond held)."""
         if self.takers and self.polled is not None:
             self.polled.wake_poller()
 
+    def _signal_waiting(self) -> None:
+        """Inline mode (cond held): make :meth:`fileno` readable when the kernel has a
+        connection, so that the program calls ``accept`` (level-triggered, as the
+        kernel's listener: again after every ``accept`` that left one there)."""
+        if not self.closed:
+            self.watching = False
+            get_watcher().watch(self.fd, selectors.EVENT_READ, self._on_readable_inline)
+
+    def _on_readable_inline(self) -> None:
+        """The kernel has a connection while ``accept`` takes them itself (watcher thread):
+        with descriptors to spare again, back to accepting in the background (a program
+        blocked in ``connect`` to itself must not wait for its own ``accept``); else
+        :meth:`fileno` turns readable for the program's ``accept``."""
+        if has_free_descriptors(self.fd, INLINE_HEADROOM):
+            with self.cond:
+                if not self.inline or self.closed:
+                    return
+                self.inline = False
+                self.watching = True
+                get_watcher().watch(self.fd, selectors.EVENT_READ, self._on_readable)
+            self._on_readable()
+            return
+        with self.cond:
+            if self.inline and not self.closed:
+                get_watcher().unwatch(self.fd)
+                self.kernel_waiting = True
+                self._changed()
+                # look again soon: the program may free descriptors and then wait for the
+                # connection without calling accept (a blocking connect to itself)
+                timer = threading.Timer(INLINE_RECHECK, self._recheck)
+                timer.daemon = True
+                timer.start()
+
+    def _recheck(self) -> None:
+        with self.cond:
+            if self.inline and not self.closed:
+                self._signal_waiting()  # (called at once if the kernel still holds one)
+
+    def _accept_inline(self) -> None:
+        """``accept`` after the process ran out of descriptors: the kernel's accept in the
+        program's own thread, as TCP's, so that a descriptor the program frees to take
+        the connection (and close it: Twisted's reserved descriptor) is not taken by a
+        background accept in between; the kernel's EMFILE raised as it comes.  Once a
+        connection is taken with no error, or none waits, accepting goes back to the
+        background."""
+        try:
+            fd, addr = self.sock._accept()  # type: ignore[attr-defined]
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            fd = -1
+        except OSError:
+            with self.cond:
+                self._signal_waiting()
+            raise
+        if fd >= 0:
+            self._admit(fd, addr)
+        with self.cond:
+            if self.error is None and not self.closed and self.inline:
+                self.inline = False
+                self._watch()
+
     def take(self, timeout: float | None) -> tuple[SocketBase, Any]:
         """The next connection: ``BlockingIOError`` when none waits and ``timeout`` is 0,
         ``TimeoutError`` when none came in time, an accept error of the kernel's."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self.kernel_waiting = False  # (this call takes it, or says why not)
         self.resume()
+        if self.inline and not self.ready and self.error is None:
+            self._accept_inline()
         with self.cond:
             while not self.ready and self.error is None:
                 if self.closed:
@@ -228,6 +333,8 @@ class AcceptQueue:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     if timeout == 0.0:
+                        if self.readiness.app >= 0:  # (readable for a connection the
+                            self.readiness.set(self._readable(), False)  # kernel had)
                         raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
                     raise TimeoutError("timed out")
                 if not self._poll(deadline) and not (self.ready or self.error or self.closed):
@@ -235,11 +342,16 @@ class AcceptQueue:
             if self.error is not None and not self.ready:
                 error, self.error = self.error, None
                 self._changed()
-                self._watch()
+                if self.inline:
+                    self._signal_waiting()
+                else:
+                    self._watch()
                 raise error
             item = self.ready.popleft()
             self._changed()
-            if not self.watching:
+            if self.inline:
+                self._signal_waiting()
+            elif not self.watching:
                 self._watch()
         item[0].settimeout(_socket.getdefaulttimeout())  # as socket.accept() leaves it
         return item
