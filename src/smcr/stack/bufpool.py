@@ -24,6 +24,8 @@ from smcr.stack.hostconn import HostConn
 RMB_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
 HOT_BYTES = 64 << 20
 """Most bytes of pooled buffers that keep their pages (the latest given back)."""
+PEER_SEARCH = 32
+"""Free RMBs looked at, latest first, for one whose last connection had the same peer."""
 
 
 class BufferPool:
@@ -40,23 +42,42 @@ class BufferPool:
         self.hot: OrderedDict[int, MemoryRegion] = OrderedDict()
         """Pooled buffers that kept their pages, oldest first (by ``id``)."""
         self.hot_bytes = 0
+        self.last_peer: dict[int, object] = {}
+        """``id`` of a pooled RMB -> the peer its last connection had (:meth:`alloc`)."""
 
-    def alloc(self, rmb_size: int, sndbuf_size: int) -> tuple[MemoryRegion, MemoryRegion] | None:
-        """An RMB and a send buffer, or None when the pool is exhausted."""
+    def alloc(self, rmb_size: int, sndbuf_size: int,
+              peer: object = None) -> tuple[MemoryRegion, MemoryRegion] | None:  # fmt: skip
+        """An RMB and a send buffer, or None when the pool is exhausted.
+
+        :param peer: who the connection is with (its role and the peer's address): an RMB
+            whose last connection had the same peer comes first.  Its link group most
+            likely kept it announced to that peer (:meth:`Rkeys.release
+            <smcr.core.rkeys.Rkeys.release>`), so the new connection needs no CONFIRM
+            RKEY, and no DELETE RKEY takes it back from the group it leaves: with both
+            ends of connections in one process, the latest RMB given back was the other
+            role's every time, and each connection cost two LLC flows.
+        """
         if self.out >= self.max_buffers:
             return None
         try:
-            rmb = self._take(rmb_size, True)
+            rmb = self._take(rmb_size, True, peer)
             snd = self._take(sndbuf_size, False)
         except OSError:
             return None
         self.out += 1
         return rmb, snd
 
-    def _take(self, size: int, remote: bool) -> MemoryRegion:
+    def _take(self, size: int, remote: bool, peer: object = None) -> MemoryRegion:
         free = self.free.get((size, remote))
         if free:
-            mr = free.pop()  # (the latest given back: hot if any is)
+            index = len(free) - 1  # (the latest given back: hot if any is)
+            if peer is not None:
+                for i in range(len(free) - 1, max(-1, len(free) - 1 - PEER_SEARCH), -1):
+                    if self.last_peer.get(id(free[i])) == peer:
+                        index = i
+                        break
+            mr = free.pop(index)
+            self.last_peer.pop(id(mr), None)
             if self.hot.pop(id(mr), None) is not None:
                 self.hot_bytes -= mr.length
             return mr
@@ -69,6 +90,8 @@ class BufferPool:
             for alias in pair:
                 alias.dereg()
         hc.aliases.clear()
+        if hc.rmb_mr is not None and hc.peer is not None:
+            self.last_peer[id(hc.rmb_mr)] = hc.peer
         for mr, remote in ((hc.rmb_mr, True), (hc.sndbuf_mr, False)):
             if mr is not None:
                 self.free.setdefault((mr.length, remote), []).append(mr)

@@ -32,6 +32,9 @@ class HostConn:
     handshake: Handshake | None = None
     outcome: Any = None  # (Any, not object: mypyc) HandshakeCompleted / FellBack / HandshakeFailed
     reset_reason: str = ""
+    peer: object = None
+    """(client?, peer's address) of the connection, for the pool's choice of RMB
+    (:meth:`BufferPool.alloc <smcr.stack.bufpool.BufferPool.alloc>`)."""
     tcp_error: int = 0
     """The TCP socket's error (``ECONNRESET``) that a CLC read took from the kernel, which
     tells it once: the application's socket reports it instead (a server's handshake

@@ -301,8 +301,13 @@ class Stack:
         """
         ex, engine = self.ex, self.engine
         local_ip = devices.prefix_ip(self.device, local_ip)
+        try:
+            address = hc.tcp.getpeername()
+            hc.peer = (client, address[0] if isinstance(address, tuple) else address)
+        except OSError:
+            hc.peer = None
         bufs = self.pool.alloc(rmb_size or self.config.rmb_size,
-                               sndbuf_size or self.config.sndbuf_size)  # fmt: skip
+                               sndbuf_size or self.config.sndbuf_size, hc.peer)  # fmt: skip
         rmb = None
         snd = 0
         if bufs is not None:
