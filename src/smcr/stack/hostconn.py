@@ -32,7 +32,7 @@ class HostConn:
     handshake: Handshake | None = None
     outcome: Any = None  # (Any, not object: mypyc) HandshakeCompleted / FellBack / HandshakeFailed
     reset_reason: str = ""
-    peer: object = None
+    peer: Any = None  # (Any, not object: mypyc)
     """(client?, peer's address) of the connection, for the pool's choice of RMB
     (:meth:`BufferPool.alloc <smcr.stack.bufpool.BufferPool.alloc>`)."""
     tcp_error: int = 0
