@@ -355,7 +355,8 @@ class Executor:
         if ends is None or hc.handshake is None or not hc.handshake.client:
             return False
         server = self.clc.ends.get((ends[1], ends[0]))
-        return server is not None and server is not hc and server.undecided()
+        return (server is not None and server is not hc and server.undecided()
+                and self.conns.get(server.conn_id) is server)  # fmt: skip
 
     def _release_held(self) -> None:
         """Tell the held clients whose server end has an outcome now (or is gone)."""
