@@ -109,8 +109,15 @@ class ShmDevice(Device):
         self._next_iova = IOVA_BASE + secrets.randbits(24) * PAGE
         self.engine = Engine(f"smcr-{name}-engine")
         self._listener = rdv.listen(self.path)
+        try:
+            self._abstract = rdv.listen_abstract(gid)
+        except BaseException:
+            self._listener.close()
+            os.unlink(self.path)
+            raise
         self._server = Engine(f"smcr-{name}-server")
         self._server.watch(self._listener.fileno(), self._on_accept)
+        self._server.watch(self._abstract.fileno(), self._on_accept_abstract)
         self._closed = False
 
     # --------------------------------------------------------------- objects
@@ -173,10 +180,18 @@ class ShmDevice(Device):
     # ------------------------------------------------------------ rendezvous
 
     def _on_accept(self, _events: int) -> None:
+        """Server thread: a requester came by the path (its user's directory)."""
+        self._accept_all(self._listener)
+
+    def _on_accept_abstract(self, _events: int) -> None:
+        """Server thread: a requester came by the abstract name (any user of the netns)."""
+        self._accept_all(self._abstract)
+
+    def _accept_all(self, listener: socket.socket) -> None:
         """Server thread: answer hellos and MR look-ups; never takes a QP lock."""
         while True:
             try:
-                conn, _ = self._listener.accept()
+                conn, _ = listener.accept()
             except (BlockingIOError, OSError):
                 return
             keep = False
@@ -229,6 +244,7 @@ class ShmDevice(Device):
         self._closed = True
         self._server.stop()
         self._listener.close()
+        self._abstract.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         for qp in list(self._qps.values()):

@@ -95,8 +95,7 @@ class PeerLink:
         """
         if not rdv.is_shm_gid(gid):
             raise VerbsError(errno.EHOSTUNREACH, f"{gid.hex()} is not a shm GID")
-        path = rdv.socket_path(directory, gid)
-        sock = rdv.connect(path)
+        sock, path = rdv.connect_any(directory, gid)
         try:
             rdv.send(sock, rdv.Message(rdv.HELLO, a=qp_num, b=dst_qpn, gid=own_gid))
             answer = rdv.receive(sock)
