@@ -113,6 +113,8 @@ class ShmQpDevice(QpDevice, Protocol):
         """The descriptor of the device's MR table, handed to peers."""
 
 
+Identity = tuple[int, bytes, tuple[int, int, int]]
+"""A QP at the other end: its QPN, its device's GID, the (pid, uid, gid) of its process."""
 DONE, RNR, NOT_READY, FAILED = 0, 1, 2, 3
 _LIVE = (int(QpState.RTR), int(QpState.RTS))
 _SIGNALED = int(SendFlag.SIGNALED)
@@ -198,6 +200,10 @@ class ShmQp(QueuePair):
         self._sq: deque[SendWr] = deque()
         self._peer: PeerLink | None = None
         self._inbound: socket.socket | None = None
+        # who the inbound connection and our destination are: (qpn, gid, SO_PEERCRED)
+        self._inbound_from: Identity | None = None
+        self._dest: Identity | None = None
+        self._inbound_lock = threading.Lock()  # the server thread's only lock here
         self._timer: Timer | None = None
         self._produced = 0
         self._next_psn = 0
@@ -230,10 +236,16 @@ class ShmQp(QueuePair):
             device = self.device
             peer = PeerLink.connect(device.directory, device.gid, self.qp_num,
                                     attr.ah_attr.dgid, attr.dest_qp_num)  # fmt: skip
-            self.device.engine.watch(peer.sock.fileno(), self._on_socket_event)
+            dest = (attr.dest_qp_num, attr.ah_attr.dgid, rdv.credentials(peer.sock))
             if self._peer is not None:
                 self._drop_peer()
-            self._peer = peer
+            with self._inbound_lock:
+                if self._inbound is not None and self._inbound_from != dest:
+                    peer.close()
+                    raise VerbsError(errno.EPERM, "the QP's inbound connection is not "
+                                     "from its destination QP")  # fmt: skip
+                self._peer, self._dest = peer, dest
+            self.device.engine.watch(peer.sock.fileno(), self._on_socket_event)
         self._copy_attrs(attr, mask)
         if new is QpState.RTS and self.attr.qp_state is QpState.RTR:
             self._next_psn = self.attr.sq_psn
@@ -306,26 +318,44 @@ class ShmQp(QueuePair):
 
     # ------------------------------------------------------------ connection
 
-    def accept_inbound(self, sock: socket.socket) -> None:
+    def accept_inbound(self, sock: socket.socket, src_qpn: int, src_gid: bytes,
+                       token: bytes) -> bool:  # fmt: skip
         """Answer a hello: hand our area, CQ doorbell and MR table to the requester.
 
-        Runs in the device's server thread and takes no QP lock, so two
+        Runs in the device's server thread and takes no QP state lock, so two
         processes that move their QPs to RTR at the same moment cannot deadlock.
+
+        The rendezvous is open to every user of the network namespace, so a hello
+        is taken only from our QP's peer: once we are at RTR, from the QP and
+        device we connected to (its QPN and GID, and the same process behind
+        both connections, ``SO_PEERCRED``); before (the peer may reach RTR
+        first), only one, which our RTR then checks the same way (else it fails
+        and this QP is never used).  ``token`` is what the requester shows to
+        look up our MRs (:meth:`~smcr.rdma.shm.device.ShmDevice.grant`).
+
+        :returns: whether the hello was taken (else it was refused with EPERM).
         """
-        if self._area.closed:
-            sock.close()
-            return
-        fds = [self._area_fd, self.recv_cq.doorbell_fd(), self.device.table_fd]
-        notify_fd = getattr(self.recv_cq, "notify_fd", None)
-        if notify_fd is not None:  # a ShmCompletionQueue: requesters ring only when armed
-            fds.append(notify_fd)
-        rdv.send(sock, rdv.Message(rdv.HELLO_OK), fds)
-        sock.setblocking(False)
-        old, self._inbound = self._inbound, sock
-        self.device.engine.watch(sock.fileno(), self._on_socket_event)
-        if old is not None:
-            self.device.engine.unwatch(old.fileno())
-            old.close()
+        with self._inbound_lock:
+            if self._area.closed:
+                return False
+            claimed = (src_qpn, src_gid, rdv.credentials(sock))
+            # at RTR: our destination alone; before: the first comer, checked at our RTR
+            taken = claimed == self._dest if self._peer is not None else self._inbound is None
+            if not taken:
+                rdv.send(sock, rdv.Message(rdv.NACK, a=errno.EPERM))
+                return False
+            fds = [self._area_fd, self.recv_cq.doorbell_fd(), self.device.table_fd]
+            notify_fd = getattr(self.recv_cq, "notify_fd", None)
+            if notify_fd is not None:  # a ShmCompletionQueue: requesters ring only when armed
+                fds.append(notify_fd)
+            rdv.send(sock, rdv.Message(rdv.HELLO_OK, gid=token), fds)
+            sock.setblocking(False)
+            old, self._inbound, self._inbound_from = self._inbound, sock, claimed
+            self.device.engine.watch(sock.fileno(), self._on_socket_event)
+            if old is not None:
+                self.device.engine.unwatch(old.fileno())
+                old.close()
+        return True
 
     def _on_socket_event(self, _events: int) -> None:
         """Engine: a connection spoke or hung up (EOF is how a peer's death shows)."""
@@ -363,10 +393,11 @@ class ShmQp(QueuePair):
             self._peer = None
 
     def _drop_inbound(self) -> None:
-        if self._inbound is not None:
-            self.device.engine.unwatch(self._inbound.fileno())
-            self._inbound.close()
-            self._inbound = None
+        with self._inbound_lock:
+            if self._inbound is not None:
+                self.device.engine.unwatch(self._inbound.fileno())
+                self._inbound.close()
+                self._inbound = self._inbound_from = None
 
     def destroy(self) -> None:
         """``ibv_destroy_qp``: disconnect (the peer's QP goes to ERR) and free everything."""
@@ -525,7 +556,7 @@ class ShmQp(QueuePair):
                         rm = mrs.get(rkey)
                         if (rm is None or n > limit or addr < rm.iova or addr + n > rm.end
                                 or not rm.allowed & _REMOTE_WRITE or rm.pd != pd
-                                or _MR_KEY(table, rm.offset) != (rkey, rm.generation)):  # fmt: skip
+                                or _MR_KEY(table, rm.offset) != rm.key):  # fmt: skip
                             peer = None
                             break
                         targets.append((rm.view, addr - rm.iova, data))
@@ -695,10 +726,10 @@ class ShmQp(QueuePair):
                 return self._fail(wr, WcStatus.REM_INV_REQ_ERR, nak=True)
             if length:
                 # spec §6 steps 3-4, inlined: the look-up cached per rkey, the live
-                # (rkey, generation) words read per WR (see _lookup_remote)
+                # (seal, generation) words read per WR (see PeerLink.lookup)
                 rkey = wr.rkey
                 rm = peer.mrs.get(rkey)
-                if rm is None or _MR_KEY(peer.table, rm.offset) != (rkey, rm.generation):
+                if rm is None or _MR_KEY(peer.table, rm.offset) != rm.key:
                     try:
                         rm = peer.lookup(rkey)
                     except VerbsError:  # the peer's device is gone: as if never answered

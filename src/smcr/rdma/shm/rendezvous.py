@@ -59,9 +59,9 @@ MESSAGE = struct.Struct("<4sB3xIIII16s")
 MAX_FDS = 4
 
 HELLO = 1  # a = src qpn, b = dst qpn, gid = src gid
-HELLO_OK = 2  # fds: receive area, recv CQ doorbell (write end), MR table
-GET_MR = 3  # a = rkey
-MR_OK = 4  # a = table index, b = generation, c = 1 if writable; fd: the MR segment
+HELLO_OK = 2  # gid = token for GET_MR; fds: receive area, recv CQ doorbell (write end), MR table
+GET_MR = 3  # a = rkey, gid = the token of the requester's connection
+MR_OK = 4  # a = table index, b = generation, c = 1 if writable, d = seal; fd: the MR segment
 NACK = 5  # a = errno
 QP_ERR = 6  # the requester NAKed with a class-C error: move your QP to ERR (spec §5.3)
 
