@@ -52,6 +52,7 @@ from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import fence
+from smcr.rdma.shm.inbound import Inbound
 from smcr.rdma.shm.layout import (
     HDR_ACCESS,
     HDR_EPSN,
@@ -113,8 +114,6 @@ class ShmQpDevice(QpDevice, Protocol):
         """The descriptor of the device's MR table, handed to peers."""
 
 
-Identity = tuple[int, bytes, tuple[int, int, int]]
-"""A QP at the other end: its QPN, its device's GID, the (pid, uid, gid) of its process."""
 DONE, RNR, NOT_READY, FAILED = 0, 1, 2, 3
 _LIVE = (int(QpState.RTR), int(QpState.RTS))
 _SIGNALED = int(SendFlag.SIGNALED)
@@ -199,11 +198,7 @@ class ShmQp(QueuePair):
         # requester side
         self._sq: deque[SendWr] = deque()
         self._peer: PeerLink | None = None
-        self._inbound: socket.socket | None = None
-        # who the inbound connection and our destination are: (qpn, gid, SO_PEERCRED)
-        self._inbound_from: Identity | None = None
-        self._dest: Identity | None = None
-        self._inbound_lock = threading.Lock()  # the server thread's only lock here
+        self._inbound = Inbound(device.engine)
         self._timer: Timer | None = None
         self._produced = 0
         self._next_psn = 0
@@ -236,15 +231,15 @@ class ShmQp(QueuePair):
             device = self.device
             peer = PeerLink.connect(device.directory, device.gid, self.qp_num,
                                     attr.ah_attr.dgid, attr.dest_qp_num)  # fmt: skip
-            dest = (attr.dest_qp_num, attr.ah_attr.dgid, rdv.credentials(peer.sock))
             if self._peer is not None:
                 self._drop_peer()
-            with self._inbound_lock:
-                if self._inbound is not None and self._inbound_from != dest:
-                    peer.close()
-                    raise VerbsError(errno.EPERM, "the QP's inbound connection is not "
-                                     "from its destination QP")  # fmt: skip
-                self._peer, self._dest = peer, dest
+            try:
+                self._inbound.bind((attr.dest_qp_num, attr.ah_attr.dgid,
+                                    rdv.credentials(peer.sock)))  # fmt: skip
+            except BaseException:
+                peer.close()
+                raise
+            self._peer = peer
             self.device.engine.watch(peer.sock.fileno(), self._on_socket_event)
         self._copy_attrs(attr, mask)
         if new is QpState.RTS and self.attr.qp_state is QpState.RTR:
@@ -320,47 +315,26 @@ class ShmQp(QueuePair):
 
     def accept_inbound(self, sock: socket.socket, src_qpn: int, src_gid: bytes,
                        token: bytes) -> bool:  # fmt: skip
-        """Answer a hello: hand our area, CQ doorbell and MR table to the requester.
+        """Answer a hello from QP ``src_qpn`` of ``src_gid`` if it may be our peer
+        (:mod:`smcr.rdma.shm.inbound`): our area, CQ doorbell and MR table, and ``token``.
 
         Runs in the device's server thread and takes no QP state lock, so two
         processes that move their QPs to RTR at the same moment cannot deadlock.
 
-        The rendezvous is open to every user of the network namespace, so a hello
-        is taken only from our QP's peer: once we are at RTR, from the QP and
-        device we connected to (its QPN and GID, and the same process behind
-        both connections, ``SO_PEERCRED``); before (the peer may reach RTR
-        first), only one, which our RTR then checks the same way (else it fails
-        and this QP is never used).  ``token`` is what the requester shows to
-        look up our MRs (:meth:`~smcr.rdma.shm.device.ShmDevice.grant`).
-
-        :returns: whether the hello was taken (else it was refused with EPERM).
+        :returns: whether the hello was taken.
         """
-        with self._inbound_lock:
-            if self._area.closed:
-                return False
-            claimed = (src_qpn, src_gid, rdv.credentials(sock))
-            # at RTR: our destination alone; before: the first comer, checked at our RTR
-            taken = claimed == self._dest if self._peer is not None else self._inbound is None
-            if not taken:
-                rdv.send(sock, rdv.Message(rdv.NACK, a=errno.EPERM))
-                return False
-            fds = [self._area_fd, self.recv_cq.doorbell_fd(), self.device.table_fd]
-            notify_fd = getattr(self.recv_cq, "notify_fd", None)
-            if notify_fd is not None:  # a ShmCompletionQueue: requesters ring only when armed
-                fds.append(notify_fd)
-            rdv.send(sock, rdv.Message(rdv.HELLO_OK, gid=token), fds)
-            sock.setblocking(False)
-            old, self._inbound, self._inbound_from = self._inbound, sock, claimed
-            self.device.engine.watch(sock.fileno(), self._on_socket_event)
-            if old is not None:
-                self.device.engine.unwatch(old.fileno())
-                old.close()
-        return True
+        if self._area.closed:
+            return False
+        fds = [self._area_fd, self.recv_cq.doorbell_fd(), self.device.table_fd]
+        notify_fd = getattr(self.recv_cq, "notify_fd", None)
+        if notify_fd is not None:  # a ShmCompletionQueue: requesters ring only when armed
+            fds.append(notify_fd)
+        return self._inbound.admit(sock, (src_qpn, src_gid), token, fds, self._on_socket_event)
 
     def _on_socket_event(self, _events: int) -> None:
         """Engine: a connection spoke or hung up (EOF is how a peer's death shows)."""
         with self._state_lock:
-            for sock in (self._inbound, self._peer.sock if self._peer else None):
+            for sock in (self._inbound.sock, self._peer.sock if self._peer else None):
                 if sock is None:
                     continue
                 try:
@@ -387,17 +361,14 @@ class ShmQp(QueuePair):
                     self._to_error("peer reported a fatal error on this QP")
 
     def _drop_peer(self) -> None:
+        self._inbound.bind(None)
         if self._peer is not None:
             self.device.engine.unwatch(self._peer.sock.fileno())
             self._peer.close()
             self._peer = None
 
     def _drop_inbound(self) -> None:
-        with self._inbound_lock:
-            if self._inbound is not None:
-                self.device.engine.unwatch(self._inbound.fileno())
-                self._inbound.close()
-                self._inbound = self._inbound_from = None
+        self._inbound.drop()
 
     def destroy(self) -> None:
         """``ibv_destroy_qp``: disconnect (the peer's QP goes to ERR) and free everything."""
