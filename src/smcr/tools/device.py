@@ -71,7 +71,7 @@ def shm_gids(directory: Path | None = None, unix_table: Path = Path("/proc/net/u
     path = directory or rendezvous.default_directory()
     names = [entry.name.removesuffix(".sock") for entry in sorted(path.glob("*.sock"))
              if path.is_dir()]  # fmt: skip
-    prefix = rendezvous.abstract_address(bytes(16))[1:-32]
+    prefix = rendezvous.ABSTRACT_PREFIX
     try:
         lines = unix_table.read_text().splitlines()[1:]
     except OSError:

@@ -15,14 +15,16 @@ Design decisions:
   ``/dev/shm`` but the host's network, or ``nobody`` talking to root), which is
   what Linux's loopback serves.  A requester tries the path first (what one
   user always had), then the abstract name (:func:`connect_any`).  Only a
-  container with its own network *and* its own ``/run`` reaches neither: the
-  QP cannot come up and SMC-R declines (``smcr chk`` names the fix).
+  container with its own network *and* its own ``/run`` reaches neither (it
+  declines in CLC already, its address not being the host's; should the
+  addresses agree, the QP cannot come up: ``ERR_RDYLNK``, and ``smcr chk``
+  names the fix).
 * **Reachable is not trusted.**  Anyone in the network namespace can connect
   to the abstract name (it has no file mode), so what a connection gets is
-  bound to the QP it claims (see :mod:`smcr.rdma.shm.device`): a hello must
-  match the QP's destination and come from the process behind it
-  (:func:`credentials`), and a memory region's segment goes only to the
-  holder of that QP's token.
+  bound to the QP it claims: a hello must match the QP's destination and come
+  from the process behind it (:func:`credentials`, :mod:`smcr.rdma.shm.inbound`),
+  and a memory region's segment goes only to the holder of that connection's
+  token (:mod:`smcr.rdma.shm.device`).
 * **A private directory**: ``/run/smcr`` for root, ``$XDG_RUNTIME_DIR/smcr`` or
   ``<tmp>/smcr-<uid>`` otherwise, created 0700 and refused if it is a symlink,
   owned by someone else or open to others, so nobody can pre-create or squat
@@ -194,9 +196,13 @@ def connect(path: str, timeout: float = CONNECT_TIMEOUT) -> socket.socket:
     return sock
 
 
+ABSTRACT_PREFIX = "smcr-shm-"
+"""An abstract rendezvous is NUL, this, and the GID in hex."""
+
+
 def abstract_address(gid: bytes) -> str:
     """The abstract unix socket name of the device with ``gid`` (module docstring)."""
-    return f"\0smcr-shm-{gid.hex()}"
+    return f"\0{ABSTRACT_PREFIX}{gid.hex()}"
 
 
 def listen_abstract(gid: bytes) -> socket.socket:
