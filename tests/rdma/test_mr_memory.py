@@ -27,7 +27,7 @@ def _rss_kib() -> int:
 
 def _segment_bytes(dev: ShmDevice, mr: MemoryRegion) -> int:
     """Bytes of memory a remote-accessible MR's shared segment holds now."""
-    _index, fd, _mm, _mr = dev._remote[mr.rkey]
+    _index, fd, _mm, _mr, _seal = dev._remote[mr.rkey]
     return os.fstat(fd).st_blocks * 512
 
 

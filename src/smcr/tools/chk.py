@@ -77,12 +77,39 @@ def check(host: str, port: int, ipv6: bool) -> dict[str, Any]:
     return result
 
 
+SHM_UNREACHABLE = (
+    "the peer's shm RNIC is out of reach: shm RNICs meet by a socket in the user's "
+    "runtime directory (/run/smcr for root: same user, any network namespace) or by an "
+    "abstract socket (any user, same network namespace); a container with its own network "
+    "namespace and its own /run has neither: run it in the host's network namespace, or "
+    "bind-mount the peer's runtime directory into it (same user), or use SMCR_RNIC=roce "
+    "on both ends"
+)
+"""Why an shm link did not come up (``ERR_RDYLNK``), and the fixes (README "Across users
+and containers")."""
+SHM_OTHER_HOST = (
+    "the shm RNIC serves processes of one host and checks that by address: the peer's "
+    "address is not this end's (another host, or a container with a network namespace of "
+    "its own, whose address tells nothing of the host): use SMCR_RNIC=roce on both ends, "
+    "or run the container in the host's network namespace"
+)
+"""Why an shm connection declined with ``DIFFPREFIX``, and the fixes."""
+
+
 def fix(local_code: int, peer_code: int) -> str:
     """What to do about a fallback, where smcr can tell: the peer did not offer SMC
-    (``PEERNOSMC``) is most often this host's discovery, off or not covering the peer."""
+    (``PEERNOSMC``) is most often this host's discovery, off or not covering the peer;
+    an shm link that could not come up (``ERR_RDYLNK``) a peer out of the shm RNIC's
+    reach (:mod:`smcr.rdma.shm.rendezvous`); an shm prefix mismatch (``DIFFPREFIX``) a
+    peer at another address (:mod:`smcr.core.handshake`: same host by address)."""
     from smcr import discovery  # noqa: PLC0415
+    from smcr.stack.devices import rnic_kind  # noqa: PLC0415
     from smcr.wire.decline import DeclineCode  # noqa: PLC0415
 
+    if rnic_kind() == "shm" and DeclineCode.ERR_RDYLNK in (local_code, peer_code):
+        return SHM_UNREACHABLE
+    if rnic_kind() == "shm" and DeclineCode.DIFFPREFIX in (local_code, peer_code):
+        return SHM_OTHER_HOST
     if DeclineCode.PEERNOSMC not in (local_code, peer_code):
         return ""
     found = discovery.current()
@@ -142,4 +169,4 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-__all__ = ["PORT", "check", "fix", "run", "serve"]
+__all__ = ["PORT", "SHM_OTHER_HOST", "SHM_UNREACHABLE", "check", "fix", "run", "serve"]

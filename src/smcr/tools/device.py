@@ -64,21 +64,36 @@ def roce_rows(default_address: str | None) -> list[RnicRow]:
             for info in list_devices()]  # fmt: skip
 
 
-def shm_rows(directory: Path | None = None) -> list[RnicRow]:
-    """The shm RNICs of running processes of this user (their rendezvous sockets)."""
+def shm_gids(directory: Path | None = None, unix_table: Path = Path("/proc/net/unix")
+             ) -> list[bytes]:  # fmt: skip
+    """The GIDs of the shm RNICs in reach: this user's rendezvous sockets, and every
+    user's abstract ones in this network namespace (``/proc/net/unix``, ``@`` for the NUL)."""
     path = directory or rendezvous.default_directory()
-    rows = []
-    for entry in sorted(path.glob("*.sock")) if path.is_dir() else []:
+    names = [entry.name.removesuffix(".sock") for entry in sorted(path.glob("*.sock"))
+             if path.is_dir()]  # fmt: skip
+    prefix = rendezvous.ABSTRACT_PREFIX
+    try:
+        lines = unix_table.read_text().splitlines()[1:]
+    except OSError:
+        lines = []
+    names += [fields[-1][1 + len(prefix):] for fields in map(str.split, lines)
+              if len(fields) == 8 and fields[-1].startswith("@" + prefix)]  # fmt: skip
+    gids: list[bytes] = []
+    for name in names:
         try:
-            gid = bytes.fromhex(entry.name.removesuffix(".sock"))
+            gid = bytes.fromhex(name)
         except ValueError:
             continue
-        if len(gid) != 16 or not rendezvous.is_shm_gid(gid):
-            continue
-        rows.append(RnicRow(name=f"shm:{gid[-4:].hex()}", type="shm", netdev="-",
-                            gid=gid.hex(), mac=_mac(b"\x02" + gid[11:]), mtu="4096/-",
-                            state="ACTIVE"))  # fmt: skip
-    return rows
+        if rendezvous.is_shm_gid(gid) and gid not in gids:
+            gids.append(gid)
+    return gids
+
+
+def shm_rows(directory: Path | None = None) -> list[RnicRow]:
+    """The shm RNICs of running processes in reach (:func:`shm_gids`)."""
+    return [RnicRow(name=f"shm:{gid[-4:].hex()}", type="shm", netdev="-", gid=gid.hex(),
+                    mac=_mac(b"\x02" + gid[11:]), mtu="4096/-", state="ACTIVE")
+            for gid in shm_gids(directory)]  # fmt: skip
 
 
 def rows(kind: str) -> list[RnicRow]:

@@ -14,7 +14,7 @@ Design decisions (the why of each):
   use only (SGE sources and receive buffers), since a Python buffer cannot be
   shared with another process.
 * **MR keys** come from :class:`~smcr.rdma.base.KeyAllocator` (``secrets``, never
-  a live key twice); a deregistration zeroes the table's rkey word first, which
+  a live key twice); a deregistration zeroes the table's seal word first, which
   revokes access for every peer at once, then frees the segment.
 * **A READ-only region is mapped read-only by peers**: the look-up hands out a
   descriptor reopened ``O_RDONLY`` through ``/proc/self/fd``, so the kernel, not
@@ -51,6 +51,7 @@ from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import ShmCompletionQueue
 from smcr.rdma.shm.qp import ShmQp
 from smcr.rdma.verbs import (
+    GID_LEN,
     REMOTE_ACCESS,
     AccessFlag,
     DeviceAttr,
@@ -103,14 +104,23 @@ class ShmDevice(Device):
         self.table_fd, self._table = lay.new_segment("smcr-mrtable", lay.table_size(max_mr))
         self._free = list(range(max_mr - 1, -1, -1))
         self._gens = [0] * max_mr
-        self._remote: dict[int, tuple[int, int, mmap, MemoryRegion]] = {}
+        self._remote: dict[int, tuple[int, int, mmap, MemoryRegion, int]] = {}
+        self._granted: dict[bytes, ShmQp] = {}  # a requester's token -> the QP it says hello to
+        self._token_of: dict[int, bytes] = {}  # QPN -> the token of its inbound connection
         self.keys = KeyAllocator()
         self._qps: dict[int, ShmQp] = {}
         self._next_iova = IOVA_BASE + secrets.randbits(24) * PAGE
         self.engine = Engine(f"smcr-{name}-engine")
         self._listener = rdv.listen(self.path)
+        try:
+            self._abstract = rdv.listen_abstract(gid)
+        except BaseException:
+            self._listener.close()
+            os.unlink(self.path)
+            raise
         self._server = Engine(f"smcr-{name}-server")
         self._server.watch(self._listener.fileno(), self._on_accept)
+        self._server.watch(self._abstract.fileno(), self._on_accept_abstract)
         self._closed = False
 
     # --------------------------------------------------------------- objects
@@ -140,9 +150,10 @@ class ShmDevice(Device):
         """Drop a destroyed QP from the rendezvous table."""
         with self._lock:
             self._qps.pop(qpn, None)
+            self._granted.pop(self._token_of.pop(qpn, b""), None)
 
     def publish_mr(self, mr: MemoryRegion, fd: int, mm: mmap) -> None:
-        """Enter a remote-accessible MR in the shared table (the rkey word last)."""
+        """Enter a remote-accessible MR in the shared table (the seal word last)."""
         with self._lock:
             if not self._free:
                 raise VerbsError(errno.ENOMEM, "MR table full")
@@ -151,16 +162,17 @@ class ShmDevice(Device):
             off = lay.table_offset(index)
             lay.MR_ENTRY.pack_into(self._table, off, 0, gen, int(mr.access) | lay.MR_VALID,
                                    mr.pd.pd_id, mr.length, mr.addr)  # fmt: skip
-            lay.U32.pack_into(self._table, off, mr.rkey)
-            self._remote[mr.rkey] = (index, fd, mm, mr)
+            seal = secrets.randbits(32) | 1
+            lay.U32.pack_into(self._table, off, seal)
+            self._remote[mr.rkey] = (index, fd, mm, mr, seal)
 
     def revoke_mr(self, mr: MemoryRegion) -> None:
-        """Deregister: zero the table entry's rkey (access ends now), then free the segment."""
+        """Deregister: zero the table entry's seal (access ends now), then free the segment."""
         with self._lock:
             entry = self._remote.pop(mr.rkey, None)
             if entry is None:
                 return
-            index, fd, mm, _ = entry
+            index, fd, mm, _mr, _seal = entry
             off = lay.table_offset(index)
             lay.U32.pack_into(self._table, off, 0)  # revokes: every access checks this word
             lay.U32.pack_into(self._table, off + 8, 0)
@@ -173,10 +185,18 @@ class ShmDevice(Device):
     # ------------------------------------------------------------ rendezvous
 
     def _on_accept(self, _events: int) -> None:
+        """Server thread: a requester came by the path (its user's directory)."""
+        self._accept_all(self._listener)
+
+    def _on_accept_abstract(self, _events: int) -> None:
+        """Server thread: a requester came by the abstract name (any user of the netns)."""
+        self._accept_all(self._abstract)
+
+    def _accept_all(self, listener: socket.socket) -> None:
         """Server thread: answer hellos and MR look-ups; never takes a QP lock."""
         while True:
             try:
-                conn, _ = self._listener.accept()
+                conn, _ = listener.accept()
             except (BlockingIOError, OSError):
                 return
             keep = False
@@ -201,24 +221,55 @@ class ShmDevice(Device):
             if qp is None:
                 rdv.send(conn, rdv.Message(rdv.NACK, a=errno.ENOENT))
                 return False
-            qp.accept_inbound(conn)
+            token = secrets.token_bytes(GID_LEN)
+            with self._lock:  # granted before the requester can show it
+                self._granted[token] = qp
+            if not qp.accept_inbound(conn, msg.a, msg.gid, token):
+                with self._lock:
+                    self._granted.pop(token, None)
+                return False
+            with self._lock:
+                old = self._token_of.get(qp.qp_num)
+                self._token_of[qp.qp_num] = token
+                if old is not None:
+                    self._granted.pop(old, None)
+                if qp.qp_num not in self._qps:  # destroyed meanwhile
+                    self._granted.pop(self._token_of.pop(qp.qp_num), None)
             return True
         if msg.kind == rdv.GET_MR:
-            with self._lock:
-                entry = self._remote.get(msg.a)
-                if entry is None:
-                    rdv.send(conn, rdv.Message(rdv.NACK, a=errno.ENOENT))
-                    return False
-                index, fd, _mm, mr = entry
-                writable = bool(mr.access & AccessFlag.REMOTE_WRITE)
-                send_fd = fd if writable else os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
-                try:
-                    rdv.send(conn, rdv.Message(rdv.MR_OK, a=index, b=self._gens[index], c=writable),
-                           [send_fd])  # fmt: skip
-                finally:
-                    if send_fd != fd:
-                        os.close(send_fd)
+            self._grant_mr(conn, msg.a, msg.gid)
         return False
+
+    def _grant_mr(self, conn: socket.socket, rkey: int, token: bytes) -> None:
+        """Hand the segment of MR ``rkey`` to the holder of ``token``, if it may have it.
+
+        The rendezvous is open to every user of the network namespace, and the MR table
+        that every peer maps names no rkey (a seal per entry instead): a segment goes
+        only to a requester that shows the token of one of our QPs' inbound connection,
+        for a live MR of that QP's PD, what an RNIC checks of a QP's rkey access.  A
+        refused look-up also revokes the token: the requester's WR fails with a remote
+        access error and its QP is dead anyway, so a legitimate peer loses nothing, and
+        a peer guessing the 32-bit rkeys of other connections on the same PD gets one
+        guess per connection.  So a peer gets the memory its own connection's peer may
+        reach and, but for that one guess, no other.
+        """
+        with self._lock:
+            qp = self._granted.get(token)
+            entry = self._remote.get(rkey)
+            if qp is None or entry is None or entry[3].pd is not qp.pd:
+                if qp is not None:
+                    del self._granted[token]
+                rdv.send(conn, rdv.Message(rdv.NACK, a=errno.ENOENT if qp else errno.EPERM))
+                return
+            index, fd, _mm, mr, seal = entry
+            writable = bool(mr.access & AccessFlag.REMOTE_WRITE)
+            send_fd = fd if writable else os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+            try:
+                rdv.send(conn, rdv.Message(rdv.MR_OK, a=index, b=self._gens[index], c=writable,
+                                           d=seal), [send_fd])  # fmt: skip
+            finally:
+                if send_fd != fd:
+                    os.close(send_fd)
 
     # ----------------------------------------------------------------- close
 
@@ -229,6 +280,7 @@ class ShmDevice(Device):
         self._closed = True
         self._server.stop()
         self._listener.close()
+        self._abstract.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         for qp in list(self._qps.values()):
@@ -295,7 +347,7 @@ class ShmPd(ProtectionDomain):
         entry = owner._remote.get(mr.rkey) if isinstance(owner, ShmDevice) else None
         if entry is None:
             raise VerbsError(errno.EINVAL, "not a live remote-accessible shm MR")
-        _index, segment_fd, _mm, _mr = entry
+        _index, segment_fd, _mm, _mr, _seal = entry
         fd = os.dup(segment_fd)
         try:
             mm = mmap(fd, mr.length)

@@ -4,9 +4,9 @@ Design: everything a requester must check or fill lives in memory the responder
 shares, so an RDMA WRITE, READ or SEND costs the requester no round trip:
 
 * **MR table** (one per device, 32-byte entries, spec §6 step 3): the responder
-  publishes each remote-accessible MR's rkey, access flags, bounds, PD and a
+  publishes each remote-accessible MR's seal, access flags, bounds, PD and a
   generation; a requester checks the live entry before *every* access, so a
-  deregistration (which zeroes the rkey word first) revokes access at once.
+  deregistration (which zeroes the seal word first) revokes access at once.
 * **Receive area** (one per QP): the responder's published QP state, access
   flags, ``min_rnr_timer``, ``max_dest_rd_atomic``, PD, expected PSN, the count
   of posted receives and their lengths (what a requester needs for RNR and
@@ -29,8 +29,10 @@ import os
 import struct
 from typing import Final
 
-#: rkey u32, generation u32, access u32 (bit 31: valid), pd u32, length u64, iova u64.
-#: rkey and generation come first and together: the per-WR check reads just them.
+#: seal u32, generation u32, access u32 (bit 31: valid), pd u32, length u64, iova u64.
+#: seal and generation come first and together: the per-WR check reads just them.  The
+#: seal is a random word, not the rkey: every peer maps the table, and an rkey is
+#: for the connection it was sent on (CLC, CONFIRM RKEY) only.
 MR_ENTRY = struct.Struct("<IIIIQQ")
 MR_KEY = struct.Struct("<II")
 MR_VALID = 1 << 31

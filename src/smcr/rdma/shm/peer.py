@@ -43,11 +43,14 @@ class RemoteMr:
     # Any, not memoryview: mypyc's dataclass with a field of that builtin type fails at import
     view: Any
     writable: bool
+    seal: int  # the entry's first word while the MR lives (the table names no rkey)
     end: int = 0  # iova + length
     allowed: int = 0  # access, less REMOTE_WRITE when the mapping is read-only
+    key: tuple[int, int] = (0, 0)  # (seal, generation): the live entry's first two words
 
     def __post_init__(self) -> None:
         self.end = self.iova + self.length
+        self.key = (self.seal, self.generation)
         self.allowed = self.access if self.writable else self.access & ~_REMOTE_WRITE
 
     def close(self) -> None:
@@ -69,6 +72,7 @@ class PeerLink:
     depth: int  # of the peer's receive area, checked against its size at RTR
     slot_size: int
     notify: mmap | None = None  # the peer CQ's armed word (smcr.rdma.shm.cq), if it has one
+    token: bytes = b""  # shown with each MR look-up: what the peer granted this connection
     mrs: dict[int, RemoteMr] = field(default_factory=dict)
 
     def close(self) -> None:
@@ -95,8 +99,7 @@ class PeerLink:
         """
         if not rdv.is_shm_gid(gid):
             raise VerbsError(errno.EHOSTUNREACH, f"{gid.hex()} is not a shm GID")
-        path = rdv.socket_path(directory, gid)
-        sock = rdv.connect(path)
+        sock, path = rdv.connect_any(directory, gid)
         try:
             rdv.send(sock, rdv.Message(rdv.HELLO, a=qp_num, b=dst_qpn, gid=own_gid))
             answer = rdv.receive(sock)
@@ -125,15 +128,16 @@ class PeerLink:
             sock.close()
             raise
         sock.setblocking(False)
-        return cls(sock, path, area, memoryview(area), table, bell, depth, slot_size, notify)
+        return cls(sock, path, area, memoryview(area), table, bell, depth, slot_size, notify,
+                   msg.gid)  # fmt: skip
 
     def lookup(self, rkey: int) -> RemoteMr | None:
         """Map (again) the peer region of ``rkey``; ``None`` if it has no live one.
 
         :raises VerbsError: EHOSTUNREACH if the peer's device does not answer.
 
-        Per WR only the table entry's (rkey, generation) words are read:
-        registration writes the rkey last and deregistration zeroes it first, so
+        Per WR only the table entry's (seal, generation) words are read:
+        registration writes the seal last and deregistration zeroes it first, so
         while they match the bounds and flags cached here are the live ones.
         """
         stale = self.mrs.pop(rkey, None)
@@ -146,18 +150,18 @@ class PeerLink:
 
         :returns: ``None`` if the peer has no such live region.
         :raises VerbsError: EHOSTUNREACH if the peer's device does not answer."""
-        msg, fds = rdv.request(self.path, rdv.Message(rdv.GET_MR, a=rkey))
+        msg, fds = rdv.request(self.path, rdv.Message(rdv.GET_MR, a=rkey, gid=self.token))
         if msg.kind != rdv.MR_OK or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
             return None
         mm = lay.map_segment(fds[0], writable=bool(msg.c))
         offset = lay.table_offset(msg.a)
-        e_rkey, e_gen, e_access, e_pd, e_len, e_iova = lay.MR_ENTRY.unpack_from(self.table, offset)
+        e_seal, e_gen, e_access, e_pd, e_len, e_iova = lay.MR_ENTRY.unpack_from(self.table, offset)
         rm = RemoteMr(offset, e_gen, e_access, e_pd, e_len, e_iova, mm, memoryview(mm),
-                      bool(msg.c))  # fmt: skip
+                      bool(msg.c), msg.d)  # fmt: skip
         bad = e_iova + e_len > 1 << 64 or e_len > len(mm)
-        if e_rkey != rkey or e_gen != msg.b or not e_access & lay.MR_VALID or bad:
+        if not e_seal or e_seal != msg.d or e_gen != msg.b or not e_access & lay.MR_VALID or bad:
             rm.close()  # deregistered between the answer and now
             return None
         self.mrs[rkey] = rm

@@ -52,6 +52,7 @@ from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import fence
+from smcr.rdma.shm.inbound import Inbound
 from smcr.rdma.shm.layout import (
     HDR_ACCESS,
     HDR_EPSN,
@@ -197,7 +198,7 @@ class ShmQp(QueuePair):
         # requester side
         self._sq: deque[SendWr] = deque()
         self._peer: PeerLink | None = None
-        self._inbound: socket.socket | None = None
+        self._inbound = Inbound(device.engine)
         self._timer: Timer | None = None
         self._produced = 0
         self._next_psn = 0
@@ -230,10 +231,16 @@ class ShmQp(QueuePair):
             device = self.device
             peer = PeerLink.connect(device.directory, device.gid, self.qp_num,
                                     attr.ah_attr.dgid, attr.dest_qp_num)  # fmt: skip
-            self.device.engine.watch(peer.sock.fileno(), self._on_socket_event)
             if self._peer is not None:
                 self._drop_peer()
+            try:
+                self._inbound.bind((attr.dest_qp_num, attr.ah_attr.dgid,
+                                    rdv.credentials(peer.sock)))  # fmt: skip
+            except BaseException:
+                peer.close()
+                raise
             self._peer = peer
+            self.device.engine.watch(peer.sock.fileno(), self._on_socket_event)
         self._copy_attrs(attr, mask)
         if new is QpState.RTS and self.attr.qp_state is QpState.RTR:
             self._next_psn = self.attr.sq_psn
@@ -306,31 +313,28 @@ class ShmQp(QueuePair):
 
     # ------------------------------------------------------------ connection
 
-    def accept_inbound(self, sock: socket.socket) -> None:
-        """Answer a hello: hand our area, CQ doorbell and MR table to the requester.
+    def accept_inbound(self, sock: socket.socket, src_qpn: int, src_gid: bytes,
+                       token: bytes) -> bool:  # fmt: skip
+        """Answer a hello from QP ``src_qpn`` of ``src_gid`` if it may be our peer
+        (:mod:`smcr.rdma.shm.inbound`): our area, CQ doorbell and MR table, and ``token``.
 
-        Runs in the device's server thread and takes no QP lock, so two
+        Runs in the device's server thread and takes no QP state lock, so two
         processes that move their QPs to RTR at the same moment cannot deadlock.
+
+        :returns: whether the hello was taken.
         """
         if self._area.closed:
-            sock.close()
-            return
+            return False
         fds = [self._area_fd, self.recv_cq.doorbell_fd(), self.device.table_fd]
         notify_fd = getattr(self.recv_cq, "notify_fd", None)
         if notify_fd is not None:  # a ShmCompletionQueue: requesters ring only when armed
             fds.append(notify_fd)
-        rdv.send(sock, rdv.Message(rdv.HELLO_OK), fds)
-        sock.setblocking(False)
-        old, self._inbound = self._inbound, sock
-        self.device.engine.watch(sock.fileno(), self._on_socket_event)
-        if old is not None:
-            self.device.engine.unwatch(old.fileno())
-            old.close()
+        return self._inbound.admit(sock, (src_qpn, src_gid), token, fds, self._on_socket_event)
 
     def _on_socket_event(self, _events: int) -> None:
         """Engine: a connection spoke or hung up (EOF is how a peer's death shows)."""
         with self._state_lock:
-            for sock in (self._inbound, self._peer.sock if self._peer else None):
+            for sock in (self._inbound.sock, self._peer.sock if self._peer else None):
                 if sock is None:
                     continue
                 try:
@@ -357,16 +361,14 @@ class ShmQp(QueuePair):
                     self._to_error("peer reported a fatal error on this QP")
 
     def _drop_peer(self) -> None:
+        self._inbound.bind(None)
         if self._peer is not None:
             self.device.engine.unwatch(self._peer.sock.fileno())
             self._peer.close()
             self._peer = None
 
     def _drop_inbound(self) -> None:
-        if self._inbound is not None:
-            self.device.engine.unwatch(self._inbound.fileno())
-            self._inbound.close()
-            self._inbound = None
+        self._inbound.drop()
 
     def destroy(self) -> None:
         """``ibv_destroy_qp``: disconnect (the peer's QP goes to ERR) and free everything."""
@@ -525,7 +527,7 @@ class ShmQp(QueuePair):
                         rm = mrs.get(rkey)
                         if (rm is None or n > limit or addr < rm.iova or addr + n > rm.end
                                 or not rm.allowed & _REMOTE_WRITE or rm.pd != pd
-                                or _MR_KEY(table, rm.offset) != (rkey, rm.generation)):  # fmt: skip
+                                or _MR_KEY(table, rm.offset) != rm.key):  # fmt: skip
                             peer = None
                             break
                         targets.append((rm.view, addr - rm.iova, data))
@@ -695,10 +697,10 @@ class ShmQp(QueuePair):
                 return self._fail(wr, WcStatus.REM_INV_REQ_ERR, nak=True)
             if length:
                 # spec §6 steps 3-4, inlined: the look-up cached per rkey, the live
-                # (rkey, generation) words read per WR (see _lookup_remote)
+                # (seal, generation) words read per WR (see PeerLink.lookup)
                 rkey = wr.rkey
                 rm = peer.mrs.get(rkey)
-                if rm is None or _MR_KEY(peer.table, rm.offset) != (rkey, rm.generation):
+                if rm is None or _MR_KEY(peer.table, rm.offset) != rm.key:
                     try:
                         rm = peer.lookup(rkey)
                     except VerbsError:  # the peer's device is gone: as if never answered

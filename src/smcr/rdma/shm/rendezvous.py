@@ -6,13 +6,30 @@ Design decisions:
   (ULA prefix ``fd`` then ASCII "smcrshm") followed by a random 64-bit device id;
   the device listens on ``<dir>/<gid hex>.sock``.  So a QP given a peer GID by
   CLC (as SMC-R does) reaches the peer's device with no registry.
-* **A filesystem path, not an abstract socket**: abstract unix sockets are per
-  network namespace, a path works between processes in different namespaces
-  of one host (they share the mount namespace).
+* **Two addresses per device, one reach each.**  The device listens on a
+  filesystem path in its user's private directory *and* on an abstract unix
+  socket named by the GID (:func:`abstract_address`).  The path reaches the
+  same user's processes in every network namespace that sees the directory;
+  the abstract name reaches every process of the same network namespace,
+  whatever its user or mount namespace (a container with its own ``/run`` and
+  ``/dev/shm`` but the host's network, or ``nobody`` talking to root), which is
+  what Linux's loopback serves.  A requester tries the path first (what one
+  user always had), then the abstract name (:func:`connect_any`).  Only a
+  container with its own network *and* its own ``/run`` reaches neither (it
+  declines in CLC already, its address not being the host's; should the
+  addresses agree, the QP cannot come up: ``ERR_RDYLNK``, and ``smcr chk``
+  names the fix).
+* **Reachable is not trusted.**  Anyone in the network namespace can connect
+  to the abstract name (it has no file mode), so what a connection gets is
+  bound to the QP it claims: a hello must match the QP's destination and come
+  from the process behind it (:func:`credentials`, :mod:`smcr.rdma.shm.inbound`),
+  and a memory region's segment goes only to the holder of that connection's
+  token (:mod:`smcr.rdma.shm.device`).
 * **A private directory**: ``/run/smcr`` for root, ``$XDG_RUNTIME_DIR/smcr`` or
   ``<tmp>/smcr-<uid>`` otherwise, created 0700 and refused if it is a symlink,
   owned by someone else or open to others, so nobody can pre-create or squat
-  a rendezvous.
+  a rendezvous path.  The abstract name cannot be squatted either: the GID
+  is 64 fresh random bits, unknown to anyone before the device binds it.
 * **Stale sockets** of dead processes (SIGKILL leaves the file) are found by a
   refused connect and removed when a device opens.
 * **SOCK_SEQPACKET** keeps message boundaries, so a message is one ``recvmsg``
@@ -44,13 +61,14 @@ MESSAGE = struct.Struct("<4sB3xIIII16s")
 MAX_FDS = 4
 
 HELLO = 1  # a = src qpn, b = dst qpn, gid = src gid
-HELLO_OK = 2  # fds: receive area, recv CQ doorbell (write end), MR table
-GET_MR = 3  # a = rkey
-MR_OK = 4  # a = table index, b = generation, c = 1 if writable; fd: the MR segment
+HELLO_OK = 2  # gid = token for GET_MR; fds: receive area, recv CQ doorbell (write end), MR table
+GET_MR = 3  # a = rkey, gid = the token of the requester's connection
+MR_OK = 4  # a = table index, b = generation, c = 1 if writable, d = seal; fd: the MR segment
 NACK = 5  # a = errno
 QP_ERR = 6  # the requester NAKed with a class-C error: move your QP to ERR (spec §5.3)
 
 CONNECT_TIMEOUT = 2.0
+CREDENTIALS = struct.Struct("3i")  # struct ucred
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +194,60 @@ def connect(path: str, timeout: float = CONNECT_TIMEOUT) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+ABSTRACT_PREFIX = "smcr-shm-"
+"""An abstract rendezvous is NUL, this, and the GID in hex."""
+
+
+def abstract_address(gid: bytes) -> str:
+    """The abstract unix socket name of the device with ``gid`` (module docstring)."""
+    return f"\0{ABSTRACT_PREFIX}{gid.hex()}"
+
+
+def listen_abstract(gid: bytes) -> socket.socket:
+    """Bind and listen on :func:`abstract_address` (non-blocking for the engine).
+
+    :raises VerbsError: EADDRINUSE if the name is taken (64 random bits: never by chance).
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.bind(abstract_address(gid))
+        sock.listen(64)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise VerbsError(errno.EADDRINUSE, f"shm rendezvous {gid.hex()} taken") from exc
+    return sock
+
+
+def connect_any(directory: Path, gid: bytes, timeout: float = CONNECT_TIMEOUT
+                ) -> tuple[socket.socket, str]:  # fmt: skip
+    """Connect to the device with ``gid``: its path in ``directory``, else its abstract name.
+
+    :returns: the socket and the address that answered (for later requests).
+    :raises VerbsError: EHOSTUNREACH when neither answers.
+    """
+    path = socket_path(directory, gid)
+    try:
+        return connect(path, timeout), path
+    except (VerbsError, PermissionError):
+        address = abstract_address(gid)
+        try:
+            return connect(address, timeout), address
+        except VerbsError as exc:
+            raise VerbsError(errno.EHOSTUNREACH,
+                             f"no shm device {gid.hex()} in {directory} nor in this network "
+                             "namespace") from exc  # fmt: skip
+
+
+def credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """The (pid, uid, gid) of the process at the other end (``SO_PEERCRED``), as the
+    kernel gives them in our namespaces (pid 0 for a process our pid namespace cannot see)."""
+    pid, uid, gid = CREDENTIALS.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CREDENTIALS.size)
+    )
+    return pid, uid, gid
 
 
 def send(sock: socket.socket, msg: Message, fds: list[int] | None = None) -> None:
