@@ -1,12 +1,17 @@
 """The runtime's buffer pool (``Stack.alloc_buffers`` and the release path): buffers are
 reused with their rkey and address, kept apart by size and kind, bounded, and a recycled
-RMB is not handed out while the old peer may still write into it."""
+RMB is not handed out while the old peer may still write into it.  An RMB whose last
+connection had the same peer comes first: its link group kept it announced to that peer,
+so no CONFIRM RKEY is due for it (and no DELETE RKEY takes it from that group)."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -191,3 +196,51 @@ def test_buffers_of_a_connection_whose_link_fails_go_back() -> None:
         assert rkey in pooled(x)
         cy = conn(y, hy)
         wait(y, hy, lambda: bool(cy.reset_reason))  # the peer's QP went to ERR: reset too
+
+
+# ------------------------------------------------------------ the choice of RMB
+
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[bufpool.BufferPool]:
+    dev = ShmDevice("pool", directory=tmp_path)
+    try:
+        yield bufpool.BufferPool(dev.alloc_pd(), 16)
+    finally:
+        dev.close()
+
+
+def holding(pool: bufpool.BufferPool, peer: object) -> HostConn:
+    """A connection record holding buffers from ``pool`` for ``peer``."""
+    hc = HostConn(0, None, threading.Condition())  # type: ignore[arg-type]
+    hc.peer = peer
+    bufs = pool.alloc(SIZE, SIZE, peer)
+    assert bufs is not None
+    hc.rmb_mr, hc.sndbuf_mr = bufs
+    return hc
+
+
+def rkey(hc: HostConn) -> int:
+    assert hc.rmb_mr is not None
+    return hc.rmb_mr.rkey
+
+
+def test_an_rmb_goes_to_a_connection_with_its_last_peer(pool: bufpool.BufferPool) -> None:
+    """Both ends in one process: each role gets its own RMB back, whichever went last."""
+    client, server = (True, "127.0.0.1"), (False, "127.0.0.1")
+    a, b = holding(pool, client), holding(pool, server)
+    a_rkey, b_rkey = rkey(a), rkey(b)
+    pool.give_back(a)
+    pool.give_back(b)  # (the latest given back: the server's)
+    assert rkey(holding(pool, client)) == a_rkey
+    assert rkey(holding(pool, server)) == b_rkey
+
+
+def test_without_a_match_the_latest_given_back_comes_first(pool: bufpool.BufferPool) -> None:
+    a, b = holding(pool, (True, "10.0.0.1")), holding(pool, (True, "10.0.0.2"))
+    b_rkey = rkey(b)
+    pool.give_back(a)
+    pool.give_back(b)
+    assert rkey(holding(pool, (True, "10.0.0.3"))) == b_rkey
+    assert rkey(holding(pool, None)) not in (b_rkey, 0)
