@@ -103,6 +103,8 @@ class Executor:
         self.corked_any = False
         """Some connection may hold corked bytes (:meth:`corked`)."""
         self.timer_check = 0.0
+        self._delivery_marks: dict[int, int] = {}
+        """Each QP's :meth:`~smcr.rdma.base.QueuePair.delivery_mark` at the last timer check."""
         self.sends_unprocessed = 0  # RoCE sends since DataPath.send_fast last took the news
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
         self.fallback_reasons: Counter[tuple[int, int]] = Counter()
@@ -402,6 +404,7 @@ class Executor:
             wr.repost_due = False
             wr.repost(self.qps, False)
         if now >= self.timer_check:  # engine deadlines are >= 1 s away when made
+            self._note_delivery(now)
             deadline = engine.get_timer()
             if deadline is not None and deadline <= now:
                 self.execute(engine.handle_timer(now))
@@ -435,6 +438,21 @@ class Executor:
         actions = engine.receive_wrs(qpn, messages, now)
         if actions or engine.has_events():
             self.execute(actions)
+
+    def _note_delivery(self, now: float) -> None:
+        """Tell the engine which links' QPs delivered since the last look (every timer check,
+        :data:`TIMER_GRAIN`; :meth:`QueuePair.delivery_mark
+        <smcr.rdma.base.QueuePair.delivery_mark>`), so that an LLC wait gives up on a dead
+        link only, not on one slowed by loss."""
+        marks: dict[int, int] = {}
+        seen = self._delivery_marks
+        for qpn, qp in self.qps.items():
+            mark = qp.delivery_mark()
+            if mark is not None:
+                marks[qpn] = mark
+                if seen.get(qpn) != mark:
+                    self.engine.link_delivered(qpn, now)
+        self._delivery_marks = marks
 
     def _completion(self, wc: WorkCompletion, now: float) -> None:
         engine = self.engine
