@@ -281,13 +281,16 @@ class Engine:
         self.llc.send_completed(qpn, wr_id, now)
         return []
 
-    def link_delivered(self, qpn: int, now: float) -> None:
+    def link_delivered(self, qpn: int, at: float) -> None:
         """The host saw the link's transport deliver (its QP's PSNs moved, RoCE): an LLC
         wait that ran out waits on (:meth:`LinkLayer.wait_on
-        <smcr.core.llc.LinkLayer.wait_on>`)."""
+        <smcr.core.llc.LinkLayer.wait_on>`).
+
+        :param at: when it delivered, or a time before (the host's previous look).
+        """
         link = self.state.links.get(qpn)
-        if link is not None:
-            link.last_delivered = now
+        if link is not None and at > link.last_delivered:
+            link.last_delivered = at
 
     def link_failed(self, qpn: int, reason: str, now: float,
                     decline: DeclineCode = DeclineCode.NOACTLINK,

@@ -105,6 +105,7 @@ class Executor:
         self.timer_check = 0.0
         self._delivery_marks: dict[int, int] = {}
         """Each QP's :meth:`~smcr.rdma.base.QueuePair.delivery_mark` at the last timer check."""
+        self._delivery_looked = 0.0  # when _note_delivery last looked
         self.sends_unprocessed = 0  # RoCE sends since DataPath.send_fast last took the news
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
         self.fallback_reasons: Counter[tuple[int, int]] = Counter()
@@ -441,18 +442,20 @@ class Executor:
 
     def _note_delivery(self, now: float) -> None:
         """Tell the engine which links' QPs delivered since the last look (every timer check,
-        :data:`TIMER_GRAIN`; :meth:`QueuePair.delivery_mark
-        <smcr.rdma.base.QueuePair.delivery_mark>`), so that an LLC wait gives up on a dead
-        link only, not on one slowed by loss."""
+        :data:`TIMER_GRAIN`, while the progress thread runs; :meth:`QueuePair.delivery_mark
+        <smcr.rdma.base.QueuePair.delivery_mark>`), so that an LLC wait gives up on a
+        dead link only, not on one slowed by loss.  A move is dated at the previous look:
+        after a long sleep that is early, and a wait that ran out meanwhile ends as in
+        Linux (a killed peer's link is not given more time for what it sent before)."""
         marks: dict[int, int] = {}
-        seen = self._delivery_marks
+        seen, since = self._delivery_marks, self._delivery_looked
         for qpn, qp in self.qps.items():
             mark = qp.delivery_mark()
             if mark is not None:
                 marks[qpn] = mark
                 if seen.get(qpn) != mark:
-                    self.engine.link_delivered(qpn, now)
-        self._delivery_marks = marks
+                    self.engine.link_delivered(qpn, since)
+        self._delivery_marks, self._delivery_looked = marks, now
 
     def _completion(self, wc: WorkCompletion, now: float) -> None:
         engine = self.engine
