@@ -805,8 +805,8 @@ class QueuePair(ABC):
         """A number that changes whenever the transport delivers over this QP, either way
         (the peer acknowledged packets of ours, or the peer's arrived in order), for a
         provider with packets in flight to watch (RoCE); None for one that delivers at
-        once (shm).  The host asks it seldom (an LLC wait ran out), to tell a slow link
-        from a dead one."""
+        once (shm).  The host asks it every few milliseconds while it runs, to tell a slow
+        link from a dead one."""
         return None
 
     def post_recv(self, wrs: RecvWr | Iterable[RecvWr]) -> None:
