@@ -20,7 +20,17 @@ class Config:
     clc_wait: float = 6.0
     """``CLC_WAIT_TIME``: wait for Proposal / Accept / Confirm."""
     llc_wait: float = 2.0
-    """``SMC_LLC_WAIT_TIME``: wait for an LLC response."""
+    """``SMC_LLC_WAIT_TIME``: wait for an LLC response; while the link still delivers, a
+    local flow or TEST LINK waits on, up to :attr:`llc_wait_heard`."""
+    llc_wait_heard: float = 60.0
+    """The longest a local LLC flow (CONFIRM RKEY, DELETE RKEY, ...) or a TEST LINK waits
+    for its response while its link still delivers (a message heard, a send of ours
+    acknowledged, the QP's PSNs moving): a wait ends :attr:`llc_wait` after the later
+    of its start and the last such sign, and at the latest this long after its start.
+    Linux ends it after ``SMC_LLC_WAIT_TIME`` flat; over a lossy fabric the request and
+    the response queue behind the data both QPs retransmit (go-back-N), and
+    connections would be reset for loss alone (:meth:`~smcr.core.llc.LinkLayer.wait_more`).
+    A silent link still fails :attr:`llc_wait` after its last sign, as in Linux."""
     llc_wait_first: float = 4.0
     """``2 * SMC_LLC_WAIT_TIME``: client waits for the first CONFIRM LINK."""
     llc_wait_confirm: float = 5.0

@@ -281,6 +281,17 @@ class Engine:
         self.llc.send_completed(qpn, wr_id, now)
         return []
 
+    def link_delivered(self, qpn: int, at: float) -> None:
+        """The host saw the link's transport deliver (its QP's PSNs moved, RoCE): an LLC
+        wait that ran out waits on (:meth:`LinkLayer.wait_on
+        <smcr.core.llc.LinkLayer.wait_on>`).
+
+        :param at: when it delivered, or a time before (the host's previous look).
+        """
+        link = self.state.links.get(qpn)
+        if link is not None and at > link.last_delivered:
+            link.last_delivered = at
+
     def link_failed(self, qpn: int, reason: str, now: float,
                     decline: DeclineCode = DeclineCode.NOACTLINK,
                     peer_gone: bool = False) -> list[Action]:  # fmt: skip
@@ -358,7 +369,7 @@ class Engine:
         llc = self.llc
         for lgr in list(self.state.lgrs.values()):
             flow = lgr.flow
-            if flow is not None and now >= flow.deadline:
+            if flow is not None and now >= flow.deadline and not llc.wait_on(lgr, flow, now):
                 lgr.flow = None
                 llc.finish_flow(flow, False, now, out)
                 llc.next_flow(lgr, now, out)

@@ -104,7 +104,13 @@ class Link:
     peer_mac: bytes = bytes(6)
     mtu: int = 0
     last_rx: float = 0.0
+    last_delivered: float = 0.0
+    """When the transport last showed that it delivers over this link, whether or not the
+    peer sends anything: a signaled send of ours completed, or the host saw the QP's
+    PSNs move (:meth:`~smcr.core.engine.Engine.link_delivered`)."""
     test_deadline: float | None = None
+    test_sent: float = 0.0
+    """When the TEST LINK awaiting :attr:`test_deadline` went out."""
     is_asym: bool = False
     """The group's asymmetric link (Linux ``link_is_asym``): new connections avoid it."""
     wr_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -154,6 +160,9 @@ class LocalFlow:
     request: LlcMessage
     on_done: Callable[[bool, float], list[Action]]
     deadline: float = 0.0
+    started: float | None = None
+    """When the request went out (:meth:`~smcr.core.llc.LinkLayer.next_flow`); None for a
+    flow whose steps set their own deadlines (ADD LINK)."""
     add_link: AddLinkFlow | None = None  # the steps after the request, for ADD LINK
     build: Callable[[Link], LlcMessage] | None = None
     """Builds the request for the link it goes over when the flow starts (CONFIRM RKEY

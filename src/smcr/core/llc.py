@@ -355,8 +355,42 @@ class LinkLayer:
             if flow.build is not None:
                 flow.request = flow.build(link)
             flow.deadline = now + self.state.config.llc_wait
+            flow.started = now
             self.post_llc(link, flow.request, out)
             return
+
+    def wait_on(self, lgr: LinkGroup, flow: LocalFlow, now: float) -> bool:
+        """Whether a local flow whose wait ran out waits on (its deadline moved, by
+        :meth:`wait_more`).  ADD LINK's steps wait for a new link: they do not."""
+        if flow.started is None or flow.add_link is not None or flow.adds_link:
+            return False
+        links = [x for x in lgr.links if x.state is LinkState.LINK_ACTIVE]
+        deadline = self.wait_more(flow.started, links, now)
+        if deadline is None:
+            return False
+        flow.deadline = deadline
+        return True
+
+    def wait_more(self, started: float, links: list[Link], now: float) -> float | None:
+        """The new end of an LLC wait (started at ``started``) that ran out, or None to give
+        up: ``llc_wait`` after the last sign that ``links`` deliver (a message heard, a
+        send of ours completed, the QP's PSNs moved), ``llc_wait_heard`` after the start
+        at the latest.
+
+        Linux's ``smc_llc_wait`` and TEST LINK give up after ``SMC_LLC_WAIT_TIME``
+        whatever the link does.  Under heavy loss a request queued behind the data of
+        busy connections, and the response behind the peer's, take longer than that to
+        get through the RC retransmissions (go-back-N, a retransmit timeout per lost
+        NAK) while both QPs keep delivering; giving up then resets connections for loss
+        alone.  A link that stopped delivering is still given up on ``llc_wait`` after
+        its last sign of life.  The wire is unchanged.
+        """
+        alive = max((max(x.last_rx, x.last_delivered) for x in links), default=None)
+        if alive is None:
+            return None
+        cfg = self.state.config
+        deadline = min(max(alive, started) + cfg.llc_wait, started + cfg.llc_wait_heard)
+        return deadline if deadline > now else None
 
     def flow_response(self, lgr: LinkGroup, msg: LlcMessage, ok: bool, now: float,
                       out: list[Action]) -> None:  # fmt: skip
@@ -378,7 +412,10 @@ class LinkLayer:
 
     def send_completed(self, qpn: int, wr_id: int, now: float) -> None:
         """A signaled send completed without error: CDCs up to it free send-buffer space
-        (``smc_cdc_tx_handler``)."""
+        (``smc_cdc_tx_handler``); the link delivers (:meth:`wait_on`)."""
+        link = self.state.links.get(qpn)
+        if link is not None:
+            link.last_delivered = now
         pending = self.state.cdc_pending.get(qpn)
         touched = self.state.touched
         while pending and pending[0][0] <= wr_id:
@@ -403,6 +440,7 @@ class LinkLayer:
             return out
         if link.test_deadline is None:
             self.post_llc(link, llc_msgs.test_link(link.lgr), out)
+            link.test_sent = now
             link.test_deadline = now + self.state.config.llc_wait
         return out
 
@@ -413,9 +451,16 @@ class LinkLayer:
         if period <= 0 or link.state is not LinkState.LINK_ACTIVE:
             return False
         if link.test_deadline is not None:
-            return now >= link.test_deadline
+            if now < link.test_deadline:
+                return False
+            more = self.wait_more(link.test_sent, [link], now)  # a slow link is not down
+            if more is None:
+                return True
+            link.test_deadline = more
+            return False
         if now >= link.last_rx + period:
             self.post_llc(link, llc_msgs.test_link(link.lgr), out)
+            link.test_sent = now
             link.test_deadline = now + self.state.config.llc_wait
         return False
 

@@ -103,6 +103,9 @@ class Executor:
         self.corked_any = False
         """Some connection may hold corked bytes (:meth:`corked`)."""
         self.timer_check = 0.0
+        self._delivery_marks: dict[int, int] = {}
+        """Each QP's :meth:`~smcr.rdma.base.QueuePair.delivery_mark` at the last timer check."""
+        self._delivery_looked = 0.0  # when _note_delivery last looked
         self.sends_unprocessed = 0  # RoCE sends since DataPath.send_fast last took the news
         self.held: list[tuple[HostConn, HandshakeCompleted]] = []
         """Clients' completed handshakes whose server end, in this runtime too, has not
@@ -440,6 +443,7 @@ class Executor:
             wr.repost_due = False
             wr.repost(self.qps, False)
         if now >= self.timer_check:  # engine deadlines are >= 1 s away when made
+            self._note_delivery(now)
             deadline = engine.get_timer()
             if deadline is not None and deadline <= now:
                 self.execute(engine.handle_timer(now))
@@ -473,6 +477,23 @@ class Executor:
         actions = engine.receive_wrs(qpn, messages, now)
         if actions or engine.has_events():
             self.execute(actions)
+
+    def _note_delivery(self, now: float) -> None:
+        """Tell the engine which links' QPs delivered since the last look (every timer check,
+        :data:`TIMER_GRAIN`, while the progress thread runs; :meth:`QueuePair.delivery_mark
+        <smcr.rdma.base.QueuePair.delivery_mark>`), so that an LLC wait gives up on a
+        dead link only, not on one slowed by loss.  A move is dated at the previous look:
+        after a long sleep that is early, and a wait that ran out meanwhile ends as in
+        Linux (a killed peer's link is not given more time for what it sent before)."""
+        marks: dict[int, int] = {}
+        seen, since = self._delivery_marks, self._delivery_looked
+        for qpn, qp in self.qps.items():
+            mark = qp.delivery_mark()
+            if mark is not None:
+                marks[qpn] = mark
+                if seen.get(qpn) != mark:
+                    self.engine.link_delivered(qpn, since)
+        self._delivery_marks, self._delivery_looked = marks, now
 
     def _completion(self, wc: WorkCompletion, now: float) -> None:
         engine = self.engine

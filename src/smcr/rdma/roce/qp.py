@@ -532,6 +532,12 @@ class RoceQp(QueuePair):
         """The requester's next PSN and the responder's expected one (``smcr trace``)."""
         return self.req.next, self.resp.epsn
 
+    def delivery_mark(self) -> int | None:
+        """The requester's oldest unacknowledged PSN and the responder's expected one, in
+        one number: it moves with every ACK that retires packets of ours and every
+        packet of the peer's taken in order."""
+        return self.req.una << 24 | self.resp.epsn
+
     def _post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
         """``ibv_post_send``: check local memory, queue, transmit what the window allows.
 
