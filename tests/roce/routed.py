@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.roce.netns import REPO, sh
 
@@ -41,6 +42,8 @@ class Routed:
         #: per link k: (IPv4 of the left end, of the right end), the same for IPv6
         self.v4 = [(f"10.{b}.{k}.1", f"10.{b}.{k}.2") for k in range(self.links)]
         self.v6 = [(f"fd{b:x}:{k}::1", f"fd{b:x}:{k}::2") for k in range(self.links)]
+        self.started: list[subprocess.Popen[str]] = []
+        """The processes :meth:`popen` started, for :meth:`reap`."""
         try:
             self._build(tag)
         except BaseException:
@@ -124,9 +127,20 @@ class Routed:
               ) -> subprocess.Popen[str]:  # fmt: skip
         """Start ``python -m ARGS`` inside namespace ``ns`` (stdout a pipe, text), with this
         checkout's sources (not what the venv installed)."""
-        return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", *args],
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", *args],
                                 stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True,
                                 cwd=Path(REPO), env=_environment(env))  # fmt: skip
+        self.started.append(proc)
+        return proc
+
+    def reap(self) -> None:
+        """Kill the processes :meth:`popen` started that still run (a test that failed
+        midway), and forget them all."""
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+        self.started.clear()
 
     def python(self, ns: str, code: str) -> str:
         """Run ``python -c CODE`` inside namespace ``ns`` (bounded) with this checkout's
@@ -148,6 +162,11 @@ class Routed:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def rows(output: str) -> list[dict[str, Any]]:
+    """The JSON rows a peer printed, one per line."""
+    return [json.loads(line) for line in output.splitlines()]
 
 
 def _environment(extra: dict[str, str] | None) -> dict[str, str]:

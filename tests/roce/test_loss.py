@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.roce.routed import Routed
+from tests.roce.routed import Routed, rows
 
 pytestmark = [
     pytest.mark.root,
@@ -49,16 +49,13 @@ def run_under_loss(percent: int, total: int, before: int, after: int,
     way on each, all at once; the rows the client and the server print."""
     env = ENV | (env or {})
     with Routed(0) as r:
-        procs: list[subprocess.Popen[str]] = []
         try:
             srv = r.popen(r.server_ns, "tests.roce.loss_peer", "server", r.address(-1),
                           str(before + after), env=env)  # fmt: skip
-            procs.append(srv)
             assert srv.stdout is not None
             port = json.loads(srv.stdout.readline())["port"]
             cli = r.popen(r.client_ns, "tests.roce.loss_peer", "client", r.address(-1),
                           str(port), str(total), str(before), str(after), env=env)  # fmt: skip
-            procs.append(cli)
             assert cli.stdout is not None and cli.stdin is not None
             assert json.loads(cli.stdout.readline()) == {"up": before}
             drop_percent(r, r.client_ns, percent)
@@ -68,12 +65,8 @@ def run_under_loss(percent: int, total: int, before: int, after: int,
             out, _ = cli.communicate(timeout=120)
             srv_out, _ = srv.communicate(timeout=30)
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait(5)
-    return ([json.loads(x) for x in out.splitlines()],
-            [json.loads(x) for x in srv_out.splitlines()])  # fmt: skip
+            r.reap()
+    return rows(out), rows(srv_out)
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from smcr.wire.decline import DeclineCode
-from tests.roce.routed import Routed
+from tests.roce.routed import Routed, rows
 from tests.support import stop_capture, wait_for_mark
 
 pytestmark = [
@@ -69,9 +69,8 @@ def run(r: Routed, family: int, ueids: Path | None, conns: int = 3, total: int =
     :param before: called with the server's port before the client starts.
     """
     server_ip = r.address(-1, family)
-    procs = [r.popen(r.server_ns, "tests.roce.routed_peer", "server", server_ip, str(conns),
-                     env=env(ueids))]  # fmt: skip
-    srv = procs[0]
+    srv = r.popen(r.server_ns, "tests.roce.routed_peer", "server", server_ip, str(conns),
+                  env=env(ueids))  # fmt: skip
     try:
         assert srv.stdout is not None
         port = json.loads(srv.stdout.readline())["port"]
@@ -79,17 +78,12 @@ def run(r: Routed, family: int, ueids: Path | None, conns: int = 3, total: int =
             before(port)
         cli = r.popen(r.client_ns, "tests.roce.routed_peer", "client", target or server_ip,
                       str(port), str(total), str(conns), env=env(ueids))  # fmt: skip
-        procs.append(cli)
         out, _ = cli.communicate(timeout=60)
         assert cli.returncode == 0, out
         srv_out, _ = srv.communicate(timeout=30)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(5)
-    return ([json.loads(x) for x in out.splitlines()],
-            [json.loads(x) for x in srv_out.splitlines()])  # fmt: skip
+        r.reap()
+    return rows(out), rows(srv_out)
 
 
 def count_roce(r: Routed, router: int) -> None:
