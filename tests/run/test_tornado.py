@@ -18,36 +18,26 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.run.suites import run_suite
 from tests.run.test_cpython import smc_connections
 
 SUITE = [sys.executable, "-m", "tornado.test.runtests"]
-RAN = re.compile(r"^Ran (\d+) tests? in", re.MULTILINE)
 RESULT = re.compile(r"^(OK|FAILED)\b.*$", re.MULTILINE)
-
-
-def run_suite(smcr: bool, env: dict[str, str], cwd: Path) -> tuple[str, str, int, str]:
-    """(tests run, result line, exit status, output) of tornado's suite."""
-    cmd = [sys.executable, "-m", "smcr", "run", "--", *SUITE] if smcr else SUITE
-    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
-                         check=False)  # fmt: skip
-    out = res.stdout + res.stderr
-    ran, result = RAN.search(out), RESULT.search(out)
-    assert ran is not None and result is not None, out[-4000:]
-    return ran.group(1), result.group(0), res.returncode, out
 
 
 @pytest.mark.slow
 def test_tornado_suite_passes_under_smcr_run_as_without(tmp_path: Path) -> None:
     pytest.importorskip("tornado")  # (the test extra installs it; CI fails on a skip)
     env = dict(os.environ, SMCR_DIAG_DIR=str(tmp_path / "diag"))
-    plain = run_suite(False, env, tmp_path)
-    smc = run_suite(True, env, tmp_path)
-    assert plain[2] == 0 and plain[1].startswith("OK"), plain[3][-4000:]
-    assert smc[:3] == plain[:3], smc[3][-6000:]
+    plain = run_suite(SUITE, False, env, tmp_path, RESULT)
+    smc = run_suite(SUITE, True, env, tmp_path, RESULT)
+    assert plain.status == 0 and plain.result.startswith("OK"), plain.output[-4000:]
+    assert smc.outcome == plain.outcome, smc.output[-6000:]
     assert smc_connections(env) > 0
+    print(f"tornado: {plain.ran} tests, {plain.seconds:.1f} s plainly, "
+          f"{smc.seconds:.1f} s under smcr run")

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.run.suites import run_suite
 from tests.run.test_cpython import smc_connections
 
 MODULES = [
@@ -36,21 +35,7 @@ MODULES = [
     "twisted.web.test.test_http",
 ]
 SUITE = [sys.executable, "-m", "twisted.trial", *MODULES]
-RAN = re.compile(r"^Ran (\d+) tests? in", re.MULTILINE)
 RESULT = re.compile(r"^(PASSED|FAILED)\b.*$", re.MULTILINE)
-
-
-def run_suite(smcr: bool, env: dict[str, str], cwd: Path) -> tuple[str, str, int, str, float]:
-    """(tests run, result line, exit status, output, seconds) of Twisted's tests."""
-    cmd = [sys.executable, "-m", "smcr", "run", "--", *SUITE] if smcr else SUITE
-    start = time.monotonic()
-    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
-                         check=False)  # fmt: skip
-    took = time.monotonic() - start
-    out = res.stdout + res.stderr
-    ran, result = RAN.search(out), RESULT.search(out)
-    assert ran is not None and result is not None, out[-4000:]
-    return ran.group(1), result.group(0), res.returncode, out, took
 
 
 @pytest.mark.slow
@@ -58,9 +43,10 @@ def test_twisted_suite_passes_under_smcr_run_as_without(tmp_path: Path) -> None:
     pytest.importorskip("twisted")  # (the test extra installs it; CI fails on a skip)
     pytest.importorskip("hamcrest")
     env = dict(os.environ, SMCR_DIAG_DIR=str(tmp_path / "diag"))
-    plain = run_suite(False, env, tmp_path)
-    smc = run_suite(True, env, tmp_path)
-    assert plain[2] == 0 and plain[1].startswith("PASSED"), plain[3][-4000:]
-    assert smc[:3] == plain[:3], smc[3][-6000:]
+    plain = run_suite(SUITE, False, env, tmp_path, RESULT)
+    smc = run_suite(SUITE, True, env, tmp_path, RESULT)
+    assert plain.status == 0 and plain.result.startswith("PASSED"), plain.output[-4000:]
+    assert smc.outcome == plain.outcome, smc.output[-6000:]
     assert smc_connections(env) > 0
-    print(f"twisted: {plain[0]} tests, {plain[4]:.1f} s plainly, {smc[4]:.1f} s under smcr run")
+    print(f"twisted: {plain.ran} tests, {plain.seconds:.1f} s plainly, "
+          f"{smc.seconds:.1f} s under smcr run")

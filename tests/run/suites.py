@@ -1,0 +1,45 @@
+"""A third-party test suite run plainly and under ``smcr run``, for the framework tests
+(:mod:`tests.run.test_tornado`, :mod:`tests.run.test_twisted`): what it ran, its result
+line, its exit status, its output and how long it took, to compare the two runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RAN = re.compile(r"^Ran (\d+) tests? in", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    """One run of a suite."""
+
+    ran: str
+    result: str
+    status: int
+    output: str
+    seconds: float
+
+    @property
+    def outcome(self) -> tuple[str, str, int]:
+        """(tests run, result line, exit status): what must be the same either way."""
+        return self.ran, self.result, self.status
+
+
+def run_suite(suite: list[str], smcr: bool, env: dict[str, str], cwd: Path,
+              result: re.Pattern[str]) -> SuiteRun:  # fmt: skip
+    """Run ``suite`` (a command), under ``smcr run`` if ``smcr``; ``result`` finds its
+    result line."""
+    cmd = [sys.executable, "-m", "smcr", "run", "--", *suite] if smcr else suite
+    start = time.monotonic()
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
+                         check=False)  # fmt: skip
+    took = time.monotonic() - start
+    out = res.stdout + res.stderr
+    ran, found = RAN.search(out), result.search(out)
+    assert ran is not None and found is not None, out[-4000:]
+    return SuiteRun(ran.group(1), found.group(0), res.returncode, out, took)
