@@ -40,19 +40,20 @@ INLINE_RECHECK = 0.05
 ``accept`` takes them itself."""
 
 
-def has_free_descriptors(fd: int, count: int) -> bool:
-    """Whether ``count`` descriptor numbers are free now (found by duplicating ``fd``, an
-    open descriptor, and closing the copies at once)."""
+def descriptor_shortage(fd: int, count: int) -> OSError | None:
+    """Why ``count`` descriptor numbers are not free now (EMFILE, ENFILE...), or None when
+    they are (found by duplicating ``fd``, an open descriptor, and closing the copies at
+    once)."""
     taken: list[int] = []
     try:
         for _ in range(count):
             taken.append(os.dup(fd))
-    except OSError:
-        return False
+    except OSError as exc:
+        return exc
     finally:
         for copy in taken:
             os.close(copy)
-    return True
+    return None
 
 
 class AcceptQueue:
@@ -271,7 +272,7 @@ class AcceptQueue:
         with descriptors to spare again, back to accepting in the background (a program
         blocked in ``connect`` to itself must not wait for its own ``accept``); else
         :meth:`fileno` turns readable for the program's ``accept``."""
-        if has_free_descriptors(self.fd, INLINE_HEADROOM):
+        if descriptor_shortage(self.fd, INLINE_HEADROOM) is None:
             with self.cond:
                 if not self.inline or self.closed:
                     return

@@ -17,7 +17,7 @@ from smcr import discovery
 from smcr.diag import registry as _registry
 from smcr.diag import start as _diag_start
 from smcr.socket import connecting, handshake, linuxapi, messages, numbers, sharing
-from smcr.socket.acceptq import AcceptQueue
+from smcr.socket.acceptq import AcceptQueue, descriptor_shortage
 from smcr.socket.base import (
     INET,
     INIT_INFO,
@@ -657,16 +657,9 @@ def descriptors_free(fd: int, count: int) -> None:
     descriptors of its own, some of which a fallback gives back, so the program would
     otherwise be handed a connection at its limit that TCP would have refused it (an event
     loop frees a reserved descriptor then, accepts and closes the peer: Twisted's)."""
-    taken: list[int] = []
-    try:
-        for _ in range(count):
-            taken.append(os.dup(fd))
-    except OSError as exc:
-        if exc.errno in (errno.EMFILE, errno.ENFILE):
-            raise
-    finally:
-        for copy in taken:
-            os.close(copy)
+    shortage = descriptor_shortage(fd, count)
+    if shortage is not None and shortage.errno in (errno.EMFILE, errno.ENFILE):
+        raise shortage
 
 
 def smc_socket_with_number(fd: int) -> SMCSocket | None:
