@@ -17,6 +17,8 @@ import errno
 import os
 import selectors
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -255,3 +257,36 @@ def test_an_event_loop_recovers_from_emfile_with_its_reserved_descriptor() -> No
         peer.stop()
     assert seen[-2:] == ["reserved again", "SMCR b'ok'"], seen
     assert seen[0] == "EMFILE", seen
+
+
+def test_an_accept_loop_with_a_timeout_never_opens_a_number_another_thread_closed(
+        server: smcr.SMCSocket) -> None:  # fmt: skip
+    """A server thread that calls ``accept`` with a short timeout, again and again, takes
+    no descriptor number while no connection comes: one the program just closed stays
+    closed (CPython's ``test_makefile_close`` reads its closed number to see EBADF)."""
+    server.settimeout(0.001)
+    stop = threading.Event()
+
+    def accept_loop() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                server.accept()[0].close()
+
+    looper = threading.Thread(target=accept_loop)
+    looper.start()
+    seen_open = 0
+    try:
+        closed = os.open("/dev/null", os.O_RDONLY)  # (the lowest free number)
+        os.close(closed)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                os.fstat(closed)
+            except OSError as exc:
+                assert exc.errno == errno.EBADF
+            else:
+                seen_open += 1
+    finally:
+        stop.set()
+        looper.join()
+    assert seen_open == 0

@@ -319,9 +319,16 @@ class AcceptQueue:
                 self.inline = False
                 self._watch()
 
-    def take(self, timeout: float | None) -> tuple[SocketBase, Any]:
+    def take(self, timeout: float | None, headroom: int = 0) -> tuple[SocketBase, Any]:
         """The next connection: ``BlockingIOError`` when none waits and ``timeout`` is 0,
-        ``TimeoutError`` when none came in time, an accept error of the kernel's."""
+        ``TimeoutError`` when none came in time, an accept error of the kernel's, and
+        EMFILE (ENFILE), the connection staying queued, when ``headroom`` descriptor
+        numbers are not free as it is handed out.
+
+        The numbers are probed only then, not while the queue is empty: the probe takes
+        the lowest free numbers for a moment, and a program's other thread that has just
+        closed a descriptor must not find it open again (an accept loop with a timeout
+        would probe every time round; CPython's ``test_makefile_close``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self.kernel_waiting = False  # (this call takes it, or says why not)
         self.resume()
@@ -348,6 +355,10 @@ class AcceptQueue:
                 else:
                     self._watch()
                 raise error
+            if headroom:
+                shortage = descriptor_shortage(self.fd, headroom)
+                if shortage is not None and shortage.errno in (errno.EMFILE, errno.ENFILE):
+                    raise shortage
             item = self.ready.popleft()
             self._changed()
             if self.inline:

@@ -17,7 +17,7 @@ from smcr import discovery
 from smcr.diag import registry as _registry
 from smcr.diag import start as _diag_start
 from smcr.socket import connecting, handshake, linuxapi, messages, numbers, sharing
-from smcr.socket.acceptq import AcceptQueue, descriptor_shortage
+from smcr.socket.acceptq import AcceptQueue
 from smcr.socket.base import (
     INET,
     INIT_INFO,
@@ -347,8 +347,7 @@ class SMCSocket(SocketBase):
         timeout = self._timeout
         if self._via_readiness and self._nonblocking_descriptor():
             timeout = 0.0
-        descriptors_free(queue.fd, ACCEPT_HEADROOM)
-        taken, addr = queue.take(timeout)
+        taken, addr = queue.take(timeout, ACCEPT_HEADROOM)
         return cast(SMCSocket, taken), addr
 
     def _accept_queue(self) -> AcceptQueue | None:
@@ -645,21 +644,13 @@ class SMCSocket(SocketBase):
 
 ACCEPT_HEADROOM = 1
 """Descriptors ``accept`` wants free: the number of TCP's accept, and the readiness pair the
-connection makes when the program first asks for its ``fileno()``."""
+connection makes when the program first asks for its ``fileno()``.
 
-
-def descriptors_free(fd: int, count: int) -> None:
-    """Raise EMFILE (ENFILE) unless ``count`` descriptor numbers are free now (found by
-    duplicating ``fd``, an open descriptor, and closing the copies).
-
-    ``accept(2)`` takes a number before it looks at the queue, so a process with none free
-    gets EMFILE and the connection stays queued; ours was accepted in the background with
-    descriptors of its own, some of which a fallback gives back, so the program would
-    otherwise be handed a connection at its limit that TCP would have refused it (an event
-    loop frees a reserved descriptor then, accepts and closes the peer: Twisted's)."""
-    shortage = descriptor_shortage(fd, count)
-    if shortage is not None and shortage.errno in (errno.EMFILE, errno.ENFILE):
-        raise shortage
+``accept(2)`` takes a number before it looks at the queue, so a process with none free gets
+EMFILE and the connection stays queued; ours was accepted in the background with descriptors
+of its own, some of which a fallback gives back, so the program would otherwise be handed a
+connection at its limit that TCP would have refused it (an event loop frees a reserved
+descriptor then, accepts and closes the peer: Twisted's)."""
 
 
 def smc_socket_with_number(fd: int) -> SMCSocket | None:
