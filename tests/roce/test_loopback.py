@@ -325,6 +325,9 @@ def test_a_ceded_socket_nobody_reads_is_taken_back(pollers_receive: None,
     cq = b.cq
     assert isinstance(cq, RoceCq)
     cq.last_poll = time.monotonic() + 3600  # a poller that polled, then went away
+    # a retransmit timer of 2 s, far beyond the cede period, instead of the pair's 17 ms: a
+    # timeout then says the socket was not taken back, not that a busy machine ran late
+    a.qp.req.period = 2.0
     for i in range(3):
         a.qp.post_send(SendWr(wr_id=i, opcode=WrOpcode.RDMA_WRITE, send_flags=SIG,
                               sg_list=(Sge(a.buf.addr, 50_000, a.buf.lkey),),
