@@ -13,6 +13,15 @@ from pathlib import Path
 
 RAN = re.compile(r"^Ran (\d+) tests? in", re.MULTILINE)
 
+TIMES: dict[str, tuple[float, float]] = {}
+"""Suite name: (seconds plainly, seconds under ``smcr run``), for the session's summary
+(``tests/run/conftest.py``)."""
+
+
+def record_times(name: str, plain: float, smcr: float) -> None:
+    """Keep how long a suite took either way, for the summary at the end of the session."""
+    TIMES[name] = (plain, smcr)
+
 
 @dataclass(frozen=True)
 class SuiteRun:

@@ -16,10 +16,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.run.suites import record_times
 from tests.support import REPO_ROOT
 
 MODULES = {
@@ -43,8 +45,8 @@ SUMMARY = re.compile(r"^Total tests: (.*)$", re.MULTILINE)
 RESULT = re.compile(r"^Result: (.*)$", re.MULTILINE)
 
 
-def run_module(module: str, smcr: bool, env: dict[str, str]) -> tuple[str, str, str]:
-    """(summary line, result, output) of ``python -m test MODULE``."""
+def run_module(module: str, smcr: bool, env: dict[str, str]) -> tuple[str, str, str, float]:
+    """(summary line, result, output, seconds taken) of ``python -m test MODULE``."""
     cmd = [sys.executable, "-m", "test", "-u", "network", "--timeout", "300", module,
            *MODULES[module]]  # fmt: skip
     if smcr:
@@ -52,12 +54,14 @@ def run_module(module: str, smcr: bool, env: dict[str, str]) -> tuple[str, str, 
         # the runtime's threads from the start: the tests fail a test after which the
         # count of threads differs (smcr.run._start_runtime)
         env = dict(env, SMCR_RUN_EAGER="1")
+    start = time.monotonic()
     res = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                          timeout=900, check=False)  # fmt: skip
+    took = time.monotonic() - start
     out = res.stdout + res.stderr
     summary, result = SUMMARY.search(out), RESULT.search(out)
     assert summary is not None and result is not None, out[-4000:]
-    return summary.group(1), result.group(1), out
+    return summary.group(1), result.group(1), out, took
 
 
 def smc_connections(env: dict[str, str]) -> int:
@@ -78,3 +82,4 @@ def test_cpython_module_passes_under_smcr_run_as_without(module: str, tmp_path: 
     assert (smc[0], smc[1]) == (plain[0], plain[1]), smc[2][-6000:]
     if module not in ("test_selectors", "test_select", "test_poll"):  # (pipes, socketpairs)
         assert smc_connections(env) > 0
+    record_times(module, plain[3], smc[3])

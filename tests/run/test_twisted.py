@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.run.suites import run_suite
+from tests.run.suites import record_times, run_suite
 from tests.run.test_cpython import smc_connections
 
 MODULES = [
@@ -48,5 +48,4 @@ def test_twisted_suite_passes_under_smcr_run_as_without(tmp_path: Path) -> None:
     assert plain.status == 0 and plain.result.startswith("PASSED"), plain.output[-4000:]
     assert smc.outcome == plain.outcome, smc.output[-6000:]
     assert smc_connections(env) > 0
-    print(f"twisted: {plain.ran} tests, {plain.seconds:.1f} s plainly, "
-          f"{smc.seconds:.1f} s under smcr run")
+    record_times("twisted", plain.seconds, smc.seconds)
