@@ -76,7 +76,7 @@ def test_syn_cookies_mean_plain_tcp_on_both_ends() -> None:
 
 
 def test_program_passes_the_verifier_and_has_the_option_bytes() -> None:
-    insns = program.build(map_fd=1234)
+    insns = program.build(map_fd=1234, ports_fd=1235, withheld_fd=1236)
     assert len(insns) % 8 == 0
     words = {int.from_bytes(insns[i + 4 : i + 8], "little", signed=True)
              for i in range(0, len(insns), 8)}  # fmt: skip
@@ -106,8 +106,10 @@ def test_enable_status_disable_on_a_cgroup(private: tuple[Path, Path]) -> None:
     assert not bpf.status(pins).enabled
     state = bpf.enable(cgroup, pins)
     assert state.enabled and state.cgroup == cgroup and not state.covers_us
-    assert sorted(p.name for p in pins.iterdir()) == ["link", "map"]
+    assert sorted(p.name for p in pins.iterdir()) == ["link", "map", "ports", "withheld"]
     assert (pins / "map").stat().st_mode & 0o777 == 0o666
+    assert (pins / "ports").stat().st_mode & 0o777 == 0o666
+    assert (pins / "withheld").stat().st_mode & 0o777 == 0o600
     assert bpf.enable(cgroup, pins).prog_id == state.prog_id  # enabled already: kept
     # a process in that cgroup is covered, and so chooses the bpf mode
     script = ("import os, sys; open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid()));"

@@ -30,6 +30,7 @@ it and is not reported; ``SMCR_DEBUG`` prints the mode chosen in any case.
 from __future__ import annotations
 
 import _socket
+import contextlib
 import ipaddress
 import os
 import socket
@@ -97,6 +98,26 @@ class Discovery:
                 return False
             return self.rules.matches(address, int(port))
         return False
+
+
+    def hs_congested(self, port: int, congested: bool) -> bool:
+        """A listener of local ``port`` with ``SMC_LIMIT_HS`` has (no longer) more SMC
+        handshakes running than it allows: while any has, the port's SYN-ACKs go
+        without the option and its new clients stay TCP (Linux's ``smc_hs_congested``).
+        Whether the option can be held back so (bpf mode, with a program that has the
+        ports map)."""
+        if self.mode != "bpf" or self.flags is None:
+            return False
+        try:
+            return self.flags.congested(port, congested)
+        except OSError:
+            return False
+
+    def port_listens(self, port: int) -> None:
+        """A listener that may serve SMC starts on ``port`` (:meth:`SocketFlags.port_listens`)."""
+        if self.mode == "bpf" and self.flags is not None:
+            with contextlib.suppress(OSError):
+                self.flags.port_listens(port)
 
 
 def _kernel_fd(sock: socket.socket) -> int:

@@ -11,6 +11,12 @@ through a socket descriptor it holds, so it can only ever mark or read its own
 sockets.  After that, any smcr process of that cgroup, root or not, opens the
 pinned map (:class:`SocketFlags`) and uses discovery: per connection it costs
 one map update before ``connect``/``listen`` and one lookup after.
+
+A second map, also every user's, counts per local port the listeners with
+``SMC_LIMIT_HS`` whose SMC handshakes are congested; their SYN-ACKs go without
+the option meanwhile (:mod:`.program`).  A user can so keep SMC off another's
+port, which flooding that port with handshakes would do as well; it cannot
+reach a connection that has started.
 :func:`disable` (``smcr disable``) detaches the program and removes the pins.
 
 Sockets of processes outside the cgroup send no option, so their peers see a
@@ -36,7 +42,10 @@ RUN_BPFFS = Path("/run/smcr-bpf")
 RUN_PIN_DIR = RUN_BPFFS / "smcr"
 """A second copy of the pins, for processes started by ``ip netns exec``: it mounts a
 sysfs of the namespace over ``/sys``, which hides ``/sys/fs/bpf``."""
-MAP_PIN, LINK_PIN = "map", "link"
+MAP_PIN, LINK_PIN, PORTS_PIN, WITHHELD_PIN = "map", "link", "ports", "withheld"
+PINS = (MAP_PIN, LINK_PIN, PORTS_PIN, WITHHELD_PIN)
+"""What ``smcr enable`` pins; a directory without all of them holds an earlier smcr's
+program, which ``enable`` replaces."""
 _BPF_FS_MAGIC = 0xCAFE4A11
 _LINK_TYPE_CGROUP = 3
 
@@ -194,14 +203,17 @@ def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
     copies = [pins] if pins is not None else pin_dirs()
     pins = copies[0]
     now = status(pins)
-    if now.enabled:
+    if now.enabled and all((pins / name).exists() for name in PINS):
         return now
+    if now.enabled:  # an earlier smcr's program, without the maps of this one: replace it
+        for where in copies:
+            disable(where)
     target = cgroup or cgroup2_mount()
     if target is None:
         raise OSError(2, "no cgroup v2 hierarchy is mounted")
     _mount_bpffs(BPFFS if BPFFS in pins.parents else pins.parent)
     pins.mkdir(mode=0o755, parents=True, exist_ok=True)
-    for name in (MAP_PIN, LINK_PIN):  # stale pins of a detached program
+    for name in PINS:  # stale pins of a detached program
         (pins / name).unlink(missing_ok=True)
     blob, key_type, value_type = program.btf()
     fds: list[int] = []
@@ -212,21 +224,30 @@ def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
                                    program.MAP_F_NO_PREALLOC | program.MAP_F_CLONE,
                                    b"smcr_sk", btf_fd, key_type, value_type)  # fmt: skip
         fds.append(map_fd)
-        prog_fd = bpfsys.prog_load(program.PROG_TYPE_SOCK_OPS, program.build(map_fd),
+        ports_fd = bpfsys.map_create(program.MAP_TYPE_HASH, program.PORT.size,
+                                     program.PORT.size, 0, b"smcr_ports",
+                                     max_entries=program.PORTS_MAX)  # fmt: skip
+        fds.append(ports_fd)
+        withheld_fd = bpfsys.map_create(program.MAP_TYPE_LRU_HASH, program.WITHHELD_KEY.size,
+                                        4, 0, b"smcr_withheld",
+                                        max_entries=program.WITHHELD_MAX)  # fmt: skip
+        fds.append(withheld_fd)
+        prog_fd = bpfsys.prog_load(program.PROG_TYPE_SOCK_OPS,
+                                   program.build(map_fd, ports_fd, withheld_fd),
                                    b"smcr_sockops", program.ATTACH_CGROUP_SOCK_OPS)  # fmt: skip
         fds.append(prog_fd)
         cg_fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY)
         fds.append(cg_fd)
         link_fd = bpfsys.link_create(prog_fd, cg_fd, program.ATTACH_CGROUP_SOCK_OPS)
         fds.append(link_fd)
-        bpfsys.obj_pin(map_fd, str(pins / MAP_PIN))
-        os.chmod(pins / MAP_PIN, 0o666)
-        bpfsys.obj_pin(link_fd, str(pins / LINK_PIN))
+        _pin(pins, map_fd, ports_fd, withheld_fd, link_fd)
         for extra in copies[1:]:
-            _pin_copy(extra, map_fd, link_fd)
+            _mount_bpffs(extra.parent)
+            extra.mkdir(mode=0o755, exist_ok=True)
+            _pin(extra, map_fd, ports_fd, withheld_fd, link_fd)
     except OSError:
         for where in copies:
-            for name in (MAP_PIN, LINK_PIN):
+            for name in PINS:
                 (where / name).unlink(missing_ok=True)
         raise
     finally:
@@ -235,14 +256,15 @@ def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
     return status(pins)
 
 
-def _pin_copy(pins: Path, map_fd: int, link_fd: int) -> None:
-    """Pin the map and the link once more, in a bpffs of its own under ``/run``."""
-    _mount_bpffs(pins.parent)
-    pins.mkdir(mode=0o755, exist_ok=True)
-    for name in (MAP_PIN, LINK_PIN):
+def _pin(pins: Path, map_fd: int, ports_fd: int, withheld_fd: int, link_fd: int) -> None:
+    """Pin the maps user space uses (every user's), the program's own map and the link
+    (root's) in ``pins``."""
+    for name in PINS:
         (pins / name).unlink(missing_ok=True)
-    bpfsys.obj_pin(map_fd, str(pins / MAP_PIN))
-    os.chmod(pins / MAP_PIN, 0o666)
+    for fd, name in ((map_fd, MAP_PIN), (ports_fd, PORTS_PIN)):
+        bpfsys.obj_pin(fd, str(pins / name))
+        os.chmod(pins / name, 0o666)
+    bpfsys.obj_pin(withheld_fd, str(pins / WITHHELD_PIN))
     bpfsys.obj_pin(link_fd, str(pins / LINK_PIN))
 
 
@@ -264,7 +286,7 @@ def disable(pins: Path | None = None) -> bool:
             pass
         finally:
             os.close(link_fd)
-    for name in (MAP_PIN, LINK_PIN):
+    for name in PINS:
         try:
             (pins / name).unlink()
             was = True
@@ -296,6 +318,10 @@ class SocketFlags:
         self._update = bpfsys.prepare(struct.pack("=IIQQQ", *entry))
         self._lookup = bpfsys.prepare(struct.pack("=IIQQQ", *entry))
         self._lock = threading.Lock()
+        try:
+            self.ports_fd = bpfsys.obj_get(str(self.path.with_name(PORTS_PIN)))
+        except OSError:
+            self.ports_fd = -1  # (an earlier smcr's program: SMC_LIMIT_HS has no effect)
 
     def want(self, fd: int) -> None:
         """Ask for the option on this socket's SYN (before ``connect``) or SYN-ACKs
@@ -318,8 +344,39 @@ class SocketFlags:
                 raise
             return bool(self._value[0] and self._value[1])
 
+    def congested(self, port: int, more: bool) -> bool:
+        """Count one more (``more``) or one fewer listener of local ``port`` whose SMC
+        handshakes are congested: while any is, the port's SYN-ACKs go without the
+        option.  False when the program has no ports map (nothing counted).
+
+        The count is read, changed and written back: listeners of one port in two
+        processes (``SO_REUSEPORT``) that change it at the same moment may lose a
+        change; :meth:`port_listens` puts it right at the next ``listen``."""
+        if self.ports_fd < 0:
+            return False
+        key = program.PORT.pack(port)
+        with self._lock:
+            found = bpfsys.map_lookup(self.ports_fd, key, program.PORT.size)
+            count = program.PORT.unpack(found)[0] if found is not None else 0
+            count = count + 1 if more else max(0, count - 1)
+            if count:
+                bpfsys.map_update(self.ports_fd, key, program.PORT.pack(count))
+            else:
+                bpfsys.map_delete(self.ports_fd, key)
+        return True
+
+    def port_listens(self, port: int) -> None:
+        """A listener starts on ``port``: a count a listener before it left there (one
+        killed while congested) no longer holds."""
+        if self.ports_fd >= 0:
+            with self._lock:
+                bpfsys.map_delete(self.ports_fd, program.PORT.pack(port))
+
     def close(self) -> None:
-        """Let the map go (the pin stays)."""
+        """Let the maps go (the pins stay)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self.ports_fd >= 0:
+            os.close(self.ports_fd)
+            self.ports_fd = -1

@@ -137,10 +137,11 @@ def btf_load(blob: bytes) -> int:
 
 
 def map_create(map_type: int, key_size: int, value_size: int, flags: int, name: bytes,
-               btf_fd: int, btf_key_type: int, btf_value_type: int) -> int:
-    """Create a map (``max_entries`` 0: sk-storage maps have none)."""
-    attr = struct.pack("=IIIIIII16sIIII", map_type, key_size, value_size, 0, flags, 0, 0,
-                       name[:15], 0, btf_fd, btf_key_type, btf_value_type)  # fmt: skip
+               btf_fd: int = 0, btf_key_type: int = 0, btf_value_type: int = 0,
+               max_entries: int = 0) -> int:  # fmt: skip
+    """Create a map (``max_entries`` 0 for sk-storage maps, which have none)."""
+    attr = struct.pack("=IIIIIII16sIIII", map_type, key_size, value_size, max_entries, flags,
+                       0, 0, name[:15], 0, btf_fd, btf_key_type, btf_value_type)  # fmt: skip
     return call(MAP_CREATE, attr)
 
 

@@ -15,6 +15,17 @@ is attached to:
 * ``ACTIVE_ESTABLISHED`` (the SYN-ACK) / ``PASSIVE_ESTABLISHED`` (the saved
   SYN): sets ``peer`` in the socket's entry when that segment had the option,
   and switches the header callbacks off again (data segments carry nothing).
+* A SYN-ACK also goes without the option while the ports map holds a count
+  other than 0 for its local port: a listener with ``SMC_LIMIT_HS`` whose SMC
+  handshakes are congested says so there, and its new clients stay TCP (Linux's
+  ``smc_hs_congested``, which clears ``smc_ok`` of the request).  The SYN-ACK is
+  sent for a request socket, not the listener, so the listener's own entry is
+  out of reach there; its port is not.  The request's peer (address, port and
+  local port) then goes into the withheld map: its retransmitted SYN-ACKs go
+  without the option too, whatever the count says by then, and at
+  ``PASSIVE_ESTABLISHED`` the entry (taken out) says the SYN's option was not
+  answered, so ``peer`` stays 0 and both ends are TCP.  Entries of requests that
+  never complete age out of the map (LRU).
 
 The child of a listener gets a copy of the listener's entry (``BPF_F_CLONE``),
 so ``want`` is already set there.  The map is keyed by socket: user space
@@ -41,14 +52,33 @@ MAP_F_CLONE = 512
 VALUE = struct.Struct("=II")
 """The map's value: ``want`` (user space), ``peer`` (the program)."""
 
+MAP_TYPE_HASH = 1
+PORTS_MAX = 4096
+PORT = struct.Struct("=I")
+"""The ports map's key (a local port, host order) and value (listeners of that port whose
+SMC handshakes are congested)."""
+
+MAP_TYPE_LRU_HASH = 9
+WITHHELD_MAX = 4096
+WITHHELD_KEY = struct.Struct("=6I")
+"""The withheld map's key: the peer's address (IPv4 in the first word, the rest 0), the
+peer's port and the local port, as ``struct bpf_sock_ops`` holds them; its value is a u32."""
+
 # sock_ops callbacks
 _OP_CONNECT, _OP_ACTIVE_EST, _OP_PASSIVE_EST = 3, 4, 5
 _OP_LISTEN, _OP_HDR_LEN, _OP_WRITE_HDR = 11, 14, 15
 # helpers
+_MAP_LOOKUP_ELEM, _MAP_UPDATE_ELEM, _MAP_DELETE_ELEM = 1, 2, 3
 _SETSOCKOPT, _CB_FLAGS_SET, _SK_STORAGE_GET = 49, 59, 107
 _LOAD_HDR_OPT, _STORE_HDR_OPT, _RESERVE_HDR_OPT = 142, 143, 144
 # struct bpf_sock_ops offsets
-_CTX_OP, _CTX_ARG0, _CTX_CB_FLAGS, _CTX_SK, _CTX_TCP_FLAGS = 0, 4, 84, 184, 212
+_CTX_OP, _CTX_ARG0, _CTX_FAMILY, _CTX_REMOTE_IP4, _CTX_REMOTE_IP6 = 0, 4, 20, 24, 32
+_CTX_REMOTE_PORT, _CTX_LOCAL_PORT, _CTX_CB_FLAGS = 64, 68, 84
+_AF_INET = 2
+# the stack: the option at r10-8, a port key at r10-12, a withheld key at r10-40 and its
+# value at r10-44
+_PORT_KEY, _PEER_KEY, _WITHHELD_VALUE = -12, -40, -44
+_CTX_SK, _CTX_TCP_FLAGS = 184, 212
 _WRITE_HDR_OPT_CB_FLAG = 1 << 6
 _SYNACK_COOKIE = 2  # BPF_WRITE_HDR_TCP_SYNACK_COOKIE in args[0]
 _LOAD_FROM_SYN = 1  # BPF_LOAD_HDR_OPT_TCP_SYN
@@ -59,7 +89,7 @@ _OPTION = build_smc_option(aligned=False) + b"\0\0"
 _OPT_LO, _OPT_HI = struct.unpack("<ii", _OPTION)  # stored as two 32-bit words on the stack
 
 # instruction encoding
-_ALU64, _LDX, _ST, _JMP, _LD = 0x07, 0x01, 0x02, 0x05, 0x00
+_ALU64, _LDX, _ST, _STX, _JMP, _LD = 0x07, 0x01, 0x02, 0x03, 0x05, 0x00
 _MOV, _ADD, _AND, _OR = 0xB0, 0x00, 0x50, 0x40
 _K, _X = 0x00, 0x08
 _W, _DW, _MEM, _IMM = 0x00, 0x18, 0x60, 0x00
@@ -113,6 +143,10 @@ class Assembler:
     def store32(self, dst: int, off: int, imm: int) -> None:
         """*(u32 *)(dst + off) = imm"""
         self._emit(_ST | _MEM | _W, dst, off=off, imm=imm)
+
+    def store32_reg(self, dst: int, off: int, src: int) -> None:
+        """*(u32 *)(dst + off) = src"""
+        self._emit(_STX | _MEM | _W, dst, src, off)
 
     def load_map(self, dst: int, map_fd: int) -> None:
         """dst = the map of ``map_fd`` (a two-slot ld_imm64 with BPF_PSEUDO_MAP_FD)."""
@@ -195,8 +229,50 @@ def _cb_flags(a: Assembler, on: bool) -> None:
     a.call(_CB_FLAGS_SET)
 
 
-def build(map_fd: int) -> bytes:
-    """The program, for the sk-storage map ``map_fd`` (module docstring)."""
+def _port_congested(a: Assembler, ports_fd: int, congested: str) -> None:
+    """goto ``congested`` when the ports map counts a congested listener for this
+    request's local port."""
+    a.load32(R1, R6, _CTX_LOCAL_PORT)
+    a.store32_reg(R10, _PORT_KEY, R1)
+    _map_call(a, _MAP_LOOKUP_ELEM, ports_fd, _PORT_KEY)
+    a.jeq(R0, 0, "port_free")
+    a.load32(R1, R0, 0)
+    a.jne(R1, 0, congested)
+    a.label("port_free")
+
+
+def _peer_key(a: Assembler, tag: str) -> None:
+    """The withheld map's key for this request (or connection) at r10-40; ``tag`` keeps
+    the labels of each use apart."""
+    a.load32(R1, R6, _CTX_FAMILY)
+    a.jne(R1, _AF_INET, f"{tag}_v6")
+    a.load32(R1, R6, _CTX_REMOTE_IP4)
+    a.store32_reg(R10, _PEER_KEY, R1)
+    for word in (1, 2, 3):
+        a.store32(R10, _PEER_KEY + 4 * word, 0)
+    a.goto(f"{tag}_ports")
+    a.label(f"{tag}_v6")
+    for word in range(4):
+        a.load32(R1, R6, _CTX_REMOTE_IP6 + 4 * word)
+        a.store32_reg(R10, _PEER_KEY + 4 * word, R1)
+    a.label(f"{tag}_ports")
+    a.load32(R1, R6, _CTX_REMOTE_PORT)
+    a.store32_reg(R10, _PEER_KEY + 16, R1)
+    a.load32(R1, R6, _CTX_LOCAL_PORT)
+    a.store32_reg(R10, _PEER_KEY + 20, R1)
+
+
+def _map_call(a: Assembler, helper: int, map_fd: int, key: int) -> None:
+    """r0 = helper(map, r10 + key) (lookup, delete; an update's r3, r4 are the caller's)."""
+    a.load_map(R1, map_fd)
+    a.mov(R2, R10)
+    a.addi(R2, key)
+    a.call(helper)
+
+
+def build(map_fd: int, ports_fd: int, withheld_fd: int) -> bytes:
+    """The program, for the sk-storage map ``map_fd``, the ports map ``ports_fd`` and the
+    withheld map ``withheld_fd`` (module docstring)."""
     a = Assembler()
     a.mov(R6, R1)  # r6 = ctx
     a.load32(R7, R6, _CTX_OP)  # r7 = op
@@ -247,6 +323,10 @@ def build(map_fd: int) -> bytes:
     a.jset(R3, _SYNACK_COOKIE, "out")
     _call_with_option(a, _LOAD_HDR_OPT, 8, _LOAD_FROM_SYN)
     a.jne(R0, 6, "out")
+    _peer_key(a, "synack")
+    _map_call(a, _MAP_LOOKUP_ELEM, withheld_fd, _PEER_KEY)
+    a.jne(R0, 0, "out")  # an earlier SYN-ACK of this request went without
+    _port_congested(a, ports_fd, "withhold")
     a.label("put")
     a.jne(R8, 0, "write")
     a.mov(R1, R6)
@@ -257,6 +337,13 @@ def build(map_fd: int) -> bytes:
     a.label("write")
     _call_with_option(a, _STORE_HDR_OPT, 6, 0)
     a.goto("out")
+    a.label("withhold")  # (the key is still at r10-40)
+    a.store32(R10, _WITHHELD_VALUE, 1)
+    a.mov(R3, R10)
+    a.addi(R3, _WITHHELD_VALUE)
+    a.movi(R4, 0)  # BPF_ANY
+    _map_call(a, _MAP_UPDATE_ELEM, withheld_fd, _PEER_KEY)
+    a.goto("out")
 
     # the handshake is done: did the peer's SYN-ACK (r9 = 0) / SYN (r9 = 1) have it?
     a.label("established")
@@ -266,6 +353,11 @@ def build(map_fd: int) -> bytes:
     a.jeq(R1, 0, "out")
     _call_with_option(a, _LOAD_HDR_OPT, 8, None)
     a.jne(R0, 6, "switch_off")
+    a.jne(R9, _LOAD_FROM_SYN, "offered")  # the server: was the SYN answered in kind?
+    _peer_key(a, "passive")
+    _map_call(a, _MAP_DELETE_ELEM, withheld_fd, _PEER_KEY)
+    a.jeq(R0, 0, "switch_off")  # deleted: the SYN-ACK went without, both ends are TCP
+    a.label("offered")
     a.store32(R8, 4, 1)  # peer = 1
     a.label("switch_off")
     _cb_flags(a, on=False)

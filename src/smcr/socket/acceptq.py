@@ -71,6 +71,11 @@ class AcceptQueue:
     :data:`MAX_QUEUED` connections wait here or in handshakes, beyond that the
     kernel holds them.  :meth:`fileno` is readable while one waits (``select``
     on a listening socket, asyncio's ``sock_accept``).
+
+    ``SMC_LIMIT_HS``: while a listener that set it has as many handshakes running as
+    its listen backlog, new clients get a SYN-ACK without the SMC option and stay
+    TCP (:meth:`_limit_handshakes`).  Linux asks whether its handshake workqueue is
+    congested, for all listeners at once; here each listener's handshakes are its own.
     """
 
     def __init__(self, listener: SocketBase) -> None:
@@ -92,6 +97,10 @@ class AcceptQueue:
         self.backlog = MAX_QUEUED
         self.ready: deque[tuple[SocketBase, Any]] = deque()
         self.pending = 0
+        self.hs_limit = max(1, listener._backlog)
+        self.port = int(PlainSocket.getsockname(listener)[1])
+        self.congested = False
+        """Counted in the ports map as a congested listener (:meth:`_limit_handshakes`)."""
         self.error: OSError | None = None
         self.cond = threading.Condition()
         self.readiness = Readiness()
@@ -209,12 +218,14 @@ class AcceptQueue:
             return
         with self.cond:
             self.pending += 1
+            self._limit_handshakes()
         try:
             handshake.start_handshake(sock, False, lambda hc: self._handshake_ended(sock, addr, hc))
         except OSError as exc:  # EMFILE, ENOMEM...: the peer is refused, accept() raises it
             sock.close()
             with self.cond:
                 self.pending -= 1
+                self._limit_handshakes()
                 if not self.closed:
                     self.error = exc
                     self._changed()
@@ -222,6 +233,7 @@ class AcceptQueue:
         except Exception:
             with self.cond:
                 self.pending -= 1
+                self._limit_handshakes()
             sock.close()
             raise
         if self.stack is None:  # (a wildcard address: the runtime its clients came to)
@@ -234,6 +246,7 @@ class AcceptQueue:
         handshake.finish_handshake(sock, sock._stack, hc)
         with self.cond:
             self.pending -= 1
+            self._limit_handshakes()
             if sock._mode == "INIT":  # failed and reset: never seen by the application
                 # (one whose client left under it is queued, as TCP: finish_handshake)
                 if not self.watching and not self.closed:
@@ -246,6 +259,22 @@ class AcceptQueue:
                 self._changed()
         if self.closed:  # (this runs under the runtime's lock, which close() takes)
             threading.Thread(target=self._close_ready, name="smcr-close", daemon=True).start()
+
+    def limit_handshakes(self) -> None:
+        """The listener's ``SMC_LIMIT_HS`` changed: count it as congested, or not, now."""
+        with self.cond:
+            self._limit_handshakes()
+
+    def _limit_handshakes(self) -> None:
+        """Count this listener as congested in the ports map while it set
+        ``SMC_LIMIT_HS`` and runs as many handshakes as its backlog, and not otherwise
+        (cond held; a change is one ``bpf(2)`` call, only when the state flips)."""
+        listener = self.listener()
+        congested = (not self.closed and listener is not None and bool(listener._limit_hs)
+                     and self.pending >= self.hs_limit)  # fmt: skip
+        if congested != self.congested:
+            self.congested = congested
+            discovery.current().hs_congested(self.port, congested)
 
     def _changed(self) -> None:
         """Wake ``take`` and the descriptor (cond held)."""
@@ -423,6 +452,7 @@ class AcceptQueue:
             if self.closed:  # (again, from the listener's finalizer: the descriptor's
                 return  # number may be another socket's by now)
             self.closed = True
+            self._limit_handshakes()
             if self.watching or self.paused:
                 get_watcher().unwatch(self.fd)
             self.watching = False

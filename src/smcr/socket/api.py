@@ -140,6 +140,9 @@ class SMCSocket(SocketBase):
             return  # (made from a listener's number: the listening socket is that one's)
         self._smc_ok = discovery.current().opt_in(self)
         PlainSocket.listen(self, backlog)
+        self._backlog = backlog
+        if self._smc_ok:
+            discovery.current().port_listens(PlainSocket.getsockname(self)[1])
         self._mode = "LISTEN"
         _registry.listening.add(self)  # seen by smcr ss (smcr.diag)
         _diag_start()
@@ -243,6 +246,8 @@ class SMCSocket(SocketBase):
             return  # (the TCP connection is the parent's: nothing to set here)
         if level == linuxapi.SOL_SMC and self._mode != "PLAIN":
             self._limit_hs = linuxapi.set_option(optname, value, args)
+            if self._queue is not None:  # a listener: from now on, or no longer
+                self._queue.limit_handshakes()
             return
         if level == _socket.SOL_SOCKET and optname == _socket.SO_RCVBUF:
             self._rmb_size = bufsize(int(value))

@@ -224,6 +224,7 @@ class SocketBase(PlainSocket):
 
     _shown_as: tuple[int, int] | None = None  # (family, proto) made with (linuxapi), if not TCP's
     _limit_hs = 0  # SOL_SMC SMC_LIMIT_HS
+    _backlog = 128  # what listen() was given
 
     @property
     def family(self) -> int:  # type: ignore[override]  # (AF_SMC is no AddressFamily)
