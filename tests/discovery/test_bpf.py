@@ -129,6 +129,19 @@ def test_enable_status_disable_on_a_cgroup(private: tuple[Path, Path]) -> None:
     assert not bpf.disable(pins)
 
 
+def test_enable_replaces_the_program_of_an_earlier_smcr(private: tuple[Path, Path]) -> None:
+    """Pins without this smcr's maps are an earlier program's: ``enable`` puts this one in
+    its place (an upgraded install's ``smcr enable``), once."""
+    pins, cgroup = private
+    old = bpf.enable(cgroup, pins)
+    (pins / "ports").unlink()  # as an smcr before the ports map pinned it
+    (pins / "withheld").unlink()
+    new = bpf.enable(cgroup, pins)
+    assert new.enabled and new.prog_id != old.prog_id
+    assert sorted(p.name for p in pins.iterdir()) == ["link", "map", "ports", "withheld"]
+    assert bpf.enable(cgroup, pins).prog_id == new.prog_id
+
+
 def test_unprivileged_process_uses_the_pinned_map() -> None:
     """After root's ``smcr enable``, a process of user nobody marks its own sockets and
     reads the peer flags through the pinned map."""
