@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from smcr.discovery import bpf, program
+from smcr.discovery import bpf, bpfsys, program
 from tests.support import REPO_ROOT
 
 pytestmark = [
@@ -28,6 +28,10 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                        reason="needs root (BPF) and unshare"),
 ]
+
+
+PINNED = sorted(["link", "map", "ports", "withheld", f"prog-v{program.VERSION}"])
+"""What ``smcr enable`` pins."""
 
 
 def run_optcheck(*args: str) -> dict[str, Any]:
@@ -106,7 +110,7 @@ def test_enable_status_disable_on_a_cgroup(private: tuple[Path, Path]) -> None:
     assert not bpf.status(pins).enabled
     state = bpf.enable(cgroup, pins)
     assert state.enabled and state.cgroup == cgroup and not state.covers_us
-    assert sorted(p.name for p in pins.iterdir()) == ["link", "map", "ports", "withheld"]
+    assert sorted(p.name for p in pins.iterdir()) == PINNED
     assert (pins / "map").stat().st_mode & 0o777 == 0o666
     assert (pins / "ports").stat().st_mode & 0o777 == 0o666
     assert (pins / "withheld").stat().st_mode & 0o777 == 0o600
@@ -138,7 +142,17 @@ def test_enable_replaces_the_program_of_an_earlier_smcr(private: tuple[Path, Pat
     (pins / "withheld").unlink()
     new = bpf.enable(cgroup, pins)
     assert new.enabled and new.prog_id != old.prog_id
-    assert sorted(p.name for p in pins.iterdir()) == ["link", "map", "ports", "withheld"]
+    assert sorted(p.name for p in pins.iterdir()) == PINNED
+    # an older version of the program, pinned under its own version
+    prog_fd = bpfsys.obj_get(str(pins / bpf.PROG_PIN))
+    try:
+        bpfsys.obj_pin(prog_fd, str(pins / "prog-v1"))
+    finally:
+        os.close(prog_fd)
+    (pins / bpf.PROG_PIN).unlink()
+    old, new = new, bpf.enable(cgroup, pins)
+    assert new.enabled and new.prog_id != old.prog_id
+    assert sorted(p.name for p in pins.iterdir()) == PINNED
     assert bpf.enable(cgroup, pins).prog_id == new.prog_id
 
 

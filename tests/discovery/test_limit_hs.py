@@ -35,7 +35,7 @@ BACKLOG = 2
 
 def silent_client(addr: tuple[str, int]) -> socket.socket:
     """A TCP client whose SYN offers SMC and which then says nothing."""
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET6 if ":" in addr[0] else socket.AF_INET)
     assert discovery.current().opt_in(sock)
     sock.connect(addr)
     return sock
@@ -77,13 +77,22 @@ def server() -> Iterator[smcr.SMCSocket]:
     srv.close()
 
 
+# (listener's address, clients' address): IPv4, IPv6, and IPv4 clients of a dual-stack
+# listener (their requests are IPv4, their sockets IPv6 with a v4-mapped peer)
+ADDRESSES = [("127.0.0.1", "127.0.0.1"), ("::1", "::1"), ("::", "127.0.0.1")]
+
+
+@pytest.mark.parametrize(("bound", "client"), ADDRESSES, ids=["ipv4", "ipv6", "dual-stack"])
 def test_a_listener_with_limit_hs_lets_clients_stay_tcp_while_its_handshakes_pile_up(
-        server: smcr.SMCSocket) -> None:  # fmt: skip
+        bound: str, client: str) -> None:  # fmt: skip
+    assert discovery.current().mode == "bpf"
+    server = smcr.SMCSocket(socket.AF_INET6 if ":" in bound else socket.AF_INET)
+    server.bind((bound, 0))
     server.setsockopt(SOL_SMC, SMC_LIMIT_HS, 1)
     server.listen(BACKLOG)
     server.settimeout(20)
-    addr = server.getsockname()
-    port = addr[1]
+    port = server.getsockname()[1]
+    addr = (client, port)
     silent = [silent_client(addr) for _ in range(BACKLOG)]
     try:
         handshakes_running(server, BACKLOG)
@@ -99,7 +108,7 @@ def test_a_listener_with_limit_hs_lets_clients_stay_tcp_while_its_handshakes_pil
     finally:
         for sock in silent:
             sock.close()
-    server.close()
+        server.close()
     assert port_count(port) == 0
 
 

@@ -43,8 +43,11 @@ RUN_PIN_DIR = RUN_BPFFS / "smcr"
 """A second copy of the pins, for processes started by ``ip netns exec``: it mounts a
 sysfs of the namespace over ``/sys``, which hides ``/sys/fs/bpf``."""
 MAP_PIN, LINK_PIN, PORTS_PIN, WITHHELD_PIN = "map", "link", "ports", "withheld"
-PINS = (MAP_PIN, LINK_PIN, PORTS_PIN, WITHHELD_PIN)
-"""What ``smcr enable`` pins; a directory without all of them holds an earlier smcr's
+PROG_PIN_PREFIX = "prog-v"
+PROG_PIN = f"{PROG_PIN_PREFIX}{program.VERSION}"
+"""The program itself, pinned under its version: which one is attached, at a glance."""
+PINS = (MAP_PIN, LINK_PIN, PORTS_PIN, WITHHELD_PIN, PROG_PIN)
+"""What ``smcr enable`` pins; a directory without all of them holds another smcr's
 program, which ``enable`` replaces."""
 _BPF_FS_MAGIC = 0xCAFE4A11
 _LINK_TYPE_CGROUP = 3
@@ -213,7 +216,7 @@ def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
         raise OSError(2, "no cgroup v2 hierarchy is mounted")
     _mount_bpffs(BPFFS if BPFFS in pins.parents else pins.parent)
     pins.mkdir(mode=0o755, parents=True, exist_ok=True)
-    for name in PINS:  # stale pins of a detached program
+    for name in _ours(pins):  # stale pins of a detached program
         (pins / name).unlink(missing_ok=True)
     blob, key_type, value_type = program.btf()
     fds: list[int] = []
@@ -240,14 +243,14 @@ def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
         fds.append(cg_fd)
         link_fd = bpfsys.link_create(prog_fd, cg_fd, program.ATTACH_CGROUP_SOCK_OPS)
         fds.append(link_fd)
-        _pin(pins, map_fd, ports_fd, withheld_fd, link_fd)
+        _pin(pins, map_fd, ports_fd, withheld_fd, prog_fd, link_fd)
         for extra in copies[1:]:
             _mount_bpffs(extra.parent)
             extra.mkdir(mode=0o755, exist_ok=True)
-            _pin(extra, map_fd, ports_fd, withheld_fd, link_fd)
+            _pin(extra, map_fd, ports_fd, withheld_fd, prog_fd, link_fd)
     except OSError:
         for where in copies:
-            for name in PINS:
+            for name in _ours(where):
                 (where / name).unlink(missing_ok=True)
         raise
     finally:
@@ -256,16 +259,27 @@ def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
     return status(pins)
 
 
-def _pin(pins: Path, map_fd: int, ports_fd: int, withheld_fd: int, link_fd: int) -> None:
-    """Pin the maps user space uses (every user's), the program's own map and the link
+def _pin(pins: Path, map_fd: int, ports_fd: int, withheld_fd: int, prog_fd: int,
+         link_fd: int) -> None:  # fmt: skip
+    """Pin the maps user space uses (every user's), the program, its own map and the link
     (root's) in ``pins``."""
-    for name in PINS:
+    for name in _ours(pins):
         (pins / name).unlink(missing_ok=True)
     for fd, name in ((map_fd, MAP_PIN), (ports_fd, PORTS_PIN)):
         bpfsys.obj_pin(fd, str(pins / name))
         os.chmod(pins / name, 0o666)
     bpfsys.obj_pin(withheld_fd, str(pins / WITHHELD_PIN))
+    bpfsys.obj_pin(prog_fd, str(pins / PROG_PIN))
     bpfsys.obj_pin(link_fd, str(pins / LINK_PIN))
+
+
+def _ours(pins: Path) -> list[str]:
+    """The names in ``pins`` that smcr pins there (this version's, and another's program)."""
+    try:
+        there = [path.name for path in pins.iterdir()]
+    except OSError:
+        there = []
+    return sorted(set(PINS) | {name for name in there if name.startswith(PROG_PIN_PREFIX)})
 
 
 def disable(pins: Path | None = None) -> bool:
@@ -286,7 +300,7 @@ def disable(pins: Path | None = None) -> bool:
             pass
         finally:
             os.close(link_fd)
-    for name in PINS:
+    for name in _ours(pins):
         try:
             (pins / name).unlink()
             was = True

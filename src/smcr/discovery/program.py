@@ -40,6 +40,7 @@ UAPI (stable); :data:`VALUE` is the map's value, ``{u32 want; u32 peer;}``.
 from __future__ import annotations
 
 import struct
+import sys
 
 from smcr.wire.tcpopt import build_smc_option
 
@@ -48,6 +49,10 @@ ATTACH_CGROUP_SOCK_OPS = 3
 MAP_TYPE_SK_STORAGE = 24
 MAP_F_NO_PREALLOC = 1
 MAP_F_CLONE = 512
+
+VERSION = 2
+"""Of the program: one more whenever what it does changes, so that ``smcr enable`` replaces
+a program an earlier smcr attached (:data:`smcr.discovery.bpf.PROG_PIN`)."""
 
 VALUE = struct.Struct("=II")
 """The map's value: ``want`` (user space), ``peer`` (the program)."""
@@ -75,6 +80,7 @@ _LOAD_HDR_OPT, _STORE_HDR_OPT, _RESERVE_HDR_OPT = 142, 143, 144
 _CTX_OP, _CTX_ARG0, _CTX_FAMILY, _CTX_REMOTE_IP4, _CTX_REMOTE_IP6 = 0, 4, 20, 24, 32
 _CTX_REMOTE_PORT, _CTX_LOCAL_PORT, _CTX_CB_FLAGS = 64, 68, 84
 _AF_INET = 2
+_V4_MAPPED = int.from_bytes(b"\0\0\xff\xff", sys.byteorder)  # ::ffff:a.b.c.d's third word
 # the stack: the option at r10-8, a port key at r10-12, a withheld key at r10-40 and its
 # value at r10-44
 _PORT_KEY, _PEER_KEY, _WITHHELD_VALUE = -12, -40, -44
@@ -89,7 +95,7 @@ _OPTION = build_smc_option(aligned=False) + b"\0\0"
 _OPT_LO, _OPT_HI = struct.unpack("<ii", _OPTION)  # stored as two 32-bit words on the stack
 
 # instruction encoding
-_ALU64, _LDX, _ST, _STX, _JMP, _LD = 0x07, 0x01, 0x02, 0x03, 0x05, 0x00
+_ALU64, _LDX, _ST, _STX, _JMP, _JMP32, _LD = 0x07, 0x01, 0x02, 0x03, 0x05, 0x06, 0x00
 _MOV, _ADD, _AND, _OR = 0xB0, 0x00, 0x50, 0x40
 _K, _X = 0x00, 0x08
 _W, _DW, _MEM, _IMM = 0x00, 0x18, 0x60, 0x00
@@ -160,6 +166,11 @@ class Assembler:
     def jne(self, dst: int, imm: int, label: str) -> None:
         """if dst != imm goto label"""
         self._emit(_JMP | _JNE | _K, dst, off=label, imm=imm)
+
+    def jne32(self, dst: int, imm: int, label: str) -> None:
+        """if (u32)dst != (u32)imm goto label"""
+        signed = imm - (1 << 32) if imm >= 1 << 31 else imm
+        self._emit(_JMP32 | _JNE | _K, dst, off=label, imm=signed)
 
     def jset(self, dst: int, imm: int, label: str) -> None:
         """if dst & imm goto label"""
@@ -243,15 +254,27 @@ def _port_congested(a: Assembler, ports_fd: int, congested: str) -> None:
 
 def _peer_key(a: Assembler, tag: str) -> None:
     """The withheld map's key for this request (or connection) at r10-40; ``tag`` keeps
-    the labels of each use apart."""
+    the labels of each use apart.
+
+    A v4-mapped IPv6 peer (an IPv4 client of a dual-stack listener) gives the IPv4 key,
+    so the request and the established socket agree however each shows the peer (on
+    this host's kernel both gave the same key without it too; the dual-stack test
+    checks)."""
     a.load32(R1, R6, _CTX_FAMILY)
     a.jne(R1, _AF_INET, f"{tag}_v6")
     a.load32(R1, R6, _CTX_REMOTE_IP4)
+    a.goto(f"{tag}_v4")
+    a.label(f"{tag}_v6")
+    for word, mapped in ((0, 0), (1, 0), (2, _V4_MAPPED)):
+        a.load32(R1, R6, _CTX_REMOTE_IP6 + 4 * word)
+        a.jne32(R1, mapped, f"{tag}_v6_only")
+    a.load32(R1, R6, _CTX_REMOTE_IP6 + 12)
+    a.label(f"{tag}_v4")
     a.store32_reg(R10, _PEER_KEY, R1)
     for word in (1, 2, 3):
         a.store32(R10, _PEER_KEY + 4 * word, 0)
     a.goto(f"{tag}_ports")
-    a.label(f"{tag}_v6")
+    a.label(f"{tag}_v6_only")
     for word in range(4):
         a.load32(R1, R6, _CTX_REMOTE_IP6 + 4 * word)
         a.store32_reg(R10, _PEER_KEY + 4 * word, R1)
