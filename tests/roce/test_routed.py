@@ -126,32 +126,37 @@ def test_smcr_v2_across_routers_bytes_intact(routers: int, family: int, ueid_fil
     assert all(n > 100 for n in forwarded), forwarded
 
 
-def test_dnat_load_balancer_roce_goes_straight_to_the_server(ueid_file: Path) -> None:
+@pytest.mark.parametrize("family", [4, 6])
+def test_dnat_load_balancer_roce_goes_straight_to_the_server(family: int,
+                                                             ueid_file: Path) -> None:  # fmt: skip
     """TCP to a virtual IP the router DNATs to the server; SMC-R's RoCE packets go between
     the client's and the server's own addresses (the GIDs of CLC), never to the VIP."""
     with Routed(1) as r:
-        vip = f"10.{r.base}.250.1"
-        client_ip, server_ip = r.address(0), r.address(-1)
+        nft = "ip" if family == 4 else "ip6"
+        vip = f"10.{r.base}.250.1" if family == 4 else f"fd{r.base:x}:250::1"
+        client_ip, server_ip = r.address(0, family), r.address(-1, family)
+        to_server = server_ip if family == 4 else f"[{server_ip}]"
 
         def balance(port: int) -> None:
             rules = (
-                "table ip smcrlb {\n"
+                f"table {nft} smcrlb {{\n"
                 " chain prerouting {\n"
                 "  type nat hook prerouting priority dstnat; policy accept;\n"
-                f"  ip daddr {vip} udp dport 4791 counter\n"
-                f"  ip daddr {vip} tcp dport {port} counter dnat to {server_ip}\n"
+                f"  {nft} daddr {vip} udp dport 4791 counter\n"
+                f"  {nft} daddr {vip} tcp dport {port} counter dnat to {to_server}\n"
                 " }\n"
                 " chain forward {\n"
                 "  type filter hook forward priority 0; policy accept;\n"
-                f"  ip saddr {client_ip} ip daddr {server_ip} udp dport 4791 counter\n"
-                f"  ip saddr {server_ip} ip daddr {client_ip} udp dport 4791 counter\n"
+                f"  {nft} saddr {client_ip} {nft} daddr {server_ip} udp dport 4791 counter\n"
+                f"  {nft} saddr {server_ip} {nft} daddr {client_ip} udp dport 4791 counter\n"
                 " }\n}\n"
             )
             subprocess.run(["ip", "netns", "exec", r.ns[1], "nft", "-f", "-"], input=rules,
                            text=True, check=True, timeout=30)  # fmt: skip
 
-        client, server = run(r, 4, ueid_file, conns=2, total=MB, target=vip, before=balance)
-        to_vip, dnat, c2s, s2c = counters(r, r.ns[1], "smcrlb", "ip")
+        client, server = run(r, family, ueid_file, conns=2, total=MB, target=vip,
+                             before=balance)  # fmt: skip
+        to_vip, dnat, c2s, s2c = counters(r, r.ns[1], "smcrlb", nft)
     smcr_v2_intact(client, 2)
     smcr_v2_intact(server, 2)
     assert dnat >= 2  # the TCP connections went through the DNAT (their first packets)
