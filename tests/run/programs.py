@@ -326,6 +326,31 @@ def socket_api() -> None:
     out(**results)
 
 
+def own_sockets() -> None:
+    """After an SMC-R connection in one process, with its descriptors asked for (readiness
+    pairs) and watched: the SMC socket objects other than the program's three (the runtime's
+    own doorbells and pairs must be plain sockets, not the program's kind)."""
+    import gc  # noqa: PLC0415
+
+    import smcr  # noqa: PLC0415
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(20)
+    cli = socket.create_connection(srv.getsockname(), timeout=20)
+    conn, _ = srv.accept()
+    sel = selectors.DefaultSelector()
+    sel.register(conn, selectors.EVENT_READ)
+    cli.sendall(b"x")
+    ready = bool(sel.select(20)) and conn.recv(1) == b"x"
+    sel.close()
+    mine = {id(s) for s in (srv, cli, conn)}
+    others = [repr(o) for o in gc.get_objects()
+              if isinstance(o, smcr.SMCSocket) and id(o) not in mine and not o._closed]
+    out(modes=[mode(cli), mode(conn)], ready=ready, others=others)
+    for s in (cli, conn, srv):
+        s.close()
+
+
 def linux_smc_api() -> None:
     """Sockets made with Linux's SMC API (AF_SMC = 43, IPPROTO_SMC = 256): what they are,
     or the errno making them fails with."""

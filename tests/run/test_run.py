@@ -289,6 +289,14 @@ def test_linux_smc_api_sockets_are_smc_sockets() -> None:
                                                   "ipproto_smc": "EPROTONOSUPPORT"}
 
 
+def test_the_runtimes_own_sockets_are_not_smc_sockets() -> None:
+    """The runtime's doorbells and readiness pairs are the standard library's sockets, not
+    the SMC class ``socket.socketpair()`` gives under ``smcr run`` (each cost that class's
+    look-up among the process's connections; a framework's suite made thousands)."""
+    found = run("own_sockets")
+    assert found == {"modes": ["SMCR", "SMCR"], "ready": True, "others": []}
+
+
 def test_without_smcr_run_nothing_changes() -> None:
     found = run("children", smcr=False)
     assert found == {name: "socket" for name in

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from smcr import plainsock
 from smcr.diag import protocol
 
 CLIENT_TIMEOUT = 2.0
@@ -127,7 +128,7 @@ class Endpoint:
         except OSError:
             self.sock.close()
             raise
-        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r, self._wake_w = plainsock.socketpair()
         self._wake_r.setblocking(False)
         self._running = True
         self._clients: dict[int, _Client] = {}
@@ -182,7 +183,7 @@ class Endpoint:
     def _accept(self, sel: selectors.BaseSelector) -> None:
         for _ in range(MAX_CLIENTS):
             try:
-                conn, _addr = self.sock.accept()
+                conn = plainsock.accept(self.sock)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:  # EMFILE and the like: try again next round

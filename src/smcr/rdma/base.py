@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any, Final
 
+from smcr import plainsock
 from smcr._mypyc import mypyc_attr
 from smcr.rdma.qpstate import check_modify, rc_bring_up
 from smcr.rdma.verbs import (
@@ -380,7 +381,7 @@ class CompletionQueue:
         self._wcs: deque[WorkCompletion] = deque()
         self._lock = threading.Lock()
         self._armed = False
-        self._bell_r, self._bell_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._bell_r, self._bell_w = plainsock.socketpair()
         self._bell_r.setblocking(False)
         self._bell_w.setblocking(False)
         self._progress: list[Callable[[], None]] = []

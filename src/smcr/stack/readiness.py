@@ -12,6 +12,7 @@ import contextlib
 import os
 import socket
 
+from smcr import plainsock
 from smcr.stack.descriptors import put_at
 
 _DONTWAIT = socket.MSG_DONTWAIT
@@ -25,7 +26,7 @@ class Readiness:
     """
 
     def __init__(self) -> None:
-        self.a, self.b = socket.socketpair()
+        self.a, self.b = plainsock.socketpair()
         for s in (self.a, self.b):
             s.setblocking(False)
         self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)

@@ -14,6 +14,8 @@ import contextlib
 import socket
 import threading
 
+from smcr import plainsock
+
 _DONTWAIT = socket.MSG_DONTWAIT
 
 
@@ -88,7 +90,7 @@ class Wakeups:
 
 def _doorbell() -> tuple[socket.socket, socket.socket]:
     """A doorbell: a socket pair, both ends non-blocking."""
-    r, w = socket.socketpair()
+    r, w = plainsock.socketpair()
     r.setblocking(False)
     w.setblocking(False)
     return r, w

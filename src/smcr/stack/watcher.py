@@ -18,11 +18,12 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
-import socket
 import sys
 import threading
 import traceback
 from collections.abc import Callable
+
+from smcr import plainsock
 
 Callback = Callable[[], None]
 
@@ -33,7 +34,7 @@ class Watcher:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r, self._wake_w = plainsock.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._lock = threading.Lock()

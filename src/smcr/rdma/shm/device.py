@@ -35,6 +35,7 @@ from mmap import mmap
 from pathlib import Path
 from typing import cast
 
+from smcr import plainsock
 from smcr.rdma.base import (
     PAGE,
     CompletionQueue,
@@ -196,7 +197,7 @@ class ShmDevice(Device):
         """Server thread: answer hellos and MR look-ups; never takes a QP lock."""
         while True:
             try:
-                conn, _ = listener.accept()
+                conn = plainsock.accept(listener)
             except (BlockingIOError, OSError):
                 return
             keep = False

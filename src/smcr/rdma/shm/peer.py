@@ -22,6 +22,7 @@ from mmap import mmap
 from pathlib import Path
 from typing import Any
 
+from smcr import plainsock
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.verbs import AccessFlag, VerbsError
@@ -109,7 +110,7 @@ class PeerLink:
                     os.close(fd)
                 raise VerbsError(errno.ECONNREFUSED, f"peer QP {dst_qpn:#x} refused")
             area_fd, bell_fd, table_fd = fds[:3]  # and the CQ's notify word, if it has one
-            bell = socket.socket(fileno=bell_fd)
+            bell = plainsock.from_descriptor(bell_fd)
             bell.setblocking(False)
             area = lay.map_segment(area_fd)
             table = lay.map_segment(table_fd, writable=False)
