@@ -12,7 +12,8 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = SRC / "smcr"
 
 LAYERS: list[set[str]] = [
-    {"smcr._mypyc", "smcr.native", "smcr.ueid", "smcr.pnet", "smcr.peers", "smcr.settings"},
+    {"smcr._mypyc", "smcr.native", "smcr.ueid", "smcr.pnet", "smcr.peers", "smcr.settings",
+     "smcr.plainsock"},
     {"smcr.wire"},
     {"smcr.rdma"},
     {"smcr.core"},
