@@ -1,5 +1,6 @@
 """What a registered buffer costs the host: pages backed only once written, and given back
-by ``MemoryRegion.discard`` (a pooled RMB or send buffer waiting for its next connection).
+by ``MemoryRegion.discard`` (a pooled RMB or send buffer waiting for its next connection);
+descriptors: one per RMB (the segment handed to peers), none for a mapping.
 
 Memory is read from the kernel: the process's resident set (``VmRSS``) for private
 memory, a shared segment's allocated blocks (``st_blocks`` of its memfd) for shared
@@ -12,10 +13,10 @@ import os
 import resource
 from pathlib import Path
 
-from smcr.rdma import AccessFlag
+from smcr.rdma import AccessFlag, SendFlag, SendWr, Sge, WcStatus, WrOpcode
 from smcr.rdma.base import MemoryRegion
 from smcr.rdma.shm import ShmDevice
-from tests.rdma.rdma_helpers import RW
+from tests.rdma.rdma_helpers import RW, Side
 
 SIZE = 32 << 20
 
@@ -93,3 +94,33 @@ def test_thousands_of_rmbs_fit_in_the_mr_table(shm_dir: Path) -> None:
     finally:
         dev.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_an_rmb_costs_one_descriptor_and_a_peer_writing_into_it_none(
+    pair: tuple[Side, Side],
+) -> None:
+    """A mapping holds no descriptor of its own (CPython's mmap keeps a dup of the file it
+    maps): an RMB costs its segment's memfd only, and a peer that maps it to write into
+    it nothing, so thousands of connections do not run a process out of descriptors."""
+    a, b = pair
+    before = _descriptors()
+    rmbs = [a.pd.alloc_mr(1 << 16, RW) for _ in range(40)]
+    assert _descriptors() - before == 40
+    for i, rmb in enumerate(rmbs):
+        b.buf.buf[:8] = i.to_bytes(8, "little")
+        b.qp.post_send(SendWr(
+            wr_id=i, opcode=WrOpcode.RDMA_WRITE, send_flags=SendFlag.SIGNALED,
+            sg_list=(Sge(b.buf.addr, 8, b.buf.lkey),), remote_addr=rmb.addr + 4096,
+            rkey=rmb.rkey,
+        ))  # fmt: skip
+        assert b.wait()[0].status is WcStatus.SUCCESS
+    assert len(b.qp._peer.mrs) >= 40  # b mapped every one of them
+    assert _descriptors() - before == 40
+    assert [int.from_bytes(rmb.buf[4096:4104], "little") for rmb in rmbs] == list(range(40))
+    for rmb in rmbs:
+        rmb.dereg()
+    assert _descriptors() == before

@@ -50,6 +50,7 @@ from smcr.rdma.eventloop import Engine
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import ShmCompletionQueue
+from smcr.rdma.shm.mapping import map_shared
 from smcr.rdma.shm.qp import ShmQp
 from smcr.rdma.verbs import (
     GID_LEN,
@@ -349,9 +350,9 @@ class ShmPd(ProtectionDomain):
         if entry is None:
             raise VerbsError(errno.EINVAL, "not a live remote-accessible shm MR")
         _index, segment_fd, _mm, _mr, _seal = entry
-        fd = os.dup(segment_fd)
+        fd = os.dup(segment_fd)  # (this registration's own: revoke_mr closes it)
         try:
-            mm = mmap(fd, mr.length)
+            mm = map_shared(fd, mr.length)
         except BaseException:
             os.close(fd)
             raise

@@ -29,6 +29,8 @@ import os
 import struct
 from typing import Final
 
+from smcr.rdma.shm.mapping import map_shared
+
 #: seal u32, generation u32, access u32 (bit 31: valid), pd u32, length u64, iova u64.
 #: seal and generation come first and together: the per-WR check reads just them.  The
 #: seal is a random word, not the rkey: every peer maps the table, and an rkey is
@@ -74,13 +76,14 @@ KIND_LEN_ERR = 4
 def new_segment(name: str, size: int) -> tuple[int, mmap.mmap]:
     """Create a memfd of ``size`` bytes, mode 0600, and map it shared read/write.
 
-    :returns: the descriptor (kept for passing to peers) and the mapping.
+    :returns: the descriptor (kept for passing to peers) and the mapping (which holds
+        no descriptor of its own).
     """
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
         os.fchmod(fd, 0o600)
         os.ftruncate(fd, max(size, 1))
-        return fd, mmap.mmap(fd, max(size, 1), mmap.MAP_SHARED)
+        return fd, map_shared(fd, max(size, 1))
     except BaseException:
         os.close(fd)
         raise
@@ -89,12 +92,11 @@ def new_segment(name: str, size: int) -> tuple[int, mmap.mmap]:
 def map_segment(fd: int, writable: bool = True) -> mmap.mmap:
     """Map a segment received from a peer (its whole length) and close ``fd``.
 
-    Closing at once is why a live connection holds no descriptor per MR.
+    Closing at once, and a mapping that keeps no copy (:mod:`~smcr.rdma.shm.mapping`),
+    are why a live connection holds no descriptor per peer MR.
     """
     try:
-        size = os.fstat(fd).st_size
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        return mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        return map_shared(fd, os.fstat(fd).st_size, writable)
     finally:
         os.close(fd)
 

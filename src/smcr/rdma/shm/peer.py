@@ -159,8 +159,10 @@ class PeerLink:
         mm = lay.map_segment(fds[0], writable=bool(msg.c))
         offset = lay.table_offset(msg.a)
         e_seal, e_gen, e_access, e_pd, e_len, e_iova = lay.MR_ENTRY.unpack_from(self.table, offset)
-        rm = RemoteMr(offset, e_gen, e_access, e_pd, e_len, e_iova, mm, memoryview(mm),
-                      bool(msg.c), msg.d)  # fmt: skip
+        # a read-only mapping faults on a write: its view refuses one in Python first
+        view = memoryview(mm) if msg.c else memoryview(mm).toreadonly()
+        rm = RemoteMr(offset, e_gen, e_access, e_pd, e_len, e_iova, mm, view, bool(msg.c),
+                      msg.d)  # fmt: skip
         bad = e_iova + e_len > 1 << 64 or e_len > len(mm)
         if not e_seal or e_seal != msg.d or e_gen != msg.b or not e_access & lay.MR_VALID or bad:
             rm.close()  # deregistered between the answer and now
