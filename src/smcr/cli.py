@@ -106,6 +106,10 @@ def _cmd_enable(args: argparse.Namespace) -> int:
         return 1
     print(f"SMC TCP option enabled for cgroup {state.cgroup} (program id {state.prog_id}, "
           f"pinned in {state.pin_dir}); smcr sockets of its processes now use discovery")
+    if state.replaced:
+        print(f"smcr enable: it replaced an earlier smcr's program (id {state.replaced}): "
+              "processes started before keep that program's map and open TCP "
+              "connections until they restart")
     return 0
 
 

@@ -142,6 +142,7 @@ def test_enable_replaces_the_program_of_an_earlier_smcr(private: tuple[Path, Pat
     (pins / "withheld").unlink()
     new = bpf.enable(cgroup, pins)
     assert new.enabled and new.prog_id != old.prog_id
+    assert new.replaced == old.prog_id  # (smcr enable says what that means for processes)
     assert sorted(p.name for p in pins.iterdir()) == PINNED
     # an older version of the program, pinned under its own version
     prog_fd = bpfsys.obj_get(str(pins / bpf.PROG_PIN))
@@ -151,9 +152,10 @@ def test_enable_replaces_the_program_of_an_earlier_smcr(private: tuple[Path, Pat
         os.close(prog_fd)
     (pins / bpf.PROG_PIN).unlink()
     old, new = new, bpf.enable(cgroup, pins)
-    assert new.enabled and new.prog_id != old.prog_id
+    assert new.enabled and new.prog_id != old.prog_id and new.replaced == old.prog_id
     assert sorted(p.name for p in pins.iterdir()) == PINNED
-    assert bpf.enable(cgroup, pins).prog_id == new.prog_id
+    again = bpf.enable(cgroup, pins)
+    assert again.prog_id == new.prog_id and not again.replaced
 
 
 def test_unprivileged_process_uses_the_pinned_map() -> None:
@@ -261,6 +263,13 @@ def test_the_enable_discovery_disable_commands(private: tuple[Path, Path]) -> No
     assert out.stdout.strip() == (
         f"SMC TCP option enabled for cgroup {cgroup} (program id {state.prog_id}, pinned in "
         f"{pins}); smcr sockets of its processes now use discovery")  # fmt: skip
+    (pins / "withheld").unlink()  # as an earlier smcr left it: enable replaces, and says so
+    out = smcr_cli("enable", "--cgroup", str(cgroup), env=env)
+    first, state = state, bpf.status(pins)
+    assert out.returncode == 0 and state.prog_id != first.prog_id, out.stderr
+    assert out.stdout.splitlines()[1] == (
+        f"smcr enable: it replaced an earlier smcr's program (id {first.prog_id}): processes "
+        "started before keep that program's map and open TCP connections until they restart")
     out = smcr_cli("discovery", env=env)
     lines = out.stdout.splitlines()
     assert lines[0].startswith("discovery: policy (")

@@ -31,7 +31,7 @@ import errno
 import os
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from smcr.discovery import bpfsys, program
@@ -122,6 +122,10 @@ class Status:
     covers_us: bool = False  # this process is in that cgroup (or below it)
     why: str = ""  # when not enabled: what is missing
     cgroup_id: int = 0
+    replaced: int = 0
+    """The id of an earlier smcr's program that :func:`enable` put this one in place of:
+    processes started before it keep that program's socket map, which no program reads
+    now, so their new connections are TCP until they restart (0: nothing replaced)."""
 
     def attached_to(self) -> str:
         """Where the program is attached, in words (when enabled)."""
@@ -211,6 +215,7 @@ def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
     if now.enabled:  # an earlier smcr's program, without the maps of this one: replace it
         for where in copies:
             disable(where)
+    replaced = now.prog_id if now.enabled else 0
     target = cgroup or cgroup2_mount()
     if target is None:
         raise OSError(2, "no cgroup v2 hierarchy is mounted")
@@ -256,7 +261,7 @@ def enable(cgroup: Path | None = None, pins: Path | None = None) -> Status:
     finally:
         for fd in fds:
             os.close(fd)
-    return status(pins)
+    return replace(status(pins), replaced=replaced)
 
 
 def _pin(pins: Path, map_fd: int, ports_fd: int, withheld_fd: int, prog_fd: int,
