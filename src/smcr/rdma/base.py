@@ -399,13 +399,22 @@ class CompletionQueue:
         return self._bell_w.fileno()
 
     def add_progress(self, hook: Callable[[], None]) -> None:
-        """Register a provider hook that :meth:`poll` runs before it looks at the queue."""
-        self._progress.append(hook)
+        """Register a provider hook that :meth:`poll` runs before it looks at the queue.
+
+        The list is replaced, never changed in place: a poll running in another thread
+        goes through the list it started with and skips no hook."""
+        if hook not in self._progress:
+            self._progress = [*self._progress, hook]
 
     def remove_progress(self, hook: Callable[[], None]) -> None:
         """Unregister a hook added with :meth:`add_progress`."""
         if hook in self._progress:
-            self._progress.remove(hook)
+            self._progress = [h for h in self._progress if h != hook]
+
+    def run_progress(self) -> None:
+        """Run the provider's progress hooks (before :meth:`poll` looks at the queue)."""
+        for hook in self._progress:
+            hook()
 
     def push(self, wc: WorkCompletion) -> None:
         """Add one completion (provider side); signals the descriptor if armed."""
@@ -454,14 +463,12 @@ class CompletionQueue:
         must not take completions that another thread, which holds that lock,
         would then handle before them.
         """
-        for hook in self._progress:
-            hook()
+        self.run_progress()
         return bool(self._wcs)
 
     def poll(self, max_entries: int = 16) -> list[WorkCompletion]:
         """Take up to ``max_entries`` completions, oldest first, without blocking."""
-        for hook in self._progress:
-            hook()
+        self.run_progress()
         with self._lock:
             n = min(max_entries, len(self._wcs))
             out = [self._wcs.popleft() for _ in range(n)]
