@@ -24,19 +24,37 @@ instruction, a full barrier).  A requester clears the word only together with
 a ring, so a cleared word always means "a ring is on its way or the consumer
 is awake and will poll before it sleeps": no wakeup is lost.  Stale ones
 (the consumer woke for another reason) cost a spurious wakeup, as before.
+
+**Marks: a poll looks only at the QPs that have work.**  Many QPs share one CQ (a
+runtime has one for all its link groups), and a poll used to run every QP's progress
+hook, each a look at its receive area: with a thousand peers (or a thousand first
+contacts that never finish) every poll cost a thousand looks.  Now each QP on the CQ
+has a *mark* byte in the same shared segment (from :data:`MARKS` on), handed to its
+requester at the hello; a requester stores ``produced``, then 1 in the mark (x86-64
+keeps stores in order), and the poll finds the marked bytes (``find``, a ``memchr``),
+clears them, fences, and only then runs those QPs' hooks, which load ``produced``.
+Either the hook sees the new count or the requester's mark lands after the clear, and
+the next poll finds it (the fence is what keeps the clear from passing the load).  A
+requester that does not mark (an smcr before marks: its hello does not ask for one)
+leaves its QP among the hooks every poll runs.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 from smcr.rdma.base import CompletionQueue
 from smcr.rdma.shm import layout as lay
 
 #: Offset of the armed word (u32) in a CQ's shared notification segment.
 ARMED = 0
-NOTIFY_SIZE = 64
+MARKS = 64
+"""Offset of the first QP's mark byte (module doc)."""
+MAX_MARKS = 1 << 16
+"""Mark bytes of one CQ (QPs past them are looked at by every poll, as unmarked ones)."""
+NOTIFY_SIZE = MARKS + MAX_MARKS
 _FENCE = threading.Lock()
 
 
@@ -54,6 +72,79 @@ class ShmCompletionQueue(CompletionQueue):
         self.notify_fd, self._notify = lay.new_segment("smcr-cqnotify", NOTIFY_SIZE)
         # armed from the start: a consumer that never arms still gets its first ring
         lay.U32.pack_into(self._notify, ARMED, 1)
+        self._marked: dict[int, Callable[[], None]] = {}
+        """Offset of a mark byte -> the progress hook of the QP whose requester marks it."""
+        self._mark_of: dict[Callable[[], None], int] = {}
+        self._free_marks: list[int] = []
+        self._marks_end = MARKS
+        """One past the highest mark byte handed out: where a poll's search ends."""
+        self._marks_lock = threading.Lock()
+
+    def take_mark(self, hook: Callable[[], None]) -> int:
+        """A mark byte for the QP whose progress hook is ``hook``, whose requester marks it
+        from now on: polls run ``hook`` only when the byte is set (module doc).
+
+        :returns: the byte's offset in the notification segment, or 0 when none is left
+            (the hook then stays among those every poll runs).
+        """
+        with self._marks_lock:
+            offset = self._mark_of.get(hook, 0)
+            if not offset:
+                if self._free_marks:
+                    offset = self._free_marks.pop()
+                elif self._marks_end < NOTIFY_SIZE:
+                    offset = self._marks_end
+                    self._marks_end += 1
+                else:
+                    return 0
+                self._mark_of[hook] = offset
+                self._marked = {**self._marked, offset: hook}
+        self.remove_progress(hook)
+        if not self._notify.closed:
+            self._notify[offset] = 1  # (whatever came before the requester marked)
+        return offset
+
+    def drop_mark(self, hook: Callable[[], None], scan: bool) -> None:
+        """``hook``'s QP gives its mark back; with ``scan`` every poll runs the hook again
+        (its next requester may not mark), otherwise it is gone."""
+        with self._marks_lock:
+            offset = self._mark_of.pop(hook, 0)
+            if offset:
+                self._marked = {k: v for k, v in self._marked.items() if k != offset}
+                self._free_marks.append(offset)
+                if not self._notify.closed:
+                    self._notify[offset] = 0
+        if scan:
+            self.add_progress(hook)
+        else:
+            self.remove_progress(hook)
+
+    def run_progress(self) -> None:
+        """The hooks of unmarked QPs, then those of the QPs whose marks are set (cleared
+        first, then a fence: the module doc says why)."""
+        super().run_progress()
+        notify = self._notify
+        end = self._marks_end
+        if end == MARKS or notify.closed:
+            return
+        find = notify.find
+        at = find(b"\x01", MARKS, end)
+        if at < 0:
+            return
+        found: list[int] = []
+        try:
+            while at >= 0:
+                notify[at] = 0
+                found.append(at)
+                at = find(b"\x01", at + 1, end)
+        except ValueError:  # closed meanwhile (the device is going)
+            return
+        fence()
+        marked = self._marked
+        for at in found:
+            hook = marked.get(at)
+            if hook is not None:
+                hook()
 
     def req_notify(self) -> None:
         """Arm for local completions and for peers' SENDs, then fence (module doc)."""

@@ -226,7 +226,8 @@ class ShmDevice(Device):
             token = secrets.token_bytes(GID_LEN)
             with self._lock:  # granted before the requester can show it
                 self._granted[token] = qp
-            if not qp.accept_inbound(conn, msg.a, msg.gid, token):
+            if not qp.accept_inbound(conn, msg.a, msg.gid, token,
+                                     bool(msg.c & rdv.HELLO_MARKS)):  # fmt: skip
                 with self._lock:
                     self._granted.pop(token, None)
                 return False

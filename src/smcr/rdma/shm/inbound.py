@@ -45,9 +45,11 @@ class Inbound:
         self._lock = threading.Lock()
 
     def admit(self, sock: socket.socket, claimed: tuple[int, bytes], token: bytes,
-              fds: list[int], on_event: Callable[[int], None]) -> bool:  # fmt: skip
+              fds: list[int], on_event: Callable[[int], None],
+              mark: int = 0) -> bool:  # fmt: skip
         """Server thread: take a hello claiming to be QP ``claimed`` (QPN, GID) if it may
-        be our peer (module docstring), answering it with ``token`` and our ``fds``.
+        be our peer (module docstring), answering it with ``token``, our ``fds`` and the
+        offset of the QP's ``mark`` byte (:mod:`smcr.rdma.shm.cq`).
 
         :returns: whether it was taken (else refused with EPERM).
         """
@@ -56,7 +58,7 @@ class Inbound:
             if source != self._dest if self._dest is not None else self.sock is not None:
                 rdv.send(sock, rdv.Message(rdv.NACK, a=errno.EPERM))
                 return False
-            rdv.send(sock, rdv.Message(rdv.HELLO_OK, gid=token), fds)
+            rdv.send(sock, rdv.Message(rdv.HELLO_OK, a=mark, gid=token), fds)
             sock.setblocking(False)
             old, self.sock, self._source = self.sock, sock, source
             self.engine.watch(sock.fileno(), on_event)

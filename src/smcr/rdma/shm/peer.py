@@ -28,6 +28,9 @@ from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.verbs import AccessFlag, VerbsError
 
 _REMOTE_WRITE = int(AccessFlag.REMOTE_WRITE)
+MARKS = 64  # the first mark byte's offset in a CQ's notification segment (smcr.rdma.shm.cq)
+HELLO_FLAGS = rdv.HELLO_MARKS
+"""What a hello asks for: this requester marks its SENDs (a test may turn it off)."""
 
 
 @dataclass(slots=True)
@@ -74,6 +77,7 @@ class PeerLink:
     slot_size: int
     notify: mmap | None = None  # the peer CQ's armed word (smcr.rdma.shm.cq), if it has one
     token: bytes = b""  # shown with each MR look-up: what the peer granted this connection
+    mark: int = 0  # offset of the peer QP's mark byte in ``notify``, set after each SEND (0: none)
     mrs: dict[int, RemoteMr] = field(default_factory=dict)
 
     def close(self) -> None:
@@ -102,7 +106,8 @@ class PeerLink:
             raise VerbsError(errno.EHOSTUNREACH, f"{gid.hex()} is not a shm GID")
         sock, path = rdv.connect_any(directory, gid)
         try:
-            rdv.send(sock, rdv.Message(rdv.HELLO, a=qp_num, b=dst_qpn, gid=own_gid))
+            rdv.send(sock, rdv.Message(rdv.HELLO, a=qp_num, b=dst_qpn, c=HELLO_FLAGS,
+                                       gid=own_gid))  # fmt: skip
             answer = rdv.receive(sock)
             msg, fds = answer if answer is not None else (None, [])
             if msg is None or msg.kind != rdv.HELLO_OK or len(fds) not in (3, 4):
@@ -129,8 +134,9 @@ class PeerLink:
             sock.close()
             raise
         sock.setblocking(False)
+        mark = msg.a if notify is not None and MARKS <= msg.a < len(notify) else 0
         return cls(sock, path, area, memoryview(area), table, bell, depth, slot_size, notify,
-                   msg.gid)  # fmt: skip
+                   msg.gid, mark)  # fmt: skip
 
     def lookup(self, rkey: int) -> RemoteMr | None:
         """Map (again) the peer region of ``rkey``; ``None`` if it has no live one.
