@@ -3,7 +3,10 @@ those of SMC-R connections (their peer's end).
 
 Pollers sleep on the handshakes' sockets through one epoll descriptor (:attr:`ClcWatch.ep`):
 one added wakes a poller already asleep by itself (a doorbell ring cost the poller a wasted
-round: on every accepted connection, the thread in ``accept`` that polls).  A socket is
+round: on every accepted connection, the thread in ``accept`` that polls).  The SMC-R
+connections' sockets are in a second one (:attr:`ClcWatch.tcp_ep`), so that a poller's
+sleep costs the same with a thousand connections as with one (each sleep used to register
+every one of them in a new ``poll`` set).  A socket is
 registered only while in :attr:`ClcWatch.watch`: it is let go (:meth:`ClcWatch.remove`)
 before it is closed.  Feeding what they bring to the engine is the executor's
 (:class:`~smcr.stack.executor.Executor`); this is the bookkeeping.
@@ -33,6 +36,8 @@ class ClcWatch:
         self.tcp: dict[int, HostConn] = {}
         """TCP sockets of SMC-R connections, watched for the peer's end; not over shm
         (``watch_tcp`` False), whose RNIC itself sees a peer process die."""
+        self.tcp_ep = select.epoll()
+        """The sockets of :attr:`tcp` (module docstring)."""
         self.watch_tcp = watch_tcp
 
     def add(self, hc: HostConn) -> None:
@@ -72,10 +77,35 @@ class ClcWatch:
         if peer is not None and peer is not hc:
             self.local.append(peer)
 
+    def watch_end(self, hc: HostConn) -> None:
+        """Watch an SMC-R connection's TCP socket for the peer's end (:attr:`tcp`)."""
+        fd = hc.tcp.fileno()
+        self.tcp[fd] = hc
+        try:
+            self.tcp_ep.register(fd, select.EPOLLIN)
+        except FileExistsError:
+            self.tcp_ep.modify(fd, select.EPOLLIN)
+
     def unwatch_tcp(self, hc: HostConn) -> None:
         """Stop watching an SMC-R connection's TCP socket (before it is closed)."""
-        self.tcp.pop(hc.tcp.fileno(), None)
+        fd = hc.tcp.fileno()
+        if self.tcp.pop(fd, None) is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.tcp_ep.unregister(fd)
+
+    def ended(self) -> list[HostConn]:
+        """The SMC-R connections whose TCP socket became readable, watched no more (the
+        caller looks at each, and watches it again if it was nothing)."""
+        found: list[HostConn] = []
+        for fd, _events in self.tcp_ep.poll(0):
+            hc = self.tcp.pop(fd, None)
+            with contextlib.suppress(OSError, ValueError):
+                self.tcp_ep.unregister(fd)
+            if hc is not None:
+                found.append(hc)
+        return found
 
     def close(self) -> None:
-        """Close the epoll descriptor."""
+        """Close the epoll descriptors."""
         self.ep.close()
+        self.tcp_ep.close()

@@ -384,7 +384,7 @@ class Executor:
             self.pool.give_back(hc)
             self.conns.pop(hc.conn_id, None)
         elif self.clc.watch_tcp:
-            self.clc.tcp[hc.tcp.fileno()] = hc
+            self.clc.watch_end(hc)
         if hc.on_outcome is not None:
             try:
                 hc.on_outcome(hc)
@@ -623,7 +623,7 @@ class Executor:
         try:
             hc.tcp.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
-            self.clc.tcp[hc.tcp.fileno()] = hc  # a spurious wakeup
+            self.clc.watch_end(hc)  # a spurious wakeup
             return
         except OSError:
             pass

@@ -183,7 +183,7 @@ class Progress:
                     ex.timer_check = 0.0  # due now: process() must run the timers
             clc = ex.clc
             bell = self.wake.bell(self.wake.poller == "bg")
-            fds = [cq.fileno(), bell.fileno(), clc.ep.fileno(), *clc.tcp]
+            fds = [cq.fileno(), bell.fileno(), clc.ep.fileno(), clc.tcp_ep.fileno()]
             poller = select.poll()
             for fd in fds:
                 poller.register(fd, select.POLLIN)
@@ -198,8 +198,9 @@ class Progress:
                         hc = clc.watch.get(clc_fd)
                         if hc is not None:
                             ex.clc_read(hc)
-                elif (hc := clc.tcp.pop(fd, None)) is not None:
-                    ex.tcp_ended(hc)
+                elif fd == fds[3]:
+                    for ended in clc.ended():
+                        ex.tcp_ended(ended)
                 elif fd == fds[0]:
                     cq.clear_signal()
                 elif fd == fds[1]:  # our own doorbell (non-blocking)
