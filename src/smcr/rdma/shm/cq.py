@@ -136,19 +136,17 @@ class ShmCompletionQueue(CompletionQueue):
             return
         end = self._marks_end
         notify = self._notify
-        if notify.closed:
-            return
-        find = notify.find
-        at = find(b"\x01", MARKS, end)
-        if at < 0:
-            return
         found: list[int] = []
         try:
+            find = notify.find
+            at = find(b"\x01", MARKS, end)
             while at >= 0:
                 notify[at] = 0
                 found.append(at)
                 at = find(b"\x01", at + 1, end)
-        except ValueError:  # closed meanwhile (the device is going)
+        except ValueError:  # closed (the device is going)
+            return
+        if not found:
             return
         fence()
         for at in found:
