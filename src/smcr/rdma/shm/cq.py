@@ -167,3 +167,31 @@ class ShmCompletionQueue(CompletionQueue):
         if not self._notify.closed:
             self._notify.close()
             os.close(self.notify_fd)
+
+
+def cq_watch(cq: CompletionQueue, hook: Callable[[], None]) -> None:
+    """A new QP whose progress hook is ``hook`` receives on ``cq``.  A shm CQ looks at it
+    only from a requester's hello on (:func:`cq_requester`): nobody can place a SEND
+    before a hello maps the QP's area; another CQ runs the hook at every poll."""
+    if not isinstance(cq, ShmCompletionQueue):
+        cq.add_progress(hook)
+
+
+def cq_requester(cq: CompletionQueue, hook: Callable[[], None], marks: bool) -> int:
+    """A requester said hello to ``hook``'s QP: one that ``marks`` gets the QP's mark byte
+    (its offset; polls run ``hook`` when it is set), another (an smcr before marks) has
+    every poll run ``hook`` (0)."""
+    if not isinstance(cq, ShmCompletionQueue):
+        return 0
+    if marks:
+        return cq.take_mark(hook)
+    cq.drop_mark(hook, scan=True)
+    return 0
+
+
+def cq_forget(cq: CompletionQueue, hook: Callable[[], None]) -> None:
+    """``hook``'s QP is destroyed: no poll runs it any more."""
+    if isinstance(cq, ShmCompletionQueue):
+        cq.drop_mark(hook, scan=False)
+    else:
+        cq.remove_progress(hook)

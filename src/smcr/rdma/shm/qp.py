@@ -51,7 +51,7 @@ from smcr.rdma.base import CompletionQueue, ProtectionDomain, QueuePair, scatter
 from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
-from smcr.rdma.shm.cq import ShmCompletionQueue, fence
+from smcr.rdma.shm.cq import cq_forget, cq_requester, cq_watch, fence
 from smcr.rdma.shm.inbound import Inbound
 from smcr.rdma.shm.layout import (
     HDR_ACCESS,
@@ -206,11 +206,7 @@ class ShmQp(QueuePair):
         self._rnr_left = 0
         self._retry_left = 0
         self._publish(QpState.RESET)
-        if not isinstance(recv_cq, ShmCompletionQueue):
-            recv_cq.add_progress(self._drain)
-        # else nobody can place a SEND before a requester's hello maps the area: a poll
-        # looks at this QP from then on, when its mark is set or at every poll
-        # (accept_inbound)
+        cq_watch(recv_cq, self._drain)  # (over shm from a requester's hello on)
 
     # ---------------------------------------------------------------- state
 
@@ -320,9 +316,8 @@ class ShmQp(QueuePair):
     def accept_inbound(self, sock: socket.socket, src_qpn: int, src_gid: bytes,
                        token: bytes, marks: bool = False) -> bool:  # fmt: skip
         """Answer a hello from QP ``src_qpn`` of ``src_gid`` if it may be our peer
-        (:mod:`smcr.rdma.shm.inbound`): our area, CQ doorbell and MR table, and ``token``;
-        a requester that ``marks`` its SENDs gets our mark byte, and polls of our CQ look
-        at this QP only when it is set (:mod:`smcr.rdma.shm.cq`).
+        (:mod:`smcr.rdma.shm.inbound`): our area, CQ doorbell and MR table, ``token``, and
+        our mark byte if it ``marks`` its SENDs (:func:`~smcr.rdma.shm.cq.cq_requester`).
 
         Runs in the device's server thread and takes no QP state lock, so two
         processes that move their QPs to RTR at the same moment cannot deadlock.
@@ -332,19 +327,14 @@ class ShmQp(QueuePair):
         if self._area.closed:
             return False
         fds = [self._area_fd, self.recv_cq.doorbell_fd(), self.device.table_fd]
-        cq = self.recv_cq if isinstance(self.recv_cq, ShmCompletionQueue) else None
-        mark = 0
-        if cq is not None:  # requesters ring only when armed
-            fds.append(cq.notify_fd)
-            if marks:
-                mark = cq.take_mark(self._drain)
-            else:  # (an smcr before marks) every poll looks at this QP again
-                cq.drop_mark(self._drain, scan=True)
-        taken = self._inbound.admit(sock, (src_qpn, src_gid), token, fds, self._on_socket_event,
-                                    mark)  # fmt: skip
-        if cq is not None and mark and not taken:  # the requester we have may not mark
-            cq.drop_mark(self._drain, scan=True)
-        return taken
+        notify_fd = getattr(self.recv_cq, "notify_fd", None)
+        if notify_fd is not None:  # a ShmCompletionQueue: requesters ring only when armed
+            fds.append(notify_fd)
+        mark = cq_requester(self.recv_cq, self._drain, marks)
+        if self._inbound.admit(sock, (src_qpn, src_gid), token, fds, self._on_socket_event, mark):
+            return True
+        cq_requester(self.recv_cq, self._drain, False)  # the requester we have may not mark
+        return False
 
     def _on_socket_event(self, _events: int) -> None:
         """Engine: a connection spoke or hung up (EOF is how a peer's death shows)."""
@@ -391,9 +381,7 @@ class ShmQp(QueuePair):
             if self._area.closed:
                 return
             self._cancel_timer()
-            self.recv_cq.remove_progress(self._drain)
-            if isinstance(self.recv_cq, ShmCompletionQueue):
-                self.recv_cq.drop_mark(self._drain, scan=False)
+            cq_forget(self.recv_cq, self._drain)
             # before the peer sees our sockets close: we are alive, not gone (peer_gone)
             lay.U32.pack_into(self._area, lay.OFF_STATE, int(QpState.ERR))
             self._drop_peer()
