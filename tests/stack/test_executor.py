@@ -82,12 +82,12 @@ def test_receives_are_reposted_so_the_link_never_runs_dry() -> None:
     with hosts(2) as (x, y):
         hx, hy = connect(x, y)
         with x.lock:
-            free = len(x.wr.recv_free)
+            free = x.wr.free_slots
         for i in range(3 * wrslots.RECV_SLOTS + 5):
             send(y, hy, bytes([i & 0xFF]))
             assert read(x, hx, 1) == bytes([i & 0xFF])
         with x.lock:
-            assert len(x.wr.recv_free) == free
+            assert x.wr.free_slots == free
             assert len(x.wr.qp_recv_ids[conn(x, hx).qpn]) == wrslots.RECV_SLOTS
 
 
@@ -96,14 +96,14 @@ def test_a_destroyed_qp_gives_its_receive_slots_back() -> None:
     runtime's pool (else every dead link would leak RECV_SLOTS of them)."""
     with hosts(2) as (x, y):
         with x.lock:
-            free = len(x.wr.recv_free)
+            free = x.wr.free_slots
         hx, _ = connect(x, y)
         qpn = conn(x, hx).qpn
         with x.lock:
-            assert len(x.wr.recv_free) == free - wrslots.RECV_SLOTS
+            assert x.wr.free_slots == free - wrslots.RECV_SLOTS
             x.execute(x.engine.link_failed(qpn, "injected", time.monotonic()))
             assert qpn not in x.qps and qpn not in x.wr.qp_recv_ids
-            assert len(x.wr.recv_free) == free
+            assert x.wr.free_slots == free
 
 
 def test_an_orphan_with_linger_zero_is_aborted_and_the_peer_sees_the_reset() -> None:

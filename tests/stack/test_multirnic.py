@@ -83,7 +83,7 @@ def slots_all_back(stack: Stack) -> None:
     with stack.lock:
         posted = sum(len(ids) for ids in stack.wr.qp_recv_ids.values())
         assert set(stack.wr.qp_recv_ids) <= set(stack.qps)
-        assert len(stack.wr.recv_free) + posted == len(stack.wr.recv_mr.buf) // SLOT
+        assert stack.wr.free_slots + posted == len(stack.wr.recv_mr.buf) // SLOT
 
 
 def pump(stack: Stack, hc: HostConn, data: bytes) -> None:

@@ -28,7 +28,7 @@ from smcr.rdma import (
     WorkCompletion,
     WrOpcode,
 )
-from smcr.rdma.base import ProtectionDomain, QueuePair
+from smcr.rdma.base import ProtectionDomain, QueuePair, zeroed_memory
 from smcr.stack.hostconn import PortRes
 
 RECV_SLOTS = 256  # per QP; Linux posts 48 (we answer from one thread, so keep more)
@@ -41,7 +41,11 @@ one buffer per QP (Linux: per link group): LLC flows come one at a time."""
 SEND_SLOTS = 4096
 REPOST_BATCH = 16  # receives reposted together (RECV_SLOTS - REPOST_BATCH stay posted)
 WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
-RECV_QPS = 64  # QPs the receive buffer has slots for
+RECV_QPS = 4096
+"""QPs the receive buffer has slots for: a link (QP) per peer process and RNIC, so this many
+peers at once (64 was a cap a server with many client processes met: the 65th fell back
+to TCP with ERR_RDYLNK).  The buffer is memory backed only where written (64 MiB of
+address space, 16 KiB for each QP in use), and its slots are handed out lowest first."""
 
 _SEND = WrOpcode.SEND
 _WRITE = WrOpcode.RDMA_WRITE
@@ -52,11 +56,14 @@ class WorkRequests:
     """The receive and send slots of one runtime (module docstring)."""
 
     def __init__(self, pd: ProtectionDomain) -> None:
-        self.recv_buf = bytearray(SLOT * RECV_SLOTS * RECV_QPS)
+        self.recv_buf = zeroed_memory(SLOT * RECV_SLOTS * RECV_QPS)
         self.send_buf = bytearray(SLOT * SEND_SLOTS)
         self.recv_mr = pd.reg_mr(self.recv_buf, AccessFlag.LOCAL_WRITE)
         self.send_mr = pd.reg_mr(self.send_buf, AccessFlag.LOCAL_WRITE)
-        self.recv_free = list(range(RECV_SLOTS * RECV_QPS))
+        self.recv_free: list[int] = []
+        """Slots given back (taken again first); those from :attr:`recv_next` on were never
+        taken."""
+        self.recv_next = 0
         self.recv_slot: dict[int, int] = {}  # wr_id -> slot
         self.recv_wr: dict[int, RecvWr] = {}  # wr_id -> its receive WR, reposted as is
         self.qp_recv_ids: dict[int, list[int]] = {}  # qpn -> its receive WR ids (slots)
@@ -65,6 +72,21 @@ class WorkRequests:
         self.repost_due = False  # some QP has REPOST_BATCH receives to post again
         self.send_off = 0
         self.wr_ids = 1
+
+    @property
+    def free_slots(self) -> int:
+        """Receive slots not posted on any QP."""
+        return len(self.recv_free) + RECV_SLOTS * RECV_QPS - self.recv_next
+
+    def _take_slot(self) -> int:
+        """A free receive slot, lowest first.  :raises IndexError: none is left."""
+        if self.recv_free:
+            return self.recv_free.pop()
+        slot = self.recv_next
+        if slot >= RECV_SLOTS * RECV_QPS:
+            raise IndexError("no receive slot left")
+        self.recv_next = slot + 1
+        return slot
 
     def register_on(self, pd: ProtectionDomain) -> tuple[MemoryRegion, MemoryRegion]:
         """The receive and send slot buffers registered on another RNIC's PD too."""
@@ -134,7 +156,7 @@ class WorkRequests:
             tail = self.recv_tail[qpn] = port.pd.reg_mr(bytearray(V2_MSG - SLOT),
                                                         AccessFlag.LOCAL_WRITE)  # fmt: skip
         for _ in range(RECV_SLOTS):
-            slot = self.recv_free.pop()
+            slot = self._take_slot()
             wr_id = self.wr_ids
             self.wr_ids += 1
             ids.append(wr_id)
