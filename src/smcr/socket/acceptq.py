@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import resource
 import selectors
 import socket as _socket
 import threading
@@ -54,6 +56,29 @@ def descriptor_shortage(fd: int, count: int) -> OSError | None:
         for copy in taken:
             os.close(copy)
     return None
+
+
+def descriptors_free(fd: int, count: int) -> bool:
+    """Whether ``count`` descriptor numbers are free, probed from another thread than the
+    program's without taking any number it could be about to reuse: the copies of ``fd``
+    go to the top ``count`` numbers below the limit (``F_DUPFD``), which are free only if
+    at least ``count`` are.  A probe that took the lowest free numbers held, for a moment,
+    the very number an event loop had just freed to accept and close a peer (its reserved
+    descriptor), whose reopening then failed with EMFILE (Twisted's
+    ``test_closePeerOnEMFILE``, about one run in five)."""
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if limit == resource.RLIM_INFINITY or limit <= count:
+        return descriptor_shortage(fd, count) is None
+    taken: list[int] = []
+    try:
+        for _ in range(count):
+            taken.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, limit - count))
+    except OSError:
+        return False
+    finally:
+        for copy in taken:
+            os.close(copy)
+    return True
 
 
 class AcceptQueue:
@@ -301,7 +326,7 @@ class AcceptQueue:
         with descriptors to spare again, back to accepting in the background (a program
         blocked in ``connect`` to itself must not wait for its own ``accept``); else
         :meth:`fileno` turns readable for the program's ``accept``."""
-        if descriptor_shortage(self.fd, INLINE_HEADROOM) is None:
+        if descriptors_free(self.fd, INLINE_HEADROOM):
             with self.cond:
                 if not self.inline or self.closed:
                     return
