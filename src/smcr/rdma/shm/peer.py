@@ -25,10 +25,10 @@ from typing import Any
 from smcr import plainsock
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
+from smcr.rdma.shm.cq import MARKS
 from smcr.rdma.verbs import AccessFlag, VerbsError
 
 _REMOTE_WRITE = int(AccessFlag.REMOTE_WRITE)
-MARKS = 64  # the first mark byte's offset in a CQ's notification segment (smcr.rdma.shm.cq)
 HELLO_FLAGS = rdv.HELLO_MARKS
 """What a hello asks for: this requester marks its SENDs (a test may turn it off)."""
 
