@@ -10,8 +10,8 @@ memory, which the peer's mappings keep alive too.
 from __future__ import annotations
 
 import os
-from collections import Counter
 import resource
+from collections import Counter
 from pathlib import Path
 
 from smcr.rdma import AccessFlag, SendFlag, SendWr, Sge, WcStatus, WrOpcode
