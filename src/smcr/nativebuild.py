@@ -83,6 +83,7 @@ MODULES: tuple[str, ...] = (
     "stack/progress.py",
     "stack/runtime.py",
     "stack/conn.py",
+    "rdma/verbs.py",
     "rdma/base.py",
     "rdma/eventloop.py",
     "rdma/qpstate.py",

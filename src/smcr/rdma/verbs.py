@@ -23,12 +23,15 @@ import enum
 from dataclasses import dataclass, field
 from typing import Final
 
+from smcr._mypyc import mypyc_attr
+
 #: QPNs and PSNs are 24-bit quantities on the wire (BTH), spec §2.1.
 QPN_MASK = 0xFFFFFF
 PSN_MASK = 0xFFFFFF
 GID_LEN = 16
 
 
+@mypyc_attr(native_class=False)
 class VerbsError(OSError):
     """A verbs call that the provider refused, as libibverbs returns an errno.
 
