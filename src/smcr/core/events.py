@@ -72,19 +72,28 @@ class QpToRts:
     port: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class PostSend:
-    """SEND one LLC or CDC message on the link's QP (signaled unless said otherwise)."""
+    """SEND one LLC or CDC message on the link's QP (signaled unless said otherwise).  Made
+    per message: its ``__init__`` is written out so that the compiled build makes it
+    without the interpreter (:mod:`smcr.rdma.verbs` says why)."""
 
     qpn: int
     data: bytes
     wr_id: int
     signaled: bool = True
 
+    def __init__(self, qpn: int, data: bytes, wr_id: int, signaled: bool = True) -> None:
+        self.qpn = qpn
+        self.data = data
+        self.wr_id = wr_id
+        self.signaled = signaled
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class RdmaWrite:
-    """RDMA WRITE ``length`` bytes at ``src_offset`` of the send buffer to the peer."""
+    """RDMA WRITE ``length`` bytes at ``src_offset`` of the send buffer to the peer (made per
+    write: ``__init__`` written out, as :class:`PostSend`'s)."""
 
     qpn: int
     conn: int
@@ -92,6 +101,15 @@ class RdmaWrite:
     length: int
     remote_addr: int
     rkey: int
+
+    def __init__(self, qpn: int, conn: int, src_offset: int, length: int, remote_addr: int,
+                 rkey: int) -> None:  # fmt: skip
+        self.qpn = qpn
+        self.conn = conn
+        self.src_offset = src_offset
+        self.length = length
+        self.remote_addr = remote_addr
+        self.rkey = rkey
 
 
 @dataclass(frozen=True, slots=True)
