@@ -24,7 +24,7 @@ import itertools
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from smcr.core.close import CloseInput, Send, SmcState, step
 from smcr.core.events import Action, PostSend, RdmaWrite, ReleaseConnection, ShutdownTcp
@@ -61,24 +61,24 @@ class Link(Protocol):
 # The CDC layout (smcr.wire.cdc.CDC, spec §4) packed here with plain ints: the
 # data path builds one CDC per send, and CdcMessage's enums and Cursor objects
 # cost more than the rest of that path (tests/core check both give the same bytes).
-_PACK = CDC.pack
+_PACK: Final = CDC.pack
 
-SOCK_MIN_SNDBUF_HALF = 2304  # Linux SOCK_MIN_SNDBUF / 2 (spec §4, rule 3)
+SOCK_MIN_SNDBUF_HALF: Final = 2304  # Linux SOCK_MIN_SNDBUF / 2 (spec §4, rule 3)
 SHUT_WR, SHUT_RDWR = 1, 2
 
 CSF = ConnectionStateFlags
 PF = ProducerFlags
-_WRITE_BLOCKED = int(PF.WRITE_BLOCKED)
-_URGENT_PENDING = int(PF.URGENT_DATA_PENDING)
-_URGENT_PRESENT = int(PF.URGENT_DATA_PRESENT)
-_UPDATE_REQUESTED = int(PF.CONSUMER_CURSOR_UPDATE_REQUESTED)
-_FAILOVER = int(PF.FAILOVER_VALIDATION)
-_CLOSED_OR_ABORT = int(CSF.PEER_CONNECTION_CLOSED | CSF.PEER_CONNECTION_ABORT)
-_ABORT = int(CSF.PEER_CONNECTION_ABORT)
-_CLOSED = int(CSF.PEER_CONNECTION_CLOSED)
-_DONE = int(CSF.PEER_DONE_WRITING)
+_WRITE_BLOCKED: Final = int(PF.WRITE_BLOCKED)
+_URGENT_PENDING: Final = int(PF.URGENT_DATA_PENDING)
+_URGENT_PRESENT: Final = int(PF.URGENT_DATA_PRESENT)
+_UPDATE_REQUESTED: Final = int(PF.CONSUMER_CURSOR_UPDATE_REQUESTED)
+_FAILOVER: Final = int(PF.FAILOVER_VALIDATION)
+_CLOSED_OR_ABORT: Final = int(CSF.PEER_CONNECTION_CLOSED | CSF.PEER_CONNECTION_ABORT)
+_ABORT: Final = int(CSF.PEER_CONNECTION_ABORT)
+_CLOSED: Final = int(CSF.PEER_CONNECTION_CLOSED)
+_DONE: Final = int(CSF.PEER_DONE_WRITING)
 _DONE_OR_CLOSED = _DONE | _CLOSED
-SIGNAL_EVERY = 16  # CDC sends between two signaled ones (see Connection.send_cdc)
+SIGNAL_EVERY: Final = 16  # CDC sends between two signaled ones (see Connection.send_cdc)
 
 
 @dataclass(frozen=True, slots=True)

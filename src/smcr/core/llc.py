@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 from smcr.core import llc_msgs
 from smcr.core.close import SmcState
@@ -69,11 +70,11 @@ _CDC_SIZE, _CDC_UNPACK = CDC.size, CDC.unpack_from
 _CDC_EVENT_PFLAGS = 0xF8 & ~int(ProducerFlags.WRITE_BLOCKED)
 
 
-CLC_WAIT_TIME_SHORT = 1.0
+CLC_WAIT_TIME_SHORT: Final = 1.0
 """How long a first-contact client whose link died waits for the server's Decline (Linux's
 name; the engine's ``DECLINE_WAIT_SHORT`` after an unanswered CONFIRM LINK)."""
 
-LATE_LINKS = 64
+LATE_LINKS: Final = 64
 """Cleared links remembered for their late CDCs (:meth:`LinkLayer._receive_late`)."""
 
 
@@ -86,7 +87,7 @@ LlcRoute = tuple[LlcHandler, frozenset[LinkState]]
 """An LLC table entry: the handler, and the states of the link a message came in on in
 which it is handled; in any other the message is dropped (:meth:`LinkLayer._dispatch`)."""
 
-ANY_LINK_STATE = frozenset(LinkState)
+ANY_LINK_STATE: Final = frozenset(LinkState)
 """The states of an LLC table entry whose handler takes a message on any link."""
 
 

@@ -29,9 +29,9 @@ from typing import Final
 from smcr._mypyc import mypyc_attr
 
 #: QPNs and PSNs are 24-bit quantities on the wire (BTH), spec §2.1.
-QPN_MASK = 0xFFFFFF
-PSN_MASK = 0xFFFFFF
-GID_LEN = 16
+QPN_MASK: Final = 0xFFFFFF
+PSN_MASK: Final = 0xFFFFFF
+GID_LEN: Final = 16
 
 
 @mypyc_attr(native_class=False)

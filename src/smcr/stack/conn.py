@@ -38,7 +38,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from smcr.core import Action
 from smcr.core.connection import Connection
@@ -48,15 +48,15 @@ from smcr.stack.hostconn import HostConn
 from smcr.stack.readiness import Readiness
 from smcr.stack.runtime import Stack
 
-_DONTWAIT = int(socket.MSG_DONTWAIT)
-_PEEK = int(socket.MSG_PEEK)
-_WAITALL = int(socket.MSG_WAITALL)
-_OOB = int(socket.MSG_OOB)
-SENDS_PER_PROCESS = 4
+_DONTWAIT: Final = int(socket.MSG_DONTWAIT)
+_PEEK: Final = int(socket.MSG_PEEK)
+_WAITALL: Final = int(socket.MSG_WAITALL)
+_OOB: Final = int(socket.MSG_OOB)
+SENDS_PER_PROCESS: Final = 4
 """On RNICs without inline sends (RoCE), :meth:`DataPath.send_fast` takes the news (ACKs,
 the peer's cursors) every this many sends, or sooner when the send buffer runs short: one
 look for several ACKs, which arrive one per message."""
-PEER_READ_WAIT = 0.01
+PEER_READ_WAIT: Final = 0.01
 """Seconds a blocking ``sendall`` waits for the peer to read before it copies into the
 send buffer (see :meth:`DataPath.send`)."""
 
@@ -738,7 +738,7 @@ class SocketCalls:
 
 
 #: The socket methods a :class:`SocketCalls` stands in for.
-METHODS = ("sendall", "send", "recv", "recv_into")
+METHODS: Final = ("sendall", "send", "recv", "recv_into")
 
 
 def deadline_of(flags: int, timeout: float | None) -> float | None:

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any
+from typing import Any, Final
 
-BUCKETS = ("8K", "16K", "32K", "64K", "128K", "256K", "512K", "1024K", "G_1024K")
+BUCKETS: Final = ("8K", "16K", "32K", "64K", "128K", "256K", "512K", "1024K", "G_1024K")
 """Linux ``SMC_BUF_8K`` .. ``SMC_BUF_G_1024K``: sizes up to 8 KiB, up to 16 KiB, ..."""
-_BITS = 65
+_BITS: Final = 65
 
 
 def bucket_of(size: int) -> int:
@@ -147,7 +147,7 @@ def _reasons(counts: Counter[tuple[int, int]]) -> list[dict[str, int]]:
             for (local, peer), n in sorted(counts.items())]  # fmt: skip
 
 
-COUNTERS = Counters()
+COUNTERS: Final = Counters()
 """This process's counters (a forked child starts from its parent's; see ``start``)."""
 
 

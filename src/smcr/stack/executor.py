@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from typing import Any
+from typing import Any, Final
 
 from smcr import settings
 from smcr.core import (
@@ -64,11 +64,12 @@ from smcr.stack.wakeup import Wakeups
 from smcr.stack.wrslots import SLOT, WorkRequests, write_wrs
 from smcr.wire.decline import DeclineCode
 
-_DEBUG = settings.debug()
-TIMER_GRAIN = 0.005  # how often process() asks the engine for its next deadline
-_RECV, _SUCCESS = WcOpcode.RECV, WcStatus.SUCCESS
-_WRITE = WrOpcode.RDMA_WRITE
-_OUTCOME_KEY = {HandshakeCompleted: "smc", FellBack: "fallback",
+_DEBUG: Final = settings.debug()
+TIMER_GRAIN: Final = 0.005  # how often process() asks the engine for its next deadline
+_RECV: Final = WcOpcode.RECV
+_SUCCESS: Final = WcStatus.SUCCESS
+_WRITE: Final = WrOpcode.RDMA_WRITE
+_OUTCOME_KEY: Final = {HandshakeCompleted: "smc", FellBack: "fallback",
                 HandshakeFailed: "handshake_errors"}  # fmt: skip
 
 

@@ -29,6 +29,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from typing import Final
 
 from smcr import settings
 from smcr.rdma import WorkCompletion
@@ -37,8 +38,8 @@ from smcr.stack.executor import Executor
 from smcr.stack.hostconn import HostConn
 from smcr.stack.spin import SpinPolicy
 
-STANDBY = 0.01  # the progress thread's look-in period after an application polled
-STANDBY_IDLE = 0.1
+STANDBY: Final = 0.01  # the progress thread's look-in period after an application polled
+STANDBY_IDLE: Final = 0.1
 """Its first look-in after that while an application thread polls now (asleep on the CQ,
 say in a blocked ``recv``); each further look that finds it still polling waits twice as
 long, up to :data:`STANDBY_LONGEST`.  That thread takes the news meanwhile (timers
@@ -46,12 +47,12 @@ included), and when a wait that long ends it rings the progress thread
 (:meth:`Progress._hand_back`), so the look-ins are only a safety net: an idle blocked
 connection should cost almost no wake-ups, which are not free (on a virtual machine of
 the kind we run on a thread woken from a timed wait costs about a millisecond of CPU)."""
-STANDBY_LONGEST = 1.6
-LONGEST_SLEEP = 4.0
+STANDBY_LONGEST: Final = 1.6
+LONGEST_SLEEP: Final = 4.0
 """The longest a poller sleeps on the CQ without a deadline of its own or the engine's: news
 rings it (completions, doorbells, CLC sockets) and timers bound the sleep, so this is a
 safety net, long enough that a blocked idle connection costs a wake-up only now and then."""
-SPIN = settings.spin_seconds()
+SPIN: Final = settings.spin_seconds()
 """The longest an application thread that waits polls the CQ before it arms it and sleeps
 (:class:`~smcr.stack.spin.SpinPolicy` decides how long, and whether)."""
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from typing import Final
 
 from smcr import plainsock
 from smcr.stack.descriptors import put_at
 
-_DONTWAIT = socket.MSG_DONTWAIT
+_DONTWAIT: Final = socket.MSG_DONTWAIT
 
 
 class Readiness:

@@ -32,18 +32,19 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from typing import Final
 
-LOOK_EVERY = 0.02
+LOOK_EVERY: Final = 0.02
 """Seconds between looks at the host's runnable threads."""
-LOOKS_MASK = 0b111
-CROWDED_LOOKS = 2
+LOOKS_MASK: Final = 0b111
+CROWDED_LOOKS: Final = 2
 """Crowded when at least this many of the last three looks found more runnable threads than
 CPUs: one look catches the transient (a kernel worker, another thread's brief work) as
 often as the lasting (a busy process beside us), and a spin given up for a transient
 costs a wake-up per wait for the next :data:`LOOK_EVERY`."""
-MISSES = 4
+MISSES: Final = 4
 """Spins in a row that found nothing before spinning pauses."""
-MOST_PAUSE = 64
+MOST_PAUSE: Final = 64
 """The most waits a pause lasts; each pause after a miss is twice the last."""
 
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from typing import Final
 
 from smcr import plainsock
 
-_DONTWAIT = socket.MSG_DONTWAIT
+_DONTWAIT: Final = socket.MSG_DONTWAIT
 
 
 class Wakeups:

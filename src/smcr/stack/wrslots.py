@@ -16,6 +16,7 @@ import contextlib
 import errno
 import time
 from collections.abc import Sequence
+from typing import Final
 
 from smcr.core import PostSend
 from smcr.rdma import (
@@ -31,25 +32,25 @@ from smcr.rdma import (
 from smcr.rdma.base import ProtectionDomain, QueuePair, zeroed_memory
 from smcr.stack.hostconn import PortRes
 
-RECV_SLOTS = 256  # per QP; Linux posts 48 (we answer from one thread, so keep more)
-SLOT = 64  # receive buffer per slot: v1 LLC and CDC are 44 bytes (Linux: 48)
+RECV_SLOTS: Final = 256  # per QP; Linux posts 48 (we answer from one thread, so keep more)
+SLOT: Final = 64  # receive buffer per slot: v1 LLC and CDC are 44 bytes (Linux: 48)
 V2_MSG = 8192
 """The longest SMC-Rv2 LLC message a receive takes (Linux ``SMC_WR_BUF_V2_SIZE``): ADD LINK
 v2 is 88 bytes and more (its rkey list), which a :data:`SLOT` alone would refuse with
 LOC_LEN_ERR, ending the link.  As Linux's, each receive has a second SGE for the rest, in
 one buffer per QP (Linux: per link group): LLC flows come one at a time."""
-SEND_SLOTS = 4096
-REPOST_BATCH = 16  # receives reposted together (RECV_SLOTS - REPOST_BATCH stay posted)
+SEND_SLOTS: Final = 4096
+REPOST_BATCH: Final = 16  # receives reposted together (RECV_SLOTS - REPOST_BATCH stay posted)
 WAIT_FREE_SLOT = 10.0  # SMC_WR_TX_WAIT_FREE_SLOT_TIME
-RECV_QPS = 4096
+RECV_QPS: Final = 4096
 """QPs the receive buffer has slots for: a link (QP) per peer process and RNIC, so this many
 peers at once (64 was a cap a server with many client processes met: the 65th fell back
 to TCP with ERR_RDYLNK).  The buffer is memory backed only where written (64 MiB of
 address space, 16 KiB for each QP in use), and its slots are handed out lowest first."""
 
-_SEND = WrOpcode.SEND
-_WRITE = WrOpcode.RDMA_WRITE
-_SOLICITED = SendFlag.SOLICITED
+_SEND: Final = WrOpcode.SEND
+_WRITE: Final = WrOpcode.RDMA_WRITE
+_SOLICITED: Final = SendFlag.SOLICITED
 
 
 class WorkRequests:

@@ -70,7 +70,7 @@ CDC_MSG_TYPE: Final = 0xFE
 CDC_MSG_LENGTH: Final = 44
 """Byte 1 of every CDC and its size on the wire (Linux ``SMC_WR_TX_SIZE``)."""
 
-_SEQNO_LIMIT = 1 << 16
+_SEQNO_LIMIT: Final = 1 << 16
 
 
 class ProducerFlags(enum.IntFlag):
@@ -103,25 +103,25 @@ class ConnectionStateFlags(enum.IntFlag):
 
 
 # Bits 0x07 of byte 24 and 0x1F of byte 25 are reserved: masked off on decode.
-_PRODUCER_FLAGS_MASK = int(
+_PRODUCER_FLAGS_MASK: Final = int(
     ProducerFlags.WRITE_BLOCKED
     | ProducerFlags.URGENT_DATA_PENDING
     | ProducerFlags.URGENT_DATA_PRESENT
     | ProducerFlags.CONSUMER_CURSOR_UPDATE_REQUESTED
     | ProducerFlags.FAILOVER_VALIDATION
 )
-_CONNECTION_STATE_FLAGS_MASK = int(
+_CONNECTION_STATE_FLAGS_MASK: Final = int(
     ConnectionStateFlags.PEER_DONE_WRITING
     | ConnectionStateFlags.PEER_CONNECTION_CLOSED
     | ConnectionStateFlags.PEER_CONNECTION_ABORT
 )
 
-_NO_PRODUCER_FLAGS = ProducerFlags(0)
-_NO_CONNECTION_STATE_FLAGS = ConnectionStateFlags(0)
+_NO_PRODUCER_FLAGS: Final = ProducerFlags(0)
+_NO_CONNECTION_STATE_FLAGS: Final = ConnectionStateFlags(0)
 # Flag byte -> flags with the reserved bits dropped: a lookup instead of an
 # enum construction per received CDC.
-_PRODUCER_FLAGS_BY_BYTE = tuple(ProducerFlags(b & _PRODUCER_FLAGS_MASK) for b in range(256))
-_CONNECTION_STATE_FLAGS_BY_BYTE = tuple(
+_PRODUCER_FLAGS_BY_BYTE: Final = tuple(ProducerFlags(b & _PRODUCER_FLAGS_MASK) for b in range(256))
+_CONNECTION_STATE_FLAGS_BY_BYTE: Final = tuple(
     ConnectionStateFlags(b & _CONNECTION_STATE_FLAGS_MASK) for b in range(256)
 )
 

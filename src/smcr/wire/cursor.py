@@ -36,6 +36,7 @@ by accident.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from smcr.wire.errors import WireError
 from smcr.wire.validate import check_uint
@@ -50,9 +51,9 @@ __all__ = [
     "update_accepted",
 ]
 
-WRAP_LIMIT = 1 << 16
+WRAP_LIMIT: Final = 1 << 16
 """The wrap counter is a u16 (``smc_cdc_cursor.wrap``)."""
-COUNT_LIMIT = 1 << 32
+COUNT_LIMIT: Final = 1 << 32
 """The count is a u32 (``smc_cdc_cursor.count``)."""
 
 

@@ -45,22 +45,23 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from typing import Final
 
 from smcr.rdma.base import CompletionQueue
 from smcr.rdma.shm import layout as lay
 
 #: Offset of the armed word (u32) in a CQ's shared notification segment.
-ARMED = 0
-MARKS = 64
+ARMED: Final = 0
+MARKS: Final = 64
 """Offset of the first QP's mark byte (module doc)."""
-MAX_MARKS = 1 << 16
+MAX_MARKS: Final = 1 << 16
 """Mark bytes of one CQ (QPs past them are looked at by every poll, as unmarked ones)."""
 NOTIFY_SIZE = MARKS + MAX_MARKS
-FEW = 4
+FEW: Final = 4
 """Up to this many marked QPs a poll looks at each (as it did before marks): with one
 or a few link groups that is cheaper than finding, clearing and fencing (a send and its
 completion cost 0.85 us more through the marks, measured)."""
-_FENCE = threading.Lock()
+_FENCE: Final = threading.Lock()
 
 
 def fence() -> None:

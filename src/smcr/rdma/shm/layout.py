@@ -35,14 +35,14 @@ from smcr.rdma.shm.mapping import map_shared
 #: seal and generation come first and together: the per-WR check reads just them.  The
 #: seal is a random word, not the rkey: every peer maps the table, and an rkey is
 #: for the connection it was sent on (CLC, CONFIRM RKEY) only.
-MR_ENTRY = struct.Struct("<IIIIQQ")
-MR_KEY = struct.Struct("<II")
-MR_VALID = 1 << 31
-MR_TABLE_HEADER = 64
+MR_ENTRY: Final = struct.Struct("<IIIIQQ")
+MR_KEY: Final = struct.Struct("<II")
+MR_VALID: Final = 1 << 31
+MR_TABLE_HEADER: Final = 64
 
 #: state, access, min_rnr_timer, max_dest_rd_atomic, pd, depth, slot_size, epsn,
 #: posted u64, produced u64; read by index with the ``HDR_*`` names below.
-AREA_HEADER = struct.Struct("<IIIIIIIIQQ")
+AREA_HEADER: Final = struct.Struct("<IIIIIIIIQQ")
 #: Indices of the fields in the tuple ``AREA_HEADER.unpack`` returns (``Final`` ints,
 #: inlined by the compiled build): the data path reads the whole header at once.
 HDR_STATE: Final = 0
@@ -55,22 +55,22 @@ HDR_SLOT_SIZE: Final = 6
 HDR_EPSN: Final = 7
 HDR_POSTED: Final = 8
 HDR_PRODUCED: Final = 9
-AREA_FIELDS = struct.Struct("<IIIIIII")
-AREA_HEADER_SIZE = 64
-OFF_STATE = 0
-OFF_MIN_RNR = 8
-OFF_EPSN = 28
-OFF_POSTED = 32
-OFF_PRODUCED = 40
-U32 = struct.Struct("<I")
-U64 = struct.Struct("<Q")
+AREA_FIELDS: Final = struct.Struct("<IIIIIII")
+AREA_HEADER_SIZE: Final = 64
+OFF_STATE: Final = 0
+OFF_MIN_RNR: Final = 8
+OFF_EPSN: Final = 28
+OFF_POSTED: Final = 32
+OFF_PRODUCED: Final = 40
+U32: Final = struct.Struct("<I")
+U64: Final = struct.Struct("<Q")
 
 #: Slot header: byte_len u32, kind u32, imm u32, reserved u32.
-SLOT_HEADER = struct.Struct("<IIII")
-KIND_SEND = 1
-KIND_WRITE_IMM = 2
-KIND_SEND_IMM = 3
-KIND_LEN_ERR = 4
+SLOT_HEADER: Final = struct.Struct("<IIII")
+KIND_SEND: Final = 1
+KIND_WRITE_IMM: Final = 2
+KIND_SEND_IMM: Final = 3
+KIND_LEN_ERR: Final = 4
 
 
 def new_segment(name: str, size: int) -> tuple[int, mmap.mmap]:

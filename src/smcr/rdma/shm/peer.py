@@ -20,7 +20,7 @@ import socket
 from dataclasses import dataclass, field
 from mmap import mmap
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from smcr import plainsock
 from smcr.rdma.shm import layout as lay
@@ -28,7 +28,7 @@ from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import MARKS
 from smcr.rdma.verbs import AccessFlag, VerbsError
 
-_REMOTE_WRITE = int(AccessFlag.REMOTE_WRITE)
+_REMOTE_WRITE: Final = int(AccessFlag.REMOTE_WRITE)
 HELLO_FLAGS = rdv.HELLO_MARKS
 """What a hello asks for: this requester marks its SENDs (a test may turn it off)."""
 

@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from smcr.rdma.base import CompletionQueue, ProtectionDomain, QueuePair, scatter
 from smcr.rdma.eventloop import QpDevice
@@ -114,25 +114,31 @@ class ShmQpDevice(QpDevice, Protocol):
         """The descriptor of the device's MR table, handed to peers."""
 
 
-DONE, RNR, NOT_READY, FAILED = 0, 1, 2, 3
-_LIVE = (int(QpState.RTR), int(QpState.RTS))
-_SIGNALED = int(SendFlag.SIGNALED)
-_INLINE = int(SendFlag.INLINE)
-_REMOTE_WRITE = int(AccessFlag.REMOTE_WRITE)
-_LOCAL_WRITE = int(AccessFlag.LOCAL_WRITE)
-_MR_KEY = lay.MR_KEY.unpack_from
-_U32_PACK = lay.U32.pack_into
-_U32_UNPACK = lay.U32.unpack_from
-_WITH_IMM, _NO_FLAGS = WcFlag.WITH_IMM, WcFlag(0)  # an enum call per completion costs 0.5 us
-_U64_PACK = lay.U64.pack_into
-_AREA_HEADER = lay.AREA_HEADER.unpack_from
-_U64_UNPACK = lay.U64.unpack_from
-_SLOT_HEADER = lay.SLOT_HEADER.unpack_from
-_SLOT_HEADER_PACK = lay.SLOT_HEADER.pack_into
-_SLOT_HEADER_SIZE = lay.SLOT_HEADER.size
-_SUCCESS, _RECV, _SEND_OP = WcStatus.SUCCESS, WcOpcode.RECV, WcOpcode.SEND
-_RTS = QpState.RTS
-_SLOT_BASE = lay.AREA_HEADER_SIZE
+DONE: Final = 0
+RNR: Final = 1
+NOT_READY: Final = 2
+FAILED: Final = 3
+_LIVE: Final = (int(QpState.RTR), int(QpState.RTS))
+_SIGNALED: Final = int(SendFlag.SIGNALED)
+_INLINE: Final = int(SendFlag.INLINE)
+_REMOTE_WRITE: Final = int(AccessFlag.REMOTE_WRITE)
+_LOCAL_WRITE: Final = int(AccessFlag.LOCAL_WRITE)
+_MR_KEY: Final = lay.MR_KEY.unpack_from
+_U32_PACK: Final = lay.U32.pack_into
+_U32_UNPACK: Final = lay.U32.unpack_from
+_WITH_IMM: Final = WcFlag.WITH_IMM
+_NO_FLAGS: Final = WcFlag(0)  # an enum call per completion costs 0.5 us
+_U64_PACK: Final = lay.U64.pack_into
+_AREA_HEADER: Final = lay.AREA_HEADER.unpack_from
+_U64_UNPACK: Final = lay.U64.unpack_from
+_SLOT_HEADER: Final = lay.SLOT_HEADER.unpack_from
+_SLOT_HEADER_PACK: Final = lay.SLOT_HEADER.pack_into
+_SLOT_HEADER_SIZE: Final = lay.SLOT_HEADER.size
+_SUCCESS: Final = WcStatus.SUCCESS
+_RECV: Final = WcOpcode.RECV
+_SEND_OP: Final = WcOpcode.SEND
+_RTS: Final = QpState.RTS
+_SLOT_BASE: Final = lay.AREA_HEADER_SIZE
 """Receive i's length word at ``_SLOT_BASE + 4 * i``, its slot at ``_SLOT_BASE + 4 * depth
 + i * (header + slot size)`` (:func:`~smcr.rdma.shm.layout.slot_offset`), inlined."""
 
@@ -158,7 +164,7 @@ _OPS: dict[WrOpcode, _Op] = {
                             WcOpcode.RDMA_READ),
 }  # fmt: skip
 #: Retry period when ``timeout`` is 0 (rxe would never retransmit and hang).
-INFINITE_TIMEOUT_POLL = 0.1
+INFINITE_TIMEOUT_POLL: Final = 0.1
 
 
 class ShmQp(QueuePair):
