@@ -4,6 +4,7 @@ QP, an orphan aborted.  Runtimes side by side in this process (``tests.stack.hos
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -120,3 +121,41 @@ def test_an_orphan_with_linger_zero_is_aborted_and_the_peer_sees_the_reset() -> 
         with y.lock:
             y.app_close(hy)
         wait(x, hx, lambda: hx.released)
+
+
+def test_a_waiter_is_woken_by_the_round_that_releases_its_connection() -> None:
+    """A thread that waits for news of a connection while another thread polls (``close``
+    waiting for its closing CDC) sleeps on the connection's condition, and a round of
+    completions wakes the waiters of the connections it touched that are still there.  The
+    round that releases the connection (the peer's close answered ours) must wake its
+    waiters too: they slept out their whole wait (``close_wait_tx``, 2 s per close for a
+    threaded HTTP client against gunicorn; 30 s here)."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        result: list[tuple[bool, float]] = []
+
+        def waiter() -> None:
+            with x.lock:
+                x.ex.wake.poller = "app"  # (another application thread polls)
+                began = time.monotonic()
+                ok = x.wait(hx, lambda: hx.released, began + 30)
+                result.append((ok, time.monotonic() - began))
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        time.sleep(0.2)  # (it waits on the condition)
+        with x.lock:
+            x.closing.app_close(hx)
+        with y.lock:
+            y.closing.app_close(hy)
+        deadline = time.monotonic() + 10
+        while not hx.released and time.monotonic() < deadline:
+            with x.lock:
+                x.ex.process()  # the polling thread's rounds
+            time.sleep(0.01)
+        assert hx.released
+        thread.join(40)
+        with x.lock:
+            x.ex.wake.poller = None
+        assert result and result[0][0], result
+        assert result[0][1] < 15, result  # (at once; 30 s when not woken)

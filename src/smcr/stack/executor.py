@@ -301,6 +301,7 @@ class Executor:
         if hc is None:
             return
         hc.released = True
+        self._wake_waiters(hc)
         self.clc.unwatch_tcp(hc)
         c = self.engine.conns.get(conn_id)
         if c is not None:  # smcr stats: its bytes, which its cursors counted
@@ -318,9 +319,21 @@ class Executor:
         if self.engine_conn(hc) is None and not hc.released:
             hc.released = True
             self.conns.pop(hc.conn_id, None)
+            self._wake_waiters(hc)
             self.clc.unwatch_tcp(hc)
             with contextlib.suppress(OSError):
                 hc.tcp.close()
+
+    @staticmethod
+    def _wake_waiters(hc: HostConn) -> None:
+        """A connection leaves :attr:`conns` (lock held): the threads that wait for news of
+        it are woken now, since :meth:`process` wakes only those of connections still
+        there: a ``close`` that waits for its closing CDC, while another thread polls and
+        the peer's close releases the connection in the same round, would otherwise sleep
+        out its whole wait (2 s per close when a threaded client and gunicorn's workers
+        close at once)."""
+        if hc.waiters:
+            hc.cond.notify_all()
 
     def _dispatch_events(self) -> None:
         while (ev := self.engine.next_event()) is not None:
