@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import socket
 import threading
 import time
@@ -255,6 +256,62 @@ def propose_to_anyone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     monkeypatch.undo()
     discovery.reset()
+
+
+@pytest.mark.usefixtures("propose_to_anyone")
+def test_a_server_that_never_accepts_times_the_connect_out_with_etimedout() -> None:
+    """A server that takes our Proposal and answers nothing: after the CLC wait (6 s) the
+    connect fails with ``ETIMEDOUT``, as Linux's (``__smc_connect``: the wait's ``-EAGAIN``
+    becomes ``ETIMEDOUT``, as for a TCP connect that timed out), both a blocking one (a
+    ``TimeoutError`` with that errno) and a non-blocking one (``SO_ERROR`` when the socket
+    turns writable); the server sees a Proposal, then the reset."""
+    srv = socket.create_server(("127.0.0.1", 0), backlog=4)
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        for _ in range(2):
+            c, _ = srv.accept()
+            threading.Thread(target=hold, args=(c,), daemon=True).start()
+
+    def hold(c: socket.socket) -> None:
+        with c:
+            c.settimeout(30)
+            seen.append(recv_exactly(c, 4))  # (the eyecatcher; then nothing is answered)
+            with contextlib.suppress(OSError):
+                while c.recv(4096):
+                    pass
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    blocking: list[BaseException] = []
+
+    def connect_blocking() -> None:
+        try:
+            smcr.create_connection(srv.getsockname(), timeout=30)
+        except OSError as e:
+            blocking.append(e)
+
+    try:
+        thread = threading.Thread(target=connect_blocking)
+        thread.start()
+        s = smcr.SMCSocket()
+        s.setblocking(False)
+        assert s.connect_ex(srv.getsockname()) == errno.EINPROGRESS
+        began = time.monotonic()
+        err = 0
+        while time.monotonic() - began < 30:
+            _, writable, _ = select.select([], [s], [], 30)
+            if writable and (err := s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)):
+                break
+            time.sleep(0.05)  # (writable while the handshake runs is not the end)
+        s.close()
+        thread.join(30)
+        assert err == errno.ETIMEDOUT, errno.errorcode.get(err, err)
+        assert len(blocking) == 1 and isinstance(blocking[0], TimeoutError), blocking
+        assert blocking[0].errno == errno.ETIMEDOUT and "CLC timeout" in str(blocking[0])
+        assert seen == [EYECATCHER, EYECATCHER]
+    finally:
+        srv.close()
 
 
 @pytest.mark.parametrize("answer", [b"", EYECATCHER + bytes(96)], ids=["close", "broken-clc"])

@@ -530,13 +530,14 @@ class ClcHandshakes:
         self.state.fall_back(hs, int(code), 0)
 
     def _fail(self, hs: Handshake, reason: str, out: list[Action], *,
-              peer_gone: bool = False) -> None:
+              peer_gone: bool = False, timed_out: bool = False) -> None:
         self.state.handshakes.pop(hs.conn, None)
         hs.state = HsState.FAILED
         if hs.first_contact and hs.lgr is not None:
             self.llc.terminate(hs.lgr, reason, out)
         self.state.forget_conn(hs.conn)
-        self.state.events.append(HandshakeFailed(conn=hs.conn, reason=reason, peer_gone=peer_gone))
+        self.state.events.append(HandshakeFailed(conn=hs.conn, reason=reason, peer_gone=peer_gone,
+                                                 timed_out=timed_out))  # fmt: skip
 
     def handshake(self, conn: int) -> Handshake | None:
         """The running handshake of a connection (the host reads its trailing data)."""
@@ -567,7 +568,8 @@ class ClcHandshakes:
         elif hs.state in (HsState.DECLINE_WAIT, HsState.CONFIRM_LINK_RESP_WAIT):
             self._decline(hs, DeclineCode.TIMEOUT_CL, out)
         elif hs.state in (HsState.PROPOSAL_WAIT, HsState.PROPOSAL_SENT, HsState.CONFIRM_WAIT):
-            self._fail(hs, f"CLC timeout in state {hs.state.name}", out)
+            self._fail(hs, f"CLC timeout in state {hs.state.name}", out,
+                       timed_out=hs.client)  # fmt: skip
         else:  # an LLC flow of this handshake stalled: its own timer declines
             hs.deadline = now + self.state.config.llc_wait
 

@@ -183,6 +183,10 @@ class HandshakeFailed:
     """The TCP connection ended under the handshake (the peer closed or reset it): a
     server still hands it to ``accept`` as TCP's listener does, whose reads then tell
     what the peer did; other failures reset a TCP connection that is still up."""
+    timed_out: bool = False
+    """A client waited for the server's Accept in vain: its ``connect`` fails with
+    ``ETIMEDOUT``, as Linux's (``__smc_connect`` turns the CLC wait's ``-EAGAIN`` into it,
+    "see tcp_recvmsg()"); other failures are ``ECONNRESET``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -116,9 +116,12 @@ class Connecting:
             sock._stack.update_readiness(hc)
             sock._connecting = None  # the descriptor now belongs to the connection
             return
+        err = 0 if sock._mode == "TCP" else errno.ECONNRESET
+        if err and getattr(hc.outcome, "timed_out", False):
+            err = errno.ETIMEDOUT  # no Accept came (:func:`handshake.handshake`)
         with self.lock:
             if not self.closed:
-                self._settle("TCP", 0 if sock._mode == "TCP" else errno.ECONNRESET)
+                self._settle("TCP", err)
 
     def _settle(self, mode: str, err: int, failed: bool = False) -> None:
         """Settle to TCP (connect failed, peer without SMC, handshake declined or failed):

@@ -72,6 +72,8 @@ def handshake(sock: SocketBase, client: bool) -> None:
 
     :raises ConnectionResetError: when it failed with no way back to TCP (the
         peer broke the CLC protocol): the TCP connection is reset.
+    :raises TimeoutError: (``ETIMEDOUT``) when the server's Accept did not come in the
+        CLC wait time; the TCP connection is reset too.
     """
     try:
         stack, hc = start_handshake(sock, client, None, polled=True)
@@ -92,8 +94,10 @@ def handshake(sock: SocketBase, client: bool) -> None:
     finish_handshake(sock, stack, hc)
     numbers.reshow(sock)  # (SMC-R: a number given out before connect names its readiness)
     if sock._mode == "INIT":
-        raise ConnectionResetError(errno.ECONNRESET, "SMC handshake failed: "
-                                   f"{getattr(hc.outcome, 'reason', '')}")  # fmt: skip
+        reason = f"SMC handshake failed: {getattr(hc.outcome, 'reason', '')}"
+        if getattr(hc.outcome, "timed_out", False):  # no Accept came: Linux's ETIMEDOUT
+            raise TimeoutError(errno.ETIMEDOUT, f"Connection timed out ({reason})")
+        raise ConnectionResetError(errno.ECONNRESET, reason)
 
 
 def start_handshake(sock: SocketBase, client: bool,
