@@ -13,11 +13,11 @@ about three times slower (``object.__setattr__`` per field: 4.5 µs against
 1.4 µs for a 9-field record on the reference machine), more than a whole RDMA
 WRITE costs.  Treat them as immutable: a provider may keep a posted WR until it
 completes (verbs copies it at post time; we save that copy), so do not change
-a WR after posting it.  Those made per message (:class:`Sge`, :class:`RecvWr`,
-:class:`WorkCompletion`) write their ``__init__`` out: the compiled build then makes them
-without the interpreter (a dataclass's generated ``__init__`` is interpreted code even in a
-compiled module).  Attribute records (QpAttr, AhAttr...) are off the data path and frozen
-where nothing needs to change them.
+a WR after posting it.  Those made per message (:class:`Sge`, :class:`SendWr`,
+:class:`RecvWr`, :class:`WorkCompletion`) write their ``__init__`` out: the compiled build
+then makes them without the interpreter (a dataclass's generated ``__init__`` is
+interpreted code even in a compiled module).  Attribute records (QpAttr, AhAttr...) are
+off the data path and frozen where nothing needs to change them.
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ class Sge:
         self.lkey = lkey
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, init=False)
 class SendWr:
     """A send-queue work request (``ibv_send_wr``).
 
@@ -329,6 +329,19 @@ class SendWr:
     rkey: int = 0
     imm_data: int = 0
     inline_data: bytes | bytearray | memoryview | None = None
+
+    def __init__(self, *, wr_id: int, opcode: WrOpcode, sg_list: tuple[Sge, ...] = (),
+                 send_flags: SendFlag = SendFlag.NONE, remote_addr: int = 0, rkey: int = 0,
+                 imm_data: int = 0,
+                 inline_data: bytes | bytearray | memoryview | None = None) -> None:  # fmt: skip
+        self.wr_id = wr_id
+        self.opcode = opcode
+        self.sg_list = sg_list
+        self.send_flags = send_flags
+        self.remote_addr = remote_addr
+        self.rkey = rkey
+        self.imm_data = imm_data
+        self.inline_data = inline_data
 
 
 @dataclass(slots=True, kw_only=True, init=False)
