@@ -264,7 +264,7 @@ def test_a_server_that_never_accepts_times_the_connect_out_with_etimedout() -> N
     connect fails with ``ETIMEDOUT``, as Linux's (``__smc_connect``: the wait's ``-EAGAIN``
     becomes ``ETIMEDOUT``, as for a TCP connect that timed out), both a blocking one (a
     ``TimeoutError`` with that errno) and a non-blocking one (``SO_ERROR`` when the socket
-    turns writable); the server sees a Proposal, then the reset."""
+    turns writable); the server saw each one's Proposal and nothing after it."""
     srv = socket.create_server(("127.0.0.1", 0), backlog=4)
     seen: list[bytes] = []
 
