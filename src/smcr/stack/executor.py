@@ -326,12 +326,12 @@ class Executor:
 
     @staticmethod
     def _wake_waiters(hc: HostConn) -> None:
-        """A connection leaves :attr:`conns` (lock held): the threads that wait for news of
-        it are woken now, since :meth:`process` wakes only those of connections still
-        there: a ``close`` that waits for its closing CDC, while another thread polls and
-        the peer's close releases the connection in the same round, would otherwise sleep
-        out its whole wait (2 s per close when a threaded client and gunicorn's workers
-        close at once)."""
+        """Wake the threads that wait for news of ``hc`` (lock held; only when someone
+        listens).  A connection that leaves :attr:`conns` wakes them too: :meth:`process`
+        wakes those of connections still there, and a ``close`` that waits for its closing
+        CDC, while another thread polls and the peer's close releases the connection in
+        the same round, would otherwise sleep out its whole wait (2 s per close when a
+        threaded client and gunicorn's workers close at once)."""
         if hc.waiters:
             hc.cond.notify_all()
 
@@ -355,8 +355,7 @@ class Executor:
 
     def _tell(self, hc: HostConn) -> None:
         """Wake the connection's waiters and bring its readiness descriptor up to date."""
-        if hc.waiters:  # (as process(): only when someone listens)
-            hc.cond.notify_all()
+        self._wake_waiters(hc)
         self.update_readiness(hc)
 
     def _hold(self, hc: HostConn) -> bool:
@@ -476,8 +475,7 @@ class Executor:
         for conn_id in touched:
             hc = self.conns.get(conn_id)
             if hc is not None:
-                if hc.waiters:
-                    hc.cond.notify_all()
+                self._wake_waiters(hc)
                 if hc.readiness is not None:
                     self.update_readiness(hc)
 
