@@ -116,9 +116,7 @@ class Connecting:
             sock._stack.update_readiness(hc)
             sock._connecting = None  # the descriptor now belongs to the connection
             return
-        err = 0 if sock._mode == "TCP" else errno.ECONNRESET
-        if err and getattr(hc.outcome, "timed_out", False):
-            err = errno.ETIMEDOUT  # no Accept came (:func:`handshake.handshake`)
+        err = 0 if sock._mode == "TCP" else handshake.failure_errno(hc)
         with self.lock:
             if not self.closed:
                 self._settle("TCP", err)

@@ -95,9 +95,16 @@ def handshake(sock: SocketBase, client: bool) -> None:
     numbers.reshow(sock)  # (SMC-R: a number given out before connect names its readiness)
     if sock._mode == "INIT":
         reason = f"SMC handshake failed: {getattr(hc.outcome, 'reason', '')}"
-        if getattr(hc.outcome, "timed_out", False):  # no Accept came: Linux's ETIMEDOUT
+        if failure_errno(hc) == errno.ETIMEDOUT:
             raise TimeoutError(errno.ETIMEDOUT, f"Connection timed out ({reason})")
         raise ConnectionResetError(errno.ECONNRESET, reason)
+
+
+def failure_errno(hc: HostConn) -> int:
+    """The errno a client's failed handshake ends its ``connect`` with: ``ETIMEDOUT`` when
+    the server's Accept did not come in the CLC wait time (Linux's ``__smc_connect`` turns
+    that wait's ``-EAGAIN`` into it), else ``ECONNRESET``."""
+    return errno.ETIMEDOUT if getattr(hc.outcome, "timed_out", False) else errno.ECONNRESET
 
 
 def start_handshake(sock: SocketBase, client: bool,
