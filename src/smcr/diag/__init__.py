@@ -9,7 +9,7 @@ a listen, a handshake, a fallback) opens an endpoint of its own
 every endpoint they may see (:mod:`smcr.diag.client`).  Counters are the
 process's :data:`~smcr.stack.counters.COUNTERS`; at exit they are left in the
 directory (:mod:`smcr.diag.store`) so host totals include processes that ended,
-by a normal exit or by SIGTERM, SIGHUP or SIGINT (:func:`keep_counters_on_signals`).
+by a normal exit or by SIGTERM, SIGHUP or SIGINT (:func:`smcr.exits.on_exit`).
 
 Modules: ``paths`` (where), ``protocol`` (frames), ``server`` (the endpoint's
 thread), ``snapshot`` (what a process tells), ``registry`` (the listening
@@ -20,25 +20,18 @@ processes, reset baseline), ``trace`` (``smcr trace``'s hooks and stream),
 
 from __future__ import annotations
 
-import atexit
+import functools
 import os
-import signal
 import threading
-from types import FrameType
 from typing import TYPE_CHECKING
 
+from smcr import exits
 from smcr.stack.counters import COUNTERS
 
 if TYPE_CHECKING:
     from smcr.diag.server import Endpoint
 
-__all__ = ["COUNTERS", "SIGNALS", "endpoint", "keep_counters_on_signals", "start", "stop"]
-
-
-
-SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-"""The signals that end a process the usual way (a service manager, a closed terminal,
-Ctrl-C): the counters are kept as at a normal exit (:func:`keep_counters_on_signals`)."""
+__all__ = ["COUNTERS", "endpoint", "start", "stop"]
 
 
 class _State:
@@ -94,37 +87,9 @@ def start() -> None:
                                               {"trace": trace.open_stream})  # fmt: skip
         except OSError:
             return
-        atexit.register(_at_exit, pid)
-        keep_counters_on_signals()
-
-
-def keep_counters_on_signals() -> None:
-    """Leave the counters when :data:`SIGNALS` end the process, as at a normal exit.
-
-    A signal whose action is the default kills the process without its ``atexit``:
-    its counts left the host totals (a server stopped by SIGTERM, uvicorn among
-    them: it handles SIGTERM, then restores the handler it found and raises the
-    signal again).  So where the action is still the default, a handler leaves
-    the counters, restores the default and raises the signal again: the process
-    still dies of it, as it would have.  A handler the program installed first
-    is left alone (it decides how the process ends; one that exits normally runs
-    ``atexit``); one installed after ours finds ours and, as uvicorn, restores it.
-    Python's own SIGINT handler raises KeyboardInterrupt, a normal exit.  Only
-    the main thread may set handlers: ``smcr run`` calls this at start (through
-    :func:`start`), before the program sets its own.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in SIGNALS:
-        if signal.getsignal(sig) == signal.SIG_DFL:
-            signal.signal(sig, _on_signal)
-
-
-def _on_signal(signum: int, _frame: FrameType | None) -> None:
-    """Leave the counters, then die of the signal with its default action."""
-    _at_exit(os.getpid())
-    signal.signal(signum, signal.SIG_DFL)
-    signal.raise_signal(signum)
+        # at exit, or as SIGTERM, SIGHUP or SIGINT end the process (a server stopped by
+        # its service manager): their default action skips atexit, and with it the counts
+        exits.on_exit(functools.partial(_at_exit, pid))
 
 
 def endpoint() -> Endpoint | None:

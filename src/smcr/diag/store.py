@@ -7,7 +7,7 @@ Design (the why of each):
   (:mod:`smcr.diag.paths`), written 0600 under a temporary name and renamed, so
   a reader sees a whole file or none.  ``smcr stats`` adds them to the running
   processes' counters: host totals include processes that have gone, those
-  that SIGTERM, SIGHUP or SIGINT ended too (:func:`smcr.diag.keep_counters_on_signals`).
+  that SIGTERM, SIGHUP or SIGINT ended too (:func:`smcr.exits.on_exit`).
   A process killed by SIGKILL leaves nothing (nothing runs in it any more): its
   counts leave the totals.
 * **Folding**: the tools add the exited files into ``exited/total.json`` and
