@@ -188,6 +188,40 @@ def test_roce_blocked_falls_back_after_confirm_link_timeout_with_bytes_intact(
         subprocess.run([*nft, "delete", "table", "inet", "smcrblock"], check=True, timeout=30)
 
 
+@rnics(kinds=("roce",))
+@pytest.mark.skipif(shutil.which("nft") is None, reason="needs nftables")
+@pytest.mark.parametrize("verdict", ["reject with tcp reset", "reject", "drop"])
+def test_an_ip_filter_of_the_client_refuses_smcr_as_it_refuses_tcp(
+        peer: PeerFactory, roce_hosts: Hosts, verdict: str) -> None:  # fmt: skip
+    """Issue 25: an nftables rule in the server's host against the client's address
+    (reset, ICMP port unreachable, or a silent drop) ends an SMC-R connect exactly as it
+    ends a TCP one, with the same exception, and nothing of SMC-R gets through; without
+    the rule the same client gets SMC-R."""
+    p = peer(smc_peer.echo_server, False, 1)
+    port = p.recv()
+    rule = (f"table inet smcrfilter {{\n chain input {{\n"
+            f"  type filter hook input priority 0; policy accept;\n"
+            f"  ip saddr {roce_hosts.addr[0]} tcp dport {port} {verdict}\n }}\n}}\n")
+    nft = ["ip", "netns", "exec", roce_hosts.ns[1], "nft"]
+    subprocess.run([*nft, "-f", "-"], input=rule, text=True, check=True, timeout=30)
+    outcomes = []
+    try:
+        for make in (smcr.create_connection, socket.create_connection):
+            t0 = time.monotonic()
+            with pytest.raises(OSError) as exc:
+                make((smc_peer.host(), port), timeout=1.0).close()
+            outcomes.append((type(exc.value), exc.value.errno, round(time.monotonic() - t0)))
+    finally:
+        subprocess.run([*nft, "delete", "table", "inet", "smcrfilter"], check=True, timeout=30)
+    expected = TimeoutError if verdict == "drop" else ConnectionRefusedError
+    assert outcomes[0] == outcomes[1] and outcomes[0][0] is expected, outcomes
+    with connect(port) as s:
+        assert s.smc_info().mode == "SMCR"
+        s.sendall(b"through")
+        assert s.recv(7, socket.MSG_WAITALL) == b"through"
+    assert p.recv() == ("SMCR", 0, 0)
+
+
 @RNICS
 def test_peer_sigkill_ends_the_stream_in_bounded_time(peer: PeerFactory, rnic: str) -> None:
     """Over shm the RNIC delivered all the killed process posted, and nothing waited in
