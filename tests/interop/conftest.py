@@ -49,8 +49,11 @@ def _skip_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def rxe_guest() -> Iterator[Guest]:
+    """The booted guest, for this package's tests only: it goes (and its lock with it) once
+    they are done, not at the end of the run.  Why: an idle guest under TCG still takes
+    about half a CPU, which the rest of a run (most of it) would share with it."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
@@ -125,7 +128,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"smcr <-> kernel SMC-R figures (guest under TCG): {text}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kernel_smc(rxe_guest: Guest) -> Guest:
     """The guest with kernel SMC set up (pnet entry and UEID; rxe0 exists already)."""
     out = rxe_guest.run(f"modprobe smc && modprobe smc_diag && {KERNEL_TOOL} setup", timeout=60)
