@@ -54,7 +54,6 @@ Design (the why of each):
 
 from __future__ import annotations
 
-import atexit
 import ipaddress
 import os
 import secrets
@@ -65,7 +64,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from smcr import settings
+from smcr import exits, settings
 from smcr.core import Action, Config, Engine, LocalIdentity, NextHop, Port, Rmb
 from smcr.core.connection import Connection
 from smcr.pnet import Entry, PnetTable, lookup
@@ -445,7 +444,10 @@ class Stack:
             self.ex.clc.close()
 
     def close_at_exit(self) -> None:
-        """:meth:`close` at the interpreter's exit (``atexit``).
+        """:meth:`close` at the interpreter's exit (``atexit``), or as a signal ends the
+        process (:func:`smcr.exits.on_exit`): its link groups end with DELETE LINK, so no
+        peer waits on links nobody answers, as a TCP peer is not left waiting when the
+        kernel closes the sockets of a process it ended.
 
         Threads still in ``recv`` or ``send`` then are daemon threads (Python joins
         the others before ``atexit``), which TCP leaves blocked until the process is
@@ -530,7 +532,7 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
             stack = _stacks[key] = Stack(config, device=device, more_devices=more)
             if any(isinstance(d, RoceDevice) for d in more):
                 stack.watch_ports()
-            atexit.register(stack.close_at_exit)
+            exits.on_exit(stack.close_at_exit)  # (SIGTERM too: no peer waits on our links)
             for hook in list(on_new_stack):
                 hook(stack)
         return stack
