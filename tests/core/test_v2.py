@@ -468,6 +468,26 @@ def test_shutdown_final_ends_groups_whose_peer_does_not_answer() -> None:
     assert not server.ending() and not server.lgrs and p.server.destroyed
 
 
+def test_the_links_a_peer_may_still_use_after_shutdown() -> None:
+    """At exit the host keeps the QPs of the groups whose peer may still send after our
+    DELETE LINK: one with a connection the peer has not closed (a Linux peer's
+    ``smc_conn_kill`` sends an abort CDC over the link as its group ends), one whose
+    DELETE LINK was not answered; not one whose connections both ends closed."""
+    p, c, s = established()
+    server, client = p.server.engine, p.client.engine
+    qpns = {link.qpn for link in server.lgrs[completed(p.server, s).lgr_id].links}
+    assert qpns and server.links_peers_may_use() == qpns  # open: the peer may abort it
+    p.do(p.server, server.close(s, p.now))
+    assert server.links_peers_may_use() == qpns  # closed by us, not yet by the peer
+    p.do(p.client, client.close(c, p.now))  # both closed: nothing more will come
+    assert server.links_peers_may_use() == set()
+    p.drop_llc = lambda side, data: side is p.server  # our DELETE LINK is lost
+    p.do(p.server, server.shutdown(p.now))
+    assert server.links_peers_may_use() == qpns  # not answered: its DELETE LINK may come
+    p.do(p.server, server.shutdown(p.now, final=True))
+    assert server.links_peers_may_use() == set()
+
+
 def test_a_server_answers_delete_link_all_orderly_with_the_reason() -> None:
     """Linux ``smc_llc_process_srv_delete_link``: DELETE LINK ALL | ORDERLY back (the
     live kernel server answered smcr's exit so: flags 0x60, reason 0x00030000)."""

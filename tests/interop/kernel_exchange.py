@@ -277,7 +277,7 @@ def exchange(guest: Guest, guest_role: str, family: str, discovery: str = "bpf",
     opts = (f"--port {port} --count {count} --mode {mode} --bytes {nbytes} --seed {seed}"
             f" --iters {iters} --size {size} --pause {pause} --timeout {timeout}"
             f" --aborter {aborter}")  # fmt: skip
-    server_mode = mode if mode in ("send", "abort") else "echo"
+    server_mode = mode if mode in ("send", "abort", "hold") else "echo"
     server_opts = opts.replace(f"--mode {mode}", f"--mode {server_mode}")
     try:
         with capture(port, roce_capture) as pcap:

@@ -119,7 +119,7 @@ def rnic_stats() -> dict[str, int] | None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("cmd", choices=["server", "client"])
-    add_exchange_args(p, "10.99.0.11", ["echo", "send", "pingpong", "abort"])
+    add_exchange_args(p, "10.99.0.11", ["echo", "send", "pingpong", "abort", "hold"])
     a = p.parse_args()
     enter_netns(NETNS)
     result = server(a) if a.cmd == "server" else client(a, smcr_stack())

@@ -841,6 +841,83 @@ def test_smcr_killed_mid_transfer_the_kernel_ends_cleanly(kernel_smc: Guest) -> 
     record("smcr_killed_kernel_end_s", ended)
 
 
+def test_smcr_ended_by_sigterm_ends_its_link_group_with_the_kernel(kernel_smc: Guest) -> None:
+    """Issue 25: SIGTERM (a service manager stopping smcr's server) ends the process without
+    ``atexit``; smcr's handler ends its link groups first (DELETE LINK), as a TCP peer
+    learns at once when the kernel closes a killed process's sockets.  The kernel's
+    client, reading, sees its connection end within seconds with its TEST LINK at the
+    default 30 s (without the handler it waited for that), its socket and link group go,
+    and smcr's process still dies of the signal."""
+    port = next_port()
+    table = ueid_file([GUEST_UEID])
+    proc = host_proc(["server", "--port", str(port), "--mode", "send", "--bytes", str(1 << 40),
+                      "--timeout", "30"],
+                     {"SMCR_DISCOVERY": "bpf", "SMCR_UEID_FILE": str(table)})  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline()) == {"listening": port}
+        ident = kernel_smc.run(f"{TOOL} client --family smc --host {HOST_IP} --port {port}"
+                               " --mode drain --timeout 60", background=True)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not any(s["dport"] == port and s["mode"] == "SMCR"
+                      for s in kernel_socks(kernel_smc)):  # fmt: skip
+            assert time.monotonic() < deadline, kernel_smc.output(ident)
+            time.sleep(0.2)
+        time.sleep(1.0)  # mid-transfer
+        proc.terminate()
+        t0 = time.monotonic()
+        assert proc.wait(timeout=30) == -15
+        conn = json.loads(kernel_smc.wait(ident, 60).splitlines()[-1])["conns"][0]
+        ended = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+        shutil.rmtree(table.parent, ignore_errors=True)
+    assert conn["diag"]["mode"] == "SMCR" and conn["received"] > 0, conn
+    assert ended < 15.0, (ended, conn)  # (its TEST LINK would have taken 30 s and more)
+    deadline = time.monotonic() + LGR_END_WAIT
+    while (socks := kernel_socks(kernel_smc)) or (lgrs := kernel_lgrs(kernel_smc)):
+        assert time.monotonic() < deadline, (socks, lgrs)
+        time.sleep(0.5)
+    record("smcr_sigterm_kernel_end_s", ended)
+
+
+HOLD_CONNS = 40
+"""Connections of the exit test: three link groups with the kernel's limit of 16 each."""
+
+
+def test_smcr_exits_while_the_kernel_server_has_not_closed(kernel_smc: Guest) -> None:
+    """Issue 25: smcr's client process ends with its connections spread over three link
+    groups (the kernel's ``smcr_max_conns_per_lgr`` 16) while the kernel's server has not
+    closed them yet: it reads each to EOF and closes them 4 s later, after smcr's exit
+    wait for closes (2 s) has run out.  smcr then ends its groups with DELETE LINK, and
+    the kernel ends each by killing its connections, each kill an abort CDC over the link
+    that it waits to complete (``smc_conn_kill``).  smcr keeps those QPs until they are
+    quiet, so the CDCs are acknowledged: every close of the kernel's server returns at
+    once, and its sockets and link groups are gone within seconds.  (When smcr's QPs went
+    with its DELETE LINK, rxe retried the CDCs without end and the kernel's workers and
+    the server sat in D state for minutes.)"""
+    kernel_smc.run("sysctl -w net.smc.smcr_max_conns_per_lgr=16", timeout=30)
+    try:
+        ex = smcr_run(kernel_smc, "server", mode="hold", count=HOLD_CONNS, nbytes=100,
+                      pause=4.0, timeout=60.0)  # fmt: skip
+    finally:
+        kernel_smc.run("sysctl -w net.smc.smcr_max_conns_per_lgr=255", timeout=30)
+    ours, kernels = ex.ends()
+    assert len(ours) == len(kernels) == HOLD_CONNS
+    assert all(c["info"]["mode"] == "SMCR" for c in ours), ours
+    assert len({c["info"]["lgr_id"] for c in ours}) == 3, ours
+    assert all((k["read"], k["received"]) == ("EOF", 100) for k in kernels), kernels
+    assert [k for k in kernels if k["close"] != "ok" or k["close_seconds"] > 2.0] == []
+    t0 = time.monotonic()
+    while kernel_socks(kernel_smc) or kernel_lgrs(kernel_smc):
+        assert time.monotonic() - t0 < LGR_END_WAIT, (kernel_socks(kernel_smc),
+                                                      kernel_lgrs(kernel_smc))  # fmt: skip
+        time.sleep(0.5)
+    record("exit_kernel_close_max_s", max(k["close_seconds"] for k in kernels))
+
+
 def kernel_socks(guest: Guest) -> list[dict[str, Any]]:
     """The kernel's AF_SMC sockets now (``smcss -a``)."""
     out = guest.run(f"{TOOL} socks", timeout=60)

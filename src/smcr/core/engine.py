@@ -349,6 +349,21 @@ class Engine:
         return any(lgr_id in self.state.lgrs and not self.state.lgrs[lgr_id].terminated
                    for lgr_id in self.state.ending)  # fmt: skip
 
+    def links_peers_may_use(self) -> set[int]:
+        """The QPs of the link groups whose peer may still send after :meth:`shutdown`:
+        a group that has a connection not yet closed by both ends, or that has not yet
+        answered our DELETE LINK.
+
+        Why: a Linux peer ends such a group by killing each of its connections, and each
+        kill sends an abort CDC over the link (``smc_conn_kill``) and waits for its
+        completion (``smc_cdc_wait_pend_tx_wr``); a QP of ours gone by then leaves the
+        peer's RC retrying it without end and its workers and application blocked.  The
+        host keeps these QPs until they are quiet (:class:`~smcr.stack.closing.Closing`)."""
+        return {link.qpn for lgr in self.state.lgrs.values() if not lgr.terminated
+                and (lgr.lgr_id in self.state.ending
+                     or any(c.state is not SmcState.CLOSED for c in lgr.conns.values()))
+                for link in lgr.links}  # fmt: skip
+
     def closing(self) -> bool:
         """Whether a close is under way with a peer: a connection the application closed
         that waits for the peer's side of the close, or an LLC flow (DELETE RKEY of a

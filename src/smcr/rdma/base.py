@@ -809,6 +809,13 @@ class QueuePair(ABC):
         that numbers packets (RoCE; ``smcr trace``), else None."""
         return None
 
+    def acknowledged(self) -> bool:
+        """Whether the peer has acknowledged everything this QP sent (nothing in flight
+        or queued); always for a provider that delivers at once (shm).  The host waits
+        for it before it takes a QP away at exit: a last CDC or DELETE LINK lost with the
+        QP would be retried by nobody."""
+        return True
+
     def delivery_mark(self) -> int | None:
         """A number that changes whenever the transport delivers over this QP, either way
         (the peer acknowledged packets of ours, or the peer's arrived in order), for a

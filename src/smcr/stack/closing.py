@@ -29,6 +29,13 @@ EXIT_DELETE_WAIT = 1.0
 EXIT_LINGER = 2.0
 """At exit, how long closes under way may take before the links end (:meth:`Closing.end_links`;
 ``SMC_MAX_STREAM_WAIT_TIMEOUT``, the wait of a close for its data)."""
+EXIT_QUIET = 0.3
+"""At exit, how long the QPs a peer may still use must stay silent (all of ours acknowledged,
+nothing new delivered) before they go."""
+EXIT_SILENT = 1.0
+"""... or, with sends of ours unacknowledged, how long nothing may move at all (a peer gone)."""
+EXIT_KEEP = 5.0
+"""At exit, the longest those QPs are kept after the link groups ended."""
 
 
 class Closing:
@@ -138,9 +145,10 @@ class Closing:
         them: the peer's last CDCs are received and acknowledged, DELETE RKEY flows
         answered) until ``deadline``; then every link group ends with DELETE LINK
         (:meth:`Engine.shutdown`), the links kept until the peer's DELETE LINK has come
-        (Linux sends one back) or :data:`EXIT_DELETE_WAIT` is over.  Corked bytes go
-        first (:meth:`Executor.uncork`): the peer's answer that would send them may come
-        after the links have ended, and they would be lost."""
+        (Linux sends one back) or :data:`EXIT_DELETE_WAIT` is over, and the QPs of groups
+        the peer may still use after that until they are quiet (:meth:`_keep_until_quiet`).
+        Corked bytes go first (:meth:`Executor.uncork`): the peer's answer that would send
+        them may come after the links have ended, and they would be lost."""
         ex = self.ex
         with ex.lock:
             ex.uncork()
@@ -150,15 +158,45 @@ class Closing:
                 done = (not (ex.engine.closing() or self.busy())
                         or time.monotonic() >= deadline)  # fmt: skip
                 if done:
+                    ex.qp.keep = ex.engine.links_peers_may_use()
                     ex.execute(ex.engine.shutdown(time.monotonic()))
             if not done:
                 ex.wake.kick()
                 time.sleep(0.005)
         answered = time.monotonic() + EXIT_DELETE_WAIT
-        while True:  # the peers' DELETE LINKs, received and acknowledged
+        done = False
+        while not done:  # the peers' DELETE LINKs, received and acknowledged
             with ex.lock:
-                if not ex.engine.ending() or time.monotonic() >= answered:
+                done = not ex.engine.ending() or time.monotonic() >= answered
+                if done:
+                    ex.qp.keep |= ex.engine.links_peers_may_use()
                     ex.execute(ex.engine.shutdown(time.monotonic(), final=True))
-                    return
+            if not done:
+                ex.wake.kick()
+                time.sleep(0.005)
+        self._keep_until_quiet()
+
+    def _keep_until_quiet(self) -> None:
+        """Keep the QPs a peer may still send over (:attr:`QueuePairs.keep
+        <smcr.stack.qps.QueuePairs.keep>`) until they have been quiet for
+        :data:`EXIT_QUIET`, :data:`EXIT_KEEP` at most; then destroy them.  Meanwhile the
+        progress thread takes what arrives (a Linux peer's abort CDCs as it kills the
+        connections of a group that ended) and reposts the receives, so that the peer's
+        RC sends complete and its close ends (:meth:`Engine.links_peers_may_use
+        <smcr.core.engine.Engine.links_peers_may_use>`)."""
+        ex = self.ex
+        now = moved = time.monotonic()
+        end = now + EXIT_KEEP
+        with ex.lock:
+            acked, marks = ex.qp.quiet()
+        while (ex.qp.kept and now < end
+               and now - moved < (EXIT_QUIET if acked else EXIT_SILENT)):  # fmt: skip
             ex.wake.kick()
-            time.sleep(0.005)
+            time.sleep(0.01)
+            now = time.monotonic()
+            with ex.lock:
+                acked, seen = ex.qp.quiet()
+            if seen != marks:
+                marks, moved = seen, now
+        with ex.lock:
+            ex.qp.destroy_kept()

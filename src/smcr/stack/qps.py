@@ -43,6 +43,13 @@ class QueuePairs:
         """QPN -> port, for the QPs of ports other than 0."""
         self.setup: dict[int, list[tuple[QpAttr, QpAttrMask]]] = {}
         """QPN -> its bring-up steps, from RTR until RTS."""
+        self.keep: set[int] = set()
+        """QPs whose destruction waits (:meth:`destroy`, :meth:`quiet`): at exit, those a
+        peer may still send over (:meth:`Engine.links_peers_may_use
+        <smcr.core.engine.Engine.links_peers_may_use>`)."""
+        self.kept: dict[int, QueuePair] = {}
+        """The QPs of :attr:`keep` the engine has let go; their RNIC still acknowledges
+        what arrives, the host takes no notice of it."""
 
     def new_qp(self, port: int = 0) -> tuple[int, int]:
         """A QP in RESET on ``port``'s RNIC, with a random initial PSN.
@@ -116,6 +123,10 @@ class QueuePairs:
         receives flush (Linux ``smc_wr_drain_cq`` before ``smcr_link_clear``); their
         slots come back as those completions are taken.  Otherwise at once.
         """
+        kept = self.qps.get(qpn) if qpn in self.keep else None
+        if kept is not None and kept.delivery_mark() is not None:  # (shm: nothing in flight)
+            self.kept[qpn] = kept
+            return
         self.qp_port.pop(qpn, None)
         qp = self.qps.pop(qpn, None)
         drained = False
@@ -126,6 +137,22 @@ class QueuePairs:
                     drained = True
             qp.destroy()
         self.wr.release(qpn, drained)
+
+    def quiet(self) -> tuple[bool, tuple[int | None, ...]]:
+        """Of the kept QPs: whether the peers acknowledged all they were sent, and what
+        their transports delivered so far (:meth:`QueuePair.delivery_mark
+        <smcr.rdma.base.QueuePair.delivery_mark>`): the host destroys them once this
+        stays the same for a while (the peers have nothing more to say)."""
+        qps = list(self.kept.values())
+        return (all(qp.acknowledged() for qp in qps),
+                tuple(qp.delivery_mark() for qp in qps))  # fmt: skip
+
+    def destroy_kept(self) -> None:
+        """Destroy the QPs :meth:`destroy` kept."""
+        self.keep = set()
+        for qpn in list(self.kept):
+            del self.kept[qpn]
+            self.destroy(qpn, False)
 
     def destroy_all(self) -> None:
         """Destroy every QP (the runtime closes)."""

@@ -532,6 +532,11 @@ class RoceQp(QueuePair):
         """The requester's next PSN and the responder's expected one (``smcr trace``)."""
         return self.req.next, self.resp.epsn
 
+    def acknowledged(self) -> bool:
+        """Whether the requester has no packet in flight and no WQE queued."""
+        req = self.req
+        return req.una == req.next and not req.wqes
+
     def delivery_mark(self) -> int | None:
         """The requester's oldest unacknowledged PSN and the responder's expected one, in
         one number: it moves with every ACK that retires packets of ours and every

@@ -5,7 +5,7 @@
 What an end does is the same whichever stack it runs on: the seeded pattern
 (``random.Random(seed + i).randbytes`` for the i-th connection, made and hashed
 in :data:`CHUNK` pieces, so hundreds of MiB need no memory), the modes (``echo``,
-``send``, ``pingpong``, ``drain``, ``abort``) and what each records.  Only how
+``send``, ``pingpong``, ``drain``, ``abort``, ``hold``) and what each records.  Only how
 sockets are made and how a connection is described (``smc_diag`` in the guest,
 ``smc_info()`` on the host) differ: :class:`Stack` says it.
 
@@ -178,12 +178,56 @@ def serve_one(conn: Any, a: argparse.Namespace, i: int, stack: Stack) -> dict[st
 def serve(listener: Any, a: argparse.Namespace, stack: Stack) -> dict[str, Any]:
     """Accept ``a.count`` clients one after another, each served to its end."""
     listener.settimeout(a.timeout)
+    if a.mode == "hold":
+        return hold_server(listener, a, stack)
     conns = []
     for i in range(a.count):
         conn, _peer = listener.accept()
         with conn:
             conns.append(serve_one(conn, a, i, stack))
     return {"conns": conns}
+
+
+def hold_server(listener: Any, a: argparse.Namespace, stack: Stack) -> dict[str, Any]:
+    """``hold``: accept ``a.count`` clients, all kept open; read each to EOF (the client
+    sends ``a.bytes`` and closes); then ``a.pause`` seconds later (the client's process
+    has ended by then) close them one by one, each close timed (a slow server that
+    closes after its peer went away)."""
+    conns: list[tuple[Any, dict[str, Any]]] = []
+    for _ in range(a.count):
+        conn, _peer = listener.accept()
+        conn.settimeout(a.timeout)
+        conns.append((conn, {stack.key: stack.describe(conn)}))
+    for conn, rec in conns:
+        rec["read"], rec["received"] = read_outcome(conn)
+    time.sleep(a.pause)
+    for conn, rec in conns:
+        t0 = time.perf_counter()
+        try:
+            conn.close()
+            rec["close"] = "ok"
+        except OSError as exc:
+            rec["close"] = outcome(exc)
+        rec["close_seconds"] = time.perf_counter() - t0
+    return {"conns": [rec for _conn, rec in conns]}
+
+
+def hold_client(a: argparse.Namespace, stack: Stack) -> dict[str, Any]:
+    """``hold``: ``a.count`` connections opened one after another and all kept open, then
+    ``a.bytes`` sent on each, then each closed; the process ends right after (what the
+    server does then is the test's point)."""
+    socks: list[Any] = []
+    recs: list[dict[str, Any]] = []
+    for _ in range(a.count):
+        s = stack.connect(a)
+        socks.append(s)
+        recs.append({stack.key: stack.describe(s)})
+    for s in socks:
+        s.sendall(bytes(a.bytes))
+    t0 = time.perf_counter()
+    for s in socks:
+        s.close()
+    return {"conns": recs, "close_seconds": time.perf_counter() - t0}
 
 
 def pingpong(s: Any, a: argparse.Namespace) -> dict[str, Any]:
@@ -258,7 +302,9 @@ def client_one(a: argparse.Namespace, i: int, stack: Stack) -> dict[str, Any]:
 
 
 def client(a: argparse.Namespace, stack: Stack) -> dict[str, Any]:
-    """``a.count`` connections one after another."""
+    """``a.count`` connections one after another (``hold``: all open at once)."""
+    if a.mode == "hold":
+        return hold_client(a, stack)
     return {"conns": [client_one(a, i, stack) for i in range(a.count)]}
 
 

@@ -306,7 +306,7 @@ def main() -> None:
     p.add_argument("--eth", default="eth0")  # pnet: the net device and the RNIC
     p.add_argument("--ib", default="rxe0")
     p.add_argument("--family", choices=["smc", "tcp"], default="smc")
-    add_exchange_args(p, "10.99.0.1", ["echo", "send", "pingpong", "abort", "drain"])
+    add_exchange_args(p, "10.99.0.1", ["echo", "send", "pingpong", "abort", "drain", "hold"])
     a = p.parse_args()
     if a.cmd in ("server", "client"):
         print(json.dumps({"pid": os.getpid()}), flush=True)  # for the tests that kill it
