@@ -121,7 +121,9 @@ class QueuePairs:
         ``drain``: the link is cleared while its group lives (failover): the QP is first
         moved to ERR, so what it had delivered completes into the CQ and its other
         receives flush (Linux ``smc_wr_drain_cq`` before ``smcr_link_clear``); their
-        slots come back as those completions are taken.  Otherwise at once.
+        slots come back as those completions are taken.  Otherwise at once.  A QP of
+        :attr:`keep` is only set aside (:attr:`kept`) while it carries packets
+        (:meth:`destroy_kept` ends it).
         """
         kept = self.qps.get(qpn) if qpn in self.keep else None
         if kept is not None and kept.delivery_mark() is not None:  # (shm: nothing in flight)
