@@ -799,20 +799,9 @@ def test_smcr_killed_mid_transfer_the_kernel_ends_cleanly(kernel_smc: Guest) -> 
     table = ueid_file([GUEST_UEID])
     with capture(port, roce=True) as pcap:
         kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=1", timeout=30)
-        proc = host_proc(["server", "--port", str(port), "--mode", "send", "--bytes", str(1 << 40),
-                          "--timeout", "30"],
-                         {"SMCR_DISCOVERY": "bpf", "SMCR_UEID_FILE": str(table)})  # fmt: skip
+        proc = smcr_sender(port, table)
         try:
-            assert proc.stdout is not None
-            assert json.loads(proc.stdout.readline()) == {"listening": port}
-            ident = kernel_smc.run(f"{TOOL} client --family smc --host {HOST_IP} --port {port}"
-                                   " --mode drain --timeout 30", background=True)  # fmt: skip
-            deadline = time.monotonic() + 60
-            while not any(s["dport"] == port and s["mode"] == "SMCR"
-                          for s in kernel_socks(kernel_smc)):  # fmt: skip
-                assert time.monotonic() < deadline, kernel_smc.output(ident)
-                time.sleep(0.2)
-            time.sleep(1.0)  # mid-transfer: the kernel reads what smcr writes
+            ident = kernel_drains(kernel_smc, proc, port, 30)
         finally:
             proc.kill()
             proc.communicate(timeout=30)
@@ -821,10 +810,7 @@ def test_smcr_killed_mid_transfer_the_kernel_ends_cleanly(kernel_smc: Guest) -> 
             t0 = time.monotonic()
             conn = json.loads(kernel_smc.wait(ident, 90).splitlines()[-1])["conns"][0]
             ended = time.monotonic() - t0
-            deadline = time.monotonic() + LGR_END_WAIT
-            while (socks := kernel_socks(kernel_smc)) or (lgrs := kernel_lgrs(kernel_smc)):
-                assert time.monotonic() < deadline, (socks, lgrs)
-                time.sleep(0.5)
+            kernel_sockets_and_groups_end(kernel_smc)
         finally:
             kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=30", timeout=30)
     try:  # the wire: decoded; the kernel's TEST LINK requests found the dead link
@@ -850,20 +836,9 @@ def test_smcr_ended_by_sigterm_ends_its_link_group_with_the_kernel(kernel_smc: G
     and smcr's process still dies of the signal."""
     port = next_port()
     table = ueid_file([GUEST_UEID])
-    proc = host_proc(["server", "--port", str(port), "--mode", "send", "--bytes", str(1 << 40),
-                      "--timeout", "30"],
-                     {"SMCR_DISCOVERY": "bpf", "SMCR_UEID_FILE": str(table)})  # fmt: skip
+    proc = smcr_sender(port, table)
     try:
-        assert proc.stdout is not None
-        assert json.loads(proc.stdout.readline()) == {"listening": port}
-        ident = kernel_smc.run(f"{TOOL} client --family smc --host {HOST_IP} --port {port}"
-                               " --mode drain --timeout 60", background=True)  # fmt: skip
-        deadline = time.monotonic() + 60
-        while not any(s["dport"] == port and s["mode"] == "SMCR"
-                      for s in kernel_socks(kernel_smc)):  # fmt: skip
-            assert time.monotonic() < deadline, kernel_smc.output(ident)
-            time.sleep(0.2)
-        time.sleep(1.0)  # mid-transfer
+        ident = kernel_drains(kernel_smc, proc, port, 60)
         proc.terminate()
         t0 = time.monotonic()
         assert proc.wait(timeout=30) == -15
@@ -876,10 +851,7 @@ def test_smcr_ended_by_sigterm_ends_its_link_group_with_the_kernel(kernel_smc: G
         shutil.rmtree(table.parent, ignore_errors=True)
     assert conn["diag"]["mode"] == "SMCR" and conn["received"] > 0, conn
     assert ended < 15.0, (ended, conn)  # (its TEST LINK would have taken 30 s and more)
-    deadline = time.monotonic() + LGR_END_WAIT
-    while (socks := kernel_socks(kernel_smc)) or (lgrs := kernel_lgrs(kernel_smc)):
-        assert time.monotonic() < deadline, (socks, lgrs)
-        time.sleep(0.5)
+    kernel_sockets_and_groups_end(kernel_smc)
     record("smcr_sigterm_kernel_end_s", ended)
 
 
@@ -910,12 +882,38 @@ def test_smcr_exits_while_the_kernel_server_has_not_closed(kernel_smc: Guest) ->
     assert len({c["info"]["lgr_id"] for c in ours}) == 3, ours
     assert all((k["read"], k["received"]) == ("EOF", 100) for k in kernels), kernels
     assert [k for k in kernels if k["close"] != "ok" or k["close_seconds"] > 2.0] == []
-    t0 = time.monotonic()
-    while kernel_socks(kernel_smc) or kernel_lgrs(kernel_smc):
-        assert time.monotonic() - t0 < LGR_END_WAIT, (kernel_socks(kernel_smc),
-                                                      kernel_lgrs(kernel_smc))  # fmt: skip
-        time.sleep(0.5)
+    kernel_sockets_and_groups_end(kernel_smc)
     record("exit_kernel_close_max_s", max(k["close_seconds"] for k in kernels))
+
+
+def smcr_sender(port: int, table: Path) -> subprocess.Popen[str]:
+    """smcr's server on ``port`` sending without end (the UEID table ``table``)."""
+    return host_proc(["server", "--port", str(port), "--mode", "send", "--bytes", str(1 << 40),
+                      "--timeout", "30"],
+                     {"SMCR_DISCOVERY": "bpf", "SMCR_UEID_FILE": str(table)})  # fmt: skip
+
+
+def kernel_drains(guest: Guest, proc: subprocess.Popen[str], port: int, timeout: int) -> str:
+    """Once ``proc`` (:func:`smcr_sender`) listens, the kernel's client reading from it, its
+    command id; returns a second after its socket is SMC-R (mid-transfer)."""
+    assert proc.stdout is not None
+    assert json.loads(proc.stdout.readline()) == {"listening": port}
+    ident = guest.run(f"{TOOL} client --family smc --host {HOST_IP} --port {port}"
+                      f" --mode drain --timeout {timeout}", background=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not any(s["dport"] == port and s["mode"] == "SMCR" for s in kernel_socks(guest)):
+        assert time.monotonic() < deadline, guest.output(ident)
+        time.sleep(0.2)
+    time.sleep(1.0)  # mid-transfer: the kernel reads what smcr writes
+    return ident
+
+
+def kernel_sockets_and_groups_end(guest: Guest) -> None:
+    """The kernel has no AF_SMC socket and no SMC-R link group left within LGR_END_WAIT."""
+    deadline = time.monotonic() + LGR_END_WAIT
+    while (socks := kernel_socks(guest)) or (lgrs := kernel_lgrs(guest)):
+        assert time.monotonic() < deadline, (socks, lgrs)
+        time.sleep(0.5)
 
 
 def kernel_socks(guest: Guest) -> list[dict[str, Any]]:
