@@ -562,9 +562,18 @@ def test_a_failover_with_the_kernel_over_its_second_link(kernel_smc: Guest) -> N
     unless the kernel's own defect strikes (:func:`kernel_send_buffer_fault`): then smcr
     must have received exactly what the kernel's WRITEs delivered."""
     nbytes = 96 * MB
+    cut_after: list[float] = []
 
     def cut() -> None:
-        time.sleep(3.0)  # handshake and ADD LINK done, the transfer running (~15 MB/s)
+        """eth0 down once the kernel's group has its second link and the connection: the
+        transfer is running then (~3-15 MB/s under TCG, so 96 MiB lasts several seconds
+        more), while a fixed delay may fall before the guest's client has even started."""
+        t0 = time.monotonic()
+        while not any(g["type"] != "SINGLE" and g["conns"] >= 1 for g in kernel_lgrs(kernel_smc)):
+            if time.monotonic() - t0 > 60:
+                return
+            time.sleep(0.2)
+        cut_after.append(time.monotonic() - t0)
         kernel_smc.run("ip link set eth0 down; sleep 2; ip link set eth0 up", timeout=60)
 
     with second_rnic(kernel_smc):
@@ -576,6 +585,7 @@ def test_a_failover_with_the_kernel_over_its_second_link(kernel_smc: Guest) -> N
         finally:
             cutter.join(90)
             eth0(kernel_smc, up=True)  # rxe0 ACTIVE again, for the tests after
+    assert cut_after, "the kernel's group never had its second link with the connection"
     with kept_capture(ex) as pcap:
         llc = llc_sends(pcap)
         check_decodes(pcap)
