@@ -30,6 +30,11 @@ LINUX_PCAP = GOLDEN / "linux-6.12-smcr-v2-rxe.pcap"
 LINUX_DECODED = GOLDEN / "linux-6.12-smcr-v2-rxe.decoded.txt"
 ROCE_EXAMPLES_PCAP = GOLDEN / "rocev2-examples.pcap"
 
+FUZZ_EXAMPLES = 20_000
+"""Examples of each slow decoder fuzzer (``*_slow``) per run.  About a minute each on this
+kind of machine (100,000 took five, half the CI budget for six fuzzers); hypothesis draws
+new inputs every run, so CI's runs add up to the larger search over time."""
+
 
 def port_4791_free(address: str = "127.0.0.1") -> bool:
     """Whether UDP ``address``:4791 can be shared (not if rxe's kernel socket owns it here)."""

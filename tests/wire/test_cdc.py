@@ -32,7 +32,7 @@ from smcr.wire.cdc import (
 )
 from smcr.wire.cursor import Cursor
 from smcr.wire.errors import WireError
-from tests.support import LINUX_DECODED
+from tests.support import FUZZ_EXAMPLES, LINUX_DECODED
 
 GOLDEN_DECODED = LINUX_DECODED
 
@@ -429,7 +429,7 @@ def test_fuzz(data: bytes) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=100_000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(fuzz_inputs)
 def test_fuzz_slow(data: bytes) -> None:
     _fuzz_one(data)

@@ -37,6 +37,7 @@ from smcr.wire.clc import (
 )
 from smcr.wire.decline import DeclineCode
 from smcr.wire.errors import WireError
+from tests.support import FUZZ_EXAMPLES
 
 # -- strategies ----------------------------------------------------------------
 
@@ -266,7 +267,7 @@ def test_fuzz_only_wire_error(data: bytes) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=100_000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(fuzz_inputs)
 def test_fuzz_only_wire_error_slow(data: bytes) -> None:
     _only_wire_errors(data)

@@ -21,6 +21,7 @@ from smcr.wire.cursor import (
     update_accepted,
 )
 from smcr.wire.errors import WireError
+from tests.support import FUZZ_EXAMPLES
 
 # Small sizes make wraps frequent; 64 KiB is Linux's default RMB (spec §5).
 SIZES = st.sampled_from([1, 2, 3, 7, 16, 1000, 16384, 65536])
@@ -279,7 +280,7 @@ def test_u16_wrap_counter_goes_round(wrap: int, size: int) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=20_000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(walks())
 def test_model_walk_slow(walk: tuple[int, int, list[int]]) -> None:
     check_walk_steps(walk)

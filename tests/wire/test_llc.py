@@ -45,7 +45,7 @@ from smcr.wire.llc import (
     TestLinkV2,
     decode_llc,
 )
-from tests.support import LINUX_DECODED
+from tests.support import FUZZ_EXAMPLES, LINUX_DECODED
 
 GOLDEN_DECODED = LINUX_DECODED
 
@@ -862,7 +862,7 @@ def test_fuzz_decoders_raise_only_wire_error(data: bytes) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=100_000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(fuzz_inputs)
 def test_fuzz_decoders_raise_only_wire_error_slow(data: bytes) -> None:
     assert_only_wire_errors(data)

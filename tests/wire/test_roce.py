@@ -59,7 +59,7 @@ from smcr.wire.roce_packet import (
     split_udp_datagram,
     verify_icrc,
 )
-from tests.support import LINUX_DECODED, LINUX_PCAP, ROCE_EXAMPLES_PCAP, pcap_frames
+from tests.support import FUZZ_EXAMPLES, LINUX_DECODED, LINUX_PCAP, ROCE_EXAMPLES_PCAP, pcap_frames
 
 EXAMPLES_PCAP = ROCE_EXAMPLES_PCAP
 
@@ -881,7 +881,7 @@ def test_fuzz_only_wire_error(data: bytes) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=100_000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(fuzz_inputs)
 def test_fuzz_only_wire_error_slow(data: bytes) -> None:
     only_wire_errors(data)

@@ -19,7 +19,7 @@ from smcr.wire.tcpopt import (
     find_smc_option,
     tcp_header_options,
 )
-from tests.support import LINUX_PCAP
+from tests.support import FUZZ_EXAMPLES, LINUX_PCAP
 
 GOLDEN_PCAP = LINUX_PCAP
 
@@ -345,7 +345,7 @@ def test_fuzz_mutated_blobs(case: tuple[bytes, bool], data: st.DataObject) -> No
 
 
 @pytest.mark.slow
-@settings(max_examples=100_000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.one_of(st.binary(max_size=64), option_blobs().map(lambda case: case[0])))
 def test_fuzz_slow(blob: bytes) -> None:
     _fuzz_one(blob)
