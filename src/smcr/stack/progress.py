@@ -65,6 +65,10 @@ class Progress:
         self.closing = closing
         self.wake = ex.wake
         self.running = True
+        self.exiting = False
+        """The process is ending (:meth:`Stack.close_at_exit
+        <smcr.stack.runtime.Stack.close_at_exit>`): daemon threads whose wait ends stay
+        parked (:meth:`wait`)."""
         self.spin = SpinPolicy(SPIN)
         self.thread = threading.Thread(target=self._progress_thread, name="smcr-progress",
                                        daemon=True)  # fmt: skip
@@ -89,6 +93,7 @@ class Progress:
             if left is not None and left <= 0:
                 if began:
                     self._hand_back(began)
+                self._park_at_exit(hc)
                 return False
             if self.wake.poller == "app":
                 hc.waiters += 1
@@ -101,7 +106,18 @@ class Progress:
             self._app_poll(left, spin)
         if began:
             self._hand_back(began)
+        self._park_at_exit(hc)
         return True
+
+    def _park_at_exit(self, hc: HostConn) -> None:
+        """A daemon thread whose wait ends while the process exits stays here (lock held:
+        the wait gives it up) until the process is gone.  Under TCP such a thread sleeps
+        on until the kernel ends it, and sees nothing of the exit; here the exit's own
+        work (the closes of connections left open, another end in this process closing,
+        the links' end) would otherwise wake it with an EOF or an error to act on."""
+        if self.exiting and threading.current_thread().daemon:
+            while True:
+                hc.cond.wait()
 
     def poll_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
         """Poll for the runtime until ``ready()`` or ``deadline`` (lock held), as

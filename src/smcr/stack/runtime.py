@@ -454,7 +454,7 @@ class Stack:
         gone; :attr:`exiting` tells the socket layer to leave them blocked too, rather
         than have each report the links' end in a traceback as the program exits.
         """
-        self.exiting = True
+        self.exiting = self.progress.exiting = True
         self.close()
 
 
