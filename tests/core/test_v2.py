@@ -468,6 +468,18 @@ def test_shutdown_final_ends_groups_whose_peer_does_not_answer() -> None:
     assert not server.ending() and not server.lgrs and p.server.destroyed
 
 
+def test_closes_the_host_does_not_wait_for_are_not_closing() -> None:
+    """A connection the host closed at exit for an application that left it open waits for
+    the peer's close as any other (PEERCLOSEWAIT1), but ``closing(unwaited)`` leaves it
+    out: a TCP exit does not wait for the peer's FIN either."""
+    p, _c, s = established()
+    server = p.server.engine
+    p.do(p.server, server.close(s, p.now))
+    assert server.conns[s].state is SmcState.PEERCLOSEWAIT1
+    assert server.closing() and not server.closing(unwaited={s})
+    assert server.closing(unwaited={s + 1})
+
+
 def test_the_links_a_peer_may_still_use_after_shutdown() -> None:
     """At exit the host keeps the QPs of the groups whose peer may still send after our
     DELETE LINK: one with a connection the peer has not closed (a Linux peer's

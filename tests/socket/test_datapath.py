@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import select
 import socket
 import time
 from collections.abc import Callable
@@ -129,16 +130,78 @@ def burst_and_leave_server(ctl: Connection, drop: bool) -> None:
 def test_a_burst_then_process_exit_without_close_delivers_every_byte(
         peer: PeerFactory, drop: bool) -> None:  # fmt: skip
     """A process that ends without closing: the bytes it sent arrive, corked ones too
-    (at exit they go before the links end, Stack.uncork; the end may then be a reset,
-    as it was before autocorking)."""
+    (at exit they go before the links end, Stack.uncork), and then EOF, as when TCP's
+    kernel closes an exiting process's socket."""
     p = peer(burst_and_leave_server, drop)
     got = bytearray()
     with smcr.create_connection((smc_peer.host(), p.recv()), timeout=20) as s:
         assert p.recv(20) == "sent"
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := s.recv(65536):
-                got += chunk
+        while chunk := s.recv(65536):
+            got += chunk
     assert bytes(got) == pattern(300 * 1024)
+
+
+LEFT_OPEN: list[socket.socket] = []
+"""The connections :func:`leave_open_server` leaves open (referenced until its exit)."""
+
+
+def leave_open_server(ctl: Connection, size: int) -> None:
+    """Accept one client, send it ``size`` bytes and end the process with the connection
+    open (still referenced: no collection closes it)."""
+    srv = smcr.create_server((smc_peer.host(), 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    LEFT_OPEN.append(c)
+    c.sendall(pattern(size))
+    ctl.send(c.smc_info().mode)
+
+
+@RNICS
+def test_a_process_that_exits_with_more_than_a_window_unsent_delivers_it_all_then_eof(
+        peer: PeerFactory, rnic: str) -> None:  # fmt: skip
+    """The process ends with its connection open and half a buffer's worth still in its
+    send buffer (the peer's RMB is full): at exit the connection closes as TCP's kernel
+    closes the socket of a process that ends, the rest going out first; the peer reads
+    every byte and then EOF, not a reset.  (The links' DELETE LINK alone had reset the
+    connection with the tail unsent.)"""
+    from smcr.stack.runtime import default_buffer_size  # noqa: PLC0415
+
+    size = default_buffer_size("shm" if rnic == "shm" else "roce") * 3 // 2
+    p = peer(leave_open_server, size)
+    with smcr.create_connection((smc_peer.host(), p.recv()), timeout=20) as s:
+        assert p.recv() == "SMCR"  # its sendall is done: the rest waits in its send buffer
+        time.sleep(0.3)
+        got = bytearray()
+        while chunk := s.recv(65536):
+            got += chunk
+        assert bytes(got) == pattern(size)
+        assert s.recv(10) == b""
+        p.proc.join(10)
+        assert not p.proc.is_alive()
+
+
+def leave_unread_server(ctl: Connection) -> None:
+    """Accept one client and end the process with the connection open once the client's
+    bytes have arrived, none of them read."""
+    srv = smcr.create_server((smc_peer.host(), 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    LEFT_OPEN.append(c)
+    assert select.select([c], [], [], 20)[0]  # (arrived: the RMB holds it)
+
+
+@RNICS
+def test_a_process_that_exits_with_bytes_unread_resets_the_connection(
+        peer: PeerFactory) -> None:  # fmt: skip
+    """The process ends with the connection open and our bytes unread: the peer's reads
+    end in a reset, as TCP's kernel answers unread data at close with RST."""
+    p = peer(leave_unread_server)
+    with smcr.create_connection((smc_peer.host(), p.recv()), timeout=20) as s:
+        s.sendall(b"x" * 100)
+        p.proc.join(10)
+        assert not p.proc.is_alive()
+        with pytest.raises(ConnectionResetError):
+            s.recv(10)
 
 
 def send_first_server(ctl: Connection, size: int) -> None:

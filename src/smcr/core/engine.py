@@ -46,6 +46,8 @@ same port, when it has no other).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from smcr.core import llc_msgs
 from smcr.core.addlink import AddLinkFlows
 from smcr.core.clc import ClcHandshakes
@@ -364,13 +366,16 @@ class Engine:
                      or any(c.state is not SmcState.CLOSED for c in lgr.conns.values()))
                 for link in lgr.links}  # fmt: skip
 
-    def closing(self) -> bool:
+    def closing(self, unwaited: Collection[int] = ()) -> bool:
         """Whether a close is under way with a peer: a connection the application closed
         that waits for the peer's side of the close, or an LLC flow (DELETE RKEY of a
         released buffer) waiting for its answer.  The host lets these finish before
-        :meth:`shutdown` (Linux keeps them going after the application has left)."""
+        :meth:`shutdown` (Linux keeps them going after the application has left).
+
+        :param unwaited: connections whose peer's side is not waited for (those the host
+            closed at exit for an application that left them open)."""
         if any(c.state not in (SmcState.INIT, SmcState.ACTIVE, SmcState.CLOSED)
-               for c in self.state.conns.values()):  # fmt: skip
+               and c.id not in unwaited for c in self.state.conns.values()):  # fmt: skip
             return True
         return any(lgr.flow is not None or lgr.flow_queue
                    for lgr in self.state.lgrs.values() if not lgr.terminated)  # fmt: skip

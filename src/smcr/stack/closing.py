@@ -7,7 +7,8 @@
 * A socket collected unclosed hands its connection over without the lock
   (:meth:`Closing.orphan`): the collector may run inside code that holds it.
 * An abortive close (``SO_LINGER`` 0) resets at once (:meth:`Closing.abort`).
-* At exit the links end after the closes under way (:meth:`Closing.end_links`).
+* At exit the connections left open close as TCP's kernel closes an exiting process's
+  sockets, and the links end after the closes under way (:meth:`Closing.end_links`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class Closing:
         """Closed connections (orphans, and closes without SO_LINGER: :meth:`close_later`)
         waiting for their send buffer before the closing CDC: (connection, deadline,
         bytes unsent at the last look)."""
+        self.left_open: set[int] = set()
+        """Connections the application left open, closed at exit (:meth:`close_left_open`)."""
 
     def busy(self) -> bool:
         """Whether closes wait for the progress thread (read without the lock is fine: a
@@ -119,6 +122,28 @@ class Closing:
         ex.wake.kick()
         ex.wake.wake_progress()
 
+    def close_left_open(self) -> None:
+        """At exit (lock held): the connections the application left open close as the
+        kernel closes an exiting process's TCP sockets: their send buffers go out first
+        (:meth:`reap`, within the exit's wait), then the closing CDC (an abort where
+        unread bytes remain, as TCP then resets), so the peer reads every byte and then
+        EOF, where the DELETE LINK that ends the links would have reset them with the tail
+        of the send buffer unsent.  The peer's own close is not waited for, as a TCP exit
+        does not wait for the peer's FIN (:attr:`left_open`).  Connections still in their
+        handshake, or collected unclosed (:meth:`orphan`), are left to their own ends."""
+        ex = self.ex
+        orphans = {hc.conn_id for hc, _ in self.orphans}
+        for hc in list(ex.conns.values()):
+            c = ex.engine_conn(hc)
+            if (c is None or c.released or hc.undecided() or hc.conn_id in self.draining
+                    or hc.conn_id in orphans):  # fmt: skip
+                continue
+            self.left_open.add(hc.conn_id)
+            if ex.local_peer(hc, c):  # (its peer, in this process too, reads no more)
+                self.app_close(hc)
+            else:
+                self.close_later(hc)
+
     def reap(self) -> None:
         """Close the orphans whose send buffer is out or whose wait is over (lock held)."""
         ex = self.ex
@@ -141,7 +166,8 @@ class Closing:
                 self.draining[conn_id] = (hc, now + ex.config.close_wait_tx, c.tx_pending())
 
     def end_links(self, deadline: float) -> None:
-        """Before the RNIC goes: closes under way finish (the progress thread carries
+        """Before the RNIC goes: the connections left open close (:meth:`close_left_open`),
+        closes under way finish (the progress thread carries
         them: the peer's last CDCs are received and acknowledged, DELETE RKEY flows
         answered) until ``deadline``; then every link group ends with DELETE LINK
         (:meth:`Engine.shutdown`), the links kept until the peer's DELETE LINK has come
@@ -152,10 +178,11 @@ class Closing:
         ex = self.ex
         with ex.lock:
             ex.uncork()
+            self.close_left_open()
         done = False  # (no `break` inside `with`: mypyc does not compile it)
         while not done:
             with ex.lock:
-                done = (not (ex.engine.closing() or self.busy())
+                done = (not (ex.engine.closing(self.left_open) or self.busy())
                         or time.monotonic() >= deadline)  # fmt: skip
                 if done:
                     ex.qp.keep = ex.engine.links_peers_may_use()
