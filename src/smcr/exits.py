@@ -13,30 +13,35 @@ where the action is still the default, and only from the main thread (Python's r
 the program sets handlers of its own.  A handler the program installed first is left
 alone (it decides how the process ends; one that exits normally runs ``atexit``); one
 installed after ours and that restores what it found, as uvicorn's graceful shutdown
-does before raising SIGTERM again, finds ours.  The handler runs the hooks, newest
-first as ``atexit`` does, in a thread of their own that it waits for at most
-:data:`HOOKS_BOUND` seconds (the signal may have come while the main thread held a lock
-a hook needs), then restores the default action and raises the signal again: the
-process still dies of it.
+does before raising SIGTERM again, finds ours.  The handler restores the default action
+(a second signal ends the process at once) and runs the hooks, newest first as
+``atexit`` does, in a thread of their own; then that thread raises the signal again, so
+the process still dies of it, after :data:`HOOKS_BOUND` seconds at most.  The handler
+itself returns at once: the signal may have come while the main thread held a lock a
+hook needs (Python runs handlers between the steps of the interrupted code, inside a
+system call that the signal interrupted too), and only the main thread can release it.
+Application threads that would go on using smcr meanwhile wait where they are
+(:func:`stays_parked`), as the kernel would have stopped them.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Final
 
-__all__ = ["HOOKS_BOUND", "SIGNALS", "install", "on_exit"]
+__all__ = ["HOOKS_BOUND", "SIGNALS", "install", "on_exit", "stays_parked"]
 
 SIGNALS: Final = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 """The signals that end a process the usual way (a service manager, a closed terminal,
 Ctrl-C where Python's own handler was reset)."""
 HOOKS_BOUND: Final = 12.0
-"""How long a signal's handler waits for the hooks: a runtime ending its link groups
+"""How long the hooks may take after a signal: a runtime ending its link groups
 takes at most its closes' wait, its DELETE LINK wait and its quiet wait
 (:mod:`smcr.stack.closing`: 2 + 1 + 5 s)."""
 
@@ -44,12 +49,22 @@ _hooks: list[Callable[[], None]] = []
 _hooks_lock = threading.Lock()
 
 
+class _Ending:
+    """What a signal set going: the thread that runs the hooks, and the signal."""
+
+    runner: threading.Thread | None = None
+    signum = 0
+
+
+_ending = _Ending()
+
+
 def on_exit(hook: Callable[[], None]) -> None:
     """Run ``hook`` at a normal exit (``atexit``) and, where :func:`install` could set the
     handler, when one of :data:`SIGNALS` ends the process.  A hook must be cheap to call
     more than once and check itself that it runs in the process that registered it (a
     forked child inherits the list)."""
-    atexit.register(hook)
+    atexit.register(_at_exit, hook)
     with _hooks_lock:
         _hooks.append(hook)
     install()
@@ -65,13 +80,49 @@ def install() -> None:
             signal.signal(sig, _on_signal)
 
 
+def stays_parked() -> bool:
+    """Whether the calling thread, whose smcr call the process's end would now answer (an
+    EOF or an error from the closes at exit), waits instead until the process is gone: a
+    daemon thread at exit (TCP's calls go on blocking until the kernel ends the process),
+    and any thread once a signal ends the process; never the thread that runs the hooks."""
+    me, runner = threading.current_thread(), _ending.runner
+    return me is not runner and (me.daemon or runner is not None)
+
+
 def _on_signal(signum: int, _frame: FrameType | None) -> None:
-    """Run the hooks (bounded), then die of the signal with its default action."""
-    runner = threading.Thread(target=_run_hooks, name="smcr-exit", daemon=True)
-    runner.start()
-    runner.join(HOOKS_BOUND)
+    """The hooks in a thread of their own, which then dies of the signal (module doc)."""
+    if _ending.runner is not None:
+        return
     signal.signal(signum, signal.SIG_DFL)
-    signal.raise_signal(signum)
+    _ending.signum = signum
+    watchdog = threading.Timer(HOOKS_BOUND, _die)
+    watchdog.daemon = True
+    watchdog.start()
+    _ending.runner = threading.Thread(target=_run_hooks_then_die, name="smcr-exit",
+                                      daemon=True)  # fmt: skip
+    _ending.runner.start()
+
+
+def _at_exit(hook: Callable[[], None]) -> None:
+    """``hook`` at a normal exit; after a signal (the program ended meanwhile) the hooks are
+    the signal's thread's: wait for it, which ends the process."""
+    runner = _ending.runner
+    if runner is None:
+        hook()
+        return
+    runner.join(HOOKS_BOUND)
+    _die()
+
+
+def _run_hooks_then_die() -> None:
+    _run_hooks()
+    _die()
+
+
+def _die() -> None:
+    """End the process by the signal that came, with its default action (set by the
+    handler)."""
+    os.kill(os.getpid(), _ending.signum)
 
 
 def _run_hooks() -> None:

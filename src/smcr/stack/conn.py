@@ -40,6 +40,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Final
 
+from smcr import exits
 from smcr.core import Action
 from smcr.core.connection import Connection
 from smcr.stack.counters import COUNTERS
@@ -787,9 +788,10 @@ def cdcs_done(c: Connection) -> bool:
 def left_blocked_at_exit(stack: Stack) -> None:
     """A daemon thread whose ``recv`` or ``send`` the links' end at exit would fail
     (:meth:`Stack.close_at_exit`) stays blocked instead, as in TCP's, until the process is
-    gone; called with no lock held.  Other threads, and every thread before the exit,
-    get the error."""
-    if stack.exiting and threading.current_thread().daemon:
+    gone, and so does any thread once a signal ends the process
+    (:func:`smcr.exits.stays_parked`); called with no lock held.  Other threads, and every
+    thread before the exit, get the error."""
+    if stack.exiting and exits.stays_parked():
         threading.Event().wait()  # never set: the process ends around it
 
 

@@ -31,7 +31,7 @@ import traceback
 from collections.abc import Callable
 from typing import Final
 
-from smcr import settings
+from smcr import exits, settings
 from smcr.rdma import WorkCompletion
 from smcr.stack.closing import Closing
 from smcr.stack.executor import Executor
@@ -110,12 +110,14 @@ class Progress:
         return True
 
     def _park_at_exit(self, hc: HostConn) -> None:
-        """A daemon thread whose wait ends while the process exits stays here (lock held:
-        the wait gives it up) until the process is gone.  Under TCP such a thread sleeps
-        on until the kernel ends it, and sees nothing of the exit; here the exit's own
-        work (the closes of connections left open, another end in this process closing,
-        the links' end) would otherwise wake it with an EOF or an error to act on."""
-        if self.exiting and threading.current_thread().daemon:
+        """A thread whose wait ends while the process exits stays here (lock held: the
+        wait gives it up) until the process is gone, where :func:`smcr.exits.stays_parked`
+        says so (a daemon thread; any thread when a signal ends the process).  Under TCP
+        such a thread sleeps on until the kernel ends it, and sees nothing of the exit;
+        here the exit's own work (the closes of connections left open, another end in
+        this process closing, the links' end) would otherwise wake it with an EOF or an
+        error to act on."""
+        if self.exiting and exits.stays_parked():
             while True:
                 hc.cond.wait()
 
