@@ -67,8 +67,8 @@ class Progress:
         self.running = True
         self.exiting = False
         """The process is ending (:meth:`Stack.close_at_exit
-        <smcr.stack.runtime.Stack.close_at_exit>`): daemon threads whose wait ends stay
-        parked (:meth:`wait`)."""
+        <smcr.stack.runtime.Stack.close_at_exit>`): the threads whose wait ends then stay
+        parked where :func:`smcr.exits.stays_parked` says so (:meth:`wait`)."""
         self.spin = SpinPolicy(SPIN)
         self.thread = threading.Thread(target=self._progress_thread, name="smcr-progress",
                                        daemon=True)  # fmt: skip
