@@ -28,15 +28,24 @@ PeerFactory = Callable[..., Peer]
 SMALL = 32768  # SO_SNDBUF/SO_RCVBUF: a 32 KiB RMBE and send buffer on both sides
 
 
-def bye_server(ctl: Connection, size: int) -> None:
-    """Accept one client, send ``size`` bytes of pattern, close and exit at once."""
+def bye_server(ctl: Connection, size: int, close: bool = True) -> None:
+    """Accept one client, send ``size`` bytes of pattern, close and exit at once (without
+    ``close``: exit with the connection open, still referenced so that no collection
+    closes it)."""
     srv = smcr.create_server((smc_peer.host(), 0))
     ctl.send(srv.getsockname()[1])
     c, _ = srv.accept()
     c.sendall(pattern(size))
     ctl.send(c.smc_info().mode)
+    if not close:
+        LEFT_OPEN.append(c)
+        return
     c.close()
     srv.close()
+
+
+LEFT_OPEN: list[socket.socket] = []
+"""The connections the servers here leave open (referenced until their process ends)."""
 
 
 def digest_server(ctl: Connection) -> None:
@@ -141,45 +150,6 @@ def test_a_burst_then_process_exit_without_close_delivers_every_byte(
     assert bytes(got) == pattern(300 * 1024)
 
 
-LEFT_OPEN: list[socket.socket] = []
-"""The connections :func:`leave_open_server` leaves open (referenced until its exit)."""
-
-
-def leave_open_server(ctl: Connection, size: int) -> None:
-    """Accept one client, send it ``size`` bytes and end the process with the connection
-    open (still referenced: no collection closes it)."""
-    srv = smcr.create_server((smc_peer.host(), 0))
-    ctl.send(srv.getsockname()[1])
-    c, _ = srv.accept()
-    LEFT_OPEN.append(c)
-    c.sendall(pattern(size))
-    ctl.send(c.smc_info().mode)
-
-
-@RNICS
-def test_a_process_that_exits_with_more_than_a_window_unsent_delivers_it_all_then_eof(
-        peer: PeerFactory, rnic: str) -> None:  # fmt: skip
-    """The process ends with its connection open and half a buffer's worth still in its
-    send buffer (the peer's RMB is full): at exit the connection closes as TCP's kernel
-    closes the socket of a process that ends, the rest going out first; the peer reads
-    every byte and then EOF, not a reset.  (The links' DELETE LINK alone had reset the
-    connection with the tail unsent.)"""
-    from smcr.stack.runtime import default_buffer_size  # noqa: PLC0415
-
-    size = default_buffer_size("shm" if rnic == "shm" else "roce") * 3 // 2
-    p = peer(leave_open_server, size)
-    with smcr.create_connection((smc_peer.host(), p.recv()), timeout=20) as s:
-        assert p.recv() == "SMCR"  # its sendall is done: the rest waits in its send buffer
-        time.sleep(0.3)
-        got = bytearray()
-        while chunk := s.recv(65536):
-            got += chunk
-        assert bytes(got) == pattern(size)
-        assert s.recv(10) == b""
-        p.proc.join(10)
-        assert not p.proc.is_alive()
-
-
 def leave_unread_server(ctl: Connection) -> None:
     """Accept one client and end the process with the connection open once the client's
     bytes have arrived, none of them read."""
@@ -242,16 +212,22 @@ def test_peer_that_closes_and_exits_still_gives_eof(peer: PeerFactory) -> None:
 
 
 @RNICS
+@pytest.mark.parametrize("close", [True, False], ids=["close", "exit-open"])
 def test_peer_that_closes_and_exits_after_more_than_a_window_delivers_it_all(
-        peer: PeerFactory, rnic: str) -> None:  # fmt: skip
+        peer: PeerFactory, rnic: str, close: bool) -> None:  # fmt: skip
     """More than the peer's RMBE is sent, the tail still in the sender's send buffer when
-    we start reading: close waits for it to go out *and* for the closing CDC to be
+    we start reading; then every byte and EOF, not a reset.
+
+    ``close``: close waits for the tail to go out *and* for the closing CDC to be
     confirmed before the sender's process exits (over RoCE a posted WRITE is not yet
-    delivered; the exit would take the unsent packets with the QP)."""
+    delivered; the exit would take the unsent packets with the QP).  ``exit-open``: the
+    process ends with the connection open; at exit it closes as TCP's kernel closes the
+    socket of a process that ends, the rest going out first (the links' DELETE LINK alone
+    had reset it with the tail unsent)."""
     from smcr.stack.runtime import default_buffer_size  # noqa: PLC0415
 
     size = default_buffer_size("shm" if rnic == "shm" else "roce") * 3 // 2
-    p = peer(bye_server, size)
+    p = peer(bye_server, size, close)
     with smcr.create_connection((smc_peer.host(), p.recv()), timeout=20) as s:
         assert p.recv() == "SMCR"  # its sendall is done: the rest waits in its send buffer
         time.sleep(0.3)
@@ -259,6 +235,7 @@ def test_peer_that_closes_and_exits_after_more_than_a_window_delivers_it_all(
         while chunk := s.recv(65536):
             got += chunk
         assert bytes(got) == pattern(size)
+        assert s.recv(10) == b""
         p.proc.join(10)
         assert not p.proc.is_alive()
 
