@@ -467,14 +467,28 @@ def hook_classes(port: str) -> None:
 
 def thread_count(port: str) -> None:
     """Threads of this process (``_thread._count()``, what CPython's tests compare) before
-    and after an SMC-R connection to a line server."""
+    and after an SMC-R connection to a line server; the objects a full collection walks
+    and those it leaves out (frozen); whether a cycle the program lets go is collected."""
     import _thread  # noqa: PLC0415 - the count CPython's threading_helper reads
+    import gc  # noqa: PLC0415
+    import weakref  # noqa: PLC0415
 
     before = _thread._count()
     with socket.create_connection(("127.0.0.1", int(port)), timeout=20) as s:
         s.sendall(b"count\n")
         answer = json.loads(s.makefile("rb").readline())
-    out(before=before, after=_thread._count(), mode=answer["mode"], client_mode=mode(s))
+
+    class Node:
+        pass
+
+    node = Node()
+    node.me = node  # type: ignore[attr-defined]
+    gone = weakref.ref(node)
+    del node
+    gc.collect()
+    out(before=before, after=_thread._count(), mode=answer["mode"], client_mode=mode(s),
+        walked=len(gc.get_objects()), frozen=gc.get_freeze_count(),
+        cycle_collected=gone() is None)  # fmt: skip
 
 
 def prefork_server(workers: str) -> None:

@@ -243,12 +243,18 @@ def test_the_compiled_modules_are_imported_with_the_first_tcp_socket(
 def test_the_runtime_starts_with_the_interpreter_when_eager(servers: list[Server]) -> None:
     """Under smcr run with SMCR_RUN_EAGER=1 the runtime's threads run from the start: a
     program's first SMC-R connection adds none (CPython's tests fail a test that leaves a
-    thread behind)."""
-    srv = Server("socketserver_echo", "1")
+    thread behind).  What was alive before the program's first line (smcr's modules
+    among it) is frozen, so a full collection walks fewer objects than it leaves out,
+    and the program's own garbage is still collected."""
+    srv = Server("socketserver_echo", "2")
     servers.append(srv)
     found = run("thread_count", srv.port, env={"SMCR_RUN_EAGER": "1"})
     assert found["mode"] == found["client_mode"] == "SMCR"
     assert found["before"] == found["after"] > 1
+    assert found["walked"] < found["frozen"]
+    assert found["cycle_collected"]
+    lazy = run("thread_count", srv.port, env={"SMCR_RUN_EAGER": "0"})
+    assert lazy["frozen"] == 0 and lazy["cycle_collected"]
 
 
 def test_forking_server_children_serve_requests_accepted_by_the_parent(
