@@ -255,6 +255,12 @@ def test_the_runtime_starts_with_the_interpreter_when_eager(servers: list[Server
     assert found["cycle_collected"]
     lazy = run("thread_count", srv.port, env={"SMCR_RUN_EAGER": "0"})
     assert lazy["frozen"] == 0 and lazy["cycle_collected"]
+    # a program that installs smcr itself, after its start: its objects stay collectable
+    late = subprocess.run([sys.executable, "-c", "import gc; from smcr.run import install; "
+                           "install(); print(gc.get_freeze_count())"], cwd=REPO_ROOT,
+                          env=dict(os.environ, SMCR_RUN_EAGER="1"), capture_output=True,
+                          text=True, timeout=60, check=True)  # fmt: skip
+    assert late.stdout.split() == ["0"], late.stderr
 
 
 def test_forking_server_children_serve_requests_accepted_by_the_parent(

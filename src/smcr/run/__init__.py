@@ -156,9 +156,12 @@ _environment: dict[str, str] = {}
 """``SMC_RCVBUF``, ``SMC_SNDBUF`` and ``SMCR_RUN_DEBUG`` as :func:`install` found them."""
 
 
-def install() -> None:
+def install(boot: bool = False) -> None:
     """Make every new AF_INET/AF_INET6 stream socket an SMC socket (module docstring).
-    Idempotent; the buffer sizes and debug output come from the environment."""
+    Idempotent; the buffer sizes and debug output come from the environment.
+
+    :param boot: called by the start-up hook, before the program's first line (an
+        eager start then freezes what is alive, :func:`_start_runtime`)."""
     if installed():
         return
     for name in ("SMC_RCVBUF", "SMC_SNDBUF", "SMCR_RUN_DEBUG"):
@@ -167,7 +170,7 @@ def install() -> None:
     patches.install()
     eager = os.environ.get("SMCR_RUN_EAGER", "").lower() in ("1", "on", "yes", "true")
     if eager and _smc_class(RunSocket) is not RunSocket:
-        _start_runtime()
+        _start_runtime(freeze=boot)
 
 
 _smc_base: type[Any] | None = None
@@ -243,7 +246,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _start_runtime() -> None:
+def _start_runtime(freeze: bool) -> None:
     """With ``SMCR_RUN_EAGER=1``: start the runtime with the interpreter: the watcher
     thread, the default RNIC's runtime and the diag endpoint, whose threads otherwise
     start with the program's first SMC socket.  For programs and test harnesses that
@@ -253,13 +256,14 @@ def _start_runtime() -> None:
     socket layer (a few hundred milliseconds) at start, which is why it is not the
     default.  A failure is left for the first socket to meet.
 
-    Then the objects alive at this point (the interpreter's start-up and smcr's
-    modules, before the program's first line) move to the collector's permanent
-    generation (``gc.freeze``): they live as long as the interpreter anyway, and
-    smcr's socket layer roughly doubles the objects every full collection walks:
-    harnesses that call ``gc.collect()`` after each test (CPython's, 3 per asyncio
-    test) spent 5-8 ms more per call, most of what ``smcr run`` added to
-    test_asyncio's time."""
+    With ``freeze`` (the start-up hook's call, before the program's first line), the
+    objects alive then (the interpreter's start-up and smcr's modules) move to the
+    collector's permanent generation (``gc.freeze``): they live as long as the
+    interpreter anyway, and smcr's socket layer roughly doubles the objects every
+    full collection walks: harnesses that call ``gc.collect()`` after each test
+    (CPython's, 3 per asyncio test) spent 5-8 ms more per call, most of what
+    ``smcr run`` added to test_asyncio's time.  Not later: the program's objects
+    would never be collected."""
     import gc  # noqa: PLC0415
 
     from smcr import diag  # noqa: PLC0415
@@ -272,4 +276,5 @@ def _start_runtime() -> None:
         diag.start()
     except (OSError, ValueError):
         pass
-    gc.freeze()
+    if freeze:
+        gc.freeze()

@@ -16,7 +16,7 @@ def _smcr() -> None:
     try:
         from smcr.run import install  # noqa: PLC0415 - only when asked for
 
-        install()
+        install(boot=True)
     except Exception as exc:  # the program must start whatever happens
         print(f"smcr run: not active in this interpreter: {exc!r}", file=sys.stderr)
 
