@@ -90,6 +90,61 @@ def http_clients(port: str) -> None:
     out(urllib=first, http_client=second, client_mode=own)
 
 
+def _body(size: int) -> bytes:
+    """``size`` bytes of a pattern both ends know (no length on the wire says it)."""
+    return hashlib.shake_256(b"close-delimited").digest(size)
+
+
+def close_delimited_server(size: str) -> None:
+    """HTTP/1.0 and HTTP/0.9 as servers of the time answered: a body whose end is the close
+    of the connection (no Content-Length).  Two clients: the first asks ``GET / HTTP/1.0``
+    (status line and headers, then the body), the second ``GET /`` alone (HTTP/0.9: the
+    body only); each connection is closed right after the last write, as ``socketserver``
+    does when the handler returns."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    print(srv.getsockname()[1], flush=True)
+    modes, requests = [], []
+    for _ in range(2):
+        conn, _ = srv.accept()
+        with conn, conn.makefile("rb") as reader:
+            request = reader.readline()
+            requests.append(request.decode())
+            head = b""
+            if request.rstrip() != b"GET /":  # (HTTP/0.9 has no headers, and none back)
+                while reader.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                head = b"HTTP/1.0 200 OK\r\nContent-Type: application/octet-stream\r\n\r\n"
+            conn.sendall(head + _body(int(size)))
+            modes.append(mode(conn))
+    srv.close()
+    out(modes=modes, requests=requests)
+
+
+def close_delimited_clients(port: str, size: str) -> None:
+    """http.client reads an HTTP/1.0 body to the server's close; a raw socket sends an
+    HTTP/0.9 request and reads to EOF: whether each body is whole."""
+    conn = http.client.HTTPConnection("127.0.0.1", int(port), timeout=20)
+    conn.connect()
+    first_mode = mode(conn.sock)
+    conn._http_vsn, conn._http_vsn_str = 10, "HTTP/1.0"  # type: ignore[attr-defined]
+    conn.putrequest("GET", "/", skip_host=True, skip_accept_encoding=True)
+    conn.endheaders()
+    response = conn.getresponse()
+    http10 = response.read()
+    length_header = response.getheader("Content-Length")
+    conn.close()
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=20) as s:
+        second_mode = mode(s)
+        s.sendall(b"GET /\r\n")
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    expected = _body(int(size))
+    out(http10_whole=http10 == expected, status=response.status, version=response.version,
+        length_header=length_header, http09_whole=b"".join(chunks) == expected,
+        modes=[first_mode, second_mode])  # fmt: skip
+
+
 # ------------------------------------------------------------------ TLS
 
 

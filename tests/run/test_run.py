@@ -77,6 +77,22 @@ def test_http_server_and_clients_use_smcr_and_plain_clients_tcp(servers: list[Se
     assert srv.result() == {"done": True}
 
 
+def test_bodies_delimited_by_the_close_of_the_connection(servers: list[Server]) -> None:
+    """HTTP/1.0 without Content-Length and HTTP/0.9 (``GET /`` alone): the server writes its
+    last byte and closes at once; http.client and a raw socket read the whole body and
+    then EOF over SMC-R (2 MiB: more than the peer's RMB, so the close comes while the
+    body is still in flight)."""
+    size = str(2 * 1024 * 1024)
+    srv = Server("close_delimited_server", size)
+    servers.append(srv)
+    found = run("close_delimited_clients", srv.port, size)
+    end = srv.result()
+    assert end["requests"] == ["GET / HTTP/1.0\r\n", "GET /\r\n"]
+    assert found["modes"] == end["modes"] == ["SMCR", "SMCR"]
+    assert (found["status"], found["version"], found["length_header"]) == (200, 10, None)
+    assert found["http10_whole"] and found["http09_whole"]
+
+
 def test_tls_records_travel_over_smcr_not_tcp(servers: list[Server]) -> None:
     """1 MiB over TLS: both ends in SMC-R mode, digest intact, and the TCP connection
     under it carried only the CLC handshake (a few hundred bytes each way)."""
