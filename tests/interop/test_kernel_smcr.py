@@ -316,8 +316,7 @@ class RoceFrame(NamedTuple):
     number: int  # (in the capture, from 1: tshark's frame.number)
     src: str
     opcode: int  # (the BTH's)
-    raw: bytes
-    ip_at: int  # (where the IP header starts in raw)
+    raw: bytes  # (Ethernet: the IP header from byte 14 on)
     payload: bytes  # (after the BTH and any extended header up to 12 bytes in: SEND and
     # Acknowledge read theirs from there; the ICRC cut off)
     dest_qp: int  # (the BTH's)
@@ -337,7 +336,7 @@ def roce_of(pcap: Path) -> Iterator[RoceFrame]:
             continue
         src = socket.inet_ntoa(raw[14 + 12 : 14 + 16])
         bth = udp + 8
-        yield RoceFrame(number, src, raw[bth], raw, 14, raw[bth + 12 : -4],
+        yield RoceFrame(number, src, raw[bth], raw, raw[bth + 12 : -4],
                         int.from_bytes(raw[bth + 5 : bth + 8], "big"),
                         int.from_bytes(raw[bth + 9 : bth + 12], "big"))  # fmt: skip
 
@@ -401,7 +400,7 @@ def roce_frames(pcap: Path) -> dict[int, tuple[int, int | None]]:
     every = max(1, len(frames) // SCAPY_ICRC_SAMPLE)
     out: dict[int, tuple[int, int | None]] = {}
     for i, f in enumerate(frames):
-        assert verify_icrc(f.raw[f.ip_at :]), (f.number, f.src, f.opcode)
+        assert verify_icrc(f.raw[14:]), (f.number, f.src, f.opcode)
         if f.opcode == SEND_ONLY or i % every == 0:
             pkt = Ether(f.raw)
             assert pkt[BTH].opcode == f.opcode, pkt.summary()
