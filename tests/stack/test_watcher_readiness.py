@@ -111,6 +111,48 @@ def test_watcher_calls_back_until_unwatched_and_keeps_going_after_a_failing_call
         b.close()
 
 
+def test_an_unwatched_number_closed_at_once_never_calls_its_next_owner_back() -> None:
+    """Callers unwatch a descriptor and close it at once (a non-blocking connect's socket
+    closed, a refused connect's error read by the program) while the file lives on
+    under another number (the program's number of the TCP socket; a forked child's).
+    epoll keeps a registration by (file, number) until the file dies, so the watcher
+    must be done with the number when ``unwatch`` returns: else the old file's events
+    come in as the number's next owner's, and a connect still under way is taken for
+    one that ended (and a readable old file makes the watcher spin)."""
+    w = Watcher()
+    old, old_peer = socket.socketpair()
+    survivor = os.dup(old.fileno())  # the file lives on under another number
+    number = old.fileno()
+    seen = threading.Event()
+
+    def drain_old() -> None:  # (so that no call of the old file's is under way later)
+        old.recv(1)
+        seen.set()
+
+    w.watch(number, selectors.EVENT_READ, drain_old)
+    old_peer.send(b"x")
+    assert seen.wait(10)
+    w.unwatch(number)
+    old.close()
+    new, new_peer = socket.socketpair()
+    try:
+        if new.fileno() != number:  # (the lowest free number is ``number``, as a rule)
+            os.dup2(new.fileno(), number)
+            new.close()
+            new = socket.socket(fileno=number)
+        called = threading.Event()
+        w.watch(number, selectors.EVENT_READ, called.set)
+        old_peer.send(b"x")  # the old file is readable from now on, the new one not
+        assert not called.wait(0.5), "called back for the old file's event"
+        new_peer.send(b"y")
+        assert called.wait(10)  # its own events do come
+    finally:
+        w.unwatch(number)
+        for s in (new, new_peer, old_peer):
+            s.close()
+        os.close(survivor)
+
+
 def test_one_watcher_per_process_and_a_new_one_in_a_forked_child() -> None:
     first = get_watcher()
     assert get_watcher() is first

@@ -7,94 +7,85 @@ work itself is short (an ``accept``, a map lookup, starting a handshake that
 the runtime then drives); nothing here waits for a peer.
 
 Callbacks run in the watcher's thread, one at a time, without any lock of
-the watcher held (they may watch and unwatch).  What was unwatched before the
-watcher woke is not called back; a call it had already picked may still run,
-so callbacks check their owner's state (closed?) first.  A forked child gets its own
-watcher on first use; the parent's thread does not exist there.
+the watcher held (they may watch and unwatch).  ``unwatch`` is done with the
+number when it returns, from any thread: epoll keeps a registration by file and
+number until the file dies, and callers close the descriptor right after while
+its file may live on under another number (the program's own; a forked child's),
+so a registration left behind would report that file's events under the number's
+next owner.  A call the watcher picked just before an ``unwatch`` may still run
+(its events were read first), so callbacks check their owner's state (closed?
+still connecting?) first.  A forked child gets its own watcher on first use; the
+parent's thread does not exist there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import selectors
 import sys
 import threading
 import traceback
 from collections.abc import Callable
 
-from smcr import plainsock
-
 Callback = Callable[[], None]
 
 
+def _epoll_mask(events: int) -> int:
+    """``selectors``' EVENT_READ/EVENT_WRITE as epoll's bits."""
+    mask = 0
+    if events & selectors.EVENT_READ:
+        mask |= select.EPOLLIN
+    if events & selectors.EVENT_WRITE:
+        mask |= select.EPOLLOUT
+    return mask
+
+
 class Watcher:
-    """A selector in a daemon thread; ``watch``/``unwatch`` from any thread."""
+    """An epoll in a daemon thread; ``watch``/``unwatch`` from any thread, each one
+    changing the epoll at once (Linux lets ``epoll_ctl`` run beside ``epoll_wait``)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = plainsock.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._epoll = select.epoll()
         self._lock = threading.Lock()
-        self._changes: list[tuple[int, int, Callback | None]] = []
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._callbacks: dict[int, Callback] = {}
         self._thread = threading.Thread(target=self._run, name="smcr-watcher", daemon=True)
         self._thread.start()
 
     def watch(self, fd: int, events: int, callback: Callback) -> None:
         """Call ``callback`` (in the watcher thread) whenever ``fd`` is ready for
-        ``events`` (``selectors.EVENT_READ``/``EVENT_WRITE``), until :meth:`unwatch`."""
-        self._change(fd, events, callback)
+        ``events`` (``selectors.EVENT_READ``/``EVENT_WRITE``), until :meth:`unwatch`.
+        A descriptor closed meanwhile is not watched."""
+        with self._lock:
+            if self._callbacks.pop(fd, None) is not None:
+                with contextlib.suppress(OSError):
+                    self._epoll.unregister(fd)
+            try:
+                self._epoll.register(fd, _epoll_mask(events))
+            except OSError:
+                return
+            self._callbacks[fd] = callback
 
     def unwatch(self, fd: int) -> None:
         """Stop watching ``fd`` (before it is closed)."""
-        self._change(fd, 0, None)
-
-    def _change(self, fd: int, events: int, callback: Callback | None) -> None:
-        if threading.get_ident() == self._thread.ident:
-            self._apply(fd, events, callback)
-            return
         with self._lock:
-            self._changes.append((fd, events, callback))
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"w")
-
-    def _apply(self, fd: int, events: int, callback: Callback | None) -> None:
-        with contextlib.suppress(KeyError, ValueError, OSError):
-            self._selector.unregister(fd)
-        if callback is not None:
-            with contextlib.suppress(ValueError, OSError):  # closed meanwhile: nothing to watch
-                self._selector.register(fd, events, callback)
+            if self._callbacks.pop(fd, None) is not None:
+                with contextlib.suppress(OSError):  # (closed already: epoll dropped it)
+                    self._epoll.unregister(fd)
 
     def _run(self) -> None:
         while True:
-            self._apply_changes()
-            events = self._selector.select()
-            # what was unwatched while we slept is not called back: a caller that has
-            # unwatched may close the descriptor, and its number may be another's by now
-            self._apply_changes()
-            watched = self._selector.get_map()
-            for key, _mask in events:
-                if key.data is None:
-                    with contextlib.suppress(OSError):
-                        while self._wake_r.recv(4096):
-                            pass
-                    continue
-                now = watched.get(key.fd)
-                if now is None or now.data is not key.data:
+            for fd, _mask in self._epoll.poll():
+                with self._lock:
+                    callback = self._callbacks.get(fd)
+                if callback is None:  # unwatched since the events were read
                     continue
                 try:
-                    key.data()
+                    callback()
                 except Exception:  # a bug in one callback must not stop the others
                     traceback.print_exc(file=sys.stderr)
-
-    def _apply_changes(self) -> None:
-        with self._lock:
-            changes, self._changes = self._changes, []
-        for change in changes:
-            self._apply(*change)
 
 
 _watcher: Watcher | None = None
