@@ -394,6 +394,78 @@ def test_a_connect_settled_while_connect_is_called_again_answers_as_tcp(
         listener.close()
 
 
+def test_so_error_asked_as_the_watcher_settles_a_refused_connect_tells_the_refusal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The program asks SO_ERROR of a socket it saw connecting, and the watcher thread
+    settles the refused connect before the answer is made: the answer is the settled
+    socket's, the refusal (it was 0, and tornado took the connect for a success)."""
+    from smcr.socket import connecting as smc_connecting  # noqa: PLC0415
+
+    connecting = smc_connecting.Connecting
+    connected, so_error = connecting._connected, connecting.so_error
+    asked = threading.Event()
+
+    def watcher_waits(self: smc_connecting.Connecting) -> None:
+        asked.wait(20)  # the program has seen CONNECTING by then
+        connected(self)
+
+    def after_the_watcher(self: smc_connecting.Connecting) -> int | None:
+        asked.set()
+        deadline = time.monotonic() + 20
+        while not self.tcp_done and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert self.tcp_done  # the watcher thread took the refusal first
+        return so_error(self)
+
+    monkeypatch.setattr(connecting, "_connected", watcher_waits)
+    monkeypatch.setattr(connecting, "so_error", after_the_watcher)
+    port = socket.create_server(("127.0.0.1", 0))
+    addr = port.getsockname()
+    port.close()  # nobody listens there now
+    s = smcr.SMCSocket()
+    s.setblocking(False)
+    try:
+        assert s.connect_ex(addr) == errno.EINPROGRESS
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0  # told once
+    finally:
+        s.close()
+
+
+def test_a_watcher_call_while_the_tcp_connect_is_under_way_leaves_it_connecting() -> None:
+    """The watcher may call a connect back for an event that was not its own (read just
+    before the number changed hands, :mod:`smcr.stack.watcher`): a connect still under
+    way goes on, not writable and SO_ERROR 0, until it really ends.  Under way here: a
+    plain listener whose accept queue is full drops the SYN until there is room."""
+    from smcr.socket.connecting import TCP_SYN_SENT, tcp_state  # noqa: PLC0415
+
+    full = socket.create_server(("127.0.0.1", 0), backlog=0)
+    addr = full.getsockname()
+    queued = socket.create_connection(addr, timeout=20)  # the queue is full after it
+    s = smcr.SMCSocket()
+    s.setblocking(False)
+    try:
+        assert s.connect_ex(addr) == errno.EINPROGRESS
+        assert s._connecting is not None and tcp_state(s) == TCP_SYN_SENT
+        s._connecting._connected()  # as the watcher thread for a stray event
+        assert select.select([], [s], [], 0.3)[1] == []
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        full.accept()[0].close()  # room: the SYN sent again (after 1 s) gets in
+        assert select.select([], [s], [], 20)[1] == [s]
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        full.settimeout(20)
+        conn, _ = full.accept()
+        s.setblocking(True)
+        s.sendall(b"x")  # a plain listener: the connection is TCP's
+        assert conn.recv(1) == b"x"
+        conn.close()
+    finally:
+        s.close()
+        queued.close()
+        full.close()
+
+
 def test_a_listener_closed_while_handshakes_run_does_not_hang() -> None:
     """Clients connect and the listener closes before accepting: the connections whose
     handshakes end after that are closed by a thread of their own (the runtime's lock is

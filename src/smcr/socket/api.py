@@ -284,7 +284,8 @@ class SMCSocket(SocketBase):
             if self._mode == "CONNECTING" and connecting is not None:
                 err = connecting.so_error()
                 numbers.catch_up(self)
-                return err
+                if err is not None:
+                    return err
             if self._connect_error:
                 err, self._connect_error = self._connect_error, 0
                 return err

@@ -10,7 +10,7 @@ import os
 import selectors
 import socket as _socket
 import threading
-from typing import Any
+from typing import Any, Final
 
 from smcr import discovery
 from smcr.socket import handshake, numbers
@@ -19,6 +19,14 @@ from smcr.stack.hostconn import HostConn
 from smcr.stack.readiness import Readiness
 from smcr.stack.watcher import get_watcher
 from smcr.wire.decline import DeclineCode
+
+TCP_SYN_SENT: Final = 2  # Linux's TCP_SYN_SENT, the state of a connect under way
+
+
+def tcp_state(sock: SocketBase) -> int:
+    """The TCP socket's state as Linux numbers it (``tcpi_state``, TCP_INFO's first
+    byte): asks without taking the socket's pending error, as SO_ERROR would."""
+    return PlainSocket.getsockopt(sock, _socket.IPPROTO_TCP, _socket.TCP_INFO, 1)[0]
 
 
 class Connecting:
@@ -39,13 +47,16 @@ class Connecting:
         self.tcp_done = False  # the TCP connect's outcome is taken (watcher or SO_ERROR)
         self.lock = threading.Lock()
 
-    def so_error(self) -> int:
+    def so_error(self) -> int | None:
         """``getsockopt(SO_ERROR)`` while connecting: a failed TCP connect's error at once
         (asyncio and others watch the TCP descriptor they saw before ``connect``);
-        0 while the TCP connect or the handshake goes on."""
+        0 while the TCP connect or the handshake goes on; None if the socket settled
+        since the caller saw it connecting (the settled socket's answer is the one)."""
         with self.lock:
-            if self.tcp_done or self.closed:
+            if self.closed:
                 return 0
+            if self.tcp_done:
+                return 0 if self.sock._mode == "CONNECTING" else None
             err = int(PlainSocket.getsockopt(self.sock, _socket.SOL_SOCKET, _socket.SO_ERROR))
             if err:
                 self.tcp_done = True
@@ -74,20 +85,26 @@ class Connecting:
         get_watcher().watch(self.fd, selectors.EVENT_WRITE, self._connected)
 
     def _connected(self) -> None:
-        """The TCP connect ended (watcher thread): settle the mode or start the handshake."""
-        get_watcher().unwatch(self.fd)
+        """The TCP connect ended (watcher thread): settle the mode or start the handshake.
+        A call for an event that was not this connect's (:mod:`smcr.stack.watcher`)
+        finds the TCP socket still connecting and leaves it so."""
         sock = self.sock
         with self.lock:
             if self.closed or self.tcp_done:
                 return
-            self.tcp_done = True
             try:
                 PlainSocket.getpeername(sock)
             except OSError:
+                if tcp_state(sock) == TCP_SYN_SENT:
+                    return
                 # failed: its error stays the kernel's (SO_ERROR, EPOLLERR on the number
                 # the application has, which names the TCP socket again), as on TCP
+                self.tcp_done = True
+                get_watcher().unwatch(self.fd)
                 self._settle("TCP", 0, failed=True)
                 return
+            self.tcp_done = True
+            get_watcher().unwatch(self.fd)
         if discovery.current().peer_offered(sock, client=True):
             try:
                 handshake.start_handshake(sock, True, self._handshake_ended)
