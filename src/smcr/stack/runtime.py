@@ -516,12 +516,12 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
     :raises SettingError: for a value of an ``SMCR_*`` variable that is not allowed
         (:data:`smcr.settings.RUNTIME`), e.g. an unknown ``SMCR_RNIC``.
     """
-    settings.check(settings.RUNTIME)
     kind = devices.rnic_kind()
     key = "shm" if kind == "shm" else "roce:" + devices.roce_key(local_ip, scope_id)
     with _stack_lock:
         stack = _stacks.get(key)
         if stack is None or stack.pid != os.getpid():
+            settings.check(settings.RUNTIME)  # (read when a runtime starts, not per socket)
             if stack is not None:  # a forked child: the parent's stacks are not ours
                 _stacks.clear()
             device, more = _open_rnics(kind, key)
