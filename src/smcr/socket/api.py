@@ -280,25 +280,9 @@ class SMCSocket(SocketBase):
                 return self._shown_as[1]
         numbers.catch_up(self)
         if level == _socket.SOL_SOCKET and optname == _socket.SO_ERROR and not args:
-            connecting = self._connecting
-            if self._mode == "CONNECTING" and connecting is not None:
-                err = connecting.so_error()
-                numbers.catch_up(self)
-                if err is not None:
-                    return err
-            if self._connect_error:
-                err, self._connect_error = self._connect_error, 0
+            err = connecting.so_error(self)
+            if err is not None:
                 return err
-            if self._tcp_error:
-                err, self._tcp_error = self._tcp_error, 0
-                return err
-            calls = self._calls
-            if self._mode == "SMCR" and calls is not None and not (calls.forked or self._gone):
-                # the TCP socket's own error too (an abortive close resets it): taken, so
-                # that a reset is told once
-                tcp_err = int(PlainSocket.getsockopt(self, _socket.SOL_SOCKET,
-                                                      _socket.SO_ERROR))  # fmt: skip
-                return calls.path.pending_reset(tcp_err)
         if self._mode not in ("TCP", "PLAIN") and level == _socket.SOL_SOCKET and not args:
             if optname == _socket.SO_RCVBUF:
                 return self._rmb_size or default_buffer_size()

@@ -230,6 +230,31 @@ def connect(sock: SocketBase, address: Any) -> None:
     else:
         handshake.fall_back(sock, int(DeclineCode.PEERNOSMC), 0)
 
+def so_error(sock: SocketBase) -> int | None:
+    """``getsockopt(SO_ERROR)`` where smcr knows better than the TCP socket: a non-blocking
+    connect's outcome, an error a CLC read took from the kernel, an SMC-R connection's
+    pending reset (each told once); None where the TCP socket's own answer is the one."""
+    connecting = sock._connecting
+    if sock._mode == "CONNECTING" and connecting is not None:
+        err = connecting.so_error()
+        numbers.catch_up(sock)
+        if err is not None:
+            return err
+    if sock._connect_error:
+        err, sock._connect_error = sock._connect_error, 0
+        return err
+    if sock._tcp_error:
+        err, sock._tcp_error = sock._tcp_error, 0
+        return err
+    calls = sock._calls
+    if sock._mode == "SMCR" and calls is not None and not (calls.forked or sock._gone):
+        # the TCP socket's own error too (an abortive close resets it): taken, so that a
+        # reset is told once
+        tcp_err = int(PlainSocket.getsockopt(sock, _socket.SOL_SOCKET, _socket.SO_ERROR))
+        return calls.path.pending_reset(tcp_err)
+    return None
+
+
 def start_over(sock: SocketBase) -> None:
     """Back to a socket that never connected, after a failed connect."""
     if sock._connecting is not None:
