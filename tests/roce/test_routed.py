@@ -172,10 +172,12 @@ def test_smcr_v1_across_subnets_declines_at_once_diffprefix(family: int) -> None
     with Routed(1) as r:
         client, server = run(r, family, None, conns=2, total=64 * 1024)
     print(f"\nSMC-Rv1 decline, IPv{family}: {[round(x['connect'] * 1000, 1) for x in client]} ms")
-    for row in client:
+    for i, row in enumerate(client):
         assert (row["mode"], row["ok"]) == ("TCP", True), row
         assert (row["local"], row["peer"]) == (DeclineCode.PEERDECL, DeclineCode.DIFFPREFIX)
-        assert row["connect"] < 0.5, row  # a handshake's round trips, not a timeout
+        # a handshake's round trips, not a timeout (a link's wait is seconds); the first
+        # connection starts the client's runtime too (0.50 s once in a slow CI run)
+        assert row["connect"] < (1.5 if i == 0 else 0.5), row
     for row in server:
         assert (row["mode"], row["local"]) == ("TCP", DeclineCode.DIFFPREFIX), row
 
