@@ -59,8 +59,7 @@ class Connecting:
                 return 0 if self.sock._mode == "CONNECTING" else None
             err = int(PlainSocket.getsockopt(self.sock, _socket.SOL_SOCKET, _socket.SO_ERROR))
             if err:
-                self.tcp_done = True
-                get_watcher().unwatch(self.fd)
+                self._tcp_over()
                 self._settle("TCP", 0, failed=True)
             return err
 
@@ -74,10 +73,14 @@ class Connecting:
             err = PlainSocket.connect_ex(self.sock, address)
             if err in (0, errno.EALREADY, errno.EINPROGRESS, errno.EISCONN):
                 return
-            self.tcp_done = True
-            get_watcher().unwatch(self.fd)
+            self._tcp_over()
             self._settle("TCP", 0, failed=True)
         raise OSError(err, os.strerror(err))
+
+    def _tcp_over(self) -> None:
+        """The TCP connect's outcome is taken (lock held): nothing to watch for any more."""
+        self.tcp_done = True
+        get_watcher().unwatch(self.fd)
 
     def start(self) -> None:
         """Watch for the TCP connect's end."""
@@ -99,12 +102,10 @@ class Connecting:
                     return
                 # failed: its error stays the kernel's (SO_ERROR, EPOLLERR on the number
                 # the application has, which names the TCP socket again), as on TCP
-                self.tcp_done = True
-                get_watcher().unwatch(self.fd)
+                self._tcp_over()
                 self._settle("TCP", 0, failed=True)
                 return
-            self.tcp_done = True
-            get_watcher().unwatch(self.fd)
+            self._tcp_over()
         if discovery.current().peer_offered(sock, client=True):
             try:
                 handshake.start_handshake(sock, True, self._handshake_ended)
