@@ -20,6 +20,7 @@ from smcr.stack.readiness import Readiness
 from smcr.stack.watcher import get_watcher
 from smcr.wire.decline import DeclineCode
 
+TCP_ESTABLISHED: Final = 1  # Linux's TCP_ESTABLISHED
 TCP_SYN_SENT: Final = 2  # Linux's TCP_SYN_SENT, the state of a connect under way
 
 
@@ -83,8 +84,14 @@ class Connecting:
         get_watcher().unwatch(self.fd)
 
     def start(self) -> None:
-        """Watch for the TCP connect's end."""
+        """Watch for the TCP connect's end; or, when it has ended already (over loopback
+        the kernel completes it before ``connect`` returns), go on in this thread: the
+        handshake starts at once, with no hop to the watcher thread and back."""
         self.fd = PlainSocket.fileno(self.sock)
+        if tcp_state(self.sock) == TCP_ESTABLISHED:
+            self.tcp_done = True
+            self._go_on()
+            return
         get_watcher().watch(self.fd, selectors.EVENT_WRITE, self._connected)
 
     def _connected(self) -> None:
@@ -106,6 +113,11 @@ class Connecting:
                 self._settle("TCP", 0, failed=True)
                 return
             self._tcp_over()
+        self._go_on()
+
+    def _go_on(self) -> None:
+        """The TCP connect succeeded: the handshake if the peer offered SMC, else TCP."""
+        sock = self.sock
         if discovery.current().peer_offered(sock, client=True):
             try:
                 handshake.start_handshake(sock, True, self._handshake_ended)
