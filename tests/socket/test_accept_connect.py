@@ -466,6 +466,46 @@ def test_a_watcher_call_while_the_tcp_connect_is_under_way_leaves_it_connecting(
         full.close()
 
 
+def test_a_connect_the_kernel_finished_at_once_needs_no_watcher_thread() -> None:
+    """Over loopback the kernel has finished a non-blocking TCP connect when ``connect``
+    returns: the handshake starts in the calling thread then, so it does not wait for
+    the watcher thread (held busy here by another descriptor's callback) and the socket
+    settles on SMC-R while the watcher is still busy."""
+    from smcr.stack.watcher import get_watcher  # noqa: PLC0415
+
+    p = Peer(smc_peer.echo_server)
+    busy, release = threading.Event(), threading.Event()
+    a, b = socket.socketpair()
+    try:
+        port = p.recv()
+        s = smcr.SMCSocket()
+        s.setblocking(False)
+
+        def hold() -> None:
+            get_watcher().unwatch(a.fileno())
+            busy.set()
+            release.wait(30)
+
+        b.send(b"!")  # a readable: the watcher thread runs hold() and stays there
+        get_watcher().watch(a.fileno(), selectors.EVENT_READ, hold)
+        assert busy.wait(10)
+        assert s.connect_ex(("127.0.0.1", port)) == errno.EINPROGRESS
+        assert select.select([], [s], [], 10)[1] == [s]
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        assert s.smc_info().mode == "SMCR"
+        assert p.recv() == ("SMCR", 0, 0)
+        assert not release.is_set()  # (settled while the watcher was held)
+        s.setblocking(True)
+        s.sendall(b"ping")
+        assert recv_exactly(s, 4) == b"ping"
+        s.close()
+    finally:
+        release.set()
+        a.close()
+        b.close()
+        p.stop()
+
+
 def test_a_listener_closed_while_handshakes_run_does_not_hang() -> None:
     """Clients connect and the listener closes before accepting: the connections whose
     handshakes end after that are closed by a thread of their own (the runtime's lock is
