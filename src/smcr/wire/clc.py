@@ -66,6 +66,7 @@ from smcr.wire.clc_header import (
     check_trailer,
     check_version,
     decode_header,
+    decoded,
 )
 from smcr.wire.clc_proposal import (
     MAX_IPV6_PREFIXES,
@@ -412,14 +413,15 @@ class _AcceptConfirm:
         return b"".join(parts)
 
     @classmethod
-    def decode(cls, data: Buffer) -> Self:
+    def decode(cls, data: Buffer, header: ClcHeader | None = None) -> Self:
         """Decode one whole message of this class's type (``smc_clc_msg_acc_conf_valid``).
 
         :param data: exactly one message (length field == ``len(data)``).
+        :param header: its header, decoded already (:class:`ClcReader`).
         :raises WireError: ``code=None`` when malformed (Linux ``-EPROTO``);
             ``MODEUNSUPP`` for an SMC-D Accept/Confirm.
         """
-        hdr = decode_header(data, cls.TYPE)
+        hdr = decode_header(data, cls.TYPE, header)
         name = cls.TYPE.name.capitalize()
         if hdr.typev1 == SmcType.D:
             raise WireError(f"{name} is SMC-D (typev1 1 at byte 7)", DeclineCode.MODEUNSUPP)
@@ -455,7 +457,11 @@ class _AcceptConfirm:
                     start = _ACC_V2_LEN - CLC_TRAILER_LEN + _FCE_LEN + _GLE.size
                     end = size - CLC_TRAILER_LEN
                     gids = tuple(bytes(data[i : i + _GID_LEN]) for i in range(start, end, _GID_LEN))
-        return cls(
+        # every field from a fixed-width struct field, the layout checked above: what
+        # __post_init__ would check holds (a v1 message has no EID, fce iff v2 and first
+        # contact, a GID list of at most 8 only in a v2 first-contact Confirm)
+        return decoded(
+            cls,
             version=hdr.version,
             first_contact=first_contact,
             peer_id=peer_id,
@@ -582,12 +588,13 @@ class ClcDecline:
         return b"".join(parts)
 
     @classmethod
-    def decode(cls, data: Buffer) -> ClcDecline:
+    def decode(cls, data: Buffer, header: ClcHeader | None = None) -> ClcDecline:
         """Decode one whole Decline (``smc_clc_msg_decl_valid``): exact length, any trailer.
 
+        :param header: its header, decoded already (:class:`ClcReader`).
         :raises WireError: ``code=None`` (Linux ``-EPROTO``) for a bad header or length.
         """
-        hdr = decode_header(data, ClcType.DECLINE)
+        hdr = decode_header(data, ClcType.DECLINE, header)
         want = _DECL_V1_LEN if hdr.version == 1 else _DECL_V2_LEN
         if len(data) != want:
             raise WireError(f"Decline v{hdr.version} length is {len(data)}, expected {want}")
@@ -610,7 +617,7 @@ class ClcDecline:
 
 ClcMessage: TypeAlias = ClcProposal | ClcAccept | ClcConfirm | ClcDecline
 
-_DECODERS: dict[ClcType, Callable[[Buffer], ClcMessage]] = {
+_DECODERS: dict[ClcType, Callable[[Buffer, ClcHeader], ClcMessage]] = {
     ClcType.PROPOSAL: ClcProposal.decode,
     ClcType.ACCEPT: ClcAccept.decode,
     ClcType.CONFIRM: ClcConfirm.decode,
@@ -625,7 +632,7 @@ def decode_clc(data: Buffer) -> ClcMessage:
     :raises WireError: see the module docstring for the decline codes.
     """
     hdr = ClcHeader.decode(data)
-    msg: ClcMessage = _DECODERS[hdr.type](data)
+    msg: ClcMessage = _DECODERS[hdr.type](data, hdr)
     return msg
 
 
@@ -671,7 +678,7 @@ class ClcReader:
                 raise WireError(f"CLC {hdr.type.name} received while waiting for {expect.name}")
             if len(self._buf) < hdr.length:
                 return None
-            msg = _DECODERS[hdr.type](bytes(self._buf[: hdr.length]))
+            msg = _DECODERS[hdr.type](bytes(self._buf[: hdr.length]), hdr)
         except WireError as exc:
             self._error = exc
             raise

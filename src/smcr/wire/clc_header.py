@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TypeAlias, TypeVar
 
 from smcr.wire.errors import WireError
 from smcr.wire.validate import check_bytes, check_uint
@@ -188,9 +188,9 @@ class ClcHeader:
         eyecatcher, msg_type, length, byte7 = _HEADER.unpack_from(data, 0)
         if eyecatcher not in _EYECATCHERS:
             raise WireError(f"CLC eyecatcher at 0 is {eyecatcher.hex()}, not SMCR/SMCD")
-        if not ClcType.PROPOSAL <= msg_type <= ClcType.DECLINE:
+        ctype = _TYPES.get(msg_type)
+        if ctype is None:
             raise WireError(f"CLC type at 4 is 0x{msg_type:02x}, not 1..4")
-        ctype = ClcType(msg_type)
         version = byte7 >> 4
         if version < 1:
             raise WireError("CLC version at 7 is 0 (Linux needs >= 1)")
@@ -209,15 +209,34 @@ class ClcHeader:
         )
 
 
-def decode_header(data: Buffer, expected: ClcType) -> ClcHeader:
+_TYPES = {int(t): t for t in ClcType}
+
+_T = TypeVar("_T")
+
+
+def decoded(cls: type[_T], **fields: object) -> _T:
+    """An instance of the frozen dataclass ``cls`` made from fields a decoder read and
+    checked, without its ``__post_init__``: those checks are for what an encoder is asked
+    to send, and a field unpacked from a fixed-width struct field cannot be out of its
+    range (a handshake decodes three messages; the checks were a third of their cost);
+    internal helper."""
+    obj = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+def decode_header(data: Buffer, expected: ClcType, hdr: ClcHeader | None = None) -> ClcHeader:
     """Check the header of a whole message of type *expected*; internal helper.
 
     Besides :meth:`ClcHeader.decode`'s checks: the type is *expected* and the
     length field equals ``len(data)`` (a decoder is handed exactly one message).
 
+    :param hdr: the header decoded already (:class:`~smcr.wire.clc.ClcReader`).
     :raises WireError: without decline code (Linux: ``-EPROTO``, no Decline).
     """
-    hdr = ClcHeader.decode(data)
+    if hdr is None:
+        hdr = ClcHeader.decode(data)
     if hdr.type != expected:
         raise WireError(f"CLC type at 4 is {hdr.type.name}, expected {expected.name}")
     if hdr.length != len(data):

@@ -52,6 +52,7 @@ from smcr.wire.clc_header import (
     CLC_TRAILER_LEN,
     EYECATCHER_SMCR,
     Buffer,
+    ClcHeader,
     ClcType,
     SmcType,
     byte7,
@@ -59,6 +60,7 @@ from smcr.wire.clc_header import (
     check_trailer,
     check_version,
     decode_header,
+    decoded,
     pack_header,
 )
 from smcr.wire.errors import WireError
@@ -166,10 +168,11 @@ class IpPrefixArea:
         if len(data) < end:
             raise WireError(f"Proposal IPv6 prefixes at {start} truncated")
         prefixes = tuple(
-            Ipv6Prefix(ipaddress.IPv6Address(p), n)
+            decoded(Ipv6Prefix, prefix=ipaddress.IPv6Address(p), prefix_len=n)
             for p, n in _IPV6_PREFIX.iter_unpack(bytes(data[start:end]))
         )
-        return cls(ipaddress.IPv4Address(subnet), prefix_len, prefixes)
+        return decoded(cls, outgoing_subnet=ipaddress.IPv4Address(subnet),
+                       prefix_len=prefix_len, ipv6_prefixes=prefixes)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -521,13 +524,14 @@ class ClcProposal:
         return b"".join(parts)
 
     @classmethod
-    def decode(cls, data: Buffer) -> ClcProposal:
+    def decode(cls, data: Buffer, header: ClcHeader | None = None) -> ClcProposal:
         """Decode one whole Proposal (``smc_clc_msg_prop_valid`` plus layout checks).
 
         :param data: exactly the message's bytes (length field == ``len(data)``).
+        :param header: its header, decoded already (:class:`~smcr.wire.clc.ClcReader`).
         :raises WireError: with ``code=None`` for any malformed Proposal.
         """
-        hdr = decode_header(data, ClcType.PROPOSAL)
+        hdr = decode_header(data, ClcType.PROPOSAL, header)
         _, _, _, _, peer_id, gid, mac, ip_off = _BASE.unpack_from(data, 0)
         typev1 = SmcType(hdr.typev1)
         if ip_off > _AREA_LEN:
@@ -568,7 +572,9 @@ class ClcProposal:
         if pos + CLC_TRAILER_LEN != len(data):
             raise WireError(f"Proposal length {len(data)} does not match its parts ({pos + 4})")
         check_trailer(data)
-        return cls(
+        # fixed-width fields, the layout rules checked above: __post_init__'s hold
+        return decoded(
+            cls,
             version=hdr.version,
             typev1=typev1,
             typev2=typev2,
@@ -606,7 +612,8 @@ def _decode_v2_parts(
     if len(data) < end:
         raise WireError(f"Proposal user EIDs at {start} truncated")
     eids = tuple(bytes(data[i : i + _EID_LEN]) for i in range(start, end, _EID_LEN))
-    ext = V2Extension(
+    ext = decoded(
+        V2Extension,
         release=flags >> 4,
         seid=bool(flags & 0x01),
         roce_gid=roce_gid,
