@@ -30,6 +30,15 @@ def socketpair(family: int = socket.AF_UNIX,
     return cls(family, kind, 0, a.detach()), cls(family, kind, 0, b.detach())
 
 
+def nonblocking_pair() -> tuple[_socket.socket, _socket.socket]:
+    """A connected unix stream pair, both ends non-blocking, as the C socket type: one
+    system call (``socketpair`` with ``SOCK_NONBLOCK``), where ``socket.socketpair()`` and
+    two ``setblocking`` cost five (wrapping each end in ``socket.socket`` asks the kernel for
+    its name, and ``setblocking`` is an ``ioctl`` each): what a connection's readiness
+    descriptor costs every connection."""
+    return _socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK, 0)
+
+
 def from_descriptor(fd: int) -> socket.socket:
     """The socket of descriptor ``fd``, as ``socket.socket(fileno=fd)`` outside ``smcr run``."""
     return _plain_class()(fileno=fd)

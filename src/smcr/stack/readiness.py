@@ -27,9 +27,7 @@ class Readiness:
     """
 
     def __init__(self) -> None:
-        self.a, self.b = plainsock.socketpair()
-        for s in (self.a, self.b):
-            s.setblocking(False)
+        self.a, self.b = plainsock.nonblocking_pair()
         self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)
         self.readable = False
         self.writable = True
