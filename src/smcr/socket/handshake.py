@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import ipaddress
 import os
 import socket as _socket
 import sys
@@ -52,19 +51,10 @@ def stack_here(sock: SocketBase) -> None:
     network namespace than the process (``setns`` is per thread), where this
     address has no RNIC."""
     with contextlib.suppress(OSError, ValueError):
-        ip = local_ip(sock)
+        name = PlainSocket.getsockname(sock)
+        ip = parse_ip(name[0])
         if not ip.is_unspecified:
-            sock._stack = get_stack(ip, scope_id(sock))
-
-
-def local_ip(sock: SocketBase) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    return parse_ip(PlainSocket.getsockname(sock)[0])
-
-
-def scope_id(sock: SocketBase) -> int:
-    """The interface index of a link-local IPv6 local address (0 otherwise)."""
-    name = PlainSocket.getsockname(sock)
-    return int(name[3]) if len(name) == 4 else 0
+            sock._stack = get_stack(ip, int(name[3]) if len(name) == 4 else 0)
 
 
 def handshake(sock: SocketBase, client: bool) -> None:
@@ -132,7 +122,7 @@ def start_handshake(sock: SocketBase, client: bool,
         hc = sock._hc = stack.new_conn(tcp)
         hc.on_outcome = on_outcome
         stack.start_handshake(hc, client, local_ip, sock._rmb_size,
-                              sock._sndbuf_size, polled)  # fmt: skip
+                              sock._sndbuf_size, polled, name)  # fmt: skip
         if hc.outcome is not None and hc.on_outcome is not None:
             hc.on_outcome(hc)  # ended at once, and nobody took the news yet
     return stack, hc

@@ -40,8 +40,11 @@ class ClcWatch:
         """The sockets of :attr:`tcp` (module docstring)."""
         self.watch_tcp = watch_tcp
 
-    def add(self, hc: HostConn) -> None:
-        """Watch a handshake's TCP socket (made non-blocking) for CLC."""
+    def add(self, hc: HostConn, ends: tuple[object, object] | None = None) -> None:
+        """Watch a handshake's TCP socket (made non-blocking) for CLC.
+
+        :param ends: its (``getsockname()``, ``getpeername()``), when the caller has them.
+        """
         hc.tcp.setblocking(False)
         fd = hc.tcp.fileno()
         self.watch[fd] = hc
@@ -49,9 +52,13 @@ class ClcWatch:
             self.ep.register(fd, select.EPOLLIN)
         except FileExistsError:  # (a number registered before: never closed unwatched)
             self.ep.modify(fd, select.EPOLLIN)
-        with contextlib.suppress(OSError):
-            hc.ends = (hc.tcp.getsockname(), hc.tcp.getpeername())
-            self.ends[hc.ends] = hc
+        if ends is None:
+            try:
+                ends = (hc.tcp.getsockname(), hc.tcp.getpeername())
+            except OSError:
+                return
+        hc.ends = ends
+        self.ends[ends] = hc
 
     def remove(self, hc: HostConn) -> None:
         """The handshake reads no more CLC (lock held)."""

@@ -63,6 +63,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from smcr import exits, settings
 from smcr.core import Action, Config, Engine, LocalIdentity, NextHop, Port, Rmb
@@ -288,7 +289,7 @@ class Stack:
 
     def start_handshake(self, hc: HostConn, client: bool, local_ip: ipaddress.IPv4Address
                         | ipaddress.IPv6Address, rmb_size: int, sndbuf_size: int,
-                        polled: bool = False) -> None:  # fmt: skip
+                        polled: bool = False, sockname: Any = None) -> None:  # fmt: skip
         """Allocate buffers and start the CLC handshake (lock held).
 
         A size of 0 means the default (:attr:`config`, :data:`BUFFER`).
@@ -297,12 +298,16 @@ class Stack:
             (a blocking ``connect``): it polls the TCP socket itself, so no other
             poller is woken for it (a doorbell ring, or the progress thread's wakeup,
             would only cost a thread switch and a wasted poll round).
+        :param sockname: the TCP socket's ``getsockname()``, when the caller has it.
         """
         ex, engine = self.ex, self.engine
         local_ip = devices.prefix_ip(self.device, local_ip)
+        ends = None
         try:
             address = hc.tcp.getpeername()
             hc.peer = (client, address[0] if isinstance(address, tuple) else address)
+            if sockname is not None:
+                ends = (sockname, address)
         except OSError:
             hc.peer = None
         bufs = self.pool.alloc(rmb_size or self.config.rmb_size,
@@ -324,11 +329,11 @@ class Stack:
         if client:
             # watched before the Proposal goes: a server end of ours reads it before
             # execute returns (ClcWatch.sent), instead of in another thread's poll
-            ex.clc.add(hc)
+            ex.clc.add(hc, ends)
         ex.execute(actions)
         if hc.outcome is None:
             if not client:
-                ex.clc.add(hc)  # the client's Proposal is often here already: no thread hop
+                ex.clc.add(hc, ends)  # the client's Proposal is often here already: no hop
                 ex.clc_read(hc)
             if hc.undecided() and not polled and self.wake.poller is None:
                 # (not `hc.outcome is None` again: see undecided) nobody polls (a thread
