@@ -426,3 +426,31 @@ def _ack_pattern(rows: list[list[str]]) -> dict[str, Any]:
             areq = [int(r[6]) - start for r in mine[first[0] :][:256] if r[5] == "1"]
         out[src] = {"ackreq_offsets": areq, "acks": sum(r[1] == "17" for r in mine)}
     return out
+
+
+# ----------------------------------------------------------------- the harness itself
+
+
+def test_a_session_left_inside_a_long_guest_command_holds_up_no_later_one(rxe_guest: Any) -> None:
+    """A test that gives up while the guest still runs its command (a timeout under TCG)
+    must not fail the tests after it: the guest serves each side channel on its own, so
+    the next session starts while the abandoned one still waits."""
+    first = HostPeer()
+    try:
+        GuestPeer(first)
+        assert first.proc.stdin is not None
+        # a wait for a completion that never comes, its answer never read: then the host
+        # end goes away, as a failed test's does
+        first.proc.stdin.write('["guest", {"op": "wait", "args": {"n": 1, "timeout": 90.0}}]\n')
+        first.proc.stdin.flush()
+        time.sleep(1.0)
+    finally:
+        first.proc.kill()
+        first.kill()
+    t0 = time.monotonic()
+    second = HostPeer()
+    try:
+        assert GuestPeer(second).info["qpn"] > 0
+        assert time.monotonic() - t0 < 30.0  # (served after the abandoned wait: ~90 s)
+    finally:
+        second.close()

@@ -27,6 +27,7 @@ import json
 import random
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -244,18 +245,26 @@ def serve(conn: socket.socket) -> None:
         conn.close()
 
 
+def serve_logged(conn: socket.socket) -> None:
+    try:
+        serve(conn)
+    except Exception:  # a broken channel ends that session, not the server
+        traceback.print_exc()
+        sys.stdout.flush()
+
+
 def main() -> None:
+    """Serve each side channel in a thread of its own: a session still inside a long
+    command when its host end gave up (a test that timed out under TCG) must not keep
+    the next test's session from starting (each has its own context and QP); served one
+    after another, one slow command failed every later test of the run."""
     port = int(sys.argv[1])
     srv = socket.create_server(("0.0.0.0", port), reuse_port=False)
     print(f"listening on {port}", flush=True)
     while True:
         conn, addr = srv.accept()
         print(f"connection from {addr}", flush=True)
-        try:
-            serve(conn)
-        except Exception:  # a broken channel ends that session, not the server
-            traceback.print_exc()
-            sys.stdout.flush()
+        threading.Thread(target=serve_logged, args=(conn,), daemon=True).start()
 
 
 if __name__ == "__main__":
