@@ -17,6 +17,7 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 from smcr import discovery
 from smcr.core import FellBack, HandshakeCompleted
@@ -54,7 +55,12 @@ def stack_here(sock: SocketBase) -> None:
         name = PlainSocket.getsockname(sock)
         ip = parse_ip(name[0])
         if not ip.is_unspecified:
-            sock._stack = get_stack(ip, int(name[3]) if len(name) == 4 else 0)
+            sock._stack = get_stack(ip, scope_id(name))
+
+
+def scope_id(name: Any) -> int:
+    """The interface index of a socket name's link-local IPv6 address (0 otherwise)."""
+    return int(name[3]) if len(name) == 4 else 0
 
 
 def handshake(sock: SocketBase, client: bool) -> None:
@@ -108,10 +114,9 @@ def start_handshake(sock: SocketBase, client: bool,
     diag_start()  # this process answers smcr ss/stats from now on (smcr.diag)
     # the RNIC of this address (and, link-local, of this interface); found already
     # where the background work may run in another thread (see :func:`stack_here`)
-    name = PlainSocket.getsockname(sock)  # (once: _local_ip and _scope_id in one)
+    name = PlainSocket.getsockname(sock)  # (once: the runtime's and the CLC watch's)
     local_ip = parse_ip(name[0])
-    stack = sock._stack = sock._stack or get_stack(local_ip,
-                                                   int(name[3]) if len(name) == 4 else 0)
+    stack = sock._stack = sock._stack or get_stack(local_ip, scope_id(name))
     with stack.lock:
         # the runtime's own descriptor of the TCP socket: it outlives ours when the
         # application closes first (the closing CDCs, then the FIN)
