@@ -326,14 +326,13 @@ class Stack:
         else:
             actions = engine.accept(hc.conn_id, rmb, local_ip, now, snd)
         hc.handshake = engine.handshake(hc.conn_id)
-        if client:
-            # watched before the Proposal goes: a server end of ours reads it before
-            # execute returns (ClcWatch.sent), instead of in another thread's poll
-            ex.clc.add(hc, ends)
+        # watched before anything goes: a client's Proposal is read by a server end of
+        # ours before execute returns (ClcWatch.sent), not in another thread's poll; an
+        # outcome at once lets it go again (Executor._outcome)
+        ex.clc.add(hc, ends)
         ex.execute(actions)
         if hc.outcome is None:
-            if not client:
-                ex.clc.add(hc, ends)  # the client's Proposal is often here already: no hop
+            if not client:  # the client's Proposal is often here already: no thread hop
                 ex.clc_read(hc)
             if hc.undecided() and not polled and self.wake.poller is None:
                 # (not `hc.outcome is None` again: see undecided) nobody polls (a thread
