@@ -381,9 +381,7 @@ class CompletionQueue:
         self._wcs: deque[WorkCompletion] = deque()
         self._lock = threading.Lock()
         self._armed = False
-        self._bell_r, self._bell_w = plainsock.socketpair()
-        self._bell_r.setblocking(False)
-        self._bell_w.setblocking(False)
+        self._bell_r, self._bell_w = plainsock.nonblocking_pair()
         self._progress: list[Callable[[], None]] = []
         self.overruns = 0
 

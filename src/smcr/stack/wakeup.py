@@ -10,6 +10,7 @@ that every part of the runtime can ring them.
 
 from __future__ import annotations
 
+import _socket
 import contextlib
 import socket
 import threading
@@ -62,7 +63,7 @@ class Wakeups:
         with contextlib.suppress(OSError):
             self.bg_bell_w.send(b"k", _DONTWAIT)
 
-    def bell(self, progress: bool) -> socket.socket:
+    def bell(self, progress: bool) -> _socket.socket:
         """The doorbell a poller sleeps on: the progress thread's, or the applications'."""
         return self.bg_bell_r if progress else self.bell_r
 
@@ -89,9 +90,6 @@ class Wakeups:
             end.close()
 
 
-def _doorbell() -> tuple[socket.socket, socket.socket]:
+def _doorbell() -> tuple[_socket.socket, _socket.socket]:
     """A doorbell: a socket pair, both ends non-blocking."""
-    r, w = plainsock.socketpair()
-    r.setblocking(False)
-    w.setblocking(False)
-    return r, w
+    return plainsock.nonblocking_pair()
