@@ -12,6 +12,7 @@ import os
 import random
 import select
 import threading
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -166,3 +167,97 @@ def test_sleep_wake_race_between_processes(shm_dir: Path) -> None:
         if proc.is_alive():
             proc.kill()
         local.dev.close()
+
+
+def test_a_taken_arm_rings_nobody_until_it_is_given_back(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    _post_recvs(b, 200, 8)
+    _drain_bell(b.cq)
+    b.cq.req_notify()
+    assert b.cq.take_arm()  # armed: the taker polls itself now
+    assert _armed(b.cq) == 0
+    _send(a, 1)  # a peer's SEND meanwhile rings nobody ...
+    a.cq.req_notify()
+    assert a.cq.take_arm()
+    _send(a, 2, signaled=True)  # ... nor does a local completion
+    assert not _readable(b.cq) and not _readable(a.cq)
+    assert not b.cq.take_arm()  # (taken already: a second taker has nothing to give back)
+    b.cq.req_notify()  # given back: then the taker's look finds what came meanwhile
+    a.cq.req_notify()
+    assert [wc.wr_id for wc in b.cq.poll(8)] == [200, 201]
+    assert [wc.wr_id for wc in a.cq.poll(8)] == [2]
+    _send(a, 3)  # armed again: the next SEND rings as before
+    assert _readable(b.cq)
+
+
+def test_no_send_waits_for_a_ring_after_arms_were_taken(pair: tuple[Side, Side]) -> None:
+    """The runtime's pattern: a thread asleep on the CQ (the progress thread), another that
+    now and then takes the arm, polls and gives it back (an application thread sending to
+    a peer in its own process), both under one lock, and a peer whose SENDs land at any
+    moment.  While the arm is taken no SEND rings; once the taker stops, every SEND must
+    still wake the sleeper: one left unrung waits for the sleeper's long timeout."""
+    a, b = pair
+    n, taken_part, depth = 600, 300, 16
+    _post_recvs(b, 0, depth)
+    lock = threading.Lock()
+    sent: dict[int, float] = {}
+    taken: dict[int, float] = {}
+    taking = threading.Event()
+    taking.set()
+    rng = random.Random(7)
+
+    def take(wcs: list[WorkCompletion]) -> None:  # (lock held)
+        now = time.monotonic()
+        for wc in wcs:
+            taken[wc.wr_id] = now
+            if wc.wr_id + depth < n:  # the k-th SEND takes the receive posted k-th
+                _post_recvs(b, wc.wr_id + depth, 1)
+
+    def sleeper() -> None:
+        with lock:
+            while len(taken) < n:
+                wcs = b.cq.poll(64)
+                if not wcs:
+                    b.cq.req_notify()
+                    wcs = b.cq.poll(64)
+                if wcs:
+                    take(wcs)
+                    continue
+                lock.release()
+                try:
+                    ready = select.select([b.cq.fileno()], [], [], 5.0)[0]
+                finally:
+                    lock.acquire()
+                if ready:
+                    b.cq.clear_signal()
+
+    def taker() -> None:
+        while taking.is_set():
+            with lock:
+                armed = b.cq.take_arm()
+                time.sleep(rng.random() * 0.001)  # SENDs land while the arm is taken
+                take(b.cq.poll(64))
+                if armed:
+                    b.cq.req_notify()
+                    take(b.cq.poll(64))
+            time.sleep(rng.random() * 0.002)
+
+    threads = [threading.Thread(target=sleeper), threading.Thread(target=taker)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(n):
+            if i == taken_part:
+                taking.clear()  # from now on only rings wake the sleeper
+            sent[i] = time.monotonic()
+            _send(a, i)
+            if rng.random() < 0.3:
+                time.sleep(rng.random() * 0.002)
+    finally:
+        taking.clear()
+        for t in threads:
+            t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(taken) == list(range(n))
+    late = {i: taken[i] - sent[i] for i in range(n) if taken[i] - sent[i] > 1.0}
+    assert not late, f"SENDs that rang nobody (taken seconds after): {late}"

@@ -448,6 +448,23 @@ class CompletionQueue:
         with self._lock:
             self._armed = True
 
+    def take_arm(self) -> bool:
+        """Disarm for a moment: the caller, which holds the consumer's lock, is about to post
+        work whose completions come to this CQ and polls it itself right after (both ends
+        of a connection in one process), so a thread asleep on :meth:`fileno` needs no
+        signal for them -- ringing it would wake it only to find them taken, and hand the
+        GIL over twice, once per message.
+
+        :returns: whether the CQ was armed; if so, the caller arms it again when done
+            (:meth:`req_notify`) and then looks once more: what a peer placed while it
+            was disarmed (and so did not signal) is found by that look, as a sleeper's
+            own arming finds it.
+        """
+        with self._lock:
+            armed = self._armed
+            self._armed = False
+        return armed
+
     def clear_signal(self) -> None:
         """Make :meth:`fileno` unreadable again after a sleep on it (the doorbell is drained;
         a provider whose descriptor is not the doorbell overrides this)."""

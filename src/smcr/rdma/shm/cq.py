@@ -162,6 +162,19 @@ class ShmCompletionQueue(CompletionQueue):
             lay.U32.pack_into(self._notify, ARMED, 1)
             fence()
 
+    def take_arm(self) -> bool:
+        """Disarm for local completions and for peers' SENDs (:meth:`CompletionQueue.take_arm
+        <smcr.rdma.base.CompletionQueue.take_arm>`).  A requester that finds the word
+        cleared rings nobody: the caller's look after it arms again finds its SEND."""
+        armed = super().take_arm()
+        notify = self._notify
+        if notify.closed:
+            return armed
+        if lay.U32.unpack_from(notify, ARMED)[0]:
+            lay.U32.pack_into(notify, ARMED, 0)
+            return True
+        return armed
+
     def close(self) -> None:
         """Release the descriptors and the notification segment."""
         super().close()
