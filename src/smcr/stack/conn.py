@@ -188,9 +188,13 @@ class DataPath:
         elif ex.max_inline:
             if not 0 < n <= c.direct_room():
                 return -1
-            ex.send_inline(c, data, c.unanswered and not c.echo_pending and c.echo_wanted(n))
-            if ex.local_peer(hc, c):
-                ex.process()
+            local = ex.local_peer(hc, c)
+            armed = local and ex.cq.take_arm()
+            try:
+                ex.send_inline(c, data, c.unanswered and not c.echo_pending and c.echo_wanted(n))
+            finally:
+                if local:
+                    ex.local_end(armed)
         else:
             ex.sends_unprocessed += 1
             if ex.sends_unprocessed >= SENDS_PER_PROCESS or c.sndbuf_space() < 4 * n:
@@ -206,10 +210,14 @@ class DataPath:
             ring_write(hc.sndbuf, c.tx_app, data)
             actions: list[Action] = []
             c.written(n, actions)
-            if actions:
-                ex.execute(actions)
-            if ex.local_peer(hc, c):
-                ex.process()
+            local = ex.local_peer(hc, c)
+            armed = local and ex.cq.take_arm()
+            try:
+                if actions:
+                    ex.execute(actions)
+            finally:
+                if local:
+                    ex.local_end(armed)
         if hc.readiness is not None:
             ex.update_readiness(hc)
         return n
@@ -307,10 +315,15 @@ class DataPath:
         ring_read(rmb, cons, out[:n])
         actions: list[Action] = []
         c.consumed(n, actions)
-        if actions:
-            ex.execute(actions)
         if ex.local_peer(hc, c):  # (a consumer cursor update, when one went)
-            ex.process()
+            armed = bool(actions) and ex.cq.take_arm()
+            try:
+                if actions:
+                    ex.execute(actions)
+            finally:
+                ex.local_end(armed)
+        elif actions:
+            ex.execute(actions)
         if hc.readiness is not None:
             ex.update_readiness(hc)
         return n
@@ -561,7 +574,13 @@ class DataPath:
                 deadline = time.monotonic() + wait
                 self._drain_tx(deadline)
                 c = self.conn()
-                stack.closing.app_close(hc)
+                local = c is not None and ex.local_peer(hc, c)
+                armed = local and ex.cq.take_arm()
+                try:
+                    stack.closing.app_close(hc)
+                finally:
+                    if local:  # (its closing CDC taken at once: nothing to wait for)
+                        ex.local_end(armed)
                 if c is not None:
                     self.progress.wait(hc, lambda: cdcs_done(c), deadline)
             stack.drop_readiness(hc)

@@ -175,6 +175,22 @@ class Executor:
             local = hc.local_peer = peer is not None and peer.peer_qpn == c.qpn
         return local
 
+    def local_end(self, armed: bool) -> None:
+        """After posting for a connection whose other end is in this runtime (lock held):
+        the completions taken at once, so that the other end's readiness changes before
+        the call returns (:meth:`local_peer`).  ``armed``: the caller disarmed the CQ
+        before it posted (:meth:`CompletionQueue.take_arm
+        <smcr.rdma.base.CompletionQueue.take_arm>`: the thread asleep on it is not rung
+        for what this thread takes itself); it is armed again here, and looked at once more
+        for what came meanwhile without a ring."""
+        try:
+            self.process()
+        finally:  # (never left disarmed: its sleeper would hear of nothing more)
+            if armed:
+                self.cq.req_notify()
+                if self.cq.has_completions():
+                    self.process()
+
     # ================================================================ actions
 
     def execute(self, actions: list[Action]) -> None:

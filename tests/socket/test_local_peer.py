@@ -1,0 +1,74 @@
+"""Both ends of a connection in one process (what test suites and in-process servers do):
+the sending thread takes what it made for the other end itself, and the runtime's
+progress thread, asleep on the CQ, is not woken for it -- while it is still woken for
+what a peer in another process sends."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+
+import smcr
+from tests.socket.conftest import Peer
+from tests.socket.smc_peer import echo_server, host
+
+
+def _voluntary_switches(name: str) -> int:
+    """How often the thread ``name`` of this process went to sleep so far."""
+    thread = next(t for t in threading.enumerate() if t.name == name)
+    with open(f"/proc/self/task/{thread.native_id}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches line")
+
+
+def _round_trip(a: socket.socket, b: socket.socket, data: bytes) -> None:
+    """``a`` sends ``data``; ``b`` waits for it as an event loop does (select on its
+    descriptor, then a non-blocking recv)."""
+    a.send(data)
+    assert select.select([b], [], [], 5.0)[0], "the other end never turned readable"
+    assert b.recv(len(data)) == data
+
+
+def test_messages_between_ends_in_one_process_leave_the_progress_thread_asleep() -> None:
+    peer = Peer(echo_server)
+    remote = smcr.SMCSocket(socket.AF_INET, socket.SOCK_STREAM)
+    lst = smcr.SMCSocket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        remote.connect((host(), peer.recv()))
+        assert peer.recv()[0] == "SMCR"
+        remote.setblocking(False)
+        remote.send(b"hello")
+        assert select.select([remote], [], [], 5.0)[0] and remote.recv(5) == b"hello"
+
+        lst.bind((host(), 0))
+        lst.listen(1)
+        client = smcr.SMCSocket(socket.AF_INET, socket.SOCK_STREAM)
+        client.connect(lst.getsockname())
+        server, _ = lst.accept()
+        with client, server:
+            assert client.smc_info().mode == server.smc_info().mode == "SMCR"
+            client.setblocking(False)
+            server.setblocking(False)
+            _round_trip(client, server, b"warm")
+            before = _voluntary_switches("smcr-progress")
+            for i in range(200):
+                _round_trip(client, server, b"x%03d" % i)
+                _round_trip(server, client, b"y%03d" % i)
+            woken = _voluntary_switches("smcr-progress") - before
+            # before: about three wake-ups a message (each CDC rang the CQ it sleeps on)
+            assert woken < 100, f"the progress thread woke {woken} times for 400 messages"
+
+        # the CQ was armed again after each of those: a remote peer's answer, which only
+        # the progress thread takes here (nobody polls), still wakes it at once (else it
+        # waited for the thread's next timeout, seconds)
+        for i in range(5):
+            remote.send(b"ping%d" % i)
+            assert select.select([remote], [], [], 2.0)[0], "the remote answer rang nobody"
+            assert remote.recv(5) == b"ping%d" % i
+    finally:
+        lst.close()
+        remote.close()
+        peer.stop()
