@@ -17,6 +17,10 @@ from smcr import plainsock
 from smcr.stack.descriptors import put_at
 
 _DONTWAIT: Final = socket.MSG_DONTWAIT
+_FILL: Final = bytes(65536)
+"""More than the not-writable fill takes (``a``'s send buffer is the smallest the kernel
+allows): one non-blocking send of it stops short, which says the queue is full."""
+_DRAIN: Final = 65536
 
 
 class Readiness:
@@ -89,16 +93,18 @@ class Readiness:
         loop that counts wakeups, or one that reads on ``EPOLLIN`` only, took such an
         in-between state for the socket's: the thread setting it may wait for the GIL
         while the program polls and spins)."""
+        # (each loop ends on a short count, not on EAGAIN: an exception per change, each
+        # message's readable -> unreadable among them, cost more than its system call)
         if writable != self.writable:
             self.writable = writable
             if writable:
                 with contextlib.suppress(OSError):
-                    while self.b.recv(65536, _DONTWAIT):
+                    while len(self.b.recv(_DRAIN, _DONTWAIT)) == _DRAIN:
                         pass
             else:
                 with contextlib.suppress(OSError):
-                    while True:
-                        self.a.send(bytes(4096), _DONTWAIT)
+                    while self.a.send(_FILL, _DONTWAIT) == len(_FILL):
+                        pass
         if readable != self.readable:
             self.readable = readable
             if readable:
@@ -106,7 +112,7 @@ class Readiness:
                     self.b.send(b"r", _DONTWAIT)
             else:
                 with contextlib.suppress(OSError):
-                    while self.a.recv(4096, _DONTWAIT):
+                    while len(self.a.recv(_DRAIN, _DONTWAIT)) == _DRAIN:
                         pass
 
     def fail(self) -> None:
