@@ -21,6 +21,9 @@ _FILL: Final = bytes(65536)
 """More than the not-writable fill takes (``a``'s send buffer is the smallest the kernel
 allows): one non-blocking send of it stops short, which says the queue is full."""
 _DRAIN: Final = 65536
+"""A read of the fill (a few KiB): one that comes back short has emptied the queue."""
+_DRAIN_READABLE: Final = 64
+"""A read of the readable byte (one per change to readable)."""
 
 
 class Readiness:
@@ -112,7 +115,7 @@ class Readiness:
                     self.b.send(b"r", _DONTWAIT)
             else:
                 with contextlib.suppress(OSError):
-                    while len(self.a.recv(_DRAIN, _DONTWAIT)) == _DRAIN:
+                    while len(self.a.recv(_DRAIN_READABLE, _DONTWAIT)) == _DRAIN_READABLE:
                         pass
 
     def fail(self) -> None:
