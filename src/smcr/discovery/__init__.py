@@ -30,7 +30,6 @@ it and is not reported; ``SMCR_DEBUG`` prints the mode chosen in any case.
 from __future__ import annotations
 
 import _socket
-import contextlib
 import ipaddress
 import os
 import socket
@@ -116,8 +115,10 @@ class Discovery:
     def port_listens(self, port: int) -> None:
         """A listener that may serve SMC starts on ``port`` (:meth:`SocketFlags.port_listens`)."""
         if self.mode == "bpf" and self.flags is not None:
-            with contextlib.suppress(OSError):
+            try:
                 self.flags.port_listens(port)
+            except OSError:
+                pass
 
 
 def _kernel_fd(sock: socket.socket) -> int:

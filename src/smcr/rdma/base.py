@@ -20,7 +20,6 @@ Design: what does not depend on how bytes move lives here, once, so that the
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import mmap
@@ -257,8 +256,10 @@ class MemoryRegion:
         try:
             memory.madvise(mmap.MADV_REMOVE)  # a shared segment: the pages of the file
         except OSError:
-            with contextlib.suppress(OSError):
+            try:
                 memory.madvise(mmap.MADV_DONTNEED)  # private anonymous memory
+            except OSError:
+                pass
 
     def dereg(self) -> None:
         """Deregister: remote and local access end now; ``buf`` must not be used after."""
@@ -440,8 +441,10 @@ class CompletionQueue:
 
     def kick(self) -> None:
         """Make :meth:`fileno` readable (also callable from a provider's other threads)."""
-        with contextlib.suppress(OSError):  # full (already readable) or closed
+        try:  # full (already readable) or closed
             self._bell_w.send(b"\x01", socket.MSG_NOSIGNAL)
+        except OSError:
+            pass
 
     def req_notify(self) -> None:
         """Arm: the next local completion signals the descriptor (``ibv_req_notify_cq``)."""
@@ -468,8 +471,10 @@ class CompletionQueue:
     def clear_signal(self) -> None:
         """Make :meth:`fileno` unreadable again after a sleep on it (the doorbell is drained;
         a provider whose descriptor is not the doorbell overrides this)."""
-        with contextlib.suppress(OSError):
+        try:
             self._bell_r.recv(4096)
+        except OSError:
+            pass
 
     def has_completions(self) -> bool:
         """Whether completions wait, after the provider's progress hooks ran; takes none.

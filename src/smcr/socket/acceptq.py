@@ -5,7 +5,6 @@ from ``listen`` on, and ``accept`` takes what has finished (Linux's listen worke
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
@@ -457,8 +456,10 @@ class AcceptQueue:
         with self.cond:
             left, self.ready = list(self.ready), deque()
         for sock, _addr in left:
-            with contextlib.suppress(OSError):
+            try:
                 sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER, LINGER_ZERO)
+            except OSError:
+                pass
             sock.close()
 
     def release(self) -> None:

@@ -5,7 +5,6 @@ works), and ``create_connection``/``create_server``.
 from __future__ import annotations
 
 import _socket as _csocket
-import contextlib
 import errno
 import io
 import os
@@ -126,9 +125,11 @@ class SMCSocket(SocketBase):
         if not closed:
             for name, get in (("laddr", PlainSocket.getsockname),
                               ("raddr", PlainSocket.getpeername)):  # fmt: skip
-                with contextlib.suppress(OSError):
+                try:
                     if address := get(self):
                         text += f", {name}={address}"
+                except OSError:
+                    pass
         return f"{text}, mode={self._mode}>"
 
     def listen(self, backlog: int = 128) -> None:

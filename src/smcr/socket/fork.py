@@ -33,7 +33,6 @@ descriptor and is inherited as one.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket as _socket
 import threading
@@ -97,8 +96,10 @@ class Relay:
         try:
             while data := self.end.recv(CHUNK):
                 self.sock.sendall(data)
-            with contextlib.suppress(OSError):
+            try:
                 self.sock.shutdown(_socket.SHUT_WR)
+            except OSError:
+                pass
         except OSError:
             self._break()
         finally:
@@ -110,8 +111,10 @@ class Relay:
         try:
             while data := self.sock.recv(CHUNK):
                 self.end.sendall(data)
-            with contextlib.suppress(OSError):
+            try:
                 self.end.shutdown(_socket.SHUT_WR)
+            except OSError:
+                pass
         except OSError:
             self._break()
         finally:
@@ -119,10 +122,14 @@ class Relay:
 
     def _break(self) -> None:
         """One side failed (the peer reset, the child vanished): end both at once."""
-        with contextlib.suppress(OSError):
+        try:
             self.end.shutdown(_socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
+        except OSError:
+            pass
+        try:
             self.sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def _done(self) -> None:
         with self.lock:
@@ -206,8 +213,10 @@ def become_relayed(sock: SocketBase, end: _socket.socket) -> None:
     """In a forked child: this SMC-R connection is used through the parent, over
     ``end`` (:mod:`smcr.socket.fork`), which becomes this socket's descriptor."""
     addresses: tuple[Any, Any] = ("", "")
-    with contextlib.suppress(OSError):  # (a TCP connection already shut has no peer)
+    try:  # (a TCP connection already shut has no peer)
         addresses = (PlainSocket.getsockname(sock), PlainSocket.getpeername(sock))
+    except OSError:
+        pass
     os.dup2(end.fileno(), PlainSocket.fileno(sock), inheritable=False)
     if sock._shown >= 0 and sock._shown != PlainSocket.fileno(sock):
         # the number the program has names the parent's readiness descriptor: the relay

@@ -8,7 +8,6 @@ a failure that resets the TCP connection (Linux ``smc_connect_*``,
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import os
@@ -51,11 +50,13 @@ def stack_here(sock: SocketBase) -> None:
     handshake may start in the watcher thread, and a thread can be in another
     network namespace than the process (``setns`` is per thread), where this
     address has no RNIC."""
-    with contextlib.suppress(OSError, ValueError):
+    try:
         name = PlainSocket.getsockname(sock)
         ip = parse_ip(name[0])
         if not ip.is_unspecified:
             sock._stack = get_stack(ip, scope_id(name))
+    except (OSError, ValueError):
+        pass
 
 
 def scope_id(name: Any) -> int:
@@ -83,8 +84,10 @@ def handshake(sock: SocketBase, client: bool) -> None:
             # the socket's timeout bounds connect() as a whole, as on TCP: the
             # handshake is given up (its TCP shut, so that it ends at once)
             hc.on_outcome = functools.partial(abandon, stack)
-            with contextlib.suppress(OSError):
+            try:
                 hc.tcp.shutdown(_socket.SHUT_RDWR)
+            except OSError:
+                pass
             sock._hc = None
             raise TimeoutError("timed out")
     finish_handshake(sock, stack, hc)
@@ -145,8 +148,10 @@ def pay_decline(sock: SocketBase) -> None:
         return  # not connected (yet, or ever): the program's call gets TCP's answer
     sock._decline_owed = False
     if discovery.current().peer_offered(sock, client=True):
-        with contextlib.suppress(OSError):  # (a peer gone meanwhile: TCP will say so)
+        try:  # (a peer gone meanwhile: TCP will say so)
             PlainSocket.sendall(sock, ClcDecline.linux(DeclineCode.MEM, version=1).encode())
+        except OSError:
+            pass
 
 
 def decline_instead(sock: SocketBase, error: OSError) -> bool:
@@ -160,8 +165,10 @@ def decline_instead(sock: SocketBase, error: OSError) -> bool:
     """
     if error.errno not in OUT_OF_RESOURCES:
         return False
-    with contextlib.suppress(OSError):  # (a peer gone meanwhile: TCP will say so)
+    try:  # (a peer gone meanwhile: TCP will say so)
         PlainSocket.sendall(sock, ClcDecline.linux(DeclineCode.MEM, version=1).encode())
+    except OSError:
+        pass
     fall_back(sock, int(DeclineCode.MEM), 0)
     return True
 
@@ -181,9 +188,11 @@ def finish_handshake(sock: SocketBase, stack: Stack, hc: HostConn) -> None:
                              first_contact=outcome.first_contact,
                              version=outcome.version)  # fmt: skip
         path = DataPath(stack, hc)
-        with contextlib.suppress(OSError):  # (set on the TCP socket before: a listener's)
+        try:  # (set on the TCP socket before: a listener's)
             path.oob_inline = bool(PlainSocket.getsockopt(sock, _socket.SOL_SOCKET,
                                                           _socket.SO_OOBINLINE))  # fmt: skip
+        except OSError:
+            pass
         sock._calls = SocketCalls(path, sock._timeout)
         # collected unclosed: close as close() would (the runtime holds the TCP
         # socket and the buffers; nothing else would ever let them go)
@@ -198,8 +207,10 @@ def finish_handshake(sock: SocketBase, stack: Stack, hc: HostConn) -> None:
     trailing = hc.trailing_data()
     sock._hc = None
     hc.tcp.close()  # the runtime's descriptor: ours goes on (TCP) or is reset
-    with contextlib.suppress(OSError):  # (closed meanwhile: nothing to restore)
+    try:  # (closed meanwhile: nothing to restore)
         PlainSocket.settimeout(sock, sock._timeout)  # the runtime made it non-blocking
+    except OSError:
+        pass
     if isinstance(outcome, FellBack):
         sock._prefix = trailing
         fall_back(sock, outcome.local_code, outcome.peer_code, server)
@@ -213,8 +224,10 @@ def finish_handshake(sock: SocketBase, stack: Stack, hc: HostConn) -> None:
         sock._info = SmcInfo("TCP", state="CLOSED")
         sock._tcp_error = hc.tcp_error  # (the runtime's read took it from the kernel)
         return
-    with contextlib.suppress(OSError):  # a reset, as Linux ends a broken handshake
+    try:  # a reset, as Linux ends a broken handshake
         PlainSocket.setsockopt(sock, _socket.SOL_SOCKET, _socket.SO_LINGER, LINGER_ZERO)
+    except OSError:
+        pass
     PlainSocket.close(sock)
 
 
@@ -249,5 +262,7 @@ def abandon(stack: Stack, hc: HostConn) -> None:
     if isinstance(hc.outcome, HandshakeCompleted):
         stack.abort(hc)
     else:
-        with contextlib.suppress(OSError):
+        try:
             hc.tcp.close()
+        except OSError:
+            pass

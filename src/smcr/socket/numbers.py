@@ -8,7 +8,6 @@ after a fallback).  :func:`reshow` moves the right file under it
 from __future__ import annotations
 
 import _socket as _csocket
-import contextlib
 import os
 import weakref
 
@@ -78,8 +77,10 @@ def catch_up(sock: SocketBase) -> None:
     in: ``getsockopt(SO_ERROR)``, ``send``/``recv``, ``fileno``."""
     if sock._reshow_due:
         sock._reshow_due = False
-        with contextlib.suppress(OSError):  # (closed meanwhile)
+        try:  # (closed meanwhile)
             reshow(sock)
+        except OSError:
+            pass
 
 
 def reshow(sock: SocketBase) -> None:
@@ -129,5 +130,7 @@ def rebind(sock: SocketBase, fd: int) -> None:
 
 def close_number(number: int) -> None:
     """Close the application's number of a TCP socket (:func:`reshow`)."""
-    with contextlib.suppress(OSError):
+    try:
         os.close(number)
+    except OSError:
+        pass

@@ -14,7 +14,6 @@ before it is closed.  Feeding what they bring to the engine is the executor's
 
 from __future__ import annotations
 
-import contextlib
 import select
 
 from smcr.stack.hostconn import HostConn
@@ -64,8 +63,10 @@ class ClcWatch:
         """The handshake reads no more CLC (lock held)."""
         fd = hc.tcp.fileno()
         if self.watch.pop(fd, None) is not None:
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 self.ep.unregister(fd)
+            except (OSError, ValueError):
+                pass
         if hc.ends is not None:
             self.ends.pop(hc.ends, None)
             hc.ends = None
@@ -97,8 +98,10 @@ class ClcWatch:
         """Stop watching an SMC-R connection's TCP socket (before it is closed)."""
         fd = hc.tcp.fileno()
         if self.tcp.pop(fd, None) is not None:
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 self.tcp_ep.unregister(fd)
+            except (OSError, ValueError):
+                pass
 
     def ended(self) -> list[HostConn]:
         """The SMC-R connections whose TCP socket became readable, watched no more (the
@@ -106,8 +109,10 @@ class ClcWatch:
         found: list[HostConn] = []
         for fd, _events in self.tcp_ep.poll(0):
             hc = self.tcp.pop(fd, None)
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 self.tcp_ep.unregister(fd)
+            except (OSError, ValueError):
+                pass
             if hc is not None:
                 found.append(hc)
         return found

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import struct
@@ -85,9 +84,11 @@ class Closing:
         else:  # (no FIN before the reset: a peer in CLOSE_WAIT would read EPIPE, not ECONNRESET)
             ex.execute([a for a in actions if not isinstance(a, ShutdownTcp)])
             ex.clc.unwatch_tcp(hc)
-            with contextlib.suppress(OSError):
+            try:
                 hc.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
                 hc.tcp.close()
+            except OSError:
+                pass
         ex.let_go(hc)
 
     def orphan(self, hc: HostConn, linger: float | None) -> None:

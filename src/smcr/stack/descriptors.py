@@ -20,7 +20,6 @@ descriptors, is paid only where a number that was handed out changes its file.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 
@@ -77,6 +76,8 @@ def put_at(number: int, source: int) -> None:
         os.dup2(source, number, inheritable=False)
     finally:
         for ep, events in moved:
-            with contextlib.suppress(OSError):
+            try:
                 ep.register(number, events)
+            except OSError:
+                pass
             ep.close()

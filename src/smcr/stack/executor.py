@@ -19,7 +19,6 @@ or the progress thread (:mod:`smcr.stack.progress`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import sys
@@ -284,9 +283,11 @@ class Executor:
         if isinstance(a, SendClc):
             hc = self.conns.get(a.conn)
             if hc is not None:
-                with contextlib.suppress(OSError):
+                try:
                     hc.tcp.sendall(a.data)
                     self.clc.sent(hc)
+                except OSError:
+                    pass
         elif isinstance(a, QpToRtr):
             link = self.engine.links.get(a.qpn)
             error = self.qp.to_rtr(a, link.psn if link is not None else 0)
@@ -303,8 +304,10 @@ class Executor:
         elif isinstance(a, ShutdownTcp):
             hc = self.conns.get(a.conn)
             if hc is not None:
-                with contextlib.suppress(OSError):
+                try:
                     hc.tcp.shutdown(a.how)
+                except OSError:
+                    pass
         elif isinstance(a, ReleaseConnection):
             self._release(a.conn)
         elif isinstance(a, ReuseRmb):
@@ -324,8 +327,10 @@ class Executor:
             COUNTERS.released(c)
         actions = self.engine.release(conn_id, time.monotonic())
         self.retired[conn_id] = hc  # its buffers go back to the pool at ReuseRmb
-        with contextlib.suppress(OSError):
+        try:
             hc.tcp.close()
+        except OSError:
+            pass
         if hc.readiness is not None:
             hc.readiness.close()
         self.execute(actions)
@@ -337,8 +342,10 @@ class Executor:
             self.conns.pop(hc.conn_id, None)
             self._wake_waiters(hc)
             self.clc.unwatch_tcp(hc)
-            with contextlib.suppress(OSError):
+            try:
                 hc.tcp.close()
+            except OSError:
+                pass
 
     @staticmethod
     def _wake_waiters(hc: HostConn) -> None:

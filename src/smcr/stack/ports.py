@@ -29,7 +29,6 @@ Design (the why of each):
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import socket
@@ -204,8 +203,10 @@ class PortWatcher:
 
     def close(self) -> None:
         """Stop the thread and close the netlink socket."""
-        with contextlib.suppress(OSError):
+        try:
             os.write(self._stop_w, b"x")
+        except OSError:
+            pass
         self._thread.join(timeout=2.0)
         self._sock.close()
         os.close(self._stop_r)

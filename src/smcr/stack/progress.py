@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import sys
@@ -223,8 +222,10 @@ class Progress:
                 elif fd == fds[0]:
                     cq.clear_signal()
                 elif fd == fds[1]:  # our own doorbell (non-blocking)
-                    with contextlib.suppress(OSError):
+                    try:
                         os.read(fd, 4096)
+                    except OSError:
+                        pass
                     if self.wake.app_polls_elsewhere():
                         # an app thread took over polling while we slept: the ring (a new
                         # descriptor to watch) was for it, and it may have gone into its

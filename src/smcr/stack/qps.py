@@ -8,7 +8,6 @@ Errors are returned, not acted on: the executor fails the link
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 
 from smcr.core import QpToRtr
@@ -112,8 +111,10 @@ class QueuePairs:
         """Move a QP to ERR: what it had posted completes as flushes."""
         qp = self.qps.get(qpn)
         if qp is not None:
-            with contextlib.suppress(OSError):
+            try:
                 qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
+            except OSError:
+                pass
 
     def destroy(self, qpn: int, drain: bool) -> None:
         """Destroy a QP; its receive slots go back to the pool.
@@ -134,9 +135,11 @@ class QueuePairs:
         drained = False
         if qp is not None:
             if drain:
-                with contextlib.suppress(OSError):
+                try:
                     qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
                     drained = True
+                except OSError:
+                    pass
             qp.destroy()
         self.wr.release(qpn, drained)
 

@@ -8,7 +8,6 @@ watch it as they would a TCP socket.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 from typing import Final
@@ -62,8 +61,10 @@ class Readiness:
         """Give the application's descriptor the socket's blocking mode (``O_NONBLOCK``),
         for programs that look at the flag of what ``fileno()`` returned; the runtime's
         own reads and writes of it never block either way."""
-        with contextlib.suppress(OSError):
+        try:
             os.set_blocking(self.a.fileno(), blocking)
+        except OSError:
+            pass
 
     def fileno(self) -> int:
         """The application's descriptor: a number of its own for ``a``'s file, apart from
@@ -79,8 +80,10 @@ class Readiness:
         named before goes: :func:`smcr.stack.descriptors.put_at`)."""
         put_at(number, self.a.fileno())
         if self.app >= 0 and self.app != number:
-            with contextlib.suppress(OSError):
+            try:
                 os.close(self.app)
+            except OSError:
+                pass
         self.app = number
 
     def disown(self) -> None:
@@ -101,22 +104,30 @@ class Readiness:
         if writable != self.writable:
             self.writable = writable
             if writable:
-                with contextlib.suppress(OSError):
+                try:
                     while len(self.b.recv(_DRAIN, _DONTWAIT)) == _DRAIN:
                         pass
+                except OSError:
+                    pass
             else:
-                with contextlib.suppress(OSError):
+                try:
                     while self.a.send(_FILL, _DONTWAIT) == len(_FILL):
                         pass
+                except OSError:
+                    pass
         if readable != self.readable:
             self.readable = readable
             if readable:
-                with contextlib.suppress(OSError):
+                try:
                     self.b.send(b"r", _DONTWAIT)
+                except OSError:
+                    pass
             else:
-                with contextlib.suppress(OSError):
+                try:
                     while len(self.a.recv(_DRAIN_READABLE, _DONTWAIT)) == _DRAIN_READABLE:
                         pass
+                except OSError:
+                    pass
 
     def fail(self) -> None:
         """Ready for good, as a TCP socket whose connect failed: readable, writable, and
@@ -128,17 +139,23 @@ class Readiness:
         calls change nothing (``b`` is closed: their sends and drains fail quietly)."""
         if self.writable:
             self.set(self.readable, False)  # (``b`` must hold unread bytes)
-        with contextlib.suppress(OSError):
+        try:
             self.b.close()  # (one change: all of a's events at once)
+        except OSError:
+            pass
         self.readable = self.writable = True
 
     def close(self) -> None:
         """Release both ends (the application's end may have been closed under us by a
         program that closes the descriptors it was given)."""
         for end in (self.a, self.b):
-            with contextlib.suppress(OSError):
+            try:
                 end.close()
+            except OSError:
+                pass
         app, self.app = self.app, -1
         if app >= 0 and self._names_ours(app):  # (not a number closed and taken since)
-            with contextlib.suppress(OSError):
+            try:
                 os.close(app)
+            except OSError:
+                pass

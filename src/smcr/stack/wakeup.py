@@ -11,7 +11,6 @@ that every part of the runtime can ring them.
 from __future__ import annotations
 
 import _socket
-import contextlib
 import socket
 import threading
 from typing import Final
@@ -53,15 +52,19 @@ class Wakeups:
         poller that would drain the bell waited for that lock: every thread of the
         process stopped (asyncio's test_ssl, TLS over TLS with ten client threads)."""
         bell = self.bg_bell_w if self.poller == "bg" else self.bell_w
-        with contextlib.suppress(OSError):
+        try:
             bell.send(b"k", _DONTWAIT)
+        except OSError:
+            pass
 
     def kick_progress(self) -> None:
         """Wake the progress thread if it sleeps on the CQ (an application thread takes the
         poller's role from it: two threads asleep on one CQ would race for its doorbell,
         the loser sleeping on with the CQ no longer armed)."""
-        with contextlib.suppress(OSError):
+        try:
             self.bg_bell_w.send(b"k", _DONTWAIT)
+        except OSError:
+            pass
 
     def bell(self, progress: bool) -> _socket.socket:
         """The doorbell a poller sleeps on: the progress thread's, or the applications'."""

@@ -20,7 +20,6 @@ parent's thread does not exist there.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import selectors
@@ -60,8 +59,10 @@ class Watcher:
         A descriptor closed meanwhile is not watched."""
         with self._lock:
             if self._callbacks.pop(fd, None) is not None:
-                with contextlib.suppress(OSError):
+                try:
                     self._epoll.unregister(fd)
+                except OSError:
+                    pass
             try:
                 self._epoll.register(fd, _epoll_mask(events))
             except OSError:
@@ -72,8 +73,10 @@ class Watcher:
         """Stop watching ``fd`` (before it is closed)."""
         with self._lock:
             if self._callbacks.pop(fd, None) is not None:
-                with contextlib.suppress(OSError):  # (closed already: epoll dropped it)
+                try:  # (closed already: epoll dropped it)
                     self._epoll.unregister(fd)
+                except OSError:
+                    pass
 
     def _run(self) -> None:
         while True:

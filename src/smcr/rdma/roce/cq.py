@@ -44,7 +44,6 @@ Design (the why of each):
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import select
@@ -118,9 +117,11 @@ class RoceCq(CompletionQueue):
         """Receive the flow socket ``fd`` of ``qp`` in this CQ's pollers too."""
         if not self.pollers_receive:
             return
-        with contextlib.suppress(OSError, ValueError):
+        try:
             self._ep.register(fd, select.EPOLLIN)
             self._attached[fd] = qp
+        except (OSError, ValueError):
+            pass
 
     def receives(self, qp: ReceivingQp) -> bool:
         """Whether this CQ's pollers receive for ``qp``."""
@@ -129,8 +130,10 @@ class RoceCq(CompletionQueue):
     def detach(self, fd: int) -> None:
         """Stop looking at ``fd`` (before it is closed)."""
         if self._attached.pop(fd, None) is not None:
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 self._ep.unregister(fd)
+            except (OSError, ValueError):
+                pass
 
     def clear_signal(self) -> None:
         """Nothing to do: :meth:`fileno` is an epoll descriptor (reading it fails), and the
@@ -171,8 +174,10 @@ class RoceCq(CompletionQueue):
         attached = self._attached
         for fd, _mask in ready:
             if fd == self._bell_fd:
-                with contextlib.suppress(OSError):
+                try:
                     self._bell_r.recv(4096)
+                except OSError:
+                    pass
                 # the ring may have been meant for another thread asleep on this CQ: it
                 # would have woken, found nothing and re-armed; re-arm for it, so the next
                 # completion rings again (a spare wakeup is harmless, a lost one is not)

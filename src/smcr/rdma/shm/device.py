@@ -25,7 +25,6 @@ Design decisions (the why of each):
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import secrets
@@ -179,9 +178,11 @@ class ShmDevice(Device):
             lay.U32.pack_into(self._table, off, 0)  # revokes: every access checks this word
             lay.U32.pack_into(self._table, off + 8, 0)
             self._free.append(index)
-        with contextlib.suppress(BufferError):  # a caller still holds a slice: the GC unmaps
+        try:  # a caller still holds a slice: the GC unmaps
             mr.buf.release()
             mm.close()
+        except BufferError:
+            pass
         os.close(fd)
 
     # ------------------------------------------------------------ rendezvous
@@ -284,8 +285,10 @@ class ShmDevice(Device):
         self._server.stop()
         self._listener.close()
         self._abstract.close()
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(self.path)
+        except FileNotFoundError:
+            pass
         for qp in list(self._qps.values()):
             qp.destroy()
         self._deregister_all()

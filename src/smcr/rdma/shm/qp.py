@@ -35,7 +35,6 @@ What the requester holds of its peer (socket, mappings) is in
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import socket
@@ -649,8 +648,10 @@ class ShmQp(QueuePair):
     def _fail(self, wr: SendWr, status: WcStatus, nak: bool) -> int:
         """Complete ``wr`` with an error and go to ERR; ``nak`` also puts the peer in ERR."""
         if nak and self._peer is not None:
-            with contextlib.suppress(OSError):
+            try:
                 rdv.send(self._peer.sock, rdv.Message(rdv.QP_ERR))
+            except OSError:
+                pass
         self._to_error(None, self._wc(wr, status))
         return FAILED
 
@@ -765,8 +766,10 @@ class ShmQp(QueuePair):
             if not _U32_UNPACK(notify, 0)[0]:
                 return
             _U32_PACK(notify, 0, 0)
-        with contextlib.suppress(OSError):  # full means already rung; closed means dead
+        try:  # full means already rung; closed means dead
             peer.bell.send(b"\x01", socket.MSG_NOSIGNAL)
+        except OSError:
+            pass
 
 
 def deliver(pd: ProtectionDomain, area: memoryview, slot_size: int, qp_num: int, src_qp: int,
