@@ -17,6 +17,10 @@ import enum
 class SmcState(enum.Enum):
     """Linux ``enum smc_state``; the value is what ``smcss`` prints."""
 
+    # (an identity hash: Enum's own hashes the name in Python, and the engine's tables
+    # are keyed by members several times per connection)
+    __hash__ = object.__hash__
+
     INIT = "INIT"
     ACTIVE = "ACTIVE"
     PEERCLOSEWAIT1 = "PEERCLW1"
@@ -32,6 +36,10 @@ class SmcState(enum.Enum):
 
 class CloseInput(enum.Enum):
     """What drives the close machine."""
+
+    # (an identity hash: Enum's own hashes the name in Python, and the engine's tables
+    # are keyed by members several times per connection)
+    __hash__ = object.__hash__
 
     APP_SHUT_WR = enum.auto()
     APP_CLOSE = enum.auto()

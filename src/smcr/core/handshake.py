@@ -44,6 +44,10 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 class HsState(enum.Enum):
     """Where a connection's handshake stands (client and server states)."""
 
+    # (an identity hash: Enum's own hashes the name in Python, and the engine's tables
+    # are keyed by members several times per connection)
+    __hash__ = object.__hash__
+
     PROPOSAL_SENT = "client: waiting for Accept"
     CLIENT_RKEY_WAIT = "client: CONFIRM RKEY running"
     CONFIRM_LINK_WAIT = "client: waiting for CONFIRM LINK"

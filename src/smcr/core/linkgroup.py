@@ -70,6 +70,10 @@ class LinkState(enum.Enum):
 class Role(enum.Enum):
     """Link group role, as ``smcr linkgroup show`` prints it."""
 
+    # (an identity hash: Enum's own hashes the name in Python, and the engine's tables
+    # are keyed by members several times per connection)
+    __hash__ = object.__hash__
+
     SERVER = "SERV"
     CLIENT = "CLNT"
 
