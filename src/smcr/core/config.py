@@ -6,7 +6,7 @@ Every timeout is Linux's (``smc_clc.h``, ``smc_llc.h``, ``smc_close.h``; spec
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,8 +135,11 @@ class LocalIdentity:
     for SMC" (netdev, November 2025: the GID is the IPv6 address, the route is
     ``smc_ib_find_route_v6``)."""
 
-    @property
-    def ports(self) -> tuple[Port, ...]:
-        """Every port, the first (:attr:`gid`, :attr:`mac`: the one CLC names) at index 0;
-        a link's ``port`` and the QP actions' ``port`` are indexes into this."""
-        return (Port(self.gid, self.mac, self.netdev, self.pnetid), *self.more_ports)
+    ports: tuple[Port, ...] = field(init=False, repr=False, compare=False, default=())
+    """Every port, the first (:attr:`gid`, :attr:`mac`: the one CLC names) at index 0;
+    a link's ``port`` and the QP actions' ``port`` are indexes into this.  Made once
+    (a handshake asks for it several times)."""
+
+    def __post_init__(self) -> None:
+        first = Port(self.gid, self.mac, self.netdev, self.pnetid)
+        object.__setattr__(self, "ports", (first, *self.more_ports))

@@ -13,7 +13,10 @@ What the engine asks of its host synchronously (a QP, an RMB registration) is
 The two actions of the data path, ``PostSend`` and ``RdmaWrite``, are plain
 (not frozen) slotted dataclasses: a frozen one costs about 1.3-2 µs to build in
 CPython 3.11 (every field goes through ``object.__setattr__``), a plain one
-0.25 µs, and one of each is built per message sent.  Treat them as immutable.
+0.25 µs, and one of each is built per message sent.  So are the ones every
+connection builds (``SendClc``, ``ShutdownTcp``, ``ReleaseConnection``,
+``ReuseRmb``, ``HandshakeCompleted``): mypyc compiles a dataclass but not the
+``__init__`` the dataclasses module writes for it.  Treat them as immutable.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from smcr.wire.decline import DeclineCode
 # ---------------------------------------------------------------- actions
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendClc:
     """Write ``data`` (one encoded CLC message) to the connection's TCP socket."""
 
@@ -123,7 +126,7 @@ class DestroyQp:
     port: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ShutdownTcp:
     """Shut the connection's TCP socket down (``SHUT_WR`` or ``SHUT_RDWR``), as Linux does."""
 
@@ -131,14 +134,14 @@ class ShutdownTcp:
     how: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReleaseConnection:
     """The connection reached CLOSED: its RMB and send buffer may go back to the pool."""
 
     conn: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReuseRmb:
     """A released connection's RMB is no longer the peer's to write: its DELETE RKEY was
     answered (or its link is gone), so the RMB may serve another connection (Linux
@@ -154,7 +157,7 @@ Action = SendClc | QpToRtr | QpToRts | PostSend | RdmaWrite | DestroyQp | Shutdo
 # ----------------------------------------------------------------- events
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class HandshakeCompleted:
     """The connection runs over SMC-R."""
 
