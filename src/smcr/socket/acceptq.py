@@ -126,7 +126,10 @@ class AcceptQueue:
         self.congested = False
         """Counted in the ports map as a congested listener (:meth:`_limit_handshakes`)."""
         self.error: OSError | None = None
-        self.cond = threading.Condition()
+        self.lock = threading.RLock()
+        """``cond``'s lock, taken as ``with self.lock`` (a Condition's ``__enter__`` and
+        ``__exit__`` are two interpreted calls each time)."""
+        self.cond = threading.Condition(self.lock)
         self.readiness = Readiness()
         self.readiness.set(False, False)
         self.closed = False
@@ -156,7 +159,7 @@ class AcceptQueue:
         :func:`smcr.socket.numbers.reshow`): bring it up to date.  Until then :meth:`_changed`
         leaves it alone: a program that only calls ``accept`` saves the three system
         calls per connection of making it readable and unreadable again."""
-        with self.cond:
+        with self.lock:
             self.readiness.set(self._readable(), False)
 
     def _watch(self) -> None:
@@ -172,7 +175,7 @@ class AcceptQueue:
         a connection the kernel holds makes :meth:`fileno` readable once, so that a
         parent that does accept (asyncio, a forking server) wakes and resumes.
         """
-        with self.cond:
+        with self.lock:
             if self.closed or self.paused:
                 return
             self.paused = True
@@ -180,7 +183,7 @@ class AcceptQueue:
             get_watcher().watch(self.fd, selectors.EVENT_READ, self._on_readable_paused)
 
     def _on_readable_paused(self) -> None:
-        with self.cond:
+        with self.lock:
             if self.paused and not self.closed:
                 get_watcher().unwatch(self.fd)
                 self.kernel_waiting = True
@@ -193,7 +196,7 @@ class AcceptQueue:
 
     def resume(self) -> None:
         """The process wants connections (again): take them from the kernel."""
-        with self.cond:
+        with self.lock:
             if self.paused and not self.closed:
                 self.paused = False
                 self._changed()
@@ -202,7 +205,7 @@ class AcceptQueue:
     def _on_readable(self) -> None:
         """Accept what the kernel has (watcher thread)."""
         while True:
-            with self.cond:
+            with self.lock:
                 if self.closed:
                     return
                 if len(self.ready) + self.pending >= self.backlog:
@@ -214,7 +217,7 @@ class AcceptQueue:
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:
-                with self.cond:
+                with self.lock:
                     if not self.closed:
                         self.watching = False
                         get_watcher().unwatch(self.fd)
@@ -236,18 +239,18 @@ class AcceptQueue:
             sock._rmb_size, sock._sndbuf_size = listener._rmb_size, listener._sndbuf_size
         if not discovery.current().peer_offered(sock, client=False):
             handshake.fall_back(sock, int(DeclineCode.PEERNOSMC), 0, True)
-            with self.cond:
+            with self.lock:
                 self.ready.append((sock, addr))
                 self._changed()
             return
-        with self.cond:
+        with self.lock:
             self.pending += 1
             self._limit_handshakes()
         try:
             handshake.start_handshake(sock, False, lambda hc: self._handshake_ended(sock, addr, hc))
         except OSError as exc:  # EMFILE, ENOMEM...: the peer is refused, accept() raises it
             sock.close()
-            with self.cond:
+            with self.lock:
                 self.pending -= 1
                 self._limit_handshakes()
                 if not self.closed:
@@ -255,20 +258,20 @@ class AcceptQueue:
                     self._changed()
             return
         except Exception:
-            with self.cond:
+            with self.lock:
                 self.pending -= 1
                 self._limit_handshakes()
             sock.close()
             raise
         if self.stack is None:  # (a wildcard address: the runtime its clients came to)
-            with self.cond:
+            with self.lock:
                 self.polled = sock._stack
 
     def _handshake_ended(self, sock: SocketBase, addr: Any, hc: HostConn) -> None:
         """The runtime's news (its lock held): queue the socket, or drop a failed one."""
         assert sock._stack is not None
         handshake.finish_handshake(sock, sock._stack, hc)
-        with self.cond:
+        with self.lock:
             self.pending -= 1
             self._limit_handshakes()
             if sock._mode == "INIT":  # failed and reset: never seen by the application
@@ -286,7 +289,7 @@ class AcceptQueue:
 
     def limit_handshakes(self) -> None:
         """The listener's ``SMC_LIMIT_HS`` changed: count it as congested, or not, now."""
-        with self.cond:
+        with self.lock:
             self._limit_handshakes()
 
     def _limit_handshakes(self) -> None:
@@ -326,7 +329,7 @@ class AcceptQueue:
         blocked in ``connect`` to itself must not wait for its own ``accept``); else
         :meth:`fileno` turns readable for the program's ``accept``."""
         if descriptors_free(self.fd, INLINE_HEADROOM):
-            with self.cond:
+            with self.lock:
                 if not self.inline or self.closed:
                     return
                 self.inline = False
@@ -334,7 +337,7 @@ class AcceptQueue:
                 get_watcher().watch(self.fd, selectors.EVENT_READ, self._on_readable)
             self._on_readable()
             return
-        with self.cond:
+        with self.lock:
             if self.inline and not self.closed:
                 get_watcher().unwatch(self.fd)
                 self.kernel_waiting = True
@@ -346,7 +349,7 @@ class AcceptQueue:
                 timer.start()
 
     def _recheck(self) -> None:
-        with self.cond:
+        with self.lock:
             if self.inline and not self.closed:
                 self._signal_waiting()  # (called at once if the kernel still holds one)
 
@@ -362,12 +365,12 @@ class AcceptQueue:
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             fd = -1
         except OSError:
-            with self.cond:
+            with self.lock:
                 self._signal_waiting()
             raise
         if fd >= 0:
             self._admit(fd, addr)
-        with self.cond:
+        with self.lock:
             if self.error is None and not self.closed and self.inline:
                 self.inline = False
                 self._watch()
@@ -387,7 +390,7 @@ class AcceptQueue:
         self.resume()
         if self.inline and not self.ready and self.error is None:
             self._accept_inline()
-        with self.cond:
+        with self.lock:
             while not self.ready and self.error is None:
                 if self.closed:
                     raise OSError(errno.EBADF, "Bad file descriptor")
@@ -441,19 +444,19 @@ class AcceptQueue:
         def ready() -> bool:
             return bool(self.ready) or self.error is not None or self.closed
         self.takers += 1
-        self.cond.release()
+        self.lock.release()
         try:
             with stack.lock:
                 return stack.poll_until(ready, deadline)
         finally:
-            self.cond.acquire()
+            self.lock.acquire()
             self.takers -= 1
 
     def _close_ready(self) -> None:
         """Reset the connections nobody accepted, as a TCP listener's close resets its
         queue's (the client's next call, or ``getsockopt(SO_ERROR)``, says ECONNRESET):
         an abortive close (``SO_LINGER`` 0; SMC-R: the abort CDC)."""
-        with self.cond:
+        with self.lock:
             left, self.ready = list(self.ready), deque()
         for sock, _addr in left:
             try:
@@ -465,7 +468,7 @@ class AcceptQueue:
     def release(self) -> None:
         """A socket listening with this queue closed (or was collected): the last one
         closes it (:meth:`close`), as the last descriptor of a listening socket does."""
-        with self.cond:
+        with self.lock:
             self.holders -= 1
             if self.holders > 0:
                 return
@@ -474,7 +477,7 @@ class AcceptQueue:
     def close(self) -> None:
         """The listener closes: connections nobody accepted are closed (Linux resets
         them); handshakes still running close theirs when they end."""
-        with self.cond:
+        with self.lock:
             if self.closed:  # (again, from the listener's finalizer: the descriptor's
                 return  # number may be another socket's by now)
             self.closed = True
