@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import select
 import socket
+import struct
 import threading
+from collections.abc import Callable
+
+import pytest
 
 import smcr
 from tests.socket.conftest import Peer
@@ -72,3 +76,63 @@ def test_messages_between_ends_in_one_process_leave_the_progress_thread_asleep()
         lst.close()
         remote.close()
         peer.stop()
+
+
+def _pair(make: type[socket.socket]) -> tuple[socket.socket, socket.socket]:
+    """A connected pair in this process, both ends non-blocking."""
+    with make(socket.AF_INET, socket.SOCK_STREAM) as lst:
+        lst.bind((host(), 0))
+        lst.listen(1)
+        client = make(socket.AF_INET, socket.SOCK_STREAM)
+        client.connect(lst.getsockname())
+        server, _ = lst.accept()
+    client.setblocking(False)
+    server.setblocking(False)
+    return client, server
+
+
+def _shut_wr(server: socket.socket) -> None:
+    server.shutdown(socket.SHUT_WR)
+
+
+def _abort(server: socket.socket) -> None:
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    server.close()
+
+
+@pytest.mark.parametrize("make", [socket.socket, smcr.SMCSocket], ids=["tcp", "smcr"])
+@pytest.mark.parametrize(
+    ("act", "expect"),
+    [(_shut_wr, b""), (lambda s: s.close(), b""), (_abort, ConnectionResetError),
+     (lambda s: s.send(b"x"), b"x")],
+    ids=["shutdown", "close", "abort", "send"],
+)
+def test_the_other_end_sees_a_shutdown_close_or_abort_before_the_call_returns(
+    make: type[socket.socket], act: Callable[[socket.socket], object],
+    expect: bytes | type[Exception],
+) -> None:  # fmt: skip
+    """Over loopback TCP the other end of a shutdown, a close or an abort is readable
+    when the call returns; a program that runs both ends in one event loop and looks
+    once (select with no timeout) finds it so.  On SMC-R, too: the call takes what it
+    sent its local peer itself (the progress thread, standing by while the program
+    polls, would look in only 0.01-0.1 s later)."""
+    client, server = _pair(make)
+    try:
+        if make is smcr.SMCSocket:
+            assert client.smc_info().mode == server.smc_info().mode == "SMCR"
+        # a blocking read that times out, as a program's would: on SMC-R its thread polled
+        # the CQ, and the progress thread stands by for a while after it
+        client.settimeout(0.005)
+        with pytest.raises(TimeoutError):
+            client.recv(1)
+        client.setblocking(False)
+        act(server)
+        assert select.select([client], [], [], 0)[0] == [client]
+        if isinstance(expect, bytes):
+            assert client.recv(10) == expect
+        else:
+            with pytest.raises(expect):
+                client.recv(10)
+    finally:
+        client.close()
+        server.close()

@@ -67,7 +67,7 @@ class Closing:
         forgotten already is let go here."""
         ex = self.ex
         ex.shutdowns.pop(hc.conn_id, None)
-        ex.execute(ex.engine.close(hc.conn_id, time.monotonic()))
+        ex.execute_to(hc, ex.engine.close(hc.conn_id, time.monotonic()))
         ex.let_go(hc)
 
     def abort(self, hc: HostConn) -> None:
@@ -79,16 +79,25 @@ class Closing:
         ``wrap_socket`` for one, sees it unconnected at once); only the RMB waits."""
         ex = self.ex
         actions = ex.engine.abort(hc.conn_id, time.monotonic())
-        if ex.engine_conn(hc) is None or hc.released:
+        c = ex.engine_conn(hc)
+        if c is None or hc.released:
             ex.execute(actions)
         else:  # (no FIN before the reset: a peer in CLOSE_WAIT would read EPIPE, not ECONNRESET)
-            ex.execute([a for a in actions if not isinstance(a, ShutdownTcp)])
-            ex.clc.unwatch_tcp(hc)
+            # a local peer's completions are taken once the TCP connection is reset (what
+            # they bring may release the connection, and its TCP socket with a FIN)
+            local = ex.local_peer(hc, c)
+            armed = local and ex.cq.take_arm()
             try:
-                hc.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
-                hc.tcp.close()
-            except OSError:
-                pass
+                ex.execute([a for a in actions if not isinstance(a, ShutdownTcp)])
+                ex.clc.unwatch_tcp(hc)
+                try:
+                    hc.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
+                    hc.tcp.close()
+                except OSError:
+                    pass
+            finally:
+                if local:
+                    ex.local_end(armed)
         ex.let_go(hc)
 
     def orphan(self, hc: HostConn, linger: float | None) -> None:

@@ -574,13 +574,7 @@ class DataPath:
                 deadline = time.monotonic() + wait
                 self._drain_tx(deadline)
                 c = self.conn()
-                local = c is not None and ex.local_peer(hc, c)
-                armed = local and ex.cq.take_arm()
-                try:
-                    stack.closing.app_close(hc)
-                finally:
-                    if local:  # (its closing CDC taken at once: nothing to wait for)
-                        ex.local_end(armed)
+                stack.closing.app_close(hc)  # (a local peer's closing CDC taken at once)
                 if c is not None:
                     self.progress.wait(hc, lambda: cdcs_done(c), deadline)
             stack.drop_readiness(hc)

@@ -190,6 +190,22 @@ class Executor:
                 if self.cq.has_completions():
                     self.process()
 
+    def execute_to(self, hc: HostConn, actions: list[Action]) -> None:
+        """:meth:`execute` of one connection's actions (lock held); when its other end is in
+        this runtime (:meth:`local_peer`), with the CQ's arm taken around the posts and
+        the completions taken before returning (:meth:`local_end`), so that the other end
+        sees a shutdown, a close or an abort at once, as a loopback TCP peer does, not
+        when the progress thread next looks in."""
+        c = self.engine_conn(hc)
+        if not actions or c is None or not self.local_peer(hc, c):
+            self.execute(actions)
+            return
+        armed = self.cq.take_arm()
+        try:
+            self.execute(actions)
+        finally:
+            self.local_end(armed)
+
     # ================================================================ actions
 
     def execute(self, actions: list[Action]) -> None:
@@ -599,7 +615,7 @@ class Executor:
         if c.tx_pending() and not c.reset_reason and not c.peer_closed:
             self.shutdowns[hc.conn_id] = hc
             return
-        self.execute(self.engine.shutdown_write(hc.conn_id, time.monotonic()))
+        self.execute_to(hc, self.engine.shutdown_write(hc.conn_id, time.monotonic()))
         self.update_readiness(hc)
 
     def _shutdown_sent(self, touched: set[int]) -> None:
