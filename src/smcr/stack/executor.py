@@ -191,11 +191,9 @@ class Executor:
                     self.process()
 
     def execute_to(self, hc: HostConn, actions: list[Action]) -> None:
-        """:meth:`execute` of one connection's actions (lock held); when its other end is in
-        this runtime (:meth:`local_peer`), with the CQ's arm taken around the posts and
-        the completions taken before returning (:meth:`local_end`), so that the other end
-        sees a shutdown, a close or an abort at once, as a loopback TCP peer does, not
-        when the progress thread next looks in."""
+        """:meth:`execute` of one connection's actions (lock held); a local peer's
+        completions taken before returning (:meth:`local_end`, the CQ's arm taken): it sees
+        a shutdown or close at once, as over loopback TCP, not at the next look-in."""
         c = self.engine_conn(hc)
         if not actions or c is None or not self.local_peer(hc, c):
             self.execute(actions)
@@ -343,10 +341,7 @@ class Executor:
             COUNTERS.released(c)
         actions = self.engine.release(conn_id, time.monotonic())
         self.retired[conn_id] = hc  # its buffers go back to the pool at ReuseRmb
-        try:
-            hc.tcp.close()
-        except OSError:
-            pass
+        _close_quietly(hc.tcp)
         if hc.readiness is not None:
             hc.readiness.close()
         self.execute(actions)
@@ -358,10 +353,7 @@ class Executor:
             self.conns.pop(hc.conn_id, None)
             self._wake_waiters(hc)
             self.clc.unwatch_tcp(hc)
-            try:
-                hc.tcp.close()
-            except OSError:
-                pass
+            _close_quietly(hc.tcp)
 
     @staticmethod
     def _wake_waiters(hc: HostConn) -> None:
@@ -680,6 +672,14 @@ class Executor:
             pass
         if not hc.released:
             self.execute(self.engine.probe_link(hc.conn_id, time.monotonic()))
+
+
+def _close_quietly(sock: socket.socket) -> None:
+    """Close a runtime's TCP socket, which the application may have shut or reset."""
+    try:
+        sock.close()
+    except OSError:
+        pass
 
 
 def ring_write(ring: memoryview, pos: int, data: memoryview) -> None:

@@ -35,6 +35,7 @@ What the requester holds of its peer (socket, mappings) is in
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -648,10 +649,8 @@ class ShmQp(QueuePair):
     def _fail(self, wr: SendWr, status: WcStatus, nak: bool) -> int:
         """Complete ``wr`` with an error and go to ERR; ``nak`` also puts the peer in ERR."""
         if nak and self._peer is not None:
-            try:
+            with contextlib.suppress(OSError):
                 rdv.send(self._peer.sock, rdv.Message(rdv.QP_ERR))
-            except OSError:
-                pass
         self._to_error(None, self._wc(wr, status))
         return FAILED
 
@@ -766,10 +765,15 @@ class ShmQp(QueuePair):
             if not _U32_UNPACK(notify, 0)[0]:
                 return
             _U32_PACK(notify, 0, 0)
-        try:  # full means already rung; closed means dead
-            peer.bell.send(b"\x01", socket.MSG_NOSIGNAL)
-        except OSError:
-            pass
+        _ring(peer.bell)
+
+
+def _ring(bell: socket.socket) -> None:
+    """Ring a peer's doorbell: a full one means rung already; a closed one, a dead peer."""
+    try:
+        bell.send(b"\x01", socket.MSG_NOSIGNAL)
+    except OSError:
+        pass
 
 
 def deliver(pd: ProtectionDomain, area: memoryview, slot_size: int, qp_num: int, src_qp: int,
