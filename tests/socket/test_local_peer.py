@@ -5,6 +5,7 @@ what a peer in another process sends."""
 
 from __future__ import annotations
 
+import errno
 import select
 import socket
 import struct
@@ -15,7 +16,7 @@ import pytest
 
 import smcr
 from tests.socket.conftest import Peer
-from tests.socket.smc_peer import echo_server, host
+from tests.socket.smc_peer import echo_client, echo_server, host
 
 
 def _voluntary_switches(name: str) -> int:
@@ -136,3 +137,48 @@ def test_the_other_end_sees_a_shutdown_close_or_abort_before_the_call_returns(
     finally:
         client.close()
         server.close()
+
+
+@pytest.mark.parametrize("make", [socket.socket, smcr.SMCSocket], ids=["tcp", "smcr"])
+def test_a_connect_to_a_listener_of_this_process_is_accepted_when_it_returns(
+    make: type[socket.socket],
+) -> None:
+    """Over loopback TCP the listener is readable, and the client writable, when a
+    non-blocking ``connect`` returns.  On SMC-R, too: the connecting thread accepts its
+    own server end and runs both handshakes (the watcher thread leaves it the listener
+    meanwhile), and the connection is SMC-R at once.  Other clients of the listener, in
+    another process, are still accepted in the background."""
+    lst = make(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        lst.bind((host(), 0))
+        lst.listen(8)
+        lst.setblocking(False)
+        for i in range(20):
+            client = make(socket.AF_INET, socket.SOCK_STREAM)
+            client.setblocking(False)
+            assert client.connect_ex(lst.getsockname()) in (0, errno.EINPROGRESS)
+            assert select.select([lst], [client], [], 0) == ([lst], [client], [])
+            server, _ = lst.accept()
+            with client, server:
+                if isinstance(client, smcr.SMCSocket) and isinstance(server, smcr.SMCSocket):
+                    assert client.smc_info().mode == server.smc_info().mode == "SMCR"
+                client.send(b"%02d" % i)
+                assert select.select([server], [], [], 5.0)[0]
+                assert server.recv(2) == b"%02d" % i
+        # a client in another process is accepted in the background as before
+        peer = Peer(echo_client, host(), lst.getsockname()[1], 1000)
+        try:
+            assert select.select([lst], [], [], 20.0)[0], "the other process's connect waits"
+            server, _ = lst.accept()
+            with server:
+                server.setblocking(True)
+                data = b""
+                while len(data) < 1000 and (chunk := server.recv(1000 - len(data))):
+                    data += chunk
+                server.sendall(data)
+                mode, intact = peer.recv()
+            assert intact and mode == ("SMCR" if make is smcr.SMCSocket else "TCP")
+        finally:
+            peer.stop()
+    finally:
+        lst.close()

@@ -13,7 +13,7 @@ import threading
 from typing import Any, Final
 
 from smcr import discovery
-from smcr.socket import handshake, numbers
+from smcr.socket import acceptq, handshake, numbers
 from smcr.socket.base import INIT_INFO, PlainSocket, SocketBase
 from smcr.stack.hostconn import HostConn
 from smcr.stack.readiness import Readiness
@@ -219,7 +219,14 @@ def connect(sock: SocketBase, address: Any) -> None:
             raise
         return
     if sock._timeout == 0.0:
-        err = PlainSocket.connect_ex(sock, address)
+        # a listener of this process takes its end in this thread, before our handshake
+        # (only here: a blocking connect may wait, and the listener would wait with it)
+        local = acceptq.local_connect_begins(address)
+        try:
+            err = PlainSocket.connect_ex(sock, address)
+        finally:
+            if local:
+                acceptq.local_connect_ends(local, tcp_state(sock) == TCP_ESTABLISHED)
         if err not in (0, errno.EINPROGRESS):
             raise OSError(err, os.strerror(err))
         try:
