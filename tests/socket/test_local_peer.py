@@ -6,6 +6,7 @@ what a peer in another process sends."""
 from __future__ import annotations
 
 import errno
+import os
 import select
 import socket
 import struct
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import pytest
 
 import smcr
+from smcr.socket import acceptq
 from tests.socket.conftest import Peer
 from tests.socket.smc_peer import echo_client, echo_server, host
 
@@ -178,6 +180,49 @@ def test_a_connect_to_a_listener_of_this_process_is_accepted_when_it_returns(
                 server.sendall(data)
                 mode, intact = peer.recv()
             assert intact and mode == ("SMCR" if make is smcr.SMCSocket else "TCP")
+        finally:
+            peer.stop()
+    finally:
+        lst.close()
+
+
+def test_a_failure_while_the_connecting_thread_accepts_leaves_the_listener_watched(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A bug in accepting the server end in the connecting thread is reported as the
+    watcher reports its own, fails nobody's ``connect``, and leaves the listener watched:
+    the next client, in another process, is accepted in the background."""
+    failed: list[bool] = []
+    admit = acceptq.AcceptQueue._admit
+
+    def failing_admit(self: acceptq.AcceptQueue, fd: int, addr: object) -> None:
+        if not failed and threading.current_thread() is threading.main_thread():
+            failed.append(True)
+            os.close(fd)
+            raise RuntimeError("injected accept failure")
+        admit(self, fd, addr)
+
+    monkeypatch.setattr(acceptq.AcceptQueue, "_admit", failing_admit)
+    lst = smcr.SMCSocket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        lst.bind((host(), 0))
+        lst.listen(8)
+        lst.setblocking(False)
+        with smcr.SMCSocket(socket.AF_INET, socket.SOCK_STREAM) as client:
+            client.setblocking(False)
+            assert client.connect_ex(lst.getsockname()) in (0, errno.EINPROGRESS)
+        assert failed and "injected accept failure" in capsys.readouterr().err
+        peer = Peer(echo_client, host(), lst.getsockname()[1], 100)
+        try:
+            assert select.select([lst], [], [], 20.0)[0], "the listener is no longer watched"
+            server, _ = lst.accept()
+            with server:
+                server.setblocking(True)
+                data = b""
+                while len(data) < 100 and (chunk := server.recv(100 - len(data))):
+                    data += chunk
+                server.sendall(data)
+                assert peer.recv() == ("SMCR", True)
         finally:
             peer.stop()
     finally:

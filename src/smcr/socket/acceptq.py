@@ -11,8 +11,10 @@ import os
 import resource
 import selectors
 import socket as _socket
+import sys
 import threading
 import time
+import traceback
 import weakref
 from collections import deque
 from typing import Any
@@ -225,14 +227,18 @@ class AcceptQueue:
 
     def end_local_connect(self, established: bool) -> None:
         """The connect of :meth:`begin_local_connect` returned (:func:`local_connect_ends`)."""
-        if established:
-            self._on_readable()
-        with self.lock:
-            self.local_connects -= 1
-            if not self.local_connects and self.deferred:
-                self.deferred = False
-                if self.watching and not self.closed:
-                    get_watcher().watch(self.fd, selectors.EVENT_READ, self._on_watched)
+        try:
+            if established:
+                self._on_readable()
+        except Exception:  # (as in the watcher: a bug here must not fail the program's connect)
+            traceback.print_exc(file=sys.stderr)
+        finally:  # (never left unwatched)
+            with self.lock:
+                self.local_connects -= 1
+                if not self.local_connects and self.deferred:
+                    self.deferred = False
+                    if self.watching and not self.closed:
+                        get_watcher().watch(self.fd, selectors.EVENT_READ, self._on_watched)
 
     def pause(self) -> None:
         """This process forked (:mod:`smcr.socket.fork`): stop taking connections from the

@@ -30,6 +30,14 @@ def tcp_state(sock: SocketBase) -> int:
     return PlainSocket.getsockopt(sock, _socket.IPPROTO_TCP, _socket.TCP_INFO, 1)[0]
 
 
+def _established(sock: SocketBase) -> bool:
+    """Whether the TCP connect has ended well (False if the socket cannot say)."""
+    try:
+        return tcp_state(sock) == TCP_ESTABLISHED
+    except OSError:
+        return False
+
+
 class Connecting:
     """A non-blocking ``connect`` in progress: the TCP connect, then (if the peer
     offered SMC) the handshake, finished by the watcher thread and the runtime.
@@ -226,7 +234,7 @@ def connect(sock: SocketBase, address: Any) -> None:
             err = PlainSocket.connect_ex(sock, address)
         finally:
             if local:
-                acceptq.local_connect_ends(local, tcp_state(sock) == TCP_ESTABLISHED)
+                acceptq.local_connect_ends(local, _established(sock))
         if err not in (0, errno.EINPROGRESS):
             raise OSError(err, os.strerror(err))
         try:
