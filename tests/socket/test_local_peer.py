@@ -141,6 +141,26 @@ def test_the_other_end_sees_a_shutdown_close_or_abort_before_the_call_returns(
         server.close()
 
 
+def _echo_for_another_process(lst: socket.socket, size: int) -> tuple[str, bool]:
+    """A client in another process connects to ``lst`` and sends ``size`` bytes; accept it
+    (the listener must turn readable on its own: the background accept), echo them, and
+    return what the client reports: its mode and whether the echo was intact."""
+    peer = Peer(echo_client, host(), lst.getsockname()[1], size)
+    try:
+        assert select.select([lst], [], [], 20.0)[0], "the other process's client waits"
+        server, _ = lst.accept()
+        with server:
+            server.setblocking(True)
+            data = b""
+            while len(data) < size and (chunk := server.recv(size - len(data))):
+                data += chunk
+            server.sendall(data)
+            report: tuple[str, bool] = peer.recv()
+        return report
+    finally:
+        peer.stop()
+
+
 @pytest.mark.parametrize("make", [socket.socket, smcr.SMCSocket], ids=["tcp", "smcr"])
 def test_a_connect_to_a_listener_of_this_process_is_accepted_when_it_returns(
     make: type[socket.socket],
@@ -168,20 +188,8 @@ def test_a_connect_to_a_listener_of_this_process_is_accepted_when_it_returns(
                 assert select.select([server], [], [], 5.0)[0]
                 assert server.recv(2) == b"%02d" % i
         # a client in another process is accepted in the background as before
-        peer = Peer(echo_client, host(), lst.getsockname()[1], 1000)
-        try:
-            assert select.select([lst], [], [], 20.0)[0], "the other process's connect waits"
-            server, _ = lst.accept()
-            with server:
-                server.setblocking(True)
-                data = b""
-                while len(data) < 1000 and (chunk := server.recv(1000 - len(data))):
-                    data += chunk
-                server.sendall(data)
-                mode, intact = peer.recv()
-            assert intact and mode == ("SMCR" if make is smcr.SMCSocket else "TCP")
-        finally:
-            peer.stop()
+        mode, intact = _echo_for_another_process(lst, 1000)
+        assert intact and mode == ("SMCR" if make is smcr.SMCSocket else "TCP")
     finally:
         lst.close()
 
@@ -212,18 +220,6 @@ def test_a_failure_while_the_connecting_thread_accepts_leaves_the_listener_watch
             client.setblocking(False)
             assert client.connect_ex(lst.getsockname()) in (0, errno.EINPROGRESS)
         assert failed and "injected accept failure" in capsys.readouterr().err
-        peer = Peer(echo_client, host(), lst.getsockname()[1], 100)
-        try:
-            assert select.select([lst], [], [], 20.0)[0], "the listener is no longer watched"
-            server, _ = lst.accept()
-            with server:
-                server.setblocking(True)
-                data = b""
-                while len(data) < 100 and (chunk := server.recv(100 - len(data))):
-                    data += chunk
-                server.sendall(data)
-                assert peer.recv() == ("SMCR", True)
-        finally:
-            peer.stop()
+        assert _echo_for_another_process(lst, 100) == ("SMCR", True)
     finally:
         lst.close()
