@@ -84,6 +84,7 @@ MODULES: tuple[str, ...] = (
     "stack/runtime.py",
     "stack/conn.py",
     "rdma/verbs.py",
+    "rdma/completion.py",
     "rdma/base.py",
     "rdma/eventloop.py",
     "rdma/qpstate.py",

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from smcr.rdma import AccessFlag, MemoryRegion, QpState, RecvWr, SendFlag, SendWr, Sge, WrOpcode
-from smcr.rdma.base import CompletionQueue
+from smcr.rdma.completion import CompletionQueue
 from smcr.rdma.roce import RoceDevice, RocePd
 from smcr.wire.roce import OPCODE_INFO, ExtHeader, Opcode
 from tests.support import port_4791_free

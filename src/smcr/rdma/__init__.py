@@ -10,13 +10,13 @@ over UDP, wire-compatible with Linux rxe).
 """
 
 from smcr.rdma.base import (
-    CompletionQueue,
     Device,
     KeyAllocator,
     MemoryRegion,
     ProtectionDomain,
     QueuePair,
 )
+from smcr.rdma.completion import CompletionQueue
 from smcr.rdma.qpstate import TRANSITIONS, check_modify, rc_bring_up, transition_masks
 from smcr.rdma.verbs import (
     REMOTE_ACCESS,

@@ -51,7 +51,7 @@ from smcr.core import (
 )
 from smcr.core.connection import Connection
 from smcr.rdma import SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode
-from smcr.rdma.base import CompletionQueue
+from smcr.rdma.completion import CompletionQueue
 from smcr.rdma.roce import RoceDevice
 from smcr.stack import ports, routes
 from smcr.stack.bufpool import BufferPool
@@ -179,7 +179,7 @@ class Executor:
         the completions taken at once, so that the other end's readiness changes before
         the call returns (:meth:`local_peer`).  ``armed``: the caller disarmed the CQ
         before it posted (:meth:`CompletionQueue.take_arm
-        <smcr.rdma.base.CompletionQueue.take_arm>`: the thread asleep on it is not rung
+        <smcr.rdma.completion.CompletionQueue.take_arm>`: the thread asleep on it is not rung
         for what this thread takes itself); it is armed again here, and looked at once more
         for what came meanwhile without a ring."""
         try:

@@ -20,7 +20,8 @@ from smcr.rdma import (
     QpState,
     rc_bring_up,
 )
-from smcr.rdma.base import CompletionQueue, QueuePair
+from smcr.rdma.base import QueuePair
+from smcr.rdma.completion import CompletionQueue
 from smcr.stack.hostconn import PortRes, Taps
 from smcr.stack.wrslots import RECV_SLOTS, SEND_SLOTS, WorkRequests
 

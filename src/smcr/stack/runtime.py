@@ -70,7 +70,8 @@ from smcr.core import Action, Config, Engine, LocalIdentity, NextHop, Port, Rmb
 from smcr.core.connection import Connection
 from smcr.pnet import Entry, PnetTable, lookup
 from smcr.rdma import WorkCompletion
-from smcr.rdma.base import CompletionQueue, Device, ProtectionDomain, QueuePair
+from smcr.rdma.base import Device, ProtectionDomain, QueuePair
+from smcr.rdma.completion import CompletionQueue
 from smcr.rdma.roce import RoceDevice
 from smcr.rdma.shm import ShmDevice
 from smcr.stack import devices, ports

@@ -53,7 +53,7 @@ import time
 from collections.abc import Iterable
 from typing import Final, Protocol
 
-from smcr.rdma.base import CompletionQueue
+from smcr.rdma.completion import CompletionQueue
 from smcr.rdma.verbs import WorkCompletion
 
 

@@ -54,7 +54,6 @@ from typing import Final, cast
 
 from smcr.rdma.base import (
     PAGE,
-    CompletionQueue,
     Device,
     KeyAllocator,
     MemoryRegion,
@@ -62,6 +61,7 @@ from smcr.rdma.base import (
     random_qpn,
     zeroed_memory,
 )
+from smcr.rdma.completion import CompletionQueue
 from smcr.rdma.eventloop import Engine
 from smcr.rdma.roce import fastpath, netif
 from smcr.rdma.roce.cq import CEDE_SECONDS, RoceCq

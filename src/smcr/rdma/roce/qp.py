@@ -41,7 +41,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from smcr.rdma.base import CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair
+from smcr.rdma.base import MemoryRegion, ProtectionDomain, QueuePair
+from smcr.rdma.completion import CompletionQueue
 from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.roce import fastpath
 from smcr.rdma.roce.cq import RoceCq

@@ -47,7 +47,7 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from smcr.rdma.base import CompletionQueue
+from smcr.rdma.completion import CompletionQueue
 from smcr.rdma.shm import layout as lay
 
 #: Offset of the armed word (u32) in a CQ's shared notification segment.
@@ -71,7 +71,7 @@ def fence() -> None:
 
 
 class ShmCompletionQueue(CompletionQueue):
-    """A :class:`~smcr.rdma.base.CompletionQueue` whose arming requesters can see."""
+    """A :class:`~smcr.rdma.completion.CompletionQueue` whose arming requesters can see."""
 
     def __init__(self, depth: int) -> None:
         super().__init__(depth)
@@ -164,7 +164,7 @@ class ShmCompletionQueue(CompletionQueue):
 
     def take_arm(self) -> bool:
         """Disarm for local completions and for peers' SENDs (:meth:`CompletionQueue.take_arm
-        <smcr.rdma.base.CompletionQueue.take_arm>`).  A requester that finds the word
+        <smcr.rdma.completion.CompletionQueue.take_arm>`).  A requester that finds the word
         cleared rings nobody: the caller's look after it arms again finds its SEND."""
         armed = super().take_arm()
         notify = self._notify

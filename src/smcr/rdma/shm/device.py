@@ -37,7 +37,6 @@ from typing import cast
 from smcr import plainsock
 from smcr.rdma.base import (
     PAGE,
-    CompletionQueue,
     Device,
     KeyAllocator,
     MemoryRegion,
@@ -45,6 +44,7 @@ from smcr.rdma.base import (
     random_qpn,
     zeroed_memory,
 )
+from smcr.rdma.completion import CompletionQueue
 from smcr.rdma.eventloop import Engine
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv

@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
-from smcr.rdma.base import CompletionQueue, ProtectionDomain, QueuePair, scatter
+from smcr.rdma.base import ProtectionDomain, QueuePair, scatter
+from smcr.rdma.completion import CompletionQueue
 from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
