@@ -16,6 +16,8 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import pytest
+
 from smcr.rdma import (
     AccessFlag,
     CompletionQueue,
@@ -26,10 +28,13 @@ from smcr.rdma import (
     WorkCompletion,
     WrOpcode,
 )
+from smcr.rdma.completion import ARM_STANDBY
 from smcr.rdma.shm import ShmDevice
+from smcr.rdma.shm import peer as peer_mod
+from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import ARMED, ShmCompletionQueue
 from smcr.rdma.shm.layout import U32
-from tests.rdma.rdma_helpers import RW, Side, make_side
+from tests.rdma.rdma_helpers import RW, Side, connect, make_side
 
 CTX = mp.get_context("spawn")
 ROUNDS = 2000
@@ -261,3 +266,59 @@ def test_no_send_waits_for_a_ring_after_arms_were_taken(pair: tuple[Side, Side])
     assert sorted(taken) == list(range(n))
     late = {i: taken[i] - sent[i] for i in range(n) if taken[i] - sent[i] > 1.0}
     assert not late, f"SENDs that rang nobody (taken seconds after): {late}"
+
+
+def _standby_readable(cq: CompletionQueue) -> bool:
+    return bool(select.select([cq.standby_fileno()], [], [], 0)[0])
+
+
+def test_a_cq_armed_for_its_standby_rings_the_standby_bell_for_peers_only(
+        pair: tuple[Side, Side]) -> None:  # fmt: skip
+    """Armed for the standby (a thread that hears the news while no one polls), a peer's
+    SEND rings the standby doorbell, never the poller's; the completions of the CQ's own
+    posts ring nobody and leave the arm in place; a poller that begins takes it back."""
+    a, b = pair
+    _post_recvs(b, 300, 8)
+    _drain_bell(b.cq)
+    b.cq.req_notify(ARM_STANDBY)
+    assert _armed(b.cq) == ARM_STANDBY
+    _send(a, 1)
+    assert _standby_readable(b.cq) and not _readable(b.cq)
+    assert _armed(b.cq) == 0  # (one ring per arm)
+    b.cq.clear_standby()
+    assert not _standby_readable(b.cq)
+    a.cq.req_notify(ARM_STANDBY)
+    _send(a, 2, signaled=True)  # a's own SEND completes on a's CQ: no ring, still armed
+    assert not _standby_readable(a.cq) and not _readable(a.cq)
+    assert [wc.wr_id for wc in a.cq.poll(8)] == [2]
+    assert a.cq.take_arm() == ARM_STANDBY
+    b.cq.req_notify(ARM_STANDBY)
+    b.cq.take_standby()  # a poller begins
+    assert _armed(b.cq) == 0
+    _send(a, 3)
+    assert not _standby_readable(b.cq) and not _readable(b.cq)
+    b.cq.req_notify()  # the poller arms for itself: the poller's bell, as before
+    _send(a, 4)
+    assert _readable(b.cq) and not _standby_readable(b.cq)
+    assert [wc.wr_id for wc in b.cq.poll(8)] == [300, 301, 302, 303]
+
+
+def test_a_requester_without_the_standby_doorbell_rings_the_cq_doorbell(
+        shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A requester whose hello does not ask for the standby doorbell (an smcr before it)
+    gets the four descriptors it knows, and rings the one doorbell it has for any arm:
+    the consumer hears of it later than its standby would (at a look-in), never not."""
+    monkeypatch.setattr(peer_mod, "HELLO_FLAGS", rdv.HELLO_MARKS)
+    a = make_side(shm_dir, "a", 0x100)
+    b = make_side(shm_dir, "b", 0xFFFFF0)
+    try:
+        connect(a, b)
+        _post_recvs(b, 400, 8)
+        _drain_bell(b.cq)
+        b.cq.req_notify(ARM_STANDBY)
+        _send(a, 1)
+        assert _readable(b.cq) and not _standby_readable(b.cq)
+        assert [wc.wr_id for wc in b.cq.poll(8)] == [400]
+    finally:
+        a.dev.close()
+        b.dev.close()

@@ -16,9 +16,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Final
 
 from smcr import plainsock
 from smcr.rdma.verbs import WorkCompletion
+
+ARM_SLEEPER: Final = 1
+"""A CQ armed for the thread asleep on :meth:`CompletionQueue.fileno` (its poller)."""
+ARM_STANDBY: Final = 2
+"""A CQ armed for the consumer's standby (:meth:`CompletionQueue.standby_fileno`): a
+thread that stands by while no one polls, rung by news from peers only."""
 
 
 class CompletionQueue:
@@ -31,6 +38,16 @@ class CompletionQueue:
     doorbell at any time (the shm RNIC does after a SEND, and only to a CQ armed
     this way: :mod:`smcr.rdma.shm.cq`); spurious wakeups are harmless, lost ones
     are not.
+
+    Why a second descriptor, the *standby* one: a consumer whose pollers come and go (an
+    application thread that polls while it waits in ``recv``, then waits elsewhere, say in
+    ``select`` on a readiness descriptor) needs someone to hear the news that comes in
+    between, without that someone waking for every message while a poller is there.  The
+    standby thread sleeps on :meth:`standby_fileno`; arming the CQ for it
+    (``req_notify(ARM_STANDBY)``) makes the next news *from a peer* ring it, and a poller
+    that begins takes the arm back (:meth:`take_arm`).  Completions of the consumer's own
+    posts (``push_many(local=True)``) do not ring it: the consumer made them, and the next
+    news from a peer, or the poller, takes them.
 
     Why a unix socket pair and not an eventfd: a socket write wakes the sleeper
     with the scheduler's *sync* hint (the waker is about to sleep, so the woken
@@ -46,8 +63,10 @@ class CompletionQueue:
         self.depth = depth
         self._wcs: deque[WorkCompletion] = deque()
         self._lock = threading.Lock()
-        self._armed = False
+        self._armed = 0
+        """0, :data:`ARM_SLEEPER` or :data:`ARM_STANDBY`: whom the next completion rings."""
         self._bell_r, self._bell_w = plainsock.nonblocking_pair()
+        self._standby_r, self._standby_w = plainsock.nonblocking_pair()
         self._progress: list[Callable[[], None]] = []
         self.overruns = 0
 
@@ -61,6 +80,14 @@ class CompletionQueue:
         Ringing is writing one byte with ``MSG_NOSIGNAL | MSG_DONTWAIT``.
         """
         return self._bell_w.fileno()
+
+    def standby_fileno(self) -> int:
+        """The descriptor a CQ armed with :data:`ARM_STANDBY` makes readable (class doc)."""
+        return self._standby_r.fileno()
+
+    def standby_doorbell_fd(self) -> int:
+        """The write end of the standby doorbell (:meth:`doorbell_fd`'s twin)."""
+        return self._standby_w.fileno()
 
     def add_progress(self, hook: Callable[[], None]) -> None:
         """Register a provider hook that :meth:`poll` runs before it looks at the queue.
@@ -80,11 +107,12 @@ class CompletionQueue:
         for hook in self._progress:
             hook()
 
-    def push(self, wc: WorkCompletion) -> None:
+    def push(self, wc: WorkCompletion, local: bool = False) -> None:
         """Add one completion (provider side); signals the descriptor if armed."""
-        self.push_many((wc,))
+        self.push_many((wc,), local=local)
 
-    def push_many(self, wcs: Iterable[WorkCompletion], notify: bool = True) -> None:
+    def push_many(self, wcs: Iterable[WorkCompletion], notify: bool = True,
+                  local: bool = False) -> None:  # fmt: skip
         """Add completions in order; past ``depth`` they are counted as overruns and kept.
 
         Keeping them (instead of a CQ error as in verbs) is a deliberate softening:
@@ -93,16 +121,20 @@ class CompletionQueue:
         :param notify: signal an armed CQ; a progress hook running inside
             :meth:`poll` passes ``False``, since that poll returns them anyway
             and a self-signal would cost a syscall per message.
+        :param local: completions of the consumer's own posts, made in the posting
+            thread: they ring a poller, not a standby (class doc).
         """
         with self._lock:
             self._wcs.extend(wcs)
             if len(self._wcs) > self.depth:
                 self.overruns += 1
-            kick = self._armed and notify
-            if kick:
-                self._armed = False
-        if kick:
-            self.kick()
+            armed = self._armed if notify else 0
+            if armed == ARM_STANDBY and local:
+                armed = 0
+            if armed:
+                self._armed = 0
+        if armed:
+            self._ring(armed)
 
     def kick(self) -> None:
         """Make :meth:`fileno` readable (also callable from a provider's other threads)."""
@@ -111,33 +143,69 @@ class CompletionQueue:
         except OSError:
             pass
 
-    def req_notify(self) -> None:
-        """Arm: the next local completion signals the descriptor (``ibv_req_notify_cq``)."""
-        with self._lock:
-            self._armed = True
+    def kick_standby(self) -> None:
+        """Make :meth:`standby_fileno` readable."""
+        try:
+            self._standby_w.send(b"\x01", socket.MSG_NOSIGNAL)
+        except OSError:
+            pass
 
-    def take_arm(self) -> bool:
+    def _ring(self, armed: int) -> None:
+        """Ring whom ``armed`` names."""
+        if armed == ARM_STANDBY:
+            self.kick_standby()
+        else:
+            self.kick()
+
+    def req_notify(self, target: int = ARM_SLEEPER) -> None:
+        """Arm: the next completion signals the descriptor (``ibv_req_notify_cq``), or the
+        standby descriptor for ``target`` :data:`ARM_STANDBY` (class doc)."""
+        with self._lock:
+            self._armed = target
+
+    def take_arm(self) -> int:
         """Disarm for a moment: the caller, which holds the consumer's lock, is about to post
         work whose completions come to this CQ and polls it itself right after (both ends
         of a connection in one process), so a thread asleep on :meth:`fileno` needs no
         signal for them -- ringing it would wake it only to find them taken, and hand the
-        GIL over twice, once per message.
+        GIL over twice, once per message.  A poller that begins takes a standby's arm.
 
-        :returns: whether the CQ was armed; if so, the caller arms it again when done
+        :returns: the arm taken (0: none); if one, the caller arms it again when done
             (:meth:`req_notify`) and then looks once more: what a peer placed while it
             was disarmed (and so did not signal) is found by that look, as a sleeper's
             own arming finds it.
         """
         with self._lock:
             armed = self._armed
-            self._armed = False
+            self._armed = 0
         return armed
+
+    def take_standby(self) -> None:
+        """Take a standby's arm, if armed so: a poller begins, and hears the news itself."""
+        if self._armed == ARM_STANDBY:
+            with self._lock:
+                if self._armed == ARM_STANDBY:
+                    self._armed = 0
+
+    def rearm_sleeper(self) -> None:
+        """Arm for a sleeper unless armed already (a provider that drained the doorbell in a
+        poll: the ring may have been meant for another thread asleep on :meth:`fileno`)."""
+        with self._lock:
+            if not self._armed:
+                self._armed = ARM_SLEEPER
 
     def clear_signal(self) -> None:
         """Make :meth:`fileno` unreadable again after a sleep on it (the doorbell is drained;
         a provider whose descriptor is not the doorbell overrides this)."""
         try:
             self._bell_r.recv(4096)
+        except OSError:
+            pass
+
+    def clear_standby(self) -> None:
+        """Make :meth:`standby_fileno` unreadable again."""
+        try:
+            self._standby_r.recv(4096)
         except OSError:
             pass
 
@@ -159,11 +227,11 @@ class CompletionQueue:
             out = [self._wcs.popleft() for _ in range(n)]
             # hooks push without signalling (we return what they made); if some are
             # left for another thread sleeping on this CQ, wake it now
-            kick = self._armed and bool(self._wcs)
-            if kick:
-                self._armed = False
-        if kick:
-            self.kick()
+            armed = self._armed if self._wcs else 0
+            if armed:
+                self._armed = 0
+        if armed:
+            self._ring(armed)
         return out
 
     def wait(self, timeout: float | None, max_entries: int = 16) -> list[WorkCompletion]:
@@ -198,5 +266,5 @@ class CompletionQueue:
 
     def close(self) -> None:
         """Release the descriptor; later use raises ``OSError``."""
-        self._bell_r.close()
-        self._bell_w.close()
+        for end in (self._bell_r, self._bell_w, self._standby_r, self._standby_w):
+            end.close()

@@ -174,7 +174,7 @@ class Executor:
             local = hc.local_peer = peer is not None and peer.peer_qpn == c.qpn
         return local
 
-    def local_end(self, armed: bool) -> None:
+    def local_end(self, armed: int) -> None:
         """After posting for a connection whose other end is in this runtime (lock held):
         the completions taken at once, so that the other end's readiness changes before
         the call returns (:meth:`local_peer`).  ``armed``: the caller disarmed the CQ
@@ -186,7 +186,7 @@ class Executor:
             self.process()
         finally:  # (never left disarmed: its sleeper would hear of nothing more)
             if armed:
-                self.cq.req_notify()
+                self.cq.req_notify(armed)
                 if self.cq.has_completions():
                     self.process()
 

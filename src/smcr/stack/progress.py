@@ -17,6 +17,19 @@
   may watch it for up to :data:`SPIN` while a CPU is free (:mod:`smcr.stack.spin`): an
   answer that comes within microseconds then costs no doorbell, no sleep and no wakeup
   on either side.
+* **News between two polls is heard at once.**  When an application thread stops
+  polling (its ``recv`` returned), it arms the CQ for the progress thread's standby
+  (:data:`~smcr.rdma.completion.ARM_STANDBY`) and looks once more.  A program that then waits
+  elsewhere (``select`` on the connection's readiness descriptor) has its peer's answer
+  taken by the standing-by progress thread when it comes, not at the next look-in (up to
+  :data:`STANDBY_IDLE` later): a peer's SEND rings the standby doorbell.  The arm is
+  good for one ring; after it the progress thread looks in every :data:`STANDBY` and
+  takes the CQ over when no application thread polled for that long.  Arming it again
+  after each ring cost streams: a reader that finds its bytes there without waiting
+  polls no more, and the progress thread then woke for every message the writer sent,
+  taking them one by one and the GIL with them (64 KiB writes fell from 1.4-1.8x TCP to
+  0.95-1.3x).  A thread that begins to poll takes the arm back, so a stream whose
+  reader waits in ``recv`` rings nobody but that reader.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ from typing import Final
 
 from smcr import exits, settings
 from smcr.rdma import WorkCompletion
+from smcr.rdma.completion import ARM_STANDBY
 from smcr.stack.closing import Closing
 from smcr.stack.executor import Executor
 from smcr.stack.hostconn import HostConn
@@ -69,6 +83,9 @@ class Progress:
         <smcr.stack.runtime.Stack.close_at_exit>`): the threads whose wait ends then stay
         parked where :func:`smcr.exits.stays_parked` says so (:meth:`wait`)."""
         self.spin = SpinPolicy(SPIN)
+        self._standby_poll = select.poll()
+        self._standby_poll.register(self.wake.standby_r.fileno(), select.POLLIN)
+        self._standby_poll.register(ex.cq.standby_fileno(), select.POLLIN)
         self.thread = threading.Thread(target=self._progress_thread, name="smcr-progress",
                                        daemon=True)  # fmt: skip
 
@@ -157,6 +174,7 @@ class Progress:
             wake.kick_progress()
         wake.poller = "app"
         wake.poller_ident = threading.get_ident()
+        self.ex.cq.take_standby()  # (this thread hears the news now)
         try:
             self._sleep_on_cq(left, spin)
         finally:
@@ -164,16 +182,23 @@ class Progress:
             wake.app_polled = time.monotonic()
 
     def _hand_back(self, began: float) -> None:
-        """An application thread stops polling (lock held; it began at ``began``): the
-        progress thread takes over at once rather than at its next look when handshakes
-        are under way (a connect given up at its timeout, an accept queue's others), or
-        when this thread polled for longer than :data:`STANDBY` -- the progress thread
-        then stood by for :data:`STANDBY_IDLE`, and the other connections' news would
-        wait for it.  After a short wait (a stream's next message) it does not: a ring
-        per message would cost more than the look-ins."""
-        if self.wake.poller is None and (
-                self.ex.clc.watch or time.monotonic() - began > STANDBY):  # fmt: skip
-            self.wake.wake_progress()
+        """An application thread stops polling (lock held; it began at ``began``).  Unless
+        another one polls, the CQ is armed for the progress thread's standby and looked at
+        once more (module doc: what a peer sends next is heard at once).  The progress
+        thread takes over at once rather than at its next look when handshakes are under
+        way (a connect given up at its timeout, an accept queue's others), or when this
+        thread polled for longer than :data:`STANDBY` -- the progress thread then stood by
+        for :data:`STANDBY_IDLE`, and timers would wait for it.  After a short wait (a
+        stream's next message) it does not: a ring per message would cost more than the
+        look-ins."""
+        wake = self.wake
+        if wake.poller is not None:
+            return
+        ex = self.ex
+        ex.cq.req_notify(ARM_STANDBY)
+        ex.process()
+        if ex.clc.watch or time.monotonic() - began > STANDBY:
+            wake.wake_progress()
 
     def _sleep_on_cq(self, left: float | None, spin: float = 0.0) -> None:
         """Sleep on the CQ descriptor (lock released) until news or the next deadline.
@@ -308,31 +333,43 @@ class Progress:
         """The progress thread stands by (lock held on entry and on return): it lets go
         of the lock and asks for it again only after :data:`STANDBY` in which no
         application thread polled (while one polls, it looks after :data:`STANDBY_IDLE`,
-        then ever more seldom), or when woken (:meth:`Wakeups.wake_progress`).
+        then ever more seldom), when woken (:meth:`Wakeups.wake_progress`), or when the
+        CQ armed for it rings while no application thread polls (module doc).
 
         Why not wait on a condition of the lock: its wait takes the lock back at each
         timeout, and an application thread that polls releases and takes the lock at
         every message; the waiter then sleeps and wakes once per release, losing the
         race each time (measured: 10 000 context switches a second, a streaming RoCE
-        sender's every message, 64 KiB writes)."""
-        lock, wake = self.ex.lock, self.wake
-        bg_wake = wake.bg_wake
+        sender's every message, 64 KiB writes).
+        """
+        lock, wake, cq = self.ex.lock, self.wake, self.ex.cq
+        wake_fd = wake.standby_r.fileno()
         idle = STANDBY_IDLE
         lock.release()
         try:
             while True:
                 if wake.poller == "app":
-                    woken = bg_wake.wait(idle)
+                    timeout = idle
                     idle = min(2 * idle, STANDBY_LONGEST)
                 else:
-                    woken = bg_wake.wait(STANDBY)
+                    timeout = STANDBY
                     idle = STANDBY_IDLE
-                bg_wake.clear()
+                woken = rung = False
+                for fd, _ in self._standby_poll.poll(timeout * 1000):
+                    if fd == wake_fd:
+                        woken = True
+                        try:
+                            wake.standby_r.recv(4096)
+                        except OSError:
+                            pass
+                    else:
+                        rung = True
+                        cq.clear_standby()
                 # (read without the lock: a stale look only costs one more round; orphans
                 # and closes that drain are looked at every STANDBY, _progress_step, or
                 # at the look-ins while an application thread polls and takes their news)
-                if (woken or not self.running or self.closing.busy()
-                        or not self._standing_by()):  # fmt: skip
+                if (woken or (rung and wake.poller != "app") or not self.running
+                        or self.closing.busy() or not self._standing_by()):  # fmt: skip
                     return
         finally:
             lock.acquire()

@@ -4,7 +4,7 @@ One thread at a time sleeps on the CQ for everyone: an application thread blocke
 call (:mod:`smcr.stack.progress`, "whoever waits, polls"), or the runtime's progress
 thread when none does.  Whoever changes what a sleeping poller must watch (a new
 deadline, a new descriptor) rings its doorbell; the progress thread also has a standby
-event of its own.  This module holds that state and the two bells, and nothing else, so
+bell of its own.  This module holds that state and the two bells, and nothing else, so
 that every part of the runtime can ring them.
 """
 
@@ -30,7 +30,8 @@ class Wakeups:
         """The thread ident of the application thread that polls."""
         self.app_polled = 0.0
         """When an application thread last polled (monotonic)."""
-        self.bg_wake = threading.Event()  # set by wake_progress: the standby ends
+        self.standby_r, self.standby_w = _doorbell()
+        """Rung by :meth:`wake_progress`: the progress thread's standby ends."""
         # a full doorbell already means a wake-up is pending: kick() must never block (it
         # is called with the lock held, and the poller it wakes needs the lock to drain it)
         self.bell_r, self.bell_w = _doorbell()
@@ -79,7 +80,10 @@ class Wakeups:
     def wake_progress(self) -> None:
         """End the progress thread's standby now: there is work an application thread that
         polls would not do (lock held or not)."""
-        self.bg_wake.set()
+        try:
+            self.standby_w.send(b"k", _DONTWAIT)
+        except OSError:
+            pass
 
     def set_poller(self, who: str | None) -> None:
         """A method, not an assignment in place: mypyc would take the attribute for the
@@ -89,7 +93,8 @@ class Wakeups:
 
     def close(self) -> None:
         """Close the doorbells (the progress thread is gone)."""
-        for end in (self.bell_r, self.bell_w, self.bg_bell_r, self.bg_bell_w):
+        for end in (self.bell_r, self.bell_w, self.bg_bell_r, self.bg_bell_w, self.standby_r,
+                    self.standby_w):  # fmt: skip
             end.close()
 
 

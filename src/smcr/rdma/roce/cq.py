@@ -139,11 +139,12 @@ class RoceCq(CompletionQueue):
         """Nothing to do: :meth:`fileno` is an epoll descriptor (reading it fails), and the
         progress hook drains the doorbell when the next poll runs it."""
 
-    def push_many(self, wcs: Iterable[WorkCompletion], notify: bool = True) -> None:
+    def push_many(self, wcs: Iterable[WorkCompletion], notify: bool = True,
+                  local: bool = False) -> None:  # fmt: skip
         """As :meth:`CompletionQueue.push_many`, silent inside this CQ's own poll."""
         if notify and getattr(self._tls, "hook", False):
             notify = False
-        super().push_many(wcs, notify)
+        super().push_many(wcs, notify, local)
 
     def poll(self, max_entries: int = 16) -> list[WorkCompletion]:
         """Receive what the QPs' sockets hold, then take up to ``max_entries`` completions."""
@@ -180,8 +181,9 @@ class RoceCq(CompletionQueue):
                     pass
                 # the ring may have been meant for another thread asleep on this CQ: it
                 # would have woken, found nothing and re-armed; re-arm for it, so the next
-                # completion rings again (a spare wakeup is harmless, a lost one is not)
-                self.req_notify()
+                # completion rings again (a spare wakeup is harmless, a lost one is not),
+                # unless armed since (a standby's arm stays)
+                self.rearm_sleeper()
                 continue
             qp = attached.get(fd)
             if qp is not None:

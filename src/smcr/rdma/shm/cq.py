@@ -14,7 +14,10 @@ the responder hands to each requester at RTR along with the doorbell:
 * the sleeper (:meth:`ShmCompletionQueue.req_notify`) stores 1, then -- after
   a full fence -- polls once more, and only then sleeps;
 * a requester stores ``produced``, fences, loads the word, and only when it
-  reads 1 stores 0 and rings.
+  reads a target stores 0 and rings: the CQ's doorbell for 1
+  (:data:`~smcr.rdma.completion.ARM_SLEEPER`), its standby doorbell for 2
+  (:data:`~smcr.rdma.completion.ARM_STANDBY`, handed to requesters whose hello asks for it;
+  an older requester rings the doorbell for any target).
 
 This is Dekker's pattern: with a fence between each side's store and load, at
 least one of them sees the other's store, so either the sleeper's last poll
@@ -47,7 +50,7 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from smcr.rdma.completion import CompletionQueue
+from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY, CompletionQueue
 from smcr.rdma.shm import layout as lay
 
 #: Offset of the armed word (u32) in a CQ's shared notification segment.
@@ -77,7 +80,7 @@ class ShmCompletionQueue(CompletionQueue):
         super().__init__(depth)
         self.notify_fd, self._notify = lay.new_segment("smcr-cqnotify", NOTIFY_SIZE)
         # armed from the start: a consumer that never arms still gets its first ring
-        lay.U32.pack_into(self._notify, ARMED, 1)
+        lay.U32.pack_into(self._notify, ARMED, ARM_SLEEPER)
         self._marked: dict[int, Callable[[], None]] = {}
         """Offset of a mark byte -> the progress hook of the QP whose requester marks it."""
         self._mark_of: dict[Callable[[], None], int] = {}
@@ -155,14 +158,15 @@ class ShmCompletionQueue(CompletionQueue):
             if work is not None:
                 work()
 
-    def req_notify(self) -> None:
-        """Arm for local completions and for peers' SENDs, then fence (module doc)."""
-        super().req_notify()
+    def req_notify(self, target: int = ARM_SLEEPER) -> None:
+        """Arm for local completions and for peers' SENDs, then fence (module doc); the
+        word holds ``target``, which names the doorbell a requester rings."""
+        super().req_notify(target)
         if not self._notify.closed:
-            lay.U32.pack_into(self._notify, ARMED, 1)
+            lay.U32.pack_into(self._notify, ARMED, target)
             fence()
 
-    def take_arm(self) -> bool:
+    def take_arm(self) -> int:
         """Disarm for local completions and for peers' SENDs (:meth:`CompletionQueue.take_arm
         <smcr.rdma.completion.CompletionQueue.take_arm>`).  A requester that finds the word
         cleared rings nobody: the caller's look after it arms again finds its SEND."""
@@ -170,10 +174,19 @@ class ShmCompletionQueue(CompletionQueue):
         notify = self._notify
         if notify.closed:
             return armed
-        if lay.U32.unpack_from(notify, ARMED)[0]:
+        word: int = lay.U32.unpack_from(notify, ARMED)[0]
+        if word:
             lay.U32.pack_into(notify, ARMED, 0)
-            return True
+            return word
         return armed
+
+    def take_standby(self) -> None:
+        """As :meth:`CompletionQueue.take_standby <smcr.rdma.base.CompletionQueue.take_standby>`,
+        the word too (a requester that reads 0 rings nobody: the poller looks)."""
+        super().take_standby()
+        notify = self._notify
+        if not notify.closed and lay.U32.unpack_from(notify, ARMED)[0] == ARM_STANDBY:
+            lay.U32.pack_into(notify, ARMED, 0)
 
     def close(self) -> None:
         """Release the descriptors and the notification segment."""

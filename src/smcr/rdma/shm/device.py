@@ -228,7 +228,8 @@ class ShmDevice(Device):
             with self._lock:  # granted before the requester can show it
                 self._granted[token] = qp
             if not qp.accept_inbound(conn, msg.a, msg.gid, token,
-                                     bool(msg.c & rdv.HELLO_MARKS)):  # fmt: skip
+                                     bool(msg.c & rdv.HELLO_MARKS),
+                                     bool(msg.c & rdv.HELLO_STANDBY)):  # fmt: skip
                 with self._lock:
                     self._granted.pop(token, None)
                 return False

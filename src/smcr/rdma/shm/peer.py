@@ -29,8 +29,9 @@ from smcr.rdma.shm.cq import MARKS
 from smcr.rdma.verbs import AccessFlag, VerbsError
 
 _REMOTE_WRITE: Final = int(AccessFlag.REMOTE_WRITE)
-HELLO_FLAGS = rdv.HELLO_MARKS
-"""What a hello asks for: this requester marks its SENDs (a test may turn it off)."""
+HELLO_FLAGS = rdv.HELLO_MARKS | rdv.HELLO_STANDBY
+"""What a hello asks for: this requester marks its SENDs and rings the standby doorbell (a
+test may turn them off)."""
 
 
 @dataclass(slots=True)
@@ -78,6 +79,7 @@ class PeerLink:
     notify: mmap | None = None  # the peer CQ's armed word (smcr.rdma.shm.cq), if it has one
     token: bytes = b""  # shown with each MR look-up: what the peer granted this connection
     mark: int = 0  # offset of the peer QP's mark byte in ``notify``, set after each SEND (0: none)
+    standby_bell: socket.socket | None = None  # the peer CQ's standby doorbell, if it gave one
     mrs: dict[int, RemoteMr] = field(default_factory=dict)
 
     def close(self) -> None:
@@ -90,6 +92,8 @@ class PeerLink:
         self.table.close()
         if self.notify is not None:
             self.notify.close()
+        if self.standby_bell is not None:
+            self.standby_bell.close()
         self.bell.close()
         self.sock.close()
 
@@ -110,7 +114,7 @@ class PeerLink:
                                        gid=own_gid))  # fmt: skip
             answer = rdv.receive(sock)
             msg, fds = answer if answer is not None else (None, [])
-            if msg is None or msg.kind != rdv.HELLO_OK or len(fds) not in (3, 4):
+            if msg is None or msg.kind != rdv.HELLO_OK or len(fds) not in (3, 4, 5):
                 for fd in fds:
                     os.close(fd)
                 raise VerbsError(errno.ECONNREFUSED, f"peer QP {dst_qpn:#x} refused")
@@ -119,7 +123,11 @@ class PeerLink:
             bell.setblocking(False)
             area = lay.map_segment(area_fd)
             table = lay.map_segment(table_fd, writable=False)
-            notify = lay.map_segment(fds[3]) if len(fds) == 4 else None
+            notify = lay.map_segment(fds[3]) if len(fds) >= 4 else None
+            standby_bell = None
+            if len(fds) == 5:
+                standby_bell = plainsock.from_descriptor(fds[4])
+                standby_bell.setblocking(False)
             hdr = lay.AREA_HEADER.unpack_from(area, 0)
             depth, slot_size = hdr[lay.HDR_DEPTH], hdr[lay.HDR_SLOT_SIZE]
             if (not depth or len(area) < lay.area_size(depth, slot_size)
@@ -129,6 +137,8 @@ class PeerLink:
                 bell.close()
                 if notify is not None:
                     notify.close()
+                if standby_bell is not None:
+                    standby_bell.close()
                 raise VerbsError(errno.EPROTO, "peer receive area is malformed")
         except BaseException:
             sock.close()
@@ -136,7 +146,7 @@ class PeerLink:
         sock.setblocking(False)
         mark = msg.a if notify is not None and MARKS <= msg.a < len(notify) else 0
         return cls(sock, path, area, memoryview(area), table, bell, depth, slot_size, notify,
-                   msg.gid, mark)  # fmt: skip
+                   msg.gid, mark, standby_bell)  # fmt: skip
 
     def lookup(self, rkey: int) -> RemoteMr | None:
         """Map (again) the peer region of ``rkey``; ``None`` if it has no live one.

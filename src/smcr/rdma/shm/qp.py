@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
 from smcr.rdma.base import ProtectionDomain, QueuePair, scatter
-from smcr.rdma.completion import CompletionQueue
+from smcr.rdma.completion import ARM_STANDBY, CompletionQueue
 from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
@@ -321,10 +321,12 @@ class ShmQp(QueuePair):
     # ------------------------------------------------------------ connection
 
     def accept_inbound(self, sock: socket.socket, src_qpn: int, src_gid: bytes,
-                       token: bytes, marks: bool = False) -> bool:  # fmt: skip
+                       token: bytes, marks: bool = False,
+                       standby: bool = False) -> bool:  # fmt: skip
         """Answer a hello from QP ``src_qpn`` of ``src_gid`` if it may be our peer
         (:mod:`smcr.rdma.shm.inbound`): our area, CQ doorbell and MR table, ``token``, and
-        our mark byte if it ``marks`` its SENDs (:func:`~smcr.rdma.shm.cq.cq_requester`).
+        our mark byte if it ``marks`` its SENDs (:func:`~smcr.rdma.shm.cq.cq_requester`),
+        the CQ's standby doorbell if it rings one (``standby``).
 
         Runs in the device's server thread and takes no QP state lock, so two
         processes that move their QPs to RTR at the same moment cannot deadlock.
@@ -337,6 +339,8 @@ class ShmQp(QueuePair):
         notify_fd = getattr(self.recv_cq, "notify_fd", None)
         if notify_fd is not None:  # a ShmCompletionQueue: requesters ring only when armed
             fds.append(notify_fd)
+            if standby:
+                fds.append(self.recv_cq.standby_doorbell_fd())
         mark = cq_requester(self.recv_cq, self._drain, marks)
         if self._inbound.admit(sock, (src_qpn, src_gid), token, fds, self._on_socket_event, mark):
             return True
@@ -560,7 +564,7 @@ class ShmQp(QueuePair):
                 if signaled:
                     self.send_cq.push(WorkCompletion(wr_id=wr_id, status=_SUCCESS,
                                                      opcode=_SEND_OP, qp_num=self.qp_num,
-                                                     byte_len=size))  # fmt: skip
+                                                     byte_len=size), True)  # fmt: skip
                 return
         super()._post_writes_send(writes, message, wr_id, signaled)
 
@@ -740,7 +744,7 @@ class ShmQp(QueuePair):
         if self.sq_sig_all or int(wr.send_flags) & _SIGNALED:
             self.send_cq.push(WorkCompletion(wr_id=wr.wr_id, status=WcStatus.SUCCESS,
                                              opcode=op.wc_opcode, qp_num=self.qp_num,
-                                             byte_len=length))  # fmt: skip
+                                             byte_len=length), True)  # fmt: skip
         return DONE
 
     @staticmethod
@@ -757,16 +761,26 @@ class ShmQp(QueuePair):
         _SLOT_HEADER_PACK(area, slot, length, kind, imm & 0xFFFFFFFF, 0)
         self._produced = produced = self._produced + 1
         _U64_PACK(area, lay.OFF_PRODUCED, produced)
-        notify = peer.notify
-        if notify is not None:  # ring only a CQ armed for sleep (smcr.rdma.shm.cq)
-            mark = peer.mark
-            if mark:  # after produced: its poll looks at this QP
-                notify[mark] = 1
-            fence()
-            if not _U32_UNPACK(notify, 0)[0]:
-                return
-            _U32_PACK(notify, 0, 0)
-        _ring(peer.bell)
+        _notify(peer)
+
+
+def _notify(peer: PeerLink) -> None:
+    """After a SEND was placed (``produced`` stored): mark the peer QP, and ring the peer's CQ
+    if it is armed, with the doorbell its arm names (:mod:`smcr.rdma.shm.cq`)."""
+    notify = peer.notify
+    if notify is not None:  # ring only a CQ armed for sleep (smcr.rdma.shm.cq)
+        mark = peer.mark
+        if mark:  # after produced: its poll looks at this QP
+            notify[mark] = 1
+        fence()
+        target = _U32_UNPACK(notify, 0)[0]
+        if not target:
+            return
+        _U32_PACK(notify, 0, 0)
+        if target == ARM_STANDBY and peer.standby_bell is not None:
+            _ring(peer.standby_bell)
+            return
+    _ring(peer.bell)
 
 
 def _ring(bell: socket.socket) -> None:

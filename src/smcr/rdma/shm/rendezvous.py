@@ -58,12 +58,14 @@ MAGIC = b"SMCR"
 
 #: magic, kind, a, b, c, d, gid: one fixed layout for every control message.
 MESSAGE = struct.Struct("<4sB3xIIII16s")
-MAX_FDS = 4
+MAX_FDS = 5
 
-HELLO = 1  # a = src qpn, b = dst qpn, c = HELLO_MARKS if the requester marks, gid = src gid
+HELLO = 1  # a = src qpn, b = dst qpn, c = HELLO_* flags, gid = src gid
 HELLO_OK = 2  # a = the QP's mark offset (0: none), gid = token for GET_MR; fds: receive area,
-# recv CQ doorbell (write end), MR table, and the CQ's notification segment if it has one
+# recv CQ doorbell (write end), MR table, and the CQ's notification segment if it has one,
+# then its standby doorbell (write end) if the hello asked for it
 HELLO_MARKS = 1  # the requester sets the QP's mark byte after each SEND (smcr.rdma.shm.cq)
+HELLO_STANDBY = 2  # the requester rings the standby doorbell for an ARMED word of 2
 GET_MR = 3  # a = rkey, gid = the token of the requester's connection
 MR_OK = 4  # a = table index, b = generation, c = 1 if writable, d = seal; fd: the MR segment
 NACK = 5  # a = errno
