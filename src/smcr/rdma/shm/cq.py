@@ -181,8 +181,9 @@ class ShmCompletionQueue(CompletionQueue):
         return armed
 
     def take_standby(self) -> None:
-        """As :meth:`CompletionQueue.take_standby <smcr.rdma.base.CompletionQueue.take_standby>`,
-        the word too (a requester that reads 0 rings nobody: the poller looks)."""
+        """As :meth:`CompletionQueue.take_standby
+        <smcr.rdma.completion.CompletionQueue.take_standby>`, the word too (a requester that
+        reads 0 rings nobody: the poller looks)."""
         super().take_standby()
         notify = self._notify
         if not notify.closed and lay.U32.unpack_from(notify, ARMED)[0] == ARM_STANDBY:
