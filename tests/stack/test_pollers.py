@@ -38,13 +38,15 @@ def test_a_ring_drained_by_the_progress_thread_still_wakes_the_app_poller(
             if threading.get_ident() == app and not go_on.is_set():
                 about_to_poll.set()
                 go_on.wait(10)
-            elif threading.get_ident() != app and stack.wake.poller == "app":
+            elif threading.get_ident() != app and made and made[0].wake.poller == "app":
                 standby.set()  # (the progress thread's standby polls too)
             return self.inner.poll(timeout)
 
     monkeypatch.setattr(select, "poll", HeldPoll)  # (the runtime's module is this one)
     standby = threading.Event()  # the progress thread gave polling up to the app thread
+    made: list[Stack] = []  # (the progress thread may poll before Stack() returns)
     stack = Stack()  # its progress thread polls through HeldPoll too
+    made.append(stack)
     a, b = socket.socketpair()
     woke: list[bool] = []
     news = threading.Event()
