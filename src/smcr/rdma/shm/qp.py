@@ -564,7 +564,7 @@ class ShmQp(QueuePair):
                 if signaled:
                     self.send_cq.push(WorkCompletion(wr_id=wr_id, status=_SUCCESS,
                                                      opcode=_SEND_OP, qp_num=self.qp_num,
-                                                     byte_len=size), True)  # fmt: skip
+                                                     byte_len=size), local=True)  # fmt: skip
                 return
         super()._post_writes_send(writes, message, wr_id, signaled)
 
@@ -744,7 +744,7 @@ class ShmQp(QueuePair):
         if self.sq_sig_all or int(wr.send_flags) & _SIGNALED:
             self.send_cq.push(WorkCompletion(wr_id=wr.wr_id, status=WcStatus.SUCCESS,
                                              opcode=op.wc_opcode, qp_num=self.qp_num,
-                                             byte_len=length), True)  # fmt: skip
+                                             byte_len=length), local=True)  # fmt: skip
         return DONE
 
     @staticmethod
