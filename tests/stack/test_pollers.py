@@ -21,28 +21,31 @@ def test_a_ring_drained_by_the_progress_thread_still_wakes_the_app_poller(
     thread's look at what to watch and its poll, and the progress thread drains it.
     The app thread must wake all the same (it did not: it slept until its deadline,
     and a handshake it should have watched timed out)."""
-    real_poll = select.poll
+    real_poll, real_epoll = select.poll, select.epoll
     app = threading.get_ident()  # replaced by the app thread's below
     about_to_poll, go_on = threading.Event(), threading.Event()
 
-    class HeldPoll:
-        """select.poll whose first poll in the app thread waits for ``go_on``."""
+    class Held:
+        """A ``select.poll`` or ``select.epoll`` whose first sleep (a poll with a
+        timeout) in the app thread waits for ``go_on``."""
 
-        def __init__(self) -> None:
-            self.inner = real_poll()
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
 
-        def register(self, *args: Any) -> None:
-            self.inner.register(*args)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
 
         def poll(self, timeout: float | None = None) -> list[tuple[int, int]]:
-            if threading.get_ident() == app and not go_on.is_set():
+            if threading.get_ident() == app and not go_on.is_set() and timeout:
                 about_to_poll.set()
                 go_on.wait(10)
             elif threading.get_ident() != app and made and made[0].wake.poller == "app":
                 standby.set()  # (the progress thread's standby polls too)
-            return self.inner.poll(timeout)
+            return self.inner.poll(timeout)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(select, "poll", HeldPoll)  # (the runtime's module is this one)
+    # (the runtime's module is this one)
+    monkeypatch.setattr(select, "poll", lambda: Held(real_poll()))
+    monkeypatch.setattr(select, "epoll", lambda: Held(real_epoll()))
     standby = threading.Event()  # the progress thread gave polling up to the app thread
     made: list[Stack] = []  # (the progress thread may poll before Stack() returns)
     stack = Stack()  # its progress thread polls through HeldPoll too

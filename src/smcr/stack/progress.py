@@ -86,8 +86,21 @@ class Progress:
         self._standby_poll = select.poll()
         self._standby_poll.register(self.wake.standby_r.fileno(), select.POLLIN)
         self._standby_poll.register(ex.cq.standby_fileno(), select.POLLIN)
+        self._sleep_app = self._sleeper(self.wake.bell(False).fileno())
+        self._sleep_bg = self._sleeper(self.wake.bell(True).fileno())
         self.thread = threading.Thread(target=self._progress_thread, name="smcr-progress",
                                        daemon=True)  # fmt: skip
+
+    def _sleeper(self, bell: int) -> select.epoll:
+        """What a poller sleeps on: the CQ's descriptor, its own doorbell and the
+        handshakes' two epoll descriptors, in one epoll descriptor made once (a ``poll``
+        built per sleep cost a registration and a wait-queue entry per descriptor every
+        message: a sleep on one descriptor is what TCP's blocked ``recv`` pays)."""
+        ep = select.epoll()
+        clc = self.ex.clc
+        for fd in (self.ex.cq.fileno(), bell, clc.ep.fileno(), clc.tcp_ep.fileno()):
+            ep.register(fd, select.EPOLLIN)
+        return ep
 
     def start(self) -> None:
         """Start the progress thread."""
@@ -225,28 +238,25 @@ class Progress:
                 if limit == 0.0:
                     ex.timer_check = 0.0  # due now: process() must run the timers
             clc = ex.clc
-            bell = self.wake.bell(self.wake.poller == "bg")
-            fds = [cq.fileno(), bell.fileno(), clc.ep.fileno(), clc.tcp_ep.fileno()]
-            poller = select.poll()
-            for fd in fds:
-                poller.register(fd, select.POLLIN)
+            bg = self.wake.poller == "bg"
+            sleeper = self._sleep_bg if bg else self._sleep_app
             ex.lock.release()
             try:
-                r = [fd for fd, _ in poller.poll(limit * 1000)]
+                r = sleeper.poll(limit)
             finally:
                 ex.lock.acquire()
-            for fd in r:
-                if fd == fds[2]:
+            for fd, _ in r:
+                if fd == cq.fileno():
+                    cq.clear_signal()
+                elif fd == clc.ep.fileno():
                     for clc_fd, _ in clc.ep.poll(0):
                         hc = clc.watch.get(clc_fd)
                         if hc is not None:
                             ex.clc_read(hc)
-                elif fd == fds[3]:
+                elif fd == clc.tcp_ep.fileno():
                     for ended in clc.ended():
                         ex.tcp_ended(ended)
-                elif fd == fds[0]:
-                    cq.clear_signal()
-                elif fd == fds[1]:  # our own doorbell (non-blocking)
+                else:  # our own doorbell (non-blocking)
                     try:
                         os.read(fd, 4096)
                     except OSError:
@@ -381,3 +391,8 @@ class Progress:
         self.wake.wake_progress()
         self.thread.join(timeout=2.0)
         return not self.thread.is_alive()
+
+    def close(self) -> None:
+        """Close the pollers' epoll descriptors (the progress thread is gone)."""
+        self._sleep_app.close()
+        self._sleep_bg.close()

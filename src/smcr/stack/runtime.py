@@ -449,6 +449,7 @@ class Stack:
         for res in self.ports:
             res.device.close()
         if gone:  # (a thread still in poll keeps its doorbell)
+            self.progress.close()
             self.wake.close()
             self.ex.clc.close()
 
