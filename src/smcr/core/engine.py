@@ -235,7 +235,9 @@ class Engine:
                         if link.test_deadline is not None
                         else link.last_rx + testlink_time
                     )
-        return min(deadlines, default=None)
+        if not deadlines:  # (not min(default=): a call with keywords, every sleep)
+            return None
+        return min(deadlines)
 
     # ============================================================ handshake
 
