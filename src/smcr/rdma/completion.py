@@ -66,6 +66,8 @@ class CompletionQueue:
         self._armed = 0
         """0, :data:`ARM_SLEEPER` or :data:`ARM_STANDBY`: whom the next completion rings."""
         self._bell_r, self._bell_w = plainsock.nonblocking_pair()
+        self._drained = bytearray(4096)
+        """Where :meth:`clear_signal` drains the doorbell to (no new bytes object a sleep)."""
         self._standby_r, self._standby_w = plainsock.nonblocking_pair()
         self._progress: list[Callable[[], None]] = []
         self.overruns = 0
@@ -198,7 +200,7 @@ class CompletionQueue:
         """Make :meth:`fileno` unreadable again after a sleep on it (the doorbell is drained;
         a provider whose descriptor is not the doorbell overrides this)."""
         try:
-            self._bell_r.recv(4096)
+            self._bell_r.recv_into(self._drained)
         except OSError:
             pass
 
