@@ -806,8 +806,9 @@ def deliver(pd: ProtectionDomain, area: memoryview, slot_size: int, qp_num: int,
         # the shared area is written by the peer: never trust it further than checked
         return recv_wc(wr, WcStatus.LOC_QP_OP_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
     sges = wr.sg_list
-    if kind == lay.KIND_SEND and len(sges) == 1 and byte_len <= slot_size:
-        # the data path (a CDC into one buffer): lookup_local inlined, no lists
+    if kind == lay.KIND_SEND and sges and byte_len <= slot_size:
+        # the data path (a CDC that fits the first buffer: the runtime's receives have a
+        # second, for the longer SMC-Rv2 LLC messages): lookup_local inlined, no lists
         sge = sges[0]
         mr = pd.mrs.get(sge.lkey)
         off = sge.addr - mr.addr if mr is not None else -1
