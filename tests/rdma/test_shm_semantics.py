@@ -109,6 +109,30 @@ def test_send_scatters_into_two_sges_and_imm(pair: tuple[Side, Side]) -> None:
     assert third.wc_flags & WcFlag.WITH_IMM and bytes(b.buf.buf[256:259]) == b"xyz"
 
 
+def test_send_that_fits_the_first_of_two_sges(pair: tuple[Side, Side]) -> None:
+    """The runtime's receives (a 44-byte slot, then a shared tail for longer LLC messages):
+    a SEND that fits the first SGE fills it alone; a longer one goes on into the second;
+    a first SGE whose lkey is unknown completes LOC_PROT_ERR, however short the SEND."""
+    a, b = pair
+    b.buf.buf[:128] = b"." * 128
+    two = (Sge(b.buf.addr, 8, b.buf.lkey), Sge(b.buf.addr + 64, 60, b.buf.lkey))
+    b.qp.post_recv(RecvWr(wr_id=1, sg_list=two))
+    b.qp.post_recv(RecvWr(wr_id=2, sg_list=two))
+    send(a, b"12345678")
+    (wc,) = b.wait()
+    assert (wc.wr_id, wc.status, wc.byte_len) == (1, WcStatus.SUCCESS, 8)
+    assert bytes(b.buf.buf[:10]) == b"12345678.." and bytes(b.buf.buf[64:66]) == b".."
+    send(a, b"abcdefghij", wr_id=3)
+    (wc,) = b.wait()
+    assert (wc.wr_id, wc.status, wc.byte_len) == (2, WcStatus.SUCCESS, 10)
+    assert bytes(b.buf.buf[:8]) == b"abcdefgh" and bytes(b.buf.buf[64:67]) == b"ij."
+    b.qp.post_recv(RecvWr(wr_id=4, sg_list=(Sge(b.buf.addr, 8, 12345), two[1])))
+    send(a, b"x", wr_id=5)
+    (wc,) = b.wait()
+    assert (wc.wr_id, wc.status) == (4, WcStatus.LOC_PROT_ERR)
+    assert bytes(b.buf.buf[:1]) == b"a"
+
+
 def test_rdma_read(pair: tuple[Side, Side]) -> None:
     """READ copies the peer's region into two local SGEs; no completion at the responder."""
     a, b = pair
