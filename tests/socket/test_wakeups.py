@@ -5,6 +5,8 @@ once (the progress thread takes over), not when some poller's sleep runs out."""
 from __future__ import annotations
 
 import select
+import subprocess
+import sys
 import threading
 import time
 
@@ -80,4 +82,53 @@ def test_an_answer_awaited_in_select_after_a_blocking_recv_is_taken_at_once() ->
             assert delays[len(delays) // 2] < 0.03, delays
         assert peer.recv()[0] == "SMCR"
     finally:
+        peer.stop()
+
+
+def _progress_switches() -> int:
+    """Voluntary context switches of this process's progress threads so far (each one a
+    wake-up of a thread that slept)."""
+    total = 0
+    for t in threading.enumerate():
+        if t.name == "smcr-progress" and t.native_id is not None:
+            with open(f"/proc/self/task/{t.native_id}/status") as f:
+                status = f.read()
+            total += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
+    return total
+
+
+def test_a_request_after_an_answer_rings_no_progress_thread() -> None:
+    """A client that sends a request and waits for its answer in a blocking ``recv``, round
+    after round, on a busy host (a CPU-bound process beside it): the peer, woken by the
+    request, often answers before the client is back in ``recv`` -- it preempts the
+    client right in the send's doorbell call -- and the answer rang the CQ's standby
+    arm, which the client's last ``recv`` had left: its progress thread woke, took the lock and
+    the GIL, and handed the answer over, 0.8 times a round trip (measured), on top of
+    the client's own work.  A send after a read now takes the standby arm over while it
+    posts, and looks once more after: the peer rings nobody, the client takes its
+    answer itself."""
+    rounds = 600
+    busy = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+    peer = Peer(smc_peer.echo_server)
+    try:
+        port = peer.recv()
+        with smcr.create_connection(("127.0.0.1", port), timeout=20) as conn:
+            assert conn.smc_info().mode == "SMCR"
+            conn.settimeout(None)
+            for _ in range(50):
+                conn.sendall(b"x" * 32)
+                assert conn.recv(100) == b"x" * 32
+            before = _progress_switches()
+            for i in range(rounds):
+                conn.sendall(i.to_bytes(32, "big"))
+                got = conn.recv(100)
+                while len(got) < 32:
+                    got += conn.recv(100)
+                assert got == i.to_bytes(32, "big")
+            woke = _progress_switches() - before
+        assert peer.recv()[0] == "SMCR"
+        assert woke < rounds // 10, f"{woke} progress wake-ups in {rounds} round trips"
+    finally:
+        busy.kill()
+        busy.wait()
         peer.stop()

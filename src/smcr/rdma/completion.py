@@ -182,12 +182,16 @@ class CompletionQueue:
             self._armed = 0
         return armed
 
-    def take_standby(self) -> None:
-        """Take a standby's arm, if armed so: a poller begins, and hears the news itself."""
+    def take_standby(self) -> bool:
+        """Take a standby's arm, if armed so: a poller begins, and hears the news itself.
+
+        :returns: whether it was armed so."""
         if self._armed == ARM_STANDBY:
             with self._lock:
                 if self._armed == ARM_STANDBY:
                     self._armed = 0
+                    return True
+        return False
 
     def rearm_sleeper(self) -> None:
         """Arm for a sleeper unless armed already (a provider that drained the doorbell in a

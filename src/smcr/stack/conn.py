@@ -189,12 +189,19 @@ class DataPath:
             if not 0 < n <= c.direct_room():
                 return -1
             local = ex.local_peer(hc, c)
-            armed = local and ex.cq.take_arm()
+            armed = ex.cq.take_arm() if local else 0
+            standby = False
+            wake = ex.wake
+            if wake.send_takes_standby and not local:  # (Progress.send_ended says why)
+                wake.send_takes_standby = False
+                standby = ex.cq.take_standby()
             try:
                 ex.send_inline(c, data, c.unanswered and not c.echo_pending and c.echo_wanted(n))
             finally:
                 if local:
                     ex.local_end(armed)
+                elif standby:
+                    self.progress.send_ended()
         else:
             ex.sends_unprocessed += 1
             if ex.sends_unprocessed >= SENDS_PER_PROCESS or c.sndbuf_space() < 4 * n:
@@ -313,6 +320,7 @@ class DataPath:
             return -1
         n = min(n, avail)
         ring_read(rmb, cons, out[:n])
+        ex.wake.send_takes_standby = True  # (a send after a read: Progress.send_ended)
         actions: list[Action] = []
         c.consumed(n, actions)
         if ex.local_peer(hc, c):  # (a consumer cursor update, when one went)

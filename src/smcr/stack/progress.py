@@ -209,9 +209,26 @@ class Progress:
             return
         ex = self.ex
         ex.cq.req_notify(ARM_STANDBY)
+        wake.send_takes_standby = True
         ex.process()
         if ex.clc.watch or time.monotonic() - began > STANDBY:
             wake.wake_progress()
+
+    def send_ended(self) -> None:
+        """After a send that took the CQ's standby arm (lock held): armed for the standby
+        again, and looked at once more for what came meanwhile without a ring.
+
+        Why a send takes it: a program that waits for answers in a blocking ``recv`` hands
+        the CQ to the standby at each return (:meth:`_hand_back`), then sends its next
+        request; the peer, woken by that send, often answers before this thread is back
+        in ``recv`` (on a busy host it preempts this thread right in the send's doorbell
+        call), and the answer rang the standing-by progress thread: a thread wake-up, the
+        lock and the GIL handed over, nearly every round trip.  Disarmed during the send,
+        the peer rings nobody, and this look takes its answer."""
+        cq = self.ex.cq
+        cq.req_notify(ARM_STANDBY)
+        if cq.has_completions():
+            self.ex.process()
 
     def _sleep_on_cq(self, left: float | None, spin: float = 0.0) -> None:
         """Sleep on the CQ descriptor (lock released) until news or the next deadline.

@@ -30,6 +30,12 @@ class Wakeups:
         """The thread ident of the application thread that polls."""
         self.app_polled = 0.0
         """When an application thread last polled (monotonic)."""
+        self.send_takes_standby = False
+        """The next send takes the CQ's standby arm over while it posts, if it is armed so
+        (:meth:`Progress.send_ended <smcr.stack.progress.Progress.send_ended>`): an
+        application thread handed the CQ to the standby, or read (a send after a read is a
+        request after an answer, whose answer may come at once).  The sends after it
+        leave the arm: a stream's sender would pay a disarm and a look per message."""
         self.standby_r, self.standby_w = _doorbell()
         """Rung by :meth:`wake_progress`: the progress thread's standby ends."""
         # a full doorbell already means a wake-up is pending: kick() must never block (it

@@ -180,14 +180,16 @@ class ShmCompletionQueue(CompletionQueue):
             return word
         return armed
 
-    def take_standby(self) -> None:
+    def take_standby(self) -> bool:
         """As :meth:`CompletionQueue.take_standby
         <smcr.rdma.completion.CompletionQueue.take_standby>`, the word too (a requester that
         reads 0 rings nobody: the poller looks)."""
-        super().take_standby()
+        taken = super().take_standby()
         notify = self._notify
         if not notify.closed and lay.U32.unpack_from(notify, ARMED)[0] == ARM_STANDBY:
             lay.U32.pack_into(notify, ARMED, 0)
+            return True
+        return taken
 
     def close(self) -> None:
         """Release the descriptors and the notification segment."""
