@@ -29,7 +29,9 @@
   polls no more, and the progress thread then woke for every message the writer sent,
   taking them one by one and the GIL with them (64 KiB writes fell from 1.4-1.8x TCP to
   0.95-1.3x).  A thread that begins to poll takes the arm back, so a stream whose
-  reader waits in ``recv`` rings nobody but that reader.
+  reader waits in ``recv`` rings nobody but that reader; and the first send after a read
+  holds the arm while it posts (:meth:`Progress.send_ended`), so that an answer that
+  comes before the thread is back in ``recv`` rings nobody either.
 """
 
 from __future__ import annotations
