@@ -48,7 +48,7 @@ def test_a_ring_drained_by_the_progress_thread_still_wakes_the_app_poller(
     monkeypatch.setattr(select, "epoll", lambda: Held(real_epoll()))
     standby = threading.Event()  # the progress thread gave polling up to the app thread
     made: list[Stack] = []  # (the progress thread may poll before Stack() returns)
-    stack = Stack()  # its progress thread polls through HeldPoll too
+    stack = Stack()  # its progress thread polls through Held too
     made.append(stack)
     a, b = socket.socketpair()
     woke: list[bool] = []
