@@ -88,6 +88,11 @@ class Progress:
         self._standby_poll = select.poll()
         self._standby_poll.register(self.wake.standby_r.fileno(), select.POLLIN)
         self._standby_poll.register(ex.cq.standby_fileno(), select.POLLIN)
+        clc = ex.clc
+        self._cq_fd, self._clc_fd, self._tcp_fd = (ex.cq.fileno(), clc.ep.fileno(),
+                                                   clc.tcp_ep.fileno())  # fmt: skip
+        """The descriptors every poller sleeps on beside its bell (each lives as long as
+        the runtime): which one woke a sleeper is told by number, with no call."""
         self._sleep_app = self._sleeper(self.wake.bell(False).fileno())
         self._sleep_bg = self._sleeper(self.wake.bell(True).fileno())
         self.thread = threading.Thread(target=self._progress_thread, name="smcr-progress",
@@ -99,8 +104,7 @@ class Progress:
         built per sleep cost a registration and a wait-queue entry per descriptor every
         message: a sleep on one descriptor is what TCP's blocked ``recv`` pays)."""
         ep = select.epoll()
-        clc = self.ex.clc
-        for fd in (self.ex.cq.fileno(), bell, clc.ep.fileno(), clc.tcp_ep.fileno()):
+        for fd in (self._cq_fd, bell, self._clc_fd, self._tcp_fd):
             ep.register(fd, select.EPOLLIN)
         return ep
 
@@ -265,14 +269,14 @@ class Progress:
             finally:
                 ex.lock.acquire()
             for fd, _ in r:
-                if fd == cq.fileno():
+                if fd == self._cq_fd:
                     cq.clear_signal()
-                elif fd == clc.ep.fileno():
+                elif fd == self._clc_fd:
                     for clc_fd, _ in clc.ep.poll(0):
                         hc = clc.watch.get(clc_fd)
                         if hc is not None:
                             ex.clc_read(hc)
-                elif fd == clc.tcp_ep.fileno():
+                elif fd == self._tcp_fd:
                     for ended in clc.ended():
                         ex.tcp_ended(ended)
                 else:  # our own doorbell (non-blocking)
