@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,6 @@ import pytest
 
 from tests.interop.guest import (
     FIGURES,
-    GUEST_PORT,
     NETNS,
     Guest,
     GuestPeer,
@@ -31,8 +31,7 @@ from tests.interop.guest import (
     ensure_image,
     netns_exists,
 )
-from tests.interop.kernel_exchange import GUEST_UEID
-from tests.interop.kernel_exchange import TOOL as KERNEL_TOOL
+from tests.interop.kernel_exchange import setup_kernel_smc
 
 TIMINGS: dict[str, float] = {}
 #: How long a session waits for another one on this machine to finish.
@@ -92,14 +91,13 @@ def _session(base: Path, t0: float) -> Iterator[Guest]:
     try:
         guest.boot()
         TIMINGS["boot_s"] = guest.boot_seconds
-        setup = guest.run("bash /mnt/host/tools/rxe-setup.sh", timeout=120)
-        assert "pyverbs ok" in setup, setup
+        guest.start_services()
         TIMINGS["setup_total_s"] = time.monotonic() - t0
-        guest.server = guest.run(
-            f"exec python3 -u /mnt/host/tools/rxe_peer.py {GUEST_PORT}", background=True)
         yield guest
     finally:
         guest.teardown()
+        if guest.restarts:
+            TIMINGS["guest_restarts"] = guest.restarts
         TIMINGS["session_s"] = time.monotonic() - t0
         run = base / "run"
         run.mkdir(parents=True, exist_ok=True)
@@ -108,7 +106,14 @@ def _session(base: Path, t0: float) -> Iterator[Guest]:
 
 @pytest.fixture
 def peers(rxe_guest: Guest) -> Iterator[tuple[HostPeer, GuestPeer]]:
-    """smcr's QP on 10.99.0.1 and a fresh rxe QP in the guest, not yet connected."""
+    """smcr's QP on 10.99.0.1 and a fresh rxe QP in the guest, not yet connected; none of
+    the guest kernel's links left to send into it (an earlier test's kernel SMC links,
+    or a guest restarted if they stay: :meth:`Guest.wait_kernel_links_gone`)."""
+    if not rxe_guest.wait_kernel_links_gone():
+        links = rxe_guest.kernel_links()
+        rxe_guest.restart()
+        warnings.warn(f"the guest's kernel kept its links (guest restarted): {links}",
+                      stacklevel=1)  # fmt: skip
     host = HostPeer()
     try:
         guest = GuestPeer(host)
@@ -131,6 +136,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 @pytest.fixture(scope="package")
 def kernel_smc(rxe_guest: Guest) -> Guest:
     """The guest with kernel SMC set up (pnet entry and UEID; rxe0 exists already)."""
-    out = rxe_guest.run(f"modprobe smc && modprobe smc_diag && {KERNEL_TOOL} setup", timeout=60)
-    assert json.loads(out.splitlines()[-1]) == {"ueids": [GUEST_UEID]}, out
+    setup_kernel_smc(rxe_guest)
     return rxe_guest

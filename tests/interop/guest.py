@@ -25,6 +25,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,11 @@ class Guest:
         self.console = base / "run" / f"g{index}.console"
         self.boot_seconds = 0.0
         self.server: str | None = None  # the pyverbs server's command id
+        self.restarts = 0
+        """Reboots by :meth:`restart` since the session began."""
+        self.setups: list[Callable[[Guest], None]] = []
+        """What :meth:`restart` does again after :meth:`start_services` (kernel SMC's
+        set-up, once a test asked for it)."""
 
     def boot(self) -> None:
         """Boot this guest (``boot.sh``; the namespace and bridge are made if missing)."""
@@ -179,6 +185,43 @@ class Guest:
         with contextlib.suppress(OSError):
             return "\n".join(self.console.read_text(errors="replace").splitlines()[-n:])
         return ""
+
+    def start_services(self) -> None:
+        """After :meth:`boot`: rxe0 on eth0 (``rxe-setup.sh``) and the pyverbs server that
+        :class:`GuestPeer` talks to, in the background."""
+        setup = self.run("bash /mnt/host/tools/rxe-setup.sh", timeout=120)
+        assert "pyverbs ok" in setup, setup
+        self.server = self.run(f"exec python3 -u /mnt/host/tools/rxe_peer.py {GUEST_PORT}",
+                               background=True)  # fmt: skip
+
+    def restart(self) -> None:
+        """A fresh boot of this guest with its services and :attr:`setups`, for a test
+        that found the guest's kernel stuck: the tests after it must not inherit that."""
+        self.stop()
+        self.boot()
+        self.start_services()
+        for setup in self.setups:
+            setup(self)
+        self.restarts += 1
+
+    def kernel_links(self) -> list[str]:
+        """The RC QPs the guest's kernel holds for itself (kernel SMC's links; ``comm``
+        in brackets, where a program's QP has its name): lines of ``rdma res show qp``."""
+        out = self.run("timeout 20 rdma res show qp", timeout=60)
+        return [line for line in out.splitlines()
+                if " type RC " in line and " comm [" in line]  # fmt: skip
+
+    def wait_kernel_links_gone(self, timeout: float = 20.0) -> bool:
+        """Whether the guest's kernel let go of all its links within ``timeout`` seconds.
+        A link whose peer went away is torn down within a second or two (its last SENDs
+        retried a few times to that peer's address: packets that would land in a later
+        test's QP there)."""
+        deadline = time.monotonic() + timeout
+        while self.kernel_links():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+        return True
 
     def teardown(self) -> None:
         """Stop the guest and delete the namespace (bounded; never raises)."""

@@ -47,6 +47,15 @@ _PORTS = itertools.count(20100)
 MARK_PORT = 9  # discard: the datagram that tells the capture is live
 
 
+def setup_kernel_smc(guest: Guest) -> None:
+    """Kernel SMC in the guest: its modules, the pnet entry of rxe0 and smcr's UEID (done
+    again should the guest be restarted: :meth:`Guest.restart`)."""
+    out = guest.run(f"modprobe smc && modprobe smc_diag && {TOOL} setup", timeout=60)
+    assert json.loads(out.splitlines()[-1]) == {"ueids": [GUEST_UEID]}, out
+    if setup_kernel_smc not in guest.setups:
+        guest.setups.append(setup_kernel_smc)
+
+
 def next_port() -> int:
     """A TCP port no earlier exchange of this session used."""
     return next(_PORTS)

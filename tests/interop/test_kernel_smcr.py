@@ -523,9 +523,36 @@ def second_rnic(guest: Guest) -> Iterator[None]:
         guest.run(f"{TOOL} pnet --eth eth1 --ib rxe1", timeout=60)
         yield
     finally:
-        guest.run("rdma link delete rxe1; ip addr flush dev eth1; ip link set eth1 down;"
-                  " sysctl -w net.ipv4.conf.all.arp_ignore=0 net.ipv4.conf.all.arp_announce=0",
-                  timeout=60)  # fmt: skip
+        remove_second_rnic(guest)
+
+
+RXE1_DELETE_S = 90.0
+"""How long the removal of rxe1 may take, in seconds (a second or two, usually)."""
+
+
+def remove_second_rnic(guest: Guest) -> None:
+    """Undo :func:`second_rnic`.  Should the guest's kernel hang removing rxe1 (seen once
+    in CI after the failover test: ``rdma link delete`` blocked for good, and the kernel's
+    QP on rxe1 went on sending to 10.99.0.1, into the QPs of the rxe tests after), the
+    guest is booted afresh and a warning carries what its kernel showed then (the blocked
+    task's stack, its QPs, its log): the tests after start from a clean guest, and the
+    hang is reported, not hidden."""
+    ident = guest.run("rdma link delete rxe1", background=True)
+    try:
+        guest.wait(ident, RXE1_DELETE_S, "rdma link delete rxe1")
+    except RuntimeError:
+        seen = "(the guest did not answer)"
+        with contextlib.suppress(RuntimeError):
+            seen = guest.run("for p in $(pgrep -x rdma); do echo \"task $p:\"; cat /proc/$p/stack;"
+                             f" done; timeout 10 rdma res show qp; timeout 10 {TOOL} lgrs;"
+                             " dmesg | tail -40; true", timeout=60)  # fmt: skip
+        guest.restart()
+        warnings.warn(f"the guest's kernel hung removing rxe1 (guest restarted):\n{seen}",
+                      stacklevel=1)  # fmt: skip
+        return
+    guest.run("ip addr flush dev eth1; ip link set eth1 down;"
+              " sysctl -w net.ipv4.conf.all.arp_ignore=0 net.ipv4.conf.all.arp_announce=0",
+              timeout=60)  # fmt: skip
 
 
 def test_the_kernels_second_link_is_accepted_live(kernel_smc: Guest) -> None:
