@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -89,3 +90,14 @@ def pcap_frames(path: Path | str) -> Iterator[bytes]:
     with RawPcapReader(str(path)) as reader:
         for frame, _meta in reader:
             yield bytes(frame)
+
+
+def voluntary_switches(name: str) -> int:
+    """How often the thread ``name`` of this process went to sleep so far (each time, a
+    wake-up after it)."""
+    thread = next(t for t in threading.enumerate() if t.name == name)
+    with open(f"/proc/self/task/{thread.native_id}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches line")

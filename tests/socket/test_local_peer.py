@@ -19,16 +19,7 @@ import smcr
 from smcr.socket import acceptq
 from tests.socket.conftest import Peer
 from tests.socket.smc_peer import echo_client, echo_server, host
-
-
-def _voluntary_switches(name: str) -> int:
-    """How often the thread ``name`` of this process went to sleep so far."""
-    thread = next(t for t in threading.enumerate() if t.name == name)
-    with open(f"/proc/self/task/{thread.native_id}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("voluntary_ctxt_switches:"):
-                return int(line.split()[1])
-    raise AssertionError("no voluntary_ctxt_switches line")
+from tests.support import voluntary_switches
 
 
 def _round_trip(a: socket.socket, b: socket.socket, data: bytes) -> None:
@@ -60,11 +51,11 @@ def test_messages_between_ends_in_one_process_leave_the_progress_thread_asleep()
             client.setblocking(False)
             server.setblocking(False)
             _round_trip(client, server, b"warm")
-            before = _voluntary_switches("smcr-progress")
+            before = voluntary_switches("smcr-progress")
             for i in range(200):
                 _round_trip(client, server, b"x%03d" % i)
                 _round_trip(server, client, b"y%03d" % i)
-            woken = _voluntary_switches("smcr-progress") - before
+            woken = voluntary_switches("smcr-progress") - before
             # before: about three wake-ups a message (each CDC rang the CQ it sleeps on)
             assert woken < 100, f"the progress thread woke {woken} times for 400 messages"
 

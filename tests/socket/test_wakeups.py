@@ -13,6 +13,7 @@ import time
 import smcr
 from tests.socket import smc_peer
 from tests.socket.conftest import Peer
+from tests.support import voluntary_switches
 
 TRIALS = 10
 
@@ -85,18 +86,6 @@ def test_an_answer_awaited_in_select_after_a_blocking_recv_is_taken_at_once() ->
         peer.stop()
 
 
-def _progress_switches() -> int:
-    """Voluntary context switches of this process's progress threads so far (each one a
-    wake-up of a thread that slept)."""
-    total = 0
-    for t in threading.enumerate():
-        if t.name == "smcr-progress" and t.native_id is not None:
-            with open(f"/proc/self/task/{t.native_id}/status") as f:
-                status = f.read()
-            total += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
-    return total
-
-
 def test_a_request_after_an_answer_rings_no_progress_thread() -> None:
     """A client that sends a request and waits for its answer in a blocking ``recv``, round
     after round, on a busy host (a CPU-bound process beside it): the peer, woken by the
@@ -118,14 +107,14 @@ def test_a_request_after_an_answer_rings_no_progress_thread() -> None:
             for _ in range(50):
                 conn.sendall(b"x" * 32)
                 assert conn.recv(100) == b"x" * 32
-            before = _progress_switches()
+            before = voluntary_switches("smcr-progress")
             for i in range(rounds):
                 conn.sendall(i.to_bytes(32, "big"))
                 got = conn.recv(100)
                 while len(got) < 32:
                     got += conn.recv(100)
                 assert got == i.to_bytes(32, "big")
-            woke = _progress_switches() - before
+            woke = voluntary_switches("smcr-progress") - before
         assert peer.recv()[0] == "SMCR"
         assert woke < rounds // 10, f"{woke} progress wake-ups in {rounds} round trips"
     finally:
