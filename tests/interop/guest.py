@@ -100,6 +100,10 @@ def netns_exists(name: str = NETNS) -> bool:
     return any(line.split()[0] == name for line in out.stdout.splitlines() if line.strip())
 
 
+class GuestTimeoutError(RuntimeError):
+    """A guest command that did not end within its time (:meth:`Guest.wait`)."""
+
+
 class Guest:
     """One booted guest (g1, or with ``index`` 2 g2 at 10.99.0.12), driven through the 9p
     agent of the image."""
@@ -156,7 +160,7 @@ class Guest:
     def wait(self, ident: str, timeout: float, command: str = "") -> str:
         """Wait for a command started with ``background=True`` to end; its output.
 
-        :raises RuntimeError: as :meth:`run`.
+        :raises RuntimeError: as :meth:`run` (:class:`GuestTimeoutError` when it timed out).
         """
         command = command or ident
         out, rc = self.share / "out" / f"{ident}.out", self.share / "out" / f"{ident}.rc"
@@ -164,7 +168,8 @@ class Guest:
         while not rc.exists():
             if time.monotonic() > deadline:
                 text = self.output(ident)
-                raise RuntimeError(f"guest command timed out: {command}\n{text}\n{self.tail()}")
+                raise GuestTimeoutError(f"guest command timed out: {command}\n{text}\n"
+                                        f"{self.tail()}")  # fmt: skip
             time.sleep(0.1)
         text = out.read_text(errors="replace")
         status = int(rc.read_text().strip() or "255")

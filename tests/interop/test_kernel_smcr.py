@@ -47,7 +47,7 @@ from smcr.wire.clc import ClcAccept, ClcConfirm, ClcDecline, ClcProposal, make_e
 from smcr.wire.clc_header import SmcType
 from smcr.wire.decline import DeclineCode
 from smcr.wire.roce_packet import verify_icrc
-from tests.interop.guest import FIGURES, GUEST_IP, HOST_IP, NETNS, Guest
+from tests.interop.guest import FIGURES, GUEST_IP, HOST_IP, NETNS, Guest, GuestTimeoutError
 from tests.interop.kernel_exchange import (
     GUEST_UEID,
     MB,
@@ -540,7 +540,7 @@ def remove_second_rnic(guest: Guest) -> None:
     ident = guest.run("rdma link delete rxe1", background=True)
     try:
         guest.wait(ident, RXE1_DELETE_S, "rdma link delete rxe1")
-    except RuntimeError:
+    except GuestTimeoutError:
         seen = "(the guest did not answer)"
         with contextlib.suppress(RuntimeError):
             seen = guest.run("for p in $(pgrep -x rdma); do echo \"task $p:\"; cat /proc/$p/stack;"
