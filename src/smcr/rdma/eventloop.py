@@ -99,23 +99,30 @@ class Engine:
         timer = Timer(deadline, fn)
         with self._lock:
             heapq.heappush(self._timers, (deadline, next(self._seq), timer))
-            first = self._timers[0][_TIMER] is timer
-        if first and not self.in_engine():
-            self._ring()
+            if self._timers[0][_TIMER] is timer and not self.in_engine():
+                self._ring()
         return timer
 
     def _ring(self) -> None:
-        with contextlib.suppress(OSError):
-            os.eventfd_write(self._bell, 1)
+        """Wake the thread (lock held: :meth:`stop` closes the bell under it, and a write
+        to its number afterwards would land in whatever descriptor took the number)."""
+        if self._bell >= 0:
+            with contextlib.suppress(OSError):
+                os.eventfd_write(self._bell, 1)
 
     def stop(self) -> None:
-        """Stop the thread, wait for it (bounded), and release the loop's descriptors."""
+        """Stop the thread, wait for it (bounded), and release the loop's descriptors
+        (once: a second call does nothing)."""
         self._running = False
         if not self.in_engine():
-            self._ring()
+            with self._lock:
+                self._ring()
             self._worker.join(timeout=5.0)
-        self._epoll.close()
-        os.close(self._bell)
+        with self._lock:
+            self._epoll.close()
+            if self._bell >= 0:
+                os.close(self._bell)
+                self._bell = -1
 
     def _next_timeout(self) -> float:
         with self._lock:
@@ -140,9 +147,11 @@ class Engine:
             except OSError:
                 return  # the loop was closed under us: stop() is in progress
             for fd, mask in events:
+                if self._bell < 0:
+                    return  # stop() closed the descriptors these name (its wait timed out)
                 if fd == self._bell:
                     with contextlib.suppress(OSError):
-                        os.eventfd_read(self._bell)
+                        os.eventfd_read(fd)
                     continue
                 handler = self._handlers.get(fd)
                 if handler is not None:
