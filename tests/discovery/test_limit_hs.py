@@ -43,12 +43,17 @@ def silent_client(addr: tuple[str, int]) -> socket.socket:
 
 def handshakes_running(srv: smcr.SMCSocket, count: int) -> None:
     """Wait until the listener runs ``count`` handshakes (its clients came in the
-    background)."""
+    background).  The count is read under the queue's lock, which the ports map's
+    update shares with it: once it reads ``count`` the map says so too."""
     queue = srv._queue
     assert queue is not None
     deadline = time.monotonic() + 20
-    while queue.pending != count:
-        assert time.monotonic() < deadline, queue.pending
+    while True:
+        with queue.lock:
+            pending = queue.pending
+        if pending == count:
+            return
+        assert time.monotonic() < deadline, pending
         time.sleep(0.01)
 
 
