@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from smcr.rdma import AccessFlag, QpState, RecvWr, SendFlag, SendWr, Sge, WcStatus, WrOpcode
+from smcr.rdma.shm import layout as lay
 from tests.rdma.rdma_helpers import RW, Side, make_side
 from tests.rdma.shm_peer import RMB_SIZE, enter_new_netns, peer_main
 
@@ -251,7 +252,8 @@ def test_no_leaks_after_close(shm_dir: Path) -> None:
         assert p.ask("post_recv", 1) == "ok"
         local.buf.buf[:8] = b"leakfree"
         local.qp.post_send([write_wr(local, p, 0, 8), send_wr(local, 0, 8, 1)])
-        assert local.wait()[0].status is WcStatus.SUCCESS
+        (wc,) = local.wait()
+        assert wc.status is WcStatus.SUCCESS, f"{wc.status!r}; {_peer_area(local)}"
         assert p.ask("wait", 1, 5.0, 0, 8)[0][4] == b"leakfree"
         assert p.ask("close") == "closed"
         p.proc.join(10)
@@ -261,6 +263,15 @@ def test_no_leaks_after_close(shm_dir: Path) -> None:
     assert _fds() == fds_before
     assert set(os.listdir("/dev/shm")) == shm_before
     assert list(shm_dir.glob("*.sock")) == []
+
+
+def _peer_area(local: Side) -> str:
+    """The peer's receive area header as this process maps it (for a failure's message)."""
+    peer = local.qp._peer
+    if peer is None:
+        return "no peer mapped"
+    return (f"peer area header {lay.AREA_HEADER.unpack_from(peer.area, 0)} "
+            f"({len(peer.area)} bytes), depth {peer.depth}, slot size {peer.slot_size}")
 
 
 def _can_unshare() -> bool:

@@ -132,6 +132,9 @@ class PeerLink:
             depth, slot_size = hdr[lay.HDR_DEPTH], hdr[lay.HDR_SLOT_SIZE]
             if (not depth or len(area) < lay.area_size(depth, slot_size)
                     or (notify is not None and len(notify) < 4)):  # fmt: skip
+                what = (f"peer receive area is malformed: depth {depth}, slot size {slot_size}"
+                        f", {len(area)} bytes (header {bytes(area[:32]).hex()})"
+                        f", notify {len(notify) if notify is not None else '-'} bytes")  # fmt: skip
                 area.close()
                 table.close()
                 bell.close()
@@ -139,7 +142,7 @@ class PeerLink:
                     notify.close()
                 if standby_bell is not None:
                     standby_bell.close()
-                raise VerbsError(errno.EPROTO, "peer receive area is malformed")
+                raise VerbsError(errno.EPROTO, what)
         except BaseException:
             sock.close()
             raise
