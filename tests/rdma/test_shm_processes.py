@@ -252,7 +252,7 @@ def test_no_leaks_after_close(shm_dir: Path) -> None:
         assert p.ask("post_recv", 1) == "ok"
         local.buf.buf[:8] = b"leakfree"
         local.qp.post_send([write_wr(local, p, 0, 8), send_wr(local, 0, 8, 1)])
-        (wc,) = local.wait()
+        wc = local.wait()[0]
         assert wc.status is WcStatus.SUCCESS, f"{wc.status!r}; {_peer_area(local)}"
         assert p.ask("wait", 1, 5.0, 0, 8)[0][4] == b"leakfree"
         assert p.ask("close") == "closed"
