@@ -29,6 +29,7 @@ Design (the why of each):
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -177,8 +178,10 @@ class PortWatcher:
                         break
                 except BlockingIOError:
                     break
-                except OSError:  # ENOBUFS: messages were lost; the re-read below covers it
-                    continue
+                except OSError as exc:
+                    if exc.errno == errno.ENOBUFS:  # lost messages: the re-read covers them
+                        continue
+                    return  # (closed under us: close()'s join gave up; nothing to watch)
             self.check()
 
     def check(self) -> None:
