@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.run.suites import record_times, run_suite
+from tests.run.suites import record_times, run_suite, side_by_side
 from tests.run.test_cpython import smc_connections
 
 MODULES = [
@@ -43,8 +43,7 @@ def test_twisted_suite_passes_under_smcr_run_as_without(tmp_path: Path) -> None:
     pytest.importorskip("twisted")  # (the test extra installs it; CI fails on a skip)
     pytest.importorskip("hamcrest")
     env = dict(os.environ, SMCR_DIAG_DIR=str(tmp_path / "diag"))
-    plain = run_suite(SUITE, False, env, tmp_path, RESULT)
-    smc = run_suite(SUITE, True, env, tmp_path, RESULT)
+    plain, smc = side_by_side(lambda smcr: run_suite(SUITE, smcr, env, tmp_path, RESULT))
     assert plain.status == 0 and plain.result.startswith("PASSED"), plain.output[-4000:]
     assert smc.outcome == plain.outcome, smc.output[-6000:]
     assert smc_connections(env) > 0
