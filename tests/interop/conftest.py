@@ -1,8 +1,9 @@
 """Fixtures of the rxe interop suite: one guest per session, one fresh QP pair per test.
 
-The session fixture builds the image if it is not cached, boots one guest,
-creates rxe0 in it and starts its pyverbs server; whatever happens, it stops
-the guest and deletes netns smcnet at the end (and before, if a crashed run
+The session fixture builds the image if it is not cached, boots one guest (and g2 at
+the same time when a test of the session needs it, paused until then), creates rxe0 in
+it and starts its pyverbs server; whatever happens, it stops the guests and deletes
+netns smcnet at the end (and before, if a crashed run
 left them).  Timings go to ``$KVM_BASE/run/interop-timings.json`` and to the
 terminal summary, so the cost of the suite is visible in every CI log.
 """
@@ -31,7 +32,7 @@ from tests.interop.guest import (
     ensure_image,
     netns_exists,
 )
-from tests.interop.kernel_exchange import setup_kernel_smc
+from tests.interop.kernel_exchange import SECOND_GUEST_SETUP, check_setup, setup_kernel_smc
 
 TIMINGS: dict[str, float] = {}
 #: How long a session waits for another one on this machine to finish.
@@ -48,8 +49,12 @@ def _skip_reason() -> str | None:
     return None
 
 
+SECOND_GUEST_TESTS = ("test_kernel_to_kernel_figures",)
+"""The tests that use g2 beside g1: when the session runs one, g2 boots with g1."""
+
+
 @pytest.fixture(scope="package")
-def rxe_guest() -> Iterator[Guest]:
+def rxe_guest(request: pytest.FixtureRequest) -> Iterator[Guest]:
     """The booted guest, for this package's tests only: it goes (and its lock with it) once
     they are done, not at the end of the run.  Why: an idle guest under TCG still takes
     about half a CPU, which the rest of a run (most of it) would share with it."""
@@ -75,12 +80,16 @@ def rxe_guest() -> Iterator[Guest]:
     TIMINGS["lock_wait_s"] = time.monotonic() - t0
     t0 = time.monotonic()
     try:
-        yield from _session(base, t0)
+        second = any(item.originalname in SECOND_GUEST_TESTS for item in request.session.items
+                     if isinstance(item, pytest.Function))  # fmt: skip
+        yield from _session(base, t0, second)
     finally:
         lock.close()
 
 
-def _session(base: Path, t0: float) -> Iterator[Guest]:
+def _session(base: Path, t0: float, second: bool) -> Iterator[Guest]:
+    """g1 booted with its services; with ``second``, g2 booted at the same time and paused
+    (``guest.second``) for the test that needs it, instead of a boot of its own there."""
     TIMINGS["image_build_s"] = ensure_image(base)
     guest = Guest(base)
     # a crashed earlier run may have left its guest and namespace: ours by the pidfile
@@ -89,9 +98,17 @@ def _session(base: Path, t0: float) -> Iterator[Guest]:
     if netns_exists():
         pytest.fail(f"netns {NETNS} is in use by something else")
     try:
-        guest.boot()
+        if second:  # g2's set-up runs while g1's services start
+            g2 = guest.second = Guest(base, index=2)
+            guest.boot(g2)
+            g2_setup = g2.run(SECOND_GUEST_SETUP, background=True)
+        else:
+            guest.boot()
         TIMINGS["boot_s"] = guest.boot_seconds
         guest.start_services()
+        if guest.second is not None:
+            check_setup(guest.second.wait(g2_setup, 120, SECOND_GUEST_SETUP))
+            guest.second.pause()
         TIMINGS["setup_total_s"] = time.monotonic() - t0
         yield guest
     finally:

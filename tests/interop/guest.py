@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -117,18 +118,55 @@ class Guest:
         self.server: str | None = None  # the pyverbs server's command id
         self.restarts = 0
         """Reboots by :meth:`restart` since the session began."""
+        self.second: Guest | None = None
+        """g2, booted beside g1 and paused, for the session's test that needs it (see
+        ``conftest._session``)."""
         self.setups: list[Callable[[Guest], None]] = []
         """What :meth:`restart` does again after :meth:`start_services` (kernel SMC's
         set-up, once a test asked for it)."""
 
-    def boot(self) -> None:
-        """Boot this guest (``boot.sh``; the namespace and bridge are made if missing)."""
+    def boot(self, *together: Guest) -> None:
+        """Boot this guest (``boot.sh``; the namespace and bridge are made if missing), and
+        the guests ``together`` (the next indexes) at the same time: one TCG vCPU each, so
+        on two CPUs two boots take about as long as one."""
         t0 = time.monotonic()
-        subprocess.run(["bash", str(HARNESS / "boot.sh"), str(self.index)],
+        last = self.index + len(together)
+        assert [g.index for g in together] == list(range(self.index + 1, last + 1)), together
+        subprocess.run(["bash", str(HARNESS / "boot.sh"), str(last)],
                        env=_env(self.base) | {"WAIT": "1", "FIRST": str(self.index)},
                        check=True, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                        timeout=BOOT_TIMEOUT)  # fmt: skip
-        self.boot_seconds = time.monotonic() - t0
+        for guest in (self, *together):
+            guest.boot_seconds = time.monotonic() - t0
+
+    def monitor(self, command: str, timeout: float = 10.0) -> str:
+        """One command to this guest's QEMU monitor (HMP on ``run/gN.mon``); its answer."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as mon:
+            mon.settimeout(timeout)
+            mon.connect(str(self.base / "run" / f"g{self.index}.mon"))
+            prompt, seen = b"(qemu) ", b""
+            while not seen.endswith(prompt):  # the banner, then the first prompt
+                chunk = mon.recv(4096)
+                assert chunk, f"monitor closed: {seen!r}"
+                seen += chunk
+            mon.sendall(command.encode() + b"\n")
+            seen = b""
+            while not seen.endswith(prompt):
+                chunk = mon.recv(4096)
+                assert chunk, f"monitor closed: {seen!r}"
+                seen += chunk
+            return seen[: -len(prompt)].decode(errors="replace")
+
+    def pause(self) -> None:
+        """Stop this guest's vCPU (QEMU keeps it, costing no CPU) until :meth:`resume`;
+        its clocks stop with it."""
+        self.monitor("stop")
+        assert "paused" in self.monitor("info status")
+
+    def resume(self) -> None:
+        """Run a guest :meth:`pause` stopped."""
+        self.monitor("cont")
+        assert "running" in self.monitor("info status")
 
     def stop(self) -> None:
         """Stop this guest's QEMU (its pidfile), leaving the others and the namespace."""

@@ -47,11 +47,26 @@ _PORTS = itertools.count(20100)
 MARK_PORT = 9  # discard: the datagram that tells the capture is live
 
 
+RXE0 = ("modprobe rdma_rxe && rdma link add rxe0 type rxe netdev eth0 && for _ in $(seq 100);"
+        " do grep -qs ffff:0a63 /sys/class/infiniband/rxe0/ports/1/gids/* && break;"
+        " sleep 0.1; done")
+"""rxe0 on eth0 and its RoCE v2 GID (rxe-setup.sh without the pyverbs check, seconds under
+TCG: the kernel's SMC-R needs no pyverbs)."""
+KERNEL_SMC_SETUP = f"modprobe smc && modprobe smc_diag && {TOOL} setup"
+"""Kernel SMC's modules, the pnet entry of rxe0 and smcr's UEID (``check_setup``)."""
+SECOND_GUEST_SETUP = f"{RXE0} && {KERNEL_SMC_SETUP}"
+"""g2's whole set-up for kernel SMC-R: rxe0 and kernel SMC (about 40 s under TCG)."""
+
+
+def check_setup(out: str) -> None:
+    """The output of :data:`KERNEL_SMC_SETUP` says the UEID table is smcr's."""
+    assert json.loads(out.splitlines()[-1]) == {"ueids": [GUEST_UEID]}, out
+
+
 def setup_kernel_smc(guest: Guest) -> None:
     """Kernel SMC in the guest: its modules, the pnet entry of rxe0 and smcr's UEID (done
     again should the guest be restarted: :meth:`Guest.restart`)."""
-    out = guest.run(f"modprobe smc && modprobe smc_diag && {TOOL} setup", timeout=60)
-    assert json.loads(out.splitlines()[-1]) == {"ueids": [GUEST_UEID]}, out
+    check_setup(guest.run(KERNEL_SMC_SETUP, timeout=60))
     if setup_kernel_smc not in guest.setups:
         guest.setups.append(setup_kernel_smc)
 
