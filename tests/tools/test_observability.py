@@ -206,15 +206,19 @@ def test_closing_states_and_linkgroups(env: dict[str, str], procs: Callable[...,
     assert client.p.stdout is not None and client.p.stdout.readline().strip() == "closed"
 
     def server_state() -> str:
+        """The server connection's state once it is no longer ACTIVE ("gone" once it has
+        left the table); "" while it is ACTIVE (wait_for goes on)."""
         rows = smcr_json(env, "ss", "-a")["sockets"]
         states = [r["state"] for r in rows if r["pid"] == server.p.pid and r["mode"] == "SMCR"
                   and r["state"] != "LISTEN"]  # fmt: skip
-        return states[0] if states and states[0] != "ACTIVE" else ""
+        if not states:
+            return "gone"
+        return states[0] if states[0] != "ACTIVE" else ""
 
     # the echo server read EOF and closed too: its side passes through the closing states
     state = wait_for(server_state)
     assert state in ("PEERCLOSEWAIT1", "PEERCLOSEWAIT2", "APPCLOSEWAIT1", "APPCLOSEWAIT2",
-                     "APPFINCLOSEWAIT1", "PEERFINCLOSEWAIT", "CLOSED", ""), state
+                     "APPFINCLOSEWAIT1", "PEERFINCLOSEWAIT", "CLOSED", "gone"), state
 
 
 def test_stats_totals_across_processes_with_an_exited_one(env: dict[str, str],
