@@ -107,8 +107,13 @@ def _session(base: Path, t0: float, second: bool) -> Iterator[Guest]:
         TIMINGS["boot_s"] = guest.boot_seconds
         guest.start_services()
         if guest.second is not None:
-            check_setup(guest.second.wait(g2_setup, 120, SECOND_GUEST_SETUP))
-            guest.second.pause()
+            try:
+                check_setup(guest.second.wait(g2_setup, 120, SECOND_GUEST_SETUP))
+                guest.second.pause()
+            except Exception as exc:  # (its test boots g2 itself, and says what fails)
+                guest.second.stop()
+                guest.second = None
+                warnings.warn(f"g2 not ready beside g1: {exc}", stacklevel=1)
         TIMINGS["setup_total_s"] = time.monotonic() - t0
         yield guest
     finally:

@@ -101,6 +101,16 @@ def netns_exists(name: str = NETNS) -> bool:
     return any(line.split()[0] == name for line in out.stdout.splitlines() if line.strip())
 
 
+def _until_prompt(mon: socket.socket) -> str:
+    """What the QEMU monitor says up to its next prompt (the prompt left out)."""
+    prompt, seen = b"(qemu) ", b""
+    while not seen.endswith(prompt):
+        chunk = mon.recv(4096)
+        assert chunk, f"monitor closed: {seen!r}"
+        seen += chunk
+    return seen[: -len(prompt)].decode(errors="replace")
+
+
 class GuestTimeoutError(RuntimeError):
     """A guest command that did not end within its time (:meth:`Guest.wait`)."""
 
@@ -144,18 +154,9 @@ class Guest:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as mon:
             mon.settimeout(timeout)
             mon.connect(str(self.base / "run" / f"g{self.index}.mon"))
-            prompt, seen = b"(qemu) ", b""
-            while not seen.endswith(prompt):  # the banner, then the first prompt
-                chunk = mon.recv(4096)
-                assert chunk, f"monitor closed: {seen!r}"
-                seen += chunk
+            _until_prompt(mon)  # (the banner)
             mon.sendall(command.encode() + b"\n")
-            seen = b""
-            while not seen.endswith(prompt):
-                chunk = mon.recv(4096)
-                assert chunk, f"monitor closed: {seen!r}"
-                seen += chunk
-            return seen[: -len(prompt)].decode(errors="replace")
+            return _until_prompt(mon)
 
     def pause(self) -> None:
         """Stop this guest's vCPU (QEMU keeps it, costing no CPU) until :meth:`resume`;
