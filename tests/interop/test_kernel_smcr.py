@@ -1029,12 +1029,13 @@ def test_kernel_to_kernel_figures(kernel_smc: Guest) -> None:
     their smc_diag; g2 is stopped afterwards.  g2 was booted and set up beside g1 when the
     session began, and paused since (its TCG boot and set-up cost about 100 s here), or
     boots now if it was not."""
-    g2, kernel_smc.second = kernel_smc.second or Guest(kernel_smc.base, index=2), None
+    prepared, kernel_smc.second = kernel_smc.second, None
+    g2 = prepared or Guest(kernel_smc.base, index=2)
     # g1 would keep its idle link group with g2 for minutes (SMC_LGR_FREE_DELAY_CLNT); with
     # a short keepalive, taken when the group is made, it finds g2 gone within seconds
     kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=1", timeout=30)
     try:
-        if g2.boot_seconds:  # (booted and set up beside g1: conftest._session)
+        if prepared is not None:  # (booted and set up beside g1: conftest._session)
             g2.resume()
         else:
             g2.boot()
