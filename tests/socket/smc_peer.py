@@ -343,3 +343,76 @@ def two_conn_server(ctl: Connection) -> None:
         second.sendall(b"y")
     first.close()
     second.close()
+
+
+def standby_client(ctl: Connection, port: int, rounds: int) -> None:
+    """A blocking request/response client in a process of its own (its runtime has never
+    watched a readiness descriptor): after each answer, whether the CQ was left armed for
+    the progress thread's standby, in rounds whose answer is there before the ``recv`` (a
+    2 ms pause after the request), right after an arm made while something else needed
+    it, and in rounds whose answer the ``recv`` waits for; then the same after
+    ``fileno()``.  Reports ``(armed in rounds before fileno(), armed right after fileno()
+    or the progress thread polling, armed in rounds after)``."""
+    from smcr.rdma.completion import ARM_STANDBY  # noqa: PLC0415
+
+    conn = smcr.create_connection((host(), port), timeout=20)
+    assert conn.smc_info().mode == "SMCR"
+    stack = conn._stack
+    assert stack is not None
+    cq = stack.ex.cq
+
+    def round_trips(pause: float = 0.0) -> int:
+        armed = 0
+        for i in range(rounds):
+            conn.sendall(i.to_bytes(4, "big"))
+            if pause:
+                time.sleep(pause)
+            got = b""
+            while len(got) < 4:
+                got += conn.recv(4 - len(got))
+            assert got == i.to_bytes(4, "big")
+            with stack.ex.lock:
+                armed += cq._armed == ARM_STANDBY
+        return armed
+
+    with stack.ex.lock:  # (as a hand-back does while a close or a handshake is under way)
+        stack.progress.arm_standby()
+    before = round_trips(0.002) + round_trips()
+    conn.fileno()
+    with stack.ex.lock:  # (the progress thread may poll the CQ itself by now: no arm needed)
+        at_fileno = cq._armed == ARM_STANDBY or stack.wake.poller == "bg"
+    after = round_trips()
+    conn.close()
+    ctl.send((before, at_fileno, after))
+
+
+def waiting_client(ctl: Connection, port: int) -> None:
+    """Two threads of one client, each in a blocking ``recv`` on one of two connections
+    (:func:`two_conn_server`): the first polls, the second waits on its connection's
+    condition.  Reports, once the first has its byte: whether the runtime counted the
+    waiting thread and would keep the CQ armed for the standby, and whether the second
+    thread then had its byte; then the count once both are done."""
+    first = smcr.create_connection((host(), port), timeout=20)
+    second = smcr.create_connection((host(), port), timeout=20)
+    stack = first._stack
+    assert stack is not None and second._stack is stack
+    firsts, seconds = threading.Event(), threading.Event()
+    polling = threading.Thread(target=lambda: firsts.set() if first.recv(1) else None)
+    polling.start()
+    time.sleep(0.2)  # (it polls)
+    waiting = threading.Thread(target=lambda: seconds.set() if second.recv(1) else None)
+    waiting.start()
+    time.sleep(0.2)  # (it waits on its condition)
+    with stack.ex.lock:
+        counted = stack.wake.waiting
+        needed = stack.progress.standby_needed()
+    ctl.send((counted, needed))
+    assert ctl.recv() == "read"
+    got = firsts.wait(10) and seconds.wait(10)
+    polling.join(10)
+    waiting.join(10)
+    with stack.ex.lock:
+        left = stack.wake.waiting
+    ctl.send((got, left))
+    first.close()
+    second.close()

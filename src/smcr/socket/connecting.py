@@ -152,6 +152,7 @@ class Connecting:
         if sock._mode == "SMCR":
             hc.readiness = self.readiness
             sock._stack.update_readiness(hc)
+            sock._stack.readiness_watched()
             sock._connecting = None  # the descriptor now belongs to the connection
             return
         err = 0 if sock._mode == "TCP" else handshake.failure_errno(hc)

@@ -547,6 +547,7 @@ class DataPath:
                 hc.readiness = Readiness()
                 hc.readiness.set_blocking(blocking)
                 ex.update_readiness(hc)
+                self.stack.readiness_watched()
             return hc.readiness
 
     # ================================================================ closing

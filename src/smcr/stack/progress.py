@@ -17,21 +17,24 @@
   may watch it for up to :data:`SPIN` while a CPU is free (:mod:`smcr.stack.spin`): an
   answer that comes within microseconds then costs no doorbell, no sleep and no wakeup
   on either side.
-* **News between two polls is heard at once.**  When an application thread stops
-  polling (its ``recv`` returned), it arms the CQ for the progress thread's standby
-  (:data:`~smcr.rdma.completion.ARM_STANDBY`) and looks once more.  A program that then waits
-  elsewhere (``select`` on the connection's readiness descriptor) has its peer's answer
-  taken by the standing-by progress thread when it comes, not at the next look-in (up to
-  :data:`STANDBY_IDLE` later): a peer's SEND rings the standby doorbell.  The arm is
-  good for one ring; after it the progress thread looks in every :data:`STANDBY` and
-  takes the CQ over when no application thread polled for that long.  Arming it again
-  after each ring cost streams: a reader that finds its bytes there without waiting
-  polls no more, and the progress thread then woke for every message the writer sent,
-  taking them one by one and the GIL with them (64 KiB writes fell from 1.4-1.8x TCP to
-  0.95-1.3x).  A thread that begins to poll takes the arm back, so a stream whose
-  reader waits in ``recv`` rings nobody but that reader; and the first send after a read
-  holds the arm while it posts (:meth:`Progress.send_ended`), so that an answer that
-  comes before the thread is back in ``recv`` rings nobody either.
+* **News between two polls is heard at once** by whoever may await it.  When an
+  application thread stops polling (its ``recv`` returned) and someone may await what
+  comes before its next call (:meth:`Progress.standby_needed`: the program watched a
+  readiness descriptor, another thread waits, handshakes or closes are under way), it
+  arms the CQ for the progress thread's standby (:data:`~smcr.rdma.completion.ARM_STANDBY`)
+  and looks once more; a program that only waits in its own calls takes the news at its
+  next one.  A program that then waits elsewhere (``select`` on the connection's readiness
+  descriptor) has its peer's answer taken by the standing-by progress thread when it
+  comes, not at the next look-in (up to :data:`STANDBY_IDLE` later): a peer's SEND rings
+  the standby doorbell.  The arm is good for one ring; after it the progress thread looks
+  in every :data:`STANDBY` and takes the CQ over when no application thread polled for
+  that long.  Arming it again after each ring cost streams: a reader that finds its bytes
+  there without waiting polls no more, and the progress thread then woke for every
+  message the writer sent, taking them one by one and the GIL with them (64 KiB writes
+  fell from 1.4-1.8x TCP to 0.95-1.3x).  A thread that begins to poll takes the arm back,
+  so a stream whose reader waits in ``recv`` rings nobody but that reader; and the first
+  send after a read holds the arm while it posts (:meth:`Progress.send_ended`), so that
+  an answer that comes before the thread is back in ``recv`` rings nobody either.
 """
 
 from __future__ import annotations
@@ -132,10 +135,12 @@ class Progress:
                 return False
             if self.wake.poller == "app":
                 hc.waiters += 1
+                self.wake.waiting += 1
                 try:
                     hc.cond.wait(left if left is not None else 1.0)
                 finally:
                     hc.waiters -= 1
+                    self.wake.waiting -= 1
                 continue
             began = began or time.monotonic()
             self._app_poll(left, spin)
@@ -203,22 +208,47 @@ class Progress:
     def _hand_back(self, began: float) -> None:
         """An application thread stops polling (lock held; it began at ``began``).  Unless
         another one polls, the CQ is armed for the progress thread's standby and looked at
-        once more (module doc: what a peer sends next is heard at once).  The progress
-        thread takes over at once rather than at its next look when handshakes are under
-        way (a connect given up at its timeout, an accept queue's others), or when this
-        thread polled for longer than :data:`STANDBY` -- the progress thread then stood by
-        for :data:`STANDBY_IDLE`, and timers would wait for it.  After a short wait (a
-        stream's next message) it does not: a ring per message would cost more than the
-        look-ins."""
+        once more where someone may await what comes before this thread polls again
+        (:meth:`standby_needed`; module doc: what a peer sends next is heard at once).
+        The progress thread takes over at once rather than at its next look when
+        handshakes are under way (a connect given up at its timeout, an accept queue's
+        others), or when this thread polled for longer than :data:`STANDBY` -- the progress
+        thread then stood by for :data:`STANDBY_IDLE`, and timers would wait for it.  After
+        a short wait (a stream's next message) it does not: a ring per message would cost
+        more than the look-ins."""
         wake = self.wake
         if wake.poller is not None:
             return
         ex = self.ex
-        ex.cq.req_notify(ARM_STANDBY)
-        wake.send_takes_standby = True
-        ex.process()
+        if self.standby_needed():
+            self.arm_standby()
         if ex.clc.watch or time.monotonic() - began > STANDBY:
             wake.wake_progress()
+
+    def standby_needed(self) -> bool:
+        """Whether news that comes before the calling thread polls again may be awaited
+        meanwhile: by the program's ``select`` or event loop (it watched a connection's
+        readiness descriptor once: :attr:`Wakeups.watched`), by threads waiting on their
+        connection's condition (:attr:`Wakeups.waiting`), by handshakes, corked bytes or
+        closes under way.  Otherwise it is only the calling thread's, which takes it at
+        its next call (a blocking program's ``send`` then ``recv``), and the standby arm
+        would cost a request/response program about a quarter of its CPU: the arm, the
+        look after it, the send taking it and arming it again, the poll taking it once
+        more, at every round trip.  The progress thread still looks in every :data:`STANDBY` (LLC
+        requests, timers)."""
+        ex = self.ex
+        wake = self.wake
+        return (wake.watched or wake.waiting > 0 or bool(ex.clc.watch)
+                or bool(ex.engine.handshakes) or ex.corked_any
+                or self.closing.busy())  # fmt: skip
+
+    def arm_standby(self) -> None:
+        """Arm the CQ for the progress thread's standby and look once more (lock held; no
+        application thread polls): what a peer sends from now on rings the progress
+        thread, and the next send takes the arm while it posts (:meth:`send_ended`)."""
+        self.ex.cq.req_notify(ARM_STANDBY)
+        self.wake.send_takes_standby = True
+        self.ex.process()
 
     def send_ended(self) -> None:
         """After a send that took the CQ's standby arm (lock held): armed for the standby
@@ -230,7 +260,14 @@ class Progress:
         in ``recv`` (on a busy host it preempts this thread right in the send's doorbell
         call), and the answer rang the standing-by progress thread: a thread wake-up, the
         lock and the GIL handed over, nearly every round trip.  Disarmed during the send,
-        the peer rings nobody, and this look takes its answer."""
+        the peer rings nobody, and this look takes its answer.
+
+        Where nobody else may await the news (:meth:`standby_needed`) the arm stays
+        taken: this thread's next call takes what comes.  Armed again, it kept itself
+        going: an answer there before the ``recv`` (as above) leaves the arm untaken, and
+        the next send takes it and arms it again, round after round."""
+        if not self.standby_needed():
+            return
         cq = self.ex.cq
         cq.req_notify(ARM_STANDBY)
         if cq.has_completions():

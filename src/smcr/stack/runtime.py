@@ -380,6 +380,16 @@ class Stack:
         """Bring the connection's readiness descriptor up to date (lock held)."""
         self.ex.update_readiness(hc)
 
+    def readiness_watched(self) -> None:
+        """A connection's readiness descriptor is the program's (lock held): from now on
+        news that comes between two polls of its threads is heard at once, the first
+        too (:meth:`Progress.standby_needed <smcr.stack.progress.Progress.standby_needed>`)."""
+        wake = self.wake
+        if not wake.watched:
+            wake.watched = True
+            if wake.poller is None:
+                self.progress.arm_standby()
+
     def drop_readiness(self, hc: HostConn) -> None:
         """The application closed the connection: its readiness descriptor goes now (lock
         held), not when the close handshake ends, as a closed socket's descriptor is

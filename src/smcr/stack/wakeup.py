@@ -30,6 +30,15 @@ class Wakeups:
         """The thread ident of the application thread that polls."""
         self.app_polled = 0.0
         """When an application thread last polled (monotonic)."""
+        self.watched = False
+        """The program has watched a connection's readiness descriptor (``fileno()``, for
+        ``select``, ``poll``, an event loop): from then on news that comes between two
+        polls of its threads is heard at once (:meth:`Progress.standby_needed
+        <smcr.stack.progress.Progress.standby_needed>`)."""
+        self.waiting = 0
+        """Application threads waiting on a connection's condition while another one polls
+        (:meth:`Progress.wait <smcr.stack.progress.Progress.wait>`): the poller's news is
+        theirs too, so the CQ stays armed for the standby when it stops polling."""
         self.send_takes_standby = False
         """The next send takes the CQ's standby arm over while it posts, if it is armed so
         (:meth:`Progress.send_ended <smcr.stack.progress.Progress.send_ended>`): an
