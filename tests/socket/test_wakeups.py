@@ -128,7 +128,7 @@ def test_a_blocking_request_response_client_leaves_the_cq_unarmed_between_round_
     readiness descriptor, no other thread waits, nothing is under way) takes what comes
     between two of its calls at its next one: its ``recv`` no longer arms the CQ for the
     progress thread's standby when it returns, nor its ``send`` takes that arm and arms
-    it again (a fifth of a round trip's CPU: 30-34 -> 20-22 us per 32 B round trip,
+    it again (about a quarter of a round trip's CPU: 30-34 -> 20-22 us per 32 B round trip,
     idle), also when the answer is there before the ``recv`` (a send that took the arm
     armed it again, and the next one took it, round after round).  Once it calls
     ``fileno()`` (for ``select``, an event loop), the arm is set at once and after every
