@@ -26,8 +26,8 @@ def test_bench_json_smoke(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
     assert [(r["test"], r["size"]) for r in rows] == [
-        ("throughput", 4096), ("latency", 32), ("latency", 1024), ("connect", 1),
-        ("connect to plain", 1)]
+        ("throughput", 4096), ("latency", 32), ("latency", 1024), ("event loop", 32),
+        ("connect", 1), ("connect to plain", 1)]
     for r in rows:
         assert r["smc"] > 0 and r["tcp"] > 0
         assert r["unit"] == ("MB/s" if r["test"] == "throughput" else "us")
@@ -52,6 +52,9 @@ class ScriptedBench:
     def pingpong(self, kind: str, size: int, rounds: int) -> tuple[float, float]:
         return next(self.figures[kind]), 7.0
 
+    def event_loop_pingpong(self, kind: str, size: int, rounds: int) -> tuple[float, float]:
+        return next(self.figures[kind]), 7.0
+
     def close(self) -> None:
         ScriptedBench.closed = True
 
@@ -60,24 +63,25 @@ def test_bench_reports_medians_and_smc_over_tcp(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(bench, "Bench", ScriptedBench)
     monkeypatch.setattr(ScriptedBench, "closed", False)
     monkeypatch.setattr(ScriptedBench, "figures", {
-        "smc": iter([9.0, 1.0, 5.0, 40.0, 10.0, 20.0, 3.0, 3.0, 3.0]),
-        "tcp": iter([2.0, 4.0, 3.0, 8.0, 8.0, 8.0, 1.0, 2.0, 6.0])})  # fmt: skip
+        "smc": iter([9.0, 1.0, 5.0, 40.0, 10.0, 20.0, 3.0, 3.0, 3.0, 50.0, 70.0, 60.0]),
+        "tcp": iter([2.0, 4.0, 3.0, 8.0, 8.0, 8.0, 1.0, 2.0, 6.0, 20.0, 10.0, 30.0])})  # fmt: skip
     labels: list[str] = []
     results = bench.run([4096], reps=3, volume=1 << 20, rounds=10, progress=labels.append)
     assert ScriptedBench.closed
     assert [(r.test, r.size, r.unit) for r in results] == [
-        ("throughput", 4096, "MB/s"), ("latency", 32, "us"), ("latency", 1024, "us")]
+        ("throughput", 4096, "MB/s"), ("latency", 32, "us"), ("latency", 1024, "us"),
+        ("event loop", 32, "us")]
     # SMC and TCP alternate within each repetition; the figure is the median of three
     assert [(r.smc_runs, r.tcp_runs) for r in results] == [
         ([9.0, 1.0, 5.0], [2.0, 4.0, 3.0]), ([40.0, 10.0, 20.0], [8.0, 8.0, 8.0]),
-        ([3.0, 3.0, 3.0], [1.0, 2.0, 6.0])]  # fmt: skip
+        ([3.0, 3.0, 3.0], [1.0, 2.0, 6.0]), ([50.0, 70.0, 60.0], [20.0, 10.0, 30.0])]  # fmt: skip
     assert [(r.smc, r.tcp, r.ratio) for r in results] == [
-        (5.0, 3.0, 5.0 / 3.0), (20.0, 8.0, 2.5), (3.0, 2.0, 1.5)]
+        (5.0, 3.0, 5.0 / 3.0), (20.0, 8.0, 2.5), (3.0, 2.0, 1.5), (60.0, 20.0, 3.0)]
     assert labels[:2] == ["throughput 4096 B smc #1", "throughput 4096 B tcp #1"]
-    assert len(labels) == 3 * 3 * 2
+    assert len(labels) == 4 * 3 * 2
     rows = json.loads(bench.to_json(results))
-    assert [(r["smc"], r["tcp"], r["ratio"]) for r in rows] == [(5.0, 3.0, 5.0 / 3.0),
-                                                                (20.0, 8.0, 2.5), (3.0, 2.0, 1.5)]
+    assert [(r["smc"], r["tcp"], r["ratio"]) for r in rows] == [
+        (5.0, 3.0, 5.0 / 3.0), (20.0, 8.0, 2.5), (3.0, 2.0, 1.5), (60.0, 20.0, 3.0)]
     assert bench.BenchResult("latency", 32, "us", 1.0, 0.0).ratio == 0.0  # no TCP figure
 
 

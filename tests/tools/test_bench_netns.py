@@ -25,7 +25,8 @@ def test_bench_over_roce_between_namespaces_reports_both_and_cleans_up() -> None
         out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err[-2000:]
     rows = json.loads(out)
-    assert {r["test"] for r in rows} == {"throughput", "latency", "connect", "connect to plain"}
+    assert {r["test"] for r in rows} == {"throughput", "latency", "event loop", "connect",
+                                          "connect to plain"}
     assert all(r["smc"] > 0 and r["tcp"] > 0 for r in rows)
     # the bench's namespaces (smcrb<its pid>a/b, smcr.tools.netns.VethPair) are gone
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30,

@@ -4,9 +4,12 @@ Two processes (the peer is spawned, as a server would be): for each message
 size, the client streams ``size``-byte ``sendall`` calls for a fixed volume to a
 sink that ``recv_into``s a 64 KiB buffer and acknowledges the end with one
 byte; then a ping-pong of small messages (``sendall`` + ``recv(MSG_WAITALL)``)
-gives the round-trip latency.  Beside each, the CPU time both processes spent
-per message (or round trip): unlike wall time it hardly depends on what else
-the machine runs.  Every figure is the median of ``--reps``
+gives the round-trip latency, and the same ping-pong between two event loops
+(non-blocking sockets, each end waiting in ``selectors``, as asyncio and most
+servers wait) the latency a program of that kind sees: its wake-ups go through the
+connection's readiness descriptor, not through a blocked call.  Beside each, the
+CPU time both processes spent per message (or round trip): unlike wall time it
+hardly depends on what else the machine runs.  Every figure is the median of ``--reps``
 repetitions, SMC-R and TCP alternating so that both see the same machine; the
 ratio is SMC/TCP (throughput: higher is better; latency: lower is better).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import multiprocessing as mp
+import selectors
 import socket
 import statistics
 import time
@@ -26,6 +30,8 @@ from typing import Any
 
 SIZES = [1024, 4096, 16384, 65536, 262144, 1 << 20]
 PING_SIZES = [32, 1024]
+EVENT_LOOP_SIZE = 32
+"""Message size of the event-loop round trip."""
 
 
 @dataclass
@@ -99,6 +105,12 @@ def peer_main(ctl: Connection, bufsize: int, host: str = "127.0.0.1",
                         break
                     got += n
                 conn.sendall(b"k")
+            elif cmd[0] == "loop-echo":  # arg = message size, echoed from an event loop
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                with EventLoopEnd(conn) as end:
+                    view = memoryview(bytearray(arg))
+                    while end.recv_exactly(view):
+                        end.send_all(view)
             else:  # echo: arg = message size
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 msg = bytearray(arg)
@@ -171,6 +183,27 @@ class Bench:
         # the peer's figure includes the warm-up round trips
         return elapsed / rounds * 1e6, (cpu / rounds + self._peer_cpu() / (rounds + warm)) * 1e6
 
+    def event_loop_pingpong(self, kind: str, size: int, rounds: int) -> tuple[float, float]:
+        """:meth:`pingpong` between two event loops (:class:`EventLoopEnd`): microseconds and
+        CPU µs (both ends) per round trip."""
+        self.ctl.send(("loop-echo", kind, size))
+        s = self._connect(kind)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        msg = memoryview(bytearray(size))
+        warm = min(50, rounds)
+        with EventLoopEnd(s) as end:
+            for _ in range(warm):
+                end.send_all(msg)
+                end.recv_exactly(msg)
+            t0, cpu = time.perf_counter(), time.process_time()
+            for _ in range(rounds):
+                end.send_all(msg)
+                if not end.recv_exactly(msg):
+                    raise RuntimeError("bench peer closed the event-loop ping-pong")
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu
+        s.close()
+        return elapsed / rounds * 1e6, (cpu / rounds + self._peer_cpu() / (rounds + warm)) * 1e6
+
     def connections(self, kind: str, count: int, plain_peer: bool = False) -> tuple[float,
                                                                                    float]:
         """Microseconds per connection (connect, one byte each way, close), and CPU µs per
@@ -240,6 +273,8 @@ def run(sizes: list[int], reps: int, volume: int, rounds: int, bufsize: int = 0,
             measure("throughput", "MB/s", size, functools.partial(_throughput, bench, size, volume))
         for size in PING_SIZES:
             measure("latency", "us", size, functools.partial(_pingpong, bench, size, rounds))
+        measure("event loop", "us", EVENT_LOOP_SIZE,
+                functools.partial(bench.event_loop_pingpong, size=EVENT_LOOP_SIZE, rounds=rounds))
         if connections:
             bench.connections("smc", 1)  # first contact: the link group, then reused
             bench.connections("tcp", 1)
@@ -249,6 +284,51 @@ def run(sizes: list[int], reps: int, volume: int, rounds: int, bufsize: int = 0,
     finally:
         bench.close()
     return results
+
+
+class EventLoopEnd:
+    """One end of the event-loop ping-pong: a non-blocking socket whose calls wait in a
+    ``selectors`` selector when they would block, as an event loop's do (a context
+    manager: the socket goes blocking again, the selector closed, on exit)."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        sock.setblocking(False)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(sock, selectors.EVENT_READ)
+
+    def __enter__(self) -> EventLoopEnd:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sel.close()
+        self.sock.setblocking(True)
+
+    def recv_exactly(self, out: memoryview) -> bool:
+        """Fill ``out``, each read after the selector said the socket is readable (an event
+        loop's order: wait, then read); False at EOF."""
+        got, size = 0, len(out)
+        while got < size:
+            self.sel.select()
+            try:
+                n = self.sock.recv_into(out[got:])
+            except BlockingIOError:  # (readable for a moment only: wait again)
+                continue
+            if not n:
+                return False
+            got += n
+        return True
+
+    def send_all(self, data: memoryview) -> None:
+        """Send all of ``data``, waiting for writability when the socket takes none."""
+        sent = 0
+        while sent < len(data):
+            try:
+                sent += self.sock.send(data[sent:])
+            except BlockingIOError:
+                self.sel.modify(self.sock, selectors.EVENT_WRITE)
+                self.sel.select()
+                self.sel.modify(self.sock, selectors.EVENT_READ)
 
 
 def _throughput(bench: Bench, size: int, volume: int, kind: str) -> tuple[float, float]:

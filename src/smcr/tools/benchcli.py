@@ -68,7 +68,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
                       f"{r.ratio:.2f}", f"{r.smc_cpu:.1f}", f"{r.tcp_cpu:.1f}")  # fmt: skip
     console.print(table)
     console.print("throughput: higher is better; latency (round trip): lower is better; "
-                  "CPU: both processes' CPU time per message or round trip")  # fmt: skip
+                  "event loop: the round trip between two selectors loops on non-blocking "
+                  "sockets (as asyncio and most servers wait); CPU: both processes' CPU time "
+                  "per message or round trip")  # fmt: skip
     for r in results:
         if r.test.startswith("connect"):
             console.print(f"{r.test}: {1e6 / r.smc:.0f} connections/s with smcr, "
