@@ -60,6 +60,7 @@ CASES: dict[str, list[tuple[list[str], dict[str, str], int, str]]] = {
 #: A value that is not allowed, for every variable that has values to refuse.
 BAD_VALUES = {
     "SMCR_RNIC": "bogus", "SMCR_DISCOVERY": "sometimes", "SMCR_PEERS": "1.2.3.4:x",
+    "SMCR_TCP_PORTS": "80-70",
     "SMCR_TESTLINK_TIME": "soon", "SMCR_MAX_LINKS": "7", "SMCR_AUTOCORK": "-1",
     "SMCR_SHM_RNICS": "0", "SMCR_ROCE_DEVS": "nosuchdev0", "SMCR_ROCE_POLLER_RX": "maybe",
     "SMCR_SPIN_US": "-5", "SMCR_DEBUG": "loud", "SMCR_DIAG": "2", "SMCR_PURE_PYTHON": "yes!",

@@ -139,7 +139,8 @@ def _cmd_discovery(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"mode": found.mode, "why": found.why, "bpf_enabled": state.enabled,
                           "bpf_cgroup": str(state.cgroup) if state.cgroup else None,
-                          "bpf_pin_dir": str(state.pin_dir), "peers": rules}))
+                          "bpf_pin_dir": str(state.pin_dir), "peers": rules,
+                          "tcp_ports": [list(r) for r in found.tcp_ports]}))
         return 0
     print(f"discovery: {found.mode} ({found.why})")
     if state.enabled:
@@ -149,6 +150,9 @@ def _cmd_discovery(args: argparse.Namespace) -> int:
         print(f"TCP option: not enabled ({state.why})")
     for rule in rules:
         print(f"peer: {rule}")
+    if found.tcp_ports:
+        ports = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in found.tcp_ports)
+        print(f"plain TCP (SMCR_TCP_PORTS): connections of ports {ports}")
     return 0
 
 

@@ -99,6 +99,24 @@ def _net_devices(text: str) -> tuple[str, ...]:
     return names
 
 
+def port_ranges(text: str) -> tuple[tuple[int, int], ...]:
+    """``80, 8000-8099`` -> ``((80, 80), (8000, 8099))``: ports 1-65535, separated by commas
+    or blanks.
+
+    :raises ValueError: for anything else, or for no port at all.
+    """
+    ranges = []
+    for item in text.replace(",", " ").split():
+        low, dash, high = item.partition("-")
+        first, last = int(low, 10), int(high if dash else low, 10)
+        if not 1 <= first <= last <= 65535:
+            raise ValueError(item)
+        ranges.append((first, last))
+    if not ranges:
+        raise ValueError(text)
+    return tuple(ranges)
+
+
 def _peers(text: str) -> str:
     """Entries of a peers list (:mod:`smcr.peers`)."""
     parse(text)
@@ -172,6 +190,14 @@ PEERS = Variable("SMCR_PEERS", _peers, "peer entries PREFIX[:PORT[-PORT]], separ
                  "commas or spaces", "none",
                  "Peers that speak SMC (discovery by policy), added to the peers file.",
                  "discovery")
+TCP_PORTS = Variable("SMCR_TCP_PORTS", port_ranges, "ports or ranges PORT[-PORT], separated "
+                     "by commas or spaces", "none",
+                     "Connections of these ports stay plain TCP (short connections that SMC-R "
+                     "would not speed up: its set-up costs more than TCP's): a client "
+                     "connecting to such a port and a server listening on one offer no SMC, "
+                     "and their peers fall back as from a peer without SMC (``0x03010000``). "
+                     "Linux lets an ``smc_hs_ctrl`` BPF program decide so.",
+                     "discovery")
 PEERS_FILE = Variable("SMCR_PEERS_FILE", _path, "a file name", "/etc/smcr/peers",
                       "The peers file (discovery by policy): one entry or more per line, "
                       "``#`` starts a comment.", "files")
@@ -242,7 +268,7 @@ RUN_EAGER = Variable("SMCR_RUN_EAGER", _flag, "1 or 0", "0",
                      "run")
 
 VARIABLES: tuple[Variable[Any], ...] = (
-    RNIC, DISCOVERY, PEERS, PEERS_FILE, BPF_DIR, UEID_FILE, PNET_FILE, TESTLINK_TIME,
+    RNIC, DISCOVERY, PEERS, TCP_PORTS, PEERS_FILE, BPF_DIR, UEID_FILE, PNET_FILE, TESTLINK_TIME,
     MAX_LINKS, AUTOCORK, SHM_RNICS, ROCE_DEVS, ROCE_POLLER_RX, SPIN_US, DEBUG, DIAG, DIAG_DIR,
     SHM_DIR, PURE_PYTHON, NATIVE_DIR, RCVBUF, SNDBUF, RUN, RUN_DEBUG, RUN_EAGER,
 )  # fmt: skip

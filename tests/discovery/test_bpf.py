@@ -255,7 +255,8 @@ def test_the_enable_discovery_disable_commands(private: tuple[Path, Path]) -> No
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) | {"why": ""} == {
         "mode": "policy", "why": "", "bpf_enabled": False, "bpf_cgroup": None,
-        "bpf_pin_dir": str(pins), "peers": ["10.1.0.0/16:5000", "[fd00::/8]:8000-8099"]}
+        "bpf_pin_dir": str(pins), "peers": ["10.1.0.0/16:5000", "[fd00::/8]:8000-8099"],
+        "tcp_ports": []}
     out = smcr_cli("enable", "--cgroup", str(cgroup), env=env)
     assert out.returncode == 0, out.stderr
     state = bpf.status(pins)

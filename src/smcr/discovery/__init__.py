@@ -51,10 +51,23 @@ class Discovery:
     why: str = ""  # how the mode was chosen (or why a wanted one is not in force)
     flags: bpf.SocketFlags | None = None
     rules: policy.Policy = field(default_factory=lambda: policy.Policy((), ""))
+    tcp_ports: tuple[tuple[int, int], ...] = ()
+    """Ports whose connections stay TCP (``SMCR_TCP_PORTS``): :meth:`keeps_tcp`."""
 
-    def opt_in(self, sock: socket.socket) -> bool:
+    def keeps_tcp(self, port: int) -> bool:
+        """Whether connections of ``port`` (the one a client connects to, the one a server
+        listens on) stay TCP by the user's choice (``SMCR_TCP_PORTS``)."""
+        return any(low <= port <= high for low, high in self.tcp_ports)
+
+    def opt_in(self, sock: socket.socket, port: int = 0) -> bool:
         """Before ``connect``/``listen``: ask for the option on ``sock``; whether SMC
-        may follow at all on this socket (False: it is plain TCP, whatever the peer)."""
+        may follow at all on this socket (False: it is plain TCP, whatever the peer).
+
+        :param port: the port a client connects to, or the one a server listens on (0:
+            not known): one that :meth:`keeps_tcp` names gets no option, as a Linux
+            ``smc_hs_ctrl`` program that says no to it."""
+        if self.tcp_ports and self.keeps_tcp(port):
+            return False
         if self.mode == "policy":
             return True
         if self.flags is None:
@@ -133,6 +146,19 @@ EXPLICIT_OFF = "SMCR_DISCOVERY=off"
 
 
 def _choose() -> Discovery:
+    """The mode (module docstring), with the ports that stay TCP (``SMCR_TCP_PORTS``; a value
+    that is not allowed turns discovery off, with the reason)."""
+    try:
+        tcp_ports = settings.TCP_PORTS.value(())
+    except settings.SettingError as exc:
+        return Discovery("off", str(exc))
+    found = _choose_mode()
+    if tcp_ports:
+        found.tcp_ports = tcp_ports
+    return found
+
+
+def _choose_mode() -> Discovery:
     wanted = os.environ.get("SMCR_DISCOVERY", "auto").strip().lower() or "auto"
     if wanted not in MODES:
         return Discovery("off", f"SMCR_DISCOVERY={wanted!r} is not one of {', '.join(MODES)}")

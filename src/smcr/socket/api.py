@@ -33,6 +33,7 @@ from smcr.socket.base import (
     c_type,
     lets_go_of_buffer,
     linger,
+    local_port,
     smc_sockets,
 )
 from smcr.socket.connecting import Connecting
@@ -105,7 +106,7 @@ class SMCSocket(SocketBase):
             PlainSocket.getpeername(self)
         except OSError:
             if PlainSocket.getsockopt(self, _socket.SOL_SOCKET, _socket.SO_ACCEPTCONN):
-                self._smc_ok = discovery.current().opt_in(self)
+                self._smc_ok = discovery.current().opt_in(self, local_port(self))
                 self._mode = "LISTEN"
             return
         handshake.fall_back(self, int(DeclineCode.PEERNOSMC), 0, None)
@@ -139,7 +140,7 @@ class SMCSocket(SocketBase):
             return
         if self._mode == "LISTEN" and self._via_readiness:
             return  # (made from a listener's number: the listening socket is that one's)
-        self._smc_ok = discovery.current().opt_in(self)
+        self._smc_ok = discovery.current().opt_in(self, local_port(self))
         PlainSocket.listen(self, backlog)
         self._backlog = backlog
         if self._smc_ok:

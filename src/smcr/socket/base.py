@@ -114,6 +114,22 @@ def parse_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return ipaddress.ip_address(host.split("%", maxsplit=1)[0])
 
 
+def local_port(sock: _socket.socket) -> int:
+    """The TCP port ``sock`` is bound to (0: none yet, or no address)."""
+    try:
+        return int(PlainSocket.getsockname(sock)[1])
+    except (OSError, IndexError, TypeError):
+        return 0
+
+
+def address_port(address: Any) -> int:
+    """The port of a ``connect`` address (``(host, port)``, ``(host, port, flow, scope)``;
+    0 for anything else: ``connect`` itself then says what is wrong)."""
+    if isinstance(address, tuple) and len(address) >= 2 and isinstance(address[1], int):
+        return address[1]
+    return 0
+
+
 def linger(tcp: _socket.socket) -> float | None:
     """``SO_LINGER`` of the TCP socket (``setsockopt`` passes it there, where Linux SMC copies
     it too): the linger time in seconds, or None when off (or the socket is gone)."""

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from smcr import discovery
 from smcr.socket import acceptq, handshake, numbers
-from smcr.socket.base import INIT_INFO, PlainSocket, SocketBase
+from smcr.socket.base import INIT_INFO, PlainSocket, SocketBase, address_port
 from smcr.stack.hostconn import HostConn
 from smcr.stack.readiness import Readiness
 from smcr.stack.watcher import get_watcher
@@ -218,7 +218,7 @@ def connect(sock: SocketBase, address: Any) -> None:
     if sock._mode != "INIT":
         PlainSocket.connect(sock, address)  # the kernel's EISCONN (or a new connect)
         return
-    smc_ok = discovery.current().opt_in(sock)
+    smc_ok = discovery.current().opt_in(sock, address_port(address))
     if not smc_ok:
         handshake.fall_back(sock, int(DeclineCode.PEERNOSMC), 0)
         try:
