@@ -16,7 +16,6 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -25,14 +24,6 @@ from smcr import discovery, settings
 from smcr.wire.decline import DeclineCode
 
 PEERNOSMC = int(DeclineCode.PEERNOSMC)
-
-
-@pytest.fixture
-def ports_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """The environment to change, discovery chosen again afterwards as it was."""
-    yield monkeypatch
-    monkeypatch.undo()
-    discovery.reset()
 
 
 def keep_tcp(monkeypatch: pytest.MonkeyPatch, ports: str | None) -> discovery.Discovery:
@@ -93,8 +84,8 @@ def test_smcr_discovery_shows_the_ports() -> None:
     assert json.loads(discovery_cli("--json"))["tcp_ports"] == [[8000, 8000], [9000, 9099]]
 
 
-def test_a_bad_value_turns_smc_off_with_its_reason(ports_env: pytest.MonkeyPatch) -> None:
-    found = keep_tcp(ports_env, "80,web")
+def test_a_bad_value_turns_smc_off_with_its_reason(discovery_env: pytest.MonkeyPatch) -> None:
+    found = keep_tcp(discovery_env, "80,web")
     assert found.mode == "off" and "SMCR_TCP_PORTS='80,web'" in found.why
     assert not found.opt_in(socket.socket(), 5000)
 
@@ -105,44 +96,44 @@ root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (BPF)")
 @pytest.mark.root
 @root
 def test_a_listener_on_a_named_port_has_its_clients_stay_tcp(
-        ports_env: pytest.MonkeyPatch) -> None:  # fmt: skip
-    assert keep_tcp(ports_env, None).mode == "bpf"
+        discovery_env: pytest.MonkeyPatch) -> None:  # fmt: skip
+    assert keep_tcp(discovery_env, None).mode == "bpf"
     named, other = bound(), bound()
     with named, other:
         other.listen()
         # the server names its port when it listens; its clients do not
-        assert keep_tcp(ports_env, str(named.getsockname()[1])).mode == "bpf"
+        assert keep_tcp(discovery_env, str(named.getsockname()[1])).mode == "bpf"
         named.listen()
-        keep_tcp(ports_env, None)
+        keep_tcp(discovery_env, None)
         assert exchange(named) == (("TCP", PEERNOSMC), ("TCP", PEERNOSMC))
         assert exchange(other) == (("SMCR", 0), ("SMCR", 0))
 
 
 @pytest.mark.root
 @root
-def test_a_client_of_a_named_port_stays_tcp(ports_env: pytest.MonkeyPatch) -> None:
-    assert keep_tcp(ports_env, None).mode == "bpf"
+def test_a_client_of_a_named_port_stays_tcp(discovery_env: pytest.MonkeyPatch) -> None:
+    assert keep_tcp(discovery_env, None).mode == "bpf"
     named, other = bound(), bound()
     with named, other:
         named.listen()
         other.listen()
         port = named.getsockname()[1]
-        found = keep_tcp(ports_env, f"{port}-{port}")
+        found = keep_tcp(discovery_env, f"{port}-{port}")
         assert found.keeps_tcp(port) and not found.keeps_tcp(other.getsockname()[1])
         assert exchange(named) == (("TCP", PEERNOSMC), ("TCP", PEERNOSMC))
         assert exchange(other) == (("SMCR", 0), ("SMCR", 0))
 
 
 def test_with_a_peer_list_both_ends_naming_the_port_stay_tcp(
-        ports_env: pytest.MonkeyPatch) -> None:  # fmt: skip
+        discovery_env: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Discovery by policy: no option to hold back, so both ends must name the port (a
     client that lists the server's port and does not name it sends its Proposal, as to
     any listed peer that does not speak SMC)."""
-    ports_env.setenv("SMCR_DISCOVERY", "policy")
-    ports_env.setenv("SMCR_PEERS", "127.0.0.1")
+    discovery_env.setenv("SMCR_DISCOVERY", "policy")
+    discovery_env.setenv("SMCR_PEERS", "127.0.0.1")
     named, other = bound(), bound()
     with named, other:
-        found = keep_tcp(ports_env, str(named.getsockname()[1]))
+        found = keep_tcp(discovery_env, str(named.getsockname()[1]))
         assert found.mode == "policy"
         named.listen()
         other.listen()

@@ -13,7 +13,6 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import cast
 
 import pytest
@@ -25,14 +24,6 @@ from tests.socket import discovery_peers, smc_peer
 from tests.socket.conftest import Peer
 
 PEERNOSMC = int(DeclineCode.PEERNOSMC)
-
-
-@pytest.fixture
-def mode_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """Change the discovery environment of this process and its future peers."""
-    yield monkeypatch
-    monkeypatch.undo()
-    discovery.reset()
 
 
 def set_mode(env: pytest.MonkeyPatch, mode: str, peers: str | None = None) -> None:
@@ -142,8 +133,8 @@ def test_a_silent_smc_client_delays_nobody() -> None:
         p.stop()
 
 
-def test_policy_mode_listed_peers_speak_smc(mode_env: pytest.MonkeyPatch) -> None:
-    set_mode(mode_env, "policy", "127.0.0.0/8")
+def test_policy_mode_listed_peers_speak_smc(discovery_env: pytest.MonkeyPatch) -> None:
+    set_mode(discovery_env, "policy", "127.0.0.0/8")
     p = Peer(smc_peer.echo_server)
     try:
         with smcr.create_connection(("127.0.0.1", p.recv()), timeout=20) as s:
@@ -155,9 +146,9 @@ def test_policy_mode_listed_peers_speak_smc(mode_env: pytest.MonkeyPatch) -> Non
         p.stop()
 
 
-def test_policy_mode_unlisted_port_is_plain_tcp_on_both_ends(mode_env: pytest.MonkeyPatch
+def test_policy_mode_unlisted_port_is_plain_tcp_on_both_ends(discovery_env: pytest.MonkeyPatch
                                                              ) -> None:  # fmt: skip
-    set_mode(mode_env, "policy", "127.0.0.1:1")
+    set_mode(discovery_env, "policy", "127.0.0.1:1")
     p = Peer(discovery_peers.exact_server)
     try:
         s = smcr.create_connection(("127.0.0.1", p.recv()), timeout=20)
@@ -169,8 +160,8 @@ def test_policy_mode_unlisted_port_is_plain_tcp_on_both_ends(mode_env: pytest.Mo
         p.stop()
 
 
-def test_off_mode_is_plain_tcp(mode_env: pytest.MonkeyPatch) -> None:
-    set_mode(mode_env, "off")
+def test_off_mode_is_plain_tcp(discovery_env: pytest.MonkeyPatch) -> None:
+    set_mode(discovery_env, "off")
     p = Peer(discovery_peers.exact_server)
     try:
         s = smcr.create_connection(("127.0.0.1", p.recv()), timeout=20)
