@@ -94,6 +94,7 @@ MODULES: tuple[str, ...] = (
     "rdma/shm/peer.py",
     "rdma/shm/qp.py",
     "rdma/shm/rendezvous.py",
+    "rdma/bells.py",
     "rdma/roce/cq.py",
     "rdma/roce/device.py",
     "rdma/roce/fastpath.py",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import hashlib
@@ -416,3 +417,67 @@ def waiting_client(ctl: Connection, port: int) -> None:
     ctl.send((got, left))
     first.close()
     second.close()
+
+
+def loop_echo_server(ctl: Connection, conns: int) -> None:
+    """Accept ``conns`` clients, then echo all of them from one ``selectors`` loop
+    (non-blocking sockets, as an event loop); report, per connection, whether its
+    readiness descriptor has a consumer bell and how often a peer rang it."""
+    srv = smcr.create_server((host(), 0))
+    ctl.send(srv.getsockname()[1])
+    socks = [srv.accept()[0] for _ in range(conns)]
+    sel = selectors.DefaultSelector()
+    pending: dict[socket.socket, bytearray] = {}
+    for s in socks:
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+        pending[s] = bytearray()
+    open_ = len(socks)
+    while open_:
+        for key, events in sel.select(30):
+            s = key.fileobj  # type: ignore[assignment]
+            if events & selectors.EVENT_READ:
+                try:
+                    data = s.recv(65536)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    sel.unregister(s)
+                    open_ -= 1
+                    continue
+                pending[s] += data
+            if pending[s]:
+                with contextlib.suppress(BlockingIOError):
+                    del pending[s][: s.send(pending[s])]
+                sel.modify(s, selectors.EVENT_READ | (selectors.EVENT_WRITE if pending[s] else 0))
+    bells = []
+    for s in socks:
+        hc = getattr(s, "_hc", None)
+        bell = hc.readiness.bell if hc is not None and hc.readiness is not None else None
+        bells.append(None if bell is None else bell.rung)
+        s.close()
+    ctl.send(bells)
+    srv.close()
+
+
+def write_only_sender(ctl: Connection, size: int) -> None:
+    """Accept one client and send it ``size`` bytes from a non-blocking socket that waits
+    for writability only (never registered for reading, as an asyncio transport whose
+    reading is paused); report "sent" when all went."""
+    srv = smcr.create_server((host(), 0))
+    ctl.send(srv.getsockname()[1])
+    c, _ = srv.accept()
+    c.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(c, selectors.EVENT_WRITE)
+    data = memoryview(pattern(size))
+    sent = 0
+    while sent < size:
+        if not sel.select(30):
+            ctl.send(f"stalled at {sent}")
+            return
+        with contextlib.suppress(BlockingIOError):
+            sent += c.send(data[sent : sent + 262144])
+    ctl.send("sent")
+    c.close()
+    srv.close()

@@ -594,7 +594,7 @@ class QueuePair(ABC):
         tap.sent(self, batch)
 
     def post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
-                         wr_id: int, signaled: bool) -> None:  # fmt: skip
+                         wr_id: int, signaled: bool, wake: int = 0) -> None:  # fmt: skip
         """Post inline RDMA WRITEs, then one inline SEND, as one batch.
 
         The shape of SMC-R's data path (payload, then the CDC announcing it),
@@ -607,15 +607,19 @@ class QueuePair(ABC):
         :meth:`_post_writes_send`).  Needs ``max_inline_data`` for the largest piece.
         The SEND is solicited, as Linux posts every CDC (``smc_wr_tx_send``: the
         BTH's SE bit).  Failures injected for ``post_send`` fail this too.
+
+        ``wake``: the peer's key of the consumer the SEND is for (a CDC's alert token), for
+        a provider whose peers may ring that consumer rather than their CQ
+        (:mod:`smcr.rdma.bells`); 0 for none.  Others ignore it.
         """
         if self.hooks is None:
-            self._post_writes_send(writes, message, wr_id, signaled)
+            self._post_writes_send(writes, message, wr_id, signaled, wake)
             return
         self._fault("post_send")
         tap = self.tap
         if tap is not None:
             tap.posting(self)
-        self._post_writes_send(writes, message, wr_id, signaled)
+        self._post_writes_send(writes, message, wr_id, signaled, wake)
         if tap is not None:
             tap.writes_sent(self, writes, message)
 
@@ -624,9 +628,10 @@ class QueuePair(ABC):
         """Provider: :meth:`post_send`'s work."""
 
     def _post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
-                          wr_id: int, signaled: bool) -> None:  # fmt: skip
+                          wr_id: int, signaled: bool, wake: int = 0) -> None:  # fmt: skip
         """:meth:`post_writes_send`'s work; this default builds the WRs and posts them
-        (:meth:`_post_send`: the caller's one post, not a second one)."""
+        (:meth:`_post_send`: the caller's one post, not a second one; ``wake`` unused, so
+        the peer's CQ is rung as for any SEND)."""
         flags = SendFlag.INLINE | SendFlag.SOLICITED
         flags |= SendFlag.SIGNALED if signaled else SendFlag.NONE
         wrs = [SendWr(wr_id=0, opcode=WrOpcode.RDMA_WRITE, remote_addr=addr, rkey=rkey,

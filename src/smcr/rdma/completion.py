@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from smcr import plainsock
+from smcr.rdma.bells import WatchSlot
 from smcr.rdma.verbs import WorkCompletion
 
 ARM_SLEEPER: Final = 1
@@ -26,6 +27,11 @@ ARM_SLEEPER: Final = 1
 ARM_STANDBY: Final = 2
 """A CQ armed for the consumer's standby (:meth:`CompletionQueue.standby_fileno`): a
 thread that stands by while no one polls, rung by news from peers only."""
+ARM_PROGRESS: Final = 3
+"""A CQ armed for the progress thread asleep on :meth:`CompletionQueue.fileno`: rung as
+for :data:`ARM_SLEEPER`, except that a peer whose SEND is for a connection with an armed
+consumer bell may ring that instead (:mod:`smcr.rdma.bells`): the thread that waits
+for the connection then takes the news itself."""
 
 
 class CompletionQueue:
@@ -90,6 +96,14 @@ class CompletionQueue:
     def standby_doorbell_fd(self) -> int:
         """The write end of the standby doorbell (:meth:`doorbell_fd`'s twin)."""
         return self._standby_w.fileno()
+
+    def watch(self, token: int) -> WatchSlot | None:
+        """A consumer bell for the connection whose alert token is ``token``, where the
+        provider's peers can ring one (:mod:`smcr.rdma.bells`); None here."""
+        return None
+
+    def unwatch(self, slot: WatchSlot) -> None:
+        """Give back what :meth:`watch` gave."""
 
     def add_progress(self, hook: Callable[[], None]) -> None:
         """Register a provider hook that :meth:`poll` runs before it looks at the queue.

@@ -288,11 +288,17 @@ class DataPath:
         (``EBADF`` when the program closed the descriptor it was given), ``TimeoutError``
         after the deadline."""
         if deadline == 0.0:
-            self.ex.process()
+            ex = self.ex
+            ex.process()
             if not ready():
                 readiness = self.hc.readiness
-                if readiness is not None and readiness.lost():
-                    raise OSError(errno.EBADF, "Bad file descriptor")
+                if readiness is not None:
+                    if readiness.lost():
+                        raise OSError(errno.EBADF, "Bad file descriptor")
+                    if readiness.settle():  # (a datagram for news taken before)
+                        ex.look_again()
+                        if ready():
+                            return
                 raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
             return
         if not self.progress.wait(self.hc, ready, deadline):
@@ -544,7 +550,7 @@ class DataPath:
         ex, hc = self.ex, self.hc
         with ex.lock:
             if hc.readiness is None:
-                hc.readiness = Readiness()
+                hc.readiness = ex.new_readiness(hc)
                 hc.readiness.set_blocking(blocking)
                 ex.update_readiness(hc)
                 self.stack.readiness_watched()

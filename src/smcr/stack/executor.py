@@ -59,6 +59,7 @@ from smcr.stack.clcwatch import ClcWatch
 from smcr.stack.counters import COUNTERS
 from smcr.stack.hostconn import HostConn, PortRes, Taps
 from smcr.stack.qps import QueuePairs
+from smcr.stack.readiness import Readiness
 from smcr.stack.wakeup import Wakeups
 from smcr.stack.wrslots import SLOT, WorkRequests, write_wrs
 from smcr.wire.decline import DeclineCode
@@ -103,9 +104,8 @@ class Executor:
         self.corked_any = False
         """Some connection may hold corked bytes (:meth:`corked`)."""
         self.timer_check = 0.0
-        self._delivery_marks: dict[int, int] = {}
-        """Each QP's :meth:`~smcr.rdma.base.QueuePair.delivery_mark` at the last timer check."""
-        self._delivery_looked = 0.0  # when _note_delivery last looked
+        self._processing = 0  # depth of process() calls under way
+        self._look_again = False  # a consumer bell asked for a look when process() ends
         self.sends_unprocessed = 0  # RoCE sends since DataPath.send_fast last took the news
         self.held: list[tuple[HostConn, HandshakeCompleted]] = []
         """Clients' completed handshakes whose server end, in this runtime too, has not
@@ -284,7 +284,7 @@ class Executor:
         try:
             if qp is None:
                 raise OSError("the link's QP is gone")
-            qp.post_writes_send(writes, cdc, wr_id, signaled)
+            qp.post_writes_send(writes, cdc, wr_id, signaled, c.peer_token)
         except OSError:  # a full send queue or a dead QP: the general path's waiting and verdict
             self.post(c.qpn, [], writes, PostSend(c.qpn, cdc, wr_id, signaled))
         if self.engine.has_events():
@@ -438,20 +438,37 @@ class Executor:
     def update_readiness(self, hc: HostConn) -> None:
         """Bring the connection's readiness descriptor up to date (if anyone asked for it)."""
         r = hc.readiness
-        if r is None:
-            return
+        if r is not None and r.follow(self.engine.conns.get(hc.conn_id)):
+            self.look_again()
+
+    def look_again(self) -> None:
+        """Take what the CQ holds now, or when the :meth:`process` under way ends (lock held)."""
+        if self._processing:
+            self._look_again = True
+        elif self.cq.has_completions():
+            self.process()
+
+    def new_readiness(self, hc: HostConn) -> Readiness:
+        """A readiness descriptor for the connection (with a consumer bell where it can)."""
         c = self.engine.conns.get(hc.conn_id)
-        if c is None:
-            r.set(True, True)
-            return
-        readable = c.rx_available() > 0 or c.peer_done or bool(c.reset_reason)
-        writable = c.sndbuf_space() > 0 or bool(c.tx_flags) or bool(c.reset_reason)
-        r.set(readable, writable)
+        return Readiness.made(self.cq, c.token if c and not self.local_peer(hc, c) else 0)
 
     # ================================================================ completions
 
     def process(self, first: list[WorkCompletion] | None = None) -> None:
-        """Take every completion and run due timers (lock held); wake touched waiters."""
+        """Take every completion and run due timers (lock held); wake touched waiters; and
+        look once more where a consumer bell asked for it (:meth:`look_again`)."""
+        self._processing += 1
+        try:
+            self._process(first)
+            while self._look_again and self._processing == 1:
+                self._look_again = False
+                self._process(None)
+        finally:
+            self._processing -= 1
+
+    def _process(self, first: list[WorkCompletion] | None) -> None:
+        """:meth:`process`'s work."""
         engine, now = self.engine, time.monotonic()
         wcs = first or self.cq.poll(64)
         wr = self.wr
@@ -487,7 +504,8 @@ class Executor:
             wr.repost_due = False
             wr.repost(self.qps, False)
         if now >= self.timer_check:  # engine deadlines are >= 1 s away when made
-            self._note_delivery(now)
+            for qpn, since in self.qp.delivered(now):
+                engine.link_delivered(qpn, since)
             deadline = engine.get_timer()
             if deadline is not None and deadline <= now:
                 self.execute(engine.handle_timer(now))
@@ -520,23 +538,6 @@ class Executor:
         actions = engine.receive_wrs(qpn, messages, now)
         if actions or engine.has_events():
             self.execute(actions)
-
-    def _note_delivery(self, now: float) -> None:
-        """Tell the engine which links' QPs delivered since the last look (every timer check,
-        :data:`TIMER_GRAIN`, while the progress thread runs; :meth:`QueuePair.delivery_mark
-        <smcr.rdma.base.QueuePair.delivery_mark>`), so that an LLC wait gives up on a
-        dead link only, not on one slowed by loss.  A move is dated at the previous look:
-        after a long sleep that is early, and a wait that ran out meanwhile ends as in
-        Linux (a killed peer's link is not given more time for what it sent before)."""
-        marks: dict[int, int] = {}
-        seen, since = self._delivery_marks, self._delivery_looked
-        for qpn, qp in self.qps.items():
-            mark = qp.delivery_mark()
-            if mark is not None:
-                marks[qpn] = mark
-                if seen.get(qpn) != mark:
-                    self.engine.link_delivered(qpn, since)
-        self._delivery_marks, self._delivery_looked = marks, now
 
     def _completion(self, wc: WorkCompletion, now: float) -> None:
         engine = self.engine

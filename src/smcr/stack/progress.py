@@ -50,7 +50,7 @@ from typing import Final
 
 from smcr import exits, settings
 from smcr.rdma import WorkCompletion
-from smcr.rdma.completion import ARM_STANDBY
+from smcr.rdma.completion import ARM_PROGRESS, ARM_SLEEPER, ARM_STANDBY
 from smcr.stack.closing import Closing
 from smcr.stack.executor import Executor
 from smcr.stack.hostconn import HostConn
@@ -288,7 +288,9 @@ class Progress:
                 wcs = self._spin(allowed)
                 self.spin.spun(bool(wcs))
         if not wcs:
-            cq.req_notify()  # arm, then look again: a completion after this look rings
+            # arm, then look again: a completion after this look rings (the progress thread's
+            # arm lets a peer ring a connection's consumer bell instead: smcr.rdma.bells)
+            cq.req_notify(ARM_PROGRESS if self.wake.poller == "bg" else ARM_SLEEPER)
             wcs = cq.poll(64)
         if not wcs:
             timer = ex.engine.get_timer()

@@ -50,6 +50,29 @@ class QueuePairs:
         self.kept: dict[int, QueuePair] = {}
         """The QPs of :attr:`keep` the engine has let go; their RNIC still acknowledges
         what arrives, the host takes no notice of it."""
+        self._delivery_marks: dict[int, int] = {}
+        """Each QP's :meth:`~smcr.rdma.base.QueuePair.delivery_mark` at the last look."""
+        self._delivery_looked = 0.0  # when delivered() last looked
+
+    def delivered(self, now: float) -> list[tuple[int, float]]:
+        """The QPs that delivered since the last look, each with when that look was (the
+        executor tells the engine at every timer check, :data:`~smcr.stack.executor.TIMER_GRAIN`,
+        while the progress thread runs; :meth:`QueuePair.delivery_mark
+        <smcr.rdma.base.QueuePair.delivery_mark>`), so that an LLC wait gives up on a
+        dead link only, not on one slowed by loss.  A move is dated at the previous look:
+        after a long sleep that is early, and a wait that ran out meanwhile ends as in
+        Linux (a killed peer's link is not given more time for what it sent before)."""
+        marks: dict[int, int] = {}
+        moved: list[tuple[int, float]] = []
+        seen, since = self._delivery_marks, self._delivery_looked
+        for qpn, qp in self.qps.items():
+            mark = qp.delivery_mark()
+            if mark is not None:
+                marks[qpn] = mark
+                if seen.get(qpn) != mark:
+                    moved.append((qpn, since))
+        self._delivery_marks, self._delivery_looked = marks, now
+        return moved
 
     def new_qp(self, port: int = 0) -> tuple[int, int]:
         """A QP in RESET on ``port``'s RNIC, with a random initial PSN.

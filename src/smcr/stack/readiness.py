@@ -4,15 +4,27 @@
 runtime makes readable (a byte is waiting) and writable (the other end drained) to
 follow the connection, so that ``select``, ``poll``, ``epoll``, ``selectors`` and asyncio
 watch it as they would a TCP socket.
+
+Where the RNIC's peers can ring it (a *consumer bell*, :mod:`smcr.rdma.bells`), it is a
+unix datagram socket bound to the bell's name instead, with a datagram sink of its own for
+the not-writable fill: then the peer that sends the connection's next message makes it
+readable itself, and the program's thread is the one woken.  It is armed (its watch word
+set) only while a message could change nothing but readability: not readable, writable,
+no bytes of ours waiting for the peer's window (a window update rung to a program that
+waits for writability only would be heard by no one).
 """
 
 from __future__ import annotations
 
+import _socket
 import os
 import socket
 from typing import Final
 
 from smcr import plainsock
+from smcr.core.connection import Connection
+from smcr.rdma.bells import WatchSlot
+from smcr.rdma.completion import CompletionQueue
 from smcr.stack.descriptors import put_at
 
 _DONTWAIT: Final = socket.MSG_DONTWAIT
@@ -23,6 +35,7 @@ _DRAIN: Final = 65536
 """A read of the fill (a few KiB): one that comes back short has emptied the queue."""
 _DRAIN_READABLE: Final = 64
 """A read of the readable byte (one per change to readable)."""
+_PEEK: Final = socket.MSG_DONTWAIT | socket.MSG_PEEK
 
 
 class Readiness:
@@ -32,8 +45,31 @@ class Readiness:
     end's queue; writable again once ``b`` is drained.
     """
 
-    def __init__(self) -> None:
-        self.a, self.b = plainsock.nonblocking_pair()
+    def __init__(self, bell: WatchSlot | None = None,
+                 cq: CompletionQueue | None = None) -> None:  # fmt: skip
+        """:param bell: the connection's consumer bell (from ``cq``, which gets it back at
+            :meth:`close`): a datagram socket bound to its name (module doc).
+        :raises OSError: when the name cannot be bound."""
+        if bell is None:
+            self.a, self.b = plainsock.nonblocking_pair()
+        else:
+            self.a = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+            self.b = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+            try:
+                self.a.bind(bell.name)
+                self.b.bind(bell.sink)
+                self.b.connect(bell.name)
+            except OSError:
+                self.a.close()
+                self.b.close()
+                raise
+        self.bell = bell
+        self.cq = cq
+        self.failed = False
+        """:meth:`fail` made it ready for good (a descriptor with a bell)."""
+        self.looks = False
+        """The bell was armed, or taken back after a peer rang it: the caller looks at the
+        CQ (what the peer placed may have rung nobody else)."""
         self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)
         self.readable = False
         self.writable = True
@@ -42,6 +78,31 @@ class Readiness:
         """(device, inode) of the descriptor's file: whether a number names it."""
         self.app = -1
         """The application's number for ``a``'s file (:meth:`fileno`), -1 before it asks."""
+
+    @staticmethod
+    def made(cq: CompletionQueue, token: int) -> Readiness:
+        """A readiness descriptor with a consumer bell from ``cq`` for the connection whose
+        alert token is ``token`` where it can have one (0: it cannot, the other end is in
+        this process or the connection is not established), else one without."""
+        bell = cq.watch(token) if token else None
+        if bell is not None:
+            try:
+                return Readiness(bell, cq)
+            except OSError:  # (its name taken: the CQ's way, as without a bell)
+                cq.unwatch(bell)
+        return Readiness()
+
+    def follow(self, c: Connection | None) -> bool:
+        """Follow the connection (None: gone, ready for good).  Returns whether the caller
+        must look at the CQ now (:attr:`looks`)."""
+        if c is None:
+            self.set(True, True)
+        else:
+            self.set(c.rx_available() > 0 or c.peer_done or bool(c.reset_reason),
+                     c.sndbuf_space() > 0 or bool(c.tx_flags) or bool(c.reset_reason),
+                     c.tx_app == c.tx_sent and not c.tx_flags)  # fmt: skip
+        looks, self.looks = self.looks, False
+        return looks
 
     def lost(self) -> bool:
         """Whether the application's descriptor was closed under us (``os.close`` of
@@ -91,14 +152,23 @@ class Readiness:
         :meth:`close` leaves it alone."""
         self.app = -1
 
-    def set(self, readable: bool, writable: bool) -> None:
+    def set(self, readable: bool, writable: bool, quiet: bool = False) -> None:
         """Make the descriptor's readiness match (syscalls only on a change).
 
         Writability first: a connect that settles turns writable before readable, so
         a program waiting for ``EPOLLOUT`` never sees ``EPOLLIN`` alone meanwhile (a
         loop that counts wakeups, or one that reads on ``EPOLLIN`` only, took such an
         in-between state for the socket's: the thread setting it may wait for the GIL
-        while the program polls and spins)."""
+        while the program polls and spins).
+
+        :param quiet: nothing of ours waits for the peer (module doc: a consumer bell
+            is armed only then).
+        """
+        bell = self.bell
+        if bell is not None:
+            if not self.failed:
+                self._set_rung(bell, readable, writable, quiet)
+            return
         # (each loop ends on a short count, not on EAGAIN: an exception per change, each
         # message's readable -> unreadable among them, cost more than its system call)
         if writable != self.writable:
@@ -129,14 +199,81 @@ class Readiness:
                 except OSError:
                     pass
 
+    def _set_rung(self, bell: WatchSlot, readable: bool, writable: bool, quiet: bool) -> None:
+        """:meth:`set` for a descriptor with a consumer bell (module doc)."""
+        if writable != self.writable:
+            self.writable = writable
+            if writable:  # (the sink drained: its datagrams no longer count against ``a``)
+                _drain(self.b)
+            else:
+                try:
+                    while True:
+                        self.a.sendto(b"w", _DONTWAIT, bell.sink)
+                except OSError:
+                    pass
+        if readable != self.readable:
+            self.readable = readable
+            if readable:
+                # rung by the peer already (it took the arm), unless its datagram never
+                # came (it died between the two steps, or could not send: wake.py)
+                if not bell.armed or bell.take() or not self._queued():
+                    try:
+                        self.b.send(b"r", _DONTWAIT)
+                    except OSError:
+                        pass
+            else:
+                try:
+                    self.a.recv(_DRAIN_READABLE, _DONTWAIT)
+                except OSError:
+                    pass
+        arm = quiet and writable and not readable
+        if arm != bell.armed:
+            if arm:
+                bell.arm()
+                self.looks = True
+            elif not bell.take():
+                self.looks = True  # (a peer rang: its message waits for a look)
+
+    def _queued(self) -> bool:
+        """Whether a datagram waits on ``a``."""
+        try:
+            self.a.recv(1, _PEEK)
+        except OSError:
+            return False
+        return True
+
+    def settle(self) -> bool:
+        """A call found nothing to do where the descriptor may have said otherwise: a
+        datagram that came after its message was taken (or a stranger's) goes, and the
+        bell is armed afresh.  Returns whether the caller must look at the CQ."""
+        bell = self.bell
+        if bell is None or self.readable:
+            return False
+        _drain(self.a)
+        if not bell.armed:
+            return False
+        bell.take()
+        bell.arm()
+        return True
+
     def fail(self) -> None:
         """Ready for good, as a TCP socket whose connect failed: readable, writable, and
-        ``EPOLLERR``/``EPOLLHUP`` in poll (a program waiting for either wakes as over TCP).
+        ``EPOLLERR``/``EPOLLHUP`` in poll (a program waiting for either wakes as over TCP;
+        a descriptor with a consumer bell, made for a connection already established,
+        shows ``EPOLLHUP`` without ``EPOLLERR``).
 
         How: ``b`` goes while it holds unread bytes of ``a``'s (the not-writable fill),
         and Linux then gives ``a`` the error ``ECONNRESET`` (``unix_release_sock``) and
         both shutdowns; ``b``'s queue freed makes ``a`` writable.  Later :meth:`set`
         calls change nothing (``b`` is closed: their sends and drains fail quietly)."""
+        if self.bell is not None:
+            self.set(True, True)
+            self.failed = True
+            try:
+                self.a.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
         if self.writable:
             self.set(self.readable, False)  # (``b`` must hold unread bytes)
         try:
@@ -153,9 +290,21 @@ class Readiness:
                 end.close()
             except OSError:
                 pass
+        if self.bell is not None and self.cq is not None:
+            self.cq.unwatch(self.bell)
+            self.cq = None
         app, self.app = self.app, -1
         if app >= 0 and self._names_ours(app):  # (not a number closed and taken since)
             try:
                 os.close(app)
             except OSError:
                 pass
+
+
+def _drain(sock: _socket.socket) -> None:
+    """Read a datagram socket's queue empty."""
+    try:
+        while True:
+            sock.recv(_DRAIN_READABLE, _DONTWAIT)
+    except OSError:
+        pass

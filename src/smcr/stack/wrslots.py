@@ -30,6 +30,7 @@ from smcr.rdma import (
 )
 from smcr.rdma.base import ProtectionDomain, QueuePair, zeroed_memory
 from smcr.stack.hostconn import PortRes
+from smcr.wire.cdc import cdc_token
 
 RECV_SLOTS: Final = 256  # per QP; Linux posts 48 (we answer from one thread, so keep more)
 SLOT: Final = 64  # receive buffer per slot: v1 LLC and CDC are 44 bytes (Linux: 48)
@@ -128,7 +129,8 @@ class WorkRequests:
         while True:
             try:
                 if cdc is not None:
-                    qp.post_writes_send(writes, cdc.data, cdc.wr_id, cdc.signaled)
+                    qp.post_writes_send(writes, cdc.data, cdc.wr_id, cdc.signaled,
+                                        cdc_token(cdc.data))  # fmt: skip
                 else:
                     qp.post_send(wrs)
                 return ""

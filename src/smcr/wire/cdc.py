@@ -159,6 +159,13 @@ CDC_CONN_STATE_FLAGS: Final = 9
 assert CDC.size == CDC_MSG_LENGTH
 
 
+def cdc_token(message: bytes) -> int:
+    """The alert token a CDC message is for; 0 for any other message (an LLC message)."""
+    if len(message) != CDC.size or message[0] != CDC_MSG_TYPE:
+        return 0
+    return int.from_bytes(message[4:8], "big")
+
+
 def sequence_before(seq1: int, seq2: int) -> bool:
     """Whether u16 sequence number ``seq1`` comes before ``seq2``.
 

@@ -46,10 +46,13 @@ leaves its QP among the hooks every poll runs.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Callable
 from typing import Final
 
+from smcr.rdma import bells
+from smcr.rdma.bells import WatchSlot
 from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY, CompletionQueue
 from smcr.rdma.shm import layout as lay
 
@@ -59,7 +62,9 @@ MARKS: Final = 64
 """Offset of the first QP's mark byte (module doc)."""
 MAX_MARKS: Final = 1 << 16
 """Mark bytes of one CQ (QPs past them are looked at by every poll, as unmarked ones)."""
-NOTIFY_SIZE = MARKS + MAX_MARKS
+NOTIFY_SIZE: Final = bells.WATCHES_END
+"""The ARMED word, the nonce of the consumer bells, the mark bytes, the watch words
+(:mod:`smcr.rdma.bells`)."""
 FEW: Final = 4
 """Up to this many marked QPs a poll looks at each (as it did before marks): with one
 or a few link groups that is cheaper than finding, clearing and fencing (a send and its
@@ -88,6 +93,19 @@ class ShmCompletionQueue(CompletionQueue):
         self._marks_end = MARKS
         """One past the highest mark byte handed out: where a poll's search ends."""
         self._marks_lock = threading.Lock()
+        self.bell_prefix = bells.publish_nonce(self._notify)
+        """The start of this CQ's consumer bell names (:mod:`smcr.rdma.bells`)."""
+        self._probe: socket.socket | None = None
+        try:  # (rid 0: what requesters probe at their hello)
+            self._probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+            self._probe.bind(self.bell_prefix + b"0")
+        except OSError:
+            if self._probe is not None:
+                self._probe.close()
+            self._probe = None
+        self._watched: dict[int, int] = {}
+        """Watch slot -> the rid that holds it."""
+        self._rids = 0
 
     def take_mark(self, hook: Callable[[], None]) -> int:
         """A mark byte for the QP whose progress hook is ``hook``, whose requester marks it
@@ -127,6 +145,29 @@ class ShmCompletionQueue(CompletionQueue):
             self.add_progress(hook)
         else:
             self.remove_progress(hook)
+
+    def watch(self, token: int) -> WatchSlot | None:
+        """A watch word for the connection whose alert token is ``token`` (its requester
+        rings its readiness descriptor by name, :mod:`smcr.rdma.bells`); None when the
+        slot is held by another connection or the CQ cannot be rung by name."""
+        if self._probe is None or self._notify.closed:
+            return None
+        slot = token & bells.WATCH_MASK
+        with self._marks_lock:
+            if slot in self._watched:
+                return None
+            self._rids = rid = self._rids % 0xFFFFFFFE + 1
+            self._watched[slot] = rid
+        name = self.bell_prefix + b"%d" % rid
+        return WatchSlot(self._notify, bells.WATCHES + 4 * slot, rid, name, name + b"s")
+
+    def unwatch(self, slot: WatchSlot) -> None:
+        """The connection of ``slot`` is gone (or rings by name no more)."""
+        index = (slot.offset - bells.WATCHES) // 4
+        with self._marks_lock:
+            if self._watched.get(index) == slot.rid:
+                del self._watched[index]
+                slot.take()
 
     def run_progress(self) -> None:
         """The hooks of unmarked QPs, then those of the QPs whose marks are set (cleared
@@ -194,6 +235,9 @@ class ShmCompletionQueue(CompletionQueue):
     def close(self) -> None:
         """Release the descriptors and the notification segment."""
         super().close()
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
         if not self._notify.closed:
             self._notify.close()
             os.close(self.notify_fd)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from smcr import plainsock
+from smcr.rdma import bells
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import MARKS
@@ -80,6 +81,7 @@ class PeerLink:
     token: bytes = b""  # shown with each MR look-up: what the peer granted this connection
     mark: int = 0  # offset of the peer QP's mark byte in ``notify``, set after each SEND (0: none)
     standby_bell: socket.socket | None = None  # the peer CQ's standby doorbell, if it gave one
+    bells: bytes = b""  # the peer CQ's consumer bell prefix, if it rings by name from here
     mrs: dict[int, RemoteMr] = field(default_factory=dict)
 
     def close(self) -> None:
@@ -148,8 +150,11 @@ class PeerLink:
             raise
         sock.setblocking(False)
         mark = msg.a if notify is not None and MARKS <= msg.a < len(notify) else 0
+        prefix = bells.peer_prefix(notify) if notify is not None else b""
+        if prefix and not bells.probe(prefix):  # (another network namespace, say)
+            prefix = b""
         return cls(sock, path, area, memoryview(area), table, bell, depth, slot_size, notify,
-                   msg.gid, mark, standby_bell)  # fmt: skip
+                   msg.gid, mark, standby_bell, prefix)  # fmt: skip
 
     def lookup(self, rkey: int) -> RemoteMr | None:
         """Map (again) the peer region of ``rkey``; ``None`` if it has no live one.

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
 from smcr.rdma.base import ProtectionDomain, QueuePair, scatter
-from smcr.rdma.completion import ARM_STANDBY, CompletionQueue
+from smcr.rdma.bells import ring_consumer
+from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY, CompletionQueue
 from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
@@ -508,7 +509,7 @@ class ShmQp(QueuePair):
         return self._next_psn, lay.U32.unpack_from(self._area, lay.OFF_EPSN)[0] & PSN_MASK
 
     def _post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
-                          wr_id: int, signaled: bool) -> None:  # fmt: skip
+                          wr_id: int, signaled: bool, wake: int = 0) -> None:  # fmt: skip
         """:meth:`post_writes_send` (the data path's batch, see the base class), fused: the
         checks of :meth:`_execute` for every WR first, then the copies, with no WR objects.
 
@@ -559,14 +560,14 @@ class ShmQp(QueuePair):
                 self._next_psn = psn = (psn + (-(-size // mtu) or 1)) & PSN_MASK
                 self._retry_left = attr.retry_cnt
                 self._rnr_left = attr.rnr_retry
-                self._place(peer, slot, size, lay.KIND_SEND, 0)
+                self._place(peer, slot, size, lay.KIND_SEND, 0, wake)
                 _U32_PACK(area, lay.OFF_EPSN, psn)
                 if signaled:
                     self.send_cq.push(WorkCompletion(wr_id=wr_id, status=_SUCCESS,
                                                      opcode=_SEND_OP, qp_num=self.qp_num,
                                                      byte_len=size), local=True)  # fmt: skip
                 return
-        super()._post_writes_send(writes, message, wr_id, signaled)
+        super()._post_writes_send(writes, message, wr_id, signaled, wake)
 
     def _check_inline(self, wr: SendWr) -> None:
         """An inline WR: the flag and the data together, a byte view, within ``max_inline_data``."""
@@ -755,18 +756,22 @@ class ShmQp(QueuePair):
             remote[off : off + n] = v
             off += n
 
-    def _place(self, peer: PeerLink, slot: int, length: int, kind: int, imm: int) -> None:
-        """Publish a slot (header, then the ``produced`` count) and ring the peer's CQ."""
+    def _place(self, peer: PeerLink, slot: int, length: int, kind: int, imm: int,
+               wake: int = 0) -> None:  # fmt: skip
+        """Publish a slot (header, then the ``produced`` count) and ring the peer's CQ (or
+        the consumer bell ``wake`` names: :func:`_notify`)."""
         area = peer.area
         _SLOT_HEADER_PACK(area, slot, length, kind, imm & 0xFFFFFFFF, 0)
         self._produced = produced = self._produced + 1
         _U64_PACK(area, lay.OFF_PRODUCED, produced)
-        _notify(peer)
+        _notify(peer, wake)
 
 
-def _notify(peer: PeerLink) -> None:
+def _notify(peer: PeerLink, wake: int = 0) -> None:
     """After a SEND was placed (``produced`` stored): mark the peer QP, and ring the peer's CQ
-    if it is armed, with the doorbell its arm names (:mod:`smcr.rdma.shm.cq`)."""
+    if it is armed, with the doorbell its arm names (:mod:`smcr.rdma.shm.cq`); or, for a
+    SEND keyed ``wake`` while the CQ is armed for no application thread, the consumer
+    bell armed for that key (:mod:`smcr.rdma.bells`)."""
     notify = peer.notify
     if notify is not None:  # ring only a CQ armed for sleep (smcr.rdma.shm.cq)
         mark = peer.mark
@@ -775,6 +780,9 @@ def _notify(peer: PeerLink) -> None:
         fence()
         target = _U32_UNPACK(notify, 0)[0]
         if not target:
+            return
+        if (wake and target != ARM_SLEEPER and peer.bells
+                and ring_consumer(notify, peer.bells, wake)):  # fmt: skip
             return
         _U32_PACK(notify, 0, 0)
         if target == ARM_STANDBY and peer.standby_bell is not None:

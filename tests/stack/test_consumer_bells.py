@@ -1,0 +1,204 @@
+"""Consumer bells (``smcr.rdma.bells``) and the readiness descriptor that has one
+(``smcr.stack.readiness.Readiness``): the requester's side is played here by a mapping
+of the CQ's notification segment, as a peer process maps it."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import select
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from smcr.rdma import bells
+from smcr.rdma.bells import WatchSlot
+from smcr.rdma.shm import layout as lay
+from smcr.rdma.shm.cq import ShmCompletionQueue
+from smcr.stack.readiness import Readiness
+
+TOKEN = 7
+
+
+@pytest.fixture
+def cq() -> Iterator[ShmCompletionQueue]:
+    q = ShmCompletionQueue(64)
+    yield q
+    q.close()
+
+
+def _events(r: Readiness) -> int:
+    p = select.poll()
+    p.register(r.fileno(), select.POLLIN | select.POLLOUT)
+    got = p.poll(0)
+    return got[0][1] if got else 0
+
+
+def _queued(r: Readiness) -> int:
+    """Datagrams waiting on the descriptor (read out; the caller's state is spoiled)."""
+    n = 0
+    try:
+        while True:
+            r.a.recv(64, socket.MSG_DONTWAIT)
+            n += 1
+    except BlockingIOError:
+        return n
+
+
+def _armed(bell: WatchSlot) -> bool:
+    """(A call: mypy would take an ``assert`` on the attribute for a narrowing.)"""
+    return bell.armed
+
+
+def _peer(cq: ShmCompletionQueue) -> tuple[mmap.mmap, bytes]:
+    notify = lay.map_segment(os.dup(cq.notify_fd))
+    prefix = bells.peer_prefix(notify)
+    assert prefix and bells.probe(prefix)
+    return notify, prefix
+
+
+def test_a_peer_rings_an_armed_bell_and_the_descriptor_turns_readable(
+        cq: ShmCompletionQueue) -> None:  # fmt: skip
+    bell = cq.watch(TOKEN)
+    assert bell is not None
+    r = Readiness(bell, cq)
+    notify, prefix = _peer(cq)
+    r.set(False, True, quiet=True)
+    assert r.looks and _armed(bell)
+    assert _events(r) == select.POLLOUT
+    assert bells.ring_consumer(notify, prefix, TOKEN)
+    assert _events(r) == select.POLLIN | select.POLLOUT
+    assert not bells.ring_consumer(notify, prefix, TOKEN)
+    # the runtime takes the message: readable, and no second datagram of its own
+    r.set(True, True, quiet=True)
+    assert bell.rung == 1 and not _armed(bell)
+    r.set(False, True, quiet=True)  # (read out: drained, armed again)
+    assert _events(r) == select.POLLOUT and _armed(bell)
+    r.close()
+    notify.close()
+
+
+def test_one_datagram_per_message(cq: ShmCompletionQueue) -> None:
+    bell = cq.watch(TOKEN)
+    assert bell is not None
+    r = Readiness(bell, cq)
+    notify, prefix = _peer(cq)
+    r.set(False, True, quiet=True)
+    assert bells.ring_consumer(notify, prefix, TOKEN)
+    r.set(True, True, quiet=True)
+    assert _queued(r) == 1
+    r.close()
+    notify.close()
+
+
+def test_an_arm_taken_without_a_datagram_is_rung_by_the_consumer(
+        cq: ShmCompletionQueue) -> None:  # fmt: skip
+    """A requester that died between taking the arm and sending: the consumer that takes
+    the message finds no datagram and makes the descriptor readable itself."""
+    bell = cq.watch(TOKEN)
+    assert bell is not None
+    r = Readiness(bell, cq)
+    notify, _ = _peer(cq)
+    r.set(False, True, quiet=True)
+    lay.U32.pack_into(notify, bell.offset, 0)
+    r.set(True, True, quiet=True)
+    assert _events(r) & select.POLLIN
+    r.close()
+    notify.close()
+
+
+def test_a_late_datagram_is_settled_and_the_bell_armed_again(cq: ShmCompletionQueue) -> None:
+    bell = cq.watch(TOKEN)
+    assert bell is not None
+    r = Readiness(bell, cq)
+    notify, prefix = _peer(cq)
+    r.set(False, True, quiet=True)
+    assert bells.ring_consumer(notify, prefix, TOKEN)
+    assert _events(r) & select.POLLIN  # (readable, but the message was taken meanwhile)
+    assert r.settle()
+    assert _events(r) == select.POLLOUT and _armed(bell)
+    r.close()
+    notify.close()
+
+
+def test_no_arm_while_bytes_of_ours_wait_or_unwritable(cq: ShmCompletionQueue) -> None:
+    """A window update rung to a program that waits for writability only would be heard by
+    nobody: the bell is armed only when a message could change readability alone."""
+    bell = cq.watch(TOKEN)
+    assert bell is not None
+    r = Readiness(bell, cq)
+    notify, prefix = _peer(cq)
+    r.set(False, True, quiet=False)
+    assert not _armed(bell)
+    assert not bells.ring_consumer(notify, prefix, TOKEN)
+    r.set(False, False, quiet=True)
+    assert not _armed(bell) and _events(r) == 0
+    r.set(False, True, quiet=True)
+    assert _armed(bell) and _events(r) == select.POLLOUT
+    r.set(False, True, quiet=False)  # (a send left bytes waiting: the arm taken back)
+    assert not _armed(bell)
+    assert not bells.ring_consumer(notify, prefix, TOKEN)
+    r.close()
+    notify.close()
+
+
+def test_a_ring_after_the_arm_was_taken_back_asks_for_a_look(cq: ShmCompletionQueue) -> None:
+    bell = cq.watch(TOKEN)
+    assert bell is not None
+    r = Readiness(bell, cq)
+    notify, prefix = _peer(cq)
+    r.set(False, True, quiet=True)
+    r.looks = False
+    assert bells.ring_consumer(notify, prefix, TOKEN)
+    r.set(False, True, quiet=False)
+    assert r.looks  # (the peer's message rang nobody else: the caller looks at the CQ)
+    r.close()
+    notify.close()
+
+
+def test_slots_are_not_shared_and_come_back(cq: ShmCompletionQueue) -> None:
+    bell = cq.watch(TOKEN)
+    assert bell is not None
+    assert cq.watch(TOKEN + bells.WATCH_SLOTS) is None
+    r = Readiness(bell, cq)
+    r.close()
+    other = cq.watch(TOKEN + bells.WATCH_SLOTS)
+    assert other is not None and other.rid != bell.rid
+
+
+def test_a_taken_name_leaves_the_connection_on_the_cq(cq: ShmCompletionQueue) -> None:
+    bell = cq.watch(TOKEN)
+    assert bell is not None
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    squatter.bind(cq.bell_prefix + b"%d" % (bell.rid + 1))  # (the next one's name)
+    cq.unwatch(bell)
+    r = Readiness.made(cq, TOKEN)
+    assert r.bell is None  # (the name was taken: no bell, as for a RoCE CQ)
+    r.set(True, True)
+    assert _events(r) == select.POLLIN | select.POLLOUT
+    r.close()
+    squatter.close()
+
+
+def test_fail_makes_it_ready_for_good(cq: ShmCompletionQueue) -> None:
+    bell = cq.watch(TOKEN)
+    assert bell is not None
+    r = Readiness(bell, cq)
+    r.set(False, False)
+    r.fail()
+    ev = _events(r)
+    assert ev & select.POLLIN and ev & select.POLLOUT
+    r.set(False, False)  # (changes nothing now)
+    assert _events(r) & select.POLLIN
+    r.close()
+
+
+def test_an_older_consumer_is_never_rung_by_name() -> None:
+    """A notification segment without watch words (an older smcr) has no bell prefix."""
+    fd, short = lay.new_segment("old-notify", 64 + (1 << 16))
+    try:
+        assert bells.peer_prefix(short) == b""
+    finally:
+        short.close()
+        os.close(fd)
