@@ -4,11 +4,16 @@ bell nobody hears, and a program that waits for writability only still gets its 
 
 from __future__ import annotations
 
+import errno
 import selectors
+import socket
 import time
 from typing import Any
 
+import pytest
+
 import smcr
+from smcr.stack.counters import COUNTERS
 from tests.socket import smc_peer
 from tests.socket.conftest import Peer
 
@@ -61,18 +66,37 @@ def _loop_round_trips(conns: list[smcr.SMCSocket], rounds: int, deadline: float)
     sel.close()
 
 
-def test_an_event_loops_messages_ring_the_consumer_bell() -> None:
+def _connect(port: int, nonblocking: bool) -> smcr.SMCSocket:
+    """A client connection; ``nonblocking``: connected as an event loop connects (the
+    readiness descriptor the program watched while connecting is the connection's)."""
+    if not nonblocking:
+        return smcr.create_connection(("127.0.0.1", port), timeout=20)
+    conn = smcr.SMCSocket()
+    conn.setblocking(False)
+    assert conn.connect_ex(("127.0.0.1", port)) in (0, errno.EINPROGRESS)
+    sel = selectors.DefaultSelector()
+    sel.register(conn, selectors.EVENT_WRITE)
+    assert sel.select(20), "connect did not settle"
+    sel.close()
+    assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+    return conn
+
+
+@pytest.mark.parametrize("nonblocking", [False, True], ids=["connect", "connect-nonblocking"])
+def test_an_event_loops_messages_ring_the_consumer_bell(nonblocking: bool) -> None:
     """Both ends wait in ``select`` on their readiness descriptor: each message makes the
     other end's descriptor readable through its bell (the peer rang it: counted), not
     through the other end's progress thread; every echo intact."""
     peer = Peer(smc_peer.loop_echo_server, 1)
     try:
         port = peer.recv()
-        conn = smcr.create_connection(("127.0.0.1", port), timeout=20)
+        conn = _connect(port, nonblocking)
         assert conn.smc_info().mode == "SMCR"
+        counted = COUNTERS.bell_cnt
         _loop_round_trips([conn], ROUNDS, time.monotonic() + 120)
         ours = conn._hc.readiness.bell  # type: ignore[union-attr]
         assert ours is not None and ours.rung >= ROUNDS // 2, ours and ours.rung
+        assert COUNTERS.bell_cnt - counted >= ROUNDS // 2  # (smcr stats -d shows it)
         conn.close()
         (theirs,) = peer.recv(60)
         assert theirs is not None and theirs >= ROUNDS // 2, theirs

@@ -46,6 +46,13 @@ def _queued(r: Readiness) -> int:
         return n
 
 
+def _with_bell(cq: ShmCompletionQueue, token: int = TOKEN) -> tuple[Readiness, WatchSlot]:
+    r = Readiness()
+    r.attach(cq, token)
+    assert r.rid and r.bell is not None
+    return r, r.bell
+
+
 def _armed(bell: WatchSlot) -> bool:
     """(A call: mypy would take an ``assert`` on the attribute for a narrowing.)"""
     return bell.armed
@@ -60,9 +67,7 @@ def _peer(cq: ShmCompletionQueue) -> tuple[mmap.mmap, bytes]:
 
 def test_a_peer_rings_an_armed_bell_and_the_descriptor_turns_readable(
         cq: ShmCompletionQueue) -> None:  # fmt: skip
-    bell = cq.watch(TOKEN)
-    assert bell is not None
-    r = Readiness(bell, cq)
+    r, bell = _with_bell(cq)
     notify, prefix = _peer(cq)
     r.set(False, True, quiet=True)
     assert r.looks and _armed(bell)
@@ -80,9 +85,7 @@ def test_a_peer_rings_an_armed_bell_and_the_descriptor_turns_readable(
 
 
 def test_one_datagram_per_message(cq: ShmCompletionQueue) -> None:
-    bell = cq.watch(TOKEN)
-    assert bell is not None
-    r = Readiness(bell, cq)
+    r, _bell = _with_bell(cq)
     notify, prefix = _peer(cq)
     r.set(False, True, quiet=True)
     assert bells.ring_consumer(notify, prefix, TOKEN)
@@ -96,9 +99,7 @@ def test_an_arm_taken_without_a_datagram_is_rung_by_the_consumer(
         cq: ShmCompletionQueue) -> None:  # fmt: skip
     """A requester that died between taking the arm and sending: the consumer that takes
     the message finds no datagram and makes the descriptor readable itself."""
-    bell = cq.watch(TOKEN)
-    assert bell is not None
-    r = Readiness(bell, cq)
+    r, bell = _with_bell(cq)
     notify, _ = _peer(cq)
     r.set(False, True, quiet=True)
     lay.U32.pack_into(notify, bell.offset, 0)
@@ -109,9 +110,7 @@ def test_an_arm_taken_without_a_datagram_is_rung_by_the_consumer(
 
 
 def test_a_late_datagram_is_settled_and_the_bell_armed_again(cq: ShmCompletionQueue) -> None:
-    bell = cq.watch(TOKEN)
-    assert bell is not None
-    r = Readiness(bell, cq)
+    r, bell = _with_bell(cq)
     notify, prefix = _peer(cq)
     r.set(False, True, quiet=True)
     assert bells.ring_consumer(notify, prefix, TOKEN)
@@ -125,9 +124,7 @@ def test_a_late_datagram_is_settled_and_the_bell_armed_again(cq: ShmCompletionQu
 def test_no_arm_while_bytes_of_ours_wait_or_unwritable(cq: ShmCompletionQueue) -> None:
     """A window update rung to a program that waits for writability only would be heard by
     nobody: the bell is armed only when a message could change readability alone."""
-    bell = cq.watch(TOKEN)
-    assert bell is not None
-    r = Readiness(bell, cq)
+    r, bell = _with_bell(cq)
     notify, prefix = _peer(cq)
     r.set(False, True, quiet=False)
     assert not _armed(bell)
@@ -144,9 +141,7 @@ def test_no_arm_while_bytes_of_ours_wait_or_unwritable(cq: ShmCompletionQueue) -
 
 
 def test_a_ring_after_the_arm_was_taken_back_asks_for_a_look(cq: ShmCompletionQueue) -> None:
-    bell = cq.watch(TOKEN)
-    assert bell is not None
-    r = Readiness(bell, cq)
+    r, _bell = _with_bell(cq)
     notify, prefix = _peer(cq)
     r.set(False, True, quiet=True)
     r.looks = False
@@ -158,37 +153,56 @@ def test_a_ring_after_the_arm_was_taken_back_asks_for_a_look(cq: ShmCompletionQu
 
 
 def test_slots_are_not_shared_and_come_back(cq: ShmCompletionQueue) -> None:
-    bell = cq.watch(TOKEN)
-    assert bell is not None
-    assert cq.watch(TOKEN + bells.WATCH_SLOTS) is None
-    r = Readiness(bell, cq)
+    r, _ = _with_bell(cq)
+    other = Readiness()
+    other.attach(cq, TOKEN + bells.WATCH_SLOTS)
+    assert other.bell is None  # (its slot is held: the CQ's path)
     r.close()
-    other = cq.watch(TOKEN + bells.WATCH_SLOTS)
-    assert other is not None and other.rid != bell.rid
+    third, _bell = _with_bell(cq, TOKEN + bells.WATCH_SLOTS)
+    third.close()
+    other.close()
 
 
-def test_a_taken_name_leaves_the_connection_on_the_cq(cq: ShmCompletionQueue) -> None:
-    bell = cq.watch(TOKEN)
-    assert bell is not None
+def test_a_taken_name_leaves_a_socket_pair(cq: ShmCompletionQueue) -> None:
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    squatter.bind(cq.bell_prefix + b"%d" % (bell.rid + 1))  # (the next one's name)
-    cq.unwatch(bell)
-    r = Readiness.made(cq, TOKEN)
-    assert r.bell is None  # (the name was taken: no bell, as for a RoCE CQ)
+    squatter.bind(bells.NAMES.name(bells.NAMES.rid + 1))  # (the next one's name)
+    r = Readiness()
+    assert not r.rid
+    r.attach(cq, TOKEN)
+    assert r.bell is None  # (no name: no bell, the CQ's path)
     r.set(True, True)
     assert _events(r) == select.POLLIN | select.POLLOUT
+    r.set(False, False)
+    assert _events(r) == 0
     r.close()
     squatter.close()
 
 
-def test_fail_makes_it_ready_for_good(cq: ShmCompletionQueue) -> None:
-    bell = cq.watch(TOKEN)
-    assert bell is not None
-    r = Readiness(bell, cq)
+@pytest.mark.parametrize("named", [True, False])
+def test_a_descriptor_follows_what_it_is_told(named: bool) -> None:
+    r = Readiness(named)
+    assert bool(r.rid) == named
+    assert _events(r) == select.POLLOUT
+    r.set(True, True)
+    assert _events(r) == select.POLLIN | select.POLLOUT
+    r.set(True, False)
+    assert _events(r) == select.POLLIN
+    r.set(False, False)
+    assert _events(r) == 0
+    r.set(False, True)
+    assert _events(r) == select.POLLOUT
+    r.close()
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_fail_makes_it_ready_for_good_with_an_error(named: bool) -> None:
+    """As a TCP socket whose connect failed: readable, writable, EPOLLERR and EPOLLHUP."""
+    r = Readiness(named)
     r.set(False, False)
     r.fail()
     ev = _events(r)
-    assert ev & select.POLLIN and ev & select.POLLOUT
+    assert ev & select.POLLIN and ev & select.POLLOUT, ev
+    assert ev & select.POLLERR and ev & select.POLLHUP, ev
     r.set(False, False)  # (changes nothing now)
     assert _events(r) & select.POLLIN
     r.close()
@@ -202,3 +216,17 @@ def test_an_older_consumer_is_never_rung_by_name() -> None:
     finally:
         short.close()
         os.close(fd)
+
+
+def test_a_strangers_datagram_is_drained_and_the_arm_kept(cq: ShmCompletionQueue) -> None:
+    """Anyone in the network namespace can write to a name: a read that finds nothing makes
+    the descriptor unreadable again, and the bell stays armed for the peer."""
+    r, bell = _with_bell(cq)
+    r.set(False, True, quiet=True)
+    stranger = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stranger.sendto(b"x", bells.NAMES.name(r.rid))
+    assert _events(r) & select.POLLIN
+    assert not r.settle()  # (no look needed: nobody took the arm)
+    assert _events(r) == select.POLLOUT and _armed(bell) and bell.holds()
+    stranger.close()
+    r.close()

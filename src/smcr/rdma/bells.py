@@ -9,9 +9,9 @@ descriptor readable itself, so the thread that reads is the one woken, as over T
 How, per connection and with no descriptor of it in the peer:
 
 * the consumer's readiness descriptor is a unix datagram socket bound to a name in the
-  abstract namespace that the requester can compute: the CQ's *bell prefix* (a random
-  nonce the CQ publishes in its notification segment at :data:`NONCE`) and a readiness
-  number (*rid*);
+  abstract namespace that the requester can compute: the process's *bell prefix* (a
+  random nonce, :class:`Names`, that its CQs publish in their notification segments at
+  :data:`NONCE`) and a readiness number (*rid*);
 * the notification segment has a *watch word* per connection token (u32 at
   :data:`WATCHES` + 4 * (token mod :data:`WATCH_SLOTS`)): the consumer stores the rid
   there when the descriptor is unreadable and a message would make it readable
@@ -30,16 +30,18 @@ knows a datagram was sent or is on its way; one that failed (the requester died 
 the two steps) is covered by the consumer looking for the datagram before it trusts it
 (:meth:`smcr.stack.readiness.Readiness.set`).
 
-A requester rings names only of a CQ that answered its probe at the hello
-(:func:`probe`: the name of rid 0 is bound by the CQ): across network namespaces (where
-abstract names differ) or with an older consumer it rings the CQ as before.  Names in
-the abstract namespace can be seen and written by other users of the network namespace:
-a stranger's datagram is a spurious readability, which a read that finds nothing clears;
-a stranger that binds a name first leaves that connection on the CQ's path.
+A requester rings names only of a CQ that answered its probe at the hello (:func:`probe`:
+the name of rid 0 is bound by the consumer's process): across network namespaces (where
+abstract names differ) or with an older consumer it rings the CQ as before.  Names in the
+abstract namespace can be seen and written by other users of the network namespace: a
+stranger's datagram is a spurious readability, which a read that finds nothing clears; a
+stranger that binds a name first leaves that descriptor a socket pair, rung by the CQ's
+path.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import struct
@@ -62,17 +64,72 @@ _DONTWAIT: Final = socket.MSG_DONTWAIT
 
 
 def prefix_of(nonce: int) -> bytes:
-    """The bell names' common start for a CQ with ``nonce``."""
+    """The bell names' common start for a process with ``nonce``."""
     return b"\0smcr-ready-%016x-" % nonce
 
 
-def publish_nonce(notify: mmap) -> bytes:
-    """Give a new notification segment its nonce; returns its names' prefix."""
-    nonce = 0
-    while not nonce:
-        nonce = int.from_bytes(os.urandom(8), "little")
+class Names:
+    """This process's bell names: a random nonce (their prefix), the probe bound to rid 0,
+    and the next rid.  Made afresh in a forked child (:meth:`ready`), whose names must not
+    be its parent's."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.nonce = 0
+        self.prefix = b""
+        self.probe: socket.socket | None = None
+        self.rid = 0
+
+    def ready(self) -> bool:
+        """Whether this process can have named readiness descriptors (made on first use)."""
+        if self.pid != os.getpid():
+            self._start()
+        return self.probe is not None
+
+    def _start(self) -> None:
+        self.pid = os.getpid()
+        self.close()  # (a parent's, in a forked child: the parent's own stays bound)
+        self.nonce = 0
+        while not self.nonce:
+            self.nonce = int.from_bytes(os.urandom(8), "little")
+        self.prefix = prefix_of(self.nonce)
+        self.rid = int.from_bytes(os.urandom(2), "little")
+        probe_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+        try:
+            probe_sock.bind(self.prefix + b"0")
+        except OSError:  # (no abstract namespace for us: readiness as socket pairs)
+            probe_sock.close()
+            return
+        self.probe = probe_sock
+
+    def close(self) -> None:
+        """Close the probe (at exit; in a forked child, its parent's)."""
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
+
+    def new_rid(self) -> int:
+        """A rid for a new readiness descriptor (0: none, names are not available)."""
+        if not self.ready():
+            return 0
+        self.rid = self.rid % 0xFFFFFFFE + 1
+        return self.rid
+
+    def name(self, rid: int) -> bytes:
+        """The name of readiness descriptor ``rid`` (0: the probe)."""
+        return self.prefix + b"%d" % rid
+
+
+NAMES: Final = Names()
+atexit.register(NAMES.close)
+
+
+def publish_nonce(notify: mmap) -> int:
+    """Give a new notification segment this process's nonce (0 where names are not
+    available: then no peer rings by name); returns it."""
+    nonce = NAMES.nonce if NAMES.ready() else 0
     _U64.pack_into(notify, NONCE, nonce)
-    return prefix_of(nonce)
+    return nonce
 
 
 def peer_prefix(notify: mmap) -> bytes:
@@ -84,6 +141,8 @@ def peer_prefix(notify: mmap) -> bytes:
     return prefix_of(nonce) if nonce else b""
 
 
+_SO_SNDBUFFORCE: Final = 32  # (Linux; CAP_NET_ADMIN)
+_RINGER_BUFFER: Final = 1 << 22
 _RINGER: list[socket.socket] = []
 """The process's socket for ringing consumer bells (made on first use)."""
 
@@ -93,9 +152,18 @@ def _ringer() -> socket.socket:
     against it until its consumer reads it (a ring that does not fit goes to the CQ)."""
     if not _RINGER:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
+        try:  # (past the system's limit where we may: 4 MiB is about 5,000 rings unread)
+            sock.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, _RINGER_BUFFER)
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _RINGER_BUFFER)
         _RINGER.append(sock)
     return _RINGER[0]
+
+
+@atexit.register
+def _close_ringer() -> None:
+    while _RINGER:
+        _RINGER.pop().close()
 
 
 def probe(prefix: bytes) -> bool:
@@ -131,14 +199,11 @@ def ring_consumer(notify: mmap, prefix: bytes, token: int) -> bool:
 class WatchSlot:
     """A connection's watch word in its CQ's notification segment (consumer side)."""
 
-    def __init__(self, notify: mmap, offset: int, rid: int, name: bytes, sink: bytes) -> None:
+    def __init__(self, notify: mmap, offset: int, rid: int) -> None:
         self.notify = notify
         self.offset = offset
         self.rid = rid
-        self.name = name
-        """The readiness socket's name: what a requester rings."""
-        self.sink = sink
-        """The name of the readiness socket's sink (its fill makes it unwritable)."""
+        """The readiness descriptor's rid: its name is what a requester rings."""
         self.armed = False
         """Whether this end stored its rid and has not taken it back since."""
         self.rung = 0
@@ -149,6 +214,10 @@ class WatchSlot:
         if not self.notify.closed:
             _U32_PACK(self.notify, self.offset, self.rid)
         self.armed = True
+
+    def holds(self) -> bool:
+        """Whether the arm is still there (no requester took it)."""
+        return self.notify.closed or _U32_UNPACK(self.notify, self.offset)[0] == self.rid
 
     def take(self) -> bool:
         """Take the arm back: True when it was still there (nobody rang), False when a

@@ -97,9 +97,10 @@ class CompletionQueue:
         """The write end of the standby doorbell (:meth:`doorbell_fd`'s twin)."""
         return self._standby_w.fileno()
 
-    def watch(self, token: int) -> WatchSlot | None:
-        """A consumer bell for the connection whose alert token is ``token``, where the
-        provider's peers can ring one (:mod:`smcr.rdma.bells`); None here."""
+    def watch(self, token: int, rid: int) -> WatchSlot | None:
+        """A consumer bell for the connection whose alert token is ``token`` and whose
+        readiness descriptor is named by ``rid``, where the provider's peers can ring one
+        (:mod:`smcr.rdma.bells`); None here."""
         return None
 
     def unwatch(self, slot: WatchSlot) -> None:

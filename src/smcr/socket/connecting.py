@@ -150,8 +150,7 @@ class Connecting:
             return
         handshake.finish_handshake(sock, sock._stack, hc)
         if sock._mode == "SMCR":
-            hc.readiness = self.readiness
-            sock._stack.update_readiness(hc)
+            sock._stack.adopt_readiness(hc, self.readiness)
             sock._stack.readiness_watched()
             sock._connecting = None  # the descriptor now belongs to the connection
             return

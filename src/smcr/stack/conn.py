@@ -87,6 +87,15 @@ class DataPath:
         """The engine's record of the connection (None once released)."""
         return self.ex.engine.conns.get(self.hc.conn_id)
 
+    def take_news(self) -> None:
+        """Take what the CQ holds now: a non-blocking read that finds no bytes yet may have
+        been woken by the message itself (its consumer bell), which nobody took yet."""
+        ex = self.ex
+        with ex.lock:
+            wcs = ex.cq.poll(64)
+            if wcs:
+                ex.process(wcs)
+
     # ================================================================ sending
 
     def send(self, view: memoryview, flags: int, timeout: float | None,
@@ -550,10 +559,11 @@ class DataPath:
         ex, hc = self.ex, self.hc
         with ex.lock:
             if hc.readiness is None:
-                hc.readiness = ex.new_readiness(hc)
-                hc.readiness.set_blocking(blocking)
-                ex.update_readiness(hc)
+                r = Readiness()
+                r.set_blocking(blocking)
+                ex.adopt_readiness(hc, r)
                 self.stack.readiness_watched()
+                return r
             return hc.readiness
 
     # ================================================================ closing
@@ -730,6 +740,9 @@ class SocketCalls:
         if (not flags or flags == _WAITALL) and want and not (self.closed or self.forked):
             part = out[:want] if want < len(out) else out
             n = -1 if flags else path.try_read(part, want)
+            if n < 0 and not flags and self.timeout == 0.0:  # (path.take_news says why)
+                path.take_news()
+                n = path.try_read(part, want)
             if n <= 0 and self.timeout is None:
                 n = path.read_waiting(part, bool(flags))
             if n > 0:
@@ -748,6 +761,9 @@ class SocketCalls:
             c = path.conn()
             if c is not None:
                 avail = c.rx_prod - c.rx_cons  # (a glance: try_read looks again, locked)
+                if avail <= 0 and self.timeout == 0.0:
+                    path.take_news()
+                    avail = c.rx_prod - c.rx_cons
                 if avail > 0:
                     buf = bytearray(min(avail, bufsize))
                     n = path.try_read(memoryview(buf), bufsize)

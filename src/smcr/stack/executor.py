@@ -448,10 +448,13 @@ class Executor:
         elif self.cq.has_completions():
             self.process()
 
-    def new_readiness(self, hc: HostConn) -> Readiness:
-        """A readiness descriptor for the connection (with a consumer bell where it can)."""
+    def adopt_readiness(self, hc: HostConn, r: Readiness) -> None:
+        """The connection's readiness descriptor is ``r`` (a new one, or the one a
+        non-blocking connect showed): with a consumer bell where it can have one."""
+        hc.readiness = r
         c = self.engine.conns.get(hc.conn_id)
-        return Readiness.made(self.cq, c.token if c and not self.local_peer(hc, c) else 0)
+        r.attach(self.cq, c.token if c and not self.local_peer(hc, c) else 0)
+        self.update_readiness(hc)
 
     # ================================================================ completions
 

@@ -1,17 +1,19 @@
 """A descriptor whose readability and writability follow an SMC-R connection.
 
-``fileno()`` of an SMC socket in SMC-R mode is one end of a unix socket pair that the
-runtime makes readable (a byte is waiting) and writable (the other end drained) to
-follow the connection, so that ``select``, ``poll``, ``epoll``, ``selectors`` and asyncio
-watch it as they would a TCP socket.
+``fileno()`` of an SMC socket in SMC-R mode is a unix datagram socket, bound to a name
+of the process's (:class:`smcr.rdma.bells.Names`), that the runtime makes readable (a
+datagram waits) and writable (its sink, a second socket it fills to make it not
+writable, drained) to follow the connection, so that ``select``, ``poll``, ``epoll``,
+``selectors`` and asyncio watch it as they would a TCP socket.  Where names are not to
+be had, it is one end of a unix socket pair, in the same way.
 
-Where the RNIC's peers can ring it (a *consumer bell*, :mod:`smcr.rdma.bells`), it is a
-unix datagram socket bound to the bell's name instead, with a datagram sink of its own for
-the not-writable fill: then the peer that sends the connection's next message makes it
-readable itself, and the program's thread is the one woken.  It is armed (its watch word
-set) only while a message could change nothing but readability: not readable, writable,
-no bytes of ours waiting for the peer's window (a window update rung to a program that
-waits for writability only would be heard by no one).
+The name is what lets the peer ring it: where the RNIC's peers can (a *consumer bell*,
+:mod:`smcr.rdma.bells`, :meth:`Readiness.attach`), the peer that sends the connection's
+next message makes the descriptor readable itself, and the program's thread is the one
+woken.  The bell is armed (its watch word set) only while a message could change
+nothing but readability: not readable, writable, no bytes of ours waiting for the
+peer's window (a window update rung to a program that waits for writability only would
+be heard by no one).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Final
 
 from smcr import plainsock
 from smcr.core.connection import Connection
-from smcr.rdma.bells import WatchSlot
+from smcr.rdma.bells import NAMES, WatchSlot
 from smcr.rdma.completion import CompletionQueue
+from smcr.stack.counters import COUNTERS
 from smcr.stack.descriptors import put_at
 
 _DONTWAIT: Final = socket.MSG_DONTWAIT
@@ -36,37 +39,46 @@ _DRAIN: Final = 65536
 _DRAIN_READABLE: Final = 64
 """A read of the readable byte (one per change to readable)."""
 _PEEK: Final = socket.MSG_DONTWAIT | socket.MSG_PEEK
+_FILL_DATAGRAM: Final = bytes(1024)
+"""The not-writable fill of a named descriptor: one datagram this size takes more of
+``a``'s send buffer (the smallest the kernel allows) than a writable socket may have
+in use (a quarter of it)."""
 
 
 class Readiness:
     """A descriptor whose readability/writability the runtime sets (see module doc).
 
-    Readable: one byte waits in ``a``.  Not writable: ``a`` has filled the other
-    end's queue; writable again once ``b`` is drained.
+    Readable: a datagram (a byte of a socket pair) waits in ``a``.  Not writable: ``a``
+    has filled ``b``'s queue; writable again once ``b`` is drained.
     """
 
-    def __init__(self, bell: WatchSlot | None = None,
-                 cq: CompletionQueue | None = None) -> None:  # fmt: skip
-        """:param bell: the connection's consumer bell (from ``cq``, which gets it back at
-            :meth:`close`): a datagram socket bound to its name (module doc).
-        :raises OSError: when the name cannot be bound."""
-        if bell is None:
-            self.a, self.b = plainsock.nonblocking_pair()
-        else:
+    def __init__(self, named: bool = True) -> None:
+        """:param named: a datagram socket with a name where the process has names (module
+            doc); else, or where its name cannot be bound, a socket pair."""
+        self.rid = NAMES.new_rid() if named else 0
+        """The descriptor's rid (its name, :class:`~smcr.rdma.bells.Names`); 0: a pair."""
+        self.a: _socket.socket
+        self.b: _socket.socket
+        if self.rid:
+            name = NAMES.name(self.rid)
+            self.sink = name + b"s"
             self.a = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
             self.b = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
             try:
-                self.a.bind(bell.name)
-                self.b.bind(bell.sink)
-                self.b.connect(bell.name)
-            except OSError:
+                self.a.bind(name)
+                self.b.bind(self.sink)
+                self.b.connect(name)
+            except OSError:  # (a name taken by another: a pair, as where names are none)
                 self.a.close()
                 self.b.close()
-                raise
-        self.bell = bell
-        self.cq = cq
+                self.rid = 0
+        if not self.rid:
+            self.a, self.b = plainsock.nonblocking_pair()
+        self.bell: WatchSlot | None = None
+        """The consumer bell (:meth:`attach`)."""
+        self.cq: CompletionQueue | None = None
         self.failed = False
-        """:meth:`fail` made it ready for good (a descriptor with a bell)."""
+        """:meth:`fail` made it ready for good (a named descriptor: later sets change nothing)."""
         self.looks = False
         """The bell was armed, or taken back after a peer rang it: the caller looks at the
         CQ (what the peer placed may have rung nobody else)."""
@@ -79,18 +91,15 @@ class Readiness:
         self.app = -1
         """The application's number for ``a``'s file (:meth:`fileno`), -1 before it asks."""
 
-    @staticmethod
-    def made(cq: CompletionQueue, token: int) -> Readiness:
-        """A readiness descriptor with a consumer bell from ``cq`` for the connection whose
-        alert token is ``token`` where it can have one (0: it cannot, the other end is in
-        this process or the connection is not established), else one without."""
-        bell = cq.watch(token) if token else None
-        if bell is not None:
-            try:
-                return Readiness(bell, cq)
-            except OSError:  # (its name taken: the CQ's way, as without a bell)
-                cq.unwatch(bell)
-        return Readiness()
+    def attach(self, cq: CompletionQueue, token: int) -> None:
+        """Give the descriptor the consumer bell ``cq`` has for the connection whose alert
+        token is ``token`` (0: none, the other end is in this process), if it has one (a
+        named descriptor, a CQ whose peers ring by name, the slot free); ``cq`` gets it
+        back at :meth:`close`."""
+        if self.rid and token and self.bell is None and not self.failed:
+            self.bell = cq.watch(token, self.rid)
+            if self.bell is not None:
+                self.cq = cq
 
     def follow(self, c: Connection | None) -> bool:
         """Follow the connection (None: gone, ready for good).  Returns whether the caller
@@ -164,10 +173,9 @@ class Readiness:
         :param quiet: nothing of ours waits for the peer (module doc: a consumer bell
             is armed only then).
         """
-        bell = self.bell
-        if bell is not None:
+        if self.rid:
             if not self.failed:
-                self._set_rung(bell, readable, writable, quiet)
+                self._set_named(self.bell, readable, writable, quiet)
             return
         # (each loop ends on a short count, not on EAGAIN: an exception per change, each
         # message's readable -> unreadable among them, cost more than its system call)
@@ -199,24 +207,29 @@ class Readiness:
                 except OSError:
                     pass
 
-    def _set_rung(self, bell: WatchSlot, readable: bool, writable: bool, quiet: bool) -> None:
-        """:meth:`set` for a descriptor with a consumer bell (module doc)."""
+    def _set_named(self, bell: WatchSlot | None, readable: bool, writable: bool,
+                   quiet: bool) -> None:  # fmt: skip
+        """:meth:`set` for a named descriptor, with its consumer bell if it has one."""
         if writable != self.writable:
             self.writable = writable
-            if writable:  # (the sink drained: its datagrams no longer count against ``a``)
-                _drain(self.b)
-            else:
-                try:
-                    while True:
-                        self.a.sendto(b"w", _DONTWAIT, bell.sink)
-                except OSError:
-                    pass
+            try:
+                if writable:  # (the sink's one datagram read: it no longer counts against a)
+                    self.b.recv(_DRAIN, _DONTWAIT)
+                else:
+                    self.a.sendto(_FILL_DATAGRAM, _DONTWAIT, self.sink)
+            except OSError:
+                pass
         if readable != self.readable:
             self.readable = readable
             if readable:
                 # rung by the peer already (it took the arm), unless its datagram never
-                # came (it died between the two steps, or could not send: wake.py)
-                if not bell.armed or bell.take() or not self._queued():
+                # came (it died between the two steps, or could not send: bells.py)
+                if bell is None or not bell.armed or bell.take():
+                    rung = False
+                else:
+                    COUNTERS.bell_cnt += 1
+                    rung = self._queued()
+                if not rung:
                     try:
                         self.b.send(b"r", _DONTWAIT)
                     except OSError:
@@ -226,6 +239,8 @@ class Readiness:
                     self.a.recv(_DRAIN_READABLE, _DONTWAIT)
                 except OSError:
                     pass
+        if bell is None:
+            return
         arm = quiet and writable and not readable
         if arm != bell.armed:
             if arm:
@@ -244,35 +259,28 @@ class Readiness:
 
     def settle(self) -> bool:
         """A call found nothing to do where the descriptor may have said otherwise: a
-        datagram that came after its message was taken (or a stranger's) goes, and the
-        bell is armed afresh.  Returns whether the caller must look at the CQ."""
-        bell = self.bell
-        if bell is None or self.readable:
+        datagram that came after its message was taken (or a stranger's) goes, and a bell
+        a requester took meanwhile is armed afresh.  Returns whether the caller must look
+        at the CQ (what that requester placed)."""
+        if not self.rid or self.readable:
             return False
         _drain(self.a)
-        if not bell.armed:
+        bell = self.bell
+        if bell is None or not bell.armed or bell.holds():
             return False
-        bell.take()
         bell.arm()
         return True
 
     def fail(self) -> None:
         """Ready for good, as a TCP socket whose connect failed: readable, writable, and
-        ``EPOLLERR``/``EPOLLHUP`` in poll (a program waiting for either wakes as over TCP;
-        a descriptor with a consumer bell, made for a connection already established,
-        shows ``EPOLLHUP`` without ``EPOLLERR``).
+        ``EPOLLERR``/``EPOLLHUP`` in poll (a program waiting for either wakes as over TCP).
 
         How: ``b`` goes while it holds unread bytes of ``a``'s (the not-writable fill),
         and Linux then gives ``a`` the error ``ECONNRESET`` (``unix_release_sock``) and
         both shutdowns; ``b``'s queue freed makes ``a`` writable.  Later :meth:`set`
         calls change nothing (``b`` is closed: their sends and drains fail quietly)."""
-        if self.bell is not None:
-            self.set(True, True)
-            self.failed = True
-            try:
-                self.a.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        if self.rid:
+            self._fail_named()
             return
         if self.writable:
             self.set(self.readable, False)  # (``b`` must hold unread bytes)
@@ -280,6 +288,29 @@ class Readiness:
             self.b.close()  # (one change: all of a's events at once)
         except OSError:
             pass
+        self.readable = self.writable = True
+
+    def _fail_named(self) -> None:
+        """:meth:`fail` for a named descriptor.  Linux gives a datagram socket ``EPOLLERR``
+        (``ECONNRESET``) when the socket it is connected to, and that is connected to it,
+        connects elsewhere with bytes of its own unread (``unix_dgram_disconnected``):
+        so ``a`` connects to its sink (which holds ``a``'s fill), the sink to the probe;
+        the sink's queue is dropped then, and ``a`` writable.  A shutdown both ways adds
+        ``EPOLLHUP`` and readability."""
+        if self.bell is not None:
+            self.bell.take()
+        if self.writable:
+            self.set(self.readable, False)
+        try:
+            self.a.connect(self.sink)
+            self.b.connect(NAMES.name(0))
+        except OSError:
+            pass
+        try:
+            self.a.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.failed = True
         self.readable = self.writable = True
 
     def close(self) -> None:

@@ -81,6 +81,7 @@ from smcr.stack.closing import EXIT_LINGER, Closing
 from smcr.stack.executor import Executor
 from smcr.stack.hostconn import HostConn, PortRes, StackTap, Taps
 from smcr.stack.progress import SPIN, Progress
+from smcr.stack.readiness import Readiness
 from smcr.stack.wakeup import Wakeups
 from smcr.stack.wrslots import WorkRequests
 from smcr.ueid import UeidTable
@@ -379,6 +380,10 @@ class Stack:
     def update_readiness(self, hc: HostConn) -> None:
         """Bring the connection's readiness descriptor up to date (lock held)."""
         self.ex.update_readiness(hc)
+
+    def adopt_readiness(self, hc: HostConn, r: Readiness) -> None:
+        """``r`` is the connection's readiness descriptor from now on (lock held)."""
+        self.ex.adopt_readiness(hc, r)
 
     def readiness_watched(self) -> None:
         """A connection's readiness descriptor is the program's (lock held): from now on

@@ -46,7 +46,6 @@ leaves its QP among the hooks every poll runs.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from collections.abc import Callable
 from typing import Final
@@ -93,19 +92,10 @@ class ShmCompletionQueue(CompletionQueue):
         self._marks_end = MARKS
         """One past the highest mark byte handed out: where a poll's search ends."""
         self._marks_lock = threading.Lock()
-        self.bell_prefix = bells.publish_nonce(self._notify)
-        """The start of this CQ's consumer bell names (:mod:`smcr.rdma.bells`)."""
-        self._probe: socket.socket | None = None
-        try:  # (rid 0: what requesters probe at their hello)
-            self._probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
-            self._probe.bind(self.bell_prefix + b"0")
-        except OSError:
-            if self._probe is not None:
-                self._probe.close()
-            self._probe = None
+        self.nonce = bells.publish_nonce(self._notify)
+        """The bell nonce this CQ published (its process's when it was made; 0: none)."""
         self._watched: dict[int, int] = {}
         """Watch slot -> the rid that holds it."""
-        self._rids = 0
 
     def take_mark(self, hook: Callable[[], None]) -> int:
         """A mark byte for the QP whose progress hook is ``hook``, whose requester marks it
@@ -146,20 +136,19 @@ class ShmCompletionQueue(CompletionQueue):
         else:
             self.remove_progress(hook)
 
-    def watch(self, token: int) -> WatchSlot | None:
-        """A watch word for the connection whose alert token is ``token`` (its requester
-        rings its readiness descriptor by name, :mod:`smcr.rdma.bells`); None when the
-        slot is held by another connection or the CQ cannot be rung by name."""
-        if self._probe is None or self._notify.closed:
+    def watch(self, token: int, rid: int) -> WatchSlot | None:
+        """A watch word for the connection whose alert token is ``token``, whose readiness
+        descriptor is named by ``rid`` (its requester rings it by name,
+        :mod:`smcr.rdma.bells`); None when the slot is held by another connection, or
+        the names are not the ones this CQ published (a forked child's)."""
+        if not rid or not self.nonce or self.nonce != bells.NAMES.nonce or self._notify.closed:
             return None
         slot = token & bells.WATCH_MASK
         with self._marks_lock:
             if slot in self._watched:
                 return None
-            self._rids = rid = self._rids % 0xFFFFFFFE + 1
             self._watched[slot] = rid
-        name = self.bell_prefix + b"%d" % rid
-        return WatchSlot(self._notify, bells.WATCHES + 4 * slot, rid, name, name + b"s")
+        return WatchSlot(self._notify, bells.WATCHES + 4 * slot, rid)
 
     def unwatch(self, slot: WatchSlot) -> None:
         """The connection of ``slot`` is gone (or rings by name no more)."""
@@ -235,9 +224,6 @@ class ShmCompletionQueue(CompletionQueue):
     def close(self) -> None:
         """Release the descriptors and the notification segment."""
         super().close()
-        if self._probe is not None:
-            self._probe.close()
-            self._probe = None
         if not self._notify.closed:
             self._notify.close()
             os.close(self.notify_fd)
