@@ -14,6 +14,8 @@ are never the program's.
 from __future__ import annotations
 
 import _socket
+import ctypes
+import os
 import socket
 
 
@@ -51,3 +53,24 @@ def accept(listener: socket.socket) -> socket.socket:
     if socket.getdefaulttimeout() is None and listener.gettimeout():
         conn.setblocking(True)
     return conn
+
+
+def datagram() -> _socket.socket:
+    """A non-blocking unix datagram socket (readiness descriptors, bells)."""
+    return _socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+
+
+class _Unspec(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_char * 14)]
+
+
+def disconnect(sock: _socket.socket) -> None:
+    """Undo a datagram socket's ``connect`` (``connect`` to ``AF_UNSPEC``, which Python's
+    ``connect`` cannot name): it takes datagrams from anyone again.
+
+    :raises OSError: as ``connect(2)`` fails."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    unspec = _Unspec(socket.AF_UNSPEC)
+    if libc.connect(sock.fileno(), ctypes.byref(unspec), ctypes.sizeof(unspec)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))

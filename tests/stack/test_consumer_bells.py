@@ -47,7 +47,7 @@ def _queued(r: Readiness) -> int:
 
 
 def _with_bell(cq: ShmCompletionQueue, token: int = TOKEN) -> tuple[Readiness, WatchSlot]:
-    r = Readiness()
+    r = Readiness(named=True)
     r.attach(cq, token)
     assert r.rid and r.bell is not None
     return r, r.bell
@@ -154,7 +154,7 @@ def test_a_ring_after_the_arm_was_taken_back_asks_for_a_look(cq: ShmCompletionQu
 
 def test_slots_are_not_shared_and_come_back(cq: ShmCompletionQueue) -> None:
     r, _ = _with_bell(cq)
-    other = Readiness()
+    other = Readiness(named=True)
     other.attach(cq, TOKEN + bells.WATCH_SLOTS)
     assert other.bell is None  # (its slot is held: the CQ's path)
     r.close()
@@ -166,7 +166,7 @@ def test_slots_are_not_shared_and_come_back(cq: ShmCompletionQueue) -> None:
 def test_a_taken_name_leaves_a_socket_pair(cq: ShmCompletionQueue) -> None:
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     squatter.bind(bells.NAMES.name(bells.NAMES.rid + 1))  # (the next one's name)
-    r = Readiness()
+    r = Readiness(named=True)
     assert not r.rid
     r.attach(cq, TOKEN)
     assert r.bell is None  # (no name: no bell, the CQ's path)

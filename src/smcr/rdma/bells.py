@@ -41,12 +41,15 @@ path.
 
 from __future__ import annotations
 
+import _socket
 import atexit
 import os
 import socket
 import struct
 from mmap import mmap
 from typing import Final
+
+from smcr import plainsock
 
 NONCE: Final = 8
 """Offset of the CQ's bell nonce (u64, never 0) in its notification segment."""
@@ -77,7 +80,7 @@ class Names:
         self.pid = 0
         self.nonce = 0
         self.prefix = b""
-        self.probe: socket.socket | None = None
+        self.probe: _socket.socket | None = None
         self.rid = 0
 
     def ready(self) -> bool:
@@ -94,7 +97,7 @@ class Names:
             self.nonce = int.from_bytes(os.urandom(8), "little")
         self.prefix = prefix_of(self.nonce)
         self.rid = int.from_bytes(os.urandom(2), "little")
-        probe_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+        probe_sock = plainsock.datagram()
         try:
             probe_sock.bind(self.prefix + b"0")
         except OSError:  # (no abstract namespace for us: readiness as socket pairs)
@@ -143,15 +146,15 @@ def peer_prefix(notify: mmap) -> bytes:
 
 _SO_SNDBUFFORCE: Final = 32  # (Linux; CAP_NET_ADMIN)
 _RINGER_BUFFER: Final = 1 << 22
-_RINGER: list[socket.socket] = []
+_RINGER: list[_socket.socket] = []
 """The process's socket for ringing consumer bells (made on first use)."""
 
 
-def _ringer() -> socket.socket:
+def _ringer() -> _socket.socket:
     """The ringing socket.  Its send buffer as large as the kernel allows: a datagram counts
     against it until its consumer reads it (a ring that does not fit goes to the CQ)."""
     if not _RINGER:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+        sock = plainsock.datagram()
         try:  # (past the system's limit where we may: 4 MiB is about 5,000 rings unread)
             sock.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, _RINGER_BUFFER)
         except OSError:

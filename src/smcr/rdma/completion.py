@@ -103,6 +103,10 @@ class CompletionQueue:
         (:mod:`smcr.rdma.bells`); None here."""
         return None
 
+    def rings_by_name(self) -> bool:
+        """Whether :meth:`watch` can give consumer bells here."""
+        return False
+
     def unwatch(self, slot: WatchSlot) -> None:
         """Give back what :meth:`watch` gave."""
 

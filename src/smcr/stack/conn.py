@@ -559,9 +559,8 @@ class DataPath:
         ex, hc = self.ex, self.hc
         with ex.lock:
             if hc.readiness is None:
-                r = Readiness()
+                r = ex.adopt_readiness(hc)
                 r.set_blocking(blocking)
-                ex.adopt_readiness(hc, r)
                 self.stack.readiness_watched()
                 return r
             return hc.readiness

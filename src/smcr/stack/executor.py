@@ -104,8 +104,7 @@ class Executor:
         self.corked_any = False
         """Some connection may hold corked bytes (:meth:`corked`)."""
         self.timer_check = 0.0
-        self._processing = 0  # depth of process() calls under way
-        self._look_again = False  # a consumer bell asked for a look when process() ends
+        self._processing, self._look_again = 0, False  # process() depth; look_again() asked
         self.sends_unprocessed = 0  # RoCE sends since DataPath.send_fast last took the news
         self.held: list[tuple[HostConn, HandshakeCompleted]] = []
         """Clients' completed handshakes whose server end, in this runtime too, has not
@@ -443,24 +442,23 @@ class Executor:
 
     def look_again(self) -> None:
         """Take what the CQ holds now, or when the :meth:`process` under way ends (lock held)."""
-        if self._processing:
-            self._look_again = True
-        elif self.cq.has_completions():
+        self._look_again = bool(self._processing)
+        if not self._processing and self.cq.has_completions():
             self.process()
 
-    def adopt_readiness(self, hc: HostConn, r: Readiness) -> None:
-        """The connection's readiness descriptor is ``r`` (a new one, or the one a
-        non-blocking connect showed): with a consumer bell where it can have one."""
-        hc.readiness = r
+    def adopt_readiness(self, hc: HostConn, r: Readiness | None = None) -> Readiness:
+        """The connection's readiness descriptor: ``r``, or a new one, with a bell if it can."""
         c = self.engine.conns.get(hc.conn_id)
-        r.attach(self.cq, c.token if c and not self.local_peer(hc, c) else 0)
+        token = c.token if c and self.cq.rings_by_name() and not self.local_peer(hc, c) else 0
+        hc.readiness = r = r or Readiness(named=bool(token))
+        r.attach(self.cq, token)
         self.update_readiness(hc)
+        return r
 
     # ================================================================ completions
 
     def process(self, first: list[WorkCompletion] | None = None) -> None:
-        """Take every completion and run due timers (lock held); wake touched waiters; and
-        look once more where a consumer bell asked for it (:meth:`look_again`)."""
+        """Take every completion, run due timers, wake touched waiters (lock held; look_again)."""
         self._processing += 1
         try:
             self._process(first)
@@ -470,8 +468,7 @@ class Executor:
         finally:
             self._processing -= 1
 
-    def _process(self, first: list[WorkCompletion] | None) -> None:
-        """:meth:`process`'s work."""
+    def _process(self, first: list[WorkCompletion] | None) -> None:  # (process()'s work)
         engine, now = self.engine, time.monotonic()
         wcs = first or self.cq.poll(64)
         wr = self.wr

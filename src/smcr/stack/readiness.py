@@ -1,16 +1,20 @@
 """A descriptor whose readability and writability follow an SMC-R connection.
 
-``fileno()`` of an SMC socket in SMC-R mode is a unix datagram socket, bound to a name
-of the process's (:class:`smcr.rdma.bells.Names`), that the runtime makes readable (a
-datagram waits) and writable (its sink, a second socket it fills to make it not
-writable, drained) to follow the connection, so that ``select``, ``poll``, ``epoll``,
-``selectors`` and asyncio watch it as they would a TCP socket.  Where names are not to
-be had, it is one end of a unix socket pair, in the same way.
+``fileno()`` of an SMC socket in SMC-R mode is one end of a unix socket pair that the
+runtime makes readable (a byte is waiting) and writable (the other end drained) to
+follow the connection, so that ``select``, ``poll``, ``epoll``, ``selectors`` and asyncio
+watch it as they would a TCP socket.
 
-The name is what lets the peer ring it: where the RNIC's peers can (a *consumer bell*,
-:mod:`smcr.rdma.bells`, :meth:`Readiness.attach`), the peer that sends the connection's
-next message makes the descriptor readable itself, and the program's thread is the one
-woken.  The bell is armed (its watch word set) only while a message could change
+Where the connection's peer can ring it (a *consumer bell*, :mod:`smcr.rdma.bells`: an
+established connection over shm whose other end is another process's), it is a unix
+datagram socket bound to a name of the process's (:class:`smcr.rdma.bells.Names`)
+instead, with a second, its sink, that it fills to make it not writable; the peer that
+sends the connection's next message makes it readable itself, and the program's thread
+is the one woken.  (Only there: a datagram socket cannot take what a stream socket
+takes -- an ``os.sendfile`` to the number, which asyncio's tests make, fails with
+``EMSGSIZE`` -- and a descriptor made before the connection is established, a
+non-blocking ``connect``'s, stays a pair: it cannot change kind under the number the
+program watches.)  The bell is armed (its watch word set) only while a message could change
 nothing but readability: not readable, writable, no bytes of ours waiting for the
 peer's window (a window update rung to a program that waits for writability only would
 be heard by no one).
@@ -52,9 +56,10 @@ class Readiness:
     has filled ``b``'s queue; writable again once ``b`` is drained.
     """
 
-    def __init__(self, named: bool = True) -> None:
+    def __init__(self, named: bool = False) -> None:
         """:param named: a datagram socket with a name where the process has names (module
-            doc); else, or where its name cannot be bound, a socket pair."""
+            doc), for a connection whose peer can ring it; else, or where its name cannot
+            be bound, a socket pair."""
         self.rid = NAMES.new_rid() if named else 0
         """The descriptor's rid (its name, :class:`~smcr.rdma.bells.Names`); 0: a pair."""
         self.a: _socket.socket
@@ -62,12 +67,14 @@ class Readiness:
         if self.rid:
             name = NAMES.name(self.rid)
             self.sink = name + b"s"
-            self.a = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
-            self.b = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
-            try:
+            self.a = plainsock.datagram()
+            self.b = plainsock.datagram()
+            try:  # (a pair of the two until a bell comes: writes to the program's number go
+                # somewhere, as into a socket pair's -- asyncio's tests call os.sendfile on it)
                 self.a.bind(name)
                 self.b.bind(self.sink)
                 self.b.connect(name)
+                self.a.connect(self.sink)
             except OSError:  # (a name taken by another: a pair, as where names are none)
                 self.a.close()
                 self.b.close()
@@ -97,9 +104,15 @@ class Readiness:
         named descriptor, a CQ whose peers ring by name, the slot free); ``cq`` gets it
         back at :meth:`close`."""
         if self.rid and token and self.bell is None and not self.failed:
-            self.bell = cq.watch(token, self.rid)
-            if self.bell is not None:
-                self.cq = cq
+            bell = cq.watch(token, self.rid)
+            if bell is None:
+                return
+            try:
+                plainsock.disconnect(self.a)  # (from its sink: the peer may send to it now)
+            except OSError:
+                cq.unwatch(bell)
+                return
+            self.bell, self.cq = bell, cq
 
     def follow(self, c: Connection | None) -> bool:
         """Follow the connection (None: gone, ready for good).  Returns whether the caller
@@ -293,14 +306,20 @@ class Readiness:
     def _fail_named(self) -> None:
         """:meth:`fail` for a named descriptor.  Linux gives a datagram socket ``EPOLLERR``
         (``ECONNRESET``) when the socket it is connected to, and that is connected to it,
-        connects elsewhere with bytes of its own unread (``unix_dgram_disconnected``):
+        connects elsewhere with datagrams of its own unread (``unix_dgram_disconnected``):
         so ``a`` connects to its sink (which holds ``a``'s fill), the sink to the probe;
         the sink's queue is dropped then, and ``a`` writable.  A shutdown both ways adds
-        ``EPOLLHUP`` and readability."""
-        if self.bell is not None:
-            self.bell.take()
+        ``EPOLLHUP``.  Readable first: every state a poller may see on the way has
+        ``EPOLLIN`` (Twisted's poll reactor takes ``EPOLLERR`` without it for a lost
+        connection, not for the connect's failure)."""
+        bell = self.bell
+        if bell is not None:
+            bell.take()
+        self.bell = None
+        if not self.readable:
+            self.set(True, self.writable)
         if self.writable:
-            self.set(self.readable, False)
+            self.set(True, False)
         try:
             self.a.connect(self.sink)
             self.b.connect(NAMES.name(0))
@@ -312,6 +331,9 @@ class Readiness:
             pass
         self.failed = True
         self.readable = self.writable = True
+        if bell is not None and self.cq is not None:
+            self.cq.unwatch(bell)
+            self.cq = None
 
     def close(self) -> None:
         """Release both ends (the application's end may have been closed under us by a

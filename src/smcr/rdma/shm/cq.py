@@ -141,7 +141,7 @@ class ShmCompletionQueue(CompletionQueue):
         descriptor is named by ``rid`` (its requester rings it by name,
         :mod:`smcr.rdma.bells`); None when the slot is held by another connection, or
         the names are not the ones this CQ published (a forked child's)."""
-        if not rid or not self.nonce or self.nonce != bells.NAMES.nonce or self._notify.closed:
+        if not rid or not self.rings_by_name():
             return None
         slot = token & bells.WATCH_MASK
         with self._marks_lock:
@@ -149,6 +149,12 @@ class ShmCompletionQueue(CompletionQueue):
                 return None
             self._watched[slot] = rid
         return WatchSlot(self._notify, bells.WATCHES + 4 * slot, rid)
+
+    def rings_by_name(self) -> bool:
+        """Whether :meth:`watch` can give consumer bells: this process's names are the ones
+        the CQ published (not a forked child's)."""
+        return (bool(self.nonce) and bells.NAMES.ready() and self.nonce == bells.NAMES.nonce
+                and not self._notify.closed)  # fmt: skip
 
     def unwatch(self, slot: WatchSlot) -> None:
         """The connection of ``slot`` is gone (or rings by name no more)."""
