@@ -15,7 +15,7 @@ How, per connection and with no descriptor of it in the peer:
 * the notification segment has a *watch word* per connection token (u32 at
   :data:`WATCHES` + 4 * (token mod :data:`WATCH_SLOTS`)): the consumer stores the rid
   there when the descriptor is unreadable and a message would make it readable
-  (:meth:`WatchSlot.arm`), then fences and looks at the CQ once more;
+  (:meth:`WatchSlot.arm`), and looks at the CQ once more;
 * a requester that placed a SEND whose key (``post_writes_send(wake=token)``: a CDC's
   alert token) names an armed watch word, with the CQ armed for its progress thread or
   its standby, stores 0 there and sends one datagram to that name from a socket of its
@@ -23,11 +23,17 @@ How, per connection and with no descriptor of it in the peer:
   application thread asleep on it (:data:`~smcr.rdma.completion.ARM_SLEEPER`) is always
   rung, since that thread takes the news for everyone.
 
-Dekker's pattern again (:mod:`smcr.rdma.shm.cq`): the consumer stores the rid, fences,
-looks; the requester stores ``produced``, fences, loads the word.  One of them sees the
-other.  A consumer that takes its own arm back (:meth:`WatchSlot.take`) and finds it gone
-knows a datagram was sent or is on its way; one that failed (the requester died between
-the two steps) is covered by the consumer looking for the datagram before it trusts it
+Why no message goes unheard: the requester stores ``produced``, fences, then loads the
+CQ's arm word (:mod:`smcr.rdma.shm.cq`, whose Dekker pattern stands as it was) and the
+watch word.  One that does not see the rid (not stored yet, or still in the consumer's
+store buffer: the consumer does not fence) rings the CQ as before, or nobody where the
+arm word says a poller is awake and will poll before it sleeps; the thread that takes
+the message then makes the descriptor readable itself.  One that sees it rings the name.
+So a bell only ever replaces a ring of the CQ, and the consumer's look after arming is
+not what keeps a message from going unheard (it takes one that came meanwhile sooner).
+A consumer that takes its own arm back (:meth:`WatchSlot.take`) and finds it gone knows
+a datagram was sent or is on its way; one that failed (the requester died between the
+two steps) is covered by the consumer looking for the datagram before it trusts it
 (:meth:`smcr.stack.readiness.Readiness.set`).
 
 A requester rings names only of a CQ that answered its probe at the hello (:func:`probe`:
@@ -213,7 +219,7 @@ class WatchSlot:
         """How often a requester took the arm (rang the bell): ``smcr`` tests count it."""
 
     def arm(self) -> None:
-        """Store the rid (the caller fences and looks at the CQ after)."""
+        """Store the rid (the caller looks at the CQ after: module doc)."""
         if not self.notify.closed:
             _U32_PACK(self.notify, self.offset, self.rid)
         self.armed = True
