@@ -28,6 +28,20 @@ def cq() -> Iterator[ShmCompletionQueue]:
     q.close()
 
 
+Belled = tuple[Readiness, WatchSlot, mmap.mmap, bytes]
+"""A descriptor with a bell for :data:`TOKEN`, the peer's mapping of the CQ's notification
+segment, and the bell names' prefix there."""
+
+
+@pytest.fixture
+def belled(cq: ShmCompletionQueue) -> Iterator[Belled]:
+    r, bell = _with_bell(cq)
+    notify, prefix = _peer(cq)
+    yield r, bell, notify, prefix
+    r.close()
+    notify.close()
+
+
 def _events(r: Readiness) -> int:
     p = select.poll()
     p.register(r.fileno(), select.POLLIN | select.POLLOUT)
@@ -65,10 +79,8 @@ def _peer(cq: ShmCompletionQueue) -> tuple[mmap.mmap, bytes]:
     return notify, prefix
 
 
-def test_a_peer_rings_an_armed_bell_and_the_descriptor_turns_readable(
-        cq: ShmCompletionQueue) -> None:  # fmt: skip
-    r, bell = _with_bell(cq)
-    notify, prefix = _peer(cq)
+def test_a_peer_rings_an_armed_bell_and_the_descriptor_turns_readable(belled: Belled) -> None:
+    r, bell, notify, prefix = belled
     r.set(False, True, quiet=True)
     assert r.looks and _armed(bell)
     assert _events(r) == select.POLLOUT
@@ -80,52 +92,39 @@ def test_a_peer_rings_an_armed_bell_and_the_descriptor_turns_readable(
     assert bell.rung == 1 and not _armed(bell)
     r.set(False, True, quiet=True)  # (read out: drained, armed again)
     assert _events(r) == select.POLLOUT and _armed(bell)
-    r.close()
-    notify.close()
 
 
-def test_one_datagram_per_message(cq: ShmCompletionQueue) -> None:
-    r, _bell = _with_bell(cq)
-    notify, prefix = _peer(cq)
+def test_one_datagram_per_message(belled: Belled) -> None:
+    r, _bell, notify, prefix = belled
     r.set(False, True, quiet=True)
     assert bells.ring_consumer(notify, prefix, TOKEN)
     r.set(True, True, quiet=True)
     assert _queued(r) == 1
-    r.close()
-    notify.close()
 
 
-def test_an_arm_taken_without_a_datagram_is_rung_by_the_consumer(
-        cq: ShmCompletionQueue) -> None:  # fmt: skip
+def test_an_arm_taken_without_a_datagram_is_rung_by_the_consumer(belled: Belled) -> None:
     """A requester that died between taking the arm and sending: the consumer that takes
     the message finds no datagram and makes the descriptor readable itself."""
-    r, bell = _with_bell(cq)
-    notify, _ = _peer(cq)
+    r, bell, notify, _ = belled
     r.set(False, True, quiet=True)
     lay.U32.pack_into(notify, bell.offset, 0)
     r.set(True, True, quiet=True)
     assert _events(r) & select.POLLIN
-    r.close()
-    notify.close()
 
 
-def test_a_late_datagram_is_settled_and_the_bell_armed_again(cq: ShmCompletionQueue) -> None:
-    r, bell = _with_bell(cq)
-    notify, prefix = _peer(cq)
+def test_a_late_datagram_is_settled_and_the_bell_armed_again(belled: Belled) -> None:
+    r, bell, notify, prefix = belled
     r.set(False, True, quiet=True)
     assert bells.ring_consumer(notify, prefix, TOKEN)
     assert _events(r) & select.POLLIN  # (readable, but the message was taken meanwhile)
     assert r.settle()
     assert _events(r) == select.POLLOUT and _armed(bell)
-    r.close()
-    notify.close()
 
 
-def test_no_arm_while_bytes_of_ours_wait_or_unwritable(cq: ShmCompletionQueue) -> None:
+def test_no_arm_while_bytes_of_ours_wait_or_unwritable(belled: Belled) -> None:
     """A window update rung to a program that waits for writability only would be heard by
     nobody: the bell is armed only when a message could change readability alone."""
-    r, bell = _with_bell(cq)
-    notify, prefix = _peer(cq)
+    r, bell, notify, prefix = belled
     r.set(False, True, quiet=False)
     assert not _armed(bell)
     assert not bells.ring_consumer(notify, prefix, TOKEN)
@@ -136,20 +135,15 @@ def test_no_arm_while_bytes_of_ours_wait_or_unwritable(cq: ShmCompletionQueue) -
     r.set(False, True, quiet=False)  # (a send left bytes waiting: the arm taken back)
     assert not _armed(bell)
     assert not bells.ring_consumer(notify, prefix, TOKEN)
-    r.close()
-    notify.close()
 
 
-def test_a_ring_after_the_arm_was_taken_back_asks_for_a_look(cq: ShmCompletionQueue) -> None:
-    r, _bell = _with_bell(cq)
-    notify, prefix = _peer(cq)
+def test_a_ring_after_the_arm_was_taken_back_asks_for_a_look(belled: Belled) -> None:
+    r, _bell, notify, prefix = belled
     r.set(False, True, quiet=True)
     r.looks = False
     assert bells.ring_consumer(notify, prefix, TOKEN)
     r.set(False, True, quiet=False)
     assert r.looks  # (the peer's message rang nobody else: the caller looks at the CQ)
-    r.close()
-    notify.close()
 
 
 def test_slots_are_not_shared_and_come_back(cq: ShmCompletionQueue) -> None:
@@ -218,10 +212,10 @@ def test_an_older_consumer_is_never_rung_by_name() -> None:
         os.close(fd)
 
 
-def test_a_strangers_datagram_is_drained_and_the_arm_kept(cq: ShmCompletionQueue) -> None:
+def test_a_strangers_datagram_is_drained_and_the_arm_kept(belled: Belled) -> None:
     """Anyone in the network namespace can write to a name: a read that finds nothing makes
     the descriptor unreadable again, and the bell stays armed for the peer."""
-    r, bell = _with_bell(cq)
+    r, bell, _, _ = belled
     r.set(False, True, quiet=True)
     stranger = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     stranger.sendto(b"x", bells.NAMES.name(r.rid))
@@ -229,4 +223,3 @@ def test_a_strangers_datagram_is_drained_and_the_arm_kept(cq: ShmCompletionQueue
     assert not r.settle()  # (no look needed: nobody took the arm)
     assert _events(r) == select.POLLOUT and _armed(bell) and bell.holds()
     stranger.close()
-    r.close()

@@ -209,10 +209,7 @@ class Readiness:
         if readable != self.readable:
             self.readable = readable
             if readable:
-                try:
-                    self.b.send(b"r", _DONTWAIT)
-                except OSError:
-                    pass
+                self._ring_self()
             else:
                 try:
                     while len(self.a.recv(_DRAIN_READABLE, _DONTWAIT)) == _DRAIN_READABLE:
@@ -243,10 +240,7 @@ class Readiness:
                     COUNTERS.bell_cnt += 1
                     rung = self._queued()
                 if not rung:
-                    try:
-                        self.b.send(b"r", _DONTWAIT)
-                    except OSError:
-                        pass
+                    self._ring_self()
             else:
                 try:
                     self.a.recv(_DRAIN_READABLE, _DONTWAIT)
@@ -261,6 +255,13 @@ class Readiness:
                 self.looks = True
             elif not bell.take():
                 self.looks = True  # (a peer rang: its message waits for a look)
+
+    def _ring_self(self) -> None:
+        """Make ``a`` readable: a byte (a datagram) from ``b``."""
+        try:
+            self.b.send(b"r", _DONTWAIT)
+        except OSError:
+            pass
 
     def _queued(self) -> bool:
         """Whether a datagram waits on ``a``."""
@@ -312,10 +313,7 @@ class Readiness:
         ``EPOLLHUP``.  Readable first: every state a poller may see on the way has
         ``EPOLLIN`` (Twisted's poll reactor takes ``EPOLLERR`` without it for a lost
         connection, not for the connect's failure)."""
-        bell = self.bell
-        if bell is not None:
-            bell.take()
-        self.bell = None
+        self._give_bell_back()
         if not self.readable:
             self.set(True, self.writable)
         if self.writable:
@@ -331,9 +329,12 @@ class Readiness:
             pass
         self.failed = True
         self.readable = self.writable = True
-        if bell is not None and self.cq is not None:
-            self.cq.unwatch(bell)
-            self.cq = None
+
+    def _give_bell_back(self) -> None:
+        """The bell goes back to its CQ (taken back, if armed): no peer rings it again."""
+        if self.bell is not None and self.cq is not None:
+            self.cq.unwatch(self.bell)
+        self.bell = self.cq = None
 
     def close(self) -> None:
         """Release both ends (the application's end may have been closed under us by a
@@ -343,9 +344,7 @@ class Readiness:
                 end.close()
             except OSError:
                 pass
-        if self.bell is not None and self.cq is not None:
-            self.cq.unwatch(self.bell)
-            self.cq = None
+        self._give_bell_back()
         app, self.app = self.app, -1
         if app >= 0 and self._names_ours(app):  # (not a number closed and taken since)
             try:
