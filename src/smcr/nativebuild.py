@@ -72,6 +72,7 @@ MODULES: tuple[str, ...] = (
     "stack/counters.py",
     "stack/readiness.py",
     "stack/hostconn.py",
+    "stack/inplace.py",
     "stack/bufpool.py",
     "stack/wrslots.py",
     "stack/qps.py",

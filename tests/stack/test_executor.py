@@ -14,7 +14,7 @@ import pytest
 from smcr.rdma.base import QpTap, QueuePair
 from smcr.rdma.verbs import SendWr
 from smcr.stack import wrslots
-from smcr.stack.hostconn import HostConn
+from smcr.stack.hostconn import HostConn, StackTap
 from smcr.stack.runtime import Stack
 from tests.stack.hosts import SIZE, conn, connect, hosts, read, send, wait
 
@@ -159,3 +159,41 @@ def test_a_waiter_is_woken_by_the_round_that_releases_its_connection() -> None:
             x.ex.wake.poller = None
         assert result and result[0][0], result
         assert result[0][1] < 15, result  # (at once; 30 s when not woken)
+
+
+def test_cdcs_are_taken_in_place_and_every_byte_and_close_arrives() -> None:
+    """Over shm the CDCs are read where the peer placed them (``stack/inplace.py``): the
+    bytes both ways, of sizes that wrap the RMBE, and the close arrive as before."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        for i in range(200):
+            data = bytes([i & 0xFF]) * (1 + (i * 997) % 3000)
+            send(x, hx, data)
+            assert read(y, hy, len(data)) == data
+            send(y, hy, data[:7])
+            assert read(x, hx, len(data[:7])) == data[:7]
+        assert x.ex.in_place.taken > 100 and y.ex.in_place.taken > 100
+        with x.lock:
+            x.execute(x.engine.close(hx.conn_id, time.monotonic()))
+        c = conn(y, hy)
+        wait(y, hy, lambda: c.peer_done)
+
+
+def test_a_tap_sees_every_cdc_as_a_receive_and_none_is_taken_in_place() -> None:
+    """``smcr trace`` shows what the receives carried: with a tap the CDCs complete as
+    receives again."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        seen: list[int] = []
+
+        class Record(StackTap):
+            def received(self, stack: Stack, qpn: int, messages: list[memoryview]) -> None:
+                seen.extend(m[0] for m in messages)
+
+        y.tap = Record()
+        taken = y.ex.in_place.taken
+        for i in range(20):
+            send(x, hx, b"m%d" % i)
+            assert read(y, hy, len(b"m%d" % i)) == b"m%d" % i
+        assert y.ex.in_place.taken == taken
+        assert seen.count(0xFE) >= 20

@@ -277,6 +277,13 @@ class Engine:
         (:meth:`LinkLayer.receive_wrs <smcr.core.llc.LinkLayer.receive_wrs>`)."""
         return self.llc.receive_wrs(qpn, datas, now)
 
+    def take_cdc(self, qpn: int, area: memoryview, off: int, n: int, now: float,
+                 out: list[Action]) -> bool:  # fmt: skip
+        """A SEND read in place, taken if it is a CDC the data path knows
+        (:meth:`LinkLayer.take_cdc <smcr.core.llc.LinkLayer.take_cdc>`); its actions go to
+        ``out``."""
+        return self.llc.take_cdc(qpn, area, off, n, now, out)
+
     def send_completed(self, qpn: int, wr_id: int, ok: bool, now: float) -> list[Action]:
         """A signaled send completed; CDCs free send-buffer space (``smc_cdc_tx_handler``),
         an error fails the link."""

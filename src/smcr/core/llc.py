@@ -176,6 +176,34 @@ class LinkLayer:
             self._receive_cdc(link, earlier, out)
         return out
 
+    def take_cdc(self, qpn: int, area: memoryview, off: int, n: int, now: float,
+                 out: list[Action]) -> bool:  # fmt: skip
+        """A SEND of ``n`` bytes at ``off`` in ``area`` (an RNIC's receive area, read in
+        place), taken if it is a well-formed CDC for a known connection of a live link, as
+        :meth:`receive_wr` would take it; anything else (an LLC message, a malformed CDC,
+        a cleared link's) is left for :meth:`receive_wr`, which reports it.
+
+        :returns: whether it was taken.
+        """
+        if n != _CDC_SIZE or area[off] != CDC_MSG_TYPE or area[off + 1] != _CDC_SIZE:
+            return False
+        link = self.state.links.get(qpn)
+        if link is None:
+            return False
+        _, _, seq, token, pwrap, pcount, cwrap, ccount, pflags, sflags = _CDC_UNPACK(area, off)
+        conn = link.lgr.conns.get(token)
+        if conn is None:
+            return False
+        link.last_rx = now
+        link.test_deadline = None
+        self.state.touched.add(conn.id)
+        try:
+            conn.receive_cdc_fields(seq, pwrap, pcount, cwrap, ccount, pflags & 0xF8,
+                                    sflags & 0xE0, out)  # fmt: skip
+        except PeerFaultError as exc:
+            self.abort(conn, f"peer fault: {exc}", out)
+        return True
+
     def _receive_one(self, link: Link, data: memoryview, now: float, out: list[Action]) -> None:
         if data and data[0] == CDC_MSG_TYPE:
             self._receive_cdc(link, data, out)

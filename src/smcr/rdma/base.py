@@ -385,6 +385,9 @@ class QpHooks:
 class QueuePair(ABC):
     """An RC queue pair: state machine and attributes here, transport in the provider."""
 
+    receiver: Callable[[int, memoryview, int, int], bool] | None = None
+    """:meth:`set_receiver`'s, or None."""
+
     peer_gone = False
     """The provider saw the peer's process end, not its QP torn down (shm: the rendezvous
     connection closed while the peer QP's state word still said RTR/RTS; destroy and ERR
@@ -413,6 +416,25 @@ class QueuePair(ABC):
         self._state_lock = threading.RLock()
         self.hooks: QpHooks | None = None
         """Failures injected and a tap (:class:`QpHooks`), None without either."""
+
+    def set_receiver(self, receiver: Callable[[int, memoryview, int, int], bool] | None
+                     ) -> None:  # fmt: skip
+        """Let ``receiver`` take SENDs in place, where the provider can offer it (shm; other
+        providers complete every receive as before).
+
+        The provider calls ``receiver(qp_num, area, offset, length)`` for a SEND that
+        arrived while nothing waits in the receive CQ before it, only from within that
+        CQ's :meth:`~smcr.rdma.completion.CompletionQueue.poll` (so under whatever lock
+        the consumer polls with), with the message's bytes at ``area[offset:offset +
+        length]``, valid during the call only.  True: the message is consumed, the
+        receive WR it would have filled stays posted, and no completion is made for it
+        (one :data:`~smcr.rdma.completion.TAKEN_IN_PLACE` per poll stands for them);
+        False: it is delivered into the next receive WR as usual, and so is every SEND
+        behind it in that poll (order is kept).  The consumer's zero-copy receive for
+        messages it can act on at once, which an RNIC can offer when it holds the
+        receive ring in memory the consumer can read.
+        """
+        self.receiver = receiver
 
     @property
     def state(self) -> QpState:

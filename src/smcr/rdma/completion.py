@@ -20,7 +20,7 @@ from typing import Final
 
 from smcr import plainsock
 from smcr.rdma.bells import WatchSlot
-from smcr.rdma.verbs import WorkCompletion
+from smcr.rdma.verbs import WcOpcode, WcStatus, WorkCompletion
 
 ARM_SLEEPER: Final = 1
 """A CQ armed for the thread asleep on :meth:`CompletionQueue.fileno` (its poller)."""
@@ -32,6 +32,13 @@ ARM_PROGRESS: Final = 3
 for :data:`ARM_SLEEPER`, except that a peer whose SEND is for a connection with an armed
 consumer bell may ring that instead (:mod:`smcr.rdma.bells`): the thread that waits
 for the connection then takes the news itself."""
+
+TAKEN_IN_PLACE: Final = WorkCompletion(wr_id=-1, status=WcStatus.SUCCESS,
+                                       opcode=WcOpcode.RECV, qp_num=0)
+"""Stands in the queue for SENDs that a QP's receiver took in place
+(:meth:`QueuePair.set_receiver <smcr.rdma.base.QueuePair.set_receiver>`): one per
+:meth:`CompletionQueue.poll` that took any, where their completions would have been, so
+that the poll says there is news; the consumer skips it (it took the SENDs already)."""
 
 
 class CompletionQueue:
@@ -77,6 +84,10 @@ class CompletionQueue:
         self._standby_r, self._standby_w = plainsock.nonblocking_pair()
         self._progress: list[Callable[[], None]] = []
         self.overruns = 0
+        self.polling = 0
+        """The thread whose :meth:`poll` runs the progress hooks now (0: none): a QP's
+        receiver is called only there (:meth:`QueuePair.set_receiver
+        <smcr.rdma.base.QueuePair.set_receiver>`), never from :meth:`has_completions`."""
 
     def fileno(self) -> int:
         """The descriptor that becomes readable when completions may be waiting."""
@@ -244,9 +255,17 @@ class CompletionQueue:
         self.run_progress()
         return bool(self._wcs)
 
+    def idle(self) -> bool:
+        """Whether no completion waits in the queue."""
+        return not self._wcs
+
     def poll(self, max_entries: int = 16) -> list[WorkCompletion]:
         """Take up to ``max_entries`` completions, oldest first, without blocking."""
-        self.run_progress()
+        self.polling = threading.get_ident()
+        try:
+            self.run_progress()
+        finally:
+            self.polling = 0
         with self._lock:
             n = min(max_entries, len(self._wcs))
             out = [self._wcs.popleft() for _ in range(n)]

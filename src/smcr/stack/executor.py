@@ -51,13 +51,14 @@ from smcr.core import (
 )
 from smcr.core.connection import Connection
 from smcr.rdma import SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode
-from smcr.rdma.completion import CompletionQueue
+from smcr.rdma.completion import TAKEN_IN_PLACE, CompletionQueue
 from smcr.rdma.roce import RoceDevice
 from smcr.stack import ports, routes
 from smcr.stack.bufpool import BufferPool
 from smcr.stack.clcwatch import ClcWatch
 from smcr.stack.counters import COUNTERS
 from smcr.stack.hostconn import HostConn, PortRes, Taps
+from smcr.stack.inplace import InPlace
 from smcr.stack.qps import QueuePairs
 from smcr.stack.readiness import Readiness
 from smcr.stack.wakeup import Wakeups
@@ -96,6 +97,7 @@ class Executor:
         self.qp = QueuePairs(ports_, cq, wr, taps, max_inline)
         self.qps = self.qp.qps
         self.engine = Engine(config, identity, self)
+        self.in_place = self.qp.in_place = InPlace(self.engine, taps)
         self.conns: dict[int, HostConn] = {}
         self.next_conn = 1
         self.retired: dict[int, HostConn] = {}
@@ -130,15 +132,14 @@ class Executor:
 
     def reaches(self, port: int, gid: bytes) -> bool:
         """:class:`~smcr.core.events.Provider`: whether our ``port`` has a path to a peer
-        port's GID (RoCE: the kernel's route, :func:`ports.roce_reaches`; shm: every port
-        reaches every shm RNIC of the host)."""
+        port's GID (RoCE: the kernel's route, :func:`ports.roce_reaches`; shm: always)."""
         dev = self.ports[port].device
         return not isinstance(dev, RoceDevice) or ports.roce_reaches(dev, gid)
 
     def find_route(self, port: int, gid: bytes) -> NextHop | None:
         """:class:`~smcr.core.events.Provider`: how our ``port`` reaches a peer's GID (RoCE:
-        the kernel's route from the RNIC's address, :func:`routes.find_route`, as Linux
-        ``smc_ib_find_route``; None: no route).  The shm RNIC: every peer is on-link."""
+        the kernel's route, :func:`routes.find_route`, Linux ``smc_ib_find_route``; None:
+        no route; shm: every peer on-link)."""
         dev = self.ports[port].device
         if not isinstance(dev, RoceDevice):
             return NextHop()
@@ -159,12 +160,10 @@ class Executor:
         return self.engine.conns.get(hc.conn_id)
 
     def local_peer(self, hc: HostConn, c: Connection) -> bool:
-        """Whether the connection's other end is in this runtime too (its link's peer QP
-        is ours: both ends in one process).  Its sends and reads then take the
-        completions they made for the other end at once (:meth:`process`), so that the
-        other end's readiness descriptor changes before the call returns, as a TCP
-        peer's does over loopback; else it changes when the progress thread next wakes,
-        and an event loop that runs both ends sees the other end late."""
+        """Whether the connection's other end is in this runtime too (its link's peer QP is
+        ours).  Its sends and reads then take the completions they made for the other end
+        at once (:meth:`process`): the other end's readiness changes before the call
+        returns, as a TCP peer's does over loopback (an event loop runs both ends)."""
         local = hc.local_peer
         if local is None:
             links = self.engine.links
@@ -175,9 +174,8 @@ class Executor:
 
     def local_end(self, armed: int) -> None:
         """After posting for a connection whose other end is in this runtime (lock held):
-        the completions taken at once, so that the other end's readiness changes before
-        the call returns (:meth:`local_peer`).  ``armed``: the caller disarmed the CQ
-        before it posted (:meth:`CompletionQueue.take_arm
+        the completions taken at once (:meth:`local_peer`).  ``armed``: the caller disarmed
+        the CQ before it posted (:meth:`CompletionQueue.take_arm
         <smcr.rdma.completion.CompletionQueue.take_arm>`: the thread asleep on it is not rung
         for what this thread takes itself); it is armed again here, and looked at once more
         for what came meanwhile without a ring."""
@@ -478,6 +476,9 @@ class Executor:
             batch: list[memoryview] = []
             batch_qpn = 0
             for wc in wcs:
+                if wc is TAKEN_IN_PLACE:  # (the actions of CDCs before what follows)
+                    self.execute(self.in_place.take_actions())
+                    continue
                 slot = recv_slot.get(wc.wr_id) if wc.opcode is _RECV else None
                 if slot is None or wc.status is not _SUCCESS:
                     if batch:

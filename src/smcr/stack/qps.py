@@ -23,6 +23,7 @@ from smcr.rdma import (
 from smcr.rdma.base import QueuePair
 from smcr.rdma.completion import CompletionQueue
 from smcr.stack.hostconn import PortRes, Taps
+from smcr.stack.inplace import InPlace
 from smcr.stack.wrslots import RECV_SLOTS, SEND_SLOTS, WorkRequests
 
 QP_ACCESS = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE
@@ -53,6 +54,9 @@ class QueuePairs:
         self._delivery_marks: dict[int, int] = {}
         """Each QP's :meth:`~smcr.rdma.base.QueuePair.delivery_mark` at the last look."""
         self._delivery_looked = 0.0  # when delivered() last looked
+        self.in_place: InPlace | None = None
+        """The receiver every new QP gets (:mod:`smcr.stack.inplace`), once the executor
+        has made it."""
 
     def delivered(self, now: float) -> list[tuple[int, float]]:
         """The QPs that delivered since the last look, each with when that look was (the
@@ -90,6 +94,8 @@ class QueuePairs:
             qp.destroy()
             qp = again
         self.qps[qp.qp_num] = qp
+        if self.in_place is not None:
+            qp.set_receiver(self.in_place.receive)
         if port:
             self.qp_port[qp.qp_num] = port
         tap = self.taps.tap

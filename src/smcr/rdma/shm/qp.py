@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from smcr.rdma.base import ProtectionDomain, QueuePair, scatter
 from smcr.rdma.bells import ring_consumer
-from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY, CompletionQueue
+from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY, TAKEN_IN_PLACE, CompletionQueue
 from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
@@ -133,6 +133,7 @@ _NO_FLAGS: Final = WcFlag(0)  # an enum call per completion costs 0.5 us
 _U64_PACK: Final = lay.U64.pack_into
 _AREA_HEADER: Final = lay.AREA_HEADER.unpack_from
 _U64_UNPACK: Final = lay.U64.unpack_from
+_get_ident: Final = threading.get_ident
 _SLOT_HEADER: Final = lay.SLOT_HEADER.unpack_from
 _SLOT_HEADER_PACK: Final = lay.SLOT_HEADER.pack_into
 _SLOT_HEADER_SIZE: Final = lay.SLOT_HEADER.size
@@ -439,7 +440,8 @@ class ShmQp(QueuePair):
         )  # fmt: skip
 
     def _drain(self, notify: bool = False) -> None:
-        """CQ progress hook: move SENDs the requester placed into our receives.
+        """CQ progress hook: move SENDs the requester placed into our receives, or to the
+        receiver where it takes them in place (:func:`_take_in_place`).
 
         :param notify: signal the CQ (when not called from inside its own poll).
         """
@@ -454,6 +456,8 @@ class ShmQp(QueuePair):
         with self._rq_lock:
             produced = _U64_UNPACK(area, lay.OFF_PRODUCED)[0]
             rq, consumed = self._rq, self._consumed
+            if self.receiver is not None and not notify:
+                consumed = _take_in_place(self, consumed, produced)
             while consumed < produced and rq and not fatal:
                 wr = rq.popleft()
                 off = base + (consumed % depth) * stride
@@ -463,9 +467,9 @@ class ShmQp(QueuePair):
                                     off + _SLOT_HEADER_SIZE, byte_len, kind, imm)  # fmt: skip
                 wcs.append(wc)
             self._consumed = consumed
-        last = wcs.pop() if fatal else None
-        if wcs:
-            self.recv_cq.push_many(wcs, notify)
+            last = wcs.pop() if fatal else None
+            if wcs:  # (under the lock: a receiver's poll must not overtake them)
+                self.recv_cq.push_many(wcs, notify)
         if last is not None:
             self._to_error(None, first_recv=last)
 
@@ -765,6 +769,36 @@ class ShmQp(QueuePair):
         self._produced = produced = self._produced + 1
         _U64_PACK(area, lay.OFF_PRODUCED, produced)
         _notify(peer, wake)
+
+
+def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
+    """The SENDs from ``consumed`` on that the QP's receiver takes in place
+    (:meth:`~smcr.rdma.base.QueuePair.set_receiver`; receive lock held): only within the
+    CQ's poll and while nothing waits in the CQ (completions made before, by another
+    thread's look too, come first; they are pushed under this lock), up to the first it
+    refuses.  Each taken leaves its receive posted: one more is published behind the
+    others, as long as its slot's.  Returns the new consumed count."""
+    receiver, cq = qp.receiver, qp.recv_cq
+    if receiver is None or cq.polling != _get_ident() or not cq.idle():
+        return consumed
+    area, view, depth, base, stride = qp._area, qp._view, qp._depth, qp._slot_base, qp._slot_stride
+    slot_size, qp_num, posted = qp._slot_size, qp.qp_num, qp._posted
+    start = consumed
+    while consumed < produced:
+        off = base + (consumed % depth) * stride
+        byte_len, kind, _, _ = _SLOT_HEADER(area, off)
+        if (kind != lay.KIND_SEND or byte_len > slot_size
+                or not receiver(qp_num, view, off + _SLOT_HEADER_SIZE, byte_len)):  # fmt: skip
+            break
+        _U32_PACK(area, _SLOT_BASE + 4 * (posted % depth),
+                  _U32_UNPACK(area, _SLOT_BASE + 4 * (consumed % depth))[0])  # fmt: skip
+        posted += 1
+        consumed += 1
+    if consumed != start:
+        qp._posted = posted
+        _U64_PACK(area, lay.OFF_POSTED, posted)
+        cq.push_many((TAKEN_IN_PLACE,), False)
+    return consumed
 
 
 def _notify(peer: PeerLink, wake: int = 0) -> None:

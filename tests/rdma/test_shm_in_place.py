@@ -1,0 +1,113 @@
+"""SENDs taken in place by a QP's receiver (:meth:`QueuePair.set_receiver`), shm RNIC."""
+
+from __future__ import annotations
+
+import threading
+
+from smcr.rdma import RecvWr, SendFlag, SendWr, Sge, WcOpcode, WcStatus, WrOpcode
+from smcr.rdma.completion import TAKEN_IN_PLACE
+from smcr.rdma.shm import layout as lay
+from tests.rdma.rdma_helpers import Side
+
+
+def post_recv(side: Side, wr_id: int, length: int = 64) -> None:
+    off = 64 * wr_id
+    side.qp.post_recv(RecvWr(wr_id=wr_id, sg_list=(Sge(side.buf.addr + off, length,
+                                                       side.buf.lkey),)))  # fmt: skip
+
+
+def send(src: Side, data: bytes, signaled: bool = False) -> None:
+    src.buf.buf[0x8000 : 0x8000 + len(data)] = data
+    src.qp.post_send(SendWr(wr_id=1, opcode=WrOpcode.SEND,
+                            send_flags=SendFlag.SIGNALED if signaled else SendFlag(0),
+                            sg_list=(Sge(src.buf.addr + 0x8000, len(data), src.buf.lkey),)))
+
+
+class Taker:
+    """A receiver that takes messages starting with ``b"T"`` and records what it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, bytes, int]] = []
+
+    def __call__(self, qpn: int, area: memoryview, off: int, n: int) -> bool:
+        data = bytes(area[off : off + n])
+        self.seen.append((qpn, data, threading.get_ident()))
+        return data.startswith(b"T")
+
+
+def test_taken_sends_make_one_stand_in_and_keep_their_receives(pair: tuple[Side, Side]) -> None:
+    """Taken SENDs: no completion each, one TAKEN_IN_PLACE per poll, the receive WR stays
+    posted (more SENDs than receives ever posted go through, no RNR)."""
+    a, b = pair
+    taker = Taker()
+    b.qp.set_receiver(taker)
+    for i in range(4):
+        post_recv(b, i)
+    posted = lay.U64.unpack_from(b.qp._area, lay.OFF_POSTED)[0]
+    for round_ in range(10):  # 30 SENDs over 4 receives
+        for i in range(3):
+            send(a, b"T%d-%d" % (round_, i))
+        assert b.cq.poll(16) == [TAKEN_IN_PLACE]
+    sent = [b"T%d-%d" % (r, i) for r in range(10) for i in range(3)]
+    assert [d for _, d, _ in taker.seen] == sent
+    assert {q for q, _, _ in taker.seen} == {b.qp.qp_num}
+    assert lay.U64.unpack_from(b.qp._area, lay.OFF_POSTED)[0] == posted + 30
+    assert b.cq.poll(16) == []
+    # the receives are all still there, in order: refused messages fill them
+    b.qp.set_receiver(None)
+    for i in range(4):
+        send(a, b"x%d" % i)
+    wcs = b.cq.poll(16)
+    assert [w.wr_id for w in wcs] == [0, 1, 2, 3]
+    assert [bytes(b.buf.buf[64 * i : 64 * i + 2]) for i in range(4)] == [b"x0", b"x1", b"x2", b"x3"]
+
+
+def test_a_refused_send_and_every_one_behind_it_complete_in_order(
+        pair: tuple[Side, Side]) -> None:  # fmt: skip
+    a, b = pair
+    taker = Taker()
+    b.qp.set_receiver(taker)
+    for i in range(4):
+        post_recv(b, i)
+    for data in (b"T1", b"no", b"T2", b"T3"):
+        send(a, data)
+    wcs = b.cq.poll(16)
+    assert wcs[0] is TAKEN_IN_PLACE
+    assert [(w.opcode, w.status, w.byte_len) for w in wcs[1:]] == [
+        (WcOpcode.RECV, WcStatus.SUCCESS, 2)] * 3
+    assert [bytes(b.buf.buf[64 * w.wr_id : 64 * w.wr_id + 2]) for w in wcs[1:]] == [
+        b"no", b"T2", b"T3"]
+    assert [d for _, d, _ in taker.seen] == [b"T1", b"no"]  # (not asked after the refusal)
+
+
+def test_only_a_poll_calls_the_receiver(pair: tuple[Side, Side]) -> None:
+    """has_completions (a spinner without the consumer's lock) and a CQ with completions
+    waiting deliver as before; the next poll of an empty CQ takes in place again."""
+    a, b = pair
+    taker = Taker()
+    b.qp.set_receiver(taker)
+    for i in range(4):
+        post_recv(b, i)
+    send(a, b"T1")
+    assert b.cq.has_completions()
+    assert taker.seen == []
+    send(a, b"T2")
+    wcs = b.cq.poll(16)  # T1's completion waited: T2 may not overtake it
+    assert [w.wr_id for w in wcs] == [0, 1] and taker.seen == []
+    send(a, b"T3")
+    assert b.cq.poll(16) == [TAKEN_IN_PLACE]
+    assert [(d, t) for _, d, t in taker.seen] == [(b"T3", threading.get_ident())]
+
+
+def test_a_local_completion_waiting_keeps_order(pair: tuple[Side, Side]) -> None:
+    """Any completion in the CQ (here the receiver's own QP's signaled send) comes first."""
+    a, b = pair
+    taker = Taker()
+    b.qp.set_receiver(taker)
+    post_recv(b, 0)
+    post_recv(a, 0)
+    send(b, b"to a", signaled=True)  # b's send completion waits in b's CQ
+    send(a, b"T1")
+    wcs = b.cq.poll(16)
+    assert [w.opcode for w in wcs] == [WcOpcode.SEND, WcOpcode.RECV]
+    assert taker.seen == []
