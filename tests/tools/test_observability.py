@@ -233,8 +233,10 @@ def test_stats_totals_across_processes_with_an_exited_one(env: dict[str, str],
     assert stats["tx_bytes"] >= 200_000 and stats["rx_bytes"] >= 200_000
     assert stats["tx_cnt"] >= 200 and stats["tx_pd"][0] >= 200  # 1000-byte sends: <= 8 KiB
     assert stats["rx_rmbsize"][bucket_of(BUFFER)] == 2  # two RMBs of the default size
+    assert stats["inplace_cnt"] >= 50  # (the CDCs of those sends, most read in place)
     text = smcr_cmd(env, "stats", "show", "-d")
     assert "SMC-R Connections Summary" in text and "TCP fallback" in text
+    assert f"CDCs read in place         {stats['inplace_cnt']:12d}" in text
     assert "0x03010000/0x00000000" in text and "peer did not indicate SMC" in text
     # folded: the single files went into the total, which counts the same
     assert not [p for p in exited.glob("*.json") if p.name != "total.json"]

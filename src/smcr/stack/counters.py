@@ -57,7 +57,8 @@ class Counters:
 
     __slots__ = ("bell_cnt", "clnt_fback", "clnt_hshake_err_cnt", "clnt_v1_succ_cnt",
                  "clnt_v2_succ_cnt", "closed_rx_bytes", "closed_tx_bytes", "closed_tx_peer_full",
-                 "cork_cnt", "ndly_cnt", "rx_buf_full_cnt", "rx_pd", "rx_rmbsize", "sendfile_cnt",
+                 "cork_cnt", "inplace_cnt", "ndly_cnt", "rx_buf_full_cnt", "rx_pd", "rx_rmbsize",
+                 "sendfile_cnt",
                  "srv_fback", "srv_hshake_err_cnt", "srv_v1_succ_cnt", "srv_v2_succ_cnt",
                  "tx_buf_full_cnt", "tx_pd", "tx_rmbsize", "urg_data_cnt")  # fmt: skip
 
@@ -78,6 +79,7 @@ class Counters:
         self.srv_fback: Counter[tuple[int, int]] = Counter()
         self.urg_data_cnt = self.cork_cnt = self.ndly_cnt = self.sendfile_cnt = 0
         self.bell_cnt = 0  # smcr's own: messages whose peer rang the reader's bell
+        self.inplace_cnt = 0  # smcr's own: CDCs read in the QP's receive ring (shm)
 
     # ------------------------------------------------------------ control path
 
@@ -134,7 +136,7 @@ class Counters:
             "rx_buf_full_cnt": self.rx_buf_full_cnt,
             "urg_data_cnt": self.urg_data_cnt, "cork_cnt": self.cork_cnt,
             "ndly_cnt": self.ndly_cnt, "sendfile_cnt": self.sendfile_cnt,
-            "bell_cnt": self.bell_cnt,
+            "bell_cnt": self.bell_cnt, "inplace_cnt": self.inplace_cnt,
         }  # fmt: skip
 
     def any(self) -> bool:

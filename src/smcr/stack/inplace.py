@@ -18,6 +18,7 @@ import time
 
 from smcr.core import Action
 from smcr.core.engine import Engine
+from smcr.stack.counters import COUNTERS
 from smcr.stack.hostconn import Taps
 
 
@@ -30,7 +31,7 @@ class InPlace:
         self.out: list[Action] = []
         """Actions of CDCs taken, for the executor to run (:meth:`take_actions`)."""
         self.taken = 0
-        """CDCs taken in place (a count for tests and ``smcr stats -d``)."""
+        """CDCs this runtime took in place (the process's count: ``smcr stats -d``)."""
 
     def receive(self, qpn: int, area: memoryview, off: int, n: int) -> bool:
         """The receiver (:meth:`QueuePair.set_receiver
@@ -39,6 +40,7 @@ class InPlace:
             return False
         if self.engine.take_cdc(qpn, area, off, n, time.monotonic(), self.out):
             self.taken += 1
+            COUNTERS.inplace_cnt += 1
             return True
         return False
 
