@@ -93,6 +93,8 @@ MODULES: tuple[str, ...] = (
     "rdma/shm/device.py",
     "rdma/shm/layout.py",
     "rdma/shm/peer.py",
+    "rdma/shm/send.py",
+    "rdma/shm/receive.py",
     "rdma/shm/qp.py",
     "rdma/shm/rendezvous.py",
     "rdma/bells.py",

@@ -198,6 +198,12 @@ def ring_consumer(notify: mmap, prefix: bytes, token: int) -> bool:
     if not rid:
         return False
     _U32_PACK(notify, at, 0)
+    return ring_name(prefix, rid)
+
+
+def ring_name(prefix: bytes, rid: int) -> bool:
+    """Send the ring (one datagram) to the consumer bell named ``rid`` under ``prefix``,
+    its watch word taken (:func:`ring_consumer`); whether it went."""
     try:
         _ringer().sendto(b"r", _DONTWAIT, prefix + b"%d" % rid)
     except OSError:

@@ -47,13 +47,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
 
-from smcr.rdma.base import ProtectionDomain, QueuePair, scatter
-from smcr.rdma.bells import ring_consumer
-from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY, TAKEN_IN_PLACE, CompletionQueue
+from smcr.rdma.base import ProtectionDomain, QueuePair
+from smcr.rdma.completion import TAKEN_IN_PLACE, CompletionQueue
 from smcr.rdma.eventloop import QpDevice
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
-from smcr.rdma.shm.cq import cq_forget, cq_requester, cq_watch, fence
+from smcr.rdma.shm import send
+from smcr.rdma.shm.cq import cq_forget, cq_requester, cq_watch
 from smcr.rdma.shm.inbound import Inbound
 from smcr.rdma.shm.layout import (
     HDR_ACCESS,
@@ -64,6 +64,7 @@ from smcr.rdma.shm.layout import (
     HDR_STATE,
 )
 from smcr.rdma.shm.peer import PeerLink
+from smcr.rdma.shm.receive import deliver
 from smcr.rdma.verbs import (
     PSN_MASK,
     RNR_TIMER_SECONDS,
@@ -78,7 +79,6 @@ from smcr.rdma.verbs import (
     SendFlag,
     SendWr,
     VerbsError,
-    WcFlag,
     WcOpcode,
     WcStatus,
     WorkCompletion,
@@ -124,21 +124,18 @@ _LIVE: Final = (int(QpState.RTR), int(QpState.RTS))
 _SIGNALED: Final = int(SendFlag.SIGNALED)
 _INLINE: Final = int(SendFlag.INLINE)
 _REMOTE_WRITE: Final = int(AccessFlag.REMOTE_WRITE)
-_LOCAL_WRITE: Final = int(AccessFlag.LOCAL_WRITE)
 _MR_KEY: Final = lay.MR_KEY.unpack_from
 _U32_PACK: Final = lay.U32.pack_into
 _U32_UNPACK: Final = lay.U32.unpack_from
-_WITH_IMM: Final = WcFlag.WITH_IMM
-_NO_FLAGS: Final = WcFlag(0)  # an enum call per completion costs 0.5 us
 _U64_PACK: Final = lay.U64.pack_into
 _AREA_HEADER: Final = lay.AREA_HEADER.unpack_from
 _U64_UNPACK: Final = lay.U64.unpack_from
 _get_ident: Final = threading.get_ident
+
 _SLOT_HEADER: Final = lay.SLOT_HEADER.unpack_from
 _SLOT_HEADER_PACK: Final = lay.SLOT_HEADER.pack_into
 _SLOT_HEADER_SIZE: Final = lay.SLOT_HEADER.size
 _SUCCESS: Final = WcStatus.SUCCESS
-_RECV: Final = WcOpcode.RECV
 _SEND_OP: Final = WcOpcode.SEND
 _RTS: Final = QpState.RTS
 _SLOT_BASE: Final = lay.AREA_HEADER_SIZE
@@ -516,12 +513,10 @@ class ShmQp(QueuePair):
                           wr_id: int, signaled: bool, wake: int = 0) -> None:  # fmt: skip
         """:meth:`post_writes_send` (the data path's batch, see the base class), fused: the
         checks of :meth:`_execute` for every WR first, then the copies, with no WR objects.
-
-        Anything off the common path (not RTS, work queued, peer not ready, no
-        receive posted, a remote check that fails, ``sq_sig_all``) goes to the
-        generic :meth:`_post_send` (within this one post), which repeats the checks and reports the
-        exact error: nothing has moved by then.
-        """
+        Anything off the
+        common path (not RTS, work queued, peer not ready, no receive posted, a remote
+        check that fails, ``sq_sig_all``) goes to the generic :meth:`_post_send` (within
+        this one post), which repeats the checks and reports the exact error."""
         with self._state_lock:
             peer = self._peer
             attr = self.attr
@@ -768,7 +763,7 @@ class ShmQp(QueuePair):
         _SLOT_HEADER_PACK(area, slot, length, kind, imm & 0xFFFFFFFF, 0)
         self._produced = produced = self._produced + 1
         _U64_PACK(area, lay.OFF_PRODUCED, produced)
-        _notify(peer, wake)
+        send.notify(peer, wake)
 
 
 def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
@@ -799,87 +794,3 @@ def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
         _U64_PACK(area, lay.OFF_POSTED, posted)
         cq.push_many((TAKEN_IN_PLACE,), False)
     return consumed
-
-
-def _notify(peer: PeerLink, wake: int = 0) -> None:
-    """After a SEND was placed (``produced`` stored): mark the peer QP, and ring the peer's CQ
-    if it is armed, with the doorbell its arm names (:mod:`smcr.rdma.shm.cq`); or, for a
-    SEND keyed ``wake`` while the CQ is armed for no application thread, the consumer
-    bell armed for that key (:mod:`smcr.rdma.bells`)."""
-    notify = peer.notify
-    if notify is not None:  # ring only a CQ armed for sleep (smcr.rdma.shm.cq)
-        mark = peer.mark
-        if mark:  # after produced: its poll looks at this QP
-            notify[mark] = 1
-        fence()
-        target = _U32_UNPACK(notify, 0)[0]
-        if not target:
-            return
-        if (wake and target != ARM_SLEEPER and peer.bells
-                and ring_consumer(notify, peer.bells, wake)):  # fmt: skip
-            return
-        _U32_PACK(notify, 0, 0)
-        if target == ARM_STANDBY and peer.standby_bell is not None:
-            _ring(peer.standby_bell)
-            return
-    _ring(peer.bell)
-
-
-def _ring(bell: socket.socket) -> None:
-    """Ring a peer's doorbell: a full one means rung already; a closed one, a dead peer."""
-    try:
-        bell.send(b"\x01", socket.MSG_NOSIGNAL)
-    except OSError:
-        pass
-
-
-def deliver(pd: ProtectionDomain, area: memoryview, slot_size: int, qp_num: int, src_qp: int,
-            wr: RecvWr, payload: int, byte_len: int, kind: int,
-            imm: int) -> tuple[WorkCompletion, bool]:  # fmt: skip
-    """Complete one receive of a QP from its slot (at ``payload`` in the QP's receive
-    ``area``); returns the completion and whether it is fatal.  A function, not a method:
-    the receive side needs nothing of the QP but these."""
-    if kind == lay.KIND_LEN_ERR:
-        return recv_wc(wr, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
-    if kind == lay.KIND_WRITE_IMM:
-        op = WcOpcode.RECV_RDMA_WITH_IMM
-        return recv_wc(wr, WcStatus.SUCCESS, op, byte_len, imm, qp_num, src_qp), False
-    if kind not in (lay.KIND_SEND, lay.KIND_SEND_IMM):
-        # the shared area is written by the peer: never trust it further than checked
-        return recv_wc(wr, WcStatus.LOC_QP_OP_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
-    sges = wr.sg_list
-    if kind == lay.KIND_SEND and sges and byte_len <= slot_size:
-        # the data path (a CDC that fits the first buffer: the runtime's receives have a
-        # second, for the longer SMC-Rv2 LLC messages): lookup_local inlined, no lists
-        sge = sges[0]
-        mr = pd.mrs.get(sge.lkey)
-        off = sge.addr - mr.addr if mr is not None else -1
-        if (mr is not None and mr.valid and mr.access_bits & _LOCAL_WRITE and off >= 0
-                and byte_len <= sge.length and off + sge.length <= mr.length):  # fmt: skip
-            mr.buf[off : off + byte_len] = area[payload : payload + byte_len]
-            return WorkCompletion(wr_id=wr.wr_id, status=_SUCCESS, opcode=_RECV, qp_num=qp_num,
-                                  byte_len=byte_len, src_qp=src_qp), False  # fmt: skip
-    views: list[memoryview] = []
-    room = 0
-    lookup = pd.lookup_local
-    for sge in wr.sg_list:
-        v = lookup(sge, _LOCAL_WRITE)
-        if v is None:
-            return recv_wc(wr, WcStatus.LOC_PROT_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
-        views.append(v)
-        room += sge.length
-    if byte_len > slot_size or byte_len > room:
-        return recv_wc(wr, WcStatus.LOC_LEN_ERR, WcOpcode.RECV, 0, 0, qp_num, src_qp), True
-    scatter(views, 0, area[payload : payload + byte_len])
-    return recv_wc(wr, WcStatus.SUCCESS, WcOpcode.RECV, byte_len,
-                   imm if kind == lay.KIND_SEND_IMM else 0, qp_num, src_qp), False  # fmt: skip
-
-
-def recv_wc(wr: RecvWr, st: WcStatus, op: WcOpcode, n: int, imm: int, qp_num: int,
-            src_qp: int) -> WorkCompletion:  # fmt: skip
-    """A receive's completion."""
-    with_imm = op is WcOpcode.RECV_RDMA_WITH_IMM or bool(imm)
-    return WorkCompletion(
-        wr_id=wr.wr_id, status=st, opcode=op, qp_num=qp_num, byte_len=n,
-        imm_data=imm, wc_flags=_WITH_IMM if with_imm else _NO_FLAGS, src_qp=src_qp,
-    )  # fmt: skip
