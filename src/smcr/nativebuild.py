@@ -110,7 +110,8 @@ MODULES: tuple[str, ...] = (
 #: Extension modules written in C, built with the compiled modules (module name -> source,
 #: relative to the package directory): the RoCE RNIC's per-packet loops, where even
 #: mypyc's code spends most of its time in C-API calls (:mod:`smcr.rdma.roce.fastpath`).
-C_EXTENSIONS: dict[str, str] = {"smcr.rdma.roce._loops": "rdma/roce/_loops.c"}
+C_EXTENSIONS: dict[str, str] = {"smcr.rdma.roce._loops": "rdma/roce/_loops.c",
+                                 "smcr.rdma.shm._place": "rdma/shm/_place.c"}
 
 #: mypyc's group name: the shared library is the top-level module ``smcr_native__mypyc``.
 GROUP = "smcr_native"

@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Final, Protocol
 
 from smcr.rdma.base import ProtectionDomain, QueuePair
@@ -512,8 +513,8 @@ class ShmQp(QueuePair):
     def _post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
                           wr_id: int, signaled: bool, wake: int = 0) -> None:  # fmt: skip
         """:meth:`post_writes_send` (the data path's batch, see the base class), fused: the
-        checks of :meth:`_execute` for every WR first, then the copies, with no WR objects.
-        Anything off the
+        checks of :meth:`_execute` for every WR first, then the copies, with no WR objects
+        (in C where built: :func:`_place_in_c`).  Anything off the
         common path (not RTS, work queued, peer not ready, no receive posted, a remote
         check that fails, ``sq_sig_all``) goes to the generic :meth:`_post_send` (within
         this one post), which repeats the checks and reports the exact error."""
@@ -523,6 +524,9 @@ class ShmQp(QueuePair):
             if (attr.qp_state is not _RTS or self._sq or self._timer is not None
                     or peer is None or self.sq_sig_all):  # fmt: skip
                 peer = None
+            elif send.PLACE is not None and _place_in_c(send.PLACE, self, peer, writes, message,
+                                                        wr_id, signaled, wake):  # fmt: skip
+                return
             else:
                 area = peer.area
                 hdr = _AREA_HEADER(area, 0)
@@ -794,3 +798,38 @@ def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
         _U64_PACK(area, lay.OFF_POSTED, posted)
         cq.push_many((TAKEN_IN_PLACE,), False)
     return consumed
+
+
+def _place_in_c(c: ModuleType, qp: ShmQp, peer: PeerLink,
+                writes: Sequence[tuple[int, int, memoryview]], message: bytes, wr_id: int,
+                signaled: bool, wake: int) -> bool:  # fmt: skip
+    """:meth:`ShmQp._post_writes_send`'s common case by the C of ``_place.c`` (state lock
+    held, the QP in RTS with nothing queued): at most two WRITEs into one peer MR already
+    mapped, and the SEND.  False: not taken, nothing written (the Python looks again)."""
+    count = len(writes)
+    if not count:  # (a CDC alone: no peer MR to check)
+        psn: int = c.place_send(peer.area, peer.table, None, None, None, message, qp._next_psn,
+                                qp._produced, peer.depth, peer.slot_size, qp._mtu,
+                                qp._max_inline, 0, 0, 0, 0, 0, 0, 0, 0, 0)  # fmt: skip
+    else:
+        addr, rkey, data = writes[0]
+        rm = peer.mrs.get(rkey)
+        if rm is None or count > 2 or (count == 2 and writes[1][1] != rkey):
+            return False
+        addr2, data2 = (writes[1][0], writes[1][2]) if count == 2 else (0, None)
+        psn = c.place_send(peer.area, peer.table, rm.view, data, data2, message, qp._next_psn,
+                           qp._produced, peer.depth, peer.slot_size, qp._mtu, qp._max_inline,
+                           rm.iova, rm.end, rm.allowed, rm.pd, rm.offset, rm.seal,
+                           rm.generation, addr, addr2)  # fmt: skip
+    if psn < 0:
+        return False
+    attr = qp.attr
+    qp._produced += 1
+    qp._next_psn = psn
+    qp._retry_left = attr.retry_cnt
+    qp._rnr_left = attr.rnr_retry
+    send.notify(peer, wake)
+    if signaled:
+        qp.send_cq.push(WorkCompletion(wr_id=wr_id, status=_SUCCESS, opcode=_SEND_OP,
+                                       qp_num=qp.qp_num, byte_len=len(message)), local=True)
+    return True

@@ -1,13 +1,16 @@
-"""The tail of a requester's SEND on the shm RNIC: the peer CQ's mark and arm words, and
+"""The tail of a requester's SEND on the shm RNIC: the placement of the data path's
+fused batch in C where it is built (``_place.c``), the peer CQ's mark and arm words, and
 the doorbells or consumer bell rung (:mod:`smcr.rdma.shm.cq`, :mod:`smcr.rdma.bells`).
 """
 
 from __future__ import annotations
 
+import importlib
 import socket
+from types import ModuleType
 from typing import Final
 
-from smcr.rdma.bells import ring_consumer
+from smcr.rdma.bells import WATCH_MASK, WATCHES, ring_consumer, ring_name
 from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm.cq import fence
@@ -17,13 +20,37 @@ _U32_PACK: Final = lay.U32.pack_into
 _U32_UNPACK: Final = lay.U32.unpack_from
 
 
+def _c_place() -> ModuleType | None:
+    """The C of the fused send (``_place.c``), built with the compiled modules and served
+    with them (:mod:`smcr.native`); None in a pure-Python process."""
+    try:
+        return importlib.import_module("smcr.rdma.shm._place")
+    except ImportError:
+        return None
+
+
+#: :func:`_c_place`; tests set it to None to run the Python in a compiled process.
+PLACE: ModuleType | None = _c_place()
+
+
 def notify(peer: PeerLink, wake: int = 0) -> None:
     """After a SEND was placed (``produced`` stored): mark the peer QP, and ring the peer's CQ
     if it is armed, with the doorbell its arm names (:mod:`smcr.rdma.shm.cq`); or, for a
     SEND keyed ``wake`` while the CQ is armed for no application thread, the consumer
     bell armed for that key (:mod:`smcr.rdma.bells`)."""
     notify = peer.notify
-    if notify is not None:  # ring only a CQ armed for sleep (smcr.rdma.shm.cq)
+    if notify is not None and PLACE is not None:  # (the same, by _place.c's look_peer)
+        whom: int = PLACE.look_peer(notify, peer.mark, wake, WATCHES, WATCH_MASK, peer.bells)
+        if not whom:
+            return
+        if whom > 3:
+            if ring_name(peer.bells, whom >> 2):
+                return
+            _U32_PACK(notify, 0, 0)
+        if whom & 3 == ARM_STANDBY and peer.standby_bell is not None:
+            ring(peer.standby_bell)
+            return
+    elif notify is not None:  # ring only a CQ armed for sleep (smcr.rdma.shm.cq)
         mark = peer.mark
         if mark:  # after produced: its poll looks at this QP
             notify[mark] = 1
