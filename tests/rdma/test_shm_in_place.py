@@ -176,3 +176,30 @@ def test_order_holds_with_a_spinner_looking_meanwhile(pair: tuple[Side, Side]) -
         spinner.join(10)
     assert seen == list(range(count))
     assert 0 < in_place < count * 2 // 3  # (both ways; the refused ones never in place)
+
+
+def test_no_more_taken_in_a_poll_than_receives_are_posted(pair: tuple[Side, Side]) -> None:
+    """A requester that places past the receives posted (only a broken or hostile one can:
+    a well-behaved one waits, RNR) gets no more taken in place in one poll than receives
+    are posted; what follows is delivered into those receives as before, and the ring's
+    counts stay whole (posted - consumed = the receives left)."""
+    _, b = pair
+    taker = Taker()
+    b.qp.set_receiver(taker)
+    post_recv(b, 0)
+    post_recv(b, 1)
+    qp = b.qp
+    area = qp._area
+    produced = lay.U64.unpack_from(area, lay.OFF_PRODUCED)[0]
+    for i in range(4):  # four SENDs placed by hand where the requester would have
+        slot = qp._slot_base + ((produced + i) % qp._depth) * qp._slot_stride
+        lay.SLOT_HEADER.pack_into(area, slot, 2, lay.KIND_SEND, 0, 0)
+        area[slot + lay.SLOT_HEADER.size : slot + lay.SLOT_HEADER.size + 2] = b"T%d" % i
+    lay.U64.pack_into(area, lay.OFF_PRODUCED, produced + 4)
+    wcs = b.cq.poll(16)
+    assert wcs[0] is TAKEN_IN_PLACE
+    assert [d for _, d, _ in taker.seen] == [b"T0", b"T1"]
+    assert [(w.wr_id, bytes(b.buf.buf[64 * w.wr_id : 64 * w.wr_id + 2])) for w in wcs[1:]] == [
+        (0, b"T2"), (1, b"T3")]  # fmt: skip
+    assert not qp._rq and qp._posted == qp._consumed == produced + 4
+    assert lay.U64.unpack_from(area, lay.OFF_POSTED)[0] == qp._posted

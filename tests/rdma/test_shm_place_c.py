@@ -86,9 +86,9 @@ def test_a_refusal_writes_nothing(pairs: list[tuple[Side, Side]]) -> None:
                 end=rm.end, allowed=rm.allowed, pd=rm.pd, mr_offset=rm.offset, seal=rm.seal,
                 generation=rm.generation, addr=rm.iova + 8, addr2=0)  # fmt: skip
 
-    def place(message: bytes = b"cdc", data: bytes | None = b"data", **changes: int) -> int:
-        v = {**base, **changes}
-        return int(C.place_send(peer.area, peer.table, rm.view, data, None, message,
+    def place(changes: dict[str, int] | None = None, message: bytes = b"cdc") -> int:
+        v = {**base, **(changes or {})}
+        return int(C.place_send(peer.area, peer.table, rm.view, b"data", None, message,
                                 *v.values()))  # fmt: skip
 
     before = (bytes(peer.area), bytes(rm.view))
@@ -96,7 +96,7 @@ def test_a_refusal_writes_nothing(pairs: list[tuple[Side, Side]]) -> None:
                     dict(seal=rm.seal ^ 1), dict(generation=rm.generation + 1),
                     dict(pd=rm.pd + 1), dict(addr=rm.iova - 1), dict(addr=rm.end - 2),
                     dict(limit=3), dict(allowed=0), dict(slot_size=2)):  # fmt: skip
-        assert place(**refused) == -1, refused
+        assert place(refused) == -1, refused
     assert place(message=bytes(peer.slot_size + 1)) == -1
     assert (bytes(peer.area), bytes(rm.view)) == before
     lay.U32.pack_into(peer.area, lay.OFF_STATE, 6)  # the peer QP in ERR

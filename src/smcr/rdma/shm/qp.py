@@ -514,10 +514,10 @@ class ShmQp(QueuePair):
                           wr_id: int, signaled: bool, wake: int = 0) -> None:  # fmt: skip
         """:meth:`post_writes_send` (the data path's batch, see the base class), fused: the
         checks of :meth:`_execute` for every WR first, then the copies, with no WR objects
-        (in C where built: :func:`_place_in_c`).  Anything off the
-        common path (not RTS, work queued, peer not ready, no receive posted, a remote
-        check that fails, ``sq_sig_all``) goes to the generic :meth:`_post_send` (within
-        this one post), which repeats the checks and reports the exact error."""
+        (in C where built: :func:`_place_in_c`).  Anything off the common path (not RTS,
+        work queued, peer not ready, no receive posted, a remote check that fails,
+        ``sq_sig_all``) goes to the generic :meth:`_post_send` (within this one post),
+        which repeats the checks and reports the exact error."""
         with self._state_lock:
             peer = self._peer
             attr = self.attr
@@ -775,15 +775,17 @@ def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
     (:meth:`~smcr.rdma.base.QueuePair.set_receiver`; receive lock held): only within the
     CQ's poll and while nothing waits in the CQ (completions made before, by another
     thread's look too, come first; they are pushed under this lock), up to the first it
-    refuses.  Each taken leaves its receive posted: one more is published behind the
-    others, as long as its slot's.  Returns the new consumed count."""
+    refuses, and only with receives posted (as many SENDs as the delivery would take).
+    Each taken leaves its receive posted: one more is published behind the others, as
+    long as its slot's.  Returns the new consumed count."""
     receiver, cq = qp.receiver, qp.recv_cq
     if receiver is None or cq.polling != _get_ident() or not cq.idle():
         return consumed
     area, view, depth, base, stride = qp._area, qp._view, qp._depth, qp._slot_base, qp._slot_stride
     slot_size, qp_num, posted = qp._slot_size, qp.qp_num, qp._posted
     start = consumed
-    while consumed < produced:
+    produced = min(produced, consumed + len(qp._rq))  # (more only from a requester that
+    while consumed < produced:  # placed past the receives posted: delivered as before)
         off = base + (consumed % depth) * stride
         byte_len, kind, _, _ = _SLOT_HEADER(area, off)
         if (kind != lay.KIND_SEND or byte_len > slot_size
