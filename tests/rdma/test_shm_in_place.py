@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from smcr.rdma import RecvWr, SendFlag, SendWr, Sge, VerbsError, WcOpcode, WcStatus, WrOpcode
 from smcr.rdma.completion import TAKEN_IN_PLACE
 from smcr.rdma.shm import layout as lay
@@ -203,3 +205,33 @@ def test_no_more_taken_in_a_poll_than_receives_are_posted(pair: tuple[Side, Side
         (0, b"T2"), (1, b"T3")]  # fmt: skip
     assert not qp._rq and qp._posted == qp._consumed == produced + 4
     assert lay.U64.unpack_from(area, lay.OFF_POSTED)[0] == qp._posted
+
+
+def test_a_receiver_that_fails_took_its_send(pair: tuple[Side, Side]) -> None:
+    """A receiver that raises on a SEND: the poll raises, the SENDs taken before it stand in
+    the CQ, and that SEND is not offered again (as a completion taken from the CQ is not
+    given twice); the next poll goes on behind it, the ring's counts whole."""
+    a, b = pair
+    offered: list[bytes] = []
+
+    def take(qpn: int, area: memoryview, off: int, n: int) -> bool:
+        data = bytes(area[off : off + n])
+        offered.append(data)
+        if data == b"boom":
+            raise RuntimeError("a bug in the receiver")
+        return True
+
+    b.qp.set_receiver(take)
+    for i in range(4):
+        post_recv(b, i)
+    for data in (b"T1", b"boom", b"T2"):
+        send(a, data)
+    with pytest.raises(RuntimeError):
+        b.cq.poll(16)
+    assert offered == [b"T1", b"boom"]
+    wcs = b.cq.poll(16)  # T1's stand-in; T2 behind it, delivered (the CQ was not empty)
+    assert wcs[0] is TAKEN_IN_PLACE and len(wcs) == 2
+    assert bytes(b.buf.buf[64 * wcs[1].wr_id : 64 * wcs[1].wr_id + 2]) == b"T2"
+    assert offered == [b"T1", b"boom"]
+    assert b.cq.poll(16) == []
+    assert b.qp._posted - b.qp._consumed == len(b.qp._rq) == 3

@@ -44,6 +44,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from mmap import mmap
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Final, Protocol
@@ -784,22 +785,39 @@ def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
     area, view, depth, base, stride = qp._area, qp._view, qp._depth, qp._slot_base, qp._slot_stride
     slot_size, qp_num, posted = qp._slot_size, qp.qp_num, qp._posted
     start = consumed
+    offered = -1
     produced = min(produced, consumed + len(qp._rq))  # (more only from a requester that
-    while consumed < produced:  # placed past the receives posted: delivered as before)
-        off = base + (consumed % depth) * stride
-        byte_len, kind, _, _ = _SLOT_HEADER(area, off)
-        if (kind != lay.KIND_SEND or byte_len > slot_size
-                or not receiver(qp_num, view, off + _SLOT_HEADER_SIZE, byte_len)):  # fmt: skip
-            break
-        _U32_PACK(area, _SLOT_BASE + 4 * (posted % depth),
-                  _U32_UNPACK(area, _SLOT_BASE + 4 * (consumed % depth))[0])  # fmt: skip
-        posted += 1
-        consumed += 1
-    if consumed != start:
-        qp._posted = posted
-        _U64_PACK(area, lay.OFF_POSTED, posted)
-        cq.push_many((TAKEN_IN_PLACE,), False)
+    try:  # placed past the receives posted: delivered as before)
+        while consumed < produced:
+            off = base + (consumed % depth) * stride
+            byte_len, kind, _, _ = _SLOT_HEADER(area, off)
+            if kind != lay.KIND_SEND or byte_len > slot_size:
+                break
+            offered = consumed
+            if not receiver(qp_num, view, off + _SLOT_HEADER_SIZE, byte_len):
+                break
+            offered = -1
+            posted = _repost(area, depth, posted, consumed)
+            consumed += 1
+    except BaseException:
+        if offered == consumed:  # (a receiver that failed on a SEND took it, as a
+            posted = _repost(area, depth, posted, consumed)  # completion taken would be:
+            consumed += 1  # it is not offered again)
+        raise
+    finally:
+        if consumed != start:
+            qp._posted, qp._consumed = posted, consumed
+            _U64_PACK(area, lay.OFF_POSTED, posted)
+            cq.push_many((TAKEN_IN_PLACE,), False)
     return consumed
+
+
+def _repost(area: mmap, depth: int, posted: int, consumed: int) -> int:
+    """The receive of slot ``consumed`` posted again, behind the others (its length
+    published at ``posted``); returns the new posted count."""
+    _U32_PACK(area, _SLOT_BASE + 4 * (posted % depth),
+              _U32_UNPACK(area, _SLOT_BASE + 4 * (consumed % depth))[0])  # fmt: skip
+    return posted + 1
 
 
 def _place_in_c(c: ModuleType, qp: ShmQp, peer: PeerLink,
