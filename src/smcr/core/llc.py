@@ -42,9 +42,12 @@ from smcr.wire.cdc import (
     CDC,
     CDC_CONN_STATE_FLAGS,
     CDC_CONS_COUNT,
+    CDC_CONS_WRAP,
     CDC_MSG_TYPE,
     CDC_PROD_COUNT,
     CDC_PROD_FLAGS,
+    CDC_PROD_WRAP,
+    CDC_SEQNO,
     CDC_TOKEN,
     ConnectionStateFlags,
     ProducerFlags,
@@ -190,18 +193,13 @@ class LinkLayer:
         link = self.state.links.get(qpn)
         if link is None:
             return False
-        _, _, seq, token, pwrap, pcount, cwrap, ccount, pflags, sflags = _CDC_UNPACK(area, off)
-        conn = link.lgr.conns.get(token)
+        f = _CDC_UNPACK(area, off)
+        conn = link.lgr.conns.get(f[CDC_TOKEN])
         if conn is None:
             return False
         link.last_rx = now
         link.test_deadline = None
-        self.state.touched.add(conn.id)
-        try:
-            conn.receive_cdc_fields(seq, pwrap, pcount, cwrap, ccount, pflags & 0xF8,
-                                    sflags & 0xE0, out)  # fmt: skip
-        except PeerFaultError as exc:
-            self.abort(conn, f"peer fault: {exc}", out)
+        self._apply_cdc(conn, f, out)
         return True
 
     def _receive_one(self, link: Link, data: memoryview, now: float, out: list[Action]) -> None:
@@ -255,15 +253,22 @@ class LinkLayer:
         if len(data) != _CDC_SIZE or data[1] != _CDC_SIZE:  # smc_cdc_rx_handler drops it
             self.drop(link.qpn, f"bad CDC: {len(data)} bytes, length byte {data[1:2].hex()}")
             return
-        _, _, seq, token, pwrap, pcount, cwrap, ccount, pflags, sflags = _CDC_UNPACK(data)
-        conn = link.lgr.conns.get(token)
+        f = _CDC_UNPACK(data)
+        conn = link.lgr.conns.get(f[CDC_TOKEN])
         if conn is None:
-            self.drop(link.qpn, f"CDC for unknown token {token}")
+            self.drop(link.qpn, f"CDC for unknown token {f[CDC_TOKEN]}")
             return
+        self._apply_cdc(conn, f, out)
+
+    def _apply_cdc(self, conn: Connection, f: tuple[int, ...], out: list[Action]) -> None:
+        """A CDC's fields (``f``, as :data:`~smcr.wire.cdc.CDC` unpacks them) taken by its
+        connection, which is touched; a peer's fault aborts it (``smc_cdc_msg_recv``)."""
         self.state.touched.add(conn.id)
         try:
-            conn.receive_cdc_fields(seq, pwrap, pcount, cwrap, ccount, pflags & 0xF8,
-                                    sflags & 0xE0, out)  # fmt: skip
+            conn.receive_cdc_fields(f[CDC_SEQNO], f[CDC_PROD_WRAP], f[CDC_PROD_COUNT],
+                                    f[CDC_CONS_WRAP], f[CDC_CONS_COUNT],
+                                    f[CDC_PROD_FLAGS] & 0xF8, f[CDC_CONN_STATE_FLAGS] & 0xE0,
+                                    out)  # fmt: skip
         except PeerFaultError as exc:
             self.abort(conn, f"peer fault: {exc}", out)
 
