@@ -233,7 +233,9 @@ def test_stats_totals_across_processes_with_an_exited_one(env: dict[str, str],
     assert stats["tx_bytes"] >= 200_000 and stats["rx_bytes"] >= 200_000
     assert stats["tx_cnt"] >= 200 and stats["tx_pd"][0] >= 200  # 1000-byte sends: <= 8 KiB
     assert stats["rx_rmbsize"][bucket_of(BUFFER)] == 2  # two RMBs of the default size
-    assert stats["inplace_cnt"] >= 50  # (the CDCs of those sends, most read in place)
+    # some of the CDCs of those sends were read in place; how many depends on who polls first
+    # (a spinner's readiness check delivers as before), so only that the counter moves
+    assert 1 <= stats["inplace_cnt"] <= 4 * stats["tx_cnt"]
     text = smcr_cmd(env, "stats", "show", "-d")
     assert "SMC-R Connections Summary" in text and "TCP fallback" in text
     assert f"CDCs read in place         {stats['inplace_cnt']:12d}" in text
