@@ -14,9 +14,12 @@ import resource
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from smcr.rdma import AccessFlag, SendFlag, SendWr, Sge, WcStatus, WrOpcode
 from smcr.rdma.base import MemoryRegion
 from smcr.rdma.shm import ShmDevice
+from smcr.rdma.shm.segment import Segment
 from tests.rdma.rdma_helpers import RW, Side
 
 SIZE = 32 << 20
@@ -29,7 +32,7 @@ def _rss_kib() -> int:
 
 def _segment_bytes(dev: ShmDevice, mr: MemoryRegion) -> int:
     """Bytes of memory a remote-accessible MR's shared segment holds now."""
-    _index, fd, _mm, _mr, _seal = dev._remote[mr.rkey]
+    fd = dev._remote[mr.rkey].segment.fd
     return os.fstat(fd).st_blocks * 512
 
 
@@ -135,3 +138,75 @@ def test_an_rmb_costs_one_descriptor_and_a_peer_writing_into_it_none(
     for rmb in rmbs:
         rmb.dereg()
     assert _memory_descriptors() == before
+
+
+def _write_at(b: Side, rmb: MemoryRegion, value: int, wr_id: int = 0) -> WcStatus:
+    """``b`` writes ``value`` (8 bytes) 4 KiB into ``rmb``; the completion's status."""
+    b.buf.buf[:8] = value.to_bytes(8, "little")
+    b.qp.post_send(SendWr(
+        wr_id=wr_id, opcode=WrOpcode.RDMA_WRITE, send_flags=SendFlag.SIGNALED,
+        sg_list=(Sge(b.buf.addr, 8, b.buf.lkey),), remote_addr=rmb.addr + 4096, rkey=rmb.rkey,
+    ))  # fmt: skip
+    return b.wait()[0].status
+
+
+def test_rmbs_carved_from_one_segment_cost_one_descriptor_and_keep_apart(
+    pair: tuple[Side, Side],
+) -> None:
+    """A link group's RMBs share a segment (:mod:`smcr.rdma.shm.segment`): 40 of them hold
+    one descriptor, a peer's WRITE through each rkey lands in that RMB's own range and
+    nowhere else, an RMB deregistered refuses WRITEs while the others take them, and the
+    descriptor goes once the segment is let go of and its last RMB deregistered."""
+    a, b = pair
+    before = _memory_descriptors()
+    seg = Segment("smcr-group")
+    sizes = [1 << 14, 1 << 16, 1 << 20, 5000] * 10  # (5000: rounded up to pages)
+    rmbs = [a.pd.alloc_mr(size, RW, seg) for size in sizes]
+    assert _memory_descriptors() - before == Counter({"/memfd:smcr-group (deleted)": 1})
+    assert seg.users == 40
+    for i, rmb in enumerate(rmbs):
+        rmb.buf[:] = bytes(rmb.length)  # (each range its own: no write spills into the next)
+        assert _write_at(b, rmb, 1000 + i, i) is WcStatus.SUCCESS
+    assert [int.from_bytes(rmb.buf[4096:4104], "little") for rmb in rmbs] == [
+        1000 + i for i in range(40)]  # fmt: skip
+    assert all(bytes(rmb.buf[:4096]) == bytes(4096) for rmb in rmbs)
+    assert all(bytes(rmb.buf[4104:]) == bytes(rmb.length - 4104) for rmb in rmbs)
+    assert _memory_descriptors() - before == Counter({"/memfd:smcr-group (deleted)": 1})
+    gone, kept = rmbs[7], rmbs[8]
+    gone.dereg()
+    assert _write_at(b, kept, 7, 41) is WcStatus.SUCCESS
+    assert int.from_bytes(kept.buf[4096:4104], "little") == 7
+    assert _write_at(b, gone, 8, 42) is WcStatus.REM_ACCESS_ERR
+    seg.close()  # the group ended: the descriptor stays for the RMBs still out
+    assert _memory_descriptors() - before == Counter({"/memfd:smcr-group (deleted)": 1})
+    with pytest.raises(OSError):
+        seg.carve(4096)  # (nothing new goes into a segment let go of)
+    for rmb in rmbs:
+        rmb.dereg()
+    assert _memory_descriptors() == before
+
+
+def test_an_rmb_in_a_segment_is_aliased_on_a_second_device_without_a_descriptor(
+    shm_dir: Path,
+) -> None:
+    """A second RNIC's registration of a grouped RMB maps the same range again (a peer's
+    WRITE through either rkey lands in the same bytes) and holds no descriptor more."""
+    one, two = ShmDevice("one", directory=shm_dir), ShmDevice("two", directory=shm_dir)
+    try:
+        seg = Segment("smcr-group")
+        first = one.alloc_pd().alloc_mr(1 << 16, RW, seg)
+        other = one.alloc_pd().alloc_mr(1 << 16, RW, seg)
+        before = _memory_descriptors()
+        alias = two.alloc_pd().alias_mr(other)
+        assert _memory_descriptors() == before
+        alias.buf[:5] = b"alias"
+        assert bytes(other.buf[:5]) == b"alias" and bytes(first.buf[:5]) == bytes(5)
+        seg.close()
+        for mr in (first, other):
+            mr.dereg()
+        assert seg.users == 1 and bytes(alias.buf[:5]) == b"alias"  # the alias keeps it
+        alias.dereg()
+        assert seg.users == 0
+    finally:
+        one.close()
+        two.close()

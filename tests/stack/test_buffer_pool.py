@@ -90,7 +90,7 @@ def test_the_pool_keeps_sizes_and_kinds_apart() -> None:
 def _backed(x: Stack, rmb: MemoryRegion) -> int:
     """Bytes of memory an RMB's shared segment holds now."""
     assert isinstance(x.device, ShmDevice)
-    _index, fd, _mm, _mr, _seal = x.device._remote[rmb.rkey]
+    fd = x.device._remote[rmb.rkey].segment.fd
     return os.fstat(fd).st_blocks * 512
 
 

@@ -30,6 +30,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from mmap import mmap
 from pathlib import Path
 from typing import cast
@@ -51,6 +52,7 @@ from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import ShmCompletionQueue
 from smcr.rdma.shm.mapping import map_shared
 from smcr.rdma.shm.qp import ShmQp
+from smcr.rdma.shm.segment import Segment
 from smcr.rdma.verbs import (
     GID_LEN,
     REMOTE_ACCESS,
@@ -70,6 +72,19 @@ IOVA_BASE = 0x0000_7E00_0000_0000
 MAX_INLINE = 1 << 24
 """Inline WRs up to 16 MiB: the requester copies at post time anyway (:mod:`smcr.rdma.shm.qp`),
 so an inline WRITE costs what a registered one does and saves the caller a staging copy."""
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A remote-accessible MR as the device publishes it: its MR table entry, where it
+    lives (``offset`` in ``segment``), our mapping of it and its seal."""
+
+    index: int
+    segment: Segment
+    offset: int
+    mm: mmap
+    mr: MemoryRegion
+    seal: int
 
 
 class ShmDevice(Device):
@@ -105,7 +120,7 @@ class ShmDevice(Device):
         self.table_fd, self._table = lay.new_segment("smcr-mrtable", lay.table_size(max_mr))
         self._free = list(range(max_mr - 1, -1, -1))
         self._gens = [0] * max_mr
-        self._remote: dict[int, tuple[int, int, mmap, MemoryRegion, int]] = {}
+        self._remote: dict[int, Published] = {}
         self._granted: dict[bytes, ShmQp] = {}  # a requester's token -> the QP it says hello to
         self._token_of: dict[int, bytes] = {}  # QPN -> the token of its inbound connection
         self.keys = KeyAllocator()
@@ -153,8 +168,9 @@ class ShmDevice(Device):
             self._qps.pop(qpn, None)
             self._granted.pop(self._token_of.pop(qpn, b""), None)
 
-    def publish_mr(self, mr: MemoryRegion, fd: int, mm: mmap) -> None:
-        """Enter a remote-accessible MR in the shared table (the seal word last)."""
+    def publish_mr(self, mr: MemoryRegion, segment: Segment, offset: int, mm: mmap) -> None:
+        """Enter a remote-accessible MR in the shared table (the seal word last); it lives
+        at ``offset`` in ``segment`` (mapped here as ``mm``), which stays open for it."""
         with self._lock:
             if not self._free:
                 raise VerbsError(errno.ENOMEM, "MR table full")
@@ -165,25 +181,26 @@ class ShmDevice(Device):
                                    mr.pd.pd_id, mr.length, mr.addr)  # fmt: skip
             seal = secrets.randbits(32) | 1
             lay.U32.pack_into(self._table, off, seal)
-            self._remote[mr.rkey] = (index, fd, mm, mr, seal)
+            segment.hold()
+            self._remote[mr.rkey] = Published(index, segment, offset, mm, mr, seal)
 
     def revoke_mr(self, mr: MemoryRegion) -> None:
-        """Deregister: zero the table entry's seal (access ends now), then free the segment."""
+        """Deregister: zero the table entry's seal (access ends now), then let the MR's
+        range of its segment go."""
         with self._lock:
             entry = self._remote.pop(mr.rkey, None)
             if entry is None:
                 return
-            index, fd, mm, _mr, _seal = entry
-            off = lay.table_offset(index)
+            off = lay.table_offset(entry.index)
             lay.U32.pack_into(self._table, off, 0)  # revokes: every access checks this word
             lay.U32.pack_into(self._table, off + 8, 0)
-            self._free.append(index)
+            self._free.append(entry.index)
         try:  # a caller still holds a slice: the GC unmaps
             mr.buf.release()
-            mm.close()
+            entry.mm.close()
         except BufferError:
             pass
-        os.close(fd)
+        entry.segment.release()
 
     # ------------------------------------------------------------ rendezvous
 
@@ -261,17 +278,21 @@ class ShmDevice(Device):
         with self._lock:
             qp = self._granted.get(token)
             entry = self._remote.get(rkey)
-            if qp is None or entry is None or entry[3].pd is not qp.pd:
+            if qp is None or entry is None or entry.mr.pd is not qp.pd:
                 if qp is not None:
                     del self._granted[token]
                 rdv.send(conn, rdv.Message(rdv.NACK, a=errno.ENOENT if qp else errno.EPERM))
                 return
-            index, fd, _mm, mr, seal = entry
+            mr, fd = entry.mr, entry.segment.fd
             writable = bool(mr.access & AccessFlag.REMOTE_WRITE)
             send_fd = fd if writable else os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+            # (at offset 0 the answer an older requester understands: it maps from 0)
+            kind, where = ((rdv.MR_OK, bytes(GID_LEN)) if not entry.offset
+                           else (rdv.MR_AT, rdv.OFFSET.pack(entry.offset)))  # fmt: skip
             try:
-                rdv.send(conn, rdv.Message(rdv.MR_OK, a=index, b=self._gens[index], c=writable,
-                                           d=seal), [send_fd])  # fmt: skip
+                answer = rdv.Message(kind, a=entry.index, b=self._gens[entry.index],
+                                     c=writable, d=entry.seal, gid=where)  # fmt: skip
+                rdv.send(conn, answer, [send_fd])
             finally:
                 if send_fd != fd:
                     os.close(send_fd)
@@ -306,11 +327,16 @@ class ShmPd(ProtectionDomain):
         super().__init__(pd_id)
         self.device = device
 
-    def alloc_mr(self, length: int, access: AccessFlag) -> MemoryRegion:
+    def alloc_mr(self, length: int, access: AccessFlag,
+                 segment: Segment | None = None) -> MemoryRegion:  # fmt: skip
         """Allocate ``length`` bytes in shared memory and register them.
 
+        :param segment: where a remote-accessible MR lives (carved from it: the MRs of
+            one peer share a descriptor, :mod:`~smcr.rdma.shm.segment`); None: a segment
+            of its own.
         :raises VerbsError: EINVAL for REMOTE_WRITE without LOCAL_WRITE (as
             ``ibv_reg_mr``) or a bad length; ENOMEM when the MR table is full.
+        :raises OSError: the segment could not grow (no memory), or was let go of.
         """
         if length <= 0 or length > self.device.attr.max_mr_size:
             raise VerbsError(errno.EINVAL, f"MR length {length}")
@@ -318,12 +344,21 @@ class ShmPd(ProtectionDomain):
             raise VerbsError(errno.EINVAL, "REMOTE_WRITE needs LOCAL_WRITE")
         if not access & REMOTE_ACCESS:
             return self._register(zeroed_memory(length), access, None)
-        fd, mm = lay.new_segment("smcr-mr", length)
+        own = segment is None
+        seg = Segment("smcr-mr") if segment is None else segment
         try:
-            return self._register(memoryview(mm), access, (fd, mm))
+            return self._map_and_register(seg, seg.carve(length), length, access)
+        finally:
+            if own:
+                seg.close()  # (the descriptor now lives as long as the MR)
+
+    def _map_and_register(self, seg: Segment, offset: int, length: int,
+                          access: AccessFlag) -> MemoryRegion:  # fmt: skip
+        mm = map_shared(seg.fd, length, offset=offset)
+        try:
+            return self._register(memoryview(mm), access, (seg, offset, mm))
         except BaseException:
             mm.close()
-            os.close(fd)
             raise
 
     def reg_mr(self, buffer: bytearray | memoryview, access: AccessFlag) -> MemoryRegion:
@@ -343,8 +378,8 @@ class ShmPd(ProtectionDomain):
         the same access: the same pages under this device's key and address (a runtime
         over two RNICs gives each link its rkey of one RMB, Linux ``smcr_buf_map_link``).
 
-        A remote-accessible ``mr`` is a shared segment: its memfd is duplicated and
-        mapped again, so a peer's WRITE through either key lands in the same pages.
+        A remote-accessible ``mr`` lives in a shared segment: its range is mapped again,
+        so a peer's WRITE through either key lands in the same pages.
 
         :raises VerbsError: EINVAL when ``mr`` is not a live MR of a shm device.
         """
@@ -354,22 +389,10 @@ class ShmPd(ProtectionDomain):
         entry = owner._remote.get(mr.rkey) if isinstance(owner, ShmDevice) else None
         if entry is None:
             raise VerbsError(errno.EINVAL, "not a live remote-accessible shm MR")
-        _index, segment_fd, _mm, _mr, _seal = entry
-        fd = os.dup(segment_fd)  # (this registration's own: revoke_mr closes it)
-        try:
-            mm = map_shared(fd, mr.length)
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            return self._register(memoryview(mm), mr.access, (fd, mm))
-        except BaseException:
-            mm.close()
-            os.close(fd)
-            raise
+        return self._map_and_register(entry.segment, entry.offset, mr.length, mr.access)
 
     def _register(
-        self, view: memoryview, access: AccessFlag, shared: tuple[int, mmap] | None
+        self, view: memoryview, access: AccessFlag, shared: tuple[Segment, int, mmap] | None
     ) -> MemoryRegion:
         dev = self.device
         key = dev.keys.new_key()

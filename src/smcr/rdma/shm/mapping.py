@@ -29,9 +29,10 @@ _mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, 
 _MAP_FIXED = 0x10  # <sys/mman.h> (the mmap module exports no MAP_FIXED)
 
 
-def map_shared(fd: int, size: int, writable: bool = True) -> mmap.mmap:
-    """Map the first ``size`` bytes of the segment ``fd`` shared; ``fd`` stays the caller's
-    (it may be closed at once: the mapping keeps the memory, and no descriptor).
+def map_shared(fd: int, size: int, writable: bool = True, offset: int = 0) -> mmap.mmap:
+    """Map ``size`` bytes of the segment ``fd`` shared, from ``offset`` (a multiple of the
+    page size); ``fd`` stays the caller's (it may be closed at once: the mapping keeps the
+    memory, and no descriptor).
 
     A read-only mapping (``writable=False``) is read-only in the kernel: a write through
     it would fault, so its users must only read it (give others ``toreadonly()`` views).
@@ -46,7 +47,7 @@ def map_shared(fd: int, size: int, writable: bool = True) -> mmap.mmap:
         address = ctypes.addressof(anchor)
         del anchor
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        got = _mmap(address, size, prot, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+        got = _mmap(address, size, prot, mmap.MAP_SHARED | _MAP_FIXED, fd, offset)
         if got != address:
             err = ctypes.get_errno() or errno.ENOMEM
             raise OSError(err, f"mmap of a shared segment: {os.strerror(err)}")

@@ -24,9 +24,11 @@ from typing import Any, Final
 
 from smcr import plainsock
 from smcr.rdma import bells
+from smcr.rdma.base import PAGE
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import MARKS
+from smcr.rdma.shm.mapping import map_shared
 from smcr.rdma.verbs import AccessFlag, VerbsError
 
 _REMOTE_WRITE: Final = int(AccessFlag.REMOTE_WRITE)
@@ -171,23 +173,34 @@ class PeerLink:
         return self._fetch(rkey)
 
     def _fetch(self, rkey: int) -> RemoteMr | None:
-        """Ask the peer's device for the segment of ``rkey`` and map it (once per MR).
+        """Ask the peer's device for the segment of ``rkey`` and map the MR's range of it
+        (once per MR).
 
         :returns: ``None`` if the peer has no such live region.
         :raises VerbsError: EHOSTUNREACH if the peer's device does not answer."""
         msg, fds = rdv.request(self.path, rdv.Message(rdv.GET_MR, a=rkey, gid=self.token))
-        if msg.kind != rdv.MR_OK or len(fds) != 1:
+        if msg.kind not in (rdv.MR_OK, rdv.MR_AT) or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
             return None
-        mm = lay.map_segment(fds[0], writable=bool(msg.c))
+        # the MR is e_len bytes at ``at`` in the segment (a link group's RMBs share one)
+        at = rdv.OFFSET.unpack(msg.gid)[0] if msg.kind == rdv.MR_AT else 0
         offset = lay.table_offset(msg.a)
-        e_seal, e_gen, e_access, e_pd, e_len, e_iova = lay.MR_ENTRY.unpack_from(self.table, offset)
+        in_table = offset + lay.MR_ENTRY.size <= len(self.table)
+        e_len = lay.MR_ENTRY.unpack_from(self.table, offset)[4] if in_table else 0
+        try:
+            size = os.fstat(fds[0]).st_size
+            if at % PAGE or not 0 < e_len <= size - at:
+                return None  # (deregistered meanwhile, or a malformed answer)
+            mm = map_shared(fds[0], e_len, bool(msg.c), at)
+        finally:
+            os.close(fds[0])
+        e_seal, e_gen, e_access, e_pd, e_len2, e_iova = lay.MR_ENTRY.unpack_from(self.table, offset)
         # a read-only mapping faults on a write: its view refuses one in Python first
         view = memoryview(mm) if msg.c else memoryview(mm).toreadonly()
         rm = RemoteMr(offset, e_gen, e_access, e_pd, e_len, e_iova, mm, view, bool(msg.c),
                       msg.d)  # fmt: skip
-        bad = e_iova + e_len > 1 << 64 or e_len > len(mm)
+        bad = e_iova + e_len > 1 << 64 or e_len2 != e_len
         if not e_seal or e_seal != msg.d or e_gen != msg.b or not e_access & lay.MR_VALID or bad:
             rm.close()  # deregistered between the answer and now
             return None

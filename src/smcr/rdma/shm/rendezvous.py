@@ -68,9 +68,12 @@ HELLO_MARKS = 1  # the requester sets the QP's mark byte after each SEND (smcr.r
 HELLO_STANDBY = 2  # the requester rings the standby doorbell for an ARMED word of 2
 GET_MR = 3  # a = rkey, gid = the token of the requester's connection
 MR_OK = 4  # a = table index, b = generation, c = 1 if writable, d = seal; fd: the MR segment
+MR_AT = 7  # as MR_OK, for an MR at an offset in its segment: gid = the offset (u64)
 NACK = 5  # a = errno
 QP_ERR = 6  # the requester NAKed with a class-C error: move your QP to ERR (spec §5.3)
 
+OFFSET = struct.Struct("<Q8x")
+"""MR_AT's offset, in the gid field."""
 CONNECT_TIMEOUT = 2.0
 CREDENTIALS = struct.Struct("3i")  # struct ucred
 
