@@ -92,6 +92,8 @@ class ClcHandshakes:
                 sndbuf_size: int = 0) -> list[Action]:  # fmt: skip
         """Client: send the Proposal (``smc_connect_clc``).
 
+        :param rmb: the connection's RMB (None: no buffer; the handshake declines ``MEM``),
+            or the size asked for where the host places it (``Provider.place_rmb``).
         :param sndbuf_size: the send buffer the host allocated (Linux sizes it from
             the socket's ``SO_SNDBUF``); 0 means :attr:`Config.sndbuf_size`.
         """
@@ -227,7 +229,23 @@ class ClcHandshakes:
             self.llc.terminate(lgr, "peer declined out of sync", out)
         self.state.fall_back(hs, int(DeclineCode.PEERDECL), msg.peer_diagnosis)
 
-    def _new_conn(self, hs: Handshake, rmb: Rmb) -> Connection:
+    def _place_rmb(self, hs: Handshake) -> Rmb:
+        """The connection's RMB, now that its link group is chosen.  A host that keeps
+        RMBs per link group (``Provider.place_rmb``; Linux ``smc_buf_create`` runs after
+        ``smc_conn_create``) places one there of the size the handshake asked for.
+
+        :raises Decline: ``MEM``, the host has no buffer for it."""
+        assert hs.rmb is not None and hs.lgr is not None
+        place = getattr(self.state.provider, "place_rmb", None)
+        if place is not None:
+            rmb = place(hs.conn, hs.lgr.lgr_id, hs.rmb.size)
+            if rmb is None:
+                raise Decline(DeclineCode.MEM, "no buffer for the connection")
+            hs.rmb = rmb
+        return hs.rmb
+
+    def _new_conn(self, hs: Handshake) -> Connection:
+        rmb = self._place_rmb(hs)
         conn = Connection(hs.conn, next(self._tokens) & 0xFFFFFFFF or 1, rmb,
                           hs.sndbuf_size or self.state.config.sndbuf_size)  # fmt: skip
         conn.autocork = min(self.state.config.autocork_size, conn.sndbuf_size // 2)
@@ -289,7 +307,7 @@ class ClcHandshakes:
                 acc.qpn, acc.psn, acc.gid, acc.mac)  # fmt: skip
             link.mtu = min(acc.qp_mtu, self.state.config.qp_mtu)
             hs.lgr, hs.link, hs.first_contact = lgr, link, True
-            conn = self._new_conn(hs, hs.rmb)
+            conn = self._new_conn(hs)
             self._attach(conn, link, acc)
             out.append(link.qp_to_rtr())
             out.append(SendClc(hs.conn, self._confirm(hs, link).encode()))
@@ -300,7 +318,7 @@ class ClcHandshakes:
         if found is None:
             raise Decline(DeclineCode.SYNCERR, "Accept names a link we do not have")
         hs.lgr, hs.link = found.lgr, found
-        conn = self._new_conn(hs, hs.rmb)
+        conn = self._new_conn(hs)
         self._attach(conn, found, acc)
         out.append(SendClc(hs.conn, self._confirm(hs, found).encode()))
         if not self.rkeys.peer_holds_rmb(found, conn, now, out):
@@ -373,11 +391,11 @@ class ClcHandshakes:
             lgr.uses_gateway, lgr.nexthop_mac = choice.next_hop.uses_gateway, choice.next_hop.mac
             link.peer_gid, link.peer_mac = choice.peer_gid, choice.peer_mac
             hs.lgr, hs.link, hs.first_contact = lgr, link, True
-            self._new_conn(hs, hs.rmb)
+            self._new_conn(hs)
             self._send_accept(hs, now, out)
             return
         hs.lgr, hs.link = link.lgr, link
-        conn = self._new_conn(hs, hs.rmb)
+        conn = self._new_conn(hs)
         self._send_accept(hs, now, out)
         if not self.rkeys.peer_holds_rmb(link, conn, now, out):
             self.rkeys.confirm_rkey(link.lgr, conn, hs.rmb, now, out)

@@ -263,6 +263,12 @@ class Provider(Protocol):
     <smcr.core.addlink.AddLinkFlows._reaches>`).  A host without it: every port reaches
     every peer.
 
+    And ``place_rmb(conn, lgr_id, size) -> Rmb | None``: where a host keeps RMBs per link
+    group (the shm RNIC's segments, :mod:`smcr.rdma.shm.segment`), the connection's RMB
+    placed in the group it joins, ``size`` bytes (None: no buffer, the handshake declines
+    ``MEM``); the RMB given to ``connect``/``accept`` then only says the size asked for.
+    A host without it: that RMB is the connection's.
+
     And ``find_route(port, gid) -> NextHop | None``: how our ``port`` reaches a peer's
     GID (Linux ``smc_ib_find_route``: on-link or through a gateway, and the next hop's
     MAC), None when there is no route.  SMC-Rv2 asks it as Linux does
