@@ -13,8 +13,9 @@ or the progress thread (:mod:`smcr.stack.progress`).
 * :meth:`Executor.process` takes the CQ's completions (consecutive receives of one QP go to
   the engine together: it coalesces CDCs), reposts receives in batches, runs the engine's
   due timers, and wakes the waiters of the connections the engine touched.
-* It is the engine's :class:`~smcr.core.events.Provider` (QPs and RMB registrations), and
-  feeds the engine the CLC bytes of handshakes under way (:mod:`smcr.stack.clcwatch`).
+* It feeds the engine the CLC bytes of handshakes under way (:mod:`smcr.stack.clcwatch`);
+  what the engine asks synchronously (QPs, RMB registrations, routes) the engine's
+  :class:`~smcr.stack.provider.EngineHost` answers.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from smcr.core import (
     HandshakeCompleted,
     HandshakeFailed,
     LocalIdentity,
-    NextHop,
     PostSend,
     QpToRtr,
     QpToRts,
@@ -52,13 +52,12 @@ from smcr.core import (
 from smcr.core.connection import Connection
 from smcr.rdma import SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode
 from smcr.rdma.completion import TAKEN_IN_PLACE, CompletionQueue
-from smcr.rdma.roce import RoceDevice
-from smcr.stack import ports, routes
 from smcr.stack.bufpool import BufferPool
 from smcr.stack.clcwatch import ClcWatch
 from smcr.stack.counters import COUNTERS
 from smcr.stack.hostconn import HostConn, PortRes, Taps
 from smcr.stack.inplace import InPlace
+from smcr.stack.provider import EngineHost
 from smcr.stack.qps import QueuePairs
 from smcr.stack.readiness import Readiness
 from smcr.stack.wakeup import Wakeups
@@ -96,12 +95,13 @@ class Executor:
         """Inline sends also copy into the send buffer (:meth:`send_inline`)."""
         self.qp = QueuePairs(ports_, cq, wr, taps, max_inline)
         self.qps = self.qp.qps
-        self.engine = Engine(config, identity, self)
-        self.in_place = self.qp.in_place = InPlace(self.engine, taps)
         self.conns: dict[int, HostConn] = {}
         self.next_conn = 1
         self.retired: dict[int, HostConn] = {}
         """Released connections whose RMB the peer may still write (until :class:`ReuseRmb`)."""
+        self.host = EngineHost(ports_, self.qp, pool, self.conns, self.retired)
+        self.engine = Engine(config, identity, self.host)
+        self.in_place = self.qp.in_place = InPlace(self.engine, taps)
         self.shutdowns: dict[int, HostConn] = {}  # SHUT_WR waiting for the send buffer
         self.corked_any = False
         """Some connection may hold corked bytes (:meth:`corked`)."""
@@ -114,37 +114,6 @@ class Executor:
         self.stats = {"smc": 0, "fallback": 0, "handshake_errors": 0}
         self.fallback_reasons: Counter[tuple[int, int]] = Counter()
         """(local, peer) decline code -> count (Linux ``smc_stats`` fallback reasons)."""
-
-    # ================================================================ provider
-
-    def new_qp(self, port: int = 0) -> tuple[int, int]:
-        """:class:`~smcr.core.events.Provider`: a QP in RESET on ``port``'s RNIC
-        (:meth:`QueuePairs.new_qp`)."""
-        return self.qp.new_qp(port)
-
-    def register_rmb(self, conn: int, port: int) -> tuple[int, int]:
-        """:class:`~smcr.core.events.Provider`: the connection's RMB registered on ``port``'s
-        RNIC too (a link over it joined the group; :meth:`BufferPool.alias`)."""
-        hc = self.conns.get(conn) or self.retired.get(conn)
-        if hc is None:
-            raise ValueError(f"connection {conn}: no buffers to register on port {port}")
-        return self.pool.alias(hc, port, self.ports[port].pd)
-
-    def reaches(self, port: int, gid: bytes) -> bool:
-        """:class:`~smcr.core.events.Provider`: whether our ``port`` has a path to a peer
-        port's GID (RoCE: the kernel's route, :func:`ports.roce_reaches`; shm: always)."""
-        dev = self.ports[port].device
-        return not isinstance(dev, RoceDevice) or ports.roce_reaches(dev, gid)
-
-    def find_route(self, port: int, gid: bytes) -> NextHop | None:
-        """:class:`~smcr.core.events.Provider`: how our ``port`` reaches a peer's GID (RoCE:
-        the kernel's route, :func:`routes.find_route`, Linux ``smc_ib_find_route``; None:
-        no route; shm: every peer on-link)."""
-        dev = self.ports[port].device
-        if not isinstance(dev, RoceDevice):
-            return NextHop()
-        route = routes.find_route(routes.gid_address(gid), routes.gid_address(dev.gid))
-        return None if route is None else NextHop(route.uses_gateway, route.nexthop_mac)
 
     # ================================================================ connections
 

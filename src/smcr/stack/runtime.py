@@ -26,7 +26,8 @@ Design (the why of each):
   Everything above the verbs is the same for both.
 * **Further RNICs are ports of the same engine** (``more_devices``,
   :mod:`smcr.stack.ports`): a link group then has a link over each (ADD LINK), every
-  RMB registered on each (:meth:`Executor.register_rmb`), one CQ for all their QPs
+  RMB registered on each (:meth:`EngineHost.register_rmb
+  <smcr.stack.provider.EngineHost.register_rmb>`), one CQ for all their QPs
   (:class:`~smcr.stack.hostconn.PortRes`).  An RNIC that fails (:meth:`Stack.port_down`:
   its net device, or an injected failure) has its links failed over by the engine;
   when it is back (:meth:`Stack.port_up`) a link is added again.
@@ -224,12 +225,14 @@ class Stack:
         return self.ex.qp.port_of(qpn)
 
     def reaches(self, port: int, gid: bytes) -> bool:
-        """Whether our ``port`` has a path to a peer port's GID (:meth:`Executor.reaches`)."""
-        return self.ex.reaches(port, gid)
+        """Whether our ``port`` has a path to a peer port's GID (:meth:`EngineHost.reaches
+        <smcr.stack.provider.EngineHost.reaches>`)."""
+        return self.ex.host.reaches(port, gid)
 
     def find_route(self, port: int, gid: bytes) -> NextHop | None:
-        """How our ``port`` reaches a peer's GID (:meth:`Executor.find_route`)."""
-        return self.ex.find_route(port, gid)
+        """How our ``port`` reaches a peer's GID (:meth:`EngineHost.find_route
+        <smcr.stack.provider.EngineHost.find_route>`)."""
+        return self.ex.host.find_route(port, gid)
 
     def port_down(self, port: int, reason: str) -> None:
         """An RNIC is gone (net device down, address lost, injected failure; lock held):
