@@ -17,6 +17,7 @@ import pytest
 
 from smcr.rdma import AccessFlag, VerbsError
 from smcr.rdma.shm import rendezvous as rdv
+from smcr.rdma.shm.segment import Segment
 from tests.rdma.rdma_helpers import RW, Side, make_side
 
 
@@ -112,3 +113,42 @@ def test_the_shared_mr_table_names_no_rkey(shm_dir: Path) -> None:
             mr.dereg()
     finally:
         side.dev.close()
+
+
+def test_an_mr_at_an_offset_is_answered_with_it_and_a_bad_answer_maps_nothing(
+        pair: tuple[Side, Side], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """An RMB carved behind another in a segment is answered MR_AT with its offset, and
+    the requester maps just its range.  An answer whose offset is not a page's, or whose
+    range runs past the segment, is refused (no mapping, the descriptor closed): the
+    requester's WRITE fails as for an unknown rkey, it does not write elsewhere."""
+    a, b = pair
+    seg = Segment("smcr-group")
+    first, second = (b.pd.alloc_mr(1 << 16, RW, seg) for _ in range(2))
+    peer = a.qp._peer
+    assert peer is not None
+    answer, fds = rdv.request(rdv.abstract_address(b.dev.gid),
+                              rdv.Message(rdv.GET_MR, a=second.rkey, gid=peer.token))  # fmt: skip
+    for fd in fds:
+        os.close(fd)
+    assert answer.kind == rdv.MR_AT and rdv.OFFSET.unpack(answer.gid)[0] == 1 << 16
+    mapped = peer.lookup(second.rkey)
+    assert mapped is not None and len(mapped.mm) == 1 << 16
+    second.buf[:4] = b"here"
+    assert bytes(mapped.view[:4]) == b"here"
+    first_mapped = peer.lookup(first.rkey)
+    assert first_mapped is not None and bytes(first_mapped.view[:4]) == bytes(4)
+    honest = rdv.request
+
+    def lying(offset: int) -> None:
+        def request(path: str, msg: rdv.Message) -> tuple[rdv.Message, list[int]]:
+            got, got_fds = honest(path, msg)
+            return rdv.Message(rdv.MR_AT, got.a, got.b, got.c, got.d,
+                               rdv.OFFSET.pack(offset)), got_fds  # fmt: skip
+        monkeypatch.setattr(rdv, "request", request)
+
+    before = len(os.listdir("/proc/self/fd"))
+    for offset in (100, 1 << 17, 1 << 40):  # not a page's; past the segment's end
+        lying(offset)
+        assert peer.lookup(second.rkey) is None
+    assert len(os.listdir("/proc/self/fd")) == before
+    seg.close()
