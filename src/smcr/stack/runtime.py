@@ -295,7 +295,7 @@ class Stack:
     def start_handshake(self, hc: HostConn, client: bool, local_ip: ipaddress.IPv4Address
                         | ipaddress.IPv6Address, rmb_size: int, sndbuf_size: int,
                         polled: bool = False, sockname: Any = None) -> None:  # fmt: skip
-        """Reserve buffers and start the CLC handshake (lock held).
+        """Allocate buffers and start the CLC handshake (lock held).
 
         A size of 0 means the default (:attr:`config`, :data:`BUFFER`).
 
@@ -308,18 +308,21 @@ class Stack:
         ex, engine = self.ex, self.engine
         local_ip = devices.prefix_ip(self.device, local_ip)
         ends = None
-        if sockname is not None:
-            try:
-                ends = (sockname, hc.tcp.getpeername())
-            except OSError:
-                pass
-        # the send buffer now, the RMB once the engine has chosen the link group
-        # (Executor.place_rmb): the size asked for is all the engine is handed here
+        try:
+            address = hc.tcp.getpeername()
+            hc.peer = (client, address[0] if isinstance(address, tuple) else address)
+            if sockname is not None:
+                ends = (sockname, address)
+        except OSError:
+            hc.peer = None
+        bufs = self.pool.alloc(rmb_size or self.config.rmb_size,
+                               sndbuf_size or self.config.sndbuf_size, hc.peer)  # fmt: skip
         rmb = None
         snd = 0
-        if self.pool.reserve(hc, sndbuf_size or self.config.sndbuf_size):
-            rmb = Rmb(0, 0, rmb_size or self.config.rmb_size)
-            snd = hc.sndbuf_mr.length if hc.sndbuf_mr is not None else 0
+        if bufs is not None:
+            hc.rmb_mr, hc.sndbuf_mr = bufs
+            rmb = Rmb(bufs[0].rkey, bufs[0].addr, bufs[0].length)
+            snd = bufs[1].length
         now = time.monotonic()
         engine.ueids = self._ueids.current()  # Linux reads its table at every handshake
         self._apply_pnet()
@@ -463,7 +466,6 @@ class Stack:
             self.ex.qp.destroy_all()
         for res in self.ports:
             res.device.close()
-        self.pool.close()
         if gone:  # (a thread still in poll keeps its doorbell)
             self.progress.close()
             self.wake.close()
