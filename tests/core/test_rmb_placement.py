@@ -4,6 +4,8 @@ together (the shm RNIC's segments) is asked with the group each connection joins
 
 from __future__ import annotations
 
+import pytest
+
 from smcr.core import FellBack, Rmb
 from smcr.wire.clc import ClcDecline, decode_clc
 from smcr.wire.decline import DeclineCode
@@ -49,29 +51,25 @@ def test_each_end_places_its_rmb_in_the_group_the_connection_joins() -> None:
                                                     (server_group, 1 << 15)]  # fmt: skip
 
 
-def test_a_server_that_cannot_place_the_rmb_declines_mem_and_ends_its_first_contact() -> None:
+@pytest.mark.parametrize("refuser", ["server", "client"])
+def test_an_end_that_cannot_place_the_rmb_declines_mem_and_both_fall_back(refuser: str) -> None:
+    """The server on the Proposal, the client after the Accept: the end that cannot place
+    declines ``MEM``, the other falls back on the peer's decline, and the first contact's
+    group made for the connection is gone with it."""
     p = Pair()
-    placing(p.client)
-    server_asked = placing(p.server, refuse=True)
+    decliner, other = (p.server, p.client) if refuser == "server" else (p.client, p.server)
+    placing(other)
+    asked = placing(decliner, refuse=True)
     c, s = p.connect()
     p.pump()
-    assert len(server_asked) == 1
-    assert FellBack(conn=s, local_code=DeclineCode.MEM, peer_code=0) in p.server.events
-    assert FellBack(conn=c, local_code=DeclineCode.PEERDECL,
-                    peer_code=DeclineCode.MEM) in p.client.events  # fmt: skip
-    decline = decode_clc(bytes(p.server.clc_out[s]))
-    assert isinstance(decline, ClcDecline) and decline.code is DeclineCode.MEM
-    assert not p.server.engine.lgrs  # the group made for it is gone with it
-
-
-def test_a_client_that_cannot_place_the_rmb_declines_mem_after_the_accept() -> None:
-    p = Pair()
-    placing(p.server)
-    client_asked = placing(p.client, refuse=True)
-    c, s = p.connect()
-    p.pump()
-    assert len(client_asked) == 1
-    assert FellBack(conn=c, local_code=DeclineCode.MEM, peer_code=0) in p.client.events
-    assert FellBack(conn=s, local_code=DeclineCode.PEERDECL,
-                    peer_code=DeclineCode.MEM) in p.server.events  # fmt: skip
-    assert not p.client.engine.lgrs and not p.server.engine.conns
+    mine, theirs = (s, c) if refuser == "server" else (c, s)
+    assert len(asked) == 1
+    assert FellBack(conn=mine, local_code=DeclineCode.MEM, peer_code=0) in decliner.events
+    assert FellBack(conn=theirs, local_code=DeclineCode.PEERDECL,
+                    peer_code=DeclineCode.MEM) in other.events  # fmt: skip
+    assert not decliner.engine.lgrs
+    if refuser == "server":
+        decline = decode_clc(bytes(p.server.clc_out[s]))
+        assert isinstance(decline, ClcDecline) and decline.code is DeclineCode.MEM
+    else:
+        assert not p.server.engine.conns
