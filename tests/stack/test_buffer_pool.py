@@ -1,13 +1,15 @@
-"""The runtime's buffer pool (``Stack.alloc_buffers`` and the release path): buffers are
+"""The runtime's buffer pool (:mod:`smcr.stack.bufpool` and the release path): buffers are
 reused with their rkey and address, kept apart by size and kind, bounded, and a recycled
-RMB is not handed out while the old peer may still write into it.  An RMB whose last
-connection had the same peer comes first: its link group kept it announced to that peer,
-so no CONFIRM RKEY is due for it (and no DELETE RKEY takes it from that group)."""
+RMB is not handed out while the old peer may still write into it.  RMBs belong to their
+link group: placed once the engine chose it, reused only by the group's next connections
+(which need no CONFIRM RKEY for them), carved from the group's one shared segment (a
+descriptor per group), and deregistered when the group has ended.  On RoCE (no descriptor
+per RMB) an RMB serves any group, one whose last connection had the same peer first."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +19,6 @@ import pytest
 
 from smcr.core import FellBack
 from smcr.rdma import AccessFlag
-from smcr.rdma.base import MemoryRegion
 from smcr.rdma.shm import ShmDevice
 from smcr.stack import bufpool
 from smcr.stack.hostconn import HostConn
@@ -36,9 +37,13 @@ def close_both(x: Stack, hx: HostConn, y: Stack, hy: HostConn) -> None:
 
 
 def pooled(stack: Stack, size: int = SIZE, remote: bool = True) -> list[int]:
-    """The rkeys (RMBs) or lkeys (send buffers) waiting in the pool for that size."""
+    """The rkeys (RMBs, of every group) or lkeys (send buffers) waiting in the pool for
+    that size."""
     with stack.lock:
-        return [mr.rkey if remote else mr.lkey for mr in stack.pool.free.get((size, remote), [])]
+        if not remote:
+            return [mr.lkey for mr in stack.pool.free.get(size, [])]
+        return [mr.rkey for group in stack.pool.groups.values()
+                for mr in group.free.get(size, [])]  # fmt: skip
 
 
 def wait_pooled(stack: Stack, rkey: int, timeout: float = 10.0) -> bool:
@@ -68,56 +73,146 @@ def test_a_released_rmb_serves_the_next_connection_with_its_rkey_and_address() -
         assert read(x, hx2, 11) == b"second life"
 
 
-def test_the_pool_keeps_sizes_and_kinds_apart() -> None:
+def holding(pool: bufpool.BufferPool, group: int, size: int = SIZE) -> HostConn:
+    """A connection record holding a send buffer and an RMB of ``group`` from ``pool``."""
+    hc = HostConn(0, None, threading.Condition())  # type: ignore[arg-type]
+    assert pool.reserve(hc, size, size)
+    assert pool.place(hc, group, size) is not None
+    return hc
+
+
+def rkey(hc: HostConn) -> int:
+    assert hc.rmb_mr is not None
+    return hc.rmb_mr.rkey
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[bufpool.BufferPool]:
+    dev = ShmDevice("pool", directory=tmp_path)
+    try:
+        pool = bufpool.BufferPool(dev.alloc_pd(), 64)
+        yield pool
+        pool.close()
+    finally:
+        dev.close()
+
+
+def test_the_pool_keeps_sizes_and_kinds_apart(pool: bufpool.BufferPool) -> None:
     """A buffer comes back only for its own size, and a send buffer never comes out as an
     RMB nor the other way round: only an RMB is remotely writable."""
-    with hosts(1) as (x,), x.lock:
-        bufs = x.pool.alloc(SIZE, SIZE)
-        assert bufs is not None
-        rmb, snd = bufs
-        assert rmb.access & AccessFlag.REMOTE_WRITE
-        assert not snd.access & AccessFlag.REMOTE_WRITE
-        hc = x.new_conn(socket.socket())
-        hc.rmb_mr, hc.sndbuf_mr = rmb, snd
-        x.pool.give_back(hc)
-        other = x.pool.alloc(2 * SIZE, SIZE // 2)  # other sizes: new buffers
-        assert other is not None and rmb not in other and snd not in other
-        again = x.pool.alloc(SIZE, SIZE)
-        assert again == (rmb, snd)  # each from its own kind's list
-        hc.tcp.close()
+    hc = holding(pool, 1)
+    rmb, snd = hc.rmb_mr, hc.sndbuf_mr
+    assert rmb is not None and snd is not None
+    assert rmb.access & AccessFlag.REMOTE_WRITE
+    assert not snd.access & AccessFlag.REMOTE_WRITE
+    pool.give_back(hc)
+    other = holding(pool, 1, 2 * SIZE)  # another size: new buffers
+    assert other.rmb_mr not in (rmb, snd) and other.sndbuf_mr not in (rmb, snd)
+    again = holding(pool, 1)
+    assert (again.rmb_mr, again.sndbuf_mr) == (rmb, snd)  # each from its own kind's list
 
 
-def _backed(x: Stack, rmb: MemoryRegion) -> int:
-    """Bytes of memory an RMB's shared segment holds now."""
-    assert isinstance(x.device, ShmDevice)
-    fd = x.device._remote[rmb.rkey].segment.fd
-    return os.fstat(fd).st_blocks * 512
+def test_an_rmb_serves_only_its_own_link_groups_connections(pool: bufpool.BufferPool) -> None:
+    """Given back, an RMB waits for its group's next connection (still announced to that
+    peer: no CONFIRM RKEY); another group's connection gets an RMB of its own group."""
+    a, b = holding(pool, 1), holding(pool, 2)
+    a_rkey, b_rkey = rkey(a), rkey(b)
+    pool.give_back(a)
+    pool.give_back(b)  # (the latest given back: group 2's)
+    assert rkey(holding(pool, 1)) == a_rkey
+    assert rkey(holding(pool, 3)) not in (a_rkey, b_rkey)
+    assert rkey(holding(pool, 2)) == b_rkey
+
+
+def _memfds(name: str) -> int:
+    """This process's descriptors of memfds called ``name``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # (a descriptor closed meanwhile)
+            count += os.readlink(f"/proc/self/fd/{fd}") == f"/memfd:{name} (deleted)"
+    return count
+
+
+def test_a_groups_rmbs_share_one_segment_that_goes_after_the_group(
+        pool: bufpool.BufferPool) -> None:  # fmt: skip
+    """30 connections of one group hold one descriptor for their RMBs, a second group one
+    more.  When a group ends, the RMBs it had pooled are deregistered at once, those still
+    held as they come back, and its segment's descriptor goes with the last."""
+    before = _memfds("smcr-rmbs")
+    group_one = [holding(pool, 1) for _ in range(30)]
+    assert _memfds("smcr-rmbs") - before == 1
+    group_two = [holding(pool, 2) for _ in range(3)]
+    assert _memfds("smcr-rmbs") - before == 2
+    for hc in group_one[:10]:
+        pool.give_back(hc)
+    pooled_rmbs = [mr for free in pool.groups[1].free.values() for mr in free]
+    assert len(pooled_rmbs) == 10
+    pool.group_ended(1)
+    assert all(not mr.valid for mr in pooled_rmbs)  # deregistered at once
+    assert _memfds("smcr-rmbs") - before == 2  # the 20 still held keep the segment
+    held = group_one[10:]
+    for hc in held[:-1]:
+        mr = hc.rmb_mr
+        pool.give_back(hc)
+        assert mr is not None and not mr.valid
+    assert _memfds("smcr-rmbs") - before == 2
+    pool.give_back(held[-1])
+    assert _memfds("smcr-rmbs") - before == 1 and 1 not in pool.groups  # its segment went
+    assert rkey(holding(pool, 2)) != 0 and pool.out == 4  # the other group goes on
+    for hc in group_two:
+        pool.give_back(hc)
+
+
+def test_connections_of_one_link_group_hold_one_rmb_descriptor_per_runtime() -> None:
+    """20 connections between two runtimes: one link group, each runtime's RMBs in one
+    memfd; each peer wrote into every RMB of the other's (all mapped) and holds no
+    descriptor for them."""
+    before = _memfds("smcr-rmbs")
+    with hosts(2) as (x, y):
+        pairs = [connect(x, y) for _ in range(20)]
+        assert {hx.rmb_group for hx, _ in pairs} == {next(iter(x.pool.groups))}
+        for i, (hx, hy) in enumerate(pairs):
+            send(y, hy, b"to x %d" % i)
+            send(x, hx, b"to y %d" % i)
+        for i, (hx, hy) in enumerate(pairs):
+            assert read(x, hx, len(b"to x %d" % i)) == b"to x %d" % i
+            assert read(y, hy, len(b"to y %d" % i)) == b"to y %d" % i
+        assert _memfds("smcr-rmbs") - before == 2  # (x's and y's)
+    assert _memfds("smcr-rmbs") == before  # (the runtimes' close lets them go)
+
+
+def _segment_bytes(pool: bufpool.BufferPool, group: int) -> int:
+    """Bytes of memory the shared segment of ``group``'s RMBs holds now."""
+    segment = pool.groups[group].segment
+    assert segment is not None
+    return os.fstat(segment.fd).st_blocks * 512
 
 
 def test_the_latest_pooled_buffers_keep_their_pages_the_others_give_them_back(
-        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+        pool: bufpool.BufferPool, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """What closed connections wrote does not stay in the host's memory, but for the
     latest ones given back (``HOT_BYTES`` in all), whose pages the next connections
     reuse as they are (a bulk stream then faults no page in)."""
     monkeypatch.setattr(bufpool, "HOT_BYTES", 2 * SIZE)  # one connection's two buffers
-    with hosts(1) as (x,), x.lock:
-        given: list[tuple[MemoryRegion, MemoryRegion]] = []
-        for _ in range(2):
-            bufs = x.pool.alloc(SIZE, SIZE)
-            assert bufs is not None
-            for mr in bufs:
-                mr.buf[:] = b"w" * mr.length
-            given.append(bufs)
-        for rmb, snd in given:
-            hc = x.new_conn(socket.socket())
-            hc.rmb_mr, hc.sndbuf_mr = rmb, snd
-            x.pool.give_back(hc)
-            hc.tcp.close()
-        (old_rmb, old_snd), (new_rmb, new_snd) = given
-        assert _backed(x, old_rmb) == 0 and bytes(old_snd.buf) == bytes(SIZE)  # given back
-        assert _backed(x, new_rmb) >= SIZE and bytes(new_snd.buf[:1]) == b"w"  # kept
-        assert x.pool.alloc(SIZE, SIZE) == (new_rmb, new_snd)  # the hot ones come first
-        assert x.pool.alloc(SIZE, SIZE) == (old_rmb, old_snd)
+    given = [holding(pool, 1) for _ in range(2)]
+    bufs = [(hc.rmb_mr, hc.sndbuf_mr) for hc in given]
+    for hc in given:
+        for mr in (hc.rmb_mr, hc.sndbuf_mr):
+            assert mr is not None
+            mr.buf[:] = b"w" * mr.length
+    assert _segment_bytes(pool, 1) >= 2 * SIZE
+    for hc in given:
+        pool.give_back(hc)
+    (old_rmb, old_snd), (new_rmb, new_snd) = bufs
+    assert old_rmb is not None and old_snd is not None
+    assert new_rmb is not None and new_snd is not None
+    assert SIZE <= _segment_bytes(pool, 1) < 2 * SIZE  # the older RMB's range punched
+    assert bytes(old_rmb.buf) == bytes(SIZE) and bytes(old_snd.buf) == bytes(SIZE)  # given back
+    assert bytes(new_rmb.buf[:1]) == b"w" and bytes(new_snd.buf[:1]) == b"w"  # kept
+    again = holding(pool, 1)
+    assert (again.rmb_mr, again.sndbuf_mr) == (new_rmb, new_snd)  # the hot ones come first
+    again = holding(pool, 1)
+    assert (again.rmb_mr, again.sndbuf_mr) == (old_rmb, old_snd)
 
 
 def test_the_pool_limit_declines_mem_until_a_buffer_comes_back() -> None:
@@ -181,66 +276,65 @@ def test_a_recycled_rmb_gets_no_stale_write_from_the_old_peer() -> None:
 
 
 def test_buffers_of_a_connection_whose_link_fails_go_back() -> None:
-    """A link that fails takes its connections down: once the application closes them,
-    their buffers are back in the pool (no DELETE RKEY to wait for: the QP is gone)."""
+    """A link that fails takes its connections down, and its link group with it: once the
+    application closes them, their send buffers are back in the pool and their RMBs
+    deregistered with the group's segment (no DELETE RKEY to wait for: the QP is gone)."""
     with hosts(2) as (x, y):
         hx, hy = connect(x, y)
-        assert hx.rmb_mr is not None
-        rkey = hx.rmb_mr.rkey
+        rmb, snd = hx.rmb_mr, hx.sndbuf_mr
+        assert rmb is not None and snd is not None
+        group = hx.rmb_group
         with x.lock:
             out = x.pool.out
             x.execute(x.engine.link_failed(conn(x, hx).qpn, "injected", time.monotonic()))
             assert conn(x, hx).reset_reason
             x.app_close(hx)
             assert hx.released and x.pool.out == out - 1
-        assert rkey in pooled(x)
+        assert snd.lkey in pooled(x, remote=False)
+        assert not rmb.valid and group not in x.pool.groups
         cy = conn(y, hy)
         wait(y, hy, lambda: bool(cy.reset_reason))  # the peer's QP went to ERR: reset too
 
 
-# ------------------------------------------------------------ the choice of RMB
-
-
-
 @pytest.fixture
-def pool(tmp_path: Path) -> Iterator[bufpool.BufferPool]:
+def ungrouped(tmp_path: Path) -> Iterator[bufpool.BufferPool]:
+    """A pool that places RMBs as on RoCE (taken when the handshake starts, any group)."""
     dev = ShmDevice("pool", directory=tmp_path)
     try:
-        yield bufpool.BufferPool(dev.alloc_pd(), 16)
+        yield bufpool.BufferPool(dev.alloc_pd(), 16, grouped=False)
     finally:
         dev.close()
 
 
-def holding(pool: bufpool.BufferPool, peer: object) -> HostConn:
-    """A connection record holding buffers from ``pool`` for ``peer``."""
+def reserved(pool: bufpool.BufferPool, peer: object) -> HostConn:
+    """A connection record whose handshake with ``peer`` started: on an ungrouped pool it
+    holds its RMB already, and placing it in any group hands back that one."""
     hc = HostConn(0, None, threading.Condition())  # type: ignore[arg-type]
     hc.peer = peer
-    bufs = pool.alloc(SIZE, SIZE, peer)
-    assert bufs is not None
-    hc.rmb_mr, hc.sndbuf_mr = bufs
+    assert pool.reserve(hc, SIZE, SIZE, peer)
+    rmb = hc.rmb_mr
+    assert rmb is not None and pool.place(hc, 7, SIZE) is rmb
     return hc
 
 
-def rkey(hc: HostConn) -> int:
-    assert hc.rmb_mr is not None
-    return hc.rmb_mr.rkey
-
-
-def test_an_rmb_goes_to_a_connection_with_its_last_peer(pool: bufpool.BufferPool) -> None:
+def test_an_ungrouped_rmb_goes_to_a_connection_with_its_last_peer(
+        ungrouped: bufpool.BufferPool) -> None:  # fmt: skip
     """Both ends in one process: each role gets its own RMB back, whichever went last."""
     client, server = (True, "127.0.0.1"), (False, "127.0.0.1")
-    a, b = holding(pool, client), holding(pool, server)
+    a, b = reserved(ungrouped, client), reserved(ungrouped, server)
     a_rkey, b_rkey = rkey(a), rkey(b)
-    pool.give_back(a)
-    pool.give_back(b)  # (the latest given back: the server's)
-    assert rkey(holding(pool, client)) == a_rkey
-    assert rkey(holding(pool, server)) == b_rkey
+    ungrouped.give_back(a)
+    ungrouped.give_back(b)  # (the latest given back: the server's)
+    assert rkey(reserved(ungrouped, client)) == a_rkey
+    assert rkey(reserved(ungrouped, server)) == b_rkey
+    assert not ungrouped.groups
 
 
-def test_without_a_match_the_latest_given_back_comes_first(pool: bufpool.BufferPool) -> None:
-    a, b = holding(pool, (True, "10.0.0.1")), holding(pool, (True, "10.0.0.2"))
+def test_without_a_match_the_latest_ungrouped_rmb_given_back_comes_first(
+        ungrouped: bufpool.BufferPool) -> None:  # fmt: skip
+    a, b = reserved(ungrouped, (True, "10.0.0.1")), reserved(ungrouped, (True, "10.0.0.2"))
     b_rkey = rkey(b)
-    pool.give_back(a)
-    pool.give_back(b)
-    assert rkey(holding(pool, (True, "10.0.0.3"))) == b_rkey
-    assert rkey(holding(pool, None)) not in (b_rkey, 0)
+    ungrouped.give_back(a)
+    ungrouped.give_back(b)
+    assert rkey(reserved(ungrouped, (True, "10.0.0.3"))) == b_rkey
+    assert rkey(reserved(ungrouped, None)) not in (b_rkey, 0)

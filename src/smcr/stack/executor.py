@@ -39,6 +39,7 @@ from smcr.core import (
     FellBack,
     HandshakeCompleted,
     HandshakeFailed,
+    LinkGroupTerminated,
     LocalIdentity,
     PostSend,
     QpToRtr,
@@ -338,6 +339,8 @@ class Executor:
                 print(f"smcr[{os.getpid()}] {ev}", flush=True)
             hc = self.conns.get(getattr(ev, "conn", -1))
             if hc is None:
+                if isinstance(ev, LinkGroupTerminated):
+                    self.pool.group_ended(ev.lgr_id)
                 continue
             if isinstance(ev, HandshakeCompleted) and self._hold(hc):
                 self.held.append((hc, ev))

@@ -28,13 +28,16 @@ class HostConn:
     tcp: socket.socket
     cond: threading.Condition
     rmb_mr: MemoryRegion | None = None
+    rmb_group: int = -1
+    """The link group the RMB belongs to (:meth:`BufferPool.place
+    <smcr.stack.bufpool.BufferPool.place>`)."""
     sndbuf_mr: MemoryRegion | None = None
+    peer: Any = None  # (Any, not object: mypyc)
+    """(client?, peer's address) of the connection, for the pool's choice of a RoCE RMB
+    (:meth:`BufferPool.reserve <smcr.stack.bufpool.BufferPool.reserve>`)."""
     handshake: Handshake | None = None
     outcome: Any = None  # (Any, not object: mypyc) HandshakeCompleted / FellBack / HandshakeFailed
     reset_reason: str = ""
-    peer: Any = None  # (Any, not object: mypyc)
-    """(client?, peer's address) of the connection, for the pool's choice of RMB
-    (:meth:`BufferPool.alloc <smcr.stack.bufpool.BufferPool.alloc>`)."""
     tcp_error: int = 0
     """The TCP socket's error (``ECONNRESET``) that a CLC read took from the kernel, which
     tells it once: the application's socket reports it instead (a server's handshake

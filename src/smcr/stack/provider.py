@@ -1,5 +1,5 @@
 """What the engine asks of the runtime synchronously (:class:`~smcr.core.events.Provider`):
-QPs, the RMB's registrations on other RNICs, and the host's routes.
+QPs, RMBs (placed in their link group, registered on other RNICs), and the host's routes.
 
 Apart from the executor, which runs the engine's actions, because the questions need only
 the ports, the QPs and the buffer pool, not the data path.
@@ -7,7 +7,7 @@ the ports, the QPs and the buffer pool, not the data path.
 
 from __future__ import annotations
 
-from smcr.core import NextHop
+from smcr.core import NextHop, Rmb
 from smcr.rdma.roce import RoceDevice
 from smcr.stack import ports, routes
 from smcr.stack.bufpool import BufferPool
@@ -40,6 +40,13 @@ class EngineHost:
         if hc is None:
             raise ValueError(f"connection {conn}: no buffers to register on port {port}")
         return self.pool.alias(hc, port, self.ports[port].pd)
+
+    def place_rmb(self, conn: int, lgr_id: int, size: int) -> Rmb | None:
+        """The connection's RMB, in the link group the engine chose for it
+        (:meth:`BufferPool.place`); None: no memory for it."""
+        hc = self.conns.get(conn)
+        mr = None if hc is None else self.pool.place(hc, lgr_id, size)
+        return None if mr is None else Rmb(mr.rkey, mr.addr, mr.length)
 
     def reaches(self, port: int, gid: bytes) -> bool:
         """Whether our ``port`` has a path to a peer port's GID (RoCE: the kernel's route,

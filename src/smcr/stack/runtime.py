@@ -295,7 +295,7 @@ class Stack:
     def start_handshake(self, hc: HostConn, client: bool, local_ip: ipaddress.IPv4Address
                         | ipaddress.IPv6Address, rmb_size: int, sndbuf_size: int,
                         polled: bool = False, sockname: Any = None) -> None:  # fmt: skip
-        """Allocate buffers and start the CLC handshake (lock held).
+        """Reserve buffers and start the CLC handshake (lock held).
 
         A size of 0 means the default (:attr:`config`, :data:`BUFFER`).
 
@@ -308,21 +308,23 @@ class Stack:
         ex, engine = self.ex, self.engine
         local_ip = devices.prefix_ip(self.device, local_ip)
         ends = None
-        try:
-            address = hc.tcp.getpeername()
-            hc.peer = (client, address[0] if isinstance(address, tuple) else address)
-            if sockname is not None:
-                ends = (sockname, address)
-        except OSError:
-            hc.peer = None
-        bufs = self.pool.alloc(rmb_size or self.config.rmb_size,
-                               sndbuf_size or self.config.sndbuf_size, hc.peer)  # fmt: skip
+        if sockname is not None or not self.pool.grouped:
+            try:
+                address = hc.tcp.getpeername()
+                hc.peer = (client, address[0] if isinstance(address, tuple) else address)
+                if sockname is not None:
+                    ends = (sockname, address)
+            except OSError:
+                hc.peer = None
+        # shm: the send buffer now, the RMB once the engine has chosen the link group
+        # (EngineHost.place_rmb), so the engine is handed only its size here; RoCE: both
         rmb = None
         snd = 0
-        if bufs is not None:
-            hc.rmb_mr, hc.sndbuf_mr = bufs
-            rmb = Rmb(bufs[0].rkey, bufs[0].addr, bufs[0].length)
-            snd = bufs[1].length
+        rmb_size = rmb_size or self.config.rmb_size
+        if self.pool.reserve(hc, sndbuf_size or self.config.sndbuf_size, rmb_size, hc.peer):
+            mr = hc.rmb_mr
+            rmb = Rmb(0, 0, rmb_size) if mr is None else Rmb(mr.rkey, mr.addr, mr.length)
+            snd = hc.sndbuf_mr.length if hc.sndbuf_mr is not None else 0
         now = time.monotonic()
         engine.ueids = self._ueids.current()  # Linux reads its table at every handshake
         self._apply_pnet()
@@ -466,6 +468,7 @@ class Stack:
             self.ex.qp.destroy_all()
         for res in self.ports:
             res.device.close()
+        self.pool.close()
         if gone:  # (a thread still in poll keeps its doorbell)
             self.progress.close()
             self.wake.close()
