@@ -29,6 +29,7 @@ from smcr.tools.connsserver import (
     STALL,
     Side,
     footprint,
+    keep_spare,
     kept,
     per_conn,
     raise_nofile,
@@ -90,6 +91,7 @@ def client_main(out: Connection, kind: str, conns: int, exchanges: int, bufsize:
     """The client process: one run; sends its :class:`ConnsRun` as a dict through
     ``out`` (a run that broke off says why in ``failure``)."""
     raise_nofile()
+    keep_spare()
     bench: ConnsClient | None = None
     try:
         bench = ConnsClient(kind, conns, exchanges, bufsize, host, peer_netns)

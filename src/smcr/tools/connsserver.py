@@ -56,17 +56,37 @@ class Footprint:
     fds: int
 
 
+_SPARE: list[int] = []
+"""Descriptors held back for :func:`footprint`, which needs two where connections may
+have taken all the others (a run at the process's limit)."""
+
+
+def keep_spare() -> None:
+    """Hold back the descriptors :func:`footprint` needs (as many as are free, up to 2)."""
+    while len(_SPARE) < 2:
+        try:
+            _SPARE.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            return
+
+
 def footprint() -> Footprint:
     """This process's ``VmRSS`` (KiB) and the entries of ``/proc/self/fd``, after a
-    garbage collection (what was dropped is gone)."""
+    garbage collection (what was dropped is gone); read with the spare descriptors let
+    go of (:func:`keep_spare`), so they are not counted, and held back again after."""
     gc.collect()
-    rss = 0
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-                break
-    return Footprint(rss, len(os.listdir("/proc/self/fd")))
+    while _SPARE:
+        os.close(_SPARE.pop())
+    try:
+        rss = 0
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+                    break
+        return Footprint(rss, len(os.listdir("/proc/self/fd")))
+    finally:
+        keep_spare()
 
 
 @dataclass
@@ -100,6 +120,7 @@ def server_main(ctl: Connection, kind: str, host: str, backlog: int, bufsize: in
     """The server process of one run: an smcr listener (``kind`` ``smc``) or a plain
     one (``tcp``), its port sent through ``ctl``, then runs as the client asks."""
     raise_nofile()
+    keep_spare()
     if netns is not None:
         from smcr.tools.netns import enter_netns  # noqa: PLC0415
 
@@ -119,7 +140,7 @@ def server_main(ctl: Connection, kind: str, host: str, backlog: int, bufsize: in
     try:
         while ctl.recv()[0] == "serve":
             ctl.send(_serve(listener, ctl))
-    except (EOFError, OSError):  # the client is gone: so is the bench
+    except (EOFError, ConnectionError):  # the client is gone: so is the bench
         pass
 
 
@@ -182,19 +203,21 @@ def _serve(listener: socket.socket, ctl: Connection) -> dict[str, Any]:
     last = time.monotonic()
     while not (run.ending and run.closed >= run.accepted):
         events = sel.select(1.0)
-        if events:
-            last = time.monotonic()
-        elif run.ending and time.monotonic() - last > STALL:
+        if not events and run.ending and time.monotonic() - last > STALL:
             run.errors[f"server: connections that did not end in {STALL:.0f} s"] += (
                 run.accepted - run.closed)
             break
         for key, mask in events:
             if key.data == "listener":
-                run.accepted += _accept_all(listener, sel, run)
+                accepted = _accept_all(listener, sel, run)
+                if not accepted:  # (EMFILE: the listener stays readable, nothing moves)
+                    continue
+                run.accepted += accepted
             elif key.data == "ctl":
                 run.command(ctl.recv(), ctl)
             elif not _echo(key.data, mask, sel, buf, run.errors):
                 run.closed += 1
+            last = time.monotonic()
         run.measure_open(ctl, time.monotonic() - last)
     for key in list(sel.get_map().values()):
         if isinstance(key.data, _Echo):
