@@ -112,6 +112,55 @@ def test_an_arm_taken_without_a_datagram_is_rung_by_the_consumer(belled: Belled)
     assert _events(r) & select.POLLIN
 
 
+def _unchecked(r: Readiness) -> bool:
+    """(A call, as :func:`_armed`.)"""
+    return r.unchecked
+
+
+def _take_on_trust(r: Readiness) -> None:
+    """Turn readable as a reader that took the CQ's news does (``DataPath.take_news``)."""
+    r.defer_check = True
+    try:
+        r.set(True, True, quiet=True)
+    finally:
+        r.defer_check = False
+
+
+def test_a_reader_that_reads_everything_drains_without_looking_for_the_ring(
+        belled: Belled) -> None:  # fmt: skip
+    """Readable on a peer's ring taken on trust, then read out: the drain takes the
+    datagram, nothing is looked at, and the bell is armed again."""
+    r, bell, notify, prefix = belled
+    r.set(False, True, quiet=True)
+    assert bells.ring_consumer(notify, prefix, TOKEN)
+    _take_on_trust(r)
+    assert _unchecked(r) and bell.rung == 1
+    r.set(False, True, quiet=True)
+    assert not _unchecked(r)
+    r.check()  # (nothing left to check)
+    assert _events(r) == select.POLLOUT and _armed(bell)
+
+
+@pytest.mark.parametrize("came", [True, False])
+def test_a_ring_taken_on_trust_is_checked_when_the_read_leaves_it_readable(
+        belled: Belled, came: bool) -> None:  # fmt: skip
+    """A reader that leaves bytes behind checks the ring it trusted: one datagram either
+    way, the peer's if it came, else the consumer's own (a requester that died between
+    taking the arm and sending)."""
+    r, bell, notify, prefix = belled
+    r.set(False, True, quiet=True)
+    if came:
+        assert bells.ring_consumer(notify, prefix, TOKEN)
+    else:
+        lay.U32.pack_into(notify, bell.offset, 0)
+    _take_on_trust(r)
+    assert _unchecked(r)
+    assert bool(_events(r) & select.POLLIN) == came  # (not rung yet when it never came)
+    r.check()
+    assert not _unchecked(r) and _events(r) & select.POLLIN
+    assert _queued(r) == 1
+
+
 def test_a_late_datagram_is_settled_and_the_bell_armed_again(belled: Belled) -> None:
     r, bell, notify, prefix = belled
     r.set(False, True, quiet=True)

@@ -89,12 +89,31 @@ class DataPath:
 
     def take_news(self) -> None:
         """Take what the CQ holds now: a non-blocking read that finds no bytes yet may have
-        been woken by the message itself (its consumer bell), which nobody took yet."""
+        been woken by the message itself (its consumer bell), which nobody took yet.  The
+        caller reads at once, then calls :meth:`news_taken`: the descriptor turned
+        readable by the peer's ring meanwhile is checked for the ring's datagram only if
+        the read leaves it readable (a read that takes everything drains it anyway: one
+        system call less a message)."""
         ex = self.ex
         with ex.lock:
             wcs = ex.cq.poll(64)
             if wcs:
-                ex.process(wcs)
+                r = self.hc.readiness
+                if r is None:
+                    ex.process(wcs)
+                    return
+                r.defer_check = True
+                try:
+                    ex.process(wcs)
+                finally:
+                    r.defer_check = False
+
+    def news_taken(self) -> None:
+        """After the read that followed :meth:`take_news`: the check it deferred."""
+        r = self.hc.readiness
+        if r is not None and r.unchecked:
+            with self.ex.lock:
+                r.check()
 
     # ================================================================ sending
 
@@ -741,7 +760,10 @@ class SocketCalls:
             n = -1 if flags else path.try_read(part, want)
             if n < 0 and not flags and self.timeout == 0.0:  # (path.take_news says why)
                 path.take_news()
-                n = path.try_read(part, want)
+                try:
+                    n = path.try_read(part, want)
+                finally:
+                    path.news_taken()
             if n <= 0 and self.timeout is None:
                 n = path.read_waiting(part, bool(flags))
             if n > 0:
@@ -760,16 +782,21 @@ class SocketCalls:
             c = path.conn()
             if c is not None:
                 avail = c.rx_prod - c.rx_cons  # (a glance: try_read looks again, locked)
-                if avail <= 0 and self.timeout == 0.0:
+                took = avail <= 0 and self.timeout == 0.0
+                if took:
                     path.take_news()
                     avail = c.rx_prod - c.rx_cons
-                if avail > 0:
-                    buf = bytearray(min(avail, bufsize))
-                    n = path.try_read(memoryview(buf), bufsize)
-                    if n > 0:
-                        if n < len(buf):
-                            del buf[n:]
-                        return bytes(buf)
+                try:
+                    if avail > 0:
+                        buf = bytearray(min(avail, bufsize))
+                        n = path.try_read(memoryview(buf), bufsize)
+                        if n > 0:
+                            if n < len(buf):
+                                del buf[n:]
+                            return bytes(buf)
+                finally:
+                    if took:
+                        path.news_taken()
         if (sock := self._relayed()) is not None:
             data: bytes = type(sock).recv(sock, bufsize, flags)
             return data

@@ -89,6 +89,12 @@ class Readiness:
         self.looks = False
         """The bell was armed, or taken back after a peer rang it: the caller looks at the
         CQ (what the peer placed may have rung nobody else)."""
+        self.defer_check = False
+        """A reader that took the CQ's news and reads at once (:meth:`DataPath.take_news
+        <smcr.stack.conn.DataPath.take_news>`): turning readable on a peer's ring, trust
+        it for now (:attr:`unchecked`), as the read most likely turns it unreadable again."""
+        self.unchecked = False
+        """Readable on a peer's ring whose datagram nobody looked for yet (:meth:`check`)."""
         self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)
         self.readable = False
         self.writable = True
@@ -238,10 +244,14 @@ class Readiness:
                     rung = False
                 else:
                     COUNTERS.bell_cnt += 1
-                    rung = self._queued()
+                    if self.defer_check:
+                        rung = self.unchecked = True
+                    else:
+                        rung = self._queued()
                 if not rung:
                     self._ring_self()
             else:
+                self.unchecked = False  # (the drain takes the datagram, come or not)
                 try:
                     self.a.recv(_DRAIN_READABLE, _DONTWAIT)
                 except OSError:
@@ -255,6 +265,15 @@ class Readiness:
                 self.looks = True
             elif not bell.take():
                 self.looks = True  # (a peer rang: its message waits for a look)
+
+    def check(self) -> None:
+        """Readable on a peer's ring taken on trust (:attr:`defer_check`) and still
+        readable: make sure the datagram came (a peer that died between taking the bell
+        and sending it), else ring ``a`` ourselves (lock held)."""
+        if self.unchecked:
+            self.unchecked = False
+            if self.readable and not self.failed and not self._queued():
+                self._ring_self()
 
     def _ring_self(self) -> None:
         """Make ``a`` readable: a byte (a datagram) from ``b``."""
