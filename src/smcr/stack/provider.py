@@ -42,8 +42,9 @@ class EngineHost:
         return self.pool.alias(hc, port, self.ports[port].pd)
 
     def place_rmb(self, conn: int, lgr_id: int, size: int) -> Rmb | None:
-        """The connection's RMB, in the link group the engine chose for it
-        (:meth:`BufferPool.place`); None: no memory for it."""
+        """The connection's RMB (:meth:`BufferPool.place`): on shm placed in the link group
+        the engine chose for it, on RoCE the one taken when the handshake started; None:
+        no memory for it."""
         hc = self.conns.get(conn)
         mr = None if hc is None else self.pool.place(hc, lgr_id, size)
         return None if mr is None else Rmb(mr.rkey, mr.addr, mr.length)
