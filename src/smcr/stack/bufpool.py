@@ -57,6 +57,12 @@ class GroupRmbs:
     """RMBs of the group that connections hold."""
     ended: bool = False
 
+    def let_go(self) -> None:
+        """Close the group's segment (the RMBs carved from it go with it)."""
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
+
 
 class BufferPool:
     """RMBs and send buffers of one runtime, allocated on its first RNIC's PD."""
@@ -209,18 +215,14 @@ class BufferPool:
     def _drop_if_done(self, lgr_id: int, group: GroupRmbs) -> None:
         """Forget an ended group none of whose RMBs is held any more: its segment goes."""
         if group.ended and group.out == 0:
-            if group.segment is not None:
-                group.segment.close()
-                group.segment = None
+            group.let_go()
             self.groups.pop(lgr_id, None)
 
     def close(self) -> None:
         """The runtime ends: every group's segment is let go of (the device's close
         deregisters the MRs still in them)."""
         for group in self.groups.values():
-            if group.segment is not None:
-                group.segment.close()
-                group.segment = None
+            group.let_go()
         self.groups.clear()
 
     def alias(self, hc: HostConn, port: int, pd: ProtectionDomain) -> tuple[int, int]:
