@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -41,6 +42,13 @@ def test_conns_json_every_connection_smcr_and_plausible_figures() -> None:
         assert figures["tx_per_s"][kind] > 0
         assert figures["fds_per_conn_client"][kind] >= 1  # (the TCP socket at least)
         assert figures["fds_per_conn_server"][kind] >= 1
+        # each process spent CPU on the exchanges: some, and not more than every CPU of
+        # the host for the phase's wall time per transaction (twice: the server's window
+        # runs from the client's word to start to its word that the phase ended)
+        most = 2 * (os.cpu_count() or 1) * 1e6 / figures["tx_per_s"][kind]
+        for side in ("client", "server"):
+            cpu = figures[f"cpu_us_per_tx_{side}"][kind]
+            assert 0 < cpu < most, (side, kind, cpu, most)
     # an SMC-R connection holds more than its TCP socket: readiness, buffers
     assert figures["fds_per_conn_client"]["smc"] > figures["fds_per_conn_client"]["tcp"]
     assert figures["rss_kib_per_conn_client"]["smc"] > 0
@@ -147,8 +155,8 @@ def _run(kind: str, connect_s: float, *, fallbacks: dict[str, int] | None = None
     opened = 4 if failure else 10
     smcr = opened - sum((fallbacks or {}).values()) if kind == "smc" else 0
     return ConnsRun(kind, 10, opened=opened, connect_s=connect_s,
-                    tx_per_s=1000 * connect_s, client=Side(8.0, 3.0, 9.0, 1.5),
-                    server=Side(6.0, 2.0, 7.0, 0.5), smcr=smcr,
+                    tx_per_s=1000 * connect_s, client=Side(8.0, 3.0, 9.0, 1.5, 40.0),
+                    server=Side(6.0, 2.0, 7.0, 0.5, 30.0), smcr=smcr,
                     fallbacks=fallbacks or {}, errors=errors or {},
                     failure=failure)  # fmt: skip
 
@@ -204,7 +212,10 @@ def test_json_of_a_clean_report(monkeypatch: pytest.MonkeyPatch,
     kept = {r["metric"]: r for r in report["results"]}["kept_mib_server"]
     assert kept["smc"] == kept["tcp"] == 0.5
     assert report["runs"][0]["client"] == {"rss_kib_per_conn": 8.0, "fds_per_conn": 3.0,
-                                           "rss_kib_per_conn_used": 9.0, "kept_mib": 1.5}
+                                           "rss_kib_per_conn_used": 9.0, "kept_mib": 1.5,
+                                           "cpu_us_per_tx": 40.0}
+    cpu = {r["metric"]: r for r in report["results"]}["cpu_us_per_tx_server"]
+    assert (cpu["label"], cpu["unit"], cpu["smc"]) == ("CPU per transaction, server", "us", 30.0)
 
 
 def test_without_conns_the_bench_is_the_size_sweep() -> None:

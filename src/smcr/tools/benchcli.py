@@ -137,7 +137,8 @@ def _conns_verdict(report: benchconns.ConnsReport) -> list[str]:
     lines += [f"[red]FAILED:[/red] {escape(text)}" for text in report.failures]
     lines.append("RSS and descriptors: /proc/PID of each process with every connection "
                  "open, minus before the first connect, per connection; kept after close: "
-                 "RSS once every connection ended, minus before")
+                 "RSS once every connection ended, minus before; CPU per transaction: "
+                 "each process's CPU time (every thread) during the exchanges")
     return lines
 
 

@@ -73,6 +73,10 @@ METRICS: list[tuple[str, str, str, Callable[[ConnsRun], float]]] = [
      lambda r: r.client.fds_per_conn),
     ("fds_per_conn_server", "descriptors per connection, server", "",
      lambda r: r.server.fds_per_conn),
+    ("cpu_us_per_tx_client", "CPU per transaction, client", "us",
+     lambda r: r.client.cpu_us_per_tx),
+    ("cpu_us_per_tx_server", "CPU per transaction, server", "us",
+     lambda r: r.server.cpu_us_per_tx),
     ("kept_mib_client", "memory kept after close, client", "MiB", lambda r: r.client.kept_mib),
     ("kept_mib_server", "memory kept after close, server", "MiB", lambda r: r.server.kept_mib),
 ]  # fmt: skip

@@ -5,8 +5,9 @@ A run: one connection warms both processes up (the smcr runtime started, a link 
 made, modules imported), then the client opens N connections at once (every
 ``connect`` non-blocking, one selector waits for them all), both processes take their
 footprint, one selector drives K request/response exchanges of 100 bytes on every
-connection (each response checked byte for byte), and once the client has closed them
-all and the server has seen each end, both take their RSS again.
+connection (each response checked byte for byte; both processes count their CPU time
+meanwhile), and once the client has closed them all and the server has seen each end,
+both take their RSS again.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from smcr.tools.connsserver import (
     MESSAGE,
     STALL,
     Side,
+    cpu_seconds,
     footprint,
     keep_spare,
     kept,
     per_conn,
+    per_tx,
     raise_nofile,
     server_main,
 )
@@ -162,7 +165,7 @@ class ConnsClient:
         self._ask(("opened", 1), "measured")
         s.sendall(request(0, 0))
         s.recv(MESSAGE, socket.MSG_WAITALL)
-        self._ask(("used",), "measured")
+        self._ask(("used", 1), "measured")
         s.close()
         self.ctl.send(("end",))
         self._reply(None)
@@ -179,10 +182,14 @@ class ConnsClient:
             before, footprint(), len(socks))
         if self.kind == "smc":
             _check_smc(socks, result)
+        done = 0
         if not result.failure and socks:
-            result.tx_per_s = self._exchange(socks, errors)
+            self.ctl.send(("exchange",))
+            cpu_at_start = cpu_seconds()
+            result.tx_per_s, done = self._exchange(socks, errors)
+            result.client.cpu_us_per_tx = per_tx(cpu_seconds() - cpu_at_start, done)
         result.client.rss_kib_per_conn_used, _ = per_conn(before, footprint(), len(socks))
-        self._ask(("used",), "measured")
+        self._ask(("used", done), "measured")
         for _, s in socks:
             try:
                 s.close()
@@ -257,9 +264,10 @@ class ConnsClient:
         sel.close()
         return opened
 
-    def _exchange(self, socks: list[tuple[int, socket.socket]], errors: Counter[str]) -> float:
+    def _exchange(self, socks: list[tuple[int, socket.socket]],
+                  errors: Counter[str]) -> tuple[float, int]:  # fmt: skip
         """K exchanges on every connection, one selector for all; transactions per second
-        (responses that came back right, over the whole phase)."""
+        (responses that came back right, over the whole phase), and how many there were."""
         sel = selectors.DefaultSelector()
         t0 = time.perf_counter()
         active = 0
@@ -283,7 +291,7 @@ class ConnsClient:
         elapsed = time.perf_counter() - t0
         done += sum(key.data.done for key in sel.get_map().values())
         sel.close()
-        return done / elapsed if elapsed > 0 else 0.0
+        return (done / elapsed if elapsed > 0 else 0.0), done
 
     def _step(self, ex: _Exchange, mask: int, sel: selectors.BaseSelector,
               errors: Counter[str]) -> bool:  # fmt: skip

@@ -5,9 +5,11 @@ A one-thread non-blocking echo server on ``selectors``: for SMC-R its listener i
 :func:`smcr.create_server` (smcr sockets have a ``fileno()`` that a selector waits on),
 for TCP a plain one.  The client drives it through a pipe: ``("serve",)`` starts a run
 (the footprint before it is taken, then ``"ready"``), ``("opened", n)`` asks for the
-footprint once ``n`` connections are accepted, ``("used",)`` for the RSS after the
-exchanges (each answered ``"measured"``), ``("end",)`` for the figures once every
-connection has ended (the client closed them all), ``("quit",)`` ends the process.
+footprint once ``n`` connections are accepted, ``("exchange",)`` when the exchanges
+begin (the CPU time is counted from there), ``("used", k)`` for the RSS and the CPU
+time per transaction after ``k`` exchanges (both asks answered ``"measured"``),
+``("end",)`` for the figures once every connection has ended (the client closed them
+all), ``("quit",)`` ends the process.
 """
 
 from __future__ import annotations
@@ -101,6 +103,21 @@ class Side:
     """RSS after the exchanges (every connection still open), the same way."""
     kept_mib: float = 0.0
     """RSS once every connection has ended, minus before the first connect (MiB)."""
+    cpu_us_per_tx: float = 0.0
+    """CPU time of the exchange phase (user and system, every thread of the process) per
+    transaction (microseconds): what a message costs, where ``tx_per_s`` also says how
+    the two processes shared the host's CPUs."""
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process so far (user and system, every thread)."""
+    times = os.times()
+    return times.user + times.system
+
+
+def per_tx(cpu_s: float, transactions: int) -> float:
+    """``cpu_s`` seconds per transaction, in microseconds (0 without transactions)."""
+    return cpu_s / transactions * 1e6 if transactions else 0.0
 
 
 def per_conn(before: Footprint, now: Footprint, conns: int) -> tuple[float, float]:
@@ -166,12 +183,16 @@ class _Run:
         self.closed = 0
         self.want_open: int | None = None  # the client opened this many: measure then
         self.ending = False
+        self.cpu_at_start = 0.0
 
     def command(self, cmd: tuple[Any, ...], ctl: Connection) -> None:
         """A word from the client."""
         if cmd[0] == "opened":
             self.want_open = cmd[1]
+        elif cmd[0] == "exchange":
+            self.cpu_at_start = cpu_seconds()
         elif cmd[0] == "used":
+            self.side.cpu_us_per_tx = per_tx(cpu_seconds() - self.cpu_at_start, cmd[1])
             self.side.rss_kib_per_conn_used, _ = per_conn(self.before, footprint(),
                                                           self.accepted)  # fmt: skip
             ctl.send("measured")
