@@ -165,7 +165,7 @@ class ConnsClient:
         self._ask(("opened", 1), "measured")
         s.sendall(request(0, 0))
         s.recv(MESSAGE, socket.MSG_WAITALL)
-        self._ask(("used", 1), "measured")
+        self._ask(("used", 0), "measured")  # (no figures kept of the warm-up)
         s.close()
         self.ctl.send(("end",))
         self._reply(None)

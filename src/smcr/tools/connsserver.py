@@ -110,9 +110,9 @@ class Side:
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process so far (user and system, every thread)."""
-    times = os.times()
-    return times.user + times.system
+    """CPU time of this process so far (user and system, every thread; to the nanosecond,
+    where ``os.times`` counts clock ticks: a short run's phase may last a few of them)."""
+    return time.process_time()
 
 
 def per_tx(cpu_s: float, transactions: int) -> float:
