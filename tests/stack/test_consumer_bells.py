@@ -16,7 +16,7 @@ from smcr.rdma import bells
 from smcr.rdma.bells import WatchSlot
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm.cq import ShmCompletionQueue
-from smcr.stack.readiness import Readiness
+from smcr.stack.readiness import CHECK_DELAY, DeferredChecks, Readiness
 
 TOKEN = 7
 
@@ -159,6 +159,69 @@ def test_a_ring_taken_on_trust_is_checked_when_the_read_leaves_it_readable(
     r.check()
     assert not _unchecked(r) and _events(r) & select.POLLIN
     assert _queued(r) == 1
+
+
+def _pending(later: DeferredChecks) -> list[Readiness]:
+    """(A call, as :func:`_armed`.)"""
+    return later.pending
+
+
+@pytest.mark.parametrize("came", [True, False])
+def test_a_ring_that_another_calls_news_turned_readable_is_checked_later(
+        cq: ShmCompletionQueue, came: bool) -> None:  # fmt: skip
+    """News that another call took (an event loop's read of one connection takes every
+    connection's CDCs) turns a rung descriptor readable on trust: its datagram is looked
+    for only once :data:`CHECK_DELAY` has passed, then one datagram either way."""
+    later = DeferredChecks()
+    r = Readiness(named=True)
+    r.attach(cq, TOKEN, later)
+    notify, prefix = _peer(cq)
+    try:
+        r.set(False, True, quiet=True)
+        if came:
+            assert bells.ring_consumer(notify, prefix, TOKEN)
+        else:  # (a requester that died between taking the arm and sending)
+            assert r.bell is not None
+            lay.U32.pack_into(notify, r.bell.offset, 0)
+        r.set(True, True, quiet=True)
+        r.set(True, True, quiet=True)  # (again: still one check waits)
+        assert _unchecked(r) and _pending(later) == [r] and later.due
+        assert bool(_events(r) & select.POLLIN) == came  # nothing looked at, nothing rung
+        later.run(later.due - CHECK_DELAY / 2)  # (not yet)
+        assert _unchecked(r) and _pending(later) == [r]
+        later.run(later.due)
+        assert not _unchecked(r) and not _pending(later) and not later.due
+        assert _events(r) & select.POLLIN and _queued(r) == 1
+    finally:
+        r.close()
+        notify.close()
+
+
+def test_a_ring_read_out_before_its_check_is_not_looked_for(cq: ShmCompletionQueue) -> None:
+    """The program reads the connection (the drain takes the datagram) before the check:
+    the check then finds nothing to do and rings nothing."""
+    later = DeferredChecks()
+    r = Readiness(named=True)
+    r.attach(cq, TOKEN, later)
+    notify, prefix = _peer(cq)
+    try:
+        r.set(False, True, quiet=True)
+        assert bells.ring_consumer(notify, prefix, TOKEN)
+        r.set(True, True, quiet=True)
+        r.set(False, True, quiet=True)  # (read out)
+        assert not _unchecked(r) and _pending(later) == [r]
+        later.run(later.due)
+        assert _events(r) == select.POLLOUT and r.bell is not None and _armed(r.bell)
+        # a closed descriptor's check fails quietly
+        r.set(False, True, quiet=True)
+        assert bells.ring_consumer(notify, prefix, TOKEN)
+        r.set(True, True, quiet=True)
+        r.close()
+        later.run(later.due)
+        assert not _pending(later)
+    finally:
+        r.close()
+        notify.close()
 
 
 def test_a_late_datagram_is_settled_and_the_bell_armed_again(belled: Belled) -> None:

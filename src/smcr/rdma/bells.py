@@ -33,8 +33,9 @@ So a bell only ever replaces a ring of the CQ, and the consumer's look after arm
 not what keeps a message from going unheard (it takes one that came meanwhile sooner).
 A consumer that takes its own arm back (:meth:`WatchSlot.take`) and finds it gone knows
 a datagram was sent or is on its way; one that failed (the requester died between the
-two steps) is covered by the consumer looking for the datagram before it trusts it
-(:meth:`smcr.stack.readiness.Readiness.set`).
+two steps) is covered by the consumer looking for the datagram once it has taken the
+message, at once or a little later (:meth:`smcr.stack.readiness.Readiness.set`,
+:class:`~smcr.stack.readiness.DeferredChecks`).
 
 A requester rings names only of a CQ that answered its probe at the hello (:func:`probe`:
 the name of rid 0 is bound by the consumer's process): across network namespaces (where
@@ -191,8 +192,8 @@ def ring_consumer(notify: mmap, prefix: bytes, token: int) -> bool:
     """After a SEND keyed ``token`` was placed and the fence passed: ring the consumer whose
     watch word for ``token`` is armed.  Returns whether it was rung (the caller then rings
     nobody else); False when none was armed, or the datagram could not go (the caller
-    rings the CQ; the consumer, finding its arm taken, looks for the datagram before it
-    trusts it: module doc)."""
+    rings the CQ; the consumer, finding its arm taken, looks for the datagram: module
+    doc)."""
     at = WATCHES + 4 * (token & WATCH_MASK)
     rid: int = _U32_UNPACK(notify, at)[0]
     if not rid:

@@ -60,7 +60,7 @@ from smcr.stack.hostconn import HostConn, PortRes, Taps
 from smcr.stack.inplace import InPlace
 from smcr.stack.provider import EngineHost
 from smcr.stack.qps import QueuePairs
-from smcr.stack.readiness import Readiness
+from smcr.stack.readiness import DeferredChecks, Readiness
 from smcr.stack.wakeup import Wakeups
 from smcr.stack.wrslots import SLOT, WorkRequests, write_wrs
 from smcr.wire.decline import DeclineCode
@@ -107,6 +107,8 @@ class Executor:
         self.corked_any = False
         """Some connection may hold corked bytes (:meth:`corked`)."""
         self.timer_check = 0.0
+        self.checks = DeferredChecks()
+        """Rings that news taken by another call turned readable, checked later."""
         self._processing, self._look_again = 0, False  # process() depth; look_again() asked
         self.sends_unprocessed = 0  # RoCE sends since DataPath.send_fast last took the news
         self.held: list[tuple[HostConn, HandshakeCompleted]] = []
@@ -421,7 +423,7 @@ class Executor:
         c = self.engine.conns.get(hc.conn_id)
         token = c.token if c and self.cq.rings_by_name() and not self.local_peer(hc, c) else 0
         hc.readiness = r = r or Readiness(named=bool(token))
-        r.attach(self.cq, token)
+        r.attach(self.cq, token, self.checks)
         self.update_readiness(hc)
         return r
 
@@ -483,6 +485,7 @@ class Executor:
             if deadline is not None and deadline <= now:
                 self.execute(engine.handle_timer(now))
                 deadline = engine.get_timer()
+            self.checks.run(now)
             self.timer_check = now + TIMER_GRAIN
             if deadline is not None:
                 self.timer_check = min(self.timer_check, deadline)

@@ -294,6 +294,8 @@ class Progress:
             wcs = cq.poll(64)
         if not wcs:
             timer = ex.engine.get_timer()
+            if ex.checks.due and (timer is None or ex.checks.due < timer):
+                timer = ex.checks.due
             limit = LONGEST_SLEEP if left is None else left
             if timer is not None:
                 limit = min(limit, max(0.0, timer - time.monotonic()))

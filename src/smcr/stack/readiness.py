@@ -25,6 +25,7 @@ from __future__ import annotations
 import _socket
 import os
 import socket
+import time
 from typing import Final
 
 from smcr import plainsock
@@ -47,6 +48,50 @@ _FILL_DATAGRAM: Final = bytes(1024)
 """The not-writable fill of a named descriptor: one datagram this size takes more of
 ``a``'s send buffer (the smallest the kernel allows) than a writable socket may have
 in use (a quarter of it)."""
+
+
+CHECK_DELAY: Final = 0.1
+"""Seconds a descriptor turned readable on a peer's ring, by news that another call
+took, is trusted before its datagram is looked for (:class:`DeferredChecks`)."""
+
+
+class DeferredChecks:
+    """Descriptors readable on a peer's ring whose datagram nobody looked for yet, looked
+    for together :data:`CHECK_DELAY` after the first.
+
+    Why later: news taken by another connection's call (an event loop's read of one
+    connection takes every connection's CDCs) turns a descriptor readable whose datagram
+    is nearly always there already, and which the program reads, and so drains, within
+    its current round of events; a look at once (``recv(MSG_PEEK)``) cost a system call
+    for most messages at a thousand busy connections.  The look still comes, for the
+    rare datagram that never does (a requester that died between taking the arm and
+    sending, or whose send failed and which rang the CQ instead): that descriptor turns
+    readable :data:`CHECK_DELAY` late.  The runtime runs :meth:`run` among its timers
+    (lock held) and bounds its pollers' sleep by :attr:`due`.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[Readiness] = []
+        self.due = 0.0
+        """When :meth:`run` looks (``time.monotonic()``), 0.0 while none waits."""
+
+    def add(self, r: Readiness) -> None:
+        """Look for ``r``'s datagram later (once, however often it is added meanwhile)."""
+        if not r.check_pending:
+            r.check_pending = True
+            self.pending.append(r)
+            if not self.due:
+                self.due = time.monotonic() + CHECK_DELAY
+
+    def run(self, now: float) -> None:
+        """Look for the datagrams of those still unchecked, if it is time (lock held)."""
+        if not self.due or now < self.due:
+            return
+        pending, self.pending = self.pending, []
+        self.due = 0.0
+        for r in pending:
+            r.check_pending = False
+            r.check()
 
 
 class Readiness:
@@ -95,6 +140,11 @@ class Readiness:
         it for now (:attr:`unchecked`), as the read most likely turns it unreadable again."""
         self.unchecked = False
         """Readable on a peer's ring whose datagram nobody looked for yet (:meth:`check`)."""
+        self.later: DeferredChecks | None = None
+        """Where a ring taken by news that another call took is checked (:meth:`attach`);
+        None: at once."""
+        self.check_pending = False
+        """In :attr:`later`'s list."""
         self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)
         self.readable = False
         self.writable = True
@@ -104,11 +154,14 @@ class Readiness:
         self.app = -1
         """The application's number for ``a``'s file (:meth:`fileno`), -1 before it asks."""
 
-    def attach(self, cq: CompletionQueue, token: int) -> None:
+    def attach(self, cq: CompletionQueue, token: int,
+               later: DeferredChecks | None = None) -> None:  # fmt: skip
         """Give the descriptor the consumer bell ``cq`` has for the connection whose alert
         token is ``token`` (0: none, the other end is in this process), if it has one (a
         named descriptor, a CQ whose peers ring by name, the slot free); ``cq`` gets it
-        back at :meth:`close`."""
+        back at :meth:`close`.  ``later``: where rings are checked that news taken by
+        another call turned readable (None: at once)."""
+        self.later = later
         if self.rid and token and self.bell is None and not self.failed:
             bell = cq.watch(token, self.rid)
             if bell is None:
@@ -244,8 +297,12 @@ class Readiness:
                     rung = False
                 else:
                     COUNTERS.bell_cnt += 1
+                    later = self.later
                     if self.defer_check:
                         rung = self.unchecked = True
+                    elif later is not None:
+                        rung = self.unchecked = True
+                        later.add(self)
                     else:
                         rung = self._queued()
                 if not rung:
