@@ -163,7 +163,7 @@ def test_a_ring_taken_on_trust_is_checked_when_the_read_leaves_it_readable(
 
 def _pending(later: DeferredChecks) -> list[Readiness]:
     """(A call, as :func:`_armed`.)"""
-    return later.pending
+    return [r for _, r in later.pending]
 
 
 @pytest.mark.parametrize("came", [True, False])
@@ -195,6 +195,30 @@ def test_a_ring_that_another_calls_news_turned_readable_is_checked_later(
     finally:
         r.close()
         notify.close()
+
+
+def test_each_deferred_check_waits_its_own_delay(cq: ShmCompletionQueue) -> None:
+    """Two descriptors turned readable apart: the first one's time looks at it alone."""
+    later = DeferredChecks()
+    first, second = Readiness(named=True), Readiness(named=True)
+    try:
+        for r in (first, second):
+            r.attach(cq, TOKEN, later)
+        first.unchecked = True
+        later.add(first)
+        first_due = later.due
+        later.pending[0] = (first_due - 1.0, first)  # (turned readable a while ago)
+        later.due = first_due - 1.0
+        second.unchecked = True
+        later.add(second)
+        later.run(first_due - 0.5)
+        assert not _unchecked(first) and _unchecked(second)
+        assert _pending(later) == [second] and later.due >= first_due
+        later.run(later.due)
+        assert not _unchecked(second) and not _pending(later) and not later.due
+    finally:
+        first.close()
+        second.close()
 
 
 def test_a_ring_read_out_before_its_check_is_not_looked_for(cq: ShmCompletionQueue) -> None:

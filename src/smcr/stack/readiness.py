@@ -26,6 +26,7 @@ import _socket
 import os
 import socket
 import time
+from collections import deque
 from typing import Final
 
 from smcr import plainsock
@@ -56,8 +57,8 @@ took, is trusted before its datagram is looked for (:class:`DeferredChecks`)."""
 
 
 class DeferredChecks:
-    """Descriptors readable on a peer's ring whose datagram nobody looked for yet, looked
-    for together :data:`CHECK_DELAY` after the first.
+    """Descriptors readable on a peer's ring whose datagram nobody looked for yet, each
+    looked for :data:`CHECK_DELAY` after it turned readable.
 
     Why later: news taken by another connection's call (an event loop's read of one
     connection takes every connection's CDCs) turns a descriptor readable whose datagram
@@ -71,27 +72,30 @@ class DeferredChecks:
     """
 
     def __init__(self) -> None:
-        self.pending: list[Readiness] = []
+        self.pending: deque[tuple[float, Readiness]] = deque()
+        """(when to look, descriptor), oldest first."""
         self.due = 0.0
-        """When :meth:`run` looks (``time.monotonic()``), 0.0 while none waits."""
+        """When :meth:`run` looks next (``time.monotonic()``), 0.0 while none waits."""
 
     def add(self, r: Readiness) -> None:
         """Look for ``r``'s datagram later (once, however often it is added meanwhile)."""
         if not r.check_pending:
             r.check_pending = True
-            self.pending.append(r)
+            due = time.monotonic() + CHECK_DELAY
+            self.pending.append((due, r))
             if not self.due:
-                self.due = time.monotonic() + CHECK_DELAY
+                self.due = due
 
     def run(self, now: float) -> None:
-        """Look for the datagrams of those still unchecked, if it is time (lock held)."""
+        """Look for the datagrams of those due and still unchecked (lock held)."""
         if not self.due or now < self.due:
             return
-        pending, self.pending = self.pending, []
-        self.due = 0.0
-        for r in pending:
+        pending = self.pending
+        while pending and pending[0][0] <= now:
+            r = pending.popleft()[1]
             r.check_pending = False
             r.check()
+        self.due = pending[0][0] if pending else 0.0
 
 
 class Readiness:
