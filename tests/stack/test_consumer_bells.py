@@ -60,9 +60,10 @@ def _queued(r: Readiness) -> int:
         return n
 
 
-def _with_bell(cq: ShmCompletionQueue, token: int = TOKEN) -> tuple[Readiness, WatchSlot]:
+def _with_bell(cq: ShmCompletionQueue, token: int = TOKEN,
+               later: DeferredChecks | None = None) -> tuple[Readiness, WatchSlot]:  # fmt: skip
     r = Readiness(named=True)
-    r.attach(cq, token)
+    r.attach(cq, token, later)
     assert r.rid and r.bell is not None
     return r, r.bell
 
@@ -166,35 +167,43 @@ def _pending(later: DeferredChecks) -> list[Readiness]:
     return [r for _, r in later.pending]
 
 
+Deferred = tuple[Readiness, DeferredChecks, mmap.mmap, bytes]
+"""As :data:`Belled`, with the deferred checks the descriptor was attached with instead
+of its bell."""
+
+
+@pytest.fixture
+def deferred(cq: ShmCompletionQueue) -> Iterator[Deferred]:
+    later = DeferredChecks()
+    r, _bell = _with_bell(cq, later=later)
+    notify, prefix = _peer(cq)
+    yield r, later, notify, prefix
+    r.close()
+    notify.close()
+
+
 @pytest.mark.parametrize("came", [True, False])
 def test_a_ring_that_another_calls_news_turned_readable_is_checked_later(
-        cq: ShmCompletionQueue, came: bool) -> None:  # fmt: skip
+        deferred: Deferred, came: bool) -> None:  # fmt: skip
     """News that another call took (an event loop's read of one connection takes every
     connection's CDCs) turns a rung descriptor readable on trust: its datagram is looked
     for only once :data:`CHECK_DELAY` has passed, then one datagram either way."""
-    later = DeferredChecks()
-    r = Readiness(named=True)
-    r.attach(cq, TOKEN, later)
-    notify, prefix = _peer(cq)
-    try:
-        r.set(False, True, quiet=True)
-        if came:
-            assert bells.ring_consumer(notify, prefix, TOKEN)
-        else:  # (a requester that died between taking the arm and sending)
-            assert r.bell is not None
-            lay.U32.pack_into(notify, r.bell.offset, 0)
-        r.set(True, True, quiet=True)
-        r.set(True, True, quiet=True)  # (again: still one check waits)
-        assert _unchecked(r) and _pending(later) == [r] and later.due
-        assert bool(_events(r) & select.POLLIN) == came  # nothing looked at, nothing rung
-        later.run(later.due - CHECK_DELAY / 2)  # (not yet)
-        assert _unchecked(r) and _pending(later) == [r]
-        later.run(later.due)
-        assert not _unchecked(r) and not _pending(later) and not later.due
-        assert _events(r) & select.POLLIN and _queued(r) == 1
-    finally:
-        r.close()
-        notify.close()
+    r, later, notify, prefix = deferred
+    r.set(False, True, quiet=True)
+    if came:
+        assert bells.ring_consumer(notify, prefix, TOKEN)
+    else:  # (a requester that died between taking the arm and sending)
+        assert r.bell is not None
+        lay.U32.pack_into(notify, r.bell.offset, 0)
+    r.set(True, True, quiet=True)
+    r.set(True, True, quiet=True)  # (again: still one check waits)
+    assert _unchecked(r) and _pending(later) == [r] and later.due
+    assert bool(_events(r) & select.POLLIN) == came  # nothing looked at, nothing rung
+    later.run(later.due - CHECK_DELAY / 2)  # (not yet)
+    assert _unchecked(r) and _pending(later) == [r]
+    later.run(later.due)
+    assert not _unchecked(r) and not _pending(later) and not later.due
+    assert _events(r) & select.POLLIN and _queued(r) == 1
 
 
 def test_each_deferred_check_waits_its_own_delay(cq: ShmCompletionQueue) -> None:
@@ -221,31 +230,24 @@ def test_each_deferred_check_waits_its_own_delay(cq: ShmCompletionQueue) -> None
         second.close()
 
 
-def test_a_ring_read_out_before_its_check_is_not_looked_for(cq: ShmCompletionQueue) -> None:
+def test_a_ring_read_out_before_its_check_is_not_looked_for(deferred: Deferred) -> None:
     """The program reads the connection (the drain takes the datagram) before the check:
     the check then finds nothing to do and rings nothing."""
-    later = DeferredChecks()
-    r = Readiness(named=True)
-    r.attach(cq, TOKEN, later)
-    notify, prefix = _peer(cq)
-    try:
-        r.set(False, True, quiet=True)
-        assert bells.ring_consumer(notify, prefix, TOKEN)
-        r.set(True, True, quiet=True)
-        r.set(False, True, quiet=True)  # (read out)
-        assert not _unchecked(r) and _pending(later) == [r]
-        later.run(later.due)
-        assert _events(r) == select.POLLOUT and r.bell is not None and _armed(r.bell)
-        # a closed descriptor's check fails quietly
-        r.set(False, True, quiet=True)
-        assert bells.ring_consumer(notify, prefix, TOKEN)
-        r.set(True, True, quiet=True)
-        r.close()
-        later.run(later.due)
-        assert not _pending(later)
-    finally:
-        r.close()
-        notify.close()
+    r, later, notify, prefix = deferred
+    r.set(False, True, quiet=True)
+    assert bells.ring_consumer(notify, prefix, TOKEN)
+    r.set(True, True, quiet=True)
+    r.set(False, True, quiet=True)  # (read out)
+    assert not _unchecked(r) and _pending(later) == [r]
+    later.run(later.due)
+    assert _events(r) == select.POLLOUT and r.bell is not None and _armed(r.bell)
+    # a closed descriptor's check fails quietly
+    r.set(False, True, quiet=True)
+    assert bells.ring_consumer(notify, prefix, TOKEN)
+    r.set(True, True, quiet=True)
+    r.close()
+    later.run(later.due)
+    assert not _pending(later)
 
 
 def test_a_late_datagram_is_settled_and_the_bell_armed_again(belled: Belled) -> None:
