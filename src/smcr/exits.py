@@ -35,6 +35,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Final
 
+from smcr.osthreads import NamedThread
+
 __all__ = ["HOOKS_BOUND", "SIGNALS", "install", "on_exit", "stays_parked"]
 
 SIGNALS: Final = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -98,8 +100,8 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
     watchdog = threading.Timer(HOOKS_BOUND, _die)
     watchdog.daemon = True
     watchdog.start()
-    _ending.runner = threading.Thread(target=_run_hooks_then_die, name="smcr-exit",
-                                      daemon=True)  # fmt: skip
+    _ending.runner = NamedThread(target=_run_hooks_then_die, name="smcr-exit",
+                                 daemon=True)  # fmt: skip
     _ending.runner.start()
 
 

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 
 from smcr import plainsock
 from smcr.diag import protocol
+from smcr.osthreads import NamedThread
 
 CLIENT_TIMEOUT = 2.0
 """Seconds a client has, from accept to the last byte of its answer."""
@@ -132,7 +133,7 @@ class Endpoint:
         self._wake_r.setblocking(False)
         self._running = True
         self._clients: dict[int, _Client] = {}
-        self._thread = threading.Thread(target=self._run, name="smcr-diag", daemon=True)
+        self._thread = NamedThread(target=self._run, name="smcr-diag", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------ the thread

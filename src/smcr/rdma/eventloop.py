@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
+from smcr.osthreads import NamedThread
 from smcr.rdma.verbs import AsyncEvent, PathMtu
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class Engine:
         self._lock = threading.Lock()
         self._running = True
         self._epoll.register(self._bell, select.EPOLLIN)
-        self._worker = threading.Thread(target=self._run, name=name, daemon=True)
+        self._worker = NamedThread(target=self._run, name=name, daemon=True)
         self._worker.start()
 
     def in_engine(self) -> bool:

@@ -49,6 +49,7 @@ from collections.abc import Callable
 from typing import Final
 
 from smcr import exits, settings
+from smcr.osthreads import NamedThread
 from smcr.rdma import WorkCompletion
 from smcr.rdma.completion import ARM_PROGRESS, ARM_SLEEPER, ARM_STANDBY
 from smcr.stack.closing import Closing
@@ -98,7 +99,7 @@ class Progress:
         the runtime): which one woke a sleeper is told by number, with no call."""
         self._sleep_app = self._sleeper(self.wake.bell(False).fileno())
         self._sleep_bg = self._sleeper(self.wake.bell(True).fileno())
-        self.thread = threading.Thread(target=self._progress_thread, name="smcr-progress",
+        self.thread = NamedThread(target=self._progress_thread, name="smcr-progress",
                                        daemon=True)  # fmt: skip
 
     def _sleeper(self, bell: int) -> select.epoll:

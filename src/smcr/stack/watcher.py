@@ -28,6 +28,8 @@ import threading
 import traceback
 from collections.abc import Callable
 
+from smcr.osthreads import NamedThread
+
 Callback = Callable[[], None]
 
 
@@ -50,7 +52,7 @@ class Watcher:
         self._epoll = select.epoll()
         self._lock = threading.Lock()
         self._callbacks: dict[int, Callback] = {}
-        self._thread = threading.Thread(target=self._run, name="smcr-watcher", daemon=True)
+        self._thread = NamedThread(target=self._run, name="smcr-watcher", daemon=True)
         self._thread.start()
 
     def watch(self, fd: int, events: int, callback: Callback) -> None:

@@ -134,7 +134,7 @@ class RoceDevice(Device):
         self._next_iova = IOVA_BASE + secrets.randbits(20) * PAGE
         self._buf = bytearray(MAX_DATAGRAM)
         self._view = memoryview(self._buf)
-        self.engine = Engine(f"smcr-{self.name}-progress")
+        self.engine = Engine("smcr-roce")  # (the kernel keeps 15 bytes of a name)
         self._closed = False
         self._ceded: dict[int, tuple[RoceQp, socket.socket]] = {}
         self._reclaim_armed = False

@@ -126,7 +126,7 @@ class ShmDevice(Device):
         self.keys = KeyAllocator()
         self._qps: dict[int, ShmQp] = {}
         self._next_iova = IOVA_BASE + secrets.randbits(24) * PAGE
-        self.engine = Engine(f"smcr-{name}-engine")
+        self.engine = Engine("smcr-shm-engine")  # (the kernel keeps 15 bytes of a name)
         self._listener = rdv.listen(self.path)
         try:
             self._abstract = rdv.listen_abstract(gid)
@@ -134,7 +134,7 @@ class ShmDevice(Device):
             self._listener.close()
             os.unlink(self.path)
             raise
-        self._server = Engine(f"smcr-{name}-server")
+        self._server = Engine("smcr-shm-server")
         self._server.watch(self._listener.fileno(), self._on_accept)
         self._server.watch(self._abstract.fileno(), self._on_accept_abstract)
         self._closed = False
