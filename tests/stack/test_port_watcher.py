@@ -49,3 +49,20 @@ def test_the_thread_ends_when_its_socket_is_closed_under_it() -> None:
         thread.join(timeout=2.0)
         os.close(watcher._stop_r)
         os.close(watcher._stop_w)
+
+
+def test_a_socket_closed_before_the_thread_first_looks_ends_it_without_an_error() -> None:
+    """The close can come before the new thread registers the socket (a runtime closed at
+    once): the thread then returns quietly; it died of a ValueError (fileno() is -1) in
+    CI once, a thread exception pytest reported."""
+    watcher = PortWatcher(_NoPorts())
+    os.write(watcher._stop_w, b"x")  # the real thread ends ...
+    watcher._thread.join(timeout=2.0)
+    assert not watcher._thread.is_alive()
+    os.read(watcher._stop_r, 1)  # ... and its stop byte is taken back
+    try:
+        watcher._sock.close()
+        watcher._run()  # what the thread runs when the close came first: no exception
+    finally:
+        os.close(watcher._stop_r)
+        os.close(watcher._stop_w)

@@ -34,11 +34,11 @@ import os
 import select
 import socket
 import struct
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from smcr import settings
+from smcr.osthreads import NamedThread
 from smcr.rdma.roce import RoceDevice, netif
 from smcr.stack.hostconn import PortRes
 from smcr.stack.routes import gid_address, route_oif, rtnl_ask
@@ -161,12 +161,15 @@ class PortWatcher:
         self._stop_r, self._stop_w = os.pipe()
         self.events = 0
         """Port state changes seen (for the tools and the tests)."""
-        self._thread = threading.Thread(target=self._run, name="smcr-ports", daemon=True)
+        self._thread = NamedThread(target=self._run, name="smcr-ports", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        fd = self._sock.fileno()
+        if fd < 0:
+            return  # closed before this thread first looked (close()'s join gave up)
         poller = select.poll()
-        poller.register(self._sock.fileno(), select.POLLIN)
+        poller.register(fd, select.POLLIN)
         poller.register(self._stop_r, select.POLLIN)
         while True:
             ready = [fd for fd, _ in poller.poll(RECHECK * 1000)]
