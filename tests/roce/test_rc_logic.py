@@ -1,6 +1,7 @@
 """The RC protocol halves (requester, responder) over a fake lossy wire: no sockets, fake time.
 
-Covers segmentation and PSN wrap, go-back-N after a NAK sequence error,
+Covers segmentation and PSN wrap, go-back-N after a NAK sequence error, the
+small window after timeouts that acknowledged nothing,
 duplicates answered without being applied twice, coalesced ACKs, RNR NAK
 with its timer and retry count, retransmission on timeout until the retry
 count runs out (with exact fake-time bounds), partial READ retry replayed
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from smcr.rdma import WcOpcode, WcStatus
 from smcr.rdma.roce.fastpath import U24
+from smcr.rdma.roce.requester import MIN_CWND
 from smcr.rdma.verbs import local_ack_timeout
 from smcr.wire.roce import Opcode
 from tests.roce.rc_pair import End, Wire, pair, read_wr, send_wr, write_wr
@@ -140,6 +142,106 @@ def test_nak_sequence_error_goes_back_n() -> None:
     assert a.req.stats["retransmits"] == 7  # PSNs 3..9 again
 
 
+def _overwhelmed(wire: Wire, dst: End, queue: int) -> list[int]:
+    """Make ``dst`` a receiver that drops every burst of more than ``queue`` packets whole
+    (an emulated guest whose ring overflows); returns the list of burst sizes offered."""
+    bursts: list[int] = []
+    step = wire.step
+
+    def burst(ends: tuple[End, End]) -> bool:
+        n = sum(1 for to, _ in wire.flight if to is dst)
+        if n:
+            bursts.append(n)
+        wire.filter = (lambda to, _pkt: to is not dst) if n > queue else None
+        return step(ends)
+
+    wire.step = burst  # type: ignore[method-assign]
+    return bursts
+
+
+def test_a_receiver_that_takes_nothing_is_not_flooded_by_go_back_n() -> None:
+    """A full window per timeout is what flooded an emulated rxe guest (1.9 million packets
+    for 2 MiB): after a second timeout in a row with nothing acknowledged the requester
+    resends a few PSNs and opens the window by what they get acknowledged, so the bytes
+    arrive, in a number of packets and timeouts bounded by the message's size."""
+    wire = Wire()
+    a, b = pair(wire)
+    data = fill(a, 60000, 21)
+    bursts = _overwhelmed(wire, b, 16)
+    a.post(write_wr(a, b, 0, 60000, 1), 0.0)
+    wire.run((a, b), lambda: bool(a.send_wcs), max_steps=20000)
+    assert a.send_wcs[0].status is WcStatus.SUCCESS
+    assert bytes(b.rmb.buf[:60000]) == data
+    needed = -(-60000 // 256)
+    assert a.req.stats["restarts"] > 0
+    assert a.req.stats["timeouts"] < needed // 2, a.req.stats
+    assert sum(bursts) < 10 * needed, (sum(bursts), a.req.stats)
+
+
+def test_an_ack_for_what_was_sent_before_a_restart_is_taken() -> None:
+    """Two timeouts in a row (the responder had it all, its ACKs were lost): the second
+    go-back resends :data:`MIN_CWND` PSNs, and the responder's ACK of everything, beyond
+    what that go-back sent, completes the WRITE at once and opens the window."""
+    wire = Wire()
+    a, b = pair(wire)
+    data = fill(a, 256 * 40, 22)
+    lost: list[bytes] = []
+
+    def lose_two_acks(dst: End, pkt: bytes) -> bool:
+        if dst is a and len(lost) < 2:
+            lost.append(pkt)
+            return False
+        return True
+
+    wire.filter = lose_two_acks
+    a.post(write_wr(a, b, 0, 256 * 40, 1), 0.0)
+    wire.run((a, b), lambda: bool(a.send_wcs))
+    assert a.send_wcs[0].status is WcStatus.SUCCESS
+    assert bytes(b.rmb.buf[: 256 * 40]) == data
+    assert a.req.stats["timeouts"] == 2 and a.req.stats["restarts"] == 1
+    assert a.req.stats["retransmits"] == 40 + MIN_CWND  # all of it, then the restart's few
+    assert a.req.cwnd == 40 + MIN_CWND  # opened by the 40 PSNs the last ACK covered
+
+
+def test_one_timeout_or_nak_keeps_the_whole_window() -> None:
+    wire = Wire()
+    a, b = pair(wire)
+    fill(a, 256 * 40, 24)
+    lost: list[bytes] = []
+
+    def lose_a_middle_then_an_ack(dst: End, pkt: bytes) -> bool:
+        if dst is b and not lost and pkt[0] == Opcode.RDMA_WRITE_MIDDLE:
+            lost.append(pkt)
+            return False
+        if dst is a and len(lost) == 1 and len(a.send_wcs) == 1:
+            lost.append(pkt)
+            return False
+        return True
+
+    wire.filter = lose_a_middle_then_an_ack
+    a.post(write_wr(a, b, 0, 256 * 40, 1), 0.0)
+    wire.run((a, b), lambda: bool(a.send_wcs))
+    a.post(write_wr(a, b, 0, 256 * 40, 2), wire.now)
+    wire.run((a, b), lambda: len(a.send_wcs) == 2)
+    assert len(lost) == 2
+    assert a.req.stats["naks"] == 1 and a.req.stats["timeouts"] == 1
+    assert a.req.stats["restarts"] == 0 and a.req.cwnd >= a.req.window
+
+
+def test_the_window_opens_again_after_a_restart() -> None:
+    wire = Wire(loss=1.0)  # a black hole for two timeouts
+    a, b = pair(wire)
+    fill(a, 256 * 256, 23)
+    a.post(write_wr(a, b, 0, 256 * 256, 1), 0.0)
+    while a.req.stats["timeouts"] < 2:
+        wire.step((a, b))
+    assert a.req.cwnd == MIN_CWND
+    wire.loss = 0.0
+    wire.run((a, b), lambda: bool(a.send_wcs))
+    assert a.send_wcs[0].status is WcStatus.SUCCESS
+    assert a.req.cwnd == a.req.window and a.req.stats["restarts"] == 1
+
+
 def test_duplicate_send_is_acked_not_applied_twice() -> None:
     wire = Wire()
     a, b = pair(wire)
@@ -175,6 +277,7 @@ def test_rnr_nak_waits_then_delivers() -> None:
     wire.run((a, b), lambda: bool(a.send_wcs))
     assert a.send_wcs[0].status is WcStatus.SUCCESS
     assert b.recv_wcs[0].wr_id == 9 and wire.now >= 0.00128
+    assert a.req.stats["restarts"] == 0  # the receiver's queue, not the path
 
 
 def test_rnr_retry_exhausted() -> None:
