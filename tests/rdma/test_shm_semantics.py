@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from smcr import native
 from smcr.rdma import (
     AccessFlag,
     AsyncEventType,
@@ -32,6 +33,7 @@ from smcr.rdma import (
     WcFlag,
     WcOpcode,
     WcStatus,
+    WorkCompletion,
     WrOpcode,
 )
 from smcr.rdma.shm import ShmDevice
@@ -277,6 +279,61 @@ def test_send_longer_than_receive(pair: tuple[Side, Side]) -> None:
     first, second = b.wait(2)
     assert (first.wr_id, first.status) == (1, WcStatus.LOC_LEN_ERR)
     assert (second.wr_id, second.status) == (2, WcStatus.WR_FLUSH_ERR)
+
+
+def test_a_failed_receive_completes_before_the_flush_of_the_receives_behind_it(
+    pair: tuple[Side, Side], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The peer's QP_ERR moving the QP to ERR between the poll taking the failed receive and
+    its own move to ERR (the interleaving CI met once): the receive queue's completions stay
+    in order, the failed one first, then the flushed one."""
+    if native.status().compiled:
+        # a compiled poll calls the compiled _to_error, never an instance's patch of it:
+        # the interleaving is forced in a process that runs the sources
+        name = "test_a_failed_receive_completes_before_the_flush_of_the_receives_behind_it"
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{name}"],
+            env={**os.environ, "SMCR_PURE_PYTHON": "1"}, capture_output=True, text=True,
+            timeout=120, check=False,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+        return
+    a, b = pair
+    qp = b.qp
+    to_error = qp._to_error
+    forced: list[str | None] = []
+
+    def peer_first(event: str | None, first: WorkCompletion | None = None) -> None:
+        if event is None:  # the poll's own move to ERR: let the peer's QP_ERR win the race
+            forced.append(event)
+            to_error("peer reported a fatal error on this QP")
+        to_error(event, first)
+
+    monkeypatch.setattr(qp, "_to_error", peer_first)
+    post_recv(b, 1, length=8)
+    post_recv(b, 2, length=8)
+    send(a, b"too long for eight")
+    assert a.wait()[0].status is WcStatus.REM_INV_REQ_ERR
+    got = [(w.wr_id, w.status) for w in b.wait(2)]
+    assert got == [(1, WcStatus.LOC_LEN_ERR), (2, WcStatus.WR_FLUSH_ERR)]
+    assert forced, "the poll's move to ERR was not the patched one: nothing was forced"
+
+
+def test_a_receive_failed_locally_completes_ahead_of_the_sends_that_arrived_behind_it(
+    pair: tuple[Side, Side],
+) -> None:  # fmt: skip
+    """A receive whose buffer is refused (an unknown lkey) with two more SENDs already
+    placed behind it: its LOC_PROT_ERR comes first, then what had arrived, in order (the
+    move to ERR delivered those ahead of the held-back error once)."""
+    a, b = pair
+    b.qp.post_recv(RecvWr(wr_id=1, sg_list=(Sge(b.buf.addr, 64, 12345),)))
+    post_recv(b, 2, length=64, off=0x100)
+    post_recv(b, 3, length=64, off=0x200)
+    for wr_id in (11, 12, 13):
+        send(a, b"ok", wr_id=wr_id, off=0x8000 + wr_id * 0x10)
+    got = [(w.wr_id, w.status) for w in b.wait(3)]
+    assert got[0] == (1, WcStatus.LOC_PROT_ERR), got
+    assert [wr_id for wr_id, _ in got] == [1, 2, 3], got
 
 
 def test_modify_to_err_flushes_and_posts_flush(pair: tuple[Side, Side]) -> None:

@@ -203,6 +203,9 @@ class ShmQp(QueuePair):
         self._posted = 0
         self._consumed = 0
         self._rq_lock = threading.Lock()
+        # a receive's fatal completion taken under _rq_lock, queued by whichever thread
+        # moves to ERR first, ahead of the flushes (see _drain)
+        self._fatal_recv: WorkCompletion | None = None
         # requester side
         self._sq: deque[SendWr] = deque()
         self._peer: PeerLink | None = None
@@ -265,6 +268,7 @@ class ShmQp(QueuePair):
         with self._rq_lock:
             self._rq.clear()
             self._posted = self._consumed = 0
+            self._fatal_recv = None
         self._produced = 0
         self.attr = QpAttr(qp_state=QpState.RESET)
         lay.U64.pack_into(self._area, lay.OFF_PRODUCED, 0)
@@ -272,18 +276,13 @@ class ShmQp(QueuePair):
         self._drop_peer()
         self._drop_inbound()
 
-    def _to_error(
-        self,
-        event: str | None,
-        first: WorkCompletion | None = None,
-        first_recv: WorkCompletion | None = None,
-    ) -> None:
+    def _to_error(self, event: str | None, first: WorkCompletion | None = None) -> None:
         """Move to ERR: deliver what already arrived, flush everything else (spec §8.2).
 
         :param event: if given, also raise a QP_FATAL async event with this reason.
         :param first: the failing WR's completion; it is queued after the state
-            changed (a caller woken by it sees ERR) and before the flushes;
-            ``first_recv`` likewise on the receive side.
+            changed (a caller woken by it sees ERR) and before the flushes; a failed
+            receive's likewise (``_fatal_recv``), before what the drain delivers too.
         """
         with self._state_lock:
             if self._area.closed:  # destroyed meanwhile: nothing left to flush
@@ -291,19 +290,17 @@ class ShmQp(QueuePair):
             if self.attr.qp_state is QpState.ERR:
                 if first is not None:
                     self.send_cq.push(first)
-                if first_recv is not None:
-                    self.recv_cq.push(first_recv)
+                self._push_fatal_recv()
                 return
             self._publish(QpState.ERR)
             self._cancel_timer()
             flushed = [self._wc(wr, WcStatus.WR_FLUSH_ERR) for wr in self._sq]
             if first is not None:
                 flushed.insert(0, first)
-            if first_recv is not None:
-                self.recv_cq.push(first_recv)
             self._sq.clear()
             if flushed:
                 self.send_cq.push_many(flushed)
+            self._push_fatal_recv()  # (ahead of what arrived after it, which the drain delivers)
             self._drain(notify=True)
             with self._rq_lock:
                 rflushed = [
@@ -314,8 +311,8 @@ class ShmQp(QueuePair):
                     for w in self._rq
                 ]  # fmt: skip
                 self._rq.clear()
-            if rflushed:
-                self.recv_cq.push_many(rflushed)
+                if rflushed:
+                    self.recv_cq.push_many(rflushed)
         if event is not None:
             self.device.post_async_event(AsyncEvent(AsyncEventType.QP_FATAL, self.qp_num, event))
 
@@ -453,6 +450,8 @@ class ShmQp(QueuePair):
         pd, view, slot_size = self.pd, self._view, self._slot_size
         qp_num, src_qp = self.qp_num, self.attr.dest_qp_num
         with self._rq_lock:
+            if self._fatal_recv is not None:  # (not queued yet: the receives behind it are
+                return  # flushed after it, never completed ahead of it)
             produced = _U64_UNPACK(area, lay.OFF_PRODUCED)[0]
             rq, consumed = self._rq, self._consumed
             if self.receiver is not None and not notify:
@@ -466,11 +465,21 @@ class ShmQp(QueuePair):
                                     off + _SLOT_HEADER_SIZE, byte_len, kind, imm)  # fmt: skip
                 wcs.append(wc)
             self._consumed = consumed
-            last = wcs.pop() if fatal else None
+            if fatal:
+                # handed over under the lock: a thread moving to ERR meanwhile (the peer's
+                # QP_ERR) queues it ahead of its flush of the receives behind it
+                self._fatal_recv = wcs.pop()
             if wcs:  # (under the lock: a receiver's poll must not overtake them)
                 self.recv_cq.push_many(wcs, notify)
-        if last is not None:
-            self._to_error(None, first_recv=last)
+        if fatal:
+            self._to_error(None)
+
+    def _push_fatal_recv(self) -> None:
+        """Queue a failed receive's completion that :meth:`_drain` took, if any is pending."""
+        with self._rq_lock:
+            fatal, self._fatal_recv = self._fatal_recv, None
+            if fatal is not None:
+                self.recv_cq.push(fatal)
 
     # ------------------------------------------------------------------ send
 
@@ -487,7 +496,7 @@ class ShmQp(QueuePair):
                 self._check_sges(wr.sg_list, max_sge)
                 raise VerbsError(errno.EINVAL, f"{wr.opcode.name} is not supported by shm")
             if wr.inline_data is not None or int(wr.send_flags) & _INLINE:
-                self._check_inline(wr)
+                _check_inline(wr, self.cap.max_inline_data)
         with self._state_lock:
             state = self.attr.qp_state
             if state is QpState.ERR:
@@ -572,20 +581,6 @@ class ShmQp(QueuePair):
                                                      byte_len=size), local=True)  # fmt: skip
                 return
         super()._post_writes_send(writes, message, wr_id, signaled, wake)
-
-    def _check_inline(self, wr: SendWr) -> None:
-        """An inline WR: the flag and the data together, a byte view, within ``max_inline_data``."""
-        data = wr.inline_data
-        if data is None or not int(wr.send_flags) & _INLINE:
-            raise VerbsError(errno.EINVAL, "inline_data and SendFlag.INLINE go together")
-        if wr.opcode is WrOpcode.RDMA_READ:
-            raise VerbsError(errno.EINVAL, "an RDMA READ cannot be inline")
-        view = memoryview(data)
-        if view.format != "B" or view.ndim != 1:
-            wr.inline_data = view = view.cast("B")
-        if view.nbytes > self.cap.max_inline_data:
-            raise VerbsError(errno.EINVAL, f"{view.nbytes} inline bytes above the QP's "
-                             f"max_inline_data {self.cap.max_inline_data}")  # fmt: skip
 
     def _run_sq(self) -> None:
         """Execute queued WRs in order until done or one blocks (state lock held).
@@ -769,6 +764,22 @@ class ShmQp(QueuePair):
         self._produced = produced = self._produced + 1
         _U64_PACK(area, lay.OFF_PRODUCED, produced)
         send.notify(peer, wake)
+
+
+def _check_inline(wr: SendWr, max_inline: int) -> None:
+    """An inline WR: the flag and the data together, a byte view, within ``max_inline``
+    (the QP's ``max_inline_data``)."""
+    data = wr.inline_data
+    if data is None or not int(wr.send_flags) & _INLINE:
+        raise VerbsError(errno.EINVAL, "inline_data and SendFlag.INLINE go together")
+    if wr.opcode is WrOpcode.RDMA_READ:
+        raise VerbsError(errno.EINVAL, "an RDMA READ cannot be inline")
+    view = memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        wr.inline_data = view = view.cast("B")
+    if view.nbytes > max_inline:
+        raise VerbsError(errno.EINVAL, f"{view.nbytes} inline bytes above the QP's "
+                         f"max_inline_data {max_inline}")  # fmt: skip
 
 
 def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
