@@ -17,6 +17,15 @@ import _socket
 import ctypes
 import os
 import socket
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    PlainSocket = socket.socket
+else:
+    PlainSocket = getattr(socket.socket, "_smcr_plain", socket.socket)
+"""``socket.socket`` as the standard library defines it (``smcr run`` replaces the
+module's name with a class of its own, which names the original ``_smcr_plain``: this
+module may be imported after that, with the first TCP socket)."""
 
 
 def _plain_class() -> type[socket.socket]:
@@ -60,17 +69,40 @@ def datagram() -> _socket.socket:
     return _socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
 
 
+_SO_SNDBUFFORCE = 32  # (Linux; CAP_NET_ADMIN)
+WIDE_SEND_BUFFER = 1 << 22
+"""A ringing socket's send buffer, where the kernel allows it: each unread datagram counts
+against it (4 MiB: about 5,000)."""
+
+
+def widen_send_buffer(sock: _socket.socket) -> None:
+    """Give a socket that rings others (one-byte datagrams left unread a while) the send
+    buffer :data:`WIDE_SEND_BUFFER`, past the system's limit where we may."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, WIDE_SEND_BUFFER)
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, WIDE_SEND_BUFFER)
+
+
 class _Unspec(ctypes.Structure):
     _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_char * 14)]
 
 
+_CONNECT: list[Any] = []
+"""libc's ``connect`` and an ``AF_UNSPEC`` address for it (found on first use)."""
+
+
 def disconnect(sock: _socket.socket) -> None:
     """Undo a datagram socket's ``connect`` (``connect`` to ``AF_UNSPEC``, which Python's
-    ``connect`` cannot name): it takes datagrams from anyone again.
+    ``connect`` cannot name): it takes datagrams from anyone again.  (A named readiness
+    descriptor does this each time it turns writable: libc's function is looked up once.)
 
     :raises OSError: as ``connect(2)`` fails."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    unspec = _Unspec(socket.AF_UNSPEC)
-    if libc.connect(sock.fileno(), ctypes.byref(unspec), ctypes.sizeof(unspec)) != 0:
+    if not _CONNECT:
+        unspec = _Unspec(socket.AF_UNSPEC)
+        _CONNECT.extend((ctypes.CDLL(None, use_errno=True).connect, ctypes.byref(unspec),
+                         ctypes.sizeof(unspec), unspec))  # fmt: skip
+    connect, address, size, _ = _CONNECT
+    if connect(sock.fileno(), address, size) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))

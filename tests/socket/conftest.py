@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+import smcr
 from smcr.stack.runtime import close_stacks
 from smcr.tools.netns import enter_netns
 from tests.socket import smc_peer
@@ -135,3 +136,12 @@ def peer(fabric: str | None) -> Iterator[Callable[..., Peer]]:
     yield start
     for p in made:
         p.stop()
+
+
+@pytest.fixture
+def server() -> Iterator[smcr.SMCSocket]:
+    """A listening SMC socket of this process (its accepted ends are this process's too)."""
+    srv = smcr.create_server(("127.0.0.1", 0))
+    srv.settimeout(20)
+    yield srv
+    srv.close()

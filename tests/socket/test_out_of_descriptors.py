@@ -1,13 +1,14 @@
 """A process out of descriptors while SMC-R connections start: never a hang.
 
-The runtime holds each connection's TCP socket by a descriptor of its own (``os.dup``),
-so a process at its descriptor limit can have a TCP connect succeed and the handshake
-fail to start.  A client then declines (CLC Decline ``MEM``, as Linux's
-``smc_connect_decline_fallback``) and both ends go on over TCP; a server refuses that
-peer and ``accept`` raises the error, as it raises TCP's own ``EMFILE``, with the
-listener usable afterwards.  The limit is reached for one end only, by failing exactly
-the ``dup`` of that end's TCP socket (a real limit would hit the other end too, which
-lives in this process).
+An SMC-R connection needs descriptors a TCP one does not (its readiness descriptor, made
+when the program asks for it), so a handshake starts only with a descriptor to spare
+(:func:`smcr.socket.headroom.descriptors_free`, asked with the TCP socket), and a process
+at its descriptor limit can have a TCP connect succeed and the handshake fail to start.
+A client then declines (CLC Decline ``MEM``, as Linux's ``smc_connect_decline_fallback``)
+and both ends go on over TCP; a server refuses that peer and ``accept`` raises the error,
+as it raises TCP's own ``EMFILE``, with the listener usable afterwards.  The limit is
+reached for one end only, by failing exactly the probe asked with that end's TCP socket
+(a real limit would hit the other end too, which lives in this process).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import smcr
+from smcr.socket import headroom
 from smcr.wire.decline import DeclineCode
 from tests.socket.conftest import Peer
 
@@ -43,31 +45,23 @@ def _ports(fd: int) -> tuple[int, int]:
     return local[1], peer[1]
 
 
-@pytest.fixture
-def server() -> Iterator[smcr.SMCSocket]:
-    srv = smcr.create_server(("127.0.0.1", 0))
-    srv.settimeout(20)
-    yield srv
-    srv.close()
-
-
 def _no_descriptor_for(monkeypatch: pytest.MonkeyPatch,
                        which: Callable[[int, int], bool]) -> list[int]:  # fmt: skip
-    """``os.dup`` fails with EMFILE for TCP sockets whose (local, peer) ports ``which``
-    picks; the list counts the failures."""
-    real_dup, failed = os.dup, []
+    """No descriptor is free (:func:`~smcr.socket.headroom.descriptors_free`) when asked
+    with a TCP socket whose (local, peer) ports ``which`` picks; the list counts those."""
+    real_free, failed = headroom.descriptors_free, []
 
-    def dup(fd: int) -> int:
+    def descriptors_free(fd: int, count: int) -> bool:
         try:
             ports = _ports(fd)
         except OSError:
             ports = (0, 0)
         if ports != (0, 0) and which(*ports):
             failed.append(fd)
-            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-        return real_dup(fd)
+            return False
+        return real_free(fd, count)
 
-    monkeypatch.setattr(os, "dup", dup)
+    monkeypatch.setattr(headroom, "descriptors_free", descriptors_free)
     return failed
 
 
@@ -146,7 +140,7 @@ def test_a_non_blocking_connect_without_a_descriptor_to_spare_goes_on_over_tcp(
     client.setblocking(False)
     with monkeypatch.context() as patched:
 
-        def no_descriptor(*_args: object) -> None:
+        def no_descriptor(*_args: object, **_kwargs: object) -> None:
             raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
         patched.setattr("smcr.socket.connecting.Connecting", no_descriptor)

@@ -16,6 +16,7 @@ from smcr.rdma import bells
 from smcr.rdma.bells import WatchSlot
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm.cq import ShmCompletionQueue
+from smcr.stack import readiness as readiness_mod
 from smcr.stack.readiness import CHECK_DELAY, DeferredChecks, Readiness
 
 TOKEN = 7
@@ -361,3 +362,95 @@ def test_a_strangers_datagram_is_drained_and_the_arm_kept(belled: Belled) -> Non
     assert not r.settle()  # (no look needed: nobody took the arm)
     assert _events(r) == select.POLLOUT and _armed(bell) and bell.holds()
     stranger.close()
+
+
+# ---------------------------------------------------------------- without a sink of its own
+
+
+def test_a_named_descriptor_is_one_socket_and_shares_the_full_peer() -> None:
+    """Not writable by being connected to the process's full peer: no second socket per
+    descriptor, one peer for all of them."""
+    many = [Readiness(named=True) for _ in range(50)]
+    try:
+        for r in many:
+            assert r.rid and r.b is None
+            r.set(False, False)
+        assert all(_events(r) == 0 for r in many)
+        assert len({id(r.peer) for r in many}) == 1 and many[0].peer is not None
+        for r in many:
+            r.set(True, True)
+        assert all(_events(r) == select.POLLIN | select.POLLOUT for r in many)
+    finally:
+        for r in many:
+            r.close()
+
+
+def test_turning_writable_wakes_an_edge_triggered_poller() -> None:
+    r = Readiness(named=True)
+    ep = select.epoll()
+    try:
+        r.set(False, False)
+        ep.register(r.fileno(), select.EPOLLIN | select.EPOLLOUT | select.EPOLLET)
+        assert ep.poll(0) == []
+        r.set(False, True)
+        assert ep.poll(0) == [(r.fileno(), select.EPOLLOUT)]
+        r.set(True, True)
+        assert ep.poll(0) == [(r.fileno(), select.EPOLLIN | select.EPOLLOUT)]
+    finally:
+        ep.close()
+        r.close()
+
+
+def test_readable_stays_readable_when_it_turns_writable() -> None:
+    """Leaving the full peer drops the socket's queue (Linux ``unix_dgram_disconnected``):
+    the descriptor is rung again, one datagram as before."""
+    r = Readiness(named=True)
+    try:
+        r.set(True, False)
+        assert _events(r) == select.POLLIN
+        r.set(True, True)
+        assert _events(r) == select.POLLIN | select.POLLOUT
+        assert _queued(r) == 1
+    finally:
+        r.close()
+
+
+def test_a_peer_cannot_ring_while_not_writable_and_the_descriptor_rings_itself(
+        deferred: Deferred) -> None:  # fmt: skip
+    """A requester that took the arm as the descriptor turned not writable and readable
+    at once: its datagram is refused (only the full peer may send now; it rings the CQ
+    instead), so the descriptor rings itself rather than trust it until its check."""
+    r, later, notify, prefix = deferred
+    bell = r.bell
+    assert bell is not None
+    r.set(False, True, quiet=True)
+    assert _armed(bell)
+    rid = bells._U32_UNPACK(notify, bell.offset)[0]
+    bells._U32_PACK(notify, bell.offset, 0)  # a requester takes the arm...
+    r.set(True, False)  # (the runtime meanwhile: readable, and the send buffer full)
+    assert not bells.ring_name(prefix, rid)  # ...and its datagram is refused (EPERM)
+    assert _events(r) == select.POLLIN and not r.unchecked and not later.pending
+
+
+def test_rings_past_the_full_peers_send_buffer_go_through_a_fresh_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Not writable, a descriptor is rung by its full peer, each unread ring counted against
+    that peer's send buffer: when it is full a new full peer takes the descriptor over and
+    rings it."""
+    small = readiness_mod.FullPeer()
+    small.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # (the kernel's least)
+    here = readiness_mod.netns_here()
+    monkeypatch.setattr(readiness_mod, "_FULL_PEERS", {here: [small]})
+    many = [Readiness(named=True) for _ in range(60)]
+    try:
+        for r in many:
+            r.set(False, False)
+        for r in many:
+            r.set(True, False)
+        assert all(_events(r) == select.POLLIN for r in many)  # (readable, still not writable)
+        assert len(readiness_mod._FULL_PEERS[here]) > 1
+    finally:
+        for r in many:
+            r.close()
+        for peer in readiness_mod._FULL_PEERS[here]:
+            peer.close()

@@ -89,7 +89,7 @@ if __name__ == "__main__":
 
 def test_a_run_that_cannot_open_n_says_how_far_it_got(tmp_path: Path) -> None:
     """EMFILE (a hard limit below what N needs): how many opened and why, no traceback.
-    (A TCP run: an SMC-R run ends the same way at 5 descriptors a connection, but its
+    (A TCP run: an SMC-R run ends the same way at 3 descriptors a connection, but its
     server's accept keeps failing and it measures only after ``STALL / 2`` quiet
     seconds, 30; see the README.)"""
     script = tmp_path / "one_run.py"

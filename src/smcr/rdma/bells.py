@@ -151,8 +151,6 @@ def peer_prefix(notify: mmap) -> bytes:
     return prefix_of(nonce) if nonce else b""
 
 
-_SO_SNDBUFFORCE: Final = 32  # (Linux; CAP_NET_ADMIN)
-_RINGER_BUFFER: Final = 1 << 22
 _RINGER: list[_socket.socket] = []
 """The process's socket for ringing consumer bells (made on first use)."""
 
@@ -162,10 +160,7 @@ def _ringer() -> _socket.socket:
     against it until its consumer reads it (a ring that does not fit goes to the CQ)."""
     if not _RINGER:
         sock = plainsock.datagram()
-        try:  # (past the system's limit where we may: 4 MiB is about 5,000 rings unread)
-            sock.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, _RINGER_BUFFER)
-        except OSError:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _RINGER_BUFFER)
+        plainsock.widen_send_buffer(sock)
         _RINGER.append(sock)
     return _RINGER[0]
 

@@ -6,9 +6,7 @@ from ``listen`` on, and ``accept`` takes what has finished (Linux's listen worke
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
-import resource
 import selectors
 import socket as _socket
 import sys
@@ -20,8 +18,10 @@ from collections import deque
 from typing import Any
 
 from smcr import discovery
+from smcr.osthreads import NamedThread
 from smcr.socket import handshake
 from smcr.socket.base import LINGER_ZERO, PlainSocket, SocketBase, new_socket
+from smcr.socket.headroom import descriptor_shortage, descriptors_free
 from smcr.stack.hostconn import HostConn
 from smcr.stack.readiness import Readiness
 from smcr.stack.runtime import Stack
@@ -71,45 +71,6 @@ def local_connect_ends(queues: list[AcceptQueue], established: bool) -> None:
     the watcher watches them again."""
     for queue in queues:
         queue.end_local_connect(established)
-
-
-def descriptor_shortage(fd: int, count: int) -> OSError | None:
-    """Why ``count`` descriptor numbers are not free now (EMFILE, ENFILE...), or None when
-    they are (found by duplicating ``fd``, an open descriptor, and closing the copies at
-    once)."""
-    taken: list[int] = []
-    try:
-        for _ in range(count):
-            taken.append(os.dup(fd))
-    except OSError as exc:
-        return exc
-    finally:
-        for copy in taken:
-            os.close(copy)
-    return None
-
-
-def descriptors_free(fd: int, count: int) -> bool:
-    """Whether ``count`` descriptor numbers are free, probed from another thread than the
-    program's without taking any number it could be about to reuse: the copies of ``fd``
-    go to the top ``count`` numbers below the limit (``F_DUPFD``), which are free only if
-    at least ``count`` are.  A probe that took the lowest free numbers held, for a moment,
-    the very number an event loop had just freed to accept and close a peer (its reserved
-    descriptor), whose reopening then failed with EMFILE (Twisted's
-    ``test_closePeerOnEMFILE``, about one run in five)."""
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if limit == resource.RLIM_INFINITY or limit <= count:
-        return descriptor_shortage(fd, count) is None
-    taken: list[int] = []
-    try:
-        for _ in range(count):
-            taken.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, limit - count))
-    except OSError:
-        return False
-    finally:
-        for copy in taken:
-            os.close(copy)
-    return True
 
 
 class AcceptQueue:
@@ -359,7 +320,7 @@ class AcceptQueue:
                 self.ready.append((sock, addr))
                 self._changed()
         if self.closed:  # (this runs under the runtime's lock, which close() takes)
-            threading.Thread(target=self._close_ready, name="smcr-close", daemon=True).start()
+            NamedThread(target=self._close_ready, name="smcr-close", daemon=True).start()
 
     def limit_handshakes(self) -> None:
         """The listener's ``SMC_LIMIT_HS`` changed: count it as congested, or not, now."""

@@ -13,11 +13,13 @@ import os
 import socket as _socket
 import struct
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+from smcr import plainsock
 from smcr.stack.conn import METHODS, DataPath, SocketCalls, release_frames
 from smcr.stack.hostconn import HostConn
 from smcr.stack.readiness import Readiness
@@ -25,12 +27,10 @@ from smcr.stack.runtime import Stack
 from smcr.wire.clc import uncompress_bufsize
 
 if TYPE_CHECKING:
-    PlainSocket = _socket.socket
-else:
-    PlainSocket = getattr(_socket.socket, "_smcr_plain", _socket.socket)
-"""``socket.socket`` as the standard library defines it (``smcr run`` replaces the
-module's name with a class of its own, which names the original ``_smcr_plain``: this
-module may be imported after that, with the first TCP socket)."""
+    from smcr.socket.tcphold import TcpHold
+
+PlainSocket = plainsock.PlainSocket
+"""``socket.socket`` as the standard library defines it (:data:`smcr.plainsock.PlainSocket`)."""
 INET = (int(_socket.AF_INET), int(_socket.AF_INET6))
 # the C type's own attribute getters: socket.socket's properties convert to enums
 c_family = _csocket.socket.family.__get__
@@ -238,6 +238,7 @@ class SocketBase(PlainSocket):
     _shown_tcp: weakref.finalize[Any, Any] | None = None  # _shown is a TCP number of ours
     _reshow_due = False  # settled in a background thread: reshow in the program's (catch_up)
     _queue_finalizer: weakref.finalize[Any, Any] | None = None  # listening: the queue's
+    _tcp_hold: TcpHold | None = None  # our TCP descriptor is the runtime's too (tcphold)
 
     _shown_as: tuple[int, int] | None = None  # (family, proto) made with (linuxapi), if not TCP's
     _limit_hs = 0  # SOL_SMC SMC_LIMIT_HS
@@ -273,11 +274,36 @@ class SocketBase(PlainSocket):
 
     def _real_close(self) -> None:
         """socket.socket's, and the TCP socket's duplicate under the application's number
-        (after a fallback: :func:`~smcr.socket.numbers.reshow`)."""
+        (after a fallback: :func:`~smcr.socket.numbers.reshow`).  A descriptor the runtime
+        holds too is only let go of (:mod:`smcr.socket.tcphold`)."""
         if self._shown_tcp is not None:
             self._shown_tcp()  # (closes it, once)
             self._shown_tcp = None
+        self._let_go_tcp()
         PlainSocket._real_close(self)  # type: ignore[attr-defined]
+
+    def _let_go_tcp(self) -> None:
+        """Detach our TCP descriptor if the runtime holds it too; closed here only if the
+        runtime let go of it first."""
+        hold, self._tcp_hold = self._tcp_hold, None
+        if hold is not None:
+            fd = PlainSocket.detach(self)
+            if fd >= 0 and hold.app_lets_go():
+                os.close(fd)
+
+    def __del__(self) -> None:
+        """As ``socket.socket``'s finalizer: warn of an unclosed socket and close its
+        descriptor, except one the runtime holds too, which is only let go of."""
+        if self._tcp_hold is not None and PlainSocket.fileno(self) >= 0:
+            try:
+                warnings.warn(f"unclosed {self!r}", ResourceWarning, stacklevel=1, source=self)
+            except Exception:  # (at interpreter exit, say: the descriptor goes all the same)
+                pass
+            try:
+                self._let_go_tcp()
+            except Exception:  # (a finalizer must not raise; at exit, modules may be gone)
+                pass
+        PlainSocket.__del__(self)  # type: ignore[attr-defined]  # (the C type's finalizer)
 
     def _let_go_calls(self) -> None:
         """This socket no longer uses the connection (closed, detached, moved on): its calls

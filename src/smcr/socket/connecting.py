@@ -47,9 +47,12 @@ class Connecting:
     readiness descriptor, so a selector that registered it keeps working.
     """
 
-    def __init__(self, sock: SocketBase) -> None:
+    def __init__(self, sock: SocketBase, named: bool = False) -> None:
+        """:param named: the readiness descriptor is a named one (one descriptor, rung by
+            the peer once established: :mod:`smcr.stack.readiness`), as where no listener
+            of this process takes the connection; else a socket pair."""
         self.sock = sock
-        self.readiness = Readiness()
+        self.readiness = Readiness(named=named)
         self.readiness.set(False, False)
         self.fd = -1  # the TCP socket's (start(): after numbers.reshow moved it)
         self.closed = False
@@ -239,7 +242,7 @@ def connect(sock: SocketBase, address: Any) -> None:
             raise OSError(err, os.strerror(err))
         try:
             handshake.stack_here(sock)
-            sock._connecting = Connecting(sock)
+            sock._connecting = Connecting(sock, named=not local)
         except OSError as exc:
             if exc.errno not in handshake.OUT_OF_RESOURCES:
                 raise

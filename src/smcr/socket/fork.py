@@ -39,9 +39,10 @@ import threading
 import weakref
 from typing import Any
 
+from smcr.osthreads import NamedThread
 from smcr.socket import sharing
 from smcr.socket.base import PlainSocket, SocketBase, accept_queues, smc_sockets
-from smcr.socket.numbers import close_number
+from smcr.socket.numbers import own_number
 from smcr.stack.descriptors import put_at
 
 CHUNK = 1 << 16
@@ -80,9 +81,9 @@ class Relay:
         self.end = end
         self.lock = threading.Lock()
         self.running = 2
-        self.threads = [threading.Thread(target=self._up, name="smcr-relay-up", daemon=True),
-                        threading.Thread(target=self._down, name="smcr-relay-down",
-                                         daemon=True)]  # fmt: skip
+        self.threads = [NamedThread(target=self._up, name="smcr-relay-up", daemon=True),
+                        NamedThread(target=self._down, name="smcr-relay-down",
+                                    daemon=True)]  # fmt: skip
         self.end.setblocking(True)
         self.sock.settimeout(None)
 
@@ -218,11 +219,11 @@ def become_relayed(sock: SocketBase, end: _socket.socket) -> None:
     except OSError:
         pass
     os.dup2(end.fileno(), PlainSocket.fileno(sock), inheritable=False)
+    sock._tcp_hold = None  # (the number is this child's end now, not the runtime's TCP)
     if sock._shown >= 0 and sock._shown != PlainSocket.fileno(sock):
         # the number the program has names the parent's readiness descriptor: the relay
         put_at(sock._shown, end.fileno())
-        sock._shown_tcp = weakref.finalize(sock, close_number, sock._shown)
-        sock._shown_tcp.atexit = False
+        own_number(sock, sock._shown)
     end.close()
     if sock._finalizer is not None:
         sock._finalizer.detach()

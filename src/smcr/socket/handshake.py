@@ -22,7 +22,7 @@ from smcr import discovery
 from smcr.core import FellBack, HandshakeCompleted
 from smcr.diag import registry
 from smcr.diag import start as diag_start
-from smcr.socket import numbers
+from smcr.socket import headroom, numbers
 from smcr.socket.base import (
     LINGER_ZERO,
     PlainSocket,
@@ -33,6 +33,7 @@ from smcr.socket.base import (
     parse_ip,
     smc_sockets,
 )
+from smcr.socket.tcphold import RuntimeTcp, TcpHold, runtime_tcp
 from smcr.stack.conn import DataPath, SocketCalls
 from smcr.stack.counters import COUNTERS as _C
 from smcr.stack.hostconn import HostConn
@@ -121,19 +122,33 @@ def start_handshake(sock: SocketBase, client: bool,
     local_ip = parse_ip(name[0])
     stack = sock._stack = sock._stack or get_stack(local_ip, scope_id(name))
     with stack.lock:
-        # the runtime's own descriptor of the TCP socket: it outlives ours when the
-        # application closes first (the closing CDCs, then the FIN)
-        # (family, type and protocol given: none of the three system calls that
-        # socket.socket makes to learn them from a bare descriptor)
-        tcp = PlainSocket(c_family(sock), _socket.SOCK_STREAM, _socket.IPPROTO_TCP,
-                           os.dup(PlainSocket.fileno(sock)))  # fmt: skip
-        hc = sock._hc = stack.new_conn(tcp)
+        hc = sock._hc = stack.new_conn(runtime_tcp_of(sock))
         hc.on_outcome = on_outcome
         stack.start_handshake(hc, client, local_ip, sock._rmb_size,
                               sock._sndbuf_size, polled, name)  # fmt: skip
         if hc.outcome is not None and hc.on_outcome is not None:
             hc.on_outcome(hc)  # ended at once, and nobody took the news yet
     return stack, hc
+
+
+def runtime_tcp_of(sock: SocketBase) -> RuntimeTcp:
+    """The runtime's socket object of ``sock``'s TCP socket, which outlives ours when the
+    application closes first (the closing CDCs, then the FIN): on our descriptor, shared
+    (:mod:`smcr.socket.tcphold`), unless the program was given that number, which a
+    readiness descriptor takes over once the connection is SMC-R
+    (:func:`~smcr.socket.numbers.reshow`): then on a descriptor of its own, which our
+    socket object takes as its own there (:func:`~smcr.socket.numbers.rebind`)."""
+    fd = PlainSocket.fileno(sock)
+    if sock._shown == fd:
+        return runtime_tcp(c_family(sock), TcpHold(os.dup(fd), app=False))
+    # an SMC-R connection needs descriptors a TCP one does not (its readiness descriptor,
+    # made when the program asks for one): with none to spare, EMFILE here, and the
+    # handshake does not start (decline_instead), rather than a later fileno() failing;
+    # probed at the top numbers (this may be the listen worker's thread: headroom.py)
+    if not headroom.descriptors_free(fd, 1):
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+    hold = sock._tcp_hold = TcpHold(fd, app=True)
+    return runtime_tcp(c_family(sock), hold)
 
 
 def pay_decline(sock: SocketBase) -> None:
@@ -156,10 +171,10 @@ def pay_decline(sock: SocketBase) -> None:
 
 def decline_instead(sock: SocketBase, error: OSError) -> bool:
     """A client that cannot start its handshake because the process is out of descriptors
-    or memory (:data:`OUT_OF_RESOURCES`: the runtime holds the TCP socket by a descriptor of
-    its own) tells the server so with a CLC Decline (``MEM``), which ends the server's
-    handshake in a fallback as it ends Linux's, and goes on over TCP (Linux
-    ``smc_connect_decline_fallback``).
+    or memory (:data:`OUT_OF_RESOURCES`: an SMC-R connection needs descriptors a TCP one
+    does not, :func:`runtime_tcp_of`) tells the server so with a CLC Decline (``MEM``),
+    which ends the server's handshake in a fallback as it ends Linux's, and goes on over
+    TCP (Linux ``smc_connect_decline_fallback``).
 
     :returns: whether it did (False: ``error`` is another, for the caller to report).
     """
@@ -206,7 +221,8 @@ def finish_handshake(sock: SocketBase, stack: Stack, hc: HostConn) -> None:
         return
     trailing = hc.trailing_data()
     sock._hc = None
-    hc.tcp.close()  # the runtime's descriptor: ours goes on (TCP) or is reset
+    hc.tcp.close()  # the runtime lets go of it: ours goes on (TCP) or is reset
+    sock._tcp_hold = None  # (ours alone now)
     try:  # (closed meanwhile: nothing to restore)
         PlainSocket.settimeout(sock, sock._timeout)  # the runtime made it non-blocking
     except OSError:

@@ -12,6 +12,7 @@ import os
 import weakref
 
 from smcr.socket.base import PlainSocket, SocketBase, c_family, c_gettimeout, c_proto, c_type
+from smcr.socket.tcphold import RuntimeTcp
 from smcr.stack.descriptors import put_at
 from smcr.stack.readiness import Readiness
 
@@ -43,7 +44,16 @@ def fileno(sock: SocketBase) -> int:
     if sock._mode == "PLAIN" or sock._via_readiness:
         return PlainSocket.fileno(sock)
     readiness = app_readiness(sock)
-    sock._shown = PlainSocket.fileno(sock) if readiness is None else readiness.fileno()
+    if readiness is not None:
+        sock._shown = readiness.fileno()
+    elif sock._tcp_hold is not None and sock._tcp_hold.shared:
+        # (a blocking connect's handshake, asked from another thread): the runtime holds
+        # our descriptor too, so the program gets a number of its own, which a readiness
+        # descriptor may take over (reshow) without closing the runtime's
+        sock._shown = os.dup(PlainSocket.fileno(sock))
+        own_number(sock, sock._shown)
+    else:
+        sock._shown = PlainSocket.fileno(sock)
     queue_shown(sock, readiness)
     return sock._shown
 
@@ -101,18 +111,31 @@ def reshow(sock: SocketBase) -> None:
                 if old is not None and old.app == number:
                     old.disown()  # (the number is the TCP socket's now)
             put_at(number, PlainSocket.fileno(sock))
-            sock._shown_tcp = weakref.finalize(sock, close_number, number)
-            sock._shown_tcp.atexit = False
+            own_number(sock, number)
         return
     if readiness.app == number:
         return
     if PlainSocket.fileno(sock) == number:  # the TCP socket moves off the number
-        rebind(sock, os.dup(number))
+        moved_tcp(sock, number)
     if sock._shown_tcp is not None:
         sock._shown_tcp.detach()
         sock._shown_tcp = None
     readiness.place(number)
     queue_shown(sock, readiness)
+
+
+def moved_tcp(sock: SocketBase, number: int) -> None:
+    """Our TCP socket leaves the program's ``number`` (a readiness descriptor takes it): to
+    the runtime's own descriptor of it, which we hold too from now on
+    (:mod:`smcr.socket.tcphold`), or, where the runtime has none (any more), a new one."""
+    hc = sock._hc
+    tcp = hc.tcp if hc is not None else None
+    hold = tcp.hold if isinstance(tcp, RuntimeTcp) else None
+    if hold is not None and hold.fd != number and hold.join():
+        rebind(sock, hold.fd)
+        sock._tcp_hold = hold
+    else:
+        rebind(sock, os.dup(number))
 
 
 def rebind(sock: SocketBase, fd: int) -> None:
@@ -125,7 +148,16 @@ def rebind(sock: SocketBase, fd: int) -> None:
     _csocket.socket.detach(sock)
     _csocket.socket.__init__(sock, *kind, fd)
     _csocket.socket.settimeout(sock, timeout)
-    os.set_blocking(fd, blocking)  # (the runtime's duplicate shares the flag)
+    os.set_blocking(fd, blocking)  # (the runtime's descriptor of it shares the flag)
+
+
+def own_number(sock: SocketBase, number: int) -> None:
+    """``number``, the program's, names a file of the socket's own that is not the socket
+    object's descriptor (a duplicate of its TCP socket, a forked child's relay end): it is
+    closed with the socket (:meth:`SocketBase._real_close`), or when the socket is
+    collected."""
+    sock._shown_tcp = weakref.finalize(sock, close_number, number)
+    sock._shown_tcp.atexit = False
 
 
 def close_number(number: int) -> None:

@@ -23,13 +23,13 @@ from smcr.socket.base import (
     orphan,
     smc_sockets,
 )
-from smcr.socket.numbers import close_number
+from smcr.socket.numbers import own_number
 from smcr.stack.conn import METHODS, SocketCalls
 
 HOLDER_OWN = frozenset({
     "_finalizer", "_queue_finalizer", "_share", "_borrowed_fd", "_via_readiness", "_shown",
     "_shown_tcp", "_closed", "_io_refs", "_gone", "_timeout", "_parent_ends", "_fork_ends",
-    "_calls", *METHODS})
+    "_calls", "_tcp_hold", *METHODS})
 """A socket's own attributes, not a connection's: each holder has its own (its calls, with
 its timeout, are :class:`~smcr.stack.conn.SocketCalls` of the one connection)."""
 
@@ -218,10 +218,13 @@ def move(sock: SocketBase) -> SocketBase:
     """A new socket object that owns this one's connection from now on; this one is
     closed, as ``ssl.SSLContext.wrap_socket`` detaches the socket it wraps (the
     caller may close the original afterwards without touching the connection)."""
-    new = new_socket(type(sock), sock.family, sock.type, sock.proto,
-                     os.dup(PlainSocket.fileno(sock)))  # fmt: skip
+    # the descriptor itself moves (one the runtime holds too stays held so)
+    hold, sock._tcp_hold = sock._tcp_hold, None
+    new = new_socket(type(sock), sock.family, sock.type, sock.proto, PlainSocket.detach(sock))
+    new._tcp_hold = hold
     for name, value in vars(sock).items():
-        if name not in ("_finalizer", "_queue_finalizer", "_shown_tcp", "_calls", *METHODS):
+        if name not in ("_finalizer", "_queue_finalizer", "_shown_tcp", "_calls", "_tcp_hold",
+                        *METHODS):  # fmt: skip
             setattr(new, name, value)
     calls = sock._calls
     new_calls = None
@@ -232,8 +235,7 @@ def move(sock: SocketBase) -> SocketBase:
     if sock._shown_tcp is not None:
         sock._shown_tcp.detach()
         sock._shown_tcp = None
-        new._shown_tcp = weakref.finalize(new, close_number, new._shown)
-        new._shown_tcp.atexit = False
+        own_number(new, new._shown)
     queue = sock._queue
     if queue is not None and sock._queue_finalizer is not None:  # a listener's queue
         sock._queue_finalizer.detach()

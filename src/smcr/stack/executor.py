@@ -421,8 +421,12 @@ class Executor:
     def adopt_readiness(self, hc: HostConn, r: Readiness | None = None) -> Readiness:
         """The connection's readiness descriptor: ``r``, or a new one, with a bell if it can."""
         c = self.engine.conns.get(hc.conn_id)
-        token = c.token if c and self.cq.rings_by_name() and not self.local_peer(hc, c) else 0
-        hc.readiness = r = r or Readiness(named=bool(token))
+        remote = c is not None and not self.local_peer(hc, c)
+        token = c.token if c and remote and self.cq.rings_by_name() else 0
+        # named where the other end is another process's (one descriptor, and a bell where
+        # the RNIC has them); a socket pair where it is ours (readiness.py: an event loop
+        # running both ends may os.sendfile to the number)
+        hc.readiness = r = r or Readiness(named=remote)
         r.attach(self.cq, token, self.checks)
         self.update_readiness(hc)
         return r

@@ -5,25 +5,32 @@ runtime makes readable (a byte is waiting) and writable (the other end drained) 
 follow the connection, so that ``select``, ``poll``, ``epoll``, ``selectors`` and asyncio
 watch it as they would a TCP socket.
 
-Where the connection's peer can ring it (a *consumer bell*, :mod:`smcr.rdma.bells`: an
-established connection over shm whose other end is another process's), it is a unix
-datagram socket bound to a name of the process's (:class:`smcr.rdma.bells.Names`)
-instead, with a second, its sink, that it fills to make it not writable; the peer that
+Where the connection's other end is another process's, it is a unix datagram socket
+bound to a name of the process's (:class:`smcr.rdma.bells.Names`) instead, alone.  Over
+shm that other end can ring it (a *consumer bell*, :mod:`smcr.rdma.bells`): the peer that
 sends the connection's next message makes it readable itself, and the program's thread
-is the one woken.  (Only there: a datagram socket cannot take what a stream socket
-takes -- an ``os.sendfile`` to the number, which asyncio's tests make, fails with
-``EMSGSIZE`` -- and a descriptor made before the connection is established, a
-non-blocking ``connect``'s, stays a pair: it cannot change kind under the number the
-program watches.)  The bell is armed (its watch word set) only while a message could change
-nothing but readability: not readable, writable, no bytes of ours waiting for the
-peer's window (a window update rung to a program that waits for writability only would
-be heard by no one).
+is the one woken.  It is made not writable by connecting it to the process's
+:class:`FullPeer` (Linux's ``unix_dgram_poll`` reports a datagram socket not writable
+while the peer it is connected to has a full queue and is not connected back), and
+writable again by disconnecting it, which wakes its pollers; the full peer, the one
+socket that may send to it meanwhile, rings it when it turns readable.  One descriptor
+per connection, where a pair (or a sink of its own to fill) costs two.  (Only there: a
+datagram socket cannot take what a stream socket takes -- an ``os.sendfile`` to the
+number, which asyncio's tests make with both ends in one process, fails.  A non-blocking
+``connect``'s descriptor, which becomes the connection's, is named where no listener of
+this process takes the connection.)  The bell is armed (its watch word set) only while
+a message could change nothing but readability: not readable, writable, no bytes of
+ours waiting for the peer's window (a window update rung to a program that waits for
+writability only would be heard by no one).
 """
 
 from __future__ import annotations
 
 import _socket
+import atexit
+import errno
 import os
+import select
 import socket
 import time
 from collections import deque
@@ -45,10 +52,88 @@ _DRAIN: Final = 65536
 _DRAIN_READABLE: Final = 64
 """A read of the readable byte (one per change to readable)."""
 _PEEK: Final = socket.MSG_DONTWAIT | socket.MSG_PEEK
-_FILL_DATAGRAM: Final = bytes(1024)
-"""The not-writable fill of a named descriptor: one datagram this size takes more of
-``a``'s send buffer (the smallest the kernel allows) than a writable socket may have
-in use (a quarter of it)."""
+
+
+class FullPeer:
+    """A unix datagram socket whose receive queue is kept full (a second socket's datagrams,
+    never read, past ``net.unix.max_dgram_qlen``): a named readiness descriptor connected
+    to it is not writable.  It also rings those (a connected datagram socket takes
+    datagrams from its peer only): its send buffer as large as the kernel allows, each
+    ring counted against it until read (thousands where the process may raise its
+    buffer past the system's limit, a few hundred where not; :func:`full_peer` makes
+    another when it is full).  Names are per network namespace: one per namespace, made
+    in it (a thread may be in another namespace than the process)."""
+
+    def __init__(self) -> None:
+        self.sock = plainsock.datagram()
+        self.fillers: list[_socket.socket] = []
+        try:
+            self.sock.bind(b"")  # (an abstract name of the kernel's choosing)
+            self.name: bytes = self.sock.getsockname()
+            plainsock.widen_send_buffer(self.sock)
+            probe = plainsock.datagram()
+            try:
+                probe.connect(self.name)
+                while _writable(probe):  # (a filler's send buffer may end before the queue)
+                    if len(self.fillers) >= _MAX_FILLERS:
+                        raise OSError(errno.ENOBUFS, "cannot fill a datagram queue")
+                    filler = plainsock.datagram()
+                    self.fillers.append(filler)
+                    try:
+                        while True:
+                            filler.sendto(b"f", self.name)
+                    except BlockingIOError:
+                        pass
+            finally:
+                probe.close()
+        except OSError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for sock in (self.sock, *self.fillers):
+            sock.close()
+
+
+_MAX_FILLERS: Final = 64
+_FULL_PEERS: dict[tuple[int, int], list[FullPeer]] = {}
+"""The process's full peers by network namespace, the newest last (made on first use)."""
+
+
+def full_peer(netns: tuple[int, int], fresh: bool = False) -> FullPeer:
+    """The full peer of network namespace ``netns`` (:func:`netns_here`) to connect to and
+    ring with (``fresh``: a new one, the newest's send buffer being full of unread rings).
+
+    :raises OSError: where none can be made (out of descriptors, no datagram queue that
+        fills, or this thread in another namespace)."""
+    peers = _FULL_PEERS.get(netns)
+    if peers and not fresh:
+        return peers[-1]
+    if netns_here() != netns:
+        raise OSError(errno.EXDEV, "a full peer is made in its own network namespace")
+    peer = FullPeer()
+    _FULL_PEERS.setdefault(netns, []).append(peer)
+    return peer
+
+
+@atexit.register
+def _close_full_peers() -> None:
+    while _FULL_PEERS:
+        for peer in _FULL_PEERS.popitem()[1]:
+            peer.close()
+
+
+def netns_here() -> tuple[int, int]:
+    """The calling thread's network namespace (device and inode of its ``ns/net``)."""
+    try:
+        st = os.stat("/proc/thread-self/ns/net")
+    except OSError:
+        return (0, 0)
+    return (st.st_dev, st.st_ino)
+
+
+def _writable(sock: _socket.socket) -> bool:
+    return bool(select.select([], [sock], [], 0)[1])
 
 
 CHECK_DELAY: Final = 0.1
@@ -102,7 +187,8 @@ class Readiness:
     """A descriptor whose readability/writability the runtime sets (see module doc).
 
     Readable: a datagram (a byte of a socket pair) waits in ``a``.  Not writable: ``a``
-    has filled ``b``'s queue; writable again once ``b`` is drained.
+    has filled ``b``'s queue, writable again once ``b`` is drained; named, ``a`` is
+    connected to the :class:`FullPeer`, writable again once disconnected.
     """
 
     def __init__(self, named: bool = False) -> None:
@@ -112,21 +198,23 @@ class Readiness:
         self.rid = NAMES.new_rid() if named else 0
         """The descriptor's rid (its name, :class:`~smcr.rdma.bells.Names`); 0: a pair."""
         self.a: _socket.socket
-        self.b: _socket.socket
+        self.b: _socket.socket | None = None
+        """A pair's other end (a named descriptor has none)."""
+        self.name = b""
+        """A named descriptor's name."""
+        self.peer: FullPeer | None = None
+        """The full peer a named descriptor is connected to while not writable."""
+        self.netns = (0, 0)
+        """A named descriptor's network namespace (its name's, and its full peer's)."""
         if self.rid:
-            name = NAMES.name(self.rid)
-            self.sink = name + b"s"
+            self.name = NAMES.name(self.rid)
+            self.netns = netns_here()
             self.a = plainsock.datagram()
-            self.b = plainsock.datagram()
-            try:  # (a pair of the two until a bell comes: writes to the program's number go
-                # somewhere, as into a socket pair's -- asyncio's tests call os.sendfile on it)
-                self.a.bind(name)
-                self.b.bind(self.sink)
-                self.b.connect(name)
-                self.a.connect(self.sink)
+            try:
+                self.a.bind(self.name)
+                full_peer(self.netns)  # (made now: without one, a pair)
             except OSError:  # (a name taken by another: a pair, as where names are none)
                 self.a.close()
-                self.b.close()
                 self.rid = 0
         if not self.rid:
             self.a, self.b = plainsock.nonblocking_pair()
@@ -168,14 +256,8 @@ class Readiness:
         self.later = later
         if self.rid and token and self.bell is None and not self.failed:
             bell = cq.watch(token, self.rid)
-            if bell is None:
-                return
-            try:
-                plainsock.disconnect(self.a)  # (from its sink: the peer may send to it now)
-            except OSError:
-                cq.unwatch(bell)
-                return
-            self.bell, self.cq = bell, cq
+            if bell is not None:
+                self.bell, self.cq = bell, cq
 
     def follow(self, c: Connection | None) -> bool:
         """Follow the connection (None: gone, ready for good).  Returns whether the caller
@@ -255,11 +337,12 @@ class Readiness:
             return
         # (each loop ends on a short count, not on EAGAIN: an exception per change, each
         # message's readable -> unreadable among them, cost more than its system call)
-        if writable != self.writable:
+        b = self.b
+        if writable != self.writable and b is not None:
             self.writable = writable
             if writable:
                 try:
-                    while len(self.b.recv(_DRAIN, _DONTWAIT)) == _DRAIN:
+                    while len(b.recv(_DRAIN, _DONTWAIT)) == _DRAIN:
                         pass
                 except OSError:
                     pass
@@ -285,19 +368,17 @@ class Readiness:
         """:meth:`set` for a named descriptor, with its consumer bell if it has one."""
         if writable != self.writable:
             self.writable = writable
-            try:
-                if writable:  # (the sink's one datagram read: it no longer counts against a)
-                    self.b.recv(_DRAIN, _DONTWAIT)
-                else:
-                    self.a.sendto(_FILL_DATAGRAM, _DONTWAIT, self.sink)
-            except OSError:
-                pass
+            if writable:
+                self._leave_full_peer(readable and self.readable)
+            else:
+                self._join_full_peer()
         if readable != self.readable:
             self.readable = readable
             if readable:
                 # rung by the peer already (it took the arm), unless its datagram never
-                # came (it died between the two steps, or could not send: bells.py)
-                if bell is None or not bell.armed or bell.take():
+                # came (it died between the two steps, or could not send: bells.py), or
+                # cannot come (connected to the full peer just now: only it may send)
+                if bell is None or not bell.armed or bell.take() or self.peer is not None:
                     rung = False
                 else:
                     COUNTERS.bell_cnt += 1
@@ -336,10 +417,64 @@ class Readiness:
             if self.readable and not self.failed and not self._queued():
                 self._ring_self()
 
-    def _ring_self(self) -> None:
-        """Make ``a`` readable: a byte (a datagram) from ``b``."""
+    def _join_full_peer(self) -> None:
+        """Not writable: connected to the full peer (which only may ring it meanwhile)."""
         try:
-            self.b.send(b"r", _DONTWAIT)
+            peer = full_peer(self.netns)
+            self.a.connect(peer.name)
+        except OSError:
+            return
+        self.peer = peer
+
+    def _leave_full_peer(self, stays_readable: bool) -> None:
+        """Writable again: disconnected from the full peer, which wakes its pollers.  Linux
+        drops a datagram socket's queue when it leaves its peer (``unix_dgram_disconnected``):
+        one that stays readable is rung again."""
+        if self.peer is None:
+            return
+        self.peer = None
+        try:
+            plainsock.disconnect(self.a)
+        except OSError:
+            return
+        if stays_readable:
+            self.unchecked = False
+            self._ring_self()
+
+    def _ring_self(self) -> None:
+        """Make ``a`` readable: a byte (a datagram) from ``b``; named, from itself, or,
+        not writable, from its full peer (no other may send to it then)."""
+        b = self.b
+        if b is not None:
+            try:
+                b.send(b"r", _DONTWAIT)
+            except OSError:
+                pass
+            return
+        peer = self.peer
+        try:
+            (self.a if peer is None else peer.sock).sendto(b"r", _DONTWAIT, self.name)
+        except BlockingIOError:  # (the full peer's send buffer holds as many rings as it may)
+            self._ring_past_full_peer()
+        except OSError:
+            pass
+
+    def _ring_past_full_peer(self) -> None:
+        """Ring through a fresh full peer, connected to it instead; where none can be made
+        (this thread in another namespace), leave the full peer and ring itself: writable
+        before its time (a program's send finds no room) rather than never readable."""
+        try:
+            fresh = full_peer(self.netns, fresh=True)
+            self.a.connect(fresh.name)
+            self.peer = fresh
+            fresh.sock.sendto(b"r", _DONTWAIT, self.name)
+            return
+        except OSError:
+            pass
+        self.peer = None
+        try:
+            plainsock.disconnect(self.a)
+            self.a.sendto(b"r", _DONTWAIT, self.name)
         except OSError:
             pass
 
@@ -379,7 +514,8 @@ class Readiness:
         if self.writable:
             self.set(self.readable, False)  # (``b`` must hold unread bytes)
         try:
-            self.b.close()  # (one change: all of a's events at once)
+            if self.b is not None:
+                self.b.close()  # (one change: all of a's events at once)
         except OSError:
             pass
         self.readable = self.writable = True
@@ -387,24 +523,36 @@ class Readiness:
     def _fail_named(self) -> None:
         """:meth:`fail` for a named descriptor.  Linux gives a datagram socket ``EPOLLERR``
         (``ECONNRESET``) when the socket it is connected to, and that is connected to it,
-        connects elsewhere with datagrams of its own unread (``unix_dgram_disconnected``):
-        so ``a`` connects to its sink (which holds ``a``'s fill), the sink to the probe;
-        the sink's queue is dropped then, and ``a`` writable.  A shutdown both ways adds
-        ``EPOLLHUP``.  Readable first: every state a poller may see on the way has
-        ``EPOLLIN`` (Twisted's poll reactor takes ``EPOLLERR`` without it for a lost
-        connection, not for the connect's failure)."""
+        disconnects with datagrams unread (``unix_dgram_disconnected``): so ``a`` and a
+        socket made for the purpose connect to each other, ``a`` sends it one, and it
+        disconnects (and goes); ``a`` is writable then.  Readable first, and shut for
+        reading before it leaves its peer (which drops its queue): every state a poller
+        may see on the way has ``EPOLLIN`` (Twisted's poll reactor takes ``EPOLLERR``
+        without it for a lost connection, not for the connect's failure).  Shut for
+        writing at the end: ``EPOLLHUP``."""
         self._give_bell_back()
         if not self.readable:
             self.set(True, self.writable)
-        if self.writable:
-            self.set(True, False)
         try:
-            self.a.connect(self.sink)
-            self.b.connect(NAMES.name(0))
+            self.a.shutdown(socket.SHUT_RD)
         except OSError:
             pass
+        resetter = None
         try:
-            self.a.shutdown(socket.SHUT_RDWR)
+            resetter = plainsock.datagram()
+            resetter.bind(b"")
+            self.a.connect(resetter.getsockname())
+            self.peer = None
+            resetter.connect(self.name)
+            self.a.send(b"f", _DONTWAIT)
+            plainsock.disconnect(resetter)
+        except OSError:
+            pass
+        finally:
+            if resetter is not None:
+                resetter.close()
+        try:
+            self.a.shutdown(socket.SHUT_WR)
         except OSError:
             pass
         self.failed = True
@@ -421,7 +569,8 @@ class Readiness:
         program that closes the descriptors it was given)."""
         for end in (self.a, self.b):
             try:
-                end.close()
+                if end is not None:
+                    end.close()
             except OSError:
                 pass
         self._give_bell_back()
