@@ -97,6 +97,7 @@ MODULES: tuple[str, ...] = (
     "rdma/shm/receive.py",
     "rdma/shm/qp.py",
     "rdma/shm/rendezvous.py",
+    "rdma/stores.py",
     "rdma/bells.py",
     "rdma/roce/cq.py",
     "rdma/roce/device.py",

@@ -15,7 +15,18 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from smcr.rdma import AccessFlag, RecvWr, SendFlag, SendWr, Sge, WorkCompletion, WrOpcode
+from smcr.rdma import (
+    AccessFlag,
+    QpAttr,
+    QpAttrMask,
+    QpState,
+    RecvWr,
+    SendFlag,
+    SendWr,
+    Sge,
+    WorkCompletion,
+    WrOpcode,
+)
 from smcr.rdma.shm import ShmDevice
 
 RMB_SIZE = 1 << 16
@@ -105,6 +116,15 @@ def peer_main(
             conn.send("ok")
         elif cmd == "state":
             conn.send(qp.state.name)
+        elif cmd == "remodify":
+            # RTS -> RTS modifies for the given seconds, min_rnr_timer between two values:
+            # each one republishes the QP's attributes where the peer reads them
+            timers, end, count = (7, 5), time.monotonic() + args[0], 0
+            while time.monotonic() < end:
+                count += 1
+                qp.modify(QpAttr(qp_state=QpState.RTS, min_rnr_timer=timers[count % 2]),
+                          QpAttrMask.STATE | QpAttrMask.MIN_RNR_TIMER)  # fmt: skip
+            conn.send(count)
         elif cmd == "send":
             rbuf.buf[:8] = args[0]
             qp.post_send(SendWr(wr_id=99, opcode=WrOpcode.SEND, send_flags=SendFlag.SIGNALED,

@@ -265,6 +265,32 @@ def test_no_leaks_after_close(shm_dir: Path) -> None:
     assert list(shm_dir.glob("*.sock")) == []
 
 
+def test_a_peer_republishing_its_attributes_never_shows_them_torn(local: Side,
+                                                                   peer: Peer) -> None:
+    """While the peer's QP is modified again and again (RTS -> RTS, min_rnr_timer changing),
+    this side's reads of the attributes it publishes see each field's old or new value,
+    never anything else: a slot size read as 0 failed SENDs LOC_LEN_ERR."""
+    assert local.qp._peer is not None
+    area = local.qp._peer.area
+    before = lay.AREA_FIELDS.unpack_from(area, 0)
+    peer.conn.send(("remodify", 0.5))
+    reads, torn = 0, set()
+    while not peer.conn.poll(0):
+        for _ in range(1000):
+            fields = lay.AREA_FIELDS.unpack_from(area, 0)
+            if fields[:2] != before[:2] or fields[2] not in (5, 7) or fields[3:] != before[3:]:
+                torn.add(fields)
+        reads += 1000
+    modifies = peer.conn.recv()
+    assert modifies > 100 and reads > 10_000, (modifies, reads)
+    assert not torn, f"{len(torn)} torn headers in {reads} reads, e.g. {sorted(torn)[:3]}"
+    assert peer.ask("post_recv", 1) == "ok"
+    local.buf.buf[:8] = b"notatorn"
+    local.qp.post_send(send_wr(local, 0, 8, 1))
+    assert local.wait()[0].status is WcStatus.SUCCESS
+    assert peer.ask("wait", 1, 5.0, 0, 8)[0][5] == b"notatorn"  # (the receive buffer)
+
+
 def _peer_area(local: Side) -> str:
     """The peer's receive area header as this process maps it (for a failure's message)."""
     peer = local.qp._peer

@@ -16,6 +16,7 @@ from smcr.rdma import bells
 from smcr.rdma.bells import WatchSlot
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm.cq import ShmCompletionQueue
+from smcr.rdma.stores import store_u32
 from smcr.stack import readiness as readiness_mod
 from smcr.stack.readiness import CHECK_DELAY, DeferredChecks, Readiness
 
@@ -426,7 +427,7 @@ def test_a_peer_cannot_ring_while_not_writable_and_the_descriptor_rings_itself(
     r.set(False, True, quiet=True)
     assert _armed(bell)
     rid = bells._U32_UNPACK(notify, bell.offset)[0]
-    bells._U32_PACK(notify, bell.offset, 0)  # a requester takes the arm...
+    store_u32(notify, bell.offset, 0)  # a requester takes the arm...
     r.set(True, False)  # (the runtime meanwhile: readable, and the send buffer full)
     assert not bells.ring_name(prefix, rid)  # ...and its datagram is refused (EPERM)
     assert _events(r) == select.POLLIN and not r.unchecked and not later.pending

@@ -57,6 +57,7 @@ from mmap import mmap
 from typing import Final
 
 from smcr import plainsock
+from smcr.rdma.stores import store_u32, store_u64
 
 NONCE: Final = 8
 """Offset of the CQ's bell nonce (u64, never 0) in its notification segment."""
@@ -68,7 +69,6 @@ WATCHES_END: Final = WATCHES + 4 * WATCH_SLOTS
 
 _U32: Final = struct.Struct("<I")
 _U64: Final = struct.Struct("<Q")
-_U32_PACK: Final = _U32.pack_into
 _U32_UNPACK: Final = _U32.unpack_from
 _DONTWAIT: Final = socket.MSG_DONTWAIT
 
@@ -138,7 +138,7 @@ def publish_nonce(notify: mmap) -> int:
     """Give a new notification segment this process's nonce (0 where names are not
     available: then no peer rings by name); returns it."""
     nonce = NAMES.nonce if NAMES.ready() else 0
-    _U64.pack_into(notify, NONCE, nonce)
+    store_u64(notify, NONCE, nonce)
     return nonce
 
 
@@ -193,7 +193,7 @@ def ring_consumer(notify: mmap, prefix: bytes, token: int) -> bool:
     rid: int = _U32_UNPACK(notify, at)[0]
     if not rid:
         return False
-    _U32_PACK(notify, at, 0)
+    store_u32(notify, at, 0)
     return ring_name(prefix, rid)
 
 
@@ -223,7 +223,7 @@ class WatchSlot:
     def arm(self) -> None:
         """Store the rid (the caller looks at the CQ after: module doc)."""
         if not self.notify.closed:
-            _U32_PACK(self.notify, self.offset, self.rid)
+            store_u32(self.notify, self.offset, self.rid)
         self.armed = True
 
     def holds(self) -> bool:
@@ -238,7 +238,7 @@ class WatchSlot:
         if notify.closed:
             return True
         if _U32_UNPACK(notify, self.offset)[0] == self.rid:
-            _U32_PACK(notify, self.offset, 0)
+            store_u32(notify, self.offset, 0)
             return True
         self.rung += 1
         return False

@@ -54,6 +54,7 @@ from smcr.rdma import bells
 from smcr.rdma.bells import WatchSlot
 from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY, CompletionQueue
 from smcr.rdma.shm import layout as lay
+from smcr.rdma.stores import store_u32
 
 #: Offset of the armed word (u32) in a CQ's shared notification segment.
 ARMED: Final = 0
@@ -84,7 +85,7 @@ class ShmCompletionQueue(CompletionQueue):
         super().__init__(depth)
         self.notify_fd, self._notify = lay.new_segment("smcr-cqnotify", NOTIFY_SIZE)
         # armed from the start: a consumer that never arms still gets its first ring
-        lay.U32.pack_into(self._notify, ARMED, ARM_SLEEPER)
+        store_u32(self._notify, ARMED, ARM_SLEEPER)
         self._marked: dict[int, Callable[[], None]] = {}
         """Offset of a mark byte -> the progress hook of the QP whose requester marks it."""
         self._mark_of: dict[Callable[[], None], int] = {}
@@ -199,7 +200,7 @@ class ShmCompletionQueue(CompletionQueue):
         word holds ``target``, which names the doorbell a requester rings."""
         super().req_notify(target)
         if not self._notify.closed:
-            lay.U32.pack_into(self._notify, ARMED, target)
+            store_u32(self._notify, ARMED, target)
             fence()
 
     def take_arm(self) -> int:
@@ -212,7 +213,7 @@ class ShmCompletionQueue(CompletionQueue):
             return armed
         word: int = lay.U32.unpack_from(notify, ARMED)[0]
         if word:
-            lay.U32.pack_into(notify, ARMED, 0)
+            store_u32(notify, ARMED, 0)
             return word
         return armed
 
@@ -223,7 +224,7 @@ class ShmCompletionQueue(CompletionQueue):
         taken = super().take_standby()
         notify = self._notify
         if not notify.closed and lay.U32.unpack_from(notify, ARMED)[0] == ARM_STANDBY:
-            lay.U32.pack_into(notify, ARMED, 0)
+            store_u32(notify, ARMED, 0)
             return True
         return taken
 

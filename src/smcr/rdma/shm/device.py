@@ -53,6 +53,7 @@ from smcr.rdma.shm.cq import ShmCompletionQueue
 from smcr.rdma.shm.mapping import map_shared
 from smcr.rdma.shm.qp import ShmQp
 from smcr.rdma.shm.segment import Segment
+from smcr.rdma.stores import store, store_u32
 from smcr.rdma.verbs import (
     GID_LEN,
     REMOTE_ACCESS,
@@ -177,10 +178,10 @@ class ShmDevice(Device):
             index = self._free.pop()
             self._gens[index] = gen = (self._gens[index] + 1) & 0xFFFFFFFF
             off = lay.table_offset(index)
-            lay.MR_ENTRY.pack_into(self._table, off, 0, gen, int(mr.access) | lay.MR_VALID,
-                                   mr.pd.pd_id, mr.length, mr.addr)  # fmt: skip
+            store(self._table, off, lay.MR_ENTRY, 0, gen, int(mr.access) | lay.MR_VALID,
+                  mr.pd.pd_id, mr.length, mr.addr)  # fmt: skip
             seal = secrets.randbits(32) | 1
-            lay.U32.pack_into(self._table, off, seal)
+            store_u32(self._table, off, seal)
             segment.hold()
             self._remote[mr.rkey] = Published(index, segment, offset, mm, mr, seal)
 
@@ -192,8 +193,8 @@ class ShmDevice(Device):
             if entry is None:
                 return
             off = lay.table_offset(entry.index)
-            lay.U32.pack_into(self._table, off, 0)  # revokes: every access checks this word
-            lay.U32.pack_into(self._table, off + 8, 0)
+            store_u32(self._table, off, 0)  # revokes: every access checks this word
+            store_u32(self._table, off + 8, 0)
             self._free.append(entry.index)
         try:  # a caller still holds a slice: the GC unmaps
             mr.buf.release()

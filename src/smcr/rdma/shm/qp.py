@@ -67,6 +67,7 @@ from smcr.rdma.shm.layout import (
 )
 from smcr.rdma.shm.peer import PeerLink
 from smcr.rdma.shm.receive import deliver
+from smcr.rdma.stores import store, store_u32, store_u64
 from smcr.rdma.verbs import (
     PSN_MASK,
     RNR_TIMER_SECONDS,
@@ -127,15 +128,14 @@ _SIGNALED: Final = int(SendFlag.SIGNALED)
 _INLINE: Final = int(SendFlag.INLINE)
 _REMOTE_WRITE: Final = int(AccessFlag.REMOTE_WRITE)
 _MR_KEY: Final = lay.MR_KEY.unpack_from
-_U32_PACK: Final = lay.U32.pack_into
+_U32_STORE: Final = store_u32
 _U32_UNPACK: Final = lay.U32.unpack_from
-_U64_PACK: Final = lay.U64.pack_into
+_U64_STORE: Final = store_u64
 _AREA_HEADER: Final = lay.AREA_HEADER.unpack_from
 _U64_UNPACK: Final = lay.U64.unpack_from
 _get_ident: Final = threading.get_ident
 
 _SLOT_HEADER: Final = lay.SLOT_HEADER.unpack_from
-_SLOT_HEADER_PACK: Final = lay.SLOT_HEADER.pack_into
 _SLOT_HEADER_SIZE: Final = lay.SLOT_HEADER.size
 _SUCCESS: Final = WcStatus.SUCCESS
 _SEND_OP: Final = WcOpcode.SEND
@@ -228,12 +228,12 @@ class ShmQp(QueuePair):
         single writer of its own (post_recv, the requester, RTR/the requester).
         """
         a = self.attr
-        lay.AREA_FIELDS.pack_into(
-            self._area, 0, lay.U32.unpack_from(self._area, lay.OFF_STATE)[0],
+        store(
+            self._area, 0, lay.AREA_FIELDS, lay.U32.unpack_from(self._area, lay.OFF_STATE)[0],
             int(a.qp_access_flags), a.min_rnr_timer, a.max_dest_rd_atomic, self._spd.pd_id,
             self._depth, self._slot_size,
         )  # fmt: skip
-        lay.U32.pack_into(self._area, lay.OFF_STATE, int(state))
+        store_u32(self._area, lay.OFF_STATE, int(state))
         a.qp_state = state
 
     def _apply_modify(self, new: QpState, attr: QpAttr, mask: QpAttrMask) -> None:
@@ -257,7 +257,7 @@ class ShmQp(QueuePair):
             self._next_psn = self.attr.sq_psn
             self._rnr_left, self._retry_left = self.attr.rnr_retry, self.attr.retry_cnt
         if new is QpState.RTR:
-            lay.U32.pack_into(self._area, lay.OFF_EPSN, self.attr.rq_psn)
+            store_u32(self._area, lay.OFF_EPSN, self.attr.rq_psn)
             self._mtu = self.attr.path_mtu.nbytes
         self._publish(new)
 
@@ -271,7 +271,7 @@ class ShmQp(QueuePair):
             self._fatal_recv = None
         self._produced = 0
         self.attr = QpAttr(qp_state=QpState.RESET)
-        lay.U64.pack_into(self._area, lay.OFF_PRODUCED, 0)
+        store_u64(self._area, lay.OFF_PRODUCED, 0)
         self._publish(QpState.RESET)  # before the peer sees our sockets close (peer_gone)
         self._drop_peer()
         self._drop_inbound()
@@ -392,7 +392,7 @@ class ShmQp(QueuePair):
             self._cancel_timer()
             cq_forget(self.recv_cq, self._drain)
             # before the peer sees our sockets close: we are alive, not gone (peer_gone)
-            lay.U32.pack_into(self._area, lay.OFF_STATE, int(QpState.ERR))
+            store_u32(self._area, lay.OFF_STATE, int(QpState.ERR))
             self._drop_peer()
             self._drop_inbound()
             self.device.forget_qp(self.qp_num)
@@ -423,11 +423,11 @@ class ShmQp(QueuePair):
                     total = 0
                     for sge in wr.sg_list:
                         total += sge.length
-                    _U32_PACK(area, lay.AREA_HEADER_SIZE + 4 * (posted % depth), total)
+                    _U32_STORE(area, lay.AREA_HEADER_SIZE + 4 * (posted % depth), total)
                     posted += 1
                 rq.extend(batch)
                 self._posted = posted
-                _U64_PACK(area, lay.OFF_POSTED, posted)
+                _U64_STORE(area, lay.OFF_POSTED, posted)
                 return
         self.recv_cq.push_many(
             WorkCompletion(wr_id=w.wr_id, status=WcStatus.WR_FLUSH_ERR, opcode=WcOpcode.RECV,
@@ -574,7 +574,7 @@ class ShmQp(QueuePair):
                 self._retry_left = attr.retry_cnt
                 self._rnr_left = attr.rnr_retry
                 self._place(peer, slot, size, lay.KIND_SEND, 0, wake)
-                _U32_PACK(area, lay.OFF_EPSN, psn)
+                _U32_STORE(area, lay.OFF_EPSN, psn)
                 if signaled:
                     self.send_cq.push(WorkCompletion(wr_id=wr_id, status=_SUCCESS,
                                                      opcode=_SEND_OP, qp_num=self.qp_num,
@@ -614,7 +614,7 @@ class ShmQp(QueuePair):
                     sq.appendleft(wr)
                     self._block(result)
                 break
-        lay.U32.pack_into(peer.area, lay.OFF_EPSN, self._next_psn)
+        store_u32(peer.area, lay.OFF_EPSN, self._next_psn)
 
     def _block(self, why: int) -> None:
         """Arm a retry of the head WR (RNR timer or retransmit period) or give up."""
@@ -760,9 +760,9 @@ class ShmQp(QueuePair):
         """Publish a slot (header, then the ``produced`` count) and ring the peer's CQ (or
         the consumer bell ``wake`` names: :func:`_notify`)."""
         area = peer.area
-        _SLOT_HEADER_PACK(area, slot, length, kind, imm & 0xFFFFFFFF, 0)
+        store(area, slot, lay.SLOT_HEADER, length, kind, imm & 0xFFFFFFFF, 0)
         self._produced = produced = self._produced + 1
-        _U64_PACK(area, lay.OFF_PRODUCED, produced)
+        _U64_STORE(area, lay.OFF_PRODUCED, produced)
         send.notify(peer, wake)
 
 
@@ -818,7 +818,7 @@ def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
     finally:
         if consumed != start:
             qp._posted, qp._consumed = posted, consumed
-            _U64_PACK(area, lay.OFF_POSTED, posted)
+            _U64_STORE(area, lay.OFF_POSTED, posted)
             cq.push_many((TAKEN_IN_PLACE,), False)
     return consumed
 
@@ -826,7 +826,7 @@ def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
 def _repost(area: mmap, depth: int, posted: int, consumed: int) -> int:
     """The receive of slot ``consumed`` posted again, behind the others (its length
     published at ``posted``); returns the new posted count."""
-    _U32_PACK(area, _SLOT_BASE + 4 * (posted % depth),
+    _U32_STORE(area, _SLOT_BASE + 4 * (posted % depth),
               _U32_UNPACK(area, _SLOT_BASE + 4 * (consumed % depth))[0])  # fmt: skip
     return posted + 1
 

@@ -15,8 +15,8 @@ from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm.cq import fence
 from smcr.rdma.shm.peer import PeerLink
+from smcr.rdma.stores import store_u32
 
-_U32_PACK: Final = lay.U32.pack_into
 _U32_UNPACK: Final = lay.U32.unpack_from
 
 
@@ -46,7 +46,7 @@ def notify(peer: PeerLink, wake: int = 0) -> None:
         if whom > 3:
             if ring_name(peer.bells, whom >> 2):
                 return
-            _U32_PACK(notify, 0, 0)
+            store_u32(notify, 0, 0)
         if whom & 3 == ARM_STANDBY and peer.standby_bell is not None:
             ring(peer.standby_bell)
             return
@@ -61,7 +61,7 @@ def notify(peer: PeerLink, wake: int = 0) -> None:
         if (wake and target != ARM_SLEEPER and peer.bells
                 and ring_consumer(notify, peer.bells, wake)):  # fmt: skip
             return
-        _U32_PACK(notify, 0, 0)
+        store_u32(notify, 0, 0)
         if target == ARM_STANDBY and peer.standby_bell is not None:
             ring(peer.standby_bell)
             return
