@@ -8,6 +8,7 @@ import mmap
 import os
 import select
 import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -340,6 +341,36 @@ def test_fail_makes_it_ready_for_good_with_an_error(named: bool) -> None:
     r.set(False, False)  # (changes nothing now)
     assert _events(r) & select.POLLIN
     r.close()
+
+
+def _wait_events(ep: select.epoll, seen: list[int]) -> None:
+    seen.extend(events for _, events in ep.poll(20))
+
+
+def test_a_poller_woken_by_fail_sees_the_error_no_later_than_writability() -> None:
+    """A program waiting for ``EPOLLOUT`` on a non-blocking connect that fails is woken
+    with ``EPOLLERR`` in its events, as over TCP: never writable alone (a refused connect
+    that looks like a made one).  A thread waits in epoll while another fails the
+    descriptor, many times over (the wake-up races the steps of :meth:`fail`); at the
+    end every event of a refused connect is there."""
+    alone = 0
+    for _ in range(300):
+        r = Readiness(named=True)
+        r.set(False, False)
+        ep = select.epoll()
+        ep.register(r.fileno(), select.EPOLLOUT | select.EPOLLERR)
+        seen: list[int] = []
+        waiter = threading.Thread(target=_wait_events, args=(ep, seen))
+        waiter.start()
+        r.fail()
+        waiter.join()
+        ep.close()
+        ev = _events(r)
+        r.close()
+        assert seen, "no event in 20 s"
+        alone += not seen[0] & select.EPOLLERR
+        assert ev & select.POLLOUT and ev & select.POLLERR and ev & select.POLLHUP, ev
+    assert alone == 0
 
 
 def test_an_older_consumer_is_never_rung_by_name() -> None:

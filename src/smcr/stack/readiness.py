@@ -525,11 +525,15 @@ class Readiness:
         (``ECONNRESET``) when the socket it is connected to, and that is connected to it,
         disconnects with datagrams unread (``unix_dgram_disconnected``): so ``a`` and a
         socket made for the purpose connect to each other, ``a`` sends it one, and it
-        disconnects (and goes); ``a`` is writable then.  Readable first, and shut for
-        reading before it leaves its peer (which drops its queue): every state a poller
-        may see on the way has ``EPOLLIN`` (Twisted's poll reactor takes ``EPOLLERR``
-        without it for a lost connection, not for the connect's failure).  Shut for
-        writing at the end: ``EPOLLHUP``."""
+        disconnects (and goes).  Readable first, and shut for reading before it leaves
+        its peer (which drops its queue): every state a poller may see on the way has
+        ``EPOLLIN`` (Twisted's poll reactor takes ``EPOLLERR`` without it for a lost
+        connection, not for the connect's failure).  Writable last, after the error and
+        the shutdown for writing (``EPOLLHUP``): until then a datagram of ``a``'s fills
+        its send buffer (``unix_writable``) from the queue of another socket, which then
+        goes.  (Writable any earlier, a poller woken by it saw ``EPOLLOUT`` without
+        ``EPOLLERR``, a refused connect that looked like a made one: the kernel frees the
+        resetting socket's queue, and wakes ``a``'s pollers, before it sets the error.)"""
         self._give_bell_back()
         if not self.readable:
             self.set(True, self.writable)
@@ -537,8 +541,11 @@ class Readiness:
             self.a.shutdown(socket.SHUT_RD)
         except OSError:
             pass
-        resetter = None
+        resetter = holder = None
         try:
+            holder = plainsock.datagram()
+            holder.bind(b"")
+            _fill_send_buffer(self.a, holder.getsockname())
             resetter = plainsock.datagram()
             resetter.bind(b"")
             self.a.connect(resetter.getsockname())
@@ -555,6 +562,8 @@ class Readiness:
             self.a.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+        if holder is not None:
+            holder.close()
         self.failed = True
         self.readable = self.writable = True
 
@@ -580,6 +589,17 @@ class Readiness:
                 os.close(app)
             except OSError:
                 pass
+
+
+def _fill_send_buffer(sock: _socket.socket, to: bytes) -> None:
+    """Send ``to`` one datagram of a quarter of ``sock``'s send buffer, which makes
+    ``sock`` not writable while it waits there (Linux: writable while what its unread
+    datagrams take is at most a quarter of the buffer) and leaves room to send more."""
+    size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 4
+    try:
+        sock.sendto(bytes(size), _DONTWAIT, to)
+    except OSError:
+        pass
 
 
 def _drain(sock: _socket.socket) -> None:
