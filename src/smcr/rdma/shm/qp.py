@@ -128,9 +128,7 @@ _SIGNALED: Final = int(SendFlag.SIGNALED)
 _INLINE: Final = int(SendFlag.INLINE)
 _REMOTE_WRITE: Final = int(AccessFlag.REMOTE_WRITE)
 _MR_KEY: Final = lay.MR_KEY.unpack_from
-_U32_STORE: Final = store_u32
 _U32_UNPACK: Final = lay.U32.unpack_from
-_U64_STORE: Final = store_u64
 _AREA_HEADER: Final = lay.AREA_HEADER.unpack_from
 _U64_UNPACK: Final = lay.U64.unpack_from
 _get_ident: Final = threading.get_ident
@@ -423,11 +421,11 @@ class ShmQp(QueuePair):
                     total = 0
                     for sge in wr.sg_list:
                         total += sge.length
-                    _U32_STORE(area, lay.AREA_HEADER_SIZE + 4 * (posted % depth), total)
+                    store_u32(area, lay.AREA_HEADER_SIZE + 4 * (posted % depth), total)
                     posted += 1
                 rq.extend(batch)
                 self._posted = posted
-                _U64_STORE(area, lay.OFF_POSTED, posted)
+                store_u64(area, lay.OFF_POSTED, posted)
                 return
         self.recv_cq.push_many(
             WorkCompletion(wr_id=w.wr_id, status=WcStatus.WR_FLUSH_ERR, opcode=WcOpcode.RECV,
@@ -574,7 +572,7 @@ class ShmQp(QueuePair):
                 self._retry_left = attr.retry_cnt
                 self._rnr_left = attr.rnr_retry
                 self._place(peer, slot, size, lay.KIND_SEND, 0, wake)
-                _U32_STORE(area, lay.OFF_EPSN, psn)
+                store_u32(area, lay.OFF_EPSN, psn)
                 if signaled:
                     self.send_cq.push(WorkCompletion(wr_id=wr_id, status=_SUCCESS,
                                                      opcode=_SEND_OP, qp_num=self.qp_num,
@@ -762,7 +760,7 @@ class ShmQp(QueuePair):
         area = peer.area
         store(area, slot, lay.SLOT_HEADER, length, kind, imm & 0xFFFFFFFF, 0)
         self._produced = produced = self._produced + 1
-        _U64_STORE(area, lay.OFF_PRODUCED, produced)
+        store_u64(area, lay.OFF_PRODUCED, produced)
         send.notify(peer, wake)
 
 
@@ -818,7 +816,7 @@ def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
     finally:
         if consumed != start:
             qp._posted, qp._consumed = posted, consumed
-            _U64_STORE(area, lay.OFF_POSTED, posted)
+            store_u64(area, lay.OFF_POSTED, posted)
             cq.push_many((TAKEN_IN_PLACE,), False)
     return consumed
 
@@ -826,7 +824,7 @@ def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
 def _repost(area: mmap, depth: int, posted: int, consumed: int) -> int:
     """The receive of slot ``consumed`` posted again, behind the others (its length
     published at ``posted``); returns the new posted count."""
-    _U32_STORE(area, _SLOT_BASE + 4 * (posted % depth),
+    store_u32(area, _SLOT_BASE + 4 * (posted % depth),
               _U32_UNPACK(area, _SLOT_BASE + 4 * (consumed % depth))[0])  # fmt: skip
     return posted + 1
 
