@@ -1,6 +1,7 @@
 """Where SMC-R connection set-up spends its time (link group reused), beside TCP.
 
-Run: ``python bench/connect_bench.py [--count 300] [--runs 3] [--profile N]``.
+Run: ``python bench/connect_bench.py [--count 300] [--runs 3] [--profile N]``, or
+``python bench/connect_bench.py --clients 8 [--count 200] [--runs 3]``.
 
 Two processes, as ``smcr bench``'s ``connect`` row: the client connects, sends a
 byte, reads the answer and closes, ``--count`` times; the server (spawned) accepts,
@@ -14,6 +15,18 @@ own time, in µs per connection, per process; cProfile itself multiplies the cos
 of small calls, so read it for where, not for how much.  A call still running at the
 end (a daemon thread's wait: ``epoll.poll``, ``select.poll``) is timed by the wrong
 thread's clock there: skip those lines.
+
+``--clients N`` measures concurrent set-ups instead (issue 29: "8 concurrent client
+processes", "8 clients connecting at once to one server"): N client processes, each of
+which first makes one connection of its own (its runtime's first contact: a link group
+of its own with the server), then waits for the others, then makes ``--count``
+connections one after the other as above; the server (one process, one thread: accept,
+read the byte, answer, close) serves them all.  Per run and transport: connections/s
+over the phase (from the start signal to the last client's end), the client-side time
+of ``connect()`` (p50, p99, max) and of the whole connection, how many connects took
+longer than a second (a set-up that waited for a timeout), and, for SMC-R, how many
+connections were not in SMC-R mode (fallbacks, with their reason codes) and how many
+failed.
 
 This is a measurement, not a test: nothing here asserts.
 """
@@ -116,12 +129,136 @@ def client(kind: str, port: int, count: int) -> tuple[float, float]:
             (time.process_time() - cpu) / count * 1e6)  # fmt: skip
 
 
+def concurrent_client(kind: str, port: int, count: int, start: Any, out: Connection) -> None:
+    """One of ``--clients``' processes: a first connection, then ``count`` timed ones once
+    ``start`` is set; sends back (connect µs list, whole-connection µs list, fallback
+    reasons, errors)."""
+    import smcr  # noqa: PLC0415
+
+    def one() -> tuple[float, float, str]:
+        t0 = time.perf_counter()
+        s: Any = smcr.SMCSocket() if kind == "smc" else socket.socket()
+        try:
+            s.connect(("127.0.0.1", port))
+            t1 = time.perf_counter()
+            fallback = ""
+            if kind == "smc" and not s.using_smc:
+                fallback = str(s.smc_info())
+            s.sendall(b"x")
+            if s.recv(1) != b"y":
+                raise ConnectionError("wrong answer")
+        finally:
+            s.close()
+        return (t1 - t0) * 1e6, (time.perf_counter() - t0) * 1e6, fallback
+
+    connects: list[float] = []
+    wholes: list[float] = []
+    fallbacks: list[str] = []
+    errors: list[str] = []
+    try:
+        one()  # first contact: this process's link group
+    except OSError as e:
+        errors.append(f"first: {e!r}")
+    out.send("ready")
+    start.wait()
+    for _ in range(count):
+        try:
+            c, w, fb = one()
+        except OSError as e:
+            errors.append(repr(e))
+            continue
+        connects.append(c)
+        wholes.append(w)
+        if fb:
+            fallbacks.append(fb)
+    out.send((connects, wholes, fallbacks, errors))
+
+
+def _pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def concurrent(clients: int, count: int, runs: int) -> int:
+    """The ``--clients`` mode (module docstring); returns the exit status (1 if any
+    connection failed or an SMC-R one fell back)."""
+    ctx = mp.get_context("spawn")
+    ctl, child = ctx.Pipe()
+    proc = ctx.Process(target=server, args=(child, 0), daemon=True)
+    proc.start()
+    ports = dict(zip(("smc", "tcp"), ctl.recv(), strict=True))
+    results: dict[str, list[dict[str, float]]] = {"smc": [], "tcp": []}
+    bad = 0
+    for _ in range(runs):
+        for kind in ("smc", "tcp"):
+            ctl.send((kind, clients * (count + 1)))
+            start = ctx.Event()
+            pipes = []
+            procs = []
+            for _ in range(clients):
+                mine, theirs = ctx.Pipe()
+                p = ctx.Process(target=concurrent_client,
+                                args=(kind, ports[kind], count, start, theirs), daemon=True)
+                p.start()
+                pipes.append(mine)
+                procs.append(p)
+            for pipe in pipes:
+                pipe.recv()  # "ready": first contact made
+            t0 = time.perf_counter()
+            start.set()
+            connects: list[float] = []
+            wholes: list[float] = []
+            fallbacks: list[str] = []
+            errors: list[str] = []
+            for pipe in pipes:
+                c, w, fb, err = pipe.recv()
+                connects += c
+                wholes += w
+                fallbacks += fb
+                errors += err
+            wall = time.perf_counter() - t0
+            for p in procs:
+                p.join(10)
+            ctl.recv()  # the server's CPU seconds (not used here)
+            row = {"per_s": len(connects) / wall, "p50": _pct(connects, 0.5),
+                   "p99": _pct(connects, 0.99), "max": max(connects),
+                   "whole_p50": _pct(wholes, 0.5), "whole_p99": _pct(wholes, 0.99),
+                   "slow": sum(c > 1e6 for c in connects),
+                   "fallbacks": len(fallbacks), "errors": len(errors)}  # fmt: skip
+            results[kind].append(row)
+            print(f"{kind}: {row['per_s']:7.0f} connections/s  connect p50 {row['p50']:6.0f} "
+                  f"p99 {row['p99']:7.0f} max {row['max']:8.0f} µs  whole p50 "
+                  f"{row['whole_p50']:6.0f} p99 {row['whole_p99']:7.0f} µs  over 1 s: "
+                  f"{row['slow']}  fallbacks {len(fallbacks)}  errors {len(errors)}",
+                  flush=True)  # fmt: skip
+            for reason in sorted(set(fallbacks)):
+                print(f"   fallback x{fallbacks.count(reason)}: {reason}")
+            for err in sorted(set(errors)):
+                print(f"   error x{errors.count(err)}: {err}")
+            bad += len(errors) + len(fallbacks)
+    ctl.send(("quit",))
+    ctl.recv()
+    proc.join(5)
+    med = {k: {f: statistics.median(r[f] for r in rows) for f in rows[0]}
+           for k, rows in results.items()}  # fmt: skip
+    print(f"{clients} clients x {count} connections, {runs} runs, medians: SMC-R/TCP "
+          f"connections/s {med['smc']['per_s'] / med['tcp']['per_s']:.2f}x, connect p99 "
+          f"{med['smc']['p99'] / med['tcp']['p99']:.2f}x, p50 "
+          f"{med['smc']['p50'] / med['tcp']['p50']:.2f}x")  # fmt: skip
+    return 1 if bad else 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=300)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, metavar="N")
+    ap.add_argument("--clients", type=int, default=0, metavar="N",
+                    help="N client processes connecting at once (module docstring)")
     args = ap.parse_args()
+    if args.clients:
+        raise SystemExit(concurrent(args.clients, args.count, args.runs))
     ctx = mp.get_context("spawn")
     ctl, child = ctx.Pipe()
     proc = ctx.Process(target=server, args=(child, args.profile), daemon=True)
