@@ -57,7 +57,8 @@ class Counters:
 
     __slots__ = ("bell_cnt", "clnt_fback", "clnt_hshake_err_cnt", "clnt_v1_succ_cnt",
                  "clnt_v2_succ_cnt", "closed_rx_bytes", "closed_tx_bytes", "closed_tx_peer_full",
-                 "cork_cnt", "inplace_cnt", "ndly_cnt", "rx_buf_full_cnt", "rx_pd", "rx_rmbsize",
+                 "cork_cnt", "inplace_cnt", "late_news_cnt", "ndly_cnt", "rx_buf_full_cnt",
+                 "rx_pd", "rx_rmbsize",
                  "sendfile_cnt",
                  "srv_fback", "srv_hshake_err_cnt", "srv_v1_succ_cnt", "srv_v2_succ_cnt",
                  "tx_buf_full_cnt", "tx_pd", "tx_rmbsize", "urg_data_cnt")  # fmt: skip
@@ -80,6 +81,9 @@ class Counters:
         self.urg_data_cnt = self.cork_cnt = self.ndly_cnt = self.sendfile_cnt = 0
         self.bell_cnt = 0  # smcr's own: messages whose peer rang the reader's bell
         self.inplace_cnt = 0  # smcr's own: CDCs read in the QP's receive ring (shm)
+        self.late_news_cnt = 0
+        """smcr's own: news that the standing-by progress thread found at a look-in, with
+        nobody rung for it (a missed wake-up: it waited up to ``STANDBY``)."""
 
     # ------------------------------------------------------------ control path
 
@@ -137,6 +141,7 @@ class Counters:
             "urg_data_cnt": self.urg_data_cnt, "cork_cnt": self.cork_cnt,
             "ndly_cnt": self.ndly_cnt, "sendfile_cnt": self.sendfile_cnt,
             "bell_cnt": self.bell_cnt, "inplace_cnt": self.inplace_cnt,
+            "late_news_cnt": self.late_news_cnt,
         }  # fmt: skip
 
     def any(self) -> bool:

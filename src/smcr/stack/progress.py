@@ -53,6 +53,7 @@ from smcr.osthreads import NamedThread
 from smcr.rdma import WorkCompletion
 from smcr.rdma.completion import ARM_PROGRESS, ARM_SLEEPER, ARM_STANDBY
 from smcr.stack.closing import Closing
+from smcr.stack.counters import COUNTERS
 from smcr.stack.executor import Executor
 from smcr.stack.hostconn import HostConn
 from smcr.stack.spin import SpinPolicy
@@ -386,7 +387,8 @@ class Progress:
         if ex.corked_any:  # (corked bytes wait for a CDC: someone must take it promptly)
             ex.corked_any = any(c.tx_app > c.tx_sent for c in ex.engine.conns.values())
         if self._standing_by():
-            self._standby()
+            if self._standby() and ex.cq.has_completions():
+                COUNTERS.late_news_cnt += 1  # (a missed ring: smcr stats -d shows it)
             ex.process()
             return
         self.wake.set_poller("bg")
@@ -404,12 +406,16 @@ class Progress:
                                          and not self.ex.clc.watch
                                          and not self.ex.corked_any)  # fmt: skip
 
-    def _standby(self) -> None:
+    def _standby(self) -> bool:
         """The progress thread stands by (lock held on entry and on return): it lets go
         of the lock and asks for it again only after :data:`STANDBY` in which no
         application thread polled (while one polls, it looks after :data:`STANDBY_IDLE`,
         then ever more seldom), when woken (:meth:`Wakeups.wake_progress`), or when the
         CQ armed for it rings while no application thread polls (module doc).
+
+        :returns: whether it ended at a look-in (its wait ran out, nobody woke or rang
+            it): news found then came with nobody to hear it, and waited up to
+            :data:`STANDBY` (the caller counts it: ``late_news_cnt``).
 
         Why not wait on a condition of the lock: its wait takes the lock back at each
         timeout, and an application thread that polls releases and takes the lock at
@@ -430,7 +436,8 @@ class Progress:
                     timeout = STANDBY
                     idle = STANDBY_IDLE
                 woken = rung = False
-                for fd, _ in self._standby_poll.poll(timeout * 1000):
+                events = self._standby_poll.poll(timeout * 1000)
+                for fd, _ in events:
                     if fd == wake_fd:
                         woken = True
                         try:
@@ -445,7 +452,7 @@ class Progress:
                 # at the look-ins while an application thread polls and takes their news)
                 if (woken or (rung and wake.poller != "app") or not self.running
                         or self.closing.busy() or not self._standing_by()):  # fmt: skip
-                    return
+                    return not events
         finally:
             lock.acquire()
 

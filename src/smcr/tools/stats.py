@@ -52,7 +52,8 @@ def _complete(c: dict[str, Any]) -> dict[str, Any]:
     for key in ("clnt_v1_succ_cnt", "clnt_v2_succ_cnt", "srv_v1_succ_cnt", "srv_v2_succ_cnt",
                 "clnt_hshake_err_cnt", "srv_hshake_err_cnt", "tx_bytes", "rx_bytes",
                 "tx_buf_full_cnt", "tx_buf_full_peer_cnt", "rx_buf_full_cnt", "urg_data_cnt",
-                "cork_cnt", "ndly_cnt", "sendfile_cnt", "bell_cnt", "inplace_cnt"):  # fmt: skip
+                "cork_cnt", "ndly_cnt", "sendfile_cnt", "bell_cnt", "inplace_cnt",
+                "late_news_cnt"):  # fmt: skip
         c.setdefault(key, 0)
     c["clnt_fback_cnt"] = sum(r["count"] for r in c["clnt_fback"])
     c["srv_fback_cnt"] = sum(r["count"] for r in c["srv_fback"])
@@ -138,7 +139,9 @@ def text(c: dict[str, Any], detail: int) -> str:
                 f"  Rung by the peer           {c['bell_cnt']:12d} (wake-ups of waiting "
                 "event loops, shm)",
                 f"  CDCs read in place         {c['inplace_cnt']:12d} (no receive "
-                "completion, shm)"]  # fmt: skip
+                "completion, shm)",
+                f"  Heard at a look-in         {c['late_news_cnt']:12d} (news nobody "
+                "was rung for: up to 10 ms late)"]  # fmt: skip
     return "\n".join(out)
 
 
