@@ -318,6 +318,38 @@ def test_cq_pollers_receive_and_the_progress_thread_steps_back(
     assert [(w.wr_id, w.status) for w in a.wait()] == [(2, WcStatus.SUCCESS)]
 
 
+def test_a_look_that_is_no_waiters_leaves_the_socket_to_the_progress_thread(
+        pollers_receive: None, pair: tuple[Side, Side]) -> None:  # fmt: skip
+    """A poll of b's CQ by a thread that then waits elsewhere (an event loop's non-blocking
+    read, before it sleeps in ``select`` on a readiness descriptor) is no waiter to cede
+    the socket to: b's progress thread keeps receiving, so the answer is taken and
+    acknowledged at once, not when the socket would have been taken back (up to
+    ``CEDE_SECONDS`` a message, which an event-loop round trip paid).  A waiter's look
+    (:meth:`RoceCq.waiting`, as a blocked ``recv`` makes) still makes it step back."""
+    a, b = pair
+    cq = b.cq
+    assert isinstance(cq, RoceCq)
+    send = SendWr(wr_id=1, opcode=WrOpcode.SEND, send_flags=SIG,
+                  sg_list=(Sge(a.buf.addr, 44, a.buf.lkey),))  # fmt: skip
+    recv = RecvWr(wr_id=7, sg_list=(Sge(b.buf.addr, 64, b.buf.lkey),))
+    for _ in range(5):
+        b.qp.post_recv(recv)
+        assert cq.poll() == []  # a look, and then the thread waits elsewhere
+        a.qp.post_send(send)
+        assert a.wait()[0].status is WcStatus.SUCCESS  # b's progress thread received
+        deadline = time.monotonic() + 3.0
+        while cq.idle():  # its completion is there, made by the progress thread
+            assert time.monotonic() < deadline, "b's receive never completed"
+            time.sleep(0.001)
+        assert not b.dev._ceded
+        assert [w.wr_id for w in cq.poll()] == [7]
+    looked = cq.last_poll
+    assert not cq.has_completions() and cq.poll() == []
+    assert cq.last_poll == looked  # (the looks above are no waiter's)
+    cq.waiting()
+    assert cq.last_poll > looked  # (what _on_qp_socket cedes to: the test above)
+
+
 def test_a_ceded_socket_nobody_reads_is_taken_back(pollers_receive: None,
                                                    pair: tuple[Side, Side]) -> None:  # fmt: skip
     """A poller that stops polling cannot stall its peer: the progress thread reads on."""

@@ -245,6 +245,12 @@ class CompletionQueue:
         except OSError:
             pass
 
+    def waiting(self) -> None:
+        """A thread that waits for this CQ (asleep on :meth:`fileno`, or watching it) is
+        about to look: a provider whose pollers receive its packets leaves them to such a
+        thread for a while (:mod:`smcr.rdma.roce.cq`); a poll that only looks, and then
+        waits elsewhere, does not say so.  Nothing to do here."""
+
     def has_completions(self) -> bool:
         """Whether completions wait, after the provider's progress hooks ran; takes none.
 
@@ -291,6 +297,7 @@ class CompletionQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         spin_until = time.monotonic() + self.SPIN_SECONDS
         while True:
+            self.waiting()
             wcs = self.poll(max_entries)
             if wcs:
                 return wcs
@@ -298,6 +305,7 @@ class CompletionQueue:
                 break
         while True:
             self.req_notify()  # arm first, then look: a completion after the look rings
+            self.waiting()
             wcs = self.poll(max_entries)
             if wcs:
                 return wcs

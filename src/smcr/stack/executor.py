@@ -446,7 +446,16 @@ class Executor:
 
     def _process(self, first: list[WorkCompletion] | None) -> None:  # (process()'s work)
         engine, now = self.engine, time.monotonic()
-        wcs = first or self.cq.poll(64)
+        if not first:
+            if not self.wake.watched:
+                # a program that only waits in its own calls comes back to the CQ at its
+                # next one (a streaming sender's next send): its looks count as a waiter's
+                # (CompletionQueue.waiting); one that waits in select on readiness
+                # descriptors (an event loop) sleeps elsewhere between its calls
+                self.cq.waiting()
+            wcs = self.cq.poll(64)
+        else:
+            wcs = first
         wr = self.wr
         recv_slot, recv_buf = wr.recv_slot, wr.recv_mr.buf
         while wcs:

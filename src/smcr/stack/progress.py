@@ -283,6 +283,7 @@ class Progress:
         """
         ex = self.ex
         cq = ex.cq
+        cq.waiting()
         wcs = cq.poll(64)  # look first: arm (and pay for the rings it asks for) only to sleep
         if not wcs and spin > 0.0:
             allowed = self.spin.allowance(spin if left is None else min(spin, left))
@@ -387,6 +388,14 @@ class Progress:
         if ex.corked_any:  # (corked bytes wait for a CDC: someone must take it promptly)
             ex.corked_any = any(c.tx_app > c.tx_sent for c in ex.engine.conns.values())
         if self._standing_by():
+            if self.wake.poller is None and self.standby_needed():
+                # standing by with the CQ unarmed, nobody would hear the news: the ring that
+                # woke this thread took the arm, and a program that only makes non-blocking
+                # calls and waits in select (an event loop) never hands a poll back
+                # (_hand_back), so nothing armed it again.  On shm a send re-arms it (and
+                # peers ring consumer bells); on RoCE the reply waited for the next look-in
+                # (a quarter of the event-loop round trips took 10 ms)
+                self.arm_standby()
             if self._standby() and ex.cq.has_completions():
                 COUNTERS.late_news_cnt += 1  # (a missed ring: smcr stats -d shows it)
             ex.process()

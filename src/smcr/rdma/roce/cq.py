@@ -24,12 +24,15 @@ Design (the why of each):
   many QPs.  The hook drains the doorbell itself, so a caller that cannot
   ``read`` the descriptor (reading an epoll descriptor fails; callers ignore
   that) never finds it readable for good.
-* **The progress thread steps back while someone polls** (see
-  :meth:`RoceDevice._on_qp_socket`): when it finds a socket whose CQs were
-  polled within :data:`CEDE_SECONDS`, it stops watching that socket and looks
-  again that much later, so a busy CQ costs one wakeup per packet batch, in the
-  thread that wants the completion.  Nobody polling (a WRITE target that never
-  looks at its CQ) means the progress thread keeps the socket, and a ceded
+* **The progress thread steps back while someone waits here** (see
+  :meth:`RoceDevice._on_qp_socket`): when it finds a socket whose CQs a waiter
+  looked at within :data:`CEDE_SECONDS` (:meth:`RoceCq.waiting`: a thread asleep
+  on the CQ or watching it, which the socket's packets wake), it stops watching
+  that socket and looks again that much later, so a busy CQ costs one wakeup per
+  packet batch, in the thread that wants the completion.  A look by a program that
+  waits in ``select`` on its connections' readiness descriptors (an event loop)
+  does not count: it sleeps there, not on the CQ.  Nobody polling (a WRITE target
+  that never looks at its CQ) means the progress thread keeps the socket, and a ceded
   socket found holding packets is taken back (the poller went away): a packet
   waits for the application at most about :data:`CEDE_SECONDS`, far below any
   retransmit timeout the peer would use with SMC-R (Linux: ``timeout`` 14 or
@@ -146,9 +149,20 @@ class RoceCq(CompletionQueue):
             notify = False
         super().push_many(wcs, notify, local)
 
+    def waiting(self) -> None:
+        """A thread that waits on this CQ looks now: the progress thread leaves the QPs'
+        sockets to it for :data:`CEDE_SECONDS` (:meth:`RoceDevice._on_qp_socket
+        <smcr.rdma.roce.device.RoceDevice._on_qp_socket>`).  Only a waiter says so: a
+        thread asleep on the CQ or watching it, or a look by a program that waits only in
+        its own calls, whose next call comes back here (:meth:`Executor._process
+        <smcr.stack.executor.Executor._process>`).  A program that waits in ``select``
+        on its connections' readiness descriptors (an event loop) sleeps elsewhere
+        between its calls: ceded to its looks, the packets that answer it waited for
+        nobody until the socket was taken back (up to :data:`CEDE_SECONDS` a message)."""
+        self.last_poll = time.monotonic()
+
     def poll(self, max_entries: int = 16) -> list[WorkCompletion]:
         """Receive what the QPs' sockets hold, then take up to ``max_entries`` completions."""
-        self.last_poll = time.monotonic()
         tls = self._tls
         tls.hook = True
         try:
@@ -158,7 +172,6 @@ class RoceCq(CompletionQueue):
 
     def has_completions(self) -> bool:
         """Receive what the QPs' sockets hold; whether completions wait (takes none)."""
-        self.last_poll = time.monotonic()
         tls = self._tls
         tls.hook = True
         try:

@@ -273,8 +273,9 @@ class RoceDevice(Device):
         Why cede: a thread that polls one of the QP's CQs also sleeps on the
         socket and receives itself (:mod:`smcr.rdma.roce.cq`), without a thread
         hop; the progress thread waking as well would only contend for the
-        lock and the GIL.  So while a CQ of the QP was polled within
-        :data:`~smcr.rdma.roce.cq.CEDE_SECONDS`, the progress thread stops
+        lock and the GIL.  So while a waiter looked at a CQ of the QP within
+        :data:`~smcr.rdma.roce.cq.CEDE_SECONDS` (:meth:`RoceCq.waiting
+        <smcr.rdma.roce.cq.RoceCq.waiting>`), the progress thread stops
         watching the socket and looks again that much later (:meth:`_reclaim`).
         """
         self.receive_qp(qp)

@@ -415,7 +415,8 @@ class RoceQp(QueuePair):
         return max(16, min(WINDOW, granted // (2 * (pmtu + 256))))
 
     def polled_since(self, when: float) -> bool:
-        """Whether a thread polled one of this QP's CQs at or after ``when`` (monotonic)."""
+        """Whether a thread waiting on one of this QP's CQs looked at it at or after ``when``
+        (monotonic; :meth:`RoceCq.waiting <smcr.rdma.roce.cq.RoceCq.waiting>`)."""
         return any(cq.last_poll >= when and cq.receives(self) for cq in self.roce_cqs)
 
     def _close_sockets(self) -> None:
