@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -49,3 +50,45 @@ def test_a_runtime_s_threads_show_their_names_in_ps() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout.split()  # fmt: skip
     assert {"smcr-progress", "smcr-shm-engine", "smcr-shm-server"} <= set(out), out
+
+
+def _blocked(native_id: int) -> set[int]:
+    """The signals the thread blocks, from its ``SigBlk`` mask in /proc."""
+    with open(f"/proc/self/task/{native_id}/status") as f:
+        mask = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+    return {n + 1 for n in range(64) if mask >> n & 1}
+
+
+def test_a_named_thread_leaves_the_process_s_signals_to_the_program_s_threads() -> None:
+    """A signal sent to the process goes to a thread that does not block it; one that
+    lands on an smcr thread is never handled while the main thread sleeps on a lock."""
+    seen: list[set[int]] = []
+    t = NamedThread(target=lambda: seen.append(_blocked(threading.get_native_id())),
+                    name="smcr-test")  # fmt: skip
+    before = _blocked(threading.get_native_id())
+    t.start()
+    t.join()
+    assert _blocked(threading.get_native_id()) == before  # (the starter's mask as it was)
+    wanted = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD,
+              signal.SIGALRM, signal.SIGRTMIN}  # fmt: skip
+    assert wanted <= seen[0]
+    assert not {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGPIPE} & seen[0]
+
+
+def test_a_runtime_s_threads_all_block_the_process_s_signals() -> None:
+    code = (
+        "import smcr, os, signal\n"
+        "srv = smcr.create_server(('127.0.0.1', 0))\n"
+        "c = smcr.SMCSocket(); c.connect(srv.getsockname()); s, _ = srv.accept()\n"
+        "c.sendall(b'x'); assert s.recv(1) == b'x' and c.using_smc\n"
+        "for tid in sorted(os.listdir('/proc/self/task')):\n"
+        "    comm = open(f'/proc/self/task/{tid}/comm').read().strip()\n"
+        "    blk = [l for l in open(f'/proc/self/task/{tid}/status') if l.startswith('SigBlk')]\n"
+        "    mask = int(blk[0].split()[1], 16)\n"
+        "    print(comm, bool(mask >> (signal.SIGTERM - 1) & 1))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split("\n")  # fmt: skip
+    rows = dict(line.split() for line in out if line)
+    assert rows.pop("python") == "False"  # the main thread takes it
+    assert len(rows) >= 3 and set(rows.values()) == {"True"}, rows

@@ -18,7 +18,7 @@ from collections import deque
 from typing import Any
 
 from smcr import discovery
-from smcr.osthreads import NamedThread
+from smcr.osthreads import NamedThread, NamedTimer
 from smcr.socket import handshake
 from smcr.socket.base import LINGER_ZERO, PlainSocket, SocketBase, new_socket
 from smcr.socket.headroom import descriptor_shortage, descriptors_free
@@ -379,9 +379,7 @@ class AcceptQueue:
                 self._changed()
                 # look again soon: the program may free descriptors and then wait for the
                 # connection without calling accept (a blocking connect to itself)
-                timer = threading.Timer(INLINE_RECHECK, self._recheck)
-                timer.daemon = True
-                timer.start()
+                NamedTimer(INLINE_RECHECK, self._recheck, "smcr-recheck").start()
 
     def _recheck(self) -> None:
         with self.lock:
