@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,7 @@ def test_a_process_ended_by_a_signal_leaves_its_counters(
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == "ready\n"
+        _until_the_main_thread_sleeps(proc.pid)
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == -sig  # it still dies of the signal
     finally:
@@ -77,3 +79,18 @@ def test_a_process_ended_by_a_signal_leaves_its_counters(
     fallbacks = sum(r["count"] for key in ("clnt_fback", "srv_fback")
                     for r in counters.get(key, []))  # fmt: skip
     assert handled + fallbacks == 2, counters  # both ends of the one connection
+
+
+def _until_the_main_thread_sleeps(pid: int) -> None:
+    """Wait until the program's main thread has slept for a while (in its final wait).
+    CPython loses a signal that comes while the main thread hands the GIL to another
+    thread just before it blocks on a lock: the C handler runs during the hand-off, and
+    the lock's wait that follows is not interrupted (a race of any threaded program,
+    which smcr's threads make likely right after the program's last smcr call)."""
+    stat = Path(f"/proc/{pid}/task/{pid}/stat")
+    asleep, deadline = 0, time.monotonic() + 30
+    while asleep < 5 and time.monotonic() < deadline:
+        state = stat.read_text().rsplit(")", 1)[1].split()[0]
+        asleep = asleep + 1 if state == "S" else 0
+        time.sleep(0.02)
+    assert asleep >= 5, "the program's main thread never went to sleep"
