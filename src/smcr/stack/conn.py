@@ -447,9 +447,7 @@ class DataPath:
                                                        f"Connection reset by peer ({why})")
                         if c.peer_done or (got and not flags & _WAITALL):
                             return got
-                        if not ex.wake.watched:  # (a waiter's look: Executor._process)
-                            ex.cq.waiting()
-                        wcs = ex.cq.poll(64)  # news already there: no waiting machinery
+                        wcs = ex.look()  # news already there: no waiting machinery
                         if wcs:
                             ex.process(wcs)
                         else:

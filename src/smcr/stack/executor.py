@@ -444,18 +444,19 @@ class Executor:
         finally:
             self._processing -= 1
 
+    def look(self) -> list[WorkCompletion]:
+        """What the CQ holds (up to 64 completions), polled by a program's own call.  A
+        program that only waits in its own calls comes back to the CQ at its next one (a
+        streaming sender's next send): its looks count as a waiter's
+        (:meth:`CompletionQueue.waiting`); one that waits in select on readiness
+        descriptors (an event loop) sleeps elsewhere between its calls."""
+        if not self.wake.watched:
+            self.cq.waiting()
+        return self.cq.poll(64)
+
     def _process(self, first: list[WorkCompletion] | None) -> None:  # (process()'s work)
         engine, now = self.engine, time.monotonic()
-        if not first:
-            if not self.wake.watched:
-                # a program that only waits in its own calls comes back to the CQ at its
-                # next one (a streaming sender's next send): its looks count as a waiter's
-                # (CompletionQueue.waiting); one that waits in select on readiness
-                # descriptors (an event loop) sleeps elsewhere between its calls
-                self.cq.waiting()
-            wcs = self.cq.poll(64)
-        else:
-            wcs = first
+        wcs = first or self.look()
         wr = self.wr
         recv_slot, recv_buf = wr.recv_slot, wr.recv_mr.buf
         while wcs:
