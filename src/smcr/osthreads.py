@@ -11,11 +11,12 @@ counting on that number).
 
 smcr's threads also keep the signals that end or steer a process off themselves
 (:data:`PROCESS_SIGNALS`, blocked as the thread starts): the kernel gives a signal sent to
-the process to any thread that does not block it, and CPython only notes one that lands
-on another thread than the main one; a main thread asleep on a lock
+the process to a thread that does not block it (the main thread first, but another one
+where the main thread has a signal pending and is not running), and CPython only notes
+one that lands on a thread other than the main one; a main thread asleep on a lock
 (``threading.Event().wait()``, ``Thread.join``) is not woken, and its handler (Python's
-own for SIGINT, smcr's for SIGTERM) never runs.  A program without smcr has no such
-threads, and its main thread gets the signal.
+own for SIGINT, smcr's for SIGTERM) does not run.  A program's own threads are the
+program's business, as without smcr.
 """
 
 from __future__ import annotations
