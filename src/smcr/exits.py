@@ -35,7 +35,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Final
 
-from smcr.osthreads import NamedThread
+from smcr.osthreads import NamedThread, NamedTimer
 
 __all__ = ["HOOKS_BOUND", "SIGNALS", "install", "on_exit", "stays_parked"]
 
@@ -97,9 +97,7 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
         return
     signal.signal(signum, signal.SIG_DFL)
     _ending.signum = signum
-    watchdog = threading.Timer(HOOKS_BOUND, _die)
-    watchdog.daemon = True
-    watchdog.start()
+    NamedTimer(HOOKS_BOUND, _die, "smcr-exit-bound").start()
     _ending.runner = NamedThread(target=_run_hooks_then_die, name="smcr-exit",
                                  daemon=True)  # fmt: skip
     _ending.runner.start()
