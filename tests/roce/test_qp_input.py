@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from smcr.rdma import AccessFlag, MemoryRegion, QpState, RecvWr, SendFlag, SendWr, Sge, WrOpcode
 from smcr.rdma.completion import CompletionQueue
 from smcr.rdma.roce import RoceDevice, RocePd
+from smcr.rdma.roce.requester import MIN_CWND
 from smcr.wire.roce import OPCODE_INFO, ExtHeader, Opcode
 from tests.support import port_4791_free
 
@@ -178,3 +179,96 @@ def test_garbage_is_dropped_answered_or_taken_never_raises(rig: Rig, garbage: by
         qp.destroy()
         rig.sent()
         rig.cq.poll(64)
+
+
+def test_a_duplicate_moves_no_psn_but_the_delivery_mark() -> None:
+    """A receiver whose ACKs are lost hears only the sender's retransmissions: they move
+    neither of its PSNs, but they say the peer lives, so the delivery mark (which an LLC
+    wait that ran out asks: :meth:`QueuePairs.delivered
+    <smcr.stack.qps.QueuePairs.delivered>`) moves; garbage does not move it."""
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    peer.bind((PEER, 4791))
+    dev = RoceDevice(ADDRESS)
+    try:
+        pd = dev.alloc_pd()
+        cq = dev.create_cq()
+        qp = pd.create_qp(cq, cq)
+        qp.to_rts(dgid=PEER_GID, dest_qp_num=0x99, rq_psn=RQ_PSN, sq_psn=SQ_PSN, access=RW,
+                  timeout=0, rnr_retry=7)  # fmt: skip
+        before = qp.delivery_mark()
+        bth = bytes([Opcode.SEND_ONLY, 0, 0xFF, 0xFF, 0, 0, 0, 0x99, 0x80])  # AckReq
+        dup = bth + (RQ_PSN - 1).to_bytes(3, "big") + b"x" * 8 + b"ICRC"
+        runt = bytes([Opcode.SEND_ONLY, 0, 0x12, 0x34]) + bytes(8) + b"ICRC"
+        now = time.monotonic()
+        with qp._state_lock:
+            qp.input(memoryview(dup), now)
+            qp.after_input(now)
+        assert (qp.resp.epsn, qp.req.una) == (RQ_PSN, SQ_PSN)
+        assert qp.resp.stats["duplicates"] == 1
+        heard = qp.delivery_mark()
+        assert heard != before
+        with qp._state_lock:
+            qp.input(memoryview(runt), now)  # a foreign P_Key: dropped as malformed
+        assert qp.delivery_mark() == heard
+        qp.destroy()
+    finally:
+        dev.close()
+        peer.close()
+
+
+LONE_PEER = "127.0.0.4"
+LONE_PEER_GID = bytes(10) + b"\xff\xff" + socket.inet_aton(LONE_PEER)
+
+
+def _reads(sock: socket.socket, seconds: float) -> list[int]:
+    """Packets per datagram read from a UDP_GRO socket for ``seconds``: a GSO send arrives
+    as one read of several segments, separate sends as reads of one packet each."""
+    out: list[int] = []
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            data, anc, _flags, _addr = sock.recvmsg(1 << 16, 64)
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                return out
+            time.sleep(0.001)
+            continue
+        seg = int.from_bytes(anc[0][2][:2], "little") if anc else len(data)
+        out.append(-(-len(data) // seg))
+
+
+def test_a_stalled_requester_resends_packet_by_packet() -> None:
+    """Nothing acknowledged over two retransmit timeouts: the restart window
+    (:data:`~smcr.rdma.roce.requester.MIN_CWND` PSNs) goes out one packet per datagram,
+    each a chance of its own where one GSO send would be lost whole (between namespaces
+    a GSO send stays one buffer to the receiver)."""
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    peer.setsockopt(socket.IPPROTO_UDP, 104, 1)  # UDP_GRO: a GSO send stays one read
+    peer.bind((LONE_PEER, 4791))  # not PEER: the rig's socket there would share the packets
+    peer.setblocking(False)
+    dev = RoceDevice(ADDRESS)
+    try:
+        pd = dev.alloc_pd()
+        cq = dev.create_cq()
+        buf = pd.alloc_mr(1 << 16, AccessFlag.LOCAL_WRITE)
+        qp = pd.create_qp(cq, cq)
+        qp.to_rts(dgid=LONE_PEER_GID, dest_qp_num=0x99, rq_psn=RQ_PSN, sq_psn=SQ_PSN, access=RW,
+                  timeout=12, retry_cnt=7)  # 17 ms, retried without limit  # fmt: skip
+        qp.post_send(SendWr(wr_id=WRITE, opcode=WrOpcode.RDMA_WRITE,
+                            sg_list=(Sge(buf.addr, 16 * qp.req.pmtu, buf.lkey),),
+                            remote_addr=0x9000, rkey=0x77))  # fmt: skip
+        first = _reads(peer, 0.005)
+        assert sum(first) == 16 and max(first) > 1  # the Middles and Last as GSO
+        deadline = time.monotonic() + 5.0
+        while qp.req.stats["restarts"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert qp.req.stats["restarts"] >= 1 and qp.req.cwnd <= MIN_CWND
+        _reads(peer, 0.0)
+        later = _reads(peer, 0.1)  # several timeouts' worth, none acknowledged
+        assert later and set(later) == {1}, later
+        qp.destroy()
+    finally:
+        dev.close()
+        peer.close()

@@ -677,10 +677,10 @@ class QueuePair(ABC):
 
     def delivery_mark(self) -> int | None:
         """A number that changes whenever the transport delivers over this QP, either way
-        (the peer acknowledged packets of ours, or the peer's arrived in order), for a
-        provider with packets in flight to watch (RoCE); None for one that delivers at
-        once (shm).  The host asks it every few milliseconds while it runs, to tell a slow
-        link from a dead one."""
+        (the peer acknowledged packets of ours, or the peer's arrived in order), or the
+        peer is heard at all (a retransmission it sent), for a provider with packets in
+        flight to watch (RoCE); None for one that delivers at once (shm).  The host asks
+        it every few milliseconds while it runs, to tell a slow link from a dead one."""
         return None
 
     def post_recv(self, wrs: RecvWr | Iterable[RecvWr]) -> None:

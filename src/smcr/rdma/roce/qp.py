@@ -56,7 +56,7 @@ from smcr.rdma.roce.fastpath import (
     parse_bth,
 )
 from smcr.rdma.roce.netif import SOL_UDP, UDP_SEGMENT
-from smcr.rdma.roce.requester import WINDOW, Requester
+from smcr.rdma.roce.requester import SPREAD_CWND, WINDOW, Requester
 from smcr.rdma.roce.responder import Responder
 from smcr.rdma.verbs import (
     IPV4_MAPPED_PREFIX,
@@ -177,6 +177,10 @@ class RoceQp(QueuePair):
         #: so packets are handled in arrival order; it also guards :attr:`rx_view`.
         self.rx_lock = threading.Lock()
         self.rx_view = memoryview(bytearray(MAX_DATAGRAM))
+        #: Well-formed packets of the peer's taken by :meth:`input` (all but in-order WRITE
+        #: Middles, which move the responder's PSN): duplicates and stale ACKs say the peer
+        #: lives (:meth:`delivery_mark`).
+        self.heard = 0
         #: The CQs whose pollers receive for this QP (:mod:`smcr.rdma.roce.cq`).
         self.roce_cqs: tuple[RoceCq, ...] = tuple(
             {id(cq): cq for cq in (send_cq, recv_cq) if isinstance(cq, RoceCq)}.values())
@@ -200,7 +204,11 @@ class RoceQp(QueuePair):
         be shorter) and numbers their IPv4 IDs 0, 1, 2... (the base is 0 on an
         unconnected DF socket), so segment ``k``'s ICRC is computed with ID
         ``k``; ``tests/roce`` captures the segmented frames and checks them.
-        A kernel or route that refuses GSO turns it off for this QP.
+        A kernel or route that refuses GSO turns it off for this QP.  A requester
+        recovering from a stall (its restart window at most
+        :data:`~smcr.rdma.roce.requester.SPREAD_CWND` PSNs) sends packet by packet: one
+        GSO send is one buffer the whole way between namespaces, which a single drop
+        loses whole.
         """
         q = self._txq
         if not q:
@@ -211,14 +219,15 @@ class RoceQp(QueuePair):
             return
         dqp, peer, n, i = self._dest_qp, self.peer, len(q), 0
         frames = icrc.frames
+        gso = self.gso and self.req.cwnd > SPREAD_CWND
         while i < n:
             item = q[i]
             if isinstance(item, MiddleRun):
-                i += 1 + self._send_run(item, q, i + 1)
+                i += 1 + self._send_run(item, q, i + 1, gso)
                 continue
             size = _wire_size(item)
             j = i + 1
-            if self.gso:
+            if gso:
                 j += _joining(q, j, size, GSO_MAX_SEGMENTS - 1, self._gso_bytes - size)
             parts = frames(q, i, j, dqp)  # type: ignore[arg-type]  # no MiddleRun in i..j
             try:
@@ -237,7 +246,7 @@ class RoceQp(QueuePair):
             i = j
 
     def _send_run(self, run: MiddleRun, q: list[tuple[int, int, int, bytes, Buffer] | MiddleRun],
-                  after: int) -> int:  # fmt: skip
+                  after: int, gso_ok: bool) -> int:  # fmt: skip
         """Send a run of Middles in GSO runs; the packets queued after it (``q[after:]``)
         join the last GSO run while they are as long as a Middle (the message's Last),
         then one shorter one (the CDC SEND behind the WRITE): GSO cuts equal segments
@@ -250,7 +259,7 @@ class RoceQp(QueuePair):
         icrc, sock, peer, dqp = self._icrc_tx, self.tx_sock, self.peer, self._dest_qp
         assert icrc is not None and sock is not None
         seg = run.pmtu + 16
-        per = min(GSO_MAX_SEGMENTS, self._gso_bytes // seg) if self.gso else 1
+        per = min(GSO_MAX_SEGMENTS, self._gso_bytes // seg) if gso_ok else 1
         start, count = 0, run.count
         direct = fastpath.LOOPS is not None  # the C loop sends from the run's own buffer
         while start < count:
@@ -273,7 +282,7 @@ class RoceQp(QueuePair):
             except OSError as e:
                 if m + took > 1 and e.errno in _NO_GSO:
                     self.gso = False  # no UDP GSO here: the rest one by one
-                    return self._send_run(run.split(start) if start else run, q, after)
+                    return self._send_run(run.split(start) if start else run, q, after, False)
                 self.device.stats["tx_errors"] += 1
             if took:
                 return took
@@ -292,6 +301,7 @@ class RoceQp(QueuePair):
             # unknown opcode, runt, TVer != 0, foreign P_Key: rxe hdr_check drops them
             self.device.stats["malformed"] += 1
             return
+        self.heard += 1
         state = self.attr.qp_state
         if _RESPONSE_MIN <= opcode <= _RESPONSE_MAX:
             if state is QpState.RTS:
@@ -540,10 +550,13 @@ class RoceQp(QueuePair):
         return req.una == req.next and not req.wqes
 
     def delivery_mark(self) -> int | None:
-        """The requester's oldest unacknowledged PSN and the responder's expected one, in
-        one number: it moves with every ACK that retires packets of ours and every
-        packet of the peer's taken in order."""
-        return self.req.una << 24 | self.resp.epsn
+        """The requester's oldest unacknowledged PSN, the responder's expected one and the
+        packets :meth:`input` took, in one number: it moves with every ACK that retires
+        packets of ours, every packet of the peer's taken in order, and any other packet
+        of the peer's.  Why the last: under heavy loss a receiver whose ACKs are lost
+        hears only the sender's retransmissions (duplicates) for a while; the peer is
+        alive, and an LLC wait of the receiver's must not give up on it then."""
+        return self.heard << 48 | self.req.una << 24 | self.resp.epsn
 
     def _post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
         """``ibv_post_send``: check local memory, queue, transmit what the window allows.

@@ -78,6 +78,15 @@ ACK_EVERY: Final = 64
 #: The window after a second timeout in a row, in PSNs (module doc, "A receiver that
 #: takes nothing").
 MIN_CWND: Final = 4
+#: A restart window this small or smaller goes out one packet per datagram, no GSO
+#: (:meth:`RoceQp.flush_tx <smcr.rdma.roce.qp.RoceQp.flush_tx>`).  Why: a stalled
+#: requester resends :data:`MIN_CWND` PSNs per retransmit timeout and hears nothing until
+#: one of them and its ACK get through; as one GSO buffer (between namespaces it stays
+#: one skb to the receiving socket, so a drop takes all of them) each timeout was a
+#: single chance, and at 30% loss each way a link went silent for 2 s (the LLC wait)
+#: often enough to reset connections (tests/roce/test_loss.py).  Sent apart, each packet
+#: is a chance of its own, and a duplicate read apart from the others gets its own ACK.
+SPREAD_CWND: Final = 16
 #: The restart window of a path that has not stalled: more than any PSN window.
 NOT_RESTARTED: Final = 1 << 24
 #: Retransmit period used when ``timeout == 0`` would mean "wait forever".
