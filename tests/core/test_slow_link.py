@@ -66,6 +66,26 @@ def test_confirm_rkey_unanswered_on_a_link_gone_silent_aborts_llc_wait_after_its
     assert _reset(p.server, s2) and _reset(p.client, c2)
 
 
+def test_confirm_rkey_unanswered_after_the_peer_ended_its_stream_keeps_its_last_bytes(
+) -> None:  # fmt: skip
+    """The flow ran behind slow data until after the peer had written its last bytes and
+    closed, and the peer's process then exited: nothing answers, but the peer needs the
+    rkey no more, and its bytes are read to EOF, not thrown away by an abort."""
+    p = Pair(CFG)
+    c2, s2, _ = rkey_answer_held(p)
+    n, actions = p.client.write(c2, b"the last words", p.now)
+    p.do(p.client, actions)
+    p.do(p.client, p.client.engine.close(c2, p.now))
+    p.pump()
+    assert n == 14 and p.server.engine.conns[s2].peer_finished
+    p.advance(CFG.llc_wait + 0.5)  # silent from here on: the flow gives up
+    assert lgr_of(p.server).flow is None
+    assert not _reset(p.server, s2)
+    data, _ = p.server.read(s2)
+    assert data == b"the last words"
+    assert p.server.engine.conns[s2].peer_done
+
+
 def test_confirm_rkey_never_answered_on_a_delivering_link_aborts_at_llc_wait_heard() -> None:
     p = Pair(CFG)
     c2, s2, _ = rkey_answer_held(p)

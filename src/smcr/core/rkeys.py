@@ -48,7 +48,12 @@ class Rkeys:
         round trip per side on every connection set-up.  A refusal (the peer's
         rkey table full, or no answer) kills the connection: an abort CDC, and
         ``ECONNRESET`` here; where Linux would decline ``ERR_RTOK`` or ``ERR_REGBUF``,
-        the CLC message that makes a Decline impossible is out already.
+        the CLC message that makes a Decline impossible is out already.  Not once
+        the peer has ended its stream in order (:attr:`Connection.peer_finished
+        <smcr.core.connection.Connection.peer_finished>`): it needs the rkey no more,
+        and its last bytes may still wait in the RMB for the application (a flow
+        queued behind other flows and slow data can end after the peer's whole
+        stream, and a peer process that then exits leaves it unanswered).
         """
         send_link = lgr.active_link
         if send_link is None:  # the group's end declines or resets the connection itself
@@ -64,6 +69,8 @@ class Rkeys:
             actions: list[Action] = []
             if ok or lgr.terminated or state.conns.get(conn.id) is not conn:
                 return actions  # (a group's end resets or declines its connections itself)
+            if conn.peer_finished:  # it writes into this RMB no more: what it wrote is read
+                return actions  # to EOF, where an abort would throw it away
             if conn.id in state.handshakes:  # a server still waiting for the Confirm: the
                 state.unconfirmed.add(conn.id)  # client is past Declines; abort when done
             else:
