@@ -300,6 +300,39 @@ def test_close_with_unread_data_sends_abort() -> None:
     assert s in p.server.released
 
 
+def test_close_with_bytes_that_cannot_go_aborts_rather_than_end_the_stream_short() -> None:
+    """The host's wait for the send buffer ended (the peer's RMBE stayed full): a closed
+    CDC would give the peer EOF after the bytes it has, as if that were all; an abort
+    tells it the stream broke, and the unsent bytes are dropped, never written after."""
+    p, c, s = ready()
+    conn = p.client.engine.conns[c]
+    _, acts = p.client.write(c, b"a" * 16384)
+    p.do(p.client, acts)
+    n, acts = p.client.write(c, b"b" * 1000)  # into the send buffer: the RMBE is full
+    p.do(p.client, acts)
+    assert n == 1000 and conn.tx_pending() == 1000 and conn.peer_space() == 0
+    p.do(p.client, p.client.engine.close(c, p.now))
+    assert conn.tx_flags == ConnectionStateFlags.PEER_CONNECTION_ABORT
+    assert conn.tx_pending() == 0
+    server = p.server.engine.conns[s]
+    assert server.state is SmcState.PROCESSABORT and not server.peer_finished
+    _, acts = p.server.read(s)  # the server reads what came: the RMBE opens, nothing more
+    p.do(p.server, acts)
+    assert conn.tx_sent == 16384
+
+
+def test_close_with_bytes_that_fit_sends_them_and_closes() -> None:
+    """Bytes still in the send buffer that the peer's RMBE has room for go with the
+    closed CDC: a clean end."""
+    p, c, s = ready()
+    p.client.cork_write(c, b"tail")  # in the send buffer, no CDC yet
+    assert p.client.engine.conns[c].tx_pending() == 4
+    p.do(p.client, p.client.engine.close(c, p.now))
+    conn = p.client.engine.conns[c]
+    assert conn.tx_flags == ConnectionStateFlags.PEER_CONNECTION_CLOSED
+    assert p.server.read(s)[0] == b"tail" and p.server.engine.conns[s].peer_finished
+
+
 def test_an_abort_keeps_the_connection_and_its_rmb_until_the_peer_answers() -> None:
     """SO_LINGER 0 (``Engine.abort``) while the peer is sending: the abort CDC goes out and
     the application is done, but the connection (its RMB registered with the peer) waits

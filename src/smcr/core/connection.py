@@ -543,7 +543,15 @@ class Connection:
         if send is Send.DONE_WRITING:
             self.tx_flags |= _DONE
         elif send is Send.CLOSE:
-            self.tx_flags |= _ABORT if self.rx_available() > 0 else _CLOSED
+            if self.tx_app - self.tx_sent > self.peer_space():
+                # bytes of ours that cannot go now (the host's wait for them ended): a
+                # closed CDC would end the peer's stream short without a word, so abort
+                # (the peer's reads fail, as a TCP reset's do) and drop them
+                self.tx_app = self.tx_sent
+                self.urg_tx_end = None
+                self.tx_flags |= _ABORT
+            else:  # unread bytes: an abort too, as TCP resets then
+                self.tx_flags |= _ABORT if self.rx_available() > 0 else _CLOSED
         elif send is Send.ABORT:
             self.tx_flags |= _ABORT
         if send is not Send.NOTHING:

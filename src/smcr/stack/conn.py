@@ -603,7 +603,9 @@ class DataPath:
         RMBE is full) go in the background and ``close`` returns at once, as TCP's does
         (:meth:`Closing.close_later`).  With it, ``close`` waits its linger time for them,
         then, within the same time, for the peer to confirm the closing CDC
-        (:func:`cdcs_done`).  A linger time of 0 closes abortively (:meth:`Closing.abort`).
+        (:func:`cdcs_done`); bytes still unsent when the linger time is over go in the
+        background as without it (TCP's ``close`` returns then too, and its kernel sends
+        on).  A linger time of 0 closes abortively (:meth:`Closing.abort`).
         The readiness descriptor goes at once, as a closed socket's descriptor does.
         """
         stack, ex, hc = self.stack, self.ex, self.hc
@@ -617,9 +619,12 @@ class DataPath:
                 deadline = time.monotonic() + wait
                 self._drain_tx(deadline)
                 c = self.conn()
-                stack.closing.app_close(hc)  # (a local peer's closing CDC taken at once)
-                if c is not None:
-                    self.progress.wait(hc, lambda: cdcs_done(c), deadline)
+                if linger is not None and self._unsent():  # the linger time is over: the
+                    stack.closing.close_later(hc)  # rest goes in the background, as TCP's
+                else:
+                    stack.closing.app_close(hc)  # (a local peer's closing CDC taken at once)
+                    if c is not None:
+                        self.progress.wait(hc, lambda: cdcs_done(c), deadline)
             stack.drop_readiness(hc)
 
     def _unsent(self) -> bool:
