@@ -7,8 +7,13 @@ line per connection (mode, version, whether the bytes matched, or the error).
 ``client ADDRESS PORT BYTES BEFORE AFTER``: opens BEFORE connections, prints
 ``{"up": BEFORE}`` and waits for a line on stdin (the test turns the loss on
 then), opens AFTER more, and runs all of them at once; one JSON line per
-connection with its connect and transfer times.  Every socket has a timeout:
-nothing waits forever.
+connection with its connect and transfer times.
+``sink ADDRESS``: listens (port printed), takes one connection, reads it to EOF and
+prints what came (mode, bytes, whether they matched the sender's).
+``sender ADDRESS PORT BYTES``: connects with a send buffer that holds them all,
+prints ``{"up": 1}``, waits for a line on stdin, sends a header and BYTES, closes and
+exits at once: its exit must deliver what is still unsent or in flight.
+Every socket has a timeout: nothing waits forever.
 """
 
 from __future__ import annotations
@@ -112,10 +117,45 @@ def client(address: str, port: int, total: int, before: int, after: int) -> None
         t.join()
 
 
+def sink(address: str) -> None:
+    srv = smcr.create_server((address, 0))
+    print(json.dumps({"port": srv.getsockname()[1]}), flush=True)
+    srv.settimeout(TIMEOUT)
+    c, _ = srv.accept()
+    c.settimeout(TIMEOUT)
+    row: dict[str, Any] = info(c)
+    try:
+        with c:
+            data = recv_all(c)
+        n, seed = HEADER.unpack(data[: HEADER.size])
+        row |= {"bytes": len(data) - HEADER.size, "ok": data[HEADER.size :] == stream(seed, n)}
+    except Exception as e:  # (reported to the test, which fails on it)
+        row |= {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    srv.close()
+    emit(row)
+
+
+def sender(address: str, port: int, total: int) -> None:
+    s = smcr.SMCSocket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * total)  # sendall returns at once
+    s.settimeout(TIMEOUT)
+    s.connect((address, port))
+    emit({"up": 1})
+    sys.stdin.readline()
+    t0 = time.monotonic()
+    with s:
+        s.sendall(HEADER.pack(total, 7) + stream(7, total))
+    emit({"sent": total, "took": time.monotonic() - t0})  # it exits now, much in flight
+
+
 def main() -> None:
     role, *args = sys.argv[1:]
     if role == "server":
         server(args[0], int(args[1]))
+    elif role == "sink":
+        sink(args[0])
+    elif role == "sender":
+        sender(args[0], int(args[1]), int(args[2]))
     else:
         client(args[0], *map(int, args[1:5]))
 

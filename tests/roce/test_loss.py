@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from typing import Any
 
 import pytest
@@ -102,3 +103,40 @@ def test_total_loss_resets_every_connection_in_bounded_time() -> None:
     for row in server:
         assert row["ok"] is False and row["error"].startswith("ConnectionResetError"), row
     print(f"\n100% loss: reset after {sorted(round(row['transfer'], 2) for row in client)} s")
+
+
+@pytest.mark.slow
+def test_a_sender_that_exits_at_once_still_delivers_everything_under_loss() -> None:
+    """A program puts 8 MiB into its send buffer, closes and exits: over a link that loses
+    30% each way its RNIC (which goes with the process) must send and deliver all of it
+    first, as long as the link still moves it (TCP's kernel would deliver it after the
+    process had gone); the peer reads every byte and EOF.  (It got the first 4 MiB, the
+    size of its RMB, and a clean EOF when the close's wait for the send buffer ended
+    after 2 s whatever the link did.)"""
+    total, percent = 8 * MB, 30
+    with Routed(0) as r:
+        try:
+            sink = r.popen(r.server_ns, "tests.roce.loss_peer", "sink", r.address(-1), env=ENV)
+            assert sink.stdout is not None
+            port = json.loads(sink.stdout.readline())["port"]
+            snd = r.popen(r.client_ns, "tests.roce.loss_peer", "sender", r.address(-1),
+                          str(port), str(total), env=ENV)  # fmt: skip
+            assert snd.stdout is not None and snd.stdin is not None
+            assert json.loads(snd.stdout.readline()) == {"up": 1}
+            drop_percent(r, r.client_ns, percent)
+            drop_percent(r, r.server_ns, percent)
+            t0 = time.monotonic()
+            snd.stdin.write("go\n")
+            snd.stdin.flush()
+            out, _ = snd.communicate(timeout=120)
+            exited = time.monotonic() - t0
+            got, _ = sink.communicate(timeout=30)
+        finally:
+            r.reap()
+    (sent,) = rows(out)
+    assert sent["sent"] == total and snd.returncode == 0, out
+    (row,) = rows(got)
+    assert row["mode"] == "SMCR" and "error" not in row, row
+    assert row["bytes"] == total and row["ok"] is True, row
+    print(f"\n{percent}% loss each way: the sender of {total >> 20} MiB sent in "
+          f"{sent['took']:.1f} s and exited {exited - sent['took']:.1f} s later")

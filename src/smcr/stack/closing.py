@@ -32,10 +32,14 @@ EXIT_LINGER = 2.0
 EXIT_QUIET = 0.3
 """At exit, how long the QPs a peer may still use must stay silent (all of ours acknowledged,
 nothing new delivered) before they go."""
-EXIT_SILENT = 1.0
-"""... or, with sends of ours unacknowledged, how long nothing may move at all (a peer gone)."""
-EXIT_KEEP = 5.0
-"""At exit, the longest those QPs are kept after the link groups ended."""
+EXIT_SILENT = 2.0
+"""... or, with sends of ours unacknowledged, how long nothing may move at all (a peer gone;
+as an LLC wait gives up on a silent link: under heavy loss a sender whose ACKs are lost
+hears nothing for over a second while its data still gets through)."""
+EXIT_KEEP = 60.0
+"""At exit, the longest the closes and those QPs may take while they still move (a slow link
+under heavy loss delivers a connection's last megabytes in tens of seconds; TCP's kernel
+would deliver them after the process had gone, smcr's RNIC goes with the process)."""
 
 
 class Closing:
@@ -123,7 +127,12 @@ class Closing:
         served by the very thread that closes (an event loop running both ends)
         would wait in ``close`` for a peer that cannot read meanwhile, and lose the
         rest when the wait ended (CPython's asyncio test_sendfile).  The wait ends
-        after ``close_wait_tx`` (2 s) in which the peer took nothing, not 2 s in all."""
+        after ``close_wait_tx`` (2 s) in which the peer took nothing, not 2 s in all,
+        and not while the connection's link still delivers (:meth:`QueuePairs.delivering
+        <smcr.stack.qps.QueuePairs.delivering>`: under heavy loss the peer's cursor
+        updates come seconds apart).  A wait that ends with bytes unsent ends in an
+        abort (:meth:`Connection.close_step <smcr.core.connection.Connection.close_step>`),
+        never in a close that would end the peer's stream short."""
         ex = self.ex
         ex.uncork(hc)  # (nothing follows: corked bytes go now)
         c = ex.engine_conn(hc)
@@ -166,8 +175,12 @@ class Closing:
                 wait = ex.config.close_wait_tx if linger is None else linger
                 c = ex.engine_conn(hc)
                 self.draining[hc.conn_id] = (hc, now + wait, c.tx_pending() if c else 0)
-        for conn_id, (hc, deadline, unsent) in list(self.draining.items()):
+        for conn_id, (hc, waited, unsent) in list(self.draining.items()):
             c = ex.engine_conn(hc)
+            deadline = waited
+            if c is not None and now >= deadline and ex.qp.delivering(c.qpn):
+                deadline = now + ex.config.close_wait_tx  # slow, not stuck: see close_later
+                self.draining[conn_id] = (hc, deadline, unsent)
             if (c is None or c.tx_pending() == 0 or bool(c.reset_reason) or c.peer_closed
                     or now >= deadline):  # fmt: skip
                 del self.draining[conn_id]
@@ -179,7 +192,9 @@ class Closing:
         """Before the RNIC goes: the connections left open close (:meth:`close_left_open`),
         closes under way finish (the progress thread carries
         them: the peer's last CDCs are received and acknowledged, DELETE RKEY flows
-        answered) until ``deadline``; then every link group ends with DELETE LINK
+        answered) until ``deadline``, which moves :data:`EXIT_LINGER` past each sign that
+        the links deliver (:meth:`QueuePairs.marks <smcr.stack.qps.QueuePairs.marks>`),
+        :data:`EXIT_KEEP` at most; then every link group ends with DELETE LINK
         (:meth:`Engine.shutdown`), the links kept until the peer's DELETE LINK has come
         (Linux sends one back) or :data:`EXIT_DELETE_WAIT` is over, and the QPs of groups
         the peer may still use after that until they are quiet (:meth:`_keep_until_quiet`).
@@ -189,11 +204,16 @@ class Closing:
         with ex.lock:
             ex.uncork()
             self.close_left_open()
+            marks = ex.qp.marks()
+        longest = time.monotonic() + EXIT_KEEP
         done = False  # (no `break` inside `with`: mypyc does not compile it)
         while not done:
             with ex.lock:
-                done = (not (ex.engine.closing(self.left_open) or self.busy())
-                        or time.monotonic() >= deadline)  # fmt: skip
+                now = time.monotonic()
+                seen = ex.qp.marks()
+                if seen != marks:  # the links deliver (RoCE): the closes get the time again
+                    marks, deadline = seen, min(max(deadline, now + EXIT_LINGER), longest)
+                done = not (ex.engine.closing(self.left_open) or self.busy()) or now >= deadline
                 if done:
                     ex.qp.keep = ex.engine.links_peers_may_use()
                     ex.execute(ex.engine.shutdown(time.monotonic()))
@@ -216,7 +236,8 @@ class Closing:
     def _keep_until_quiet(self) -> None:
         """Keep the QPs a peer may still send over (:attr:`QueuePairs.keep
         <smcr.stack.qps.QueuePairs.keep>`) until they have been quiet for
-        :data:`EXIT_QUIET`, :data:`EXIT_KEEP` at most; then destroy them.  Meanwhile the
+        :data:`EXIT_QUIET` (or, with sends of ours unacknowledged, silent for
+        :data:`EXIT_SILENT`), :data:`EXIT_KEEP` at most; then destroy them.  Meanwhile the
         progress thread takes what arrives (a Linux peer's abort CDCs as it kills the
         connections of a group that ended) and reposts the receives, so that the peer's
         RC sends complete and its close ends (:meth:`Engine.links_peers_may_use

@@ -54,6 +54,8 @@ class QueuePairs:
         self._delivery_marks: dict[int, int] = {}
         """Each QP's :meth:`~smcr.rdma.base.QueuePair.delivery_mark` at the last look."""
         self._delivery_looked = 0.0  # when delivered() last looked
+        self._asked: dict[int, int] = {}
+        """Each QP's delivery mark when :meth:`delivering` was last asked of it."""
         self.in_place: InPlace | None = None
         """The receiver every new QP gets (:mod:`smcr.stack.inplace`), once the executor
         has made it."""
@@ -161,6 +163,7 @@ class QueuePairs:
             self.kept[qpn] = kept
             return
         self.qp_port.pop(qpn, None)
+        self._asked.pop(qpn, None)
         qp = self.qps.pop(qpn, None)
         drained = False
         if qp is not None:
@@ -181,6 +184,26 @@ class QueuePairs:
         qps = list(self.kept.values())
         return (all(qp.acknowledged() for qp in qps),
                 tuple(qp.delivery_mark() for qp in qps))  # fmt: skip
+
+    def delivering(self, qpn: int) -> bool:
+        """Whether QP ``qpn``'s transport delivered since this was last asked of it (its
+        :meth:`~smcr.rdma.base.QueuePair.delivery_mark` moved; the first ask says yes);
+        False for a QP that delivers at once (shm) or is gone.  A close that waits for its
+        send buffer waits on while this says yes (:meth:`Closing.close_later
+        <smcr.stack.closing.Closing.close_later>`)."""
+        qp = self.qps.get(qpn)
+        mark = qp.delivery_mark() if qp is not None else None
+        if mark is None:
+            self._asked.pop(qpn, None)
+            return False
+        before = self._asked.get(qpn)
+        self._asked[qpn] = mark
+        return before != mark
+
+    def marks(self) -> tuple[int | None, ...]:
+        """What every QP's transport delivered so far (:meth:`QueuePair.delivery_mark
+        <smcr.rdma.base.QueuePair.delivery_mark>`): a change says the links deliver."""
+        return tuple(qp.delivery_mark() for qp in self.qps.values())
 
     def destroy_kept(self) -> None:
         """Destroy the QPs :meth:`destroy` kept."""
