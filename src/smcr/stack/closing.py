@@ -53,7 +53,7 @@ class Closing:
         self.orphans: deque[tuple[HostConn, float | None]] = deque()
         """Connections whose socket was collected unclosed (:meth:`orphan`), for the progress
         thread; a deque: appended from any thread without the lock."""
-        self.draining: dict[int, tuple[HostConn, float, int]] = {}
+        self.draining: dict[int, tuple[HostConn, float, int, int | None]] = {}
         """Closed connections (orphans, and closes without SO_LINGER: :meth:`close_later`)
         waiting for their send buffer before the closing CDC: (connection, deadline,
         bytes unsent at the last look)."""
@@ -128,16 +128,15 @@ class Closing:
         would wait in ``close`` for a peer that cannot read meanwhile, and lose the
         rest when the wait ended (CPython's asyncio test_sendfile).  The wait ends
         after ``close_wait_tx`` (2 s) in which the peer took nothing, not 2 s in all,
-        and not while the connection's link still delivers (:meth:`QueuePairs.delivering
-        <smcr.stack.qps.QueuePairs.delivering>`: under heavy loss the peer's cursor
-        updates come seconds apart).  A wait that ends with bytes unsent ends in an
-        abort (:meth:`Connection.close_step <smcr.core.connection.Connection.close_step>`),
-        never in a close that would end the peer's stream short."""
+        and not while the connection's link still delivers (its QP's delivery mark moved,
+        :meth:`QueuePairs.mark_of <smcr.stack.qps.QueuePairs.mark_of>`: under heavy loss
+        the peer's cursor updates come seconds apart).  A wait that ends with bytes
+        unsent ends in an abort (:meth:`Connection.close_step
+        <smcr.core.connection.Connection.close_step>`), never in a close that would end
+        the peer's stream short."""
         ex = self.ex
         ex.uncork(hc)  # (nothing follows: corked bytes go now)
-        c = ex.engine_conn(hc)
-        self.draining[hc.conn_id] = (hc, time.monotonic() + ex.config.close_wait_tx,
-                                     c.tx_pending() if c is not None else 0)  # fmt: skip
+        self._drain(hc, time.monotonic() + ex.config.close_wait_tx)
         ex.wake.kick()
         ex.wake.wake_progress()
 
@@ -172,21 +171,29 @@ class Closing:
             if linger == 0:
                 self.abort(hc)
             else:
-                wait = ex.config.close_wait_tx if linger is None else linger
-                c = ex.engine_conn(hc)
-                self.draining[hc.conn_id] = (hc, now + wait, c.tx_pending() if c else 0)
-        for conn_id, (hc, waited, unsent) in list(self.draining.items()):
+                self._drain(hc, now + (ex.config.close_wait_tx if linger is None else linger))
+        for conn_id, (hc, waited, unsent, mark) in list(self.draining.items()):
             c = ex.engine_conn(hc)
             deadline = waited
-            if c is not None and now >= deadline and ex.qp.delivering(c.qpn):
-                deadline = now + ex.config.close_wait_tx  # slow, not stuck: see close_later
-                self.draining[conn_id] = (hc, deadline, unsent)
+            if c is not None and now >= deadline:
+                moved = ex.qp.mark_of(c.qpn)
+                if moved is not None and moved != mark:  # slow, not stuck: see close_later
+                    deadline = now + ex.config.close_wait_tx
+                    self.draining[conn_id] = (hc, deadline, unsent, moved)
             if (c is None or c.tx_pending() == 0 or bool(c.reset_reason) or c.peer_closed
                     or now >= deadline):  # fmt: skip
                 del self.draining[conn_id]
                 self.app_close(hc)
             elif c.tx_pending() < unsent:  # the peer reads: it gets the time again
-                self.draining[conn_id] = (hc, now + ex.config.close_wait_tx, c.tx_pending())
+                self.draining[conn_id] = (hc, now + ex.config.close_wait_tx, c.tx_pending(),
+                                          ex.qp.mark_of(c.qpn))  # fmt: skip
+
+    def _drain(self, hc: HostConn, deadline: float) -> None:
+        """Wait for ``hc``'s send buffer until ``deadline`` (:meth:`reap`), noting the bytes
+        unsent and its QP's delivery mark now (lock held)."""
+        c = self.ex.engine_conn(hc)
+        self.draining[hc.conn_id] = (hc, deadline, c.tx_pending() if c is not None else 0,
+                                     self.ex.qp.mark_of(c.qpn) if c is not None else None)
 
     def end_links(self, deadline: float) -> None:
         """Before the RNIC goes: the connections left open close (:meth:`close_left_open`),

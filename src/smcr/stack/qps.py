@@ -54,8 +54,6 @@ class QueuePairs:
         self._delivery_marks: dict[int, int] = {}
         """Each QP's :meth:`~smcr.rdma.base.QueuePair.delivery_mark` at the last look."""
         self._delivery_looked = 0.0  # when delivered() last looked
-        self._asked: dict[int, int] = {}
-        """Each QP's delivery mark when :meth:`delivering` was last asked of it."""
         self.in_place: InPlace | None = None
         """The receiver every new QP gets (:mod:`smcr.stack.inplace`), once the executor
         has made it."""
@@ -163,7 +161,6 @@ class QueuePairs:
             self.kept[qpn] = kept
             return
         self.qp_port.pop(qpn, None)
-        self._asked.pop(qpn, None)
         qp = self.qps.pop(qpn, None)
         drained = False
         if qp is not None:
@@ -185,20 +182,13 @@ class QueuePairs:
         return (all(qp.acknowledged() for qp in qps),
                 tuple(qp.delivery_mark() for qp in qps))  # fmt: skip
 
-    def delivering(self, qpn: int) -> bool:
-        """Whether QP ``qpn``'s transport delivered since this was last asked of it (its
-        :meth:`~smcr.rdma.base.QueuePair.delivery_mark` moved; the first ask says yes);
-        False for a QP that delivers at once (shm) or is gone.  A close that waits for its
-        send buffer waits on while this says yes (:meth:`Closing.close_later
-        <smcr.stack.closing.Closing.close_later>`)."""
+    def mark_of(self, qpn: int) -> int | None:
+        """QP ``qpn``'s :meth:`~smcr.rdma.base.QueuePair.delivery_mark`: what its transport
+        delivered so far; None for a QP that delivers at once (shm) or is gone.  A close
+        that waits for its send buffer waits on while it moves
+        (:meth:`Closing.close_later <smcr.stack.closing.Closing.close_later>`)."""
         qp = self.qps.get(qpn)
-        mark = qp.delivery_mark() if qp is not None else None
-        if mark is None:
-            self._asked.pop(qpn, None)
-            return False
-        before = self._asked.get(qpn)
-        self._asked[qpn] = mark
-        return before != mark
+        return qp.delivery_mark() if qp is not None else None
 
     def marks(self) -> tuple[int | None, ...]:
         """What every QP's transport delivered so far (:meth:`QueuePair.delivery_mark
