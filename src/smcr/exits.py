@@ -44,8 +44,11 @@ SIGNALS: Final = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 Ctrl-C where Python's own handler was reset)."""
 HOOKS_BOUND: Final = 12.0
 """How long the hooks may take after a signal: a runtime ending its link groups
-takes at most its closes' wait, its DELETE LINK wait and its quiet wait
-(:mod:`smcr.stack.closing`: 2 + 1 + 5 s)."""
+takes its closes' wait, its DELETE LINK wait and its quiet wait
+(:mod:`smcr.stack.closing`: 2 + 1 + 2 s over a link that delivers at once).  Over a
+slow RoCE link those go on while it still delivers (up to ``EXIT_KEEP``, a minute);
+a signal cuts them here: a process told to end does, and bytes still in flight then
+are lost, the peer reset (a normal exit waits for them)."""
 
 _hooks: list[Callable[[], None]] = []
 _hooks_lock = threading.Lock()

@@ -56,7 +56,11 @@ class Closing:
         self.draining: dict[int, tuple[HostConn, float, int, int | None]] = {}
         """Closed connections (orphans, and closes without SO_LINGER: :meth:`close_later`)
         waiting for their send buffer before the closing CDC: (connection, deadline,
-        bytes unsent at the last look)."""
+        bytes unsent at the last look, its QP's delivery mark then)."""
+        self.drain_began: dict[int, float] = {}
+        """When each draining close began: its link's delivering extends its wait for
+        :data:`EXIT_KEEP` at most (a peer that never reads, on a link busy with other
+        connections, would hold it for good)."""
         self.left_open: set[int] = set()
         """Connections the application left open, closed at exit (:meth:`close_left_open`)."""
 
@@ -175,7 +179,7 @@ class Closing:
         for conn_id, (hc, waited, unsent, mark) in list(self.draining.items()):
             c = ex.engine_conn(hc)
             deadline = waited
-            if c is not None and now >= deadline:
+            if c is not None and now >= deadline and now < self.drain_began[conn_id] + EXIT_KEEP:
                 moved = ex.qp.mark_of(c.qpn)
                 if moved is not None and moved != mark:  # slow, not stuck: see close_later
                     deadline = now + ex.config.close_wait_tx
@@ -183,6 +187,7 @@ class Closing:
             if (c is None or c.tx_pending() == 0 or bool(c.reset_reason) or c.peer_closed
                     or now >= deadline):  # fmt: skip
                 del self.draining[conn_id]
+                self.drain_began.pop(conn_id, None)
                 self.app_close(hc)
             elif c.tx_pending() < unsent:  # the peer reads: it gets the time again
                 self.draining[conn_id] = (hc, now + ex.config.close_wait_tx, c.tx_pending(),
@@ -194,6 +199,7 @@ class Closing:
         c = self.ex.engine_conn(hc)
         self.draining[hc.conn_id] = (hc, deadline, c.tx_pending() if c is not None else 0,
                                      self.ex.qp.mark_of(c.qpn) if c is not None else None)
+        self.drain_began.setdefault(hc.conn_id, time.monotonic())
 
     def end_links(self, deadline: float) -> None:
         """Before the RNIC goes: the connections left open close (:meth:`close_left_open`),
@@ -238,20 +244,22 @@ class Closing:
             if not done:
                 ex.wake.kick()
                 time.sleep(0.005)
-        self._keep_until_quiet()
+        self._keep_until_quiet(longest)
 
-    def _keep_until_quiet(self) -> None:
+    def _keep_until_quiet(self, longest: float) -> None:
         """Keep the QPs a peer may still send over (:attr:`QueuePairs.keep
         <smcr.stack.qps.QueuePairs.keep>`) until they have been quiet for
         :data:`EXIT_QUIET` (or, with sends of ours unacknowledged, silent for
-        :data:`EXIT_SILENT`), :data:`EXIT_KEEP` at most; then destroy them.  Meanwhile the
+        :data:`EXIT_SILENT`), until ``longest`` at most (:data:`EXIT_KEEP` after the exit
+        began, the closes' wait included; :data:`EXIT_SILENT` if that has passed); then
+        destroy them.  Meanwhile the
         progress thread takes what arrives (a Linux peer's abort CDCs as it kills the
         connections of a group that ended) and reposts the receives, so that the peer's
         RC sends complete and its close ends (:meth:`Engine.links_peers_may_use
         <smcr.core.engine.Engine.links_peers_may_use>`)."""
         ex = self.ex
         now = moved = time.monotonic()
-        end = now + EXIT_KEEP
+        end = max(longest, now + EXIT_SILENT)  # the exit's one deadline, some time left
         with ex.lock:
             acked, marks = ex.qp.quiet()
         while (ex.qp.kept and now < end

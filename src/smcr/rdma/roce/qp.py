@@ -206,9 +206,9 @@ class RoceQp(QueuePair):
         ``k``; ``tests/roce`` captures the segmented frames and checks them.
         A kernel or route that refuses GSO turns it off for this QP.  A requester
         recovering from a stall (its restart window at most
-        :data:`~smcr.rdma.roce.requester.SPREAD_CWND` PSNs) sends packet by packet: one
-        GSO send is one buffer the whole way between namespaces, which a single drop
-        loses whole.
+        :data:`~smcr.rdma.roce.requester.SPREAD_CWND` PSNs, and below its PSN window)
+        sends packet by packet: one GSO send is one buffer the whole way between
+        namespaces, which a single drop loses whole.
         """
         q = self._txq
         if not q:
@@ -219,7 +219,8 @@ class RoceQp(QueuePair):
             return
         dqp, peer, n, i = self._dest_qp, self.peer, len(q), 0
         frames = icrc.frames
-        gso = self.gso and self.req.cwnd > SPREAD_CWND
+        cwnd = self.req.cwnd
+        gso = self.gso and (cwnd > SPREAD_CWND or cwnd >= self.req.window)
         while i < n:
             item = q[i]
             if isinstance(item, MiddleRun):
