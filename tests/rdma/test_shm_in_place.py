@@ -104,6 +104,38 @@ def test_only_a_poll_calls_the_receiver(pair: tuple[Side, Side]) -> None:
     assert [(d, t) for _, d, t in taker.seen] == [(b"T3", threading.get_ident())]
 
 
+def test_has_news_only_looks_and_the_poll_after_it_takes_in_place(
+        pair: tuple[Side, Side]) -> None:  # fmt: skip
+    """has_news (a spinner's look) takes nothing: the SEND stays where the peer placed it,
+    and the poll that follows takes it in place; without receives posted it says no
+    (neither the delivery nor the receiver could take it), and a completion waiting
+    says yes."""
+    a, b = pair
+    taker = Taker()
+    b.qp.set_receiver(taker)
+    assert not b.cq.has_news()
+    send(a, b"T0")  # placed past the receives posted (none yet): the requester waits (RNR)
+    assert not b.cq.has_news()
+    post_recv(b, 0)
+    post_recv(b, 1)
+    deadline = time.monotonic() + 10
+    while not b.cq.has_news() and time.monotonic() < deadline:  # (the RNR retry places it)
+        time.sleep(0.001)
+    for _ in range(3):
+        assert b.cq.has_news()
+    assert taker.seen == [] and b.cq.idle()
+    send(a, b"T1")
+    assert b.cq.has_news() and taker.seen == []
+    assert b.cq.poll(16) == [TAKEN_IN_PLACE]
+    assert [d for _, d, _ in taker.seen] == [b"T0", b"T1"]
+    assert not b.cq.has_news()
+    post_recv(a, 0)
+    send(b, b"x", signaled=True)  # b's own send completion waits in b's CQ
+    assert b.cq.has_news()
+    assert [w.opcode for w in b.cq.poll(16)] == [WcOpcode.SEND]
+    assert not b.cq.has_news()
+
+
 def test_a_local_completion_waiting_keeps_order(pair: tuple[Side, Side]) -> None:
     """Any completion in the CQ (here the receiver's own QP's signaled send) comes first."""
     a, b = pair

@@ -261,6 +261,14 @@ class CompletionQueue:
         self.run_progress()
         return bool(self._wcs)
 
+    def has_news(self) -> bool:
+        """Whether a :meth:`poll` now would find something: for a thread that looks before
+        it polls (a spinner, a look after arming).  Here :meth:`has_completions`; a
+        provider whose peers place messages where a poll's receiver can take them in place
+        (shm) only looks, so that the poll that follows, with the consumer's lock held,
+        takes them there rather than through receive completions."""
+        return self.has_completions()
+
     def idle(self) -> bool:
         """Whether no completion waits in the queue."""
         return not self._wcs

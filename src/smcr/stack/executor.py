@@ -156,7 +156,7 @@ class Executor:
         finally:  # (never left disarmed: its sleeper would hear of nothing more)
             if armed:
                 self.cq.req_notify(armed)
-                if self.cq.has_completions():
+                if self.cq.has_news():
                     self.process()
 
     def execute_to(self, hc: HostConn, actions: list[Action]) -> None:
@@ -415,7 +415,7 @@ class Executor:
     def look_again(self) -> None:
         """Take what the CQ holds now, or when the :meth:`process` under way ends (lock held)."""
         self._look_again = bool(self._processing)
-        if not self._processing and self.cq.has_completions():
+        if not self._processing and self.cq.has_news():
             self.process()
 
     def adopt_readiness(self, hc: HostConn, r: Readiness | None = None) -> Readiness:

@@ -272,7 +272,7 @@ class Progress:
             return
         cq = self.ex.cq
         cq.req_notify(ARM_STANDBY)
-        if cq.has_completions():
+        if cq.has_news():
             self.ex.process()
 
     def _sleep_on_cq(self, left: float | None, spin: float = 0.0) -> None:
@@ -344,7 +344,7 @@ class Progress:
         hands the CPU to the peer).
         """
         ex = self.ex
-        news, clock = ex.cq.has_completions, time.monotonic
+        news, clock = ex.cq.has_news, time.monotonic
         until = clock() + seconds
         ex.lock.release()
         try:
@@ -396,7 +396,7 @@ class Progress:
                 # peers ring consumer bells); on RoCE the reply waited for the next look-in
                 # (a quarter of the event-loop round trips took 10 ms)
                 self.arm_standby()
-            if self._standby() and ex.cq.has_completions():
+            if self._standby() and ex.cq.has_news():
                 COUNTERS.late_news_cnt += 1  # (a missed ring: smcr stats -d shows it)
             ex.process()
             return

@@ -97,6 +97,9 @@ class ShmCompletionQueue(CompletionQueue):
         """The bell nonce this CQ published (its process's when it was made; 0: none)."""
         self._watched: dict[int, int] = {}
         """Watch slot -> the rid that holds it."""
+        self._peeks: dict[Callable[[], None], Callable[[], bool]] = {}
+        """A QP's progress hook -> its look (:meth:`has_news`): whether the hook would find
+        SENDs to take."""
 
     def take_mark(self, hook: Callable[[], None]) -> int:
         """A mark byte for the QP whose progress hook is ``hook``, whose requester marks it
@@ -164,6 +167,49 @@ class ShmCompletionQueue(CompletionQueue):
             if self._watched.get(index) == slot.rid:
                 del self._watched[index]
                 slot.take()
+
+    def set_peek(self, hook: Callable[[], None], peek: Callable[[], bool] | None) -> None:
+        """``peek`` says whether ``hook`` (a QP's) would find SENDs to take, taking none
+        (:meth:`has_news`); None forgets it."""
+        with self._marks_lock:
+            peeks = dict(self._peeks)
+            if peek is None:
+                peeks.pop(hook, None)
+            else:
+                peeks[hook] = peek
+            self._peeks = peeks
+
+    def has_news(self) -> bool:
+        """Whether a poll would find something, taking nothing where a QP's look says
+        (:meth:`set_peek`): a SEND left where the peer placed it is taken in place by the
+        poll that follows (the consumer's lock held), where :meth:`has_completions` would
+        have delivered it into a receive (a completion, a copy, the generic receive path:
+        a blocking reader's spin paid that for every message).  A set mark byte counts
+        as news as it is (the poll clears it)."""
+        if self._wcs:
+            return True
+        peeks = self._peeks
+        for hook in self._progress:
+            peek = peeks.get(hook)
+            if peek is None:
+                hook()
+            elif peek():
+                return True
+        marked = self._marked
+        if len(marked) <= FEW:
+            for hook in marked.values():
+                peek = peeks.get(hook)
+                if peek is None:
+                    hook()
+                elif peek():
+                    return True
+        else:
+            try:
+                if self._notify.find(b"\x01", MARKS, self._marks_end) >= 0:
+                    return True
+            except ValueError:  # closed (the device is going)
+                return False
+        return bool(self._wcs)
 
     def run_progress(self) -> None:
         """The hooks of unmarked QPs, then those of the QPs whose marks are set (cleared
@@ -236,11 +282,14 @@ class ShmCompletionQueue(CompletionQueue):
             os.close(self.notify_fd)
 
 
-def cq_watch(cq: CompletionQueue, hook: Callable[[], None]) -> None:
-    """A new QP whose progress hook is ``hook`` receives on ``cq``.  A shm CQ looks at it
+def cq_watch(cq: CompletionQueue, hook: Callable[[], None], peek: Callable[[], bool]) -> None:
+    """A new QP whose progress hook is ``hook`` receives on ``cq``; ``peek`` says whether the
+    hook would find SENDs (:meth:`ShmCompletionQueue.has_news`).  A shm CQ looks at it
     only from a requester's hello on (:func:`cq_requester`): nobody can place a SEND
     before a hello maps the QP's area; another CQ runs the hook at every poll."""
-    if not isinstance(cq, ShmCompletionQueue):
+    if isinstance(cq, ShmCompletionQueue):
+        cq.set_peek(hook, peek)
+    else:
         cq.add_progress(hook)
 
 
@@ -260,5 +309,6 @@ def cq_forget(cq: CompletionQueue, hook: Callable[[], None]) -> None:
     """``hook``'s QP is destroyed: no poll runs it any more."""
     if isinstance(cq, ShmCompletionQueue):
         cq.drop_mark(hook, scan=False)
+        cq.set_peek(hook, None)
     else:
         cq.remove_progress(hook)

@@ -215,7 +215,7 @@ class ShmQp(QueuePair):
         self._rnr_left = 0
         self._retry_left = 0
         self._publish(QpState.RESET)
-        cq_watch(recv_cq, self._drain)  # (over shm from a requester's hello on)
+        cq_watch(recv_cq, self._drain, self._sends_waiting)  # (shm: from a requester's hello)
 
     # ---------------------------------------------------------------- state
 
@@ -432,6 +432,17 @@ class ShmQp(QueuePair):
                            qp_num=self.qp_num)
             for w in batch
         )  # fmt: skip
+
+    def _sends_waiting(self) -> bool:
+        """Whether :meth:`_drain` would find SENDs to take now (a look without the receive
+        lock, taking nothing: the CQ's :meth:`~smcr.rdma.shm.cq.ShmCompletionQueue.has_news`).
+        Not without receives posted, which the delivery and the receiver both need."""
+        area = self._area
+        try:
+            return (bool(self._rq) and self._fatal_recv is None
+                    and _U64_UNPACK(area, lay.OFF_PRODUCED)[0] != self._consumed)  # fmt: skip
+        except ValueError:  # closed (the QP is going)
+            return False
 
     def _drain(self, notify: bool = False) -> None:
         """CQ progress hook: move SENDs the requester placed into our receives, or to the
