@@ -42,6 +42,17 @@ under heavy loss delivers a connection's last megabytes in tens of seconds; TCP'
 would deliver them after the process had gone, smcr's RNIC goes with the process)."""
 
 
+def drain_deadline(now: float, deadline: float, began: float, mark: int | None,
+                   moved: int | None, wait: float) -> float:  # fmt: skip
+    """When a close that waits for its send buffer gives up (:meth:`Closing.reap`): at
+    ``deadline``, unless that has come and its QP's delivery mark went from ``mark`` to
+    ``moved`` meanwhile (the link delivers: slow, not stuck), then ``wait`` more seconds;
+    never extended past :data:`EXIT_KEEP` after the wait ``began``."""
+    if now >= deadline and now < began + EXIT_KEEP and moved is not None and moved != mark:
+        return now + wait
+    return deadline
+
+
 class Closing:
     """Closes of one runtime that the application does not wait for (module docstring)."""
 
@@ -53,14 +64,13 @@ class Closing:
         self.orphans: deque[tuple[HostConn, float | None]] = deque()
         """Connections whose socket was collected unclosed (:meth:`orphan`), for the progress
         thread; a deque: appended from any thread without the lock."""
-        self.draining: dict[int, tuple[HostConn, float, int, int | None]] = {}
+        self.draining: dict[int, tuple[HostConn, float, int, int | None, float]] = {}
         """Closed connections (orphans, and closes without SO_LINGER: :meth:`close_later`)
         waiting for their send buffer before the closing CDC: (connection, deadline,
-        bytes unsent at the last look, its QP's delivery mark then)."""
-        self.drain_began: dict[int, float] = {}
-        """When each draining close began: its link's delivering extends its wait for
-        :data:`EXIT_KEEP` at most (a peer that never reads, on a link busy with other
-        connections, would hold it for good)."""
+        bytes unsent at the last look, its QP's delivery mark then, when the wait began:
+        its link's delivering extends the wait for :data:`EXIT_KEEP` at most, as a peer
+        that never reads, on a link busy with other connections, would hold it for
+        good)."""
         self.left_open: set[int] = set()
         """Connections the application left open, closed at exit (:meth:`close_left_open`)."""
 
@@ -176,30 +186,30 @@ class Closing:
                 self.abort(hc)
             else:
                 self._drain(hc, now + (ex.config.close_wait_tx if linger is None else linger))
-        for conn_id, (hc, waited, unsent, mark) in list(self.draining.items()):
+        for conn_id, (hc, waited, unsent, mark, began) in list(self.draining.items()):
             c = ex.engine_conn(hc)
             deadline = waited
-            if c is not None and now >= deadline and now < self.drain_began[conn_id] + EXIT_KEEP:
+            if c is not None and now >= deadline:
                 moved = ex.qp.mark_of(c.qpn)
-                if moved is not None and moved != mark:  # slow, not stuck: see close_later
-                    deadline = now + ex.config.close_wait_tx
-                    self.draining[conn_id] = (hc, deadline, unsent, moved)
+                deadline = drain_deadline(now, waited, began, mark, moved, ex.config.close_wait_tx)
+                if deadline != waited:
+                    self.draining[conn_id] = (hc, deadline, unsent, moved, began)
             if (c is None or c.tx_pending() == 0 or bool(c.reset_reason) or c.peer_closed
                     or now >= deadline):  # fmt: skip
                 del self.draining[conn_id]
-                self.drain_began.pop(conn_id, None)
                 self.app_close(hc)
             elif c.tx_pending() < unsent:  # the peer reads: it gets the time again
                 self.draining[conn_id] = (hc, now + ex.config.close_wait_tx, c.tx_pending(),
-                                          ex.qp.mark_of(c.qpn))  # fmt: skip
+                                          ex.qp.mark_of(c.qpn), began)  # fmt: skip
 
     def _drain(self, hc: HostConn, deadline: float) -> None:
         """Wait for ``hc``'s send buffer until ``deadline`` (:meth:`reap`), noting the bytes
         unsent and its QP's delivery mark now (lock held)."""
         c = self.ex.engine_conn(hc)
+        was = self.draining.get(hc.conn_id)
         self.draining[hc.conn_id] = (hc, deadline, c.tx_pending() if c is not None else 0,
-                                     self.ex.qp.mark_of(c.qpn) if c is not None else None)
-        self.drain_began.setdefault(hc.conn_id, time.monotonic())
+                                     self.ex.qp.mark_of(c.qpn) if c is not None else None,
+                                     time.monotonic() if was is None else was[4])  # fmt: skip
 
     def end_links(self, deadline: float) -> None:
         """Before the RNIC goes: the connections left open close (:meth:`close_left_open`),

@@ -9,6 +9,7 @@ Errors are returned, not acted on: the executor fails the link
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable
 
 from smcr.core import QpToRtr
 from smcr.rdma import (
@@ -179,8 +180,7 @@ class QueuePairs:
         <smcr.rdma.base.QueuePair.delivery_mark>`): the host destroys them once this
         stays the same for a while (the peers have nothing more to say)."""
         qps = list(self.kept.values())
-        return (all(qp.acknowledged() for qp in qps),
-                tuple(qp.delivery_mark() for qp in qps))  # fmt: skip
+        return all(qp.acknowledged() for qp in qps), _marks(qps)
 
     def mark_of(self, qpn: int) -> int | None:
         """QP ``qpn``'s :meth:`~smcr.rdma.base.QueuePair.delivery_mark`: what its transport
@@ -193,7 +193,7 @@ class QueuePairs:
     def marks(self) -> tuple[int | None, ...]:
         """What every QP's transport delivered so far (:meth:`QueuePair.delivery_mark
         <smcr.rdma.base.QueuePair.delivery_mark>`): a change says the links deliver."""
-        return tuple(qp.delivery_mark() for qp in self.qps.values())
+        return _marks(self.qps.values())
 
     def destroy_kept(self) -> None:
         """Destroy the QPs :meth:`destroy` kept."""
@@ -207,3 +207,8 @@ class QueuePairs:
         for qp in list(self.qps.values()):
             qp.destroy()
         self.qps.clear()
+
+
+def _marks(qps: Iterable[QueuePair]) -> tuple[int | None, ...]:
+    """The QPs' :meth:`~smcr.rdma.base.QueuePair.delivery_mark`, in order."""
+    return tuple(qp.delivery_mark() for qp in qps)

@@ -556,7 +556,10 @@ class RoceQp(QueuePair):
         packets of ours, every packet of the peer's taken in order, and any other packet
         of the peer's.  Why the last: under heavy loss a receiver whose ACKs are lost
         hears only the sender's retransmissions (duplicates) for a while; the peer is
-        alive, and an LLC wait of the receiver's must not give up on it then."""
+        alive, and an LLC wait of the receiver's must not give up on it then.  The price:
+        a path that fails one way only (our packets lost, the peer's still arriving) keeps
+        an LLC wait going until ``Config.llc_wait_heard`` (60 s) rather than ``llc_wait``,
+        as the peer's retransmissions go on moving the mark."""
         return self.heard << 48 | self.req.una << 24 | self.resp.epsn
 
     def _post_send(self, wrs: SendWr | Iterable[SendWr]) -> None:
