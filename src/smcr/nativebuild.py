@@ -112,7 +112,12 @@ MODULES: tuple[str, ...] = (
 #: relative to the package directory): the RoCE RNIC's per-packet loops, where even
 #: mypyc's code spends most of its time in C-API calls (:mod:`smcr.rdma.roce.fastpath`).
 C_EXTENSIONS: dict[str, str] = {"smcr.rdma.roce._loops": "rdma/roce/_loops.c",
-                                 "smcr.rdma.shm._place": "rdma/shm/_place.c"}
+                                 "smcr.rdma.shm._place": "rdma/shm/_place.c",
+                                 "smcr.stack._lane": "stack/_lane.c"}
+#: Of :data:`C_EXTENSIONS`, those that read and write the compiled modules' objects in place
+#: (:mod:`smcr.stack.lane`): compiled against the header mypyc generates for this build
+#: (its classes' structs) and its runtime's headers.
+ON_MYPYC_HEADER = frozenset({"smcr.stack._lane"})
 
 #: mypyc's group name: the shared library is the top-level module ``smcr_native__mypyc``.
 GROUP = "smcr_native"
@@ -246,7 +251,7 @@ def compile_into(build_lib: Path, work: Path, package_dir: Path = PACKAGE_DIR,
     :raises SystemExit: mypyc's way to report type errors.
     """
     setuptools: Any = importlib.import_module("setuptools")  # (no type stubs)
-    from mypyc.build import mypycify  # noqa: PLC0415 - a build-time dependency
+    from mypyc.build import include_dir, mypycify  # noqa: PLC0415 - a build-time dependency
 
     jobs = os.cpu_count() or 1
     build_lib, work = build_lib.resolve(), work.resolve()  # (we change directory)
@@ -262,8 +267,10 @@ def compile_into(build_lib: Path, work: Path, package_dir: Path = PACKAGE_DIR,
             # file, and the compiled code measured as fast (datapath_bench, 2 runs each)
             multi_file=True,
         )  # fmt: skip
+        headers = [str(work / "c"), include_dir()]
         extensions += [setuptools.Extension(name, [f"{package_dir.name}/{rel}"],
-                                            extra_compile_args=["-O2"])
+                                            include_dirs=headers if name in ON_MYPYC_HEADER
+                                            else [], extra_compile_args=["-O2"])
                        for name, rel in C_EXTENSIONS.items()]  # fmt: skip
         dist = setuptools.Distribution({"name": "smcr-native", "ext_modules": extensions,
                                         "cmdclass": {"build_ext": _parallel_build_ext(jobs)}})

@@ -14,12 +14,33 @@ what the receives carried) are completed as before.
 
 from __future__ import annotations
 
+import importlib
 import time
+from types import ModuleType
 
 from smcr.core import Action
+from smcr.core.connection import Connection, Rmb
 from smcr.core.engine import Engine
+from smcr.core.linkgroup import Link, LinkGroup
+from smcr.core.state import EngineState
 from smcr.stack.counters import COUNTERS
 from smcr.stack.hostconn import Taps
+
+
+def _c_lane() -> ModuleType | None:
+    """The fast lane's C (``_lane.c``), built with the compiled modules and served with them
+    (:mod:`smcr.native`), bound to their classes; None in a pure-Python process."""
+    try:
+        lane = importlib.import_module("smcr.stack._lane")
+        lane.bind(EngineState, Link, LinkGroup, Connection, Rmb)
+    except (ImportError, TypeError):  # (TypeError: these classes are not the compiled ones)
+        return None
+    return lane
+
+
+LANE: ModuleType | None = _c_lane()
+"""The C that takes a CDC's common case (``_lane.c``: the engine's own objects, no Python
+objects per message); tests set it to None to run the Python in a compiled process."""
 
 
 class InPlace:
@@ -38,7 +59,13 @@ class InPlace:
         <smcr.rdma.base.QueuePair.set_receiver>`): whether the engine took the SEND."""
         if self.taps.tap is not None:
             return False
-        if self.engine.take_cdc(qpn, area, off, n, time.monotonic(), self.out):
+        now = time.monotonic()
+        lane = LANE
+        if lane is not None and lane.take_cdc(self.engine.state, qpn, area, off, n, now) > 0:
+            self.taken += 1
+            COUNTERS.inplace_cnt += 1
+            return True
+        if self.engine.take_cdc(qpn, area, off, n, now, self.out):
             self.taken += 1
             COUNTERS.inplace_cnt += 1
             return True

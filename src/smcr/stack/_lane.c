@@ -1,0 +1,223 @@
+/* The per-connection fast lane, in C, on the compiled build's own objects.
+ *
+ * Why: per message the compiled Python of the data path spends most of its time in
+ * CPython's object machinery (tuples from struct, boxed integers, calls through bound
+ * methods), not in its own logic.  The lane does a message's common case in C, on the very
+ * objects the engine keeps: mypyc lays out a native class as a C struct, and this file is
+ * compiled against the header mypyc generates for the build it belongs to
+ * (smcr.nativebuild), so it reads and writes their fields where the compiled code does.
+ * There is one state, the engine's; the lane is only a shorter way through it.  Where a case
+ * is not the common one the lane changes nothing and says so (-1), and the Python does it.
+ *
+ * What it does so far: take_cdc, a CDC read in place from a QP's receive ring
+ * (smcr.stack.inplace), as LinkLayer.take_cdc and Connection.receive_cdc_fields would
+ * take it when it carries no flag but "write blocked": the cursors moved, the link's last
+ * receive noted, the connection touched.  tests/stack/test_lane.py runs both against each
+ * other.
+ *
+ * Integers: mypyc's tagged ints (CPyTagged): a short one is the value shifted left by
+ * one, a long one a pointer with the low bit set.  The lane works on short ones only
+ * (any long one: -1), and stores short ones.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "__native_smcr_native.h"
+
+typedef smcr___core___state___EngineStateObject StateObj;
+typedef smcr___core___linkgroup___LinkObject LinkObj;
+typedef smcr___core___linkgroup___LinkGroupObject GroupObj;
+typedef smcr___core___connection___ConnectionObject ConnObj;
+typedef smcr___core___connection___RmbObject RmbObj;
+
+#define CDC_SIZE 44
+#define CDC_TYPE 0xFE
+#define WRITE_BLOCKED 0x80u /* ProducerFlags.WRITE_BLOCKED */
+#define PFLAGS_MASK 0xF8u   /* the producer flags a CDC's receiver looks at */
+#define SFLAGS_MASK 0xE0u   /* the connection state flags */
+#define WRAP_LIMIT 65536
+
+/* The classes whose instances the lane reads: bound once (bind), checked exactly. */
+static PyTypeObject *state_type, *link_type, *group_type, *conn_type, *rmb_type;
+
+static inline int short_int(CPyTagged t) { return (t & 1) == 0; }
+static inline int64_t untag(CPyTagged t) { return (int64_t)(Py_ssize_t)t >> 1; }
+static inline CPyTagged tag(int64_t v) { return (CPyTagged)((Py_ssize_t)v << 1); }
+static inline int fits(int64_t v) { return v >= -((int64_t)1 << 61) && v < ((int64_t)1 << 61); }
+
+static inline uint32_t be16(const unsigned char *p) { return (uint32_t)p[0] << 8 | p[1]; }
+static inline uint32_t be32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* smcr.wire.cdc.sequence_before: (s16)(a - b) < 0 */
+static inline int sequence_before(uint32_t a, uint32_t b) { return (int16_t)(uint16_t)(a - b) < 0; }
+
+/* smcr.core.connection._advance: absolute moved forward to (wrap, count), or kept */
+static inline int64_t advance(int64_t absolute, int64_t wrap, int64_t count, int64_t size) {
+    int64_t span = size * WRAP_LIMIT;
+    int64_t diff = (wrap * size + count - absolute) % span;
+    if (diff < 0)
+        diff += span;
+    if (diff >= span / 2)
+        diff -= span;
+    return diff > 0 ? absolute + diff : absolute;
+}
+
+/* The cursor a CDC names for a ring of size bytes: moved from held, or held unchanged
+ * where the CDC repeats it (Connection.receive_cdc_fields compares before advancing). */
+static inline int64_t cursor(int64_t held, int64_t wrap, int64_t count, int64_t size) {
+    if ((((held / size) & 0xFFFF) == wrap) && held % size == count)
+        return held;
+    return advance(held, wrap, count, size);
+}
+
+/* bind(EngineState, Link, LinkGroup, Connection, Rmb): the compiled classes. */
+static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "bind takes 5 classes");
+        return NULL;
+    }
+    /* the compiled classes, not the interpreted ones of a pure-Python process (whose
+     * instances are no such structs): each instance is exactly the struct's size */
+    Py_ssize_t sizes[5] = {sizeof(StateObj), sizeof(LinkObj), sizeof(GroupObj), sizeof(ConnObj),
+                           sizeof(RmbObj)};
+    for (int i = 0; i < 5; i++)
+        if (!PyType_Check(args[i]) || ((PyTypeObject *)args[i])->tp_basicsize != sizes[i] ||
+            ((PyTypeObject *)args[i])->tp_dictoffset != 0) {
+            PyErr_Format(PyExc_TypeError, "bind: %R is not the compiled class the lane was "
+                         "built for", args[i]);
+            return NULL;
+        }
+    PyTypeObject **slots[5] = {&state_type, &link_type, &group_type, &conn_type, &rmb_type};
+    for (int i = 0; i < 5; i++) {
+        Py_INCREF(args[i]);
+        Py_XSETREF(*slots[i], (PyTypeObject *)args[i]);
+    }
+    Py_RETURN_NONE;
+}
+
+/* take_cdc(state, qpn, area, off, n, now) -> 1 taken, -1 not the common case (unchanged)
+ *
+ * state: the engine's EngineState; qpn: the QP the SEND came on (an int); area: its
+ * receive ring; the SEND's n bytes at off; now: time.monotonic(). */
+static PyObject *take_cdc(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "take_cdc takes 6 arguments");
+        return NULL;
+    }
+    if (state_type == NULL || Py_TYPE(args[0]) != state_type)
+        return PyLong_FromLong(-1);
+    StateObj *state = (StateObj *)args[0];
+    Py_ssize_t off = PyLong_AsSsize_t(args[3]), n = PyLong_AsSsize_t(args[4]);
+    double now = PyFloat_AsDouble(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (n != CDC_SIZE || off < 0)
+        return PyLong_FromLong(-1);
+
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    unsigned char b[CDC_SIZE];
+    int ok = view.len >= off + CDC_SIZE;
+    if (ok)
+        memcpy(b, (unsigned char *)view.buf + off, CDC_SIZE); /* read once: a peer writes there */
+    PyBuffer_Release(&view);
+    if (!ok || b[0] != CDC_TYPE || b[1] != CDC_SIZE)
+        return PyLong_FromLong(-1);
+    uint32_t pflags = b[24] & PFLAGS_MASK, sflags = b[25] & SFLAGS_MASK;
+    if (sflags || (pflags & ~WRITE_BLOCKED))
+        return PyLong_FromLong(-1);
+    uint32_t seq = be16(b + 2), token = be32(b + 4);
+    int64_t pwrap = be16(b + 10), pcount = be32(b + 12);
+    int64_t cwrap = be16(b + 18), ccount = be32(b + 20);
+
+    PyObject *link_obj = PyDict_GetItemWithError(state->_links, args[1]); /* borrowed */
+    if (link_obj == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        return PyLong_FromLong(-1);
+    }
+    if (Py_TYPE(link_obj) != link_type)
+        return PyLong_FromLong(-1);
+    LinkObj *link = (LinkObj *)link_obj;
+    if (link->_lgr == NULL || Py_TYPE(link->_lgr) != group_type)
+        return PyLong_FromLong(-1);
+    PyObject *conns = ((GroupObj *)link->_lgr)->_conns;
+    if (conns == NULL || !PyDict_CheckExact(conns))
+        return PyLong_FromLong(-1);
+    PyObject *key = PyLong_FromUnsignedLong(token);
+    if (key == NULL)
+        return NULL;
+    PyObject *conn_obj = PyDict_GetItemWithError(conns, key); /* borrowed */
+    Py_DECREF(key);
+    if (conn_obj == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        return PyLong_FromLong(-1);
+    }
+    if (Py_TYPE(conn_obj) != conn_type)
+        return PyLong_FromLong(-1);
+    ConnObj *c = (ConnObj *)conn_obj;
+    if (c->_rmb == NULL || Py_TYPE(c->_rmb) != rmb_type || c->_echo_pending != 0)
+        return PyLong_FromLong(-1);
+    CPyTagged ts[] = {c->_id, c->_rx_seq, ((RmbObj *)c->_rmb)->_size, c->_peer_rmb_size,
+                      c->_rx_prod, c->_rx_cons, c->_peer_cons, c->_tx_sent, c->_tx_app};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (!short_int(ts[i]))
+            return PyLong_FromLong(-1);
+    int64_t rx_seq = untag(c->_rx_seq), size = untag(((RmbObj *)c->_rmb)->_size);
+    int64_t peer_size = untag(c->_peer_rmb_size), rx_prod = untag(c->_rx_prod);
+    int64_t rx_cons = untag(c->_rx_cons), peer_cons = untag(c->_peer_cons);
+    int64_t tx_sent = untag(c->_tx_sent), tx_app = untag(c->_tx_app);
+    /* old sequence numbers, faults, a CLC Confirm still on its way: the Python's cases */
+    if (sequence_before(seq, (uint32_t)rx_seq) || size <= 0 || peer_size <= 0 ||
+        pcount >= size || ccount >= peer_size || rx_prod < 0 || peer_cons < 0)
+        return PyLong_FromLong(-1);
+    int64_t prod = cursor(rx_prod, pwrap, pcount, size);
+    int64_t cons = cursor(peer_cons, cwrap, ccount, peer_size);
+    if (prod - rx_cons > size || cons > tx_sent || !fits(prod) || !fits(cons))
+        return PyLong_FromLong(-1);
+    if (tx_app > tx_sent && peer_size - (tx_sent - cons) > 0)
+        return PyLong_FromLong(-1); /* bytes wait in the send buffer: the Python flushes */
+
+    /* LinkLayer.take_cdc, then _apply_cdc's touch and receive_cdc_fields, as they would */
+    PyObject *id = PyLong_FromSsize_t((Py_ssize_t)untag(c->_id));
+    if (id == NULL)
+        return NULL;
+    int added = PySet_Add(state->_touched, id);
+    Py_DECREF(id);
+    if (added < 0)
+        return NULL;
+    link->_last_rx = now;
+    Py_INCREF(Py_None);
+    Py_XSETREF(link->_test_deadline, Py_None);
+    c->_rx_seq = tag(seq);
+    c->_unanswered = 0;
+    c->_rx_prod = tag(prod);
+    c->_peer_cons = tag(cons);
+    c->_peer_write_blocked = c->_peer_blocked_last = (pflags & WRITE_BLOCKED) != 0;
+    return PyLong_FromLong(1);
+}
+
+static PyMethodDef methods[] = {
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
+     "The compiled classes the lane reads (module doc)."},
+    {"take_cdc", (PyCFunction)(void (*)(void))take_cdc, METH_FASTCALL,
+     "A CDC read in place, its common case (module doc)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_lane",
+    "The per-connection fast lane in C (see the source's head).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__lane(void) { return PyModule_Create(&module); }
