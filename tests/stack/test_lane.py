@@ -154,3 +154,68 @@ def test_the_lane_binds_only_the_compiled_classes() -> None:
 
     with pytest.raises(TypeError):
         c.bind(Plain, Plain, Plain, Plain, Plain)
+
+
+def ring(messages: list[bytes], depth: int, slot_size: int, first: int) -> bytearray:
+    """A receive ring as the shm QP keeps it (:data:`~smcr.rdma.base.RingTaker`): the
+    receive lengths (slot ``i``'s is ``1000 + i``) at 0, the slots from ``64``; the
+    messages in the slots of numbers ``first``, ``first + 1``, ... (each a SEND, kind 1,
+    unless it is ``b"kind2"``)."""
+    area = bytearray(64 + depth * (16 + slot_size))
+    for i in range(depth):
+        area[4 * i : 4 * i + 4] = (1000 + i).to_bytes(4, "little")
+    for k, m in enumerate(messages):
+        off = 64 + ((first + k) % depth) * (16 + slot_size)
+        kind = 2 if m == b"kind2" else 1
+        area[off : off + 8] = len(m).to_bytes(4, "little") + kind.to_bytes(4, "little")
+        area[off + 16 : off + 16 + len(m)] = m
+    return area
+
+
+def test_a_run_takes_what_take_cdc_takes_and_reposts_each_receive() -> None:
+    """``take_run`` takes the CDCs ``take_cdc`` would, in order, across the ring's end, up to
+    the first it leaves to the Python (here a CDC asking for an answer), and posts each
+    taken slot's receive again behind the others; the same CDCs one by one leave the
+    connection as the run does."""
+    c = lane()
+    depth, slot_size = 8, 64
+    runs = []
+    for by_run in (True, False):
+        p, conn = connected()
+        assert conn.link is not None
+        qpn, state = conn.link.qpn, p.server.engine.state
+        cdc = [CDC.pack(CDC_MSG_TYPE, CDC_MSG_LENGTH, i, conn.token, 0, 100 * i, 0, 0,
+                        0x80 if i == 3 else 0, 0) for i in range(1, 6)]  # fmt: skip
+        cdc.append(CDC.pack(CDC_MSG_TYPE, CDC_MSG_LENGTH, 6, conn.token, 0, 600, 0, 0, 0x10, 0))
+        area = ring(cdc, depth, slot_size, first=6)  # (numbers 6..11: slots 6, 7, 0, 1, ...)
+        if by_run:
+            got = c.take_run(state, qpn, memoryview(area), 0, 64, 16 + slot_size, depth,
+                             slot_size, 6, 12, 14, 7.0)  # fmt: skip
+            assert got == (11, 19)  # five taken, the sixth (UPDATE_REQUESTED) left
+            # slot i's receive length went to the posted counts 14..18 (slots 6, 7, 0, 1, 2)
+            lengths = [int.from_bytes(area[4 * (k % depth) : 4 * (k % depth) + 4], "little")
+                       for k in range(14, 19)]  # fmt: skip
+            assert lengths == [1000 + (k % depth) for k in range(6, 11)]
+        else:
+            for m in cdc[:5]:
+                assert c.take_cdc(state, qpn, memoryview(m), 0, len(m), 7.0) == 1
+        runs.append(snapshot(p, conn))
+    assert runs[0] == runs[1]
+    assert runs[0][0][FIELDS.index("rx_prod")] == 500
+
+
+def test_a_run_stops_at_a_slot_that_is_not_a_cdc_send() -> None:
+    c = lane()
+    p, conn = connected()
+    assert conn.link is not None
+    qpn, state = conn.link.qpn, p.server.engine.state
+    cdc = CDC.pack(CDC_MSG_TYPE, CDC_MSG_LENGTH, 1, conn.token, 0, 10, 0, 0, 0, 0)
+    for bad in (b"kind2", b"\x01" * 44, cdc[:40], cdc + b"xx"):
+        area = ring([bad, cdc], 4, 64, first=0)
+        assert c.take_run(state, qpn, memoryview(area), 0, 64, 80, 4, 64, 0, 2, 4, 1.0) == (0, 4)
+    assert conn.rx_prod == 0
+    area = ring([cdc], 4, 64, first=0)
+    assert c.take_run(state, qpn, memoryview(area), 0, 64, 80, 4, 40, 0, 1, 4, 1.0) == (0, 4)
+    assert c.take_run(state, qpn, memoryview(area)[:200], 0, 64, 80, 4, 64, 0, 1, 4, 1.0) == (0, 4)
+    assert c.take_run(state, qpn, memoryview(area), 0, 64, 80, 4, 64, 0, 1, 4, 1.0) == (1, 5)
+    assert conn.rx_prod == 10

@@ -63,6 +63,18 @@ def random_qpn(taken: Container[int]) -> int:
             return qpn
 
 
+
+RingTaker = Callable[[int, memoryview, int, int, int, int, int, int, int, int], tuple[int, int]]
+"""A receiver's way through a run of SENDs (:meth:`QueuePair.set_receiver`), for a provider
+whose receive ring is in memory: ``run(qp_num, area, lens, base, stride, depth, slot_size,
+consumed, produced, posted)`` takes the SENDs from number ``consumed`` on, below
+``produced``, up to the first it would not take, and returns ``(consumed, posted)`` after
+them.  SEND ``i``'s slot is at ``base + (i % depth) * stride`` in ``area``: a 16-byte header
+(u32 length, u32 kind, 1 for a SEND; little-endian) and the bytes; each SEND taken leaves
+its receive posted again behind the others (the u32 length at ``lens + 4 * (i % depth)``
+copied to ``lens + 4 * (posted % depth)``, then ``posted`` counts it)."""
+
+
 class Device(ABC):
     """An RNIC: one port, a GID, a MAC and the net device it serves.
 
@@ -388,6 +400,9 @@ class QueuePair(ABC):
     receiver: Callable[[int, memoryview, int, int], bool] | None = None
     """:meth:`set_receiver`'s, or None."""
 
+    ring_taker: RingTaker | None = None
+    """:meth:`set_receiver`'s ``run``, or None."""
+
     peer_gone = False
     """The provider saw the peer's process end, not its QP torn down (shm: the rendezvous
     connection closed while the peer QP's state word still said RTR/RTS; destroy and ERR
@@ -417,8 +432,8 @@ class QueuePair(ABC):
         self.hooks: QpHooks | None = None
         """Failures injected and a tap (:class:`QpHooks`), None without either."""
 
-    def set_receiver(self, receiver: Callable[[int, memoryview, int, int], bool] | None
-                     ) -> None:  # fmt: skip
+    def set_receiver(self, receiver: Callable[[int, memoryview, int, int], bool] | None,
+                     run: RingTaker | None = None) -> None:  # fmt: skip
         """Let ``receiver`` take SENDs in place, where the provider can offer it (shm; other
         providers complete every receive as before).
 
@@ -433,8 +448,13 @@ class QueuePair(ABC):
         behind it in that poll (order is kept).  The consumer's zero-copy receive for
         messages it can act on at once, which an RNIC can offer when it holds the
         receive ring in memory the consumer can read.
+
+        ``run``, where given, takes a run of them in one call, as ``receiver`` would one
+        by one (:data:`RingTaker`); the provider calls it first and ``receiver`` for the
+        first one it did not take.
         """
         self.receiver = receiver
+        self.ring_taker = run if receiver is not None else None
 
     @property
     def state(self) -> QpState:

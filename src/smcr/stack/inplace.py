@@ -71,6 +71,22 @@ class InPlace:
             return True
         return False
 
+    def take_run(self, qpn: int, area: memoryview, lens: int, base: int, stride: int,
+                 depth: int, slot_size: int, consumed: int, produced: int,
+                 posted: int) -> tuple[int, int]:  # fmt: skip
+        """The receiver's way through a run of SENDs (:data:`~smcr.rdma.base.RingTaker`):
+        the CDCs the lane takes (``_lane.c``), up to the first it leaves to :meth:`receive`."""
+        lane = LANE
+        if lane is None or self.taps.tap is not None:
+            return consumed, posted
+        done: int
+        done, posted = lane.take_run(self.engine.state, qpn, area, lens, base, stride, depth,
+                                     slot_size, consumed, produced, posted, time.monotonic())
+        if done != consumed:
+            self.taken += done - consumed
+            COUNTERS.inplace_cnt += done - consumed
+        return done, posted
+
     def take_actions(self) -> list[Action]:
         """The actions of the CDCs taken since the last call."""
         out = self.out

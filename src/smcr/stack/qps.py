@@ -96,7 +96,7 @@ class QueuePairs:
             qp = again
         self.qps[qp.qp_num] = qp
         if self.in_place is not None:
-            qp.set_receiver(self.in_place.receive)
+            qp.set_receiver(self.in_place.receive, self.in_place.take_run)
         if port:
             self.qp_port[qp.qp_num] = port
         tap = self.taps.tap

@@ -807,7 +807,11 @@ def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
     start = consumed
     offered = -1
     produced = min(produced, consumed + len(qp._rq))  # (more only from a requester that
-    try:  # placed past the receives posted: delivered as before)
+    run = qp.ring_taker  # placed past the receives posted: delivered as before)
+    try:
+        if run is not None and consumed < produced:  # (a run at once, then one by one)
+            consumed, posted = run(qp_num, view, _SLOT_BASE, base, stride, depth, slot_size,
+                                   consumed, produced, posted)  # fmt: skip
         while consumed < produced:
             off = base + (consumed % depth) * stride
             byte_len, kind, _, _ = _SLOT_HEADER(area, off)
