@@ -63,7 +63,6 @@ def random_qpn(taken: Container[int]) -> int:
             return qpn
 
 
-
 RingTaker = Callable[[int, memoryview, int, int, int, int, int, int, int, int], tuple[int, int]]
 """A receiver's way through a run of SENDs (:meth:`QueuePair.set_receiver`), for a provider
 whose receive ring is in memory: ``run(qp_num, area, lens, base, stride, depth, slot_size,
