@@ -267,3 +267,61 @@ def test_a_receiver_that_fails_took_its_send(pair: tuple[Side, Side]) -> None:
     assert offered == [b"T1", b"boom"]
     assert b.cq.poll(16) == []
     assert b.qp._posted - b.qp._consumed == len(b.qp._rq) == 3
+
+
+def test_a_ring_taker_takes_a_run_first_and_the_receiver_the_rest(
+        pair: tuple[Side, Side]) -> None:  # fmt: skip
+    """``set_receiver(receiver, run)``: the poll hands ``run`` the ring (its geometry as
+    :data:`~smcr.rdma.base.RingTaker` says) and the SENDs from the first unconsumed one;
+    what it took (here the first two, their receives reposted by the run itself) is
+    consumed, the receiver gets the rest one by one, one stand-in stands for all, and the
+    ring's counts stay whole."""
+    a, b = pair
+    taker = Taker()
+    calls: list[tuple[int, ...]] = []
+
+    def run(qpn: int, area: memoryview, lens: int, base: int, stride: int, depth: int,
+            slot_size: int, consumed: int, produced: int,
+            posted: int) -> tuple[int, int]:  # fmt: skip
+        calls.append((qpn, lens, base, stride, depth, slot_size, consumed, produced, posted))
+        for i in (consumed, consumed + 1):  # the first two, as the lane would take them
+            off = base + (i % depth) * stride
+            n, kind = lay.U32.unpack_from(area, off)[0], lay.U32.unpack_from(area, off + 4)[0]
+            taker.seen.append((qpn, bytes(area[off + 16 : off + 16 + n]), kind))
+            lay.U32.pack_into(area, lens + 4 * (posted % depth),
+                              lay.U32.unpack_from(area, lens + 4 * (i % depth))[0])  # fmt: skip
+            posted += 1
+        return consumed + 2, posted
+
+    b.qp.set_receiver(taker, run)
+    for i in range(4):
+        post_recv(b, i)
+    qp = b.qp
+    posted = lay.U64.unpack_from(qp._area, lay.OFF_POSTED)[0]
+    consumed = qp._consumed
+    for i in range(4):
+        send(a, b"T%d" % i)
+    assert b.cq.poll(16) == [TAKEN_IN_PLACE]
+    assert calls == [(qp.qp_num, lay.AREA_HEADER_SIZE, qp._slot_base, qp._slot_stride,
+                      qp._depth, qp._slot_size, consumed, consumed + 4, posted)]  # fmt: skip
+    assert [d for _, d, _ in taker.seen] == [b"T0", b"T1", b"T2", b"T3"]
+    assert [k for _, _, k in taker.seen[:2]] == [lay.KIND_SEND] * 2
+    assert qp._consumed == consumed + 4
+    assert lay.U64.unpack_from(qp._area, lay.OFF_POSTED)[0] == posted + 4
+    b.qp.set_receiver(None, run)  # (no receiver: no run either)
+    assert b.qp.ring_taker is None
+
+
+def test_a_produced_count_behind_ours_is_no_news(pair: tuple[Side, Side]) -> None:
+    """A requester's count behind what we consumed (only a broken or hostile one writes
+    it) is nothing to take: has_news says no, and so keeps a spinner from ending every
+    spin at once for nothing."""
+    _, b = pair
+    b.qp.set_receiver(Taker())
+    post_recv(b, 0)
+    qp = b.qp
+    qp._consumed = 5
+    lay.U64.pack_into(qp._area, lay.OFF_PRODUCED, 3)
+    assert not qp._sends_waiting()
+    lay.U64.pack_into(qp._area, lay.OFF_PRODUCED, 6)
+    assert qp._sends_waiting()

@@ -31,7 +31,7 @@ from smcr.rdma import (
 )
 from smcr.rdma.shm import ShmDevice, ShmQp
 from smcr.rdma.shm import peer as shm_peer
-from smcr.rdma.shm.cq import FEW, MARKS, ShmCompletionQueue
+from smcr.rdma.shm.cq import FEW, MARKS, MAX_MARKS, ShmCompletionQueue
 
 DEPTH = 2048
 WAIT = 10.0  # per wait; only a lost wake-up comes near it
@@ -167,3 +167,28 @@ def test_many_senders_to_one_sleeping_cq_lose_no_send(
         t.join()
     assert not errors
     assert all(ids == list(range(rounds)) for ids in got.values())
+
+
+def test_when_the_marks_run_out_a_qp_is_looked_at_by_every_poll() -> None:
+    """The mark bytes end where the watch words begin (:mod:`smcr.rdma.bells`): past the
+    last one a QP gets no mark (0: its requester does not mark) and is among the hooks every
+    poll runs, rather than looked at by none."""
+    cq = ShmCompletionQueue(16)
+    try:
+        ran: list[str] = []
+
+        def last() -> None:
+            ran.append("last")
+
+        def beyond() -> None:
+            ran.append("beyond")
+
+        cq._marks_end = MARKS + MAX_MARKS - 1  # (as after 65,535 QPs, without making them)
+        assert cq.take_mark(last) == MARKS + MAX_MARKS - 1
+        assert cq.take_mark(beyond) == 0
+        for _ in range(3):
+            ran.clear()
+            cq.poll(1)
+            assert "beyond" in ran
+    finally:
+        cq.close()

@@ -9,11 +9,11 @@
  * There is one state, the engine's; the lane is only a shorter way through it.  Where a case
  * is not the common one the lane changes nothing and says so (-1), and the Python does it.
  *
- * What it does so far: take_cdc, a CDC read in place from a QP's receive ring
- * (smcr.stack.inplace), as LinkLayer.take_cdc and Connection.receive_cdc_fields would
+ * What it does so far: take_run, the CDCs read in place from a QP's receive ring
+ * (smcr.stack.inplace), each as LinkLayer.take_cdc and Connection.receive_cdc_fields would
  * take it when it carries no flag but "write blocked": the cursors moved, the link's last
- * receive noted, the connection touched.  tests/stack/test_lane.py runs both against each
- * other.
+ * receive noted, the connection touched, the slot's receive posted again.
+ * tests/stack/test_lane.py runs both against each other.
  *
  * Integers: mypyc's tagged ints (CPyTagged): a short one is the value shifted left by
  * one, a long one a pointer with the low bit set.  The lane works on short ones only
@@ -39,6 +39,8 @@ typedef smcr___core___connection___RmbObject RmbObj;
 #define PFLAGS_MASK 0xF8u   /* the producer flags a CDC's receiver looks at */
 #define SFLAGS_MASK 0xE0u   /* the connection state flags */
 #define WRAP_LIMIT 65536
+#define MAX_RING ((int64_t)1 << 40) /* a ring larger is not ours (RMBs go to 512 MiB) */
+#define FLOAT_ERROR (-113.0)         /* mypyc's "undefined" double (CPY_FLOAT_ERROR) */
 
 /* The classes whose instances the lane reads: bound once (bind), checked exactly. */
 static PyTypeObject *state_type, *link_type, *group_type, *conn_type, *rmb_type;
@@ -106,7 +108,9 @@ static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * copied out of the ring already (a peer writes there). */
 static int take_one(StateObj *state, PyObject *qpn, const unsigned char *b, Py_ssize_t n,
                     double now) {
-    if (n != CDC_SIZE || b[0] != CDC_TYPE || b[1] != CDC_SIZE)
+    /* (a time equal to mypyc's error value would read back as an unset attribute) */
+    if (n != CDC_SIZE || b[0] != CDC_TYPE || b[1] != CDC_SIZE || now == FLOAT_ERROR ||
+        state->_links == NULL || state->_touched == NULL)
         return 0;
     uint32_t pflags = b[24] & PFLAGS_MASK, sflags = b[25] & SFLAGS_MASK;
     if (sflags || (pflags & ~WRITE_BLOCKED))
@@ -149,7 +153,8 @@ static int take_one(StateObj *state, PyObject *qpn, const unsigned char *b, Py_s
     int64_t tx_sent = untag(c->_tx_sent), tx_app = untag(c->_tx_app);
     /* old sequence numbers, faults, a CLC Confirm still on its way: the Python's cases */
     if (sequence_before(seq, (uint32_t)rx_seq) || size <= 0 || peer_size <= 0 ||
-        pcount >= size || ccount >= peer_size || rx_prod < 0 || peer_cons < 0)
+        size > MAX_RING || peer_size > MAX_RING || pcount >= size || ccount >= peer_size ||
+        rx_prod < 0 || peer_cons < 0)
         return 0;
     int64_t prod = cursor(rx_prod, pwrap, pcount, size);
     int64_t cons = cursor(peer_cons, cwrap, ccount, peer_size);
@@ -179,6 +184,8 @@ static int take_one(StateObj *state, PyObject *qpn, const unsigned char *b, Py_s
 
 /* take_cdc(state, qpn, area, off, n, now) -> 1 taken, -1 not the common case (unchanged)
  *
+ * One CDC, as take_run takes each of a run (the tests hold it against the Python).
+ *
  * state: the engine's EngineState; qpn: the QP the SEND came on (an int); area: its
  * receive ring; the SEND's n bytes at off; now: time.monotonic(). */
 static PyObject *take_cdc(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -189,9 +196,14 @@ static PyObject *take_cdc(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     if (state_type == NULL || Py_TYPE(args[0]) != state_type)
         return PyLong_FromLong(-1);
-    Py_ssize_t off = PyLong_AsSsize_t(args[3]), n = PyLong_AsSsize_t(args[4]);
+    Py_ssize_t off = PyLong_AsSsize_t(args[3]);
+    if (off == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(args[4]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
     double now = PyFloat_AsDouble(args[5]);
-    if (PyErr_Occurred())
+    if (now == -1.0 && PyErr_Occurred())
         return NULL;
     if (n != CDC_SIZE || off < 0)
         return PyLong_FromLong(-1);
@@ -199,7 +211,7 @@ static PyObject *take_cdc(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0)
         return NULL;
     unsigned char b[CDC_SIZE];
-    int ok = view.len >= off + CDC_SIZE;
+    int ok = view.len >= CDC_SIZE && off <= view.len - CDC_SIZE;
     if (ok)
         memcpy(b, (unsigned char *)view.buf + off, CDC_SIZE); /* read once: a peer writes there */
     PyBuffer_Release(&view);
@@ -274,6 +286,8 @@ static PyObject *take_run(PyObject *self, PyObject *const *args, Py_ssize_t narg
         consumed++;
     }
     PyBuffer_Release(&view);
+    /* (should this fail -- no memory for two ints -- the CDCs taken are offered again and
+     * applied twice: a repeated cursor moves nothing; accepted) */
     return Py_BuildValue("(LL)", consumed, posted);
 }
 

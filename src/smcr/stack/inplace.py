@@ -39,8 +39,8 @@ def _c_lane() -> ModuleType | None:
 
 
 LANE: ModuleType | None = _c_lane()
-"""The C that takes a CDC's common case (``_lane.c``: the engine's own objects, no Python
-objects per message); tests set it to None to run the Python in a compiled process."""
+"""The C that takes the common CDCs of a run (``_lane.c``: the engine's own objects, no
+Python objects per message); tests set it to None to run the Python in a compiled process."""
 
 
 class InPlace:
@@ -56,16 +56,11 @@ class InPlace:
 
     def receive(self, qpn: int, area: memoryview, off: int, n: int) -> bool:
         """The receiver (:meth:`QueuePair.set_receiver
-        <smcr.rdma.base.QueuePair.set_receiver>`): whether the engine took the SEND."""
+        <smcr.rdma.base.QueuePair.set_receiver>`): whether the engine took the SEND.  The
+        QP offers it what :meth:`take_run` (the lane) left: the Python's cases."""
         if self.taps.tap is not None:
             return False
-        now = time.monotonic()
-        lane = LANE
-        if lane is not None and lane.take_cdc(self.engine.state, qpn, area, off, n, now) > 0:
-            self.taken += 1
-            COUNTERS.inplace_cnt += 1
-            return True
-        if self.engine.take_cdc(qpn, area, off, n, now, self.out):
+        if self.engine.take_cdc(qpn, area, off, n, time.monotonic(), self.out):
             self.taken += 1
             COUNTERS.inplace_cnt += 1
             return True

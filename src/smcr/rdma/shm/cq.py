@@ -113,13 +113,15 @@ class ShmCompletionQueue(CompletionQueue):
             if not offset:
                 if self._free_marks:
                     offset = self._free_marks.pop()
-                elif self._marks_end < NOTIFY_SIZE:
+                elif self._marks_end < MARKS + MAX_MARKS:  # (the watch words follow)
                     offset = self._marks_end
                     self._marks_end += 1
-                else:
-                    return 0
-                self._mark_of[hook] = offset
-                self._marked = {**self._marked, offset: hook}
+                if offset:
+                    self._mark_of[hook] = offset
+                    self._marked = {**self._marked, offset: hook}
+        if not offset:
+            self.add_progress(hook)
+            return 0
         self.remove_progress(hook)
         if not self._notify.closed:
             self._notify[offset] = 1  # (whatever came before the requester marked)

@@ -436,11 +436,12 @@ class ShmQp(QueuePair):
     def _sends_waiting(self) -> bool:
         """Whether :meth:`_drain` would find SENDs to take now (a look without the receive
         lock, taking nothing: the CQ's :meth:`~smcr.rdma.shm.cq.ShmCompletionQueue.has_news`).
-        Not without receives posted, which the delivery and the receiver both need."""
+        Not without receives posted, which the delivery and the receiver both need, nor
+        for a count behind ours (a broken or hostile requester's: nothing to take)."""
         area = self._area
         try:
             return (bool(self._rq) and self._fatal_recv is None
-                    and _U64_UNPACK(area, lay.OFF_PRODUCED)[0] != self._consumed)  # fmt: skip
+                    and _U64_UNPACK(area, lay.OFF_PRODUCED)[0] > self._consumed)  # fmt: skip
         except ValueError:  # closed (the QP is going)
             return False
 
