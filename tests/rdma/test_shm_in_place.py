@@ -10,6 +10,7 @@ import pytest
 from smcr.rdma import RecvWr, SendFlag, SendWr, Sge, VerbsError, WcOpcode, WcStatus, WrOpcode
 from smcr.rdma.completion import TAKEN_IN_PLACE
 from smcr.rdma.shm import layout as lay
+from smcr.rdma.shm.qp import sends_waiting
 from tests.rdma.rdma_helpers import Side
 
 
@@ -322,6 +323,6 @@ def test_a_produced_count_behind_ours_is_no_news(pair: tuple[Side, Side]) -> Non
     qp = b.qp
     qp._consumed = 5
     lay.U64.pack_into(qp._area, lay.OFF_PRODUCED, 3)
-    assert not qp._sends_waiting()
+    assert not sends_waiting(qp)
     lay.U64.pack_into(qp._area, lay.OFF_PRODUCED, 6)
-    assert qp._sends_waiting()
+    assert sends_waiting(qp)

@@ -44,6 +44,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from mmap import mmap
 from pathlib import Path
 from types import ModuleType
@@ -215,7 +216,7 @@ class ShmQp(QueuePair):
         self._rnr_left = 0
         self._retry_left = 0
         self._publish(QpState.RESET)
-        cq_watch(recv_cq, self._drain, self._sends_waiting)  # (shm: from a requester's hello)
+        cq_watch(recv_cq, self._drain, partial(sends_waiting, self))  # (shm: from the hello)
 
     # ---------------------------------------------------------------- state
 
@@ -432,18 +433,6 @@ class ShmQp(QueuePair):
                            qp_num=self.qp_num)
             for w in batch
         )  # fmt: skip
-
-    def _sends_waiting(self) -> bool:
-        """Whether :meth:`_drain` would find SENDs to take now (a look without the receive
-        lock, taking nothing: the CQ's :meth:`~smcr.rdma.shm.cq.ShmCompletionQueue.has_news`).
-        Not without receives posted, which the delivery and the receiver both need, nor
-        for a count behind ours (a broken or hostile requester's: nothing to take)."""
-        area = self._area
-        try:
-            return (bool(self._rq) and self._fatal_recv is None
-                    and _U64_UNPACK(area, lay.OFF_PRODUCED)[0] > self._consumed)  # fmt: skip
-        except ValueError:  # closed (the QP is going)
-            return False
 
     def _drain(self, notify: bool = False) -> None:
         """CQ progress hook: move SENDs the requester placed into our receives, or to the
@@ -790,6 +779,19 @@ def _check_inline(wr: SendWr, max_inline: int) -> None:
     if view.nbytes > max_inline:
         raise VerbsError(errno.EINVAL, f"{view.nbytes} inline bytes above the QP's "
                          f"max_inline_data {max_inline}")  # fmt: skip
+
+
+def sends_waiting(qp: ShmQp) -> bool:
+    """Whether ``qp``'s :meth:`~ShmQp._drain` would find SENDs to take now (a look without the
+    receive lock, taking nothing: the CQ's
+    :meth:`~smcr.rdma.shm.cq.ShmCompletionQueue.has_news`).  Not without receives posted,
+    which the delivery and the receiver both need, nor for a count behind ours (a broken
+    or hostile requester's: nothing to take)."""
+    try:
+        return (bool(qp._rq) and qp._fatal_recv is None
+                and _U64_UNPACK(qp._area, lay.OFF_PRODUCED)[0] > qp._consumed)  # fmt: skip
+    except ValueError:  # closed (the QP is going)
+        return False
 
 
 def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
