@@ -30,16 +30,19 @@ def lane() -> Any:
     return inplace.LANE
 
 
-def connected() -> tuple[Pair, Connection]:
+def connected() -> tuple[Pair, Connection, int, Any]:
     """A pair whose server connection has sent 3,000 bytes (so a CDC's consumer cursor has
-    room to move) and read nothing."""
+    room to move) and read nothing; with the QP number the CDCs come on and the server
+    engine's state, as the lane takes them."""
     p = Pair()
     _, s = p.connect(rmb_size=SIZE)
     p.pump()
     n, actions = p.server.write(s, b"x" * 3000)
     assert n == 3000
     p.do(p.server, actions)
-    return p, p.server.engine.conns[s]
+    conn = p.server.engine.conns[s]
+    assert conn.link is not None
+    return p, conn, conn.link.qpn, p.server.engine.state
 
 
 def snapshot(p: Pair, conn: Connection) -> tuple[object, ...]:
@@ -100,9 +103,7 @@ def test_c_and_python_take_cdcs_alike(seed: int) -> None:
     c = lane()
     runs = []
     for use_lane in (True, False):
-        p, conn = connected()
-        assert conn.link is not None
-        qpn, state = conn.link.qpn, p.server.engine.state
+        p, conn, qpn, state = connected()
         steps: list[object] = []
         taken = 0
         for i, (data, read) in enumerate(cdcs(random.Random(seed), conn.token)):
@@ -127,9 +128,7 @@ def test_c_and_python_take_cdcs_alike(seed: int) -> None:
 
 def test_not_a_cdc_of_a_known_connection_is_left_to_the_python() -> None:
     c = lane()
-    p, conn = connected()
-    assert conn.link is not None
-    qpn, state = conn.link.qpn, p.server.engine.state
+    p, conn, qpn, state = connected()
     good = CDC.pack(CDC_MSG_TYPE, CDC_MSG_LENGTH, 1, conn.token, 0, 10, 0, 0, 0, 0)
     before = snapshot(p, conn)
     for area, off, n, q in ((good, 0, 44, qpn + 1),  # another QP
@@ -181,9 +180,7 @@ def test_a_run_takes_what_take_cdc_takes_and_reposts_each_receive() -> None:
     depth, slot_size = 8, 64
     runs = []
     for by_run in (True, False):
-        p, conn = connected()
-        assert conn.link is not None
-        qpn, state = conn.link.qpn, p.server.engine.state
+        p, conn, qpn, state = connected()
         cdc = [CDC.pack(CDC_MSG_TYPE, CDC_MSG_LENGTH, i, conn.token, 0, 100 * i, 0, 0,
                         0x80 if i == 3 else 0, 0) for i in range(1, 6)]  # fmt: skip
         cdc.append(CDC.pack(CDC_MSG_TYPE, CDC_MSG_LENGTH, 6, conn.token, 0, 600, 0, 0, 0x10, 0))
@@ -206,9 +203,7 @@ def test_a_run_takes_what_take_cdc_takes_and_reposts_each_receive() -> None:
 
 def test_a_run_stops_at_a_slot_that_is_not_a_cdc_send() -> None:
     c = lane()
-    p, conn = connected()
-    assert conn.link is not None
-    qpn, state = conn.link.qpn, p.server.engine.state
+    _, conn, qpn, state = connected()
     cdc = CDC.pack(CDC_MSG_TYPE, CDC_MSG_LENGTH, 1, conn.token, 0, 10, 0, 0, 0, 0)
     for bad in (b"kind2", b"\x01" * 44, cdc[:40], cdc + b"xx"):
         area = ring([bad, cdc], 4, 64, first=0)
