@@ -117,7 +117,7 @@ C_EXTENSIONS: dict[str, str] = {"smcr.rdma.roce._loops": "rdma/roce/_loops.c",
 #: Of :data:`C_EXTENSIONS`, those that read and write the compiled modules' objects in place
 #: (:mod:`smcr.stack.lane`): compiled against the header mypyc generates for this build
 #: (its classes' structs) and its runtime's headers.
-ON_MYPYC_HEADER = frozenset({"smcr.stack._lane"})
+ON_MYPYC_HEADER = frozenset({"smcr.rdma.shm._place", "smcr.stack._lane"})
 
 #: mypyc's group name: the shared library is the top-level module ``smcr_native__mypyc``.
 GROUP = "smcr_native"

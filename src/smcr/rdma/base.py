@@ -455,6 +455,11 @@ class QueuePair(ABC):
         self.receiver = receiver
         self.ring_taker = run if receiver is not None else None
 
+    def ring_after(self, whom: int) -> None:  # noqa: B027 - most providers ring nobody
+        """After a post made in C by the provider's poster for C callers (the shm RNIC's
+        ``post_inline``, which the stack's fast lane calls): ring whom it named (socket
+        calls stay in Python).  Providers without one have nobody to ring."""
+
     @property
     def state(self) -> QpState:
         """The current state (``ibv_query_qp``'s ``qp_state``)."""

@@ -12,6 +12,11 @@
  * itself (socket calls) staying with the caller.  tests/rdma/test_shm_place_c.py runs
  * both against each other.
  *
+ * post_inline, for C callers (the stack's fast lane, through the capsule POST_INLINE), does
+ * the whole common case on the QP object itself: the header mypyc generates for the build
+ * gives the structs of the compiled classes (smcr.nativebuild.ON_MYPYC_HEADER), so it reads
+ * and writes their fields where the compiled Python does (tests/stack/test_lane_send.py).
+ *
  * The peer's area is written by another process: everything read from it is checked
  * before use, as the Python does (a hostile peer gets a refusal, not a wild store).
  */
@@ -20,6 +25,8 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "__native_smcr_native.h"
 
 #define PSN_MASK 0xFFFFFFu
 #define REMOTE_WRITE 2u /* AccessFlag.REMOTE_WRITE */
@@ -61,6 +68,67 @@ static inline uint64_t packets(uint64_t n, uint64_t mtu) { return n ? (n + mtu -
  * offset, seal and generation as looked up; data at addr, then data2 at addr2 (None: one
  * WRITE; data None: none, the MR arguments unused); message: the SEND behind them.  psn,
  * produced: the requester's. */
+/* The checks and stores of one fused send (place_send, post_inline): -1 where a check fails
+ * (nothing written), else the next PSN.  a: the peer QP's receive area (alen bytes); t: the
+ * peer's MR table; dst: the peer MR the WRITEs go to (vlen bytes, iova..end, allowed access,
+ * pd, its table entry at mr_offset with seal and generation); d1 (n1 bytes) at addr, then d2
+ * (n2) at addr2 (count 0, 1 or 2 of them); msg: the SEND behind them. */
+static long place_core(unsigned char *a, uint64_t alen, const unsigned char *t, uint64_t tlen,
+                       unsigned char *dst, uint64_t vlen, int count, const void *d1, uint64_t n1,
+                       uint64_t addr, const void *d2, uint64_t n2, uint64_t addr2,
+                       const void *msg, uint64_t size, uint64_t psn, uint64_t produced,
+                       uint64_t depth, uint64_t slot_size, uint64_t mtu, uint64_t limit,
+                       uint64_t iova, uint64_t end, uint64_t allowed, uint64_t pd,
+                       uint64_t mr_offset, uint32_t seal, uint32_t generation) {
+    if (!depth || !mtu || depth > alen || slot_size > alen)
+        return -1;
+    uint64_t idx = produced % depth;
+    uint64_t lens_end = AREA_HEADER_SIZE + 4 * depth;
+    uint64_t slot = lens_end + idx * (SLOT_HEADER_SIZE + slot_size);
+    if (alen < AREA_HEADER_SIZE || lens_end > alen || size > alen ||
+        slot + SLOT_HEADER_SIZE + size > alen)
+        return -1;
+    uint32_t state = ld32(a);
+    if ((state != QPS_RTR && state != QPS_RTS) || ld32(a + OFF_EPSN) != psn ||
+        ld64(a + OFF_POSTED) == produced || !(ld32(a + OFF_ACCESS) & REMOTE_WRITE) ||
+        size > slot_size || size > ld32(a + AREA_HEADER_SIZE + 4 * idx))
+        return -1;
+    if (count) { /* the WRITEs' target, as the Python checks each WRITE (one peer MR) */
+        if (count < 2)
+            n2 = 0;
+        if (n1 > limit || addr < iova || addr + n1 > end ||
+            (count > 1 && (n2 > limit || addr2 < iova || addr2 + n2 > end)) ||
+            !(allowed & REMOTE_WRITE) || pd != ld32(a + OFF_PD) || mr_offset + 8 > tlen ||
+            mr_offset + 8 < mr_offset || ld32(t + mr_offset) != seal ||
+            ld32(t + mr_offset + 4) != generation || end < iova || end - iova > vlen)
+            return -1;
+        memcpy(dst + (addr - iova), d1, n1);
+        psn += packets(n1, mtu);
+        if (count > 1) {
+            memcpy(dst + (addr2 - iova), d2, n2);
+            psn += packets(n2, mtu);
+        }
+    }
+    memcpy(a + slot + SLOT_HEADER_SIZE, msg, size);
+    psn = (psn + packets(size, mtu)) & PSN_MASK;
+    uint32_t header[4] = {(uint32_t)size, KIND_SEND, 0, 0};
+    memcpy(a + slot, header, sizeof header);
+    /* produced after what it covers (a release store: the compiler keeps the order; x86
+     * keeps stores in order), then the PSN the peer expects next */
+    __atomic_store_n((uint64_t *)(a + OFF_PRODUCED), produced + 1, __ATOMIC_RELEASE);
+    st32(a + OFF_EPSN, (uint32_t)psn);
+    return (long)psn;
+}
+
+/* place_send(area, table, view, data, data2, message, psn, produced, depth, slot_size, mtu,
+ *            limit, iova, end, allowed, pd, mr_offset, seal, generation, addr, addr2)
+ *   -> the next PSN, or -1: a check failed and nothing was written.
+ *
+ * area: the peer QP's receive area (writable); table: the peer's MR table; view: the peer
+ * MR the WRITEs go to (writable), with its iova, end, allowed access, pd, table entry
+ * offset, seal and generation as looked up; data at addr, then data2 at addr2 (None: one
+ * WRITE; data None: none, the MR arguments unused); message: the SEND behind them.  psn,
+ * produced: the requester's. */
 static PyObject *place_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 21) {
@@ -73,14 +141,9 @@ static PyObject *place_send(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (v[i] == -1 && PyErr_Occurred())
             return NULL;
     }
-    uint64_t psn = (uint64_t)v[0], produced = (uint64_t)v[1], depth = (uint64_t)v[2];
-    uint64_t slot_size = (uint64_t)v[3], mtu = (uint64_t)v[4], limit = (uint64_t)v[5];
-    uint64_t iova = (uint64_t)v[6], end = (uint64_t)v[7], allowed = (uint64_t)v[8];
-    uint64_t pd = (uint64_t)v[9], mr_offset = (uint64_t)v[10];
-    uint32_t seal = (uint32_t)v[11], generation = (uint32_t)v[12];
-    uint64_t addr = (uint64_t)v[13], addr2 = (uint64_t)v[14];
-    if (!depth || !mtu || v[0] < 0 || v[1] < 0 || v[6] < 0 || v[13] < 0 || v[14] < 0)
-        return PyLong_FromLong(-1);
+    for (int i = 0; i < 15; i++)
+        if (v[i] < 0)
+            return PyLong_FromLong(-1);
 
     long result = -1;
     Py_buffer area, table, view, data, data2, message;
@@ -97,47 +160,15 @@ static PyObject *place_send(PyObject *self, PyObject *const *args, Py_ssize_t na
         goto fail_data;
     if (PyObject_GetBuffer(args[5], &message, PyBUF_SIMPLE) < 0)
         goto fail_data2;
-
-    unsigned char *a = (unsigned char *)area.buf;
-    uint64_t alen = (uint64_t)area.len, size = (uint64_t)message.len;
-    uint64_t idx = produced % depth;
-    uint64_t lens_end = AREA_HEADER_SIZE + 4 * depth;
-    uint64_t slot = lens_end + idx * (SLOT_HEADER_SIZE + slot_size);
-    if (alen < AREA_HEADER_SIZE || lens_end > alen || slot + SLOT_HEADER_SIZE + size > alen)
-        goto done;
-    uint32_t state = ld32(a);
-    if ((state != QPS_RTR && state != QPS_RTS) || ld32(a + OFF_EPSN) != psn ||
-        ld64(a + OFF_POSTED) == produced || !(ld32(a + OFF_ACCESS) & REMOTE_WRITE) ||
-        size > slot_size || size > ld32(a + AREA_HEADER_SIZE + 4 * idx))
-        goto done;
-    if (have1) { /* the WRITEs' target, as the Python checks each WRITE (one peer MR) */
-        uint64_t n1 = (uint64_t)data.len, n2 = have2 ? (uint64_t)data2.len : 0;
-        const unsigned char *t = (const unsigned char *)table.buf;
-        if (n1 > limit || addr < iova || addr + n1 > end ||
-            (have2 && (n2 > limit || addr2 < iova || addr2 + n2 > end)) ||
-            !(allowed & REMOTE_WRITE) || pd != ld32(a + OFF_PD) ||
-            mr_offset + 8 > (uint64_t)table.len || ld32(t + mr_offset) != seal ||
-            ld32(t + mr_offset + 4) != generation || end < iova ||
-            end - iova > (uint64_t)view.len)
-            goto done;
-        unsigned char *dst = (unsigned char *)view.buf;
-        memcpy(dst + (addr - iova), data.buf, n1);
-        psn += packets(n1, mtu);
-        if (have2) {
-            memcpy(dst + (addr2 - iova), data2.buf, n2);
-            psn += packets(n2, mtu);
-        }
-    }
-    memcpy(a + slot + SLOT_HEADER_SIZE, message.buf, size);
-    psn = (psn + packets(size, mtu)) & PSN_MASK;
-    uint32_t header[4] = {(uint32_t)size, KIND_SEND, 0, 0};
-    memcpy(a + slot, header, sizeof header);
-    /* produced after what it covers (a release store: the compiler keeps the order; x86
-     * keeps stores in order), then the PSN the peer expects next */
-    __atomic_store_n((uint64_t *)(a + OFF_PRODUCED), produced + 1, __ATOMIC_RELEASE);
-    st32(a + OFF_EPSN, (uint32_t)psn);
-    result = (long)psn;
-done:
+    result = place_core(area.buf, (uint64_t)area.len, table.buf, (uint64_t)table.len,
+                        have1 ? view.buf : NULL, have1 ? (uint64_t)view.len : 0,
+                        have1 + have2, have1 ? data.buf : NULL, have1 ? (uint64_t)data.len : 0,
+                        (uint64_t)v[13], have2 ? data2.buf : NULL,
+                        have2 ? (uint64_t)data2.len : 0, (uint64_t)v[14], message.buf,
+                        (uint64_t)message.len, (uint64_t)v[0], (uint64_t)v[1], (uint64_t)v[2],
+                        (uint64_t)v[3], (uint64_t)v[4], (uint64_t)v[5], (uint64_t)v[6],
+                        (uint64_t)v[7], (uint64_t)v[8], (uint64_t)v[9], (uint64_t)v[10],
+                        (uint32_t)v[11], (uint32_t)v[12]);
     PyBuffer_Release(&message);
 fail_data2:
     if (have2)
@@ -166,29 +197,11 @@ fail_area:
  * After a SEND was placed: the peer QP's mark byte set, a full fence, the CQ's arm word
  * and, for a SEND keyed wake (0: none) while the CQ is armed for no application thread and
  * the peer rings by name (bells), the watch word of wake. */
-static PyObject *look_peer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "look_peer takes 6 arguments");
-        return NULL;
-    }
-    long long mark = PyLong_AsLongLong(args[1]), wake = PyLong_AsLongLong(args[2]);
-    long long watches = PyLong_AsLongLong(args[3]), mask = PyLong_AsLongLong(args[4]);
-    if (PyErr_Occurred())
-        return NULL;
-    int bells = PyObject_IsTrue(args[5]);
-    if (bells < 0)
-        return NULL;
-    Py_buffer notify;
-    if (PyObject_GetBuffer(args[0], &notify, PyBUF_WRITABLE) < 0)
-        return NULL;
-    unsigned char *n = (unsigned char *)notify.buf;
-    long long len = (long long)notify.len, result = 0;
-    if (len < 4 || mark < 0 || mark >= len) {
-        PyBuffer_Release(&notify);
-        PyErr_SetString(PyExc_ValueError, "notification segment too short");
-        return NULL;
-    }
+/* look_peer's loads and stores on a notification segment n of len bytes (checked by the
+ * caller: at least 4, mark within). */
+static long long look_core(unsigned char *n, long long len, long long mark, long long wake,
+                           long long watches, long long mask, int bells) {
+    long long result = 0;
     if (mark)
         __atomic_store_n(n + mark, (unsigned char)1, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -210,8 +223,233 @@ static PyObject *look_peer(PyObject *self, PyObject *const *args, Py_ssize_t nar
             result = door;
         }
     }
+    return result;
+}
+
+static PyObject *look_peer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "look_peer takes 6 arguments");
+        return NULL;
+    }
+    long long mark = PyLong_AsLongLong(args[1]), wake = PyLong_AsLongLong(args[2]);
+    long long watches = PyLong_AsLongLong(args[3]), mask = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    int bells = PyObject_IsTrue(args[5]);
+    if (bells < 0)
+        return NULL;
+    Py_buffer notify;
+    if (PyObject_GetBuffer(args[0], &notify, PyBUF_WRITABLE) < 0)
+        return NULL;
+    long long len = (long long)notify.len;
+    if (len < 4 || mark < 0 || mark >= len) {
+        PyBuffer_Release(&notify);
+        PyErr_SetString(PyExc_ValueError, "notification segment too short");
+        return NULL;
+    }
+    long long result = look_core(notify.buf, len, mark, wake, watches, mask, bells);
     PyBuffer_Release(&notify);
     return PyLong_FromLongLong(result);
+}
+
+/* ------------------------------------------------------------- post_inline, for the lane
+ *
+ * ShmQp._post_writes_send's common case on the QP object itself, for C callers (the stack's
+ * fast lane, smcr.stack._lane): reached through the capsule POST_INLINE once bind() named the
+ * compiled classes.  It reads and writes the QP's fields where the compiled Python does
+ * (the struct layouts of the header mypyc generates for the build), under the QP's state
+ * lock (taken without waiting: held elsewhere, the caller's Python does the post).  The
+ * ringing stays with the caller (socket calls): it gets whom to ring, as look_peer says. */
+
+typedef smcr___rdma___shm___qp___ShmQpObject QpObj;
+typedef smcr___rdma___shm___peer___PeerLinkObject PeerObj;
+typedef smcr___rdma___shm___peer___RemoteMrObject MrObj;
+typedef smcr___rdma___verbs___QpAttrObject AttrObj;
+
+/* The capsule's ABI (a copy of it is in smcr/stack/_lane.c; the capsule's name says which). */
+typedef struct {
+    const void *data;
+    Py_ssize_t n;
+    uint64_t addr;
+} smcr_write;
+/* -> whom to ring (>= 0), -1 not the common case (nothing written, nothing changed), -2 an
+ *    error (set; nothing written) */
+typedef int (*smcr_post_inline)(PyObject *qp, const smcr_write *writes, int count,
+                                uint32_t rkey, const unsigned char *msg, Py_ssize_t size,
+                                uint32_t wake);
+#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v1"
+
+static PyTypeObject *qp_type, *peer_type, *mr_type, *attr_type;
+static PyObject *rts_state;                /* QpState.RTS */
+static long long watches_at, watch_mask;   /* smcr.rdma.bells.WATCHES, WATCH_MASK */
+static PyObject *str_acquire, *str_release;
+
+static inline int short_int(CPyTagged t) { return (t & 1) == 0; }
+static inline int64_t untag(CPyTagged t) { return (int64_t)(Py_ssize_t)t >> 1; }
+static inline CPyTagged tag(int64_t v) { return (CPyTagged)((Py_ssize_t)v << 1); }
+
+/* Whether every tagged int is a short one, not negative. */
+static int all_short(const CPyTagged *ts, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        if (!short_int(ts[i]) || untag(ts[i]) < 0)
+            return 0;
+    return 1;
+}
+
+/* The placing, the lock held and the QP looked at: -1, -2 or whom (post_inline). */
+static int post_locked(QpObj *qp, const smcr_write *w, int count, uint32_t rkey,
+                       const unsigned char *msg, Py_ssize_t size, uint32_t wake) {
+    PyObject *attr_obj = qp->_attr, *peer_obj = qp->__peer;
+    if (attr_obj == NULL || Py_TYPE(attr_obj) != attr_type || peer_obj == NULL ||
+        Py_TYPE(peer_obj) != peer_type || qp->__sq == NULL || qp->__timer != Py_None)
+        return -1;
+    AttrObj *attr = (AttrObj *)attr_obj;
+    PeerObj *peer = (PeerObj *)peer_obj;
+    if (attr->_qp_state != rts_state)
+        return -1;
+    Py_ssize_t queued = PyObject_Length(qp->__sq);
+    if (queued != 0)
+        return queued < 0 ? -2 : -1;
+    CPyTagged ts[] = {qp->__produced, qp->__next_psn, qp->__mtu, qp->__max_inline,
+                      qp->__retry_left, qp->__rnr_left, attr->_retry_cnt, attr->_rnr_retry,
+                      peer->_depth, peer->_slot_size, peer->_mark};
+    if (!all_short(ts, sizeof ts / sizeof ts[0]) || peer->_area == NULL ||
+        peer->_table == NULL || peer->_mrs == NULL || !PyDict_CheckExact(peer->_mrs) ||
+        peer->_notify == NULL || peer->_bells == NULL || !PyBytes_CheckExact(peer->_bells) ||
+        count < 0 || count > 2 || size < 0)
+        return -1;
+    MrObj *mr = NULL;
+    if (count) {
+        PyObject *key = PyLong_FromUnsignedLong(rkey);
+        if (key == NULL)
+            return -2;
+        PyObject *found = PyDict_GetItemWithError(peer->_mrs, key); /* borrowed */
+        Py_DECREF(key);
+        if (found == NULL)
+            return PyErr_Occurred() ? -2 : -1;
+        if (Py_TYPE(found) != mr_type)
+            return -1;
+        mr = (MrObj *)found;
+        CPyTagged ms[] = {mr->_iova, mr->_end, mr->_allowed, mr->_pd, mr->_offset, mr->_seal,
+                          mr->_generation};
+        if (!all_short(ms, sizeof ms / sizeof ms[0]) || mr->_view == NULL)
+            return -1;
+        for (int i = 0; i < count; i++)
+            if (w[i].n < 0 || w[i].addr >= ((uint64_t)1 << 62))
+                return -1;
+    }
+    int result = -2;
+    Py_buffer area, table, view;
+    if (PyObject_GetBuffer(peer->_area, &area, PyBUF_WRITABLE) < 0)
+        return -2;
+    if (PyObject_GetBuffer(peer->_table, &table, PyBUF_SIMPLE) < 0)
+        goto release_area;
+    if (mr != NULL && PyObject_GetBuffer(mr->_view, &view, PyBUF_WRITABLE) < 0)
+        goto release_table;
+    long psn = place_core(
+        area.buf, (uint64_t)area.len, table.buf, (uint64_t)table.len,
+        mr != NULL ? view.buf : NULL, mr != NULL ? (uint64_t)view.len : 0, count,
+        count ? w[0].data : NULL, count ? (uint64_t)w[0].n : 0, count ? w[0].addr : 0,
+        count > 1 ? w[1].data : NULL, count > 1 ? (uint64_t)w[1].n : 0,
+        count > 1 ? w[1].addr : 0, msg, (uint64_t)size, (uint64_t)untag(qp->__next_psn),
+        (uint64_t)untag(qp->__produced), (uint64_t)untag(peer->_depth),
+        (uint64_t)untag(peer->_slot_size), (uint64_t)untag(qp->__mtu),
+        (uint64_t)untag(qp->__max_inline), mr != NULL ? (uint64_t)untag(mr->_iova) : 0,
+        mr != NULL ? (uint64_t)untag(mr->_end) : 0,
+        mr != NULL ? (uint64_t)untag(mr->_allowed) : 0,
+        mr != NULL ? (uint64_t)untag(mr->_pd) : 0, mr != NULL ? (uint64_t)untag(mr->_offset) : 0,
+        mr != NULL ? (uint32_t)untag(mr->_seal) : 0,
+        mr != NULL ? (uint32_t)untag(mr->_generation) : 0);
+    if (psn < 0) {
+        result = -1;
+    } else { /* _place_in_c's stores after place_send, then send.notify's look */
+        qp->__produced = tag(untag(qp->__produced) + 1);
+        qp->__next_psn = tag(psn);
+        qp->__retry_left = attr->_retry_cnt;
+        qp->__rnr_left = attr->_rnr_retry;
+        result = 1; /* no notification segment: the CQ's doorbell (send.notify) */
+        if (peer->_notify != Py_None) {
+            Py_buffer notify;
+            if (PyObject_GetBuffer(peer->_notify, &notify, PyBUF_WRITABLE) < 0) {
+                /* placed: the peer polls it in time; say so without an error */
+                PyErr_Clear();
+            } else {
+                long long len = (long long)notify.len, mark = untag(peer->_mark);
+                if (len >= 4 && mark < len)
+                    result = (int)look_core(notify.buf, len, mark, wake, watches_at,
+                                            watch_mask, PyBytes_GET_SIZE(peer->_bells) > 0);
+                PyBuffer_Release(&notify);
+            }
+        }
+    }
+    if (mr != NULL)
+        PyBuffer_Release(&view);
+release_table:
+    PyBuffer_Release(&table);
+release_area:
+    PyBuffer_Release(&area);
+    return result;
+}
+
+static int post_inline(PyObject *qp_obj, const smcr_write *writes, int count, uint32_t rkey,
+                       const unsigned char *msg, Py_ssize_t size, uint32_t wake) {
+    if (qp_type == NULL || Py_TYPE(qp_obj) != qp_type)
+        return -1;
+    QpObj *qp = (QpObj *)qp_obj;
+    if (qp->_hooks != Py_None || qp->_sq_sig_all != 0 || qp->__state_lock == NULL)
+        return -1;
+    PyObject *got = PyObject_CallMethodOneArg(qp->__state_lock, str_acquire, Py_False);
+    if (got == NULL)
+        return -2;
+    int held = got == Py_True;
+    Py_DECREF(got);
+    if (!held)
+        return -1; /* another thread posts or changes the state: the Python waits its turn */
+    int result = post_locked(qp, writes, count, rkey, msg, size, wake);
+    PyObject *type, *value, *trace; /* (the release runs, error or not) */
+    PyErr_Fetch(&type, &value, &trace);
+    PyObject *done = PyObject_CallMethodNoArgs(qp->__state_lock, str_release);
+    if (done == NULL)
+        PyErr_WriteUnraisable(qp->__state_lock);
+    Py_XDECREF(done);
+    PyErr_Restore(type, value, trace);
+    return result;
+}
+
+/* bind(ShmQp, PeerLink, RemoteMr, QpAttr, QpState.RTS, WATCHES, WATCH_MASK): the compiled
+ * classes post_inline reads, checked to be the header's structs. */
+static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "bind takes 7 arguments");
+        return NULL;
+    }
+    /* (QueuePair allows interpreted subclasses: mypyc puts a __dict__ and a weakref slot
+     * behind the struct of its compiled subclasses; an interpreted class is far smaller) */
+    Py_ssize_t sizes[4] = {sizeof(QpObj), sizeof(PeerObj), sizeof(MrObj), sizeof(AttrObj)};
+    for (int i = 0; i < 4; i++)
+        if (!PyType_Check(args[i]) || ((PyTypeObject *)args[i])->tp_basicsize < sizes[i] ||
+            ((PyTypeObject *)args[i])->tp_basicsize > sizes[i] + 2 * (Py_ssize_t)sizeof(void *) ||
+            (((PyTypeObject *)args[i])->tp_dictoffset != 0 &&
+             ((PyTypeObject *)args[i])->tp_dictoffset < sizes[i])) {
+            PyErr_Format(PyExc_TypeError, "bind: %R is not the compiled class _place was "
+                         "built for", args[i]);
+            return NULL;
+        }
+    long long at = PyLong_AsLongLong(args[5]), mask = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyTypeObject **slots[4] = {&qp_type, &peer_type, &mr_type, &attr_type};
+    for (int i = 0; i < 4; i++) {
+        Py_INCREF(args[i]);
+        Py_XSETREF(*slots[i], (PyTypeObject *)args[i]);
+    }
+    Py_INCREF(args[4]);
+    Py_XSETREF(rts_state, args[4]);
+    watches_at = at;
+    watch_mask = mask;
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
@@ -219,6 +457,8 @@ static PyMethodDef methods[] = {
      "The checks and stores of the shm fused send's common case (module doc)."},
     {"look_peer", (PyCFunction)(void (*)(void))look_peer, METH_FASTCALL,
      "After a SEND: the peer QP's mark, a fence, whom to ring (module doc)."},
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
+     "The compiled classes post_inline reads (its comment)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -228,4 +468,19 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__place(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__place(void) {
+    str_acquire = PyUnicode_InternFromString("acquire");
+    str_release = PyUnicode_InternFromString("release");
+    if (str_acquire == NULL || str_release == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyObject *capsule = PyCapsule_New((void *)post_inline, POST_INLINE_NAME, NULL);
+    if (capsule == NULL || PyModule_AddObject(m, "POST_INLINE", capsule) < 0) {
+        Py_XDECREF(capsule);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

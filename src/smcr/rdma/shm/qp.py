@@ -581,6 +581,11 @@ class ShmQp(QueuePair):
                 return
         super()._post_writes_send(writes, message, wr_id, signaled, wake)
 
+    def ring_after(self, whom: int) -> None:
+        """Ring whom :data:`POST_INLINE` named (:func:`send.ring_whom`)."""
+        if self._peer is not None:
+            send.ring_whom(self._peer, whom)
+
     def _run_sq(self) -> None:
         """Execute queued WRs in order until done or one blocks (state lock held).
 
@@ -880,3 +885,9 @@ def _place_in_c(c: ModuleType, qp: ShmQp, peer: PeerLink,
         qp.send_cq.push(WorkCompletion(wr_id=wr_id, status=_SUCCESS, opcode=_SEND_OP,
                                        qp_num=qp.qp_num, byte_len=len(message)), local=True)
     return True
+
+
+POST_INLINE: Final = send.c_poster(ShmQp)
+""":meth:`ShmQp._post_writes_send`'s common case for C callers (``_place.c``'s
+``post_inline``, a capsule): the stack's fast lane posts a message's WRITEs and CDC through
+it, then rings whom it names (:meth:`ShmQp.ring_after`); None without the C."""

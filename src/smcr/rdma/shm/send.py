@@ -14,8 +14,9 @@ from smcr.rdma.bells import WATCH_MASK, WATCHES, ring_consumer, ring_name
 from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm.cq import fence
-from smcr.rdma.shm.peer import PeerLink
+from smcr.rdma.shm.peer import PeerLink, RemoteMr
 from smcr.rdma.stores import store_u32
+from smcr.rdma.verbs import QpAttr, QpState
 
 _U32_UNPACK: Final = lay.U32.unpack_from
 
@@ -33,6 +34,22 @@ def _c_place() -> ModuleType | None:
 PLACE: ModuleType | None = _c_place()
 
 
+def c_poster(qp_class: type) -> object | None:
+    """``_place.c``'s ``post_inline`` for C callers (the stack's fast lane): a capsule, once
+    the C is bound to the compiled classes whose objects it reads (``qp_class``: the
+    :class:`~smcr.rdma.shm.qp.ShmQp` class, which imports this module); None without the
+    C, or where the classes are not the compiled ones (an interpreted ``qp_class``)."""
+    place = PLACE
+    if place is None:
+        return None
+    try:
+        place.bind(qp_class, PeerLink, RemoteMr, QpAttr, QpState.RTS, WATCHES, WATCH_MASK)
+    except TypeError:
+        return None
+    capsule: object = place.POST_INLINE
+    return capsule
+
+
 def notify(peer: PeerLink, wake: int = 0) -> None:
     """After a SEND was placed (``produced`` stored): mark the peer QP, and ring the peer's CQ
     if it is armed, with the doorbell its arm names (:mod:`smcr.rdma.shm.cq`); or, for a
@@ -40,17 +57,10 @@ def notify(peer: PeerLink, wake: int = 0) -> None:
     bell armed for that key (:mod:`smcr.rdma.bells`)."""
     notify = peer.notify
     if notify is not None and PLACE is not None:  # (the same, by _place.c's look_peer)
-        whom: int = PLACE.look_peer(notify, peer.mark, wake, WATCHES, WATCH_MASK, peer.bells)
-        if not whom:
-            return
-        if whom > 3:
-            if ring_name(peer.bells, whom >> 2):
-                return
-            store_u32(notify, 0, 0)
-        if whom & 3 == ARM_STANDBY and peer.standby_bell is not None:
-            ring(peer.standby_bell)
-            return
-    elif notify is not None:  # ring only a CQ armed for sleep (smcr.rdma.shm.cq)
+        ring_whom(peer, PLACE.look_peer(notify, peer.mark, wake, WATCHES, WATCH_MASK,
+                                        peer.bells))  # fmt: skip
+        return
+    if notify is not None:  # ring only a CQ armed for sleep (smcr.rdma.shm.cq)
         mark = peer.mark
         if mark:  # after produced: its poll looks at this QP
             notify[mark] = 1
@@ -65,6 +75,23 @@ def notify(peer: PeerLink, wake: int = 0) -> None:
         if target == ARM_STANDBY and peer.standby_bell is not None:
             ring(peer.standby_bell)
             return
+    ring(peer.bell)
+
+
+def ring_whom(peer: PeerLink, whom: int) -> None:
+    """Ring whom ``_place.c``'s look at the peer CQ's words named (``look_peer``, and the
+    lane's ``post_inline``): nobody (0), the CQ's doorbell (1) or its standby doorbell (2),
+    or a consumer bell (``rid << 2 | door``: the doorbell ``door`` if it cannot be rung)."""
+    if not whom:
+        return
+    if whom > 3:
+        if ring_name(peer.bells, whom >> 2):
+            return
+        if peer.notify is not None:
+            store_u32(peer.notify, 0, 0)
+    if whom & 3 == ARM_STANDBY and peer.standby_bell is not None:
+        ring(peer.standby_bell)
+        return
     ring(peer.bell)
 
 
