@@ -36,6 +36,8 @@ typedef smcr___core___connection___RmbObject RmbObj;
 #define CDC_SIZE 44
 #define CDC_TYPE 0xFE
 #define WRITE_BLOCKED 0x80u /* ProducerFlags.WRITE_BLOCKED */
+#define UPDATE_REQUESTED 0x10u /* ProducerFlags.CONSUMER_CURSOR_UPDATE_REQUESTED */
+#define SIGNAL_EVERY 16      /* smcr.core.connection.SIGNAL_EVERY */
 #define PFLAGS_MASK 0xF8u   /* the producer flags a CDC's receiver looks at */
 #define SFLAGS_MASK 0xE0u   /* the connection state flags */
 #define WRAP_LIMIT 65536
@@ -44,6 +46,22 @@ typedef smcr___core___connection___RmbObject RmbObj;
 
 /* The classes whose instances the lane reads: bound once (bind), checked exactly. */
 static PyTypeObject *state_type, *link_type, *group_type, *conn_type, *rmb_type;
+
+/* The RNIC's post for C callers (smcr.rdma.shm.qp.POST_INLINE: _place.c's post_inline),
+ * through a capsule bound once; its ABI, copied from there (the capsule's name says which):
+ * -> whom to ring (>= 0), -1 not its common case (nothing written, nothing changed), -2 an
+ *    error (set; nothing written). */
+typedef struct {
+    const void *data;
+    Py_ssize_t n;
+    uint64_t addr;
+} smcr_write;
+typedef int (*smcr_post_inline)(PyObject *qp, const smcr_write *writes, int count,
+                                uint32_t rkey, const unsigned char *msg, Py_ssize_t size,
+                                uint32_t wake);
+#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v1"
+static smcr_post_inline poster;
+static PyObject *str_append, *str_pop;
 
 static inline int short_int(CPyTagged t) { return (t & 1) == 0; }
 static inline int64_t untag(CPyTagged t) { return (int64_t)(Py_ssize_t)t >> 1; }
@@ -77,12 +95,19 @@ static inline int64_t cursor(int64_t held, int64_t wrap, int64_t count, int64_t 
     return advance(held, wrap, count, size);
 }
 
-/* bind(EngineState, Link, LinkGroup, Connection, Rmb): the compiled classes. */
+/* bind(EngineState, Link, LinkGroup, Connection, Rmb, post_inline): the compiled classes,
+ * and the RNIC's post for C callers (a capsule, or None: no send_inline then). */
 static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "bind takes 5 classes");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "bind takes 5 classes and a capsule");
         return NULL;
+    }
+    smcr_post_inline post = NULL;
+    if (args[5] != Py_None) {
+        post = (smcr_post_inline)PyCapsule_GetPointer(args[5], POST_INLINE_NAME);
+        if (post == NULL)
+            return NULL;
     }
     /* the compiled classes, not the interpreted ones of a pure-Python process (whose
      * instances are no such structs): each instance is exactly the struct's size */
@@ -100,6 +125,7 @@ static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_INCREF(args[i]);
         Py_XSETREF(*slots[i], (PyTypeObject *)args[i]);
     }
+    poster = post;
     Py_RETURN_NONE;
 }
 
@@ -291,6 +317,150 @@ static PyObject *take_run(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return Py_BuildValue("(LL)", consumed, posted);
 }
 
+static inline void put16(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 8);
+    p[1] = (unsigned char)v;
+}
+static inline void put32(unsigned char *p, uint32_t v) {
+    put16(p, v >> 16);
+    put16(p + 2, v & 0xFFFF);
+}
+
+/* send_inline(conn, qp, data, request) -> whom to ring (>= 0: QueuePair.ring_after), or -1:
+ * not the common case, nothing sent and nothing changed (but a WR id drawn)
+ *
+ * Executor.send_inline's common case: Connection.write_inline and _cdc as they would, the
+ * WRITEs and the CDC posted by the RNIC's post for C callers (bind).  Declined: a CDC that
+ * is signaled (every SIGNAL_EVERY-th, one that fills the peer's RMBE, a quarter of the
+ * send buffer unconfirmed, state flags), urgent data, bytes waiting in the send buffer,
+ * more than fits, any long int, and whatever the post declines (a tap or failures on the
+ * QP, its state, queued work, the peer's state and MR checks).
+ *
+ * The CDC's pending entry is appended before the post (an allocation cannot fail after the
+ * bytes went) and taken back if the post declines. */
+static PyObject *send_inline(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "send_inline takes 4 arguments");
+        return NULL;
+    }
+    int request = PyObject_IsTrue(args[3]);
+    if (request < 0)
+        return NULL;
+    if (poster == NULL || conn_type == NULL || Py_TYPE(args[0]) != conn_type)
+        return PyLong_FromLong(-1);
+    ConnObj *c = (ConnObj *)args[0];
+    if (c->_urg_tx_end != Py_None || c->_rmb == NULL || Py_TYPE(c->_rmb) != rmb_type ||
+        c->_cdc_pending == NULL || c->_wr_ids == NULL)
+        return PyLong_FromLong(-1);
+    CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
+                      c->_sndbuf_limit, c->_peer_vaddr, c->_peer_rkey, c->_seq, c->_rx_cons,
+                      c->_rx_cons_sent, ((RmbObj *)c->_rmb)->_size, c->_peer_token,
+                      c->_tx_flags, c->_unsignaled};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (!short_int(ts[i]) || untag(ts[i]) < 0)
+            return PyLong_FromLong(-1);
+    int64_t sent = untag(c->_tx_sent), rsize = untag(c->_peer_rmb_size);
+    int64_t size = untag(((RmbObj *)c->_rmb)->_size), rx_cons = untag(c->_rx_cons);
+    int64_t tx_fin = untag(c->_tx_fin), limit = untag(c->_sndbuf_limit);
+    int64_t vaddr = untag(c->_peer_vaddr), rkey = untag(c->_peer_rkey);
+    int64_t token = untag(c->_peer_token), unsignaled = untag(c->_unsignaled);
+    if (rsize <= 0 || size <= 0 || rsize > UINT32_MAX || size > UINT32_MAX ||
+        rkey > UINT32_MAX || token > UINT32_MAX || c->_tx_flags != 0 ||
+        untag(c->_tx_app) != sent || unsignaled + 1 >= SIGNAL_EVERY)
+        return PyLong_FromLong(-1);
+    Py_buffer d;
+    if (PyObject_GetBuffer(args[2], &d, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int64_t n = (int64_t)d.len, peer_free = rsize - (sent - untag(c->_peer_cons));
+    int64_t now_sent = sent + n;
+    /* (n == peer_free: the CDC says write-blocked, and is signaled: the Python's) */
+    if (n <= 0 || n >= peer_free || n > limit - (sent - tx_fin) || !fits(now_sent) ||
+        (now_sent - tx_fin) * 4 > limit) {
+        PyBuffer_Release(&d);
+        return PyLong_FromLong(-1);
+    }
+    smcr_write w[2];
+    int64_t dst = sent % rsize, first = rsize - dst;
+    int count = 1;
+    w[0].data = d.buf;
+    w[0].addr = (uint64_t)(vaddr + dst);
+    w[0].n = (Py_ssize_t)(n <= first ? n : first);
+    if (n > first) {
+        count = 2;
+        w[1].data = (const unsigned char *)d.buf + first;
+        w[1].n = (Py_ssize_t)(n - first);
+        w[1].addr = (uint64_t)vaddr;
+    }
+    uint32_t seq = (uint32_t)(untag(c->_seq) + 1) & 0xFFFF;
+    unsigned char m[CDC_SIZE];
+    memset(m, 0, sizeof m);
+    m[0] = CDC_TYPE;
+    m[1] = CDC_SIZE;
+    put16(m + 2, seq);
+    put32(m + 4, (uint32_t)token);
+    put16(m + 10, (uint32_t)((now_sent / rsize) & 0xFFFF));
+    put32(m + 12, (uint32_t)(now_sent % rsize));
+    put16(m + 18, (uint32_t)((rx_cons / size) & 0xFFFF));
+    put32(m + 20, (uint32_t)(rx_cons % size));
+    m[24] = request ? UPDATE_REQUESTED : 0;
+
+    PyObject *pending = NULL, *wr_id = PyIter_Next(c->_wr_ids), *at = NULL;
+    if (wr_id == NULL)
+        goto decline;
+    at = PyLong_FromLongLong((long long)now_sent);
+    if (at == NULL)
+        goto fail;
+    pending = PyTuple_Pack(3, wr_id, (PyObject *)c, at);
+    if (pending == NULL)
+        goto fail;
+    PyObject *r = PyObject_CallMethodOneArg(c->_cdc_pending, str_append, pending);
+    if (r == NULL)
+        goto fail;
+    Py_DECREF(r);
+    int whom = poster(args[1], w, count, (uint32_t)rkey, m, CDC_SIZE, (uint32_t)token);
+    if (whom < 0) { /* taken back: the Python posts it (or says the post's error) */
+        PyObject *type, *value, *trace;
+        PyErr_Fetch(&type, &value, &trace);
+        PyObject *back = PyObject_CallMethodNoArgs(c->_cdc_pending, str_pop);
+        Py_XDECREF(back);
+        if (back == NULL) /* (not possible: ours is there, the GIL held) */
+            PyErr_WriteUnraisable(c->_cdc_pending);
+        PyErr_Restore(type, value, trace);
+        if (whom == -2)
+            goto fail;
+        goto decline;
+    }
+    /* write_inline's and _cdc's stores (every old value a short int: nothing to release) */
+    if (request)
+        c->_echo_pending = 1;
+    c->_tx_app = c->_tx_sent = tag(now_sent);
+    c->_unanswered = 1;
+    c->_seq = tag(seq);
+    c->_rx_cons_sent = c->_rx_cons;
+    c->_peer_wants_update = 0;
+    c->_unsignaled = tag(unsignaled + 1);
+    Py_DECREF(pending);
+    Py_DECREF(at);
+    Py_DECREF(wr_id);
+    PyBuffer_Release(&d);
+    return PyLong_FromLong(whom);
+decline:
+    Py_XDECREF(pending);
+    Py_XDECREF(at);
+    Py_XDECREF(wr_id);
+    PyBuffer_Release(&d);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLong(-1);
+fail:
+    Py_XDECREF(pending);
+    Py_XDECREF(at);
+    Py_XDECREF(wr_id);
+    PyBuffer_Release(&d);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "The compiled classes the lane reads (module doc)."},
@@ -298,6 +468,8 @@ static PyMethodDef methods[] = {
      "A CDC read in place, its common case (module doc)."},
     {"take_run", (PyCFunction)(void (*)(void))take_run, METH_FASTCALL,
      "The CDCs of a receive ring that take_cdc would take, in one call (module doc)."},
+    {"send_inline", (PyCFunction)(void (*)(void))send_inline, METH_FASTCALL,
+     "A send's WRITEs and CDC, its common case, posted in one call (module doc)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -307,4 +479,10 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__lane(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__lane(void) {
+    str_append = PyUnicode_InternFromString("append");
+    str_pop = PyUnicode_InternFromString("pop");
+    if (str_append == NULL || str_pop == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}

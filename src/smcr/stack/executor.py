@@ -53,6 +53,7 @@ from smcr.core import (
 from smcr.core.connection import Connection
 from smcr.rdma import SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode
 from smcr.rdma.completion import TAKEN_IN_PLACE, CompletionQueue
+from smcr.stack import inplace
 from smcr.stack.bufpool import BufferPool
 from smcr.stack.clcwatch import ClcWatch
 from smcr.stack.counters import COUNTERS
@@ -246,10 +247,18 @@ class Executor:
 
         :param request: the CDC asks the peer to answer (:meth:`Connection.echo_wanted`).
         """
+        qp = self.qps.get(c.qpn)
         if self.keep_copy:
             ring_write(self.conns[c.id].sndbuf, c.tx_sent, data)
+        elif qp is not None and (lane := inplace.LANE) is not None:
+            whom: int = lane.send_inline(c, qp, data, request)  # (the lane's common case)
+            if whom >= 0:
+                if whom:
+                    qp.ring_after(whom)
+                if self.engine.has_events():
+                    self._dispatch_events()
+                return
         writes, cdc, wr_id, signaled = c.write_inline(data, request)
-        qp = self.qps.get(c.qpn)
         try:
             if qp is None:
                 raise OSError("the link's QP is gone")

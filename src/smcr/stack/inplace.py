@@ -23,6 +23,7 @@ from smcr.core.connection import Connection, Rmb
 from smcr.core.engine import Engine
 from smcr.core.linkgroup import Link, LinkGroup
 from smcr.core.state import EngineState
+from smcr.rdma.shm.qp import POST_INLINE
 from smcr.stack.counters import COUNTERS
 from smcr.stack.hostconn import Taps
 
@@ -32,15 +33,17 @@ def _c_lane() -> ModuleType | None:
     (:mod:`smcr.native`), bound to their classes; None in a pure-Python process."""
     try:
         lane = importlib.import_module("smcr.stack._lane")
-        lane.bind(EngineState, Link, LinkGroup, Connection, Rmb)
+        lane.bind(EngineState, Link, LinkGroup, Connection, Rmb, POST_INLINE)
     except (ImportError, TypeError):  # (TypeError: these classes are not the compiled ones)
         return None
     return lane
 
 
 LANE: ModuleType | None = _c_lane()
-"""The C that takes the common CDCs of a run (``_lane.c``: the engine's own objects, no
-Python objects per message); tests set it to None to run the Python in a compiled process."""
+"""The C that takes the common CDCs of a run and posts a send's common case (``_lane.c``: the
+engine's own objects, no Python objects per message; :meth:`Executor.send_inline
+<smcr.stack.executor.Executor.send_inline>`); tests set it to None to run the Python in a
+compiled process."""
 
 
 class InPlace:
