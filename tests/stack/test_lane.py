@@ -152,7 +152,7 @@ def test_the_lane_binds_only_the_compiled_classes() -> None:
         pass
 
     with pytest.raises(TypeError):
-        c.bind(Plain, Plain, Plain, Plain, Plain, None)
+        c.bind(Plain, Plain, Plain, Plain, Plain, None, Plain)
 
 
 def ring(messages: list[bytes], depth: int, slot_size: int, first: int) -> bytearray:

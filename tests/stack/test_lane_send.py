@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import random
 import select
-import threading
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,9 @@ import pytest
 
 from smcr.core.connection import Connection
 from smcr.rdma import QpAttr, QpAttrMask, QpCap, QpState, RecvWr, Sge, WcStatus
-from smcr.rdma.completion import ARM_SLEEPER
+from smcr.rdma import bells as bl
+from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY
+from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm.qp import POST_INLINE
 from smcr.stack import inplace
 from smcr.wire.cdc import CDC
@@ -54,6 +56,7 @@ class Setup:
         connect(self.a, self.b)
         c = self.conn
         c.peer_vaddr, c.peer_rkey, c.peer_rmb_size = self.b.rmb.addr, self.b.rmb.rkey, RING
+        self.a.qp._retry_left, self.a.qp._rnr_left = 1, 2  # (a send sets both from the attr)
         self.received: list[bytes] = []
 
     def python_send(self, data: memoryview, request: bool) -> None:
@@ -75,7 +78,8 @@ class Setup:
         c = self.conn
         return (tuple(getattr(c, f) for f in FIELDS),
                 [(conn.id, at) for _, conn, at in c.cdc_pending],
-                self.a.qp._next_psn, self.a.qp._produced, bytes(self.b.rmb.buf[:RING]))  # fmt: skip
+                self.a.qp._next_psn, self.a.qp._produced, self.a.qp._retry_left,
+                self.a.qp._rnr_left, bytes(self.b.rmb.buf[:RING]))  # fmt: skip
 
     def close(self) -> None:
         self.a.dev.close()
@@ -140,23 +144,26 @@ def test_c_and_python_send_alike(setups: list[Setup]) -> None:
 
 
 def test_a_declined_send_changes_nothing(setups: list[Setup]) -> None:
-    """Each case the lane leaves to the Python (a send that fills the peer's RMBE, bytes
-    waiting in the send buffer, urgent data, a signaled CDC, state flags, the QP's state
-    lock held elsewhere, failures or a tap watching the QP, an unknown peer MR, a QP not in
-    RTS) is declined before anything changes: the connection, its pending CDCs, the QP and
-    the peer's memory are as they were."""
+    """Each case the lane leaves to the Python (no receive posted at the peer, a send that
+    fills the peer's RMBE, bytes waiting in the send buffer, urgent data, a signaled CDC,
+    state flags, the QP's state lock held elsewhere, every WR signaled, an unknown peer
+    MR, failures injected on the QP, the peer's QP in ERR, a QP of another kind, a QP not
+    in RTS) is declined before anything changes: the connection, its pending CDCs, the QP
+    and the peer's memory are as they were."""
     c = lane()
     s = setups[0]
     conn, qp = s.conn, s.a.qp
     s.python_send(memoryview(b"first"), False)  # (the peer MR is mapped by the Python)
-    s.take()
-    assert c.send_inline(conn, qp, memoryview(b"second"), False) == 0
     s.take()
 
     def declined(why: str) -> None:
         before = s.snapshot()
         assert c.send_inline(conn, qp, memoryview(b"x" * 10), False) == -1, why
         assert s.snapshot() == before, why
+
+    assert c.send_inline(conn, qp, memoryview(b"second"), False) == 0
+    declined("no receive posted at the peer (the last one is taken, not yet posted again)")
+    s.take()
 
     conn.peer_cons = conn.tx_sent - (RING - 10)
     declined("fills the peer's RMBE")
@@ -197,6 +204,11 @@ def test_a_declined_send_changes_nothing(setups: list[Setup]) -> None:
     qp.hooks = None
     assert c.send_inline(conn, qp, memoryview(b"third"), False) == 0
     s.take()
+    s.b.qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
+    declined("the peer's QP in ERR")
+    before = s.snapshot()
+    assert c.send_inline(conn, s.b.cq, memoryview(b"x"), False) == -1
+    assert s.snapshot() == before  # (another kind of QP: the lane's post serves the shm QP)
     qp.modify(QpAttr(qp_state=QpState.ERR), QpAttrMask.STATE)
     declined("a QP in ERR")
     assert len(s.received) == 3
@@ -220,4 +232,26 @@ def test_the_lane_says_whom_to_ring(setups: list[Setup]) -> None:
     s.b.cq.clear_signal()
     s.take()
     assert c.send_inline(s.conn, s.a.qp, memoryview(b"quiet"), False) == 0
+    s.take()
+
+
+@pytest.mark.parametrize("rid", [9, 0x20000000, 0xFFFFFFFF])
+def test_a_consumer_bell_of_any_name_is_named_whole(setups: list[Setup], rid: int) -> None:
+    """A peer CQ armed for its standby thread, with the connection's consumer bell armed:
+    the send names that bell (its 32-bit rid, shifted, with the door), and takes its watch
+    word; the rid is never cut (a peer's rids go up to 2^32 - 1)."""
+    c = lane()
+    s = setups[0]
+    s.python_send(memoryview(b"first"), False)
+    s.take()
+    peer = s.a.qp._peer
+    assert peer is not None and peer.notify is not None
+    peer.bells = peer.bells or b"bells"  # (rings by name: the C looks at the watch word)
+    at = bl.WATCHES + 4 * (s.conn.peer_token & bl.WATCH_MASK)
+    lay.U32.pack_into(peer.notify, 0, ARM_STANDBY)
+    lay.U32.pack_into(peer.notify, at, rid)
+    assert c.send_inline(s.conn, s.a.qp, memoryview(b"bell"), False) == rid << 2 | ARM_STANDBY
+    assert lay.U32.unpack_from(peer.notify, at)[0] == 0
+    assert lay.U32.unpack_from(peer.notify, 0)[0] == ARM_STANDBY  # (the arm word stays)
+    lay.U32.pack_into(peer.notify, 0, 0)
     s.take()

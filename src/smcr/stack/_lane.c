@@ -49,18 +49,19 @@ static PyTypeObject *state_type, *link_type, *group_type, *conn_type, *rmb_type;
 
 /* The RNIC's post for C callers (smcr.rdma.shm.qp.POST_INLINE: _place.c's post_inline),
  * through a capsule bound once; its ABI, copied from there (the capsule's name says which):
- * -> whom to ring (>= 0), -1 not its common case (nothing written, nothing changed), -2 an
- *    error (set; nothing written). */
+ * -> whom to ring (>= 0: up to 2^34), -1 not its common case (nothing written, nothing
+ *    changed), -2 an error (set; nothing written). */
 typedef struct {
     const void *data;
     Py_ssize_t n;
     uint64_t addr;
 } smcr_write;
-typedef int (*smcr_post_inline)(PyObject *qp, const smcr_write *writes, int count,
+typedef int64_t (*smcr_post_inline)(PyObject *qp, const smcr_write *writes, int count,
                                 uint32_t rkey, const unsigned char *msg, Py_ssize_t size,
                                 uint32_t wake);
-#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v1"
+#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v2"
 static smcr_post_inline poster;
+static PyTypeObject *post_qp_type; /* the QP class the post serves (others: declined at once) */
 static PyObject *str_append, *str_pop;
 
 static inline int short_int(CPyTagged t) { return (t & 1) == 0; }
@@ -95,16 +96,21 @@ static inline int64_t cursor(int64_t held, int64_t wrap, int64_t count, int64_t 
     return advance(held, wrap, count, size);
 }
 
-/* bind(EngineState, Link, LinkGroup, Connection, Rmb, post_inline): the compiled classes,
- * and the RNIC's post for C callers (a capsule, or None: no send_inline then). */
+/* bind(EngineState, Link, LinkGroup, Connection, Rmb, post_inline, qp_class): the compiled
+ * classes, and the RNIC's post for C callers (a capsule, or None: no send_inline then) with
+ * the QP class it serves. */
 static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "bind takes 5 classes and a capsule");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "bind takes 5 classes, a capsule and a class");
         return NULL;
     }
     smcr_post_inline post = NULL;
     if (args[5] != Py_None) {
+        if (!PyType_Check(args[6])) {
+            PyErr_SetString(PyExc_TypeError, "bind: the post's QP class is not a class");
+            return NULL;
+        }
         post = (smcr_post_inline)PyCapsule_GetPointer(args[5], POST_INLINE_NAME);
         if (post == NULL)
             return NULL;
@@ -126,6 +132,10 @@ static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_XSETREF(*slots[i], (PyTypeObject *)args[i]);
     }
     poster = post;
+    if (post != NULL) {
+        Py_INCREF(args[6]);
+        Py_XSETREF(post_qp_type, (PyTypeObject *)args[6]);
+    }
     Py_RETURN_NONE;
 }
 
@@ -347,7 +357,8 @@ static PyObject *send_inline(PyObject *self, PyObject *const *args, Py_ssize_t n
     int request = PyObject_IsTrue(args[3]);
     if (request < 0)
         return NULL;
-    if (poster == NULL || conn_type == NULL || Py_TYPE(args[0]) != conn_type)
+    if (poster == NULL || conn_type == NULL || Py_TYPE(args[0]) != conn_type ||
+        Py_TYPE(args[1]) != post_qp_type)
         return PyLong_FromLong(-1);
     ConnObj *c = (ConnObj *)args[0];
     if (c->_urg_tx_end != Py_None || c->_rmb == NULL || Py_TYPE(c->_rmb) != rmb_type ||
@@ -374,8 +385,9 @@ static PyObject *send_inline(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     int64_t n = (int64_t)d.len, peer_free = rsize - (sent - untag(c->_peer_cons));
     int64_t now_sent = sent + n;
-    /* (n == peer_free: the CDC says write-blocked, and is signaled: the Python's) */
-    if (n <= 0 || n >= peer_free || n > limit - (sent - tx_fin) || !fits(now_sent) ||
+    /* (n == peer_free: the CDC says write-blocked, and is signaled: the Python's; items of
+     * more than a byte: len() counts them, not bytes) */
+    if (d.itemsize != 1 || n <= 0 || n >= peer_free || n > limit - (sent - tx_fin) || !fits(now_sent) ||
         (now_sent - tx_fin) * 4 > limit) {
         PyBuffer_Release(&d);
         return PyLong_FromLong(-1);
@@ -418,17 +430,16 @@ static PyObject *send_inline(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (r == NULL)
         goto fail;
     Py_DECREF(r);
-    int whom = poster(args[1], w, count, (uint32_t)rkey, m, CDC_SIZE, (uint32_t)token);
-    if (whom < 0) { /* taken back: the Python posts it (or says the post's error) */
-        PyObject *type, *value, *trace;
-        PyErr_Fetch(&type, &value, &trace);
+    int64_t whom = poster(args[1], w, count, (uint32_t)rkey, m, CDC_SIZE, (uint32_t)token);
+    if (whom < 0) {
+        /* taken back; nothing went: the Python posts it, or meets the post's error itself
+         * (after write_inline, as the Python path always has) */
+        PyErr_Clear();
         PyObject *back = PyObject_CallMethodNoArgs(c->_cdc_pending, str_pop);
-        Py_XDECREF(back);
-        if (back == NULL) /* (not possible: ours is there, the GIL held) */
+        if (back != pending) /* (not possible: ours is the last, the GIL and lock held) */
             PyErr_WriteUnraisable(c->_cdc_pending);
-        PyErr_Restore(type, value, trace);
-        if (whom == -2)
-            goto fail;
+        Py_XDECREF(back);
+        PyErr_Clear();
         goto decline;
     }
     /* write_inline's and _cdc's stores (every old value a short int: nothing to release) */
@@ -444,7 +455,7 @@ static PyObject *send_inline(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_DECREF(at);
     Py_DECREF(wr_id);
     PyBuffer_Release(&d);
-    return PyLong_FromLong(whom);
+    return PyLong_FromLongLong(whom);
 decline:
     Py_XDECREF(pending);
     Py_XDECREF(at);

@@ -23,7 +23,7 @@ from smcr.core.connection import Connection, Rmb
 from smcr.core.engine import Engine
 from smcr.core.linkgroup import Link, LinkGroup
 from smcr.core.state import EngineState
-from smcr.rdma.shm.qp import POST_INLINE
+from smcr.rdma.shm.qp import POST_INLINE, ShmQp
 from smcr.stack.counters import COUNTERS
 from smcr.stack.hostconn import Taps
 
@@ -33,7 +33,7 @@ def _c_lane() -> ModuleType | None:
     (:mod:`smcr.native`), bound to their classes; None in a pure-Python process."""
     try:
         lane = importlib.import_module("smcr.stack._lane")
-        lane.bind(EngineState, Link, LinkGroup, Connection, Rmb, POST_INLINE)
+        lane.bind(EngineState, Link, LinkGroup, Connection, Rmb, POST_INLINE, ShmQp)
     except (ImportError, TypeError):  # (TypeError: these classes are not the compiled ones)
         return None
     return lane

@@ -273,12 +273,12 @@ typedef struct {
     Py_ssize_t n;
     uint64_t addr;
 } smcr_write;
-/* -> whom to ring (>= 0), -1 not the common case (nothing written, nothing changed), -2 an
- *    error (set; nothing written) */
-typedef int (*smcr_post_inline)(PyObject *qp, const smcr_write *writes, int count,
+/* -> whom to ring (>= 0: look_peer's value, a rid of 32 bits shifted left by two), -1 not
+ *    the common case (nothing written, nothing changed), -2 an error (set; nothing written) */
+typedef int64_t (*smcr_post_inline)(PyObject *qp, const smcr_write *writes, int count,
                                 uint32_t rkey, const unsigned char *msg, Py_ssize_t size,
                                 uint32_t wake);
-#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v1"
+#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v2"
 
 static PyTypeObject *qp_type, *peer_type, *mr_type, *attr_type;
 static PyObject *rts_state;                /* QpState.RTS */
@@ -298,7 +298,7 @@ static int all_short(const CPyTagged *ts, size_t count) {
 }
 
 /* The placing, the lock held and the QP looked at: -1, -2 or whom (post_inline). */
-static int post_locked(QpObj *qp, const smcr_write *w, int count, uint32_t rkey,
+static int64_t post_locked(QpObj *qp, const smcr_write *w, int count, uint32_t rkey,
                        const unsigned char *msg, Py_ssize_t size, uint32_t wake) {
     PyObject *attr_obj = qp->_attr, *peer_obj = qp->__peer;
     if (attr_obj == NULL || Py_TYPE(attr_obj) != attr_type || peer_obj == NULL ||
@@ -339,7 +339,7 @@ static int post_locked(QpObj *qp, const smcr_write *w, int count, uint32_t rkey,
             if (w[i].n < 0 || w[i].addr >= ((uint64_t)1 << 62))
                 return -1;
     }
-    int result = -2;
+    int64_t result = -2;
     Py_buffer area, table, view;
     if (PyObject_GetBuffer(peer->_area, &area, PyBUF_WRITABLE) < 0)
         return -2;
@@ -377,7 +377,7 @@ static int post_locked(QpObj *qp, const smcr_write *w, int count, uint32_t rkey,
             } else {
                 long long len = (long long)notify.len, mark = untag(peer->_mark);
                 if (len >= 4 && mark < len)
-                    result = (int)look_core(notify.buf, len, mark, wake, watches_at,
+                    result = look_core(notify.buf, len, mark, wake, watches_at,
                                             watch_mask, PyBytes_GET_SIZE(peer->_bells) > 0);
                 PyBuffer_Release(&notify);
             }
@@ -392,7 +392,7 @@ release_area:
     return result;
 }
 
-static int post_inline(PyObject *qp_obj, const smcr_write *writes, int count, uint32_t rkey,
+static int64_t post_inline(PyObject *qp_obj, const smcr_write *writes, int count, uint32_t rkey,
                        const unsigned char *msg, Py_ssize_t size, uint32_t wake) {
     if (qp_type == NULL || Py_TYPE(qp_obj) != qp_type)
         return -1;
@@ -406,7 +406,7 @@ static int post_inline(PyObject *qp_obj, const smcr_write *writes, int count, ui
     Py_DECREF(got);
     if (!held)
         return -1; /* another thread posts or changes the state: the Python waits its turn */
-    int result = post_locked(qp, writes, count, rkey, msg, size, wake);
+    int64_t result = post_locked(qp, writes, count, rkey, msg, size, wake);
     PyObject *type, *value, *trace; /* (the release runs, error or not) */
     PyErr_Fetch(&type, &value, &trace);
     PyObject *done = PyObject_CallMethodNoArgs(qp->__state_lock, str_release);

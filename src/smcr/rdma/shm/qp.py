@@ -890,4 +890,6 @@ def _place_in_c(c: ModuleType, qp: ShmQp, peer: PeerLink,
 POST_INLINE: Final = send.c_poster(ShmQp)
 """:meth:`ShmQp._post_writes_send`'s common case for C callers (``_place.c``'s
 ``post_inline``, a capsule): the stack's fast lane posts a message's WRITEs and CDC through
-it, then rings whom it names (:meth:`ShmQp.ring_after`); None without the C."""
+it, then rings whom it names (:meth:`ShmQp.ring_after`, after the QP's state lock: the peer
+it rings is the QP's peer then, gone after a reset, or a new one after another RTR in
+between, which at worst wakes that one for nothing); None without the C."""
