@@ -50,7 +50,8 @@ static PyTypeObject *state_type, *link_type, *group_type, *conn_type, *rmb_type;
 /* The RNIC's post for C callers (smcr.rdma.shm.qp.POST_INLINE: _place.c's post_inline),
  * through a capsule bound once; its ABI, copied from there (the capsule's name says which):
  * -> whom to ring (>= 0: up to 2^34), -1 not its common case (nothing written, nothing
- *    changed), -2 an error (set; nothing written). */
+ *    changed), -2 an error (set; nothing written).  signaled: the SEND's WR id where it is
+ *    signaled (the post pushes its completion), or NULL. */
 typedef struct {
     const void *data;
     Py_ssize_t n;
@@ -58,8 +59,8 @@ typedef struct {
 } smcr_write;
 typedef int64_t (*smcr_post_inline)(PyObject *qp, const smcr_write *writes, int count,
                                 uint32_t rkey, const unsigned char *msg, Py_ssize_t size,
-                                uint32_t wake);
-#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v2"
+                                uint32_t wake, PyObject *signaled);
+#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v3"
 static smcr_post_inline poster;
 static PyTypeObject *post_qp_type; /* the QP class the post serves (others: declined at once) */
 static PyObject *str_append, *str_pop;
@@ -340,11 +341,12 @@ static inline void put32(unsigned char *p, uint32_t v) {
  * not the common case, nothing sent and nothing changed (but a WR id drawn)
  *
  * Executor.send_inline's common case: Connection.write_inline and _cdc as they would, the
- * WRITEs and the CDC posted by the RNIC's post for C callers (bind).  Declined: a CDC that
- * is signaled (every SIGNAL_EVERY-th, one that fills the peer's RMBE, a quarter of the
- * send buffer unconfirmed, state flags), urgent data, bytes waiting in the send buffer,
- * more than fits, any long int, and whatever the post declines (a tap or failures on the
- * QP, its state, queued work, the peer's state and MR checks).
+ * WRITEs and the CDC posted by the RNIC's post for C callers (bind), signaled where _cdc
+ * signals (every SIGNAL_EVERY-th, one that fills the peer's RMBE and says write-blocked,
+ * a quarter of the send buffer unconfirmed).  Declined: state flags (a closing
+ * connection), urgent data, bytes waiting in the send buffer, more than fits, any long
+ * int, and whatever the post declines (a tap or failures on the QP, its state, queued
+ * work, the peer's state and MR checks).
  *
  * The CDC's pending entry is appended before the post (an allocation cannot fail after the
  * bytes went) and taken back if the post declines. */
@@ -367,7 +369,7 @@ static PyObject *send_inline(PyObject *self, PyObject *const *args, Py_ssize_t n
     CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
                       c->_sndbuf_limit, c->_peer_vaddr, c->_peer_rkey, c->_seq, c->_rx_cons,
                       c->_rx_cons_sent, ((RmbObj *)c->_rmb)->_size, c->_peer_token,
-                      c->_tx_flags, c->_unsignaled};
+                      c->_tx_flags, c->_unsignaled, c->_stats_write_blocked};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         if (!short_int(ts[i]) || untag(ts[i]) < 0)
             return PyLong_FromLong(-1);
@@ -378,17 +380,16 @@ static PyObject *send_inline(PyObject *self, PyObject *const *args, Py_ssize_t n
     int64_t token = untag(c->_peer_token), unsignaled = untag(c->_unsignaled);
     if (rsize <= 0 || size <= 0 || rsize > UINT32_MAX || size > UINT32_MAX ||
         rkey > UINT32_MAX || token > UINT32_MAX || c->_tx_flags != 0 ||
-        untag(c->_tx_app) != sent || unsignaled + 1 >= SIGNAL_EVERY)
+        untag(c->_tx_app) != sent)
         return PyLong_FromLong(-1);
     Py_buffer d;
     if (PyObject_GetBuffer(args[2], &d, PyBUF_SIMPLE) < 0)
         return NULL;
     int64_t n = (int64_t)d.len, peer_free = rsize - (sent - untag(c->_peer_cons));
     int64_t now_sent = sent + n;
-    /* (n == peer_free: the CDC says write-blocked, and is signaled: the Python's; items of
-     * more than a byte: len() counts them, not bytes) */
-    if (d.itemsize != 1 || n <= 0 || n >= peer_free || n > limit - (sent - tx_fin) || !fits(now_sent) ||
-        (now_sent - tx_fin) * 4 > limit) {
+    /* (items of more than a byte: len() counts them, not bytes) */
+    if (d.itemsize != 1 || n <= 0 || n > peer_free || n > limit - (sent - tx_fin) ||
+        !fits(now_sent)) {
         PyBuffer_Release(&d);
         return PyLong_FromLong(-1);
     }
@@ -415,7 +416,10 @@ static PyObject *send_inline(PyObject *self, PyObject *const *args, Py_ssize_t n
     put32(m + 12, (uint32_t)(now_sent % rsize));
     put16(m + 18, (uint32_t)((rx_cons / size) & 0xFFFF));
     put32(m + 20, (uint32_t)(rx_cons % size));
-    m[24] = request ? UPDATE_REQUESTED : 0;
+    int blocked = n == peer_free; /* the peer's RMBE is full now */
+    m[24] = (unsigned char)((request ? UPDATE_REQUESTED : 0) | (blocked ? WRITE_BLOCKED : 0));
+    /* _cdc's signaled (no state flags, no bytes waiting: checked above) */
+    int signaled = unsignaled + 1 >= SIGNAL_EVERY || (now_sent - tx_fin) * 4 > limit || blocked;
 
     PyObject *pending = NULL, *wr_id = PyIter_Next(c->_wr_ids), *at = NULL;
     if (wr_id == NULL)
@@ -430,7 +434,8 @@ static PyObject *send_inline(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (r == NULL)
         goto fail;
     Py_DECREF(r);
-    int64_t whom = poster(args[1], w, count, (uint32_t)rkey, m, CDC_SIZE, (uint32_t)token);
+    int64_t whom = poster(args[1], w, count, (uint32_t)rkey, m, CDC_SIZE, (uint32_t)token,
+                          signaled ? wr_id : NULL);
     if (whom < 0) {
         /* taken back; nothing went: the Python posts it, or meets the post's error itself
          * (after write_inline, as the Python path always has) */
@@ -450,7 +455,9 @@ static PyObject *send_inline(PyObject *self, PyObject *const *args, Py_ssize_t n
     c->_seq = tag(seq);
     c->_rx_cons_sent = c->_rx_cons;
     c->_peer_wants_update = 0;
-    c->_unsignaled = tag(unsignaled + 1);
+    c->_unsignaled = tag(signaled ? 0 : unsignaled + 1);
+    if (blocked)
+        c->_stats_write_blocked = tag(untag(c->_stats_write_blocked) + 1);
     Py_DECREF(pending);
     Py_DECREF(at);
     Py_DECREF(wr_id);

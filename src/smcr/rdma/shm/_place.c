@@ -274,16 +274,19 @@ typedef struct {
     uint64_t addr;
 } smcr_write;
 /* -> whom to ring (>= 0: look_peer's value, a rid of 32 bits shifted left by two), -1 not
- *    the common case (nothing written, nothing changed), -2 an error (set; nothing written) */
+ *    the common case (nothing written, nothing changed), -2 an error (set; nothing written).
+ * signaled: the SEND's WR id where it is signaled (its completion pushed once placed), or
+ * NULL. */
 typedef int64_t (*smcr_post_inline)(PyObject *qp, const smcr_write *writes, int count,
                                 uint32_t rkey, const unsigned char *msg, Py_ssize_t size,
-                                uint32_t wake);
-#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v2"
+                                uint32_t wake, PyObject *signaled);
+#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v3"
 
 static PyTypeObject *qp_type, *peer_type, *mr_type, *attr_type;
 static PyObject *rts_state;                /* QpState.RTS */
 static long long watches_at, watch_mask;   /* smcr.rdma.bells.WATCHES, WATCH_MASK */
 static PyObject *str_acquire, *str_release;
+static PyObject *sent_signaled;            /* smcr.rdma.shm.send.sent_signaled */
 
 static inline int short_int(CPyTagged t) { return (t & 1) == 0; }
 static inline int64_t untag(CPyTagged t) { return (int64_t)(Py_ssize_t)t >> 1; }
@@ -299,7 +302,8 @@ static int all_short(const CPyTagged *ts, size_t count) {
 
 /* The placing, the lock held and the QP looked at: -1, -2 or whom (post_inline). */
 static int64_t post_locked(QpObj *qp, const smcr_write *w, int count, uint32_t rkey,
-                       const unsigned char *msg, Py_ssize_t size, uint32_t wake) {
+                       const unsigned char *msg, Py_ssize_t size, uint32_t wake,
+                       PyObject *signaled) {
     PyObject *attr_obj = qp->_attr, *peer_obj = qp->__peer;
     if (attr_obj == NULL || Py_TYPE(attr_obj) != attr_type || peer_obj == NULL ||
         Py_TYPE(peer_obj) != peer_type || qp->__sq == NULL || qp->__timer != Py_None)
@@ -382,6 +386,13 @@ static int64_t post_locked(QpObj *qp, const smcr_write *w, int count, uint32_t r
                 PyBuffer_Release(&notify);
             }
         }
+        if (signaled != NULL) { /* _place_in_c's completion, the lock still held */
+            PyObject *done = PyObject_CallFunction(sent_signaled, "OOn", (PyObject *)qp,
+                                                   signaled, size);
+            if (done == NULL) /* (placed: an error now cannot undo it, nor be the caller's) */
+                PyErr_WriteUnraisable(sent_signaled);
+            Py_XDECREF(done);
+        }
     }
     if (mr != NULL)
         PyBuffer_Release(&view);
@@ -393,8 +404,9 @@ release_area:
 }
 
 static int64_t post_inline(PyObject *qp_obj, const smcr_write *writes, int count, uint32_t rkey,
-                       const unsigned char *msg, Py_ssize_t size, uint32_t wake) {
-    if (qp_type == NULL || Py_TYPE(qp_obj) != qp_type)
+                       const unsigned char *msg, Py_ssize_t size, uint32_t wake,
+                       PyObject *signaled) {
+    if (qp_type == NULL || sent_signaled == NULL || Py_TYPE(qp_obj) != qp_type)
         return -1;
     QpObj *qp = (QpObj *)qp_obj;
     if (qp->_hooks != Py_None || qp->_sq_sig_all != 0 || qp->__state_lock == NULL)
@@ -406,7 +418,7 @@ static int64_t post_inline(PyObject *qp_obj, const smcr_write *writes, int count
     Py_DECREF(got);
     if (!held)
         return -1; /* another thread posts or changes the state: the Python waits its turn */
-    int64_t result = post_locked(qp, writes, count, rkey, msg, size, wake);
+    int64_t result = post_locked(qp, writes, count, rkey, msg, size, wake, signaled);
     PyObject *type, *value, *trace; /* (the release runs, error or not) */
     PyErr_Fetch(&type, &value, &trace);
     PyObject *done = PyObject_CallMethodNoArgs(qp->__state_lock, str_release);
@@ -417,12 +429,17 @@ static int64_t post_inline(PyObject *qp_obj, const smcr_write *writes, int count
     return result;
 }
 
-/* bind(ShmQp, PeerLink, RemoteMr, QpAttr, QpState.RTS, WATCHES, WATCH_MASK): the compiled
- * classes post_inline reads, checked to be the header's structs. */
+/* bind(ShmQp, PeerLink, RemoteMr, QpAttr, QpState.RTS, WATCHES, WATCH_MASK, sent_signaled):
+ * the compiled classes post_inline reads, checked to be the header's structs, and what it
+ * calls to complete a signaled SEND. */
 static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "bind takes 7 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "bind takes 8 arguments");
+        return NULL;
+    }
+    if (!PyCallable_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "bind: sent_signaled is not callable");
         return NULL;
     }
     /* (QueuePair allows interpreted subclasses: mypyc puts a __dict__ and a weakref slot
@@ -449,6 +466,8 @@ static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_XSETREF(rts_state, args[4]);
     watches_at = at;
     watch_mask = mask;
+    Py_INCREF(args[7]);
+    Py_XSETREF(sent_signaled, args[7]);
     Py_RETURN_NONE;
 }
 

@@ -136,8 +136,6 @@ _get_ident: Final = threading.get_ident
 
 _SLOT_HEADER: Final = lay.SLOT_HEADER.unpack_from
 _SLOT_HEADER_SIZE: Final = lay.SLOT_HEADER.size
-_SUCCESS: Final = WcStatus.SUCCESS
-_SEND_OP: Final = WcOpcode.SEND
 _RTS: Final = QpState.RTS
 _SLOT_BASE: Final = lay.AREA_HEADER_SIZE
 """Receive i's length word at ``_SLOT_BASE + 4 * i``, its slot at ``_SLOT_BASE + 4 * depth
@@ -575,9 +573,7 @@ class ShmQp(QueuePair):
                 self._place(peer, slot, size, lay.KIND_SEND, 0, wake)
                 store_u32(area, lay.OFF_EPSN, psn)
                 if signaled:
-                    self.send_cq.push(WorkCompletion(wr_id=wr_id, status=_SUCCESS,
-                                                     opcode=_SEND_OP, qp_num=self.qp_num,
-                                                     byte_len=size), local=True)  # fmt: skip
+                    send.sent_signaled(self, wr_id, size)
                 return
         super()._post_writes_send(writes, message, wr_id, signaled, wake)
 
@@ -882,8 +878,7 @@ def _place_in_c(c: ModuleType, qp: ShmQp, peer: PeerLink,
     qp._rnr_left = attr.rnr_retry
     send.notify(peer, wake)
     if signaled:
-        qp.send_cq.push(WorkCompletion(wr_id=wr_id, status=_SUCCESS, opcode=_SEND_OP,
-                                       qp_num=qp.qp_num, byte_len=len(message)), local=True)
+        send.sent_signaled(qp, wr_id, len(message))
     return True
 
 
