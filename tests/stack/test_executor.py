@@ -4,6 +4,7 @@ QP, an orphan aborted.  Runtimes side by side in this process (``tests.stack.hos
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from smcr.rdma.base import QpTap, QueuePair
+from smcr.rdma.completion import ARM_PROGRESS, ARM_SLEEPER
 from smcr.rdma.verbs import SendWr
 from smcr.stack import wrslots
 from smcr.stack.hostconn import HostConn, StackTap
@@ -197,3 +199,31 @@ def test_a_tap_sees_every_cdc_as_a_receive_and_none_is_taken_in_place() -> None:
             assert read(y, hy, len(b"m%d" % i)) == b"m%d" % i
         assert y.ex.in_place.taken == taken
         assert seen.count(0xFE) >= 20
+
+
+@pytest.mark.parametrize("arm", [ARM_PROGRESS, ARM_SLEEPER])
+def test_a_send_takes_its_own_completions_and_rings_nobody_for_them(arm: int) -> None:
+    """The completion of a signaled CDC comes while the send posts it (shm): the sending
+    thread takes it before it returns (the send buffer is free up to it), and its CQ,
+    armed for a thread asleep on it, rings nobody for it and stays armed (that thread,
+    woken, would only find it taken, and take the lock and the GIL to do so)."""
+    with hosts(2) as (x, y):
+        hx, _ = connect(x, y)
+        cq = x.ex.cq
+        bell = cq.fileno()
+        with x.lock:
+            c = conn(x, hx)
+            cq.poll(64)
+            cq.clear_signal()
+            cq.req_notify(arm)
+            signaled = 0
+            for i in range(40):
+                pending = len(c.cdc_pending)
+                x.ex.send_inline(c, memoryview(bytes([i]) * 100))
+                if len(c.cdc_pending) <= pending:  # (a completion took it, and those before)
+                    signaled += 1
+                    assert c.tx_fin == c.tx_sent
+                assert cq.idle() and not select.select([bell], [], [], 0)[0]
+                assert cq.take_arm() == arm
+                cq.req_notify(arm)
+            assert signaled >= 2

@@ -247,24 +247,14 @@ class Executor:
 
         :param request: the CDC asks the peer to answer (:meth:`Connection.echo_wanted`).
         """
-        qp = self.qps.get(c.qpn)
-        if self.keep_copy:
-            ring_write(self.conns[c.id].sndbuf, c.tx_sent, data)
-        elif qp is not None and (lane := inplace.LANE) is not None:
-            whom: int = lane.send_inline(c, qp, data, request)  # (the lane's common case)
-            if whom >= 0:
-                if whom:
-                    qp.ring_after(whom)
-                if self.engine.has_events():
-                    self._dispatch_events()
-                return
-        writes, cdc, wr_id, signaled = c.write_inline(data, request)
+        cq = self.cq
+        cq.poster_looks = True  # (a signaled CDC's completion: taken below, ringing nobody)
         try:
-            if qp is None:
-                raise OSError("the link's QP is gone")
-            qp.post_writes_send(writes, cdc, wr_id, signaled, c.peer_token)
-        except OSError:  # a full send queue or a dead QP: the general path's waiting and verdict
-            self.post(c.qpn, [], writes, PostSend(c.qpn, cdc, wr_id, signaled))
+            post_inline(self, c, data, request)
+        finally:
+            cq.poster_looks = False
+        if not cq.idle():
+            self.look_again()
         if self.engine.has_events():
             self._dispatch_events()
 
@@ -706,3 +696,23 @@ def ring_read(ring: memoryview, pos: int, out: memoryview) -> None:
         first = size - start
         out[:first] = ring[start:]
         out[first:] = ring[: n - first]
+
+
+def post_inline(ex: Executor, c: Connection, data: memoryview, request: bool) -> None:
+    """:meth:`Executor.send_inline`'s post: by the lane, or the Python's."""
+    qp = ex.qps.get(c.qpn)
+    if ex.keep_copy:
+        ring_write(ex.conns[c.id].sndbuf, c.tx_sent, data)
+    elif qp is not None and (lane := inplace.LANE) is not None:
+        whom: int = lane.send_inline(c, qp, data, request)  # (the lane's common case)
+        if whom >= 0:
+            if whom:
+                qp.ring_after(whom)
+            return
+    writes, cdc, wr_id, signaled = c.write_inline(data, request)
+    try:
+        if qp is None:
+            raise OSError("the link's QP is gone")
+        qp.post_writes_send(writes, cdc, wr_id, signaled, c.peer_token)
+    except OSError:  # a full send queue or a dead QP: the general path's waiting and verdict
+        ex.post(c.qpn, [], writes, PostSend(c.qpn, cdc, wr_id, signaled))
