@@ -9,6 +9,7 @@ import os
 import select
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +20,7 @@ from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm.cq import ShmCompletionQueue
 from smcr.rdma.stores import store_u32
 from smcr.stack import readiness as readiness_mod
-from smcr.stack.readiness import CHECK_DELAY, DeferredChecks, Readiness
+from smcr.stack.readiness import CHECK_DELAY, CHECK_GRAIN, DeferredChecks, Readiness
 
 TOKEN = 7
 
@@ -207,6 +208,30 @@ def test_a_ring_that_another_calls_news_turned_readable_is_checked_later(
     later.run(later.due)
     assert not _unchecked(r) and not _pending(later) and not later.due
     assert _events(r) & select.POLLIN and _queued(r) == 1
+
+
+def test_deferred_checks_share_their_times(cq: ShmCompletionQueue) -> None:
+    """Checks fall due on a grid (:data:`CHECK_GRAIN`): never before their delay, at most
+    a grain after it, and those added within one grain together (one wake-up for all)."""
+    later = DeferredChecks()
+    made = [Readiness(named=True) for _ in range(20)]
+    try:
+        dues = []
+        for r in made:
+            r.attach(cq, TOKEN, later)
+            before = time.monotonic()
+            later.add(r)
+            due = later.pending[-1][0]
+            assert before + CHECK_DELAY <= due <= time.monotonic() + CHECK_DELAY + CHECK_GRAIN
+            assert abs(due / CHECK_GRAIN - round(due / CHECK_GRAIN)) < 1e-6
+            dues.append(due)
+        assert len(set(dues)) <= 2  # (20 adds in far less than a grain)
+        later.run(dues[0])  # (the first time: every check due then, none after)
+        assert [due for due, _ in later.pending] == [d for d in dues if d > dues[0]]
+        assert sum(r.check_pending for r in made) == len(later.pending)
+    finally:
+        for r in made:
+            r.close()
 
 
 def test_each_deferred_check_waits_its_own_delay(cq: ShmCompletionQueue) -> None:

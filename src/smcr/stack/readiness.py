@@ -139,6 +139,12 @@ def _writable(sock: _socket.socket) -> bool:
 CHECK_DELAY: Final = 0.1
 """Seconds a descriptor turned readable on a peer's ring, by news that another call
 took, is trusted before its datagram is looked for (:class:`DeferredChecks`)."""
+CHECK_GRAIN: Final = 0.025
+"""Checks fall due on multiples of this (seconds), up to that much after their
+:data:`CHECK_DELAY`: those of one interval share a time, and the thread asleep until the
+next (the progress thread, bounded by :attr:`DeferredChecks.due`) wakes once for them.
+Due each at its own time, a thousand busy connections' checks woke it hundreds of times a
+second, each wake-up taking the lock and the GIL from the event loop's thread."""
 
 
 class DeferredChecks:
@@ -166,7 +172,7 @@ class DeferredChecks:
         """Look for ``r``'s datagram later (once, however often it is added meanwhile)."""
         if not r.check_pending:
             r.check_pending = True
-            due = time.monotonic() + CHECK_DELAY
+            due = -(-(time.monotonic() + CHECK_DELAY) // CHECK_GRAIN) * CHECK_GRAIN
             self.pending.append((due, r))
             if not self.due:
                 self.due = due
