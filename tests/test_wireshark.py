@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 from scapy.contrib.roce import BTH
-from scapy.layers.inet import IP, UDP
+from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import Ether
+from scapy.utils import rdpcap, wrpcap
 
 from smcr.pcap import PcapWriter
 from smcr.sample import SampleFrame, sample_conversation
@@ -43,6 +44,7 @@ from smcr.wire.llc import (
     TestLink,
 )
 from smcr.wire.roce import Opcode
+from tests.support import LINUX_PCAP
 
 pytestmark = pytest.mark.tshark
 
@@ -399,3 +401,22 @@ def test_sample_capture_is_written_exclusively(tmp_path: Path) -> None:
     path.write_bytes(b"")
     with pytest.raises(FileExistsError):
         PcapWriter(path)
+
+
+@pytest.mark.parametrize("port", [44818, 48898])  # EtherNet/IP, ADS: ports Wireshark assigns
+def test_clc_on_a_port_wireshark_gives_another_protocol_still_decodes(
+        port: int, tmp_path: Path) -> None:  # fmt: skip
+    """A server's ephemeral port may be one Wireshark hands to another dissector, which
+    would then take the CLC messages; :func:`decode` lets SMC's heuristic look first.
+    The kernel's own capture, its server moved to ``port``: every CLC message still SMC."""
+    packets = rdpcap(str(LINUX_PCAP))
+    server = min(min(p[TCP].sport, p[TCP].dport) for p in packets if TCP in p)
+    for p in packets:
+        if TCP in p:
+            p[TCP].sport = port if p[TCP].sport == server else p[TCP].sport
+            p[TCP].dport = port if p[TCP].dport == server else p[TCP].dport
+            del p[TCP].chksum
+    path = tmp_path / "moved.pcap"
+    wrpcap(str(path), [p.__class__(bytes(p)) for p in packets])
+    clc = [int(f.first("smc.clc_msg")) for f in decode(path) if f.values("smc.clc_msg")]
+    assert clc == [1, 2, 3] * 2, clc  # two connections: Proposal, Accept, Confirm each

@@ -43,6 +43,7 @@ import pytest
 from scapy.contrib.roce import BTH
 from scapy.layers.l2 import Ether
 
+from smcr.tools.tshark import HEURISTIC_FIRST
 from smcr.wire.clc import ClcAccept, ClcConfirm, ClcDecline, ClcProposal, make_eid
 from smcr.wire.clc_header import SmcType
 from smcr.wire.decline import DeclineCode
@@ -456,7 +457,7 @@ def check_decodes(pcap: Path) -> tuple[dict[int, tuple[int, int | None]], dict[i
     tshark's rows (number, protocols, LLC type, CLC type, malformed, decline code)."""
     frames = roce_frames(pcap)
     out = subprocess.run(
-        ["tshark", "-r", str(pcap), "-T", "fields", "-e", "frame.number",
+        ["tshark", *HEURISTIC_FIRST, "-r", str(pcap), "-T", "fields", "-e", "frame.number",
          "-e", "frame.protocols", "-e", "smc.llc_msg", "-e", "smc.clc_msg",
          "-e", "_ws.malformed", "-e", "smc.peer.diag.info"],
         capture_output=True, text=True, timeout=120, check=True,

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from smcr.tools.tshark import HEURISTIC_FIRST
 from smcr.wire.decline import DeclineCode
 from tests.roce.routed import Routed, rows
 from tests.support import stop_capture, wait_for_mark
@@ -227,7 +228,7 @@ def test_routed_capture_decodes_in_tshark(ueid_file: Path) -> None:
 
 def tshark(pcap: Path, display_filter: str, *fields: str) -> list[list[str]]:
     """The fields of the frames a display filter keeps, one row per frame."""
-    args = ["tshark", "-r", str(pcap), "-Y", display_filter, "-T", "fields"]
+    args = ["tshark", *HEURISTIC_FIRST, "-r", str(pcap), "-Y", display_filter, "-T", "fields"]
     for f in fields:
         args += ["-e", f]
     out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout

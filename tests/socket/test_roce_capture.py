@@ -23,6 +23,7 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import UDP
 from scapy.layers.l2 import Ether
 
+from smcr.tools.tshark import HEURISTIC_FIRST
 from tests.roce.netns import Hosts
 from tests.socket import smc_peer
 from tests.socket.conftest import Peer
@@ -119,8 +120,8 @@ def _fields(pcap: Path) -> list[list[str]]:
     """Per frame: protocols, CLC type, LLC/CDC type, BTH opcode, TCP flags, BTH solicited
     event (tshark's view)."""
     out = subprocess.run(
-        ["tshark", "-r", str(pcap), "-T", "fields", "-e", "frame.protocols", "-e", "smc.clc_msg",
-         "-e", "smc.llc_msg", "-e", "infiniband.bth.opcode", "-e", "tcp.flags",
+        ["tshark", *HEURISTIC_FIRST, "-r", str(pcap), "-T", "fields", "-e", "frame.protocols",
+         "-e", "smc.clc_msg", "-e", "smc.llc_msg", "-e", "infiniband.bth.opcode", "-e", "tcp.flags",
          "-e", "infiniband.bth.se"],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip

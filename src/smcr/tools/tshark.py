@@ -46,6 +46,10 @@ class DecodedFrame:
         return found[0]
 
 
+HEURISTIC_FIRST = ("-o", "tcp.try_heuristic_first:TRUE")
+"""tshark options that let SMC's heuristic see a CLC message on any TCP port."""
+
+
 def tshark_path() -> str:
     """The tshark binary, or :class:`TsharkMissingError`."""
     path = shutil.which("tshark")
@@ -55,9 +59,12 @@ def tshark_path() -> str:
 
 
 def decode(pcap: Path, *, timeout: float = 120.0) -> list[DecodedFrame]:
-    """Decode ``pcap`` with ``tshark -T pdml`` (all dissectors at their defaults)."""
+    """Decode ``pcap`` with ``tshark -T pdml``, all dissectors at their defaults but one:
+    TCP payloads go to the heuristic dissectors (SMC's CLC among them) before the
+    dissector of their port, so a server on a port Wireshark gives to another protocol
+    (44818 EtherNet/IP, 48898 ADS, ...) still shows its CLC messages as SMC."""
     result = subprocess.run(
-        [tshark_path(), "-n", "-r", str(pcap), "-T", "pdml"],
+        [tshark_path(), *HEURISTIC_FIRST, "-n", "-r", str(pcap), "-T", "pdml"],
         capture_output=True,
         check=True,
         timeout=timeout,
