@@ -28,7 +28,7 @@ from smcr.rdma import (
     WorkCompletion,
     WrOpcode,
 )
-from smcr.rdma.completion import ARM_STANDBY
+from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY
 from smcr.rdma.shm import ShmDevice
 from smcr.rdma.shm import peer as peer_mod
 from smcr.rdma.shm import rendezvous as rdv
@@ -322,3 +322,35 @@ def test_a_requester_without_the_standby_doorbell_rings_the_cq_doorbell(
     finally:
         a.dev.close()
         b.dev.close()
+
+
+@pytest.mark.parametrize("arm", [ARM_SLEEPER, ARM_STANDBY])
+def test_a_poster_that_looks_rings_nobody_unless_it_cannot_look(
+        pair: tuple[Side, Side], arm: int) -> None:  # fmt: skip
+    """While a poster says it looks (:attr:`poster_looks`), its own post's completion rings
+    nobody and leaves the arm; if it then cannot look (its post raised), ``ring_held`` rings
+    whom the arm names, once, and nobody while nothing waits."""
+    a, b = pair
+    _post_recvs(b, 300, 8)
+    _drain_bell(a.cq)
+    a.cq.clear_standby()
+    a.cq.req_notify(arm)
+    a.cq.ring_held()  # (nothing waits: nobody rung, still armed)
+    assert not _readable(a.cq) and not _standby_readable(a.cq) and _armed(a.cq) == arm
+    a.cq.poster_looks = True
+    try:
+        _send(a, 7, signaled=True)
+    finally:
+        a.cq.poster_looks = False
+    assert not _readable(a.cq) and not _standby_readable(a.cq) and _armed(a.cq) == arm
+    a.cq.ring_held()
+
+    def rung() -> bool:
+        return _standby_readable(a.cq) if arm == ARM_STANDBY else _readable(a.cq)
+
+    assert rung()
+    _drain_bell(a.cq)
+    a.cq.clear_standby()
+    a.cq.ring_held()  # (one ring per arm)
+    assert not rung()
+    assert [wc.wr_id for wc in a.cq.poll(8)] == [7]

@@ -216,16 +216,19 @@ def test_deferred_checks_share_their_times(cq: ShmCompletionQueue) -> None:
     later = DeferredChecks()
     made = [Readiness(named=True) for _ in range(20)]
     try:
-        dues = []
         for r in made:
             r.attach(cq, TOKEN, later)
+        dues = []
+        start = time.monotonic()
+        for r in made:
             before = time.monotonic()
             later.add(r)
             due = later.pending[-1][0]
             assert before + CHECK_DELAY <= due <= time.monotonic() + CHECK_DELAY + CHECK_GRAIN
             assert abs(due / CHECK_GRAIN - round(due / CHECK_GRAIN)) < 1e-6
             dues.append(due)
-        assert len(set(dues)) <= 2  # (20 adds in far less than a grain)
+        grains_crossed = int((time.monotonic() - start) / CHECK_GRAIN) + 1  # (a loaded host)
+        assert len(set(dues)) <= 1 + grains_crossed  # one time per grain the adds spanned
         later.run(dues[0])  # (the first time: every check due then, none after)
         assert [due for due, _ in later.pending] == [d for d in dues if d > dues[0]]
         assert sum(r.check_pending for r in made) == len(later.pending)

@@ -14,14 +14,24 @@ import select
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from smcr.core.connection import Connection
-from smcr.rdma import QpAttr, QpAttrMask, QpCap, QpState, RecvWr, Sge, WcStatus
+from smcr.rdma import (
+    QpAttr,
+    QpAttrMask,
+    QpCap,
+    QpState,
+    RecvWr,
+    Sge,
+    WcStatus,
+    WorkCompletion,
+)
 from smcr.rdma import bells as bl
 from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY
 from smcr.rdma.shm import layout as lay
@@ -148,8 +158,8 @@ def test_a_declined_send_changes_nothing(setups: list[Setup]) -> None:
     more than the peer's RMBE has free, bytes waiting in the send buffer, urgent data,
     state flags, the QP's state lock held elsewhere, every WR signaled, an unknown peer
     MR, failures injected on the QP, the peer's QP in ERR, a QP of another kind, a QP not
-    in RTS) is declined before anything changes: the connection, its pending CDCs, the QP
-    and the peer's memory are as they were."""
+    in RTS) is declined before anything changes: the connection, its pending CDCs, the QP,
+    its CQ (the send would be signaled) and the peer's memory are as they were."""
     c = lane()
     s = setups[0]
     conn, qp = s.conn, s.a.qp
@@ -157,9 +167,13 @@ def test_a_declined_send_changes_nothing(setups: list[Setup]) -> None:
     s.take()
 
     def declined(why: str) -> None:
+        qp.send_cq.poll(100)
+        unsignaled, conn.unsignaled = conn.unsignaled, 15  # (it would be signaled)
         before = s.snapshot()
         assert c.send_inline(conn, qp, memoryview(b"x" * 10), False) == -1, why
         assert s.snapshot() == before, why
+        assert qp.send_cq.idle(), why  # (no completion pushed for it)
+        conn.unsignaled = unsignaled
 
     assert c.send_inline(conn, qp, memoryview(b"second"), False) == 0
     declined("no receive posted at the peer (the last one is taken, not yet posted again)")
@@ -291,3 +305,38 @@ def test_a_consumer_bell_of_any_name_is_named_whole(setups: list[Setup], rid: in
     assert lay.U32.unpack_from(peer.notify, 0)[0] == ARM_STANDBY  # (the arm word stays)
     lay.U32.pack_into(peer.notify, 0, 0)
     s.take()
+
+
+class _PushFailsOnce(deque[WorkCompletion]):
+    """A CQ's queue whose first push meets an error (memory, or a signal handler's)."""
+
+    failed = False
+
+    def extend(self, wcs: Iterable[WorkCompletion]) -> None:
+        if not self.failed:
+            self.failed = True
+            raise MemoryError("the first push")
+        super().extend(wcs)
+
+
+def test_a_signaled_cdc_whose_completion_push_fails_is_sent_completed_and_raises(
+        setups: list[Setup]) -> None:  # fmt: skip
+    """The push of a placed CDC's completion meets an error: the CDC went, so the
+    connection records it sent, the completion is pushed all the same (a write-blocked
+    sender waits for it), and the sender meets the error."""
+    c = lane()
+    s = setups[0]
+    conn, qp = s.conn, s.a.qp
+    s.python_send(memoryview(b"first"), False)
+    s.take()
+    qp.send_cq.poll(100)
+    conn.unsignaled = 15  # (the 16th: signaled)
+    qp.send_cq._wcs = _PushFailsOnce()
+    sent = conn.tx_sent
+    with pytest.raises(MemoryError, match="the first push"):
+        c.send_inline(conn, qp, memoryview(b"second"), False)
+    s.take()
+    assert s.received[-1] and conn.tx_sent == sent + 6 and conn.unsignaled == 0
+    (wc,) = qp.send_cq.poll(100)
+    assert wc.wr_id == conn.cdc_pending[-1][0] and wc.status is WcStatus.SUCCESS
+    assert bytes(s.b.rmb.buf[sent % RING : sent % RING + 6]) == b"second"

@@ -228,6 +228,10 @@ class Connection:
         """The connection was reset (peer abort or link down)."""
         return bool(self.rx_flags & _ABORT) or bool(self.reset_reason)
 
+    def sends_ended(self) -> bool:
+        """No more data goes out: reset, the peer closed or aborted, or our close began."""
+        return bool(self.reset_reason or self.peer_closed or self.tx_flags)
+
     # ------------------------------------------------------------ tx
 
     def written(self, n: int, out: list[Action], urgent: bool = False) -> None:

@@ -96,7 +96,9 @@ class CompletionQueue:
         completed at once on shm, and the ring for it woke the progress thread asleep on
         the CQ only to find the completion the sender would take, handing the lock and
         the GIL over twice (a third of its wake-ups at 1,000 connections).  (Under the
-        GIL a push that saw the flag set came before the poster's look, which sees it.)"""
+        GIL a push that saw the flag set came before the poster's look, which finds its
+        completion; a poster that cannot look after all, its post having raised, calls
+        :meth:`ring_held`.)"""
 
     def fileno(self) -> int:
         """The descriptor that becomes readable when completions may be waiting."""
@@ -172,6 +174,17 @@ class CompletionQueue:
             armed = self._armed if notify else 0
             if local and (armed == ARM_STANDBY or self.poster_looks):
                 armed = 0
+            if armed:
+                self._armed = 0
+        if armed:
+            self._ring(armed)
+
+    def ring_held(self) -> None:
+        """Ring whom the arm names if completions wait: for a poster that set
+        :attr:`poster_looks` and will not look (its post raised), so that what was pushed
+        meanwhile without a ring is still taken."""
+        with self._lock:
+            armed = self._armed if self._wcs else 0
             if armed:
                 self._armed = 0
         if armed:

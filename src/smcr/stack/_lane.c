@@ -50,8 +50,10 @@ static PyTypeObject *state_type, *link_type, *group_type, *conn_type, *rmb_type;
 /* The RNIC's post for C callers (smcr.rdma.shm.qp.POST_INLINE: _place.c's post_inline),
  * through a capsule bound once; its ABI, copied from there (the capsule's name says which):
  * -> whom to ring (>= 0: up to 2^34), -1 not its common case (nothing written, nothing
- *    changed), -2 an error (set; nothing written).  signaled: the SEND's WR id where it is
- *    signaled (the post pushes its completion), or NULL. */
+ *    changed), -2 an error (set; nothing written); whom | PLACED_ERROR: placed and its
+ *    completion pushed, but the push met an error (set: raised once the stores are made and
+ *    whom rung).  signaled: the SEND's WR id where it is signaled (the post pushes its
+ *    completion), or NULL. */
 typedef struct {
     const void *data;
     Py_ssize_t n;
@@ -60,7 +62,8 @@ typedef struct {
 typedef int64_t (*smcr_post_inline)(PyObject *qp, const smcr_write *writes, int count,
                                 uint32_t rkey, const unsigned char *msg, Py_ssize_t size,
                                 uint32_t wake, PyObject *signaled);
-#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v3"
+#define PLACED_ERROR ((int64_t)1 << 62)
+#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v4"
 static smcr_post_inline poster;
 static PyTypeObject *post_qp_type; /* the QP class the post serves (others: declined at once) */
 static PyObject *str_append, *str_pop;
@@ -337,6 +340,22 @@ static inline void put32(unsigned char *p, uint32_t v) {
     put16(p + 2, v & 0xFFFF);
 }
 
+/* A CDC the post placed (the stores made) whose completion's push met an error (set): whom
+ * rung all the same (QueuePair.ring_after), so the peer sees the CDC, then the error raised
+ * for the sender to meet. */
+static PyObject *placed_with_error(PyObject *qp, int64_t whom) {
+    if (whom) {
+        PyObject *type, *value, *trace;
+        PyErr_Fetch(&type, &value, &trace);
+        PyObject *rung = PyObject_CallMethod(qp, "ring_after", "L", (long long)whom);
+        if (rung == NULL)
+            PyErr_WriteUnraisable(qp);
+        Py_XDECREF(rung);
+        PyErr_Restore(type, value, trace);
+    }
+    return NULL;
+}
+
 /* send_inline(conn, qp, data, request) -> whom to ring (>= 0: QueuePair.ring_after), or -1:
  * not the common case, nothing sent and nothing changed (but a WR id drawn)
  *
@@ -462,6 +481,8 @@ static PyObject *send_inline(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_DECREF(at);
     Py_DECREF(wr_id);
     PyBuffer_Release(&d);
+    if (whom & PLACED_ERROR)
+        return placed_with_error(args[1], whom & ~PLACED_ERROR);
     return PyLong_FromLongLong(whom);
 decline:
     Py_XDECREF(pending);

@@ -171,6 +171,8 @@ class DataPath:
                         return size
                     ex.send_inline(c, view[:room], request)
                     n, view = room, view[room:]
+                    if c.sends_ended():  # (its completions took the peer's close or abort)
+                        return n  # (the next send meets it)
                     if c.sndbuf_space() <= 0:
                         if hc.readiness is not None:
                             ex.update_readiness(hc)

@@ -245,14 +245,21 @@ class Executor:
         With several links a failover re-sends from the last completed CDC, out of the
         send buffer (:meth:`Connection.switch_cursor`): the bytes are copied there too.
 
+        It may take completions (the CDC's own, and what else the CQ holds then): a caller
+        that goes on with ``c`` afterwards checks it again (the peer's close or abort may
+        have come meanwhile).
+
         :param request: the CDC asks the peer to answer (:meth:`Connection.echo_wanted`).
         """
         cq = self.cq
         cq.poster_looks = True  # (a signaled CDC's completion: taken below, ringing nobody)
         try:
             post_inline(self, c, data, request)
-        finally:
+        except BaseException:
             cq.poster_looks = False
+            cq.ring_held()  # (no look comes from here: whoever sleeps on the CQ takes them)
+            raise
+        cq.poster_looks = False
         if not cq.idle():
             self.look_again()
         if self.engine.has_events():
@@ -715,4 +722,5 @@ def post_inline(ex: Executor, c: Connection, data: memoryview, request: bool) ->
             raise OSError("the link's QP is gone")
         qp.post_writes_send(writes, cdc, wr_id, signaled, c.peer_token)
     except OSError:  # a full send queue or a dead QP: the general path's waiting and verdict
+        ex.cq.poster_looks = False  # (its wait for a slot may be long: completions ring again)
         ex.post(c.qpn, [], writes, PostSend(c.qpn, cdc, wr_id, signaled))

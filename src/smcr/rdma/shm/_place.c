@@ -274,13 +274,16 @@ typedef struct {
     uint64_t addr;
 } smcr_write;
 /* -> whom to ring (>= 0: look_peer's value, a rid of 32 bits shifted left by two), -1 not
- *    the common case (nothing written, nothing changed), -2 an error (set; nothing written).
+ *    the common case (nothing written, nothing changed), -2 an error (set; nothing written);
+ *    whom | PLACED_ERROR: placed and its completion pushed, but the push met an error (set,
+ *    for the caller to raise once it has made its own stores and rung whom).
  * signaled: the SEND's WR id where it is signaled (its completion pushed once placed), or
  * NULL. */
 typedef int64_t (*smcr_post_inline)(PyObject *qp, const smcr_write *writes, int count,
                                 uint32_t rkey, const unsigned char *msg, Py_ssize_t size,
                                 uint32_t wake, PyObject *signaled);
-#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v3"
+#define PLACED_ERROR ((int64_t)1 << 62)
+#define POST_INLINE_NAME "smcr.rdma.shm._place.POST_INLINE.v4"
 
 static PyTypeObject *qp_type, *peer_type, *mr_type, *attr_type;
 static PyObject *rts_state;                /* QpState.RTS */
@@ -298,6 +301,26 @@ static int all_short(const CPyTagged *ts, size_t count) {
         if (!short_int(ts[i]) || untag(ts[i]) < 0)
             return 0;
     return 1;
+}
+
+/* A placed signaled SEND's completion (send.sent_signaled), the state lock held: 1, or 0
+ * with an error set that the push met.  The bytes went, so the completion must not be lost
+ * (a write-blocked sender waits for it): a push that fails (memory; an exception a signal
+ * handler raised) is made once more with the error set aside, then the error restored. */
+static int push_completion(QpObj *qp, PyObject *wr_id, Py_ssize_t size) {
+    PyObject *done = PyObject_CallFunction(sent_signaled, "OOn", (PyObject *)qp, wr_id, size);
+    if (done != NULL) {
+        Py_DECREF(done);
+        return 1;
+    }
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    done = PyObject_CallFunction(sent_signaled, "OOn", (PyObject *)qp, wr_id, size);
+    if (done == NULL) /* (lost after all: nothing left to try) */
+        PyErr_WriteUnraisable(sent_signaled);
+    Py_XDECREF(done);
+    PyErr_Restore(type, value, trace);
+    return 0;
 }
 
 /* The placing, the lock held and the QP looked at: -1, -2 or whom (post_inline). */
@@ -386,13 +409,8 @@ static int64_t post_locked(QpObj *qp, const smcr_write *w, int count, uint32_t r
                 PyBuffer_Release(&notify);
             }
         }
-        if (signaled != NULL) { /* _place_in_c's completion, the lock still held */
-            PyObject *done = PyObject_CallFunction(sent_signaled, "OOn", (PyObject *)qp,
-                                                   signaled, size);
-            if (done == NULL) /* (placed: an error now cannot undo it, nor be the caller's) */
-                PyErr_WriteUnraisable(sent_signaled);
-            Py_XDECREF(done);
-        }
+        if (signaled != NULL && !push_completion(qp, signaled, size))
+            result |= PLACED_ERROR;
     }
     if (mr != NULL)
         PyBuffer_Release(&view);
