@@ -842,6 +842,9 @@ def release_frames(exc: BaseException) -> None:
 
 def byte_view(data: Any) -> memoryview:
     """A flat unsigned-byte view of a bytes-like object (TypeError for anything else)."""
+    kind = type(data)
+    if kind is bytearray or kind is bytes:  # (flat bytes already: no format to look at)
+        return memoryview(data)
     view = memoryview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")

@@ -19,10 +19,16 @@
  *
  * The peer's area is written by another process: everything read from it is checked
  * before use, as the Python does (a hostile peer gets a refusal, not a wild store).
+ *
+ * load_u32/load_u64/store_u32/store_u64/fence serve smcr.rdma.shm.words: a word of memory
+ * another process shares, read or written in one call and one aligned access (the struct
+ * unpack, or the pack and slice assignment, and the lock round trip for the fence, cost
+ * the receive path's hooks a good part of their time).
  */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <endian.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -224,6 +230,122 @@ static long long look_core(unsigned char *n, long long len, long long mark, long
         }
     }
     return result;
+}
+
+/* The word of `width` bytes at offset args[1] of the buffer args[0] (flags: PyBUF_SIMPLE to
+ * read, PyBUF_WRITABLE to write): 0 and *at set, the view held; -1 with an error (a closed
+ * mmap's ValueError, as struct's unpack_from gives; ValueError for an offset outside). */
+static int word_at(PyObject *const *args, Py_ssize_t width, int flags, Py_buffer *view,
+                   unsigned char **at) {
+    Py_ssize_t off = PyLong_AsSsize_t(args[1]);
+    if (off == -1 && PyErr_Occurred())
+        return -1;
+    if (PyObject_GetBuffer(args[0], view, flags) < 0)
+        return -1;
+    if (off < 0 || off > view->len - width) {
+        PyErr_Format(PyExc_ValueError, "a %zd-byte word at %zd is outside %zd bytes", width,
+                     off, view->len);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *at = (unsigned char *)view->buf + off;
+    return 0;
+}
+
+static int word_args(Py_ssize_t nargs, Py_ssize_t want, const char *name) {
+    if (nargs == want)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", name, want);
+    return -1;
+}
+
+/* load_u32(buf, offset) -> the little-endian u32 there */
+static PyObject *load_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    Py_buffer view;
+    unsigned char *p;
+    if (word_args(nargs, 2, "load_u32") < 0 || word_at(args, 4, PyBUF_SIMPLE, &view, &p) < 0)
+        return NULL;
+    uint32_t v;
+    if (((uintptr_t)p & 3) == 0)
+        v = __atomic_load_n((const uint32_t *)p, __ATOMIC_RELAXED);
+    else
+        memcpy(&v, p, 4);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(le32toh(v));
+}
+
+/* load_u64(buf, offset) -> the little-endian u64 there */
+static PyObject *load_u64(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    Py_buffer view;
+    unsigned char *p;
+    if (word_args(nargs, 2, "load_u64") < 0 || word_at(args, 8, PyBUF_SIMPLE, &view, &p) < 0)
+        return NULL;
+    uint64_t v;
+    if (((uintptr_t)p & 7) == 0)
+        v = __atomic_load_n((const uint64_t *)p, __ATOMIC_RELAXED);
+    else
+        memcpy(&v, p, 8);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLongLong(le64toh(v));
+}
+
+/* store_u32(buf, offset, value): the little-endian u32 written there, in one store where
+ * aligned (a reader sees the old value or the new, never a mix) */
+static PyObject *store_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (word_args(nargs, 3, "store_u32") < 0)
+        return NULL;
+    unsigned long value = PyLong_AsUnsignedLong(args[2]);
+    if (value == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    if (value > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_OverflowError, "a u32 is at most 0xFFFFFFFF");
+        return NULL;
+    }
+    Py_buffer view;
+    unsigned char *p;
+    if (word_at(args, 4, PyBUF_WRITABLE, &view, &p) < 0)
+        return NULL;
+    uint32_t v = htole32((uint32_t)value);
+    if (((uintptr_t)p & 3) == 0)
+        __atomic_store_n((uint32_t *)p, v, __ATOMIC_RELAXED);
+    else
+        memcpy(p, &v, 4);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+/* store_u64(buf, offset, value): as store_u32, a u64 */
+static PyObject *store_u64(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (word_args(nargs, 3, "store_u64") < 0)
+        return NULL;
+    unsigned long long value = PyLong_AsUnsignedLongLong(args[2]);
+    if (value == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    unsigned char *p;
+    if (word_at(args, 8, PyBUF_WRITABLE, &view, &p) < 0)
+        return NULL;
+    uint64_t v = htole64((uint64_t)value);
+    if (((uintptr_t)p & 7) == 0)
+        __atomic_store_n((uint64_t *)p, v, __ATOMIC_RELAXED);
+    else
+        memcpy(p, &v, 8);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+/* fence(): a full memory barrier */
+static PyObject *full_fence(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    (void)args;
+    if (word_args(nargs, 0, "fence") < 0)
+        return NULL;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
 }
 
 static PyObject *look_peer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -496,6 +618,16 @@ static PyMethodDef methods[] = {
      "After a SEND: the peer QP's mark, a fence, whom to ring (module doc)."},
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "The compiled classes post_inline reads (its comment)."},
+    {"load_u32", (PyCFunction)(void (*)(void))load_u32, METH_FASTCALL,
+     "load_u32(buf, offset): the little-endian u32 there, in one aligned load."},
+    {"load_u64", (PyCFunction)(void (*)(void))load_u64, METH_FASTCALL,
+     "load_u64(buf, offset): the little-endian u64 there, in one aligned load."},
+    {"store_u32", (PyCFunction)(void (*)(void))store_u32, METH_FASTCALL,
+     "store_u32(buf, offset, value): a little-endian u32 written in one aligned store."},
+    {"store_u64", (PyCFunction)(void (*)(void))store_u64, METH_FASTCALL,
+     "store_u64(buf, offset, value): a little-endian u64 written in one aligned store."},
+    {"fence", (PyCFunction)(void (*)(void))full_fence, METH_FASTCALL,
+     "fence(): a full memory barrier."},
     {NULL, NULL, 0, NULL},
 };
 

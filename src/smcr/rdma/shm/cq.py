@@ -54,7 +54,7 @@ from smcr.rdma import bells
 from smcr.rdma.bells import WatchSlot
 from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY, CompletionQueue
 from smcr.rdma.shm import layout as lay
-from smcr.rdma.stores import store_u32
+from smcr.rdma.shm.words import fence, load_u32, store_u32
 
 #: Offset of the armed word (u32) in a CQ's shared notification segment.
 ARMED: Final = 0
@@ -69,13 +69,6 @@ FEW: Final = 4
 """Up to this many marked QPs a poll looks at each (as it did before marks): with one
 or a few link groups that is cheaper than finding, clearing and fencing (a send and its
 completion cost 0.85 us more through the marks, measured)."""
-_FENCE: Final = threading.Lock()
-
-
-def fence() -> None:
-    """A full memory barrier (a lock round trip is a locked instruction on x86-64)."""
-    _FENCE.acquire()
-    _FENCE.release()
 
 
 class ShmCompletionQueue(CompletionQueue):
@@ -259,7 +252,7 @@ class ShmCompletionQueue(CompletionQueue):
         notify = self._notify
         if notify.closed:
             return armed
-        word: int = lay.U32.unpack_from(notify, ARMED)[0]
+        word: int = load_u32(notify, ARMED)
         if word:
             store_u32(notify, ARMED, 0)
             return word
@@ -271,7 +264,7 @@ class ShmCompletionQueue(CompletionQueue):
         reads 0 rings nobody: the poller looks)."""
         taken = super().take_standby()
         notify = self._notify
-        if not notify.closed and lay.U32.unpack_from(notify, ARMED)[0] == ARM_STANDBY:
+        if not notify.closed and load_u32(notify, ARMED) == ARM_STANDBY:
             store_u32(notify, ARMED, 0)
             return True
         return taken

@@ -68,7 +68,8 @@ from smcr.rdma.shm.layout import (
 )
 from smcr.rdma.shm.peer import PeerLink
 from smcr.rdma.shm.receive import deliver
-from smcr.rdma.stores import store, store_u32, store_u64
+from smcr.rdma.shm.words import load_u32, load_u64, store_u32, store_u64
+from smcr.rdma.stores import store
 from smcr.rdma.verbs import (
     PSN_MASK,
     RNR_TIMER_SECONDS,
@@ -129,9 +130,7 @@ _SIGNALED: Final = int(SendFlag.SIGNALED)
 _INLINE: Final = int(SendFlag.INLINE)
 _REMOTE_WRITE: Final = int(AccessFlag.REMOTE_WRITE)
 _MR_KEY: Final = lay.MR_KEY.unpack_from
-_U32_UNPACK: Final = lay.U32.unpack_from
 _AREA_HEADER: Final = lay.AREA_HEADER.unpack_from
-_U64_UNPACK: Final = lay.U64.unpack_from
 _get_ident: Final = threading.get_ident
 
 _SLOT_HEADER: Final = lay.SLOT_HEADER.unpack_from
@@ -226,7 +225,7 @@ class ShmQp(QueuePair):
         """
         a = self.attr
         store(
-            self._area, 0, lay.AREA_FIELDS, lay.U32.unpack_from(self._area, lay.OFF_STATE)[0],
+            self._area, 0, lay.AREA_FIELDS, load_u32(self._area, lay.OFF_STATE),
             int(a.qp_access_flags), a.min_rnr_timer, a.max_dest_rd_atomic, self._spd.pd_id,
             self._depth, self._slot_size,
         )  # fmt: skip
@@ -439,7 +438,7 @@ class ShmQp(QueuePair):
         :param notify: signal the CQ (when not called from inside its own poll).
         """
         area = self._area
-        if area.closed or _U64_UNPACK(area, lay.OFF_PRODUCED)[0] == self._consumed:
+        if area.closed or load_u64(area, lay.OFF_PRODUCED) == self._consumed:
             return
         wcs: list[WorkCompletion] = []
         fatal = False
@@ -449,7 +448,7 @@ class ShmQp(QueuePair):
         with self._rq_lock:
             if self._fatal_recv is not None:  # (not queued yet: the receives behind it are
                 return  # flushed after it, never completed ahead of it)
-            produced = _U64_UNPACK(area, lay.OFF_PRODUCED)[0]
+            produced = load_u64(area, lay.OFF_PRODUCED)
             rq, consumed = self._rq, self._consumed
             if self.receiver is not None and not notify:
                 consumed = _take_in_place(self, consumed, produced)
@@ -515,7 +514,7 @@ class ShmQp(QueuePair):
     def next_psns(self) -> tuple[int, int] | None:
         """Our next PSN and the one the peer sends next (it keeps it in our area), for
         ``smcr trace``: shm QPs number their packets as RoCE does."""
-        return self._next_psn, lay.U32.unpack_from(self._area, lay.OFF_EPSN)[0] & PSN_MASK
+        return self._next_psn, load_u32(self._area, lay.OFF_EPSN) & PSN_MASK
 
     def _post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
                           wr_id: int, signaled: bool, wake: int = 0) -> None:  # fmt: skip
@@ -544,7 +543,7 @@ class ShmQp(QueuePair):
                 if (hdr[HDR_STATE] not in _LIVE or hdr[HDR_EPSN] != self._next_psn
                         or hdr[HDR_POSTED] == produced or not hdr[HDR_ACCESS] & _REMOTE_WRITE
                         or size > peer.slot_size
-                        or size > _U32_UNPACK(area, _SLOT_BASE + 4 * idx)[0]):  # fmt: skip
+                        or size > load_u32(area, _SLOT_BASE + 4 * idx)):  # fmt: skip
                     peer = None
                 else:
                     targets = []
@@ -625,7 +624,7 @@ class ShmQp(QueuePair):
                 self._give_up(WcStatus.RNR_RETRY_EXC_ERR)
                 return
             self._rnr_left -= a.rnr_retry != 7
-            code = lay.U32.unpack_from(peer.area, lay.OFF_MIN_RNR)[0] if peer else 0
+            code = load_u32(peer.area, lay.OFF_MIN_RNR) if peer else 0
             delay = RNR_TIMER_SECONDS[code & 31]
         else:
             period = local_ack_timeout(a.timeout)
@@ -704,7 +703,7 @@ class ShmQp(QueuePair):
             if op.kind != lay.KIND_WRITE_IMM:
                 if length > slot_size:
                     return self._fail(wr, WcStatus.LOC_LEN_ERR, nak=False)
-                if length > lay.U32.unpack_from(peer.area, lay.lens_offset(idx))[0]:
+                if length > load_u32(peer.area, lay.lens_offset(idx)):
                     self._place(peer, slot, 0, lay.KIND_LEN_ERR, 0)
                     return self._fail(wr, WcStatus.REM_INV_REQ_ERR, nak=True)
         need = op.need_remote
@@ -790,7 +789,7 @@ def sends_waiting(qp: ShmQp) -> bool:
     or hostile requester's: nothing to take)."""
     try:
         return (bool(qp._rq) and qp._fatal_recv is None
-                and _U64_UNPACK(qp._area, lay.OFF_PRODUCED)[0] > qp._consumed)  # fmt: skip
+                and load_u64(qp._area, lay.OFF_PRODUCED) > qp._consumed)  # fmt: skip
     except ValueError:  # closed (the QP is going)
         return False
 
@@ -844,7 +843,7 @@ def _repost(area: mmap, depth: int, posted: int, consumed: int) -> int:
     """The receive of slot ``consumed`` posted again, behind the others (its length
     published at ``posted``); returns the new posted count."""
     store_u32(area, _SLOT_BASE + 4 * (posted % depth),
-              _U32_UNPACK(area, _SLOT_BASE + 4 * (consumed % depth))[0])  # fmt: skip
+              load_u32(area, _SLOT_BASE + 4 * (consumed % depth)))  # fmt: skip
     return posted + 1
 
 

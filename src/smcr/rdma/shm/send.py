@@ -8,18 +8,13 @@ from __future__ import annotations
 import importlib
 import socket
 from types import ModuleType
-from typing import Final
 
 from smcr.rdma.base import QueuePair
 from smcr.rdma.bells import WATCH_MASK, WATCHES, ring_consumer, ring_name
 from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY
-from smcr.rdma.shm import layout as lay
-from smcr.rdma.shm.cq import fence
 from smcr.rdma.shm.peer import PeerLink, RemoteMr
-from smcr.rdma.stores import store_u32
+from smcr.rdma.shm.words import fence, load_u32, store_u32
 from smcr.rdma.verbs import QpAttr, QpState, WcOpcode, WcStatus, WorkCompletion
-
-_U32_UNPACK: Final = lay.U32.unpack_from
 
 
 def _c_place() -> ModuleType | None:
@@ -74,7 +69,7 @@ def notify(peer: PeerLink, wake: int = 0) -> None:
         if mark:  # after produced: its poll looks at this QP
             notify[mark] = 1
         fence()
-        target = _U32_UNPACK(notify, 0)[0]
+        target = load_u32(notify, 0)
         if not target:
             return
         if (wake and target != ARM_SLEEPER and peer.bells
