@@ -27,11 +27,12 @@ def c_words() -> Any:
 
 def test_the_compiled_build_serves_the_c_words() -> None:
     compiled = native.status().compiled
-    assert (words.C_WORDS is not None) == compiled
-    if compiled:
-        assert words.load_u64 is words.C_WORDS.load_u64
-        assert words.store_u32 is words.C_WORDS.store_u32
-        assert words.fence is words.C_WORDS.fence
+    c = words.C_WORDS
+    assert (c is not None) == compiled
+    if c is not None:
+        assert words.load_u64 is c.load_u64
+        assert words.store_u32 is c.store_u32
+        assert words.fence is c.fence
     else:
         assert words.load_u64 is words.py_load_u64 and words.store_u64 is stores.store_u64
 
