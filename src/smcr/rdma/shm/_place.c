@@ -259,83 +259,85 @@ static int word_args(Py_ssize_t nargs, Py_ssize_t want, const char *name) {
     return -1;
 }
 
-/* load_u32(buf, offset) -> the little-endian u32 there */
-static PyObject *load_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
+/* The little-endian word of `width` bytes (4 or 8) at args[1] of args[0], read in one load
+ * where aligned. */
+static PyObject *load_word(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t width,
+                           const char *name) {
     Py_buffer view;
     unsigned char *p;
-    if (word_args(nargs, 2, "load_u32") < 0 || word_at(args, 4, PyBUF_SIMPLE, &view, &p) < 0)
-        return NULL;
-    uint32_t v;
-    if (((uintptr_t)p & 3) == 0)
-        v = __atomic_load_n((const uint32_t *)p, __ATOMIC_RELAXED);
-    else
-        memcpy(&v, p, 4);
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLong(le32toh(v));
-}
-
-/* load_u64(buf, offset) -> the little-endian u64 there */
-static PyObject *load_u64(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    Py_buffer view;
-    unsigned char *p;
-    if (word_args(nargs, 2, "load_u64") < 0 || word_at(args, 8, PyBUF_SIMPLE, &view, &p) < 0)
+    if (word_args(nargs, 2, name) < 0 || word_at(args, width, PyBUF_SIMPLE, &view, &p) < 0)
         return NULL;
     uint64_t v;
-    if (((uintptr_t)p & 7) == 0)
-        v = __atomic_load_n((const uint64_t *)p, __ATOMIC_RELAXED);
-    else
-        memcpy(&v, p, 8);
+    if (width == 4) {
+        uint32_t w;
+        if (((uintptr_t)p & 3) == 0)
+            w = __atomic_load_n((const uint32_t *)p, __ATOMIC_RELAXED);
+        else
+            memcpy(&w, p, 4);
+        v = le32toh(w);
+    } else {
+        if (((uintptr_t)p & 7) == 0)
+            v = __atomic_load_n((const uint64_t *)p, __ATOMIC_RELAXED);
+        else
+            memcpy(&v, p, 8);
+        v = le64toh(v);
+    }
     PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLongLong(le64toh(v));
+    return PyLong_FromUnsignedLongLong(v);
 }
 
-/* store_u32(buf, offset, value): the little-endian u32 written there, in one store where
- * aligned (a reader sees the old value or the new, never a mix) */
-static PyObject *store_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (word_args(nargs, 3, "store_u32") < 0)
+/* args[2] written as the little-endian word of `width` bytes (4 or 8) at args[1] of args[0],
+ * in one store where aligned (a reader sees the old value or the new, never a mix). */
+static PyObject *store_word(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t width,
+                            const char *name) {
+    if (word_args(nargs, 3, name) < 0)
         return NULL;
-    unsigned long value = PyLong_AsUnsignedLong(args[2]);
-    if (value == (unsigned long)-1 && PyErr_Occurred())
+    unsigned long long value = PyLong_AsUnsignedLongLong(args[2]);
+    if (value == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
-    if (value > 0xFFFFFFFFul) {
+    if (width == 4 && value > 0xFFFFFFFFull) {
         PyErr_SetString(PyExc_OverflowError, "a u32 is at most 0xFFFFFFFF");
         return NULL;
     }
     Py_buffer view;
     unsigned char *p;
-    if (word_at(args, 4, PyBUF_WRITABLE, &view, &p) < 0)
+    if (word_at(args, width, PyBUF_WRITABLE, &view, &p) < 0)
         return NULL;
-    uint32_t v = htole32((uint32_t)value);
-    if (((uintptr_t)p & 3) == 0)
-        __atomic_store_n((uint32_t *)p, v, __ATOMIC_RELAXED);
-    else
-        memcpy(p, &v, 4);
+    if (width == 4) {
+        uint32_t w = htole32((uint32_t)value);
+        if (((uintptr_t)p & 3) == 0)
+            __atomic_store_n((uint32_t *)p, w, __ATOMIC_RELAXED);
+        else
+            memcpy(p, &w, 4);
+    } else {
+        uint64_t w = htole64((uint64_t)value);
+        if (((uintptr_t)p & 7) == 0)
+            __atomic_store_n((uint64_t *)p, w, __ATOMIC_RELAXED);
+        else
+            memcpy(p, &w, 8);
+    }
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
 }
 
-/* store_u64(buf, offset, value): as store_u32, a u64 */
+static PyObject *load_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return load_word(args, nargs, 4, "load_u32");
+}
+
+static PyObject *load_u64(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return load_word(args, nargs, 8, "load_u64");
+}
+
+static PyObject *store_u32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return store_word(args, nargs, 4, "store_u32");
+}
+
 static PyObject *store_u64(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (word_args(nargs, 3, "store_u64") < 0)
-        return NULL;
-    unsigned long long value = PyLong_AsUnsignedLongLong(args[2]);
-    if (value == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    Py_buffer view;
-    unsigned char *p;
-    if (word_at(args, 8, PyBUF_WRITABLE, &view, &p) < 0)
-        return NULL;
-    uint64_t v = htole64((uint64_t)value);
-    if (((uintptr_t)p & 7) == 0)
-        __atomic_store_n((uint64_t *)p, v, __ATOMIC_RELAXED);
-    else
-        memcpy(p, &v, 8);
-    PyBuffer_Release(&view);
-    Py_RETURN_NONE;
+    return store_word(args, nargs, 8, "store_u64");
 }
 
 /* fence(): a full memory barrier */
