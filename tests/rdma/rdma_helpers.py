@@ -6,7 +6,10 @@ without colliding with other ``conftest.py`` files on ``sys.path``.
 
 from __future__ import annotations
 
+import mmap
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,3 +62,40 @@ def connect(a: Side, b: Side, access: AccessFlag = RW, **options: Any) -> None:
                 access=access, **options)  # fmt: skip
     b.qp.to_rts(dgid=a.dev.gid, dest_qp_num=a.qp.qp_num, rq_psn=a.psn, sq_psn=b.psn,
                 access=access, **options)  # fmt: skip
+
+
+def torn_reads(write: Callable[[mmap.mmap, int], None],
+               seen: Callable[[mmap.mmap], object]) -> tuple[list[object], int, int]:  # fmt: skip
+    """Words rewritten by another process while this one reads them: ``write(m, 0)`` here,
+    then a forked child calls ``write(m, i)`` with ``i`` alternating 1, 0, 1, ... for 0.4 s
+    while this process calls ``seen(m)`` for 0.3 s (None for a read that found old or new
+    values only, else what it saw).
+
+    :returns: the torn reads, the number of reads, and the child's exit code (0: it wrote
+        without an error)."""
+    m = mmap.mmap(-1, 4096)
+    write(m, 0)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 0
+        try:
+            end, i = time.monotonic() + 0.4, 0
+            while time.monotonic() < end:
+                for _ in range(200):
+                    i ^= 1
+                    write(m, i)
+        except BaseException:
+            code = 1
+        os._exit(code)
+    torn, reads = [], 0
+    try:
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            for _ in range(500):
+                what = seen(m)
+                if what is not None:
+                    torn.append(what)
+            reads += 500
+    finally:
+        _, status = os.waitpid(pid, 0)
+    return torn, reads, os.waitstatus_to_exitcode(status)

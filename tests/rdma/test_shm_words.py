@@ -5,11 +5,8 @@ and what another process sees while a word is rewritten."""
 from __future__ import annotations
 
 import mmap
-import os
 import random
 import struct
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,6 +14,7 @@ import pytest
 from smcr import native
 from smcr.rdma import stores
 from smcr.rdma.shm import words
+from tests.rdma.rdma_helpers import torn_reads
 
 
 def c_words() -> Any:
@@ -110,25 +108,6 @@ def test_the_c_words_refuse_what_the_python_refuses() -> None:
         c.fence(1)
 
 
-def _rewrite_in_child(m: mmap.mmap, seconds: float, store_u32: Callable[[Any, int, int], None],
-                      store_u64: Callable[[Any, int, int], None]) -> int:  # fmt: skip
-    """Fork a child that rewrites two words (each with one of two values) for ``seconds``."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        code = 0
-        try:
-            end, i = time.monotonic() + seconds, 0
-            while time.monotonic() < end:
-                for _ in range(200):
-                    i ^= 1
-                    store_u32(m, 4, 0x1111FFFF + i)
-                    store_u64(m, 8, 0x22222222FFFFFFFF + i)
-        except BaseException:
-            code = 1
-        os._exit(code)
-    return pid
-
-
 @pytest.mark.parametrize("impl", ["c", "python"])
 def test_a_reader_in_another_process_sees_old_or_new_words_only(impl: str) -> None:
     """Words rewritten in another process, each between two values whose change carries
@@ -139,22 +118,19 @@ def test_a_reader_in_another_process_sees_old_or_new_words_only(impl: str) -> No
     else:
         st32, st64 = stores.store_u32, stores.store_u64
         ld32, ld64 = words.py_load_u32, words.py_load_u64
-    m = mmap.mmap(-1, 4096)
-    st32(m, 4, 0x1111FFFF)
-    st64(m, 8, 0x22222222FFFFFFFF)
-    pid = _rewrite_in_child(m, 0.4, st32, st64)
-    torn, reads = [], 0
-    try:
-        end = time.monotonic() + 0.3
-        while time.monotonic() < end:
-            for _ in range(500):
-                a, b = ld32(m, 4), ld64(m, 8)
-                if a not in (0x1111FFFF, 0x11120000) or b not in (0x22222222FFFFFFFF,
-                                                                  0x2222222300000000):
-                    torn.append((hex(a), hex(b)))
-            reads += 500
-    finally:
-        _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+
+    def write(m: mmap.mmap, i: int) -> None:
+        st32(m, 4, 0x1111FFFF + i)
+        st64(m, 8, 0x22222222FFFFFFFF + i)
+
+    def seen(m: mmap.mmap) -> object:
+        a, b = ld32(m, 4), ld64(m, 8)
+        if a not in (0x1111FFFF, 0x11120000) or b not in (0x22222222FFFFFFFF,
+                                                          0x2222222300000000):
+            return (hex(a), hex(b))
+        return None
+
+    torn, reads, code = torn_reads(write, seen)
+    assert code == 0
     assert reads > 10_000
     assert not torn, f"{len(torn)} of {reads} reads torn, e.g. {torn[:3]}"

@@ -4,61 +4,38 @@ word is rewritten sees its old or its new value, nothing between."""
 from __future__ import annotations
 
 import mmap
-import os
 import re
 import struct
-import time
 from pathlib import Path
 
 import pytest
 
 from smcr.rdma.stores import store, store_u32, store_u64
+from tests.rdma.rdma_helpers import torn_reads
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "smcr" / "rdma"
 FIELDS = struct.Struct("<IIII")
 
 
-def _rewrite_in_child(m: mmap.mmap, seconds: float) -> int:
-    """Fork a child that rewrites the words (each with one of two values) for ``seconds``."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        code = 0
-        try:
-            end, i = time.monotonic() + seconds, 0
-            while time.monotonic() < end:
-                for _ in range(200):
-                    i ^= 1
-                    store_u32(m, 0, 0x11111111 + i)
-                    store_u64(m, 8, 0x2222222222 + i)
-                    store(m, 16, FIELDS, 7, 48, 8192, 5 + i)
-        except BaseException:
-            code = 1
-        os._exit(code)
-    return pid
-
-
 def test_a_reader_in_another_process_sees_old_or_new_values_only() -> None:
-    m = mmap.mmap(-1, 4096)
-    store_u32(m, 0, 0x11111111)
-    store_u64(m, 8, 0x2222222222)
-    store(m, 16, FIELDS, 7, 48, 8192, 5)
-    pid = _rewrite_in_child(m, 0.4)
     u32, u64 = struct.Struct("<I"), struct.Struct("<Q")
-    torn, reads = [], 0
-    try:
-        end = time.monotonic() + 0.3
-        while time.monotonic() < end:
-            for _ in range(500):
-                a = u32.unpack_from(m, 0)[0]
-                b = u64.unpack_from(m, 8)[0]
-                c = FIELDS.unpack_from(m, 16)
-                if (a not in (0x11111111, 0x11111112) or b not in (0x2222222222, 0x2222222223)
-                        or c[:3] != (7, 48, 8192) or c[3] not in (5, 6)):  # fmt: skip
-                    torn.append((a, b, c))
-            reads += 500
-    finally:
-        _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+
+    def write(m: mmap.mmap, i: int) -> None:
+        store_u32(m, 0, 0x11111111 + i)
+        store_u64(m, 8, 0x2222222222 + i)
+        store(m, 16, FIELDS, 7, 48, 8192, 5 + i)
+
+    def seen(m: mmap.mmap) -> object:
+        a = u32.unpack_from(m, 0)[0]
+        b = u64.unpack_from(m, 8)[0]
+        c = FIELDS.unpack_from(m, 16)
+        if (a not in (0x11111111, 0x11111112) or b not in (0x2222222222, 0x2222222223)
+                or c[:3] != (7, 48, 8192) or c[3] not in (5, 6)):  # fmt: skip
+            return (a, b, c)
+        return None
+
+    torn, reads, code = torn_reads(write, seen)
+    assert code == 0
     assert reads > 10_000
     assert not torn, f"{len(torn)} of {reads} reads torn, e.g. {torn[:3]}"
 
