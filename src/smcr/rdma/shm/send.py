@@ -5,7 +5,6 @@ the doorbells or consumer bell rung (:mod:`smcr.rdma.shm.cq`, :mod:`smcr.rdma.be
 
 from __future__ import annotations
 
-import importlib
 import socket
 from types import ModuleType
 
@@ -13,21 +12,13 @@ from smcr.rdma.base import QueuePair
 from smcr.rdma.bells import WATCH_MASK, WATCHES, ring_consumer, ring_name
 from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY
 from smcr.rdma.shm.peer import PeerLink, RemoteMr
-from smcr.rdma.shm.words import fence, load_u32, store_u32
+from smcr.rdma.shm.words import C_WORDS, fence, load_u32, store_u32
 from smcr.rdma.verbs import QpAttr, QpState, WcOpcode, WcStatus, WorkCompletion
 
-
-def _c_place() -> ModuleType | None:
-    """The C of the fused send (``_place.c``), built with the compiled modules and served
-    with them (:mod:`smcr.native`); None in a pure-Python process."""
-    try:
-        return importlib.import_module("smcr.rdma.shm._place")
-    except ImportError:
-        return None
-
-
-#: :func:`_c_place`; tests set it to None to run the Python in a compiled process.
-PLACE: ModuleType | None = _c_place()
+#: The C of the fused send (``_place.c``, :data:`smcr.rdma.shm.words.C_WORDS`: built with the
+#: compiled modules, None in a pure-Python process); tests set it to None to run the Python
+#: in a compiled process.
+PLACE: ModuleType | None = C_WORDS
 
 
 def c_poster(qp_class: type) -> object | None:
