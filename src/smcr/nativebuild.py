@@ -106,6 +106,11 @@ MODULES: tuple[str, ...] = (
     "rdma/roce/qp.py",
     "rdma/roce/requester.py",
     "rdma/roce/responder.py",
+    "rdma/ibverbs/binding.py",
+    "rdma/ibverbs/sysfs.py",
+    "rdma/ibverbs/cq.py",
+    "rdma/ibverbs/qp.py",
+    "rdma/ibverbs/device.py",
 )
 
 #: Extension modules written in C, built with the compiled modules (module name -> source,

@@ -1,0 +1,187 @@
+"""The completion queue of the verbs RNIC: the device's CQ, harvested by whoever polls.
+
+Design (the why of each):
+
+* **smcr's queue in front of the device's.**  The runtime polls, arms and sleeps on
+  :class:`~smcr.rdma.completion.CompletionQueue` as with every RNIC; here a progress hook
+  (:meth:`CompletionQueue.add_progress`) takes what the device's CQ holds
+  (``ibv_poll_cq``) and queues it, in the thread that polls: no thread between the NIC
+  and the thread that wants the completion.
+* **The descriptor covers the completion channel.**  :meth:`VerbsCq.fileno` is an epoll
+  descriptor holding smcr's doorbell and the CQ's completion channel, so a thread asleep
+  on it (``select``, asyncio, :meth:`wait`) wakes when the NIC completes work.  The
+  device CQ is kept armed (``ibv_req_notify_cq``) by the hook: it reads the channel's
+  event, acknowledges it, arms again and only then polls, so a completion that comes
+  after the poll raises the next event (the verbs rule that no completion is missed).
+  Nobody polling costs no CPU: the runtime's progress thread sleeps on the descriptor.
+* **One harvester at a time** (a lock): the event read, the arming and the poll must not
+  interleave between two threads, or an event could be acknowledged twice.  The
+  channel descriptor is non-blocking (:func:`smcr.rdma.ibverbs.binding.opening`), so a
+  hook that finds no event moves on.
+* **Failed completions name their queue** (:meth:`VerbsCq.attach`): verbs leaves the
+  opcode of a failed completion undefined, and the runtime tells a receive from a send
+  by it, so the QP that posted the work says which it was.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+from collections.abc import Iterable
+from typing import Any, Final, Protocol
+
+from smcr.rdma.completion import CompletionQueue
+from smcr.rdma.ibverbs import binding
+from smcr.rdma.verbs import VerbsError, WcFlag, WcOpcode, WcStatus, WorkCompletion
+
+#: Completions taken from the device's CQ per ``ibv_poll_cq``.
+BATCH: Final = 32
+IBV_WC_WITH_IMM: Final = 2
+_OPCODES: Final = {int(op): op for op in WcOpcode}
+_STATUSES: Final = {int(s): s for s in WcStatus}
+
+class PostingQp(Protocol):
+    """What a CQ asks of a QP whose work completes there (:meth:`VerbsCq.attach`)."""
+
+    def failed(self, wr_id: int) -> WcOpcode:
+        """Work ``wr_id`` completed with an error (the QP is in ERR): which queue it was on."""
+
+
+class VerbsCq(CompletionQueue):
+    """A :class:`CompletionQueue` fed by a device CQ (module docstring).
+
+    :param context: the pyverbs ``Context`` of the device.
+    :param depth: entries of the device CQ.
+    """
+
+    def __init__(self, context: Any, depth: int) -> None:
+        super().__init__(depth)
+        pv = binding.load()
+        try:
+            with binding.opening() as fds:
+                self.channel = pv.cq.CompChannel(context)
+            if len(fds) != 1:
+                raise VerbsError(5, f"the completion channel's descriptor not found ({fds})")
+            self.channel_fd = fds[0]
+            self.ibv = pv.cq.CQ(context, depth, None, self.channel, 0)
+            self.ibv.req_notify()
+        except pv.error.PyverbsError as exc:
+            raise VerbsError(binding.errno_of(exc), f"create CQ: {exc}") from exc
+        self._ep = select.epoll()
+        self._bell_fd = self._bell_r.fileno()
+        self._ep.register(self._bell_fd, select.EPOLLIN)
+        self._ep.register(self.channel_fd, select.EPOLLIN)
+        self._harvest_lock = threading.Lock()
+        self._tls = threading.local()
+        self._qps: dict[int, PostingQp] = {}
+        self.events = 0
+        """Completion events read from the channel."""
+        self.add_progress(self._harvest)
+
+    def fileno(self) -> int:
+        """An epoll descriptor: readable when the doorbell rang or the NIC completed work."""
+        return self._ep.fileno()
+
+    def attach(self, qp_num: int, qp: PostingQp) -> None:
+        """QP ``qp_num`` posts work completing here; it names the queue of its failed work
+        (module docstring)."""
+        self._qps[qp_num] = qp
+
+    def detach(self, qp_num: int) -> None:
+        """QP ``qp_num`` is gone."""
+        self._qps.pop(qp_num, None)
+
+    def clear_signal(self) -> None:
+        """Nothing to do: the hook drains the doorbell and reads the channel's events."""
+
+    def push_many(self, wcs: Iterable[WorkCompletion], notify: bool = True,
+                  local: bool = False) -> None:  # fmt: skip
+        """As :meth:`CompletionQueue.push_many`, silent inside this CQ's own poll."""
+        if notify and getattr(self._tls, "hook", False):
+            notify = False
+        super().push_many(wcs, notify, local)
+
+    def poll(self, max_entries: int = 16) -> list[WorkCompletion]:
+        """Harvest the device CQ, then take up to ``max_entries`` completions."""
+        tls = self._tls
+        tls.hook = True
+        try:
+            return super().poll(max_entries)
+        finally:
+            tls.hook = False
+
+    def has_completions(self) -> bool:
+        """Harvest the device CQ; whether completions wait (takes none)."""
+        tls = self._tls
+        tls.hook = True
+        try:
+            return super().has_completions()
+        finally:
+            tls.hook = False
+
+    def _harvest(self) -> None:
+        """The progress hook (module docstring): doorbell, channel event, re-arm, poll."""
+        with self._harvest_lock:
+            try:
+                ready = self._ep.poll(0)
+            except (OSError, ValueError):
+                return  # closed
+            for fd, _mask in ready:
+                if fd == self._bell_fd:
+                    try:
+                        self._bell_r.recv(4096)
+                    except OSError:
+                        pass
+                    self.rearm_sleeper()  # (as the RoCE CQ: the ring may be another's)
+                elif fd == self.channel_fd:
+                    self._take_event()
+            self._poll_device()
+
+    def _take_event(self) -> None:
+        try:
+            self.channel.get_cq_event(self.ibv)
+        except Exception:
+            return
+        self.events += 1
+        self.ibv.ack_events(1)
+        self.ibv.req_notify()
+
+    def _poll_device(self) -> None:
+        out: list[WorkCompletion] = []
+        while True:
+            try:
+                n, wcs = self.ibv.poll(BATCH)
+            except Exception:
+                break
+            for wc in wcs:
+                out.append(self._convert(wc))
+            if n < BATCH:
+                break
+        if out:
+            self.push_many(out)
+
+    def _convert(self, wc: Any) -> WorkCompletion:
+        status = _STATUSES.get(wc.status, WcStatus.GENERAL_ERR)
+        qp_num, wr_id = wc.qp_num, wc.wr_id
+        if status is WcStatus.SUCCESS:
+            opcode = _OPCODES.get(wc.opcode, WcOpcode.SEND)
+        else:
+            qp = self._qps.get(qp_num)
+            opcode = qp.failed(wr_id) if qp is not None else WcOpcode.SEND
+        flags = wc.wc_flags
+        imm = socket.ntohl(wc.imm_data) if flags & IBV_WC_WITH_IMM else 0
+        return WorkCompletion(wr_id=wr_id, status=status, opcode=opcode, qp_num=qp_num,
+                              byte_len=wc.byte_len, imm_data=imm, wc_flags=WcFlag(flags & 15),
+                              src_qp=wc.src_qp, vendor_err=wc.vendor_err)  # fmt: skip
+
+    def close(self) -> None:
+        """Release the descriptors and the device CQ (after its QPs)."""
+        self._qps.clear()
+        self._ep.close()
+        for obj in (self.ibv, self.channel):
+            try:
+                obj.close()
+            except Exception:
+                pass
+        super().close()
