@@ -176,10 +176,13 @@ class Variable(Generic[T]):
         return self.check(text) if text else unset
 
 
-RNIC = Variable("SMCR_RNIC", _choice("shm", "roce"), "shm or roce", "shm",
-                "The software RNIC under SMC-R: ``shm`` (shared memory, processes of one "
-                "host) or ``roce`` (RoCEv2 over UDP, the RNIC of the TCP connection's "
-                "interface). Both ends must use the same kind.")
+RNIC = Variable("SMCR_RNIC", _choice("shm", "roce", "verbs"), "shm, roce or verbs", "shm",
+                "The RNIC under SMC-R: ``shm`` (shared memory, processes of one host), "
+                "``roce`` (smcr's RoCEv2 over UDP, the RNIC of the TCP connection's "
+                "interface) or ``verbs`` (the kernel's RDMA device whose RoCE v2 GID is the "
+                "TCP connection's address, through rdma-core's pyverbs: a hardware RNIC or "
+                "Linux Soft-RoCE; it speaks RoCEv2 with ``roce``). Both ends must use "
+                "the same kind, or ``roce`` and ``verbs``.")
 DISCOVERY = Variable("SMCR_DISCOVERY", _choice("auto", "bpf", "policy", "off"),
                      "auto, bpf, policy or off", "auto",
                      "How a connection learns that the peer speaks SMC: the TCP option "

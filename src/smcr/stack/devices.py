@@ -44,10 +44,16 @@ import socket
 from smcr import settings
 from smcr.pnet import PnetTable, lookup
 from smcr.rdma.base import Device
+from smcr.rdma.ibverbs.device import VerbsDevice
 from smcr.rdma.roce import RnicInfo, RoceDevice, list_devices
 
+IpRnic = RoceDevice | VerbsDevice
+"""An RNIC of an IP address (RoCEv2: GIDs of addresses, routes, net devices): smcr's own
+RoCE RNIC or the kernel's device through verbs."""
+IP_RNICS = (RoceDevice, VerbsDevice)
+
 RNIC_ENV = "SMCR_RNIC"
-KINDS = ("shm", "roce")
+KINDS = ("shm", "roce", "verbs")
 LOOPBACK = "lo"
 """The registry key of the loopback RoCE RNIC."""
 
@@ -123,6 +129,19 @@ def open_roce(key: str) -> RoceDevice:
     return RoceDevice(address, ifname=ifname or None)
 
 
+def open_verbs(key: str) -> VerbsDevice:
+    """Open the verbs RNIC of a registry key (:func:`roce_key`): the kernel's RDMA device
+    whose RoCE v2 GID is that address.
+
+    :raises VerbsError: ENODEV when there is none (or no pyverbs): the connection then
+        falls back to TCP, as with an RNIC the handshake cannot use.
+    """
+    address, _, ifname = key.partition("%")
+    if key == LOOPBACK:
+        return VerbsDevice(ifname="lo")
+    return VerbsDevice(address, ifname=ifname or None)
+
+
 def v2_over_ipv6(device: Device) -> bool:
     """Whether the RNIC's GID (which serves SMC-Rv2 whatever it is: an IPv4-mapped RoCE
     v2 GID as Linux ``smc_ib_determine_gid`` wants, the shm RNIC's opaque one between
@@ -130,7 +149,7 @@ def v2_over_ipv6(device: Device) -> bool:
     (:attr:`smcr.core.config.LocalIdentity.v2_over_ipv6`): the RoCE RNIC of an IPv6
     address.  Why beyond Linux: SMC-Rv2 is what crosses routers, and Linux's needs an
     IPv4 address; an IPv6 host pair of smcr would else have SMC-R on one subnet only."""
-    return isinstance(device, RoceDevice) and device.gid[:12] != bytes(10) + b"\xff\xff"
+    return isinstance(device, IP_RNICS) and device.gid[:12] != bytes(10) + b"\xff\xff"
 
 
 def prefix_ip(device: Device, local_ip: IpAddress) -> IpAddress:

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from smcr import settings
 from smcr.osthreads import NamedThread
 from smcr.rdma.roce import RoceDevice, netif
+from smcr.stack.devices import IP_RNICS, IpRnic
 from smcr.stack.hostconn import PortRes
 from smcr.stack.routes import gid_address, route_oif, rtnl_ask
 
@@ -101,7 +102,7 @@ def link_flags(ifname: str) -> int:
     return int(_IFINFO.unpack_from(rtnl_ask(RTM_GETLINK, body, RTM_NEWLINK, ifname))[3])
 
 
-def roce_reaches(device: RoceDevice, gid: bytes) -> bool:
+def roce_reaches(device: IpRnic, gid: bytes) -> bool:
     """Whether a RoCE RNIC reaches a peer port's GID: the kernel routes its address out of
     the RNIC's net device (a subnet of it, or a gateway behind it), as Linux checks the
     route before it uses an RNIC for SMC-Rv2 (``smc_ib_find_route``)."""
@@ -113,7 +114,7 @@ def roce_reaches(device: RoceDevice, gid: bytes) -> bool:
         return False
 
 
-def roce_port_up(device: RoceDevice) -> bool:
+def roce_port_up(device: IpRnic) -> bool:
     """Whether a RoCE RNIC can carry traffic: its net device is up with carrier (what rxe
     follows: ``netif_running`` and ``netif_carrier_ok``; not the operstate, which the
     kernel's linkwatch reports up to a second late) and still has the RNIC's address."""
@@ -152,7 +153,7 @@ class PortWatcher:
     """
 
     def __init__(self, stack: PortOwner,
-                 is_up: Callable[[RoceDevice], bool] = roce_port_up) -> None:  # fmt: skip
+                 is_up: Callable[[IpRnic], bool] = roce_port_up) -> None:  # fmt: skip
         self.stack = stack
         self.is_up = is_up
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
@@ -192,7 +193,7 @@ class PortWatcher:
         stack = self.stack
         for port, res in enumerate(stack.ports):
             dev = res.device
-            if not isinstance(dev, RoceDevice):
+            if not isinstance(dev, IP_RNICS):
                 continue
             try:
                 up = self.is_up(dev)

@@ -8,9 +8,9 @@ the ports, the QPs and the buffer pool, not the data path.
 from __future__ import annotations
 
 from smcr.core import NextHop, Rmb
-from smcr.rdma.roce import RoceDevice
 from smcr.stack import ports, routes
 from smcr.stack.bufpool import BufferPool
+from smcr.stack.devices import IP_RNICS
 from smcr.stack.hostconn import HostConn, PortRes
 from smcr.stack.qps import QueuePairs
 
@@ -53,14 +53,14 @@ class EngineHost:
         """Whether our ``port`` has a path to a peer port's GID (RoCE: the kernel's route,
         :func:`ports.roce_reaches`; shm: always)."""
         dev = self.ports[port].device
-        return not isinstance(dev, RoceDevice) or ports.roce_reaches(dev, gid)
+        return not isinstance(dev, IP_RNICS) or ports.roce_reaches(dev, gid)
 
     def find_route(self, port: int, gid: bytes) -> NextHop | None:
         """How our ``port`` reaches a peer's GID (RoCE: the kernel's route,
         :func:`routes.find_route`, Linux ``smc_ib_find_route``; None: no route; shm: every
         peer on-link)."""
         dev = self.ports[port].device
-        if not isinstance(dev, RoceDevice):
+        if not isinstance(dev, IP_RNICS):
             return NextHop()
         route = routes.find_route(routes.gid_address(gid), routes.gid_address(dev.gid))
         return None if route is None else NextHop(route.uses_gateway, route.nexthop_mac)

@@ -107,6 +107,10 @@ BUFFER = 4 << 20
 # 0.40x to 0.56x TCP (smcr bench --bufsize, session 3).  The MRs are anonymous
 # mappings, backed only where written (RocePd.alloc_mr).
 ROCE_BUFFER = 4 << 20
+# The verbs RNIC's default: 512 KiB.  Why smaller: a device pins every page of an MR for
+# as long as it is registered, so the lazily backed mappings of the other RNICs cost
+# their whole size here (a 1 GiB host with 4 MiB buffers would hold ~100 connections).
+VERBS_BUFFER = 512 << 10
 AUTOCORK = 64 << 10
 """Autocorking size on the shm RNIC (Linux's ``autocorking_size`` default; see
 :attr:`Config.autocork_size`): 1 KiB writes in a stream go as one CDC per batch."""
@@ -497,12 +501,13 @@ on_new_stack: list[Callable[[Stack], None]] = []
 
 def default_buffer_size(kind: str | None = None) -> int:
     """The send buffer and RMB size of a connection without SO_SNDBUF/SO_RCVBUF:
-    :data:`BUFFER` on the shm RNIC, :data:`ROCE_BUFFER` on RoCE.
+    :data:`BUFFER` on the shm RNIC, :data:`ROCE_BUFFER` on RoCE, :data:`VERBS_BUFFER` on a
+    verbs device.
 
-    :param kind: ``"shm"`` or ``"roce"``; default the current ``SMCR_RNIC``'s.
+    :param kind: ``"shm"``, ``"roce"`` or ``"verbs"``; default the current ``SMCR_RNIC``'s.
     """
     kind = kind or devices.rnic_kind()
-    return ROCE_BUFFER if kind == "roce" else BUFFER
+    return {"roce": ROCE_BUFFER, "verbs": VERBS_BUFFER}.get(kind, BUFFER)
 
 
 def autocork_size(kind: str) -> int:
@@ -548,7 +553,7 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
         (:data:`smcr.settings.RUNTIME`), e.g. an unknown ``SMCR_RNIC``.
     """
     kind = devices.rnic_kind()
-    key = "shm" if kind == "shm" else "roce:" + devices.roce_key(local_ip, scope_id)
+    key = "shm" if kind == "shm" else f"{kind}:" + devices.roce_key(local_ip, scope_id)
     with _stack_lock:
         stack = _stacks.get(key)
         if stack is None or stack.pid != os.getpid():
@@ -575,6 +580,8 @@ def _open_rnics(kind: str, key: str) -> tuple[Device | None, list[Device]]:
     if kind == "shm":
         pid = os.getpid()
         return None, [ShmDevice(f"smcr{pid}_{i}") for i in range(1, ports.shm_rnics())]
+    if kind == "verbs":
+        return devices.open_verbs(key.split(":", 1)[1]), []
     first = devices.open_roce(key.split(":", 1)[1])
     try:
         return first, list(ports.roce_more(first))
