@@ -19,7 +19,7 @@ from typing import Any
 
 from smcr import discovery
 from smcr.osthreads import NamedThread, NamedTimer
-from smcr.socket import handshake
+from smcr.socket import handshake, unserved
 from smcr.socket.base import LINGER_ZERO, PlainSocket, SocketBase, new_socket
 from smcr.socket.headroom import descriptor_shortage, descriptors_free
 from smcr.stack.hostconn import HostConn
@@ -283,7 +283,11 @@ class AcceptQueue:
             self._limit_handshakes()
         try:
             handshake.start_handshake(sock, False, lambda hc: self._handshake_ended(sock, addr, hc))
-        except OSError as exc:  # EMFILE, ENOMEM...: the peer is refused, accept() raises it
+        except OSError as exc:
+            if exc.errno in unserved.NO_RNIC:  # no RNIC for the address: NOSMCRDEV, TCP
+                unserved.server_declines(sock, lambda: self._unserved(sock, addr))
+                return
+            # EMFILE, ENOMEM...: the peer is refused, accept() raises it
             sock.close()
             with self.lock:
                 self.pending -= 1
@@ -321,6 +325,19 @@ class AcceptQueue:
                 self._changed()
         if self.closed:  # (this runs under the runtime's lock, which close() takes)
             NamedThread(target=self._close_ready, name="smcr-close", daemon=True).start()
+
+    def _unserved(self, sock: SocketBase, addr: Any) -> None:
+        """A connection declined for want of an RNIC (:mod:`smcr.socket.unserved`, in its
+        thread): queued as a fallback to TCP."""
+        handshake.fall_back(sock, int(unserved.CODE), 0, True)
+        with self.lock:
+            self.pending -= 1
+            self._limit_handshakes()
+            self.ready.append((sock, addr))
+            if not self.closed:
+                self._changed()
+        if self.closed:
+            self._close_ready()
 
     def limit_handshakes(self) -> None:
         """The listener's ``SMC_LIMIT_HS`` changed: count it as congested, or not, now."""

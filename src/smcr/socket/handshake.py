@@ -22,7 +22,7 @@ from smcr import discovery
 from smcr.core import FellBack, HandshakeCompleted
 from smcr.diag import registry
 from smcr.diag import start as diag_start
-from smcr.socket import headroom, numbers
+from smcr.socket import headroom, numbers, unserved
 from smcr.socket.base import (
     LINGER_ZERO,
     PlainSocket,
@@ -172,12 +172,17 @@ def pay_decline(sock: SocketBase) -> None:
 def decline_instead(sock: SocketBase, error: OSError) -> bool:
     """A client that cannot start its handshake because the process is out of descriptors
     or memory (:data:`OUT_OF_RESOURCES`: an SMC-R connection needs descriptors a TCP one
-    does not, :func:`runtime_tcp_of`) tells the server so with a CLC Decline (``MEM``),
+    does not, :func:`runtime_tcp_of`) tells the server so with a CLC Decline (``MEM``;
+    ``NOSMCRDEV`` when its address has no RNIC, :mod:`smcr.socket.unserved`),
     which ends the server's handshake in a fallback as it ends Linux's, and goes on over
     TCP (Linux ``smc_connect_decline_fallback``).
 
     :returns: whether it did (False: ``error`` is another, for the caller to report).
     """
+    if error.errno in unserved.NO_RNIC:  # (no RNIC for the address: NOSMCRDEV, as Linux)
+        unserved.decline(sock)
+        fall_back(sock, int(unserved.CODE), 0)
+        return True
     if error.errno not in OUT_OF_RESOURCES:
         return False
     try:  # (a peer gone meanwhile: TCP will say so)
