@@ -288,12 +288,14 @@ def exchange(guest: Guest, guest_role: str, family: str, discovery: str = "bpf",
              count: int = 1, iters: int = 100, size: int = 1, pause: float = 0.0,
              roce_capture: bool = False, env: dict[str, str] | None = None,
              keep_pcap: bool = False, timeout: float = 120.0,
-             aborter: str = "smcr") -> Exchange:  # fmt: skip
+             aborter: str = "smcr", tool: str = TOOL, guest_env: str = "") -> Exchange:  # fmt: skip
     """``count`` connections between the guest (``guest_role``, AF_SMC or plain ``tcp``)
     and smcr (``SMCR_DISCOVERY=discovery``: ``bpf``, the TCP option, or ``off``; UEIDs
     ``ueids``, and ``env`` for its process), in ``mode`` (module docstring; ``pause``:
     seconds idle between ping-pong round trips; ``abort``: the abort scenarios with
-    ``aborter``, ``smcr`` or ``kernel``).  ``timeout`` bounds each end's run."""
+    ``aborter``, ``smcr`` or ``kernel``).  ``timeout`` bounds each end's run.  ``tool``:
+    the guest's end (default the kernel's, ``kernel_smc.py``; ``smcr_end.py`` is smcr's
+    over the guest's verbs device), run with the environment assignments ``guest_env``."""
     port = next_port()
     seed = port
     table = ueid_file(ueids)
@@ -312,7 +314,8 @@ def exchange(guest: Guest, guest_role: str, family: str, discovery: str = "bpf",
                     ready, _, _ = select.select([proc.stdout], [], [], 60.0)
                     assert ready, "smcr's server did not start"
                     assert json.loads(proc.stdout.readline()) == {"listening": port}
-                    out = guest.run(f"{TOOL} client --family {family} --host {HOST_IP} {opts}",
+                    out = guest.run(f"{guest_env} {tool} client --family {family} "
+                                    f"--host {HOST_IP} {opts}",
                                     timeout=timeout * count + 60)  # fmt: skip
                 except BaseException:
                     proc.kill()
@@ -320,7 +323,7 @@ def exchange(guest: Guest, guest_role: str, family: str, discovery: str = "bpf",
                     raise
                 host = host_result(proc, 60)
             else:
-                ident = guest.run(f"{TOOL} server --family {family} {server_opts}",
+                ident = guest.run(f"{guest_env} {tool} server --family {family} {server_opts}",
                                   background=True)  # fmt: skip
                 deadline = time.monotonic() + 60
                 while "listening" not in guest.output(ident):
