@@ -1,24 +1,38 @@
 """smcr over the guest's verbs device (rxe0 through pyverbs, ``SMCR_RNIC=verbs``) against
-smcr's own RoCE RNIC on the host: the same wire, both roles.
+smcr's own RoCE RNIC on the host (the same wire), and against the Linux kernel's SMC-R in
+another guest; both roles.
 
 The guest runs ``harness/tools/smcr_end.py`` (smcr's sockets over
 :class:`~smcr.rdma.ibverbs.device.VerbsDevice`, the repository's ``src/`` copied into the
 guest's share, compiled modules included where they match the sources); the host runs
 ``tests/interop/smc_host.py`` with ``SMCR_RNIC=roce``, as against the kernel.  Both find
 each other by the peer list (``SMCR_DISCOVERY=policy``), and speak SMC-Rv1 (no UEID).
+Against the kernel, smcr runs in g2 (10.99.0.12) with the SMC TCP option (``smcr enable``
+in that guest) and the guests' UEID, and the kernel in g1 (``kernel_smc.py``): SMC-Rv2.
 The guests run under QEMU without KVM: the figures say that it works, not how fast.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.interop.guest import FIGURES, Guest
-from tests.interop.kernel_exchange import MB, Exchange, check_data, exchange
+from tests.interop.kernel_exchange import (
+    GUEST_UEID,
+    MB,
+    RXE0,
+    Exchange,
+    check_data,
+    exchange,
+    next_port,
+)
+from tests.interop.smc_host import digest as pattern_digest
 from tests.roce.netns import REPO
 
 pytestmark = [pytest.mark.root, pytest.mark.interop]
@@ -28,6 +42,7 @@ PEERS = "10.99.0.0/24"
 GUEST_ENV = f"SMCR_DISCOVERY=policy SMCR_PEERS={PEERS}"
 HOST_GID = "00000000000000000000ffff0a630001"
 GUEST_GID = "00000000000000000000ffff0a63000b"
+G2_GID = "00000000000000000000ffff0a63000c"
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +102,142 @@ def test_smcr_over_verbs_connections_reuse_the_link_group(verbs_guest: Guest) ->
     rec = pp.guest["conns"][0]
     assert rec["echoed_intact"] == 200, rec
     FIGURES["verbs_pingpong_32b_rtt_us"] = round(rec["pingpong_seconds"] / 200 * 1e6, 1)
+
+
+# ------------------------------------------------------------------ against the kernel
+
+KERNEL_TOOL = "python3 /mnt/host/tools/kernel_smc.py"
+G2_IP = "10.99.0.12"
+SMCR_GUEST_ENV = "SMCR_UEID_FILE=/tmp/smcr-ueid"
+"""smcr in g2 offers SMC-Rv2 with the guests' UEID (the kernel offers v2 only over rxe)."""
+
+
+@pytest.fixture(scope="module")
+def smcr_g2(kernel_smc: Guest) -> Iterator[Guest]:
+    """g2 (10.99.0.12) beside g1: rxe0 on its eth0, smcr's sources in its share, the SMC
+    TCP option on (``smcr enable``: the kernel in g1 needs it in smcr's SYNs and SYN-ACKs)
+    and the UEID table; g1's kernel SMC-R is the peer.  Stopped at the end."""
+    g2 = Guest(kernel_smc.base, index=2)
+    g2.boot()
+    try:
+        g2.run(RXE0, timeout=180)
+        target = g2.share / "src"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(REPO / "src" / "smcr", target / "smcr",
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+        out = g2.run(f"echo {GUEST_UEID} > /tmp/smcr-ueid && cd /mnt/host/src &&"
+                     " python3 -m smcr enable", timeout=180)  # fmt: skip
+        assert "SMC TCP option enabled" in out, out
+        yield g2
+    finally:
+        g2.stop()
+        deadline = time.monotonic() + 60
+        while kernel_smc.kernel_links() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
+Records = list[dict[str, Any]]
+
+
+def between(kernel: Guest, smcr_guest: Guest, smcr_role: str, mode: str = "echo",
+            nbytes: int = MB, count: int = 1, **more: Any) -> tuple[Records, Records]:  # fmt: skip
+    """``count`` connections between the kernel (g1) and smcr over verbs (g2), smcr in
+    ``smcr_role``; (smcr's records, the kernel's records), one per connection."""
+    port = next_port()
+    opts = f"--port {port} --count {count} --bytes {nbytes} --seed {port} --timeout 200"
+    opts += "".join(f" --{k} {v}" for k, v in more.items())
+    server_mode = "send" if mode == "send" else "echo"
+    smcr_cmd = f"{SMCR_GUEST_ENV} {TOOL}"
+    kernel_cmd = f"{KERNEL_TOOL} {{}} --family smc"
+    if smcr_role == "server":
+        server, client = smcr_guest, kernel
+        server_cmd, client_cmd = f"{smcr_cmd} server", kernel_cmd.format("client")
+        peer = G2_IP
+    else:
+        server, client = kernel, smcr_guest
+        server_cmd, client_cmd = kernel_cmd.format("server"), f"{smcr_cmd} client"
+        peer = "10.99.0.11"
+    ident = server.run(f"{server_cmd} {opts} --mode {server_mode}", background=True)
+    deadline = time.monotonic() + 90
+    while "listening" not in server.output(ident):
+        if (server.share / "out" / f"{ident}.rc").exists():
+            server.wait(ident, 1)  # it ended: raises with its output
+        assert time.monotonic() < deadline, server.output(ident)
+        time.sleep(0.1)
+    out = client.run(f"{client_cmd} {opts} --host {peer} --mode {mode}", timeout=240 * count)
+    served = json.loads(server.wait(ident, 120).splitlines()[-1])["conns"]
+    clients = json.loads(out.splitlines()[-1])["conns"]
+    ends = (served, clients) if smcr_role == "server" else (clients, served)
+    for i, (a, b) in enumerate(zip(clients, served, strict=True)):
+        digest = pattern_digest(port + i, nbytes)
+        sender, receiver = (b, a) if mode == "send" else (a, b)
+        if mode != "pingpong":
+            assert (sender["sent"], sender["sent_sha256"]) == (nbytes, digest), sender
+            assert (receiver["received"], receiver["received_sha256"]) == (nbytes, digest)
+        if mode == "echo":
+            assert (a["received"], a["received_sha256"]) == (nbytes, digest), a
+    return ends
+
+
+def check_kernel_link(smcr_end: dict[str, Any], kernel_end: dict[str, Any], smcr_role: str,
+                      first_contact: bool = True) -> None:  # fmt: skip
+    """SMC-Rv2 on both ends, between g2's rxe0 (smcr, verbs) and g1's rxe0 (the kernel),
+    as each end sees it: smcr's link group and the kernel's ``smc_diag``."""
+    info, diag = smcr_end["info"], kernel_end["diag"]
+    assert (info["mode"], info["version"]) == ("SMCR", 2), info
+    assert info["first_contact"] is first_contact, info
+    assert info["rnic"] == {"kind": "VerbsDevice", "name": "rxe0"}, info
+    lgr = info["lgr"]
+    assert lgr["role"] == smcr_role.upper(), lgr
+    assert (lgr["gid"], lgr["peer_gid"]) == (G2_GID, GUEST_GID), lgr
+    assert lgr["peer_host"] == "g1", lgr
+    assert diag["mode"] == "SMCR", diag
+    link = diag["link"]
+    assert (link["ibname"], link["ibport"]) == ("rxe0", 1), link
+    assert (link["gid"], link["peer_gid"]) == (gid_text(GUEST_GID), gid_text(G2_GID)), link
+    assert link["role"] == ("CLNT" if smcr_role == "server" else "SERV"), link
+    assert diag["conn"]["peer_rmbe"] == info["rmb_size"], (diag, info)
+    assert diag["conn"]["rmbe"] == info["peer_rmb_size"], (diag, info)
+    want = {"role": link["role"], "version": 2, "eid": GUEST_UEID, "peer_host": "g2"}
+    assert any(want.items() <= g.items() and g["conns"] >= 1 for g in diag["lgrs"]), diag
+
+
+def gid_text(raw: str) -> str:
+    """smc_diag's spelling of a GID (eight 4-digit groups) from 32 hex digits."""
+    return ":".join(raw[i : i + 4] for i in range(0, 32, 4))
+
+
+@pytest.mark.parametrize("smcr_role", ["client", "server"])
+def test_smcr_over_verbs_with_the_kernel_echo(smcr_g2: Guest, kernel_smc: Guest,
+                                              smcr_role: str) -> None:  # fmt: skip
+    smcr_ends, kernel_ends = between(kernel_smc, smcr_g2, smcr_role)
+    check_kernel_link(smcr_ends[0], kernel_ends[0], smcr_role)
+
+
+@pytest.mark.parametrize("sender", ["smcr", "kernel"])
+def test_smcr_over_verbs_with_the_kernel_64mib(smcr_g2: Guest, kernel_smc: Guest,
+                                               sender: str) -> None:  # fmt: skip
+    """64 MiB from one end to the other, the server sending and closing first."""
+    t0 = time.monotonic()
+    smcr_ends, kernel_ends = between(kernel_smc, smcr_g2, "server" if sender == "smcr"
+                                     else "client", mode="send", nbytes=64 * MB)  # fmt: skip
+    seconds = (smcr_ends if sender == "kernel" else kernel_ends)[0]["seconds"]
+    FIGURES[f"verbs_kernel_64mib_from_{sender}_MBps"] = round(64 * MB / seconds / 1e6, 2)
+    FIGURES[f"verbs_kernel_64mib_from_{sender}_total_s"] = round(time.monotonic() - t0, 1)
+
+
+def test_smcr_over_verbs_with_the_kernel_many_connections(smcr_g2: Guest,
+                                                          kernel_smc: Guest) -> None:  # fmt: skip
+    """50 connections one after another on one link group (the kernel's and smcr's), then a
+    ping-pong of 32 bytes."""
+    smcr_ends, kernel_ends = between(kernel_smc, smcr_g2, "client", nbytes=16 << 10,
+                                     count=50)  # fmt: skip
+    groups = set()
+    for i, (s, k) in enumerate(zip(smcr_ends, kernel_ends, strict=True)):
+        check_kernel_link(s, k, "client", first_contact=i == 0)
+        groups.add((s["info"]["lgr_id"], s["info"]["lgr"]["qpn"]))
+    assert len(groups) == 1, groups
+    smcr_ends, kernel_ends = between(kernel_smc, smcr_g2, "client", mode="pingpong",
+                                     iters=200, size=32)  # fmt: skip
+    assert smcr_ends[0]["echoed_intact"] == 200, smcr_ends[0]
+    FIGURES["verbs_kernel_rtt_32B_us"] = round(smcr_ends[0]["pingpong_seconds"] / 200 * 1e6)

@@ -14,6 +14,13 @@ Design (the why of each):
   event, acknowledges it, arms again and only then polls, so a completion that comes
   after the poll raises the next event (the verbs rule that no completion is missed).
   Nobody polling costs no CPU: the runtime's progress thread sleeps on the descriptor.
+* **Heard while nobody polls.**  The device's thread sleeps on every CQ's channel too
+  (edge-triggered: once per event) and harvests when no thread is asleep on
+  :meth:`VerbsCq.fileno` to do it (:meth:`VerbsCq.from_device`), pushing with a ring:
+  what the CQ was armed for hears it, as the RoCE RNIC's progress thread rings it for its
+  packets.  Above all the runtime's progress thread while it stands by on the standby
+  descriptor, which only such a ring wakes (an event loop's connection: its application
+  waits in ``select`` on the readiness descriptor, not here).
 * **One harvester at a time** (a lock): the event read, the arming and the poll must not
   interleave between two threads, or an event could be acknowledged twice.  The
   channel descriptor is non-blocking (:func:`smcr.rdma.ibverbs.binding.opening`), so a
@@ -31,7 +38,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any, Final, Protocol
 
-from smcr.rdma.completion import CompletionQueue
+from smcr.rdma.completion import ARM_PROGRESS, ARM_SLEEPER, CompletionQueue
 from smcr.rdma.ibverbs import binding
 from smcr.rdma.verbs import VerbsError, WcFlag, WcOpcode, WcStatus, WorkCompletion
 
@@ -119,6 +126,14 @@ class VerbsCq(CompletionQueue):
             return super().has_completions()
         finally:
             tls.hook = False
+
+    def from_device(self) -> None:
+        """The device's thread saw the channel fire (module docstring): harvest and ring
+        whom the CQ is armed for, unless a thread asleep on :meth:`fileno` was armed for
+        (it wakes on the same event and takes it, with no thread between)."""
+        if self._armed in (ARM_SLEEPER, ARM_PROGRESS):
+            return
+        self._harvest()
 
     def _harvest(self) -> None:
         """The progress hook (module docstring): doorbell, channel event, re-arm, poll."""

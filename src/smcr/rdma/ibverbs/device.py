@@ -18,10 +18,11 @@ Design (the why of each):
 * **No inline data offered** (``max_inline_data`` 0): the runtime then posts every WRITE
   and SEND from registered memory, which every device supports; a QP asked for inline
   room gets what the device grants.
-* **Asynchronous events** (port down, QP fatal) are read by a thread that sleeps on the
-  device's event descriptor, and queued as the software RNICs queue theirs
-  (:meth:`Device.get_async_event`); the runtime's port watcher follows the net device,
-  as for the RoCE RNIC.
+* **One thread of the device** sleeps on its asynchronous event descriptor and on its
+  CQs' completion channels.  Events (port down, QP fatal) are queued as the software
+  RNICs queue theirs (:meth:`Device.get_async_event`; the runtime's port watcher follows
+  the net device, as for the RoCE RNIC); completions that no poller is there to take are
+  taken and rung for (:meth:`VerbsCq.from_device <smcr.rdma.ibverbs.cq.VerbsCq.from_device>`).
 """
 
 from __future__ import annotations
@@ -102,11 +103,13 @@ class VerbsDevice(Device):
         self._closed = False
         self._async_fd = fds[0] if len(fds) == 1 else -1
         self._stop_r, self._stop_w = os.pipe()
-        self._events_thread: NamedThread | None = None
+        self._ep = select.epoll()
+        self._ep.register(self._stop_r, select.EPOLLIN)
         if self._async_fd >= 0:
-            self._events_thread = NamedThread(target=self._read_events, name="smcr-verbs-ev",
-                                              daemon=True)  # fmt: skip
-            self._events_thread.start()
+            self._ep.register(self._async_fd, select.EPOLLIN)
+        self._channels: dict[int, VerbsCq] = {}
+        self._worker = NamedThread(target=self._run, name="smcr-verbs", daemon=True)
+        self._worker.start()
 
     # --------------------------------------------------------------- objects
 
@@ -118,38 +121,60 @@ class VerbsDevice(Device):
         return VerbsPd(self, pd_id)
 
     def _new_cq(self, depth: int) -> VerbsCq:
-        return VerbsCq(self.ctx, min(depth, self.attr.max_cqe))
+        cq = VerbsCq(self.ctx, min(depth, self.attr.max_cqe))
+        self._channels[cq.channel_fd] = cq
+        self._ep.register(cq.channel_fd, select.EPOLLIN | select.EPOLLET)
+        return cq
 
     # ---------------------------------------------------------------- events
 
-    def _read_events(self) -> None:
-        """The events thread: sleep on the event descriptor; queue what the device says."""
-        poller = select.poll()
-        poller.register(self._async_fd, select.POLLIN)
-        poller.register(self._stop_r, select.POLLIN)
+    def _run(self) -> None:
+        """The device's thread (module docstring): events, and completions nobody polls."""
         while True:
-            ready = {fd for fd, _ in poller.poll()}
-            if self._stop_r in ready:
-                return
             try:
-                event = self.ctx.get_async_event()
-            except Exception:
+                ready = self._ep.poll()
+            except InterruptedError:
                 continue
-            kind = int(event.event_type)
-            event.ack()
-            if kind == IBV_EVENT_PORT_ERR:
-                self.port_state = PortState.DOWN
-            elif kind == IBV_EVENT_PORT_ACTIVE:
-                self.port_state = PortState.ACTIVE
-            known = _EVENTS.get(kind)
-            if known is not None:
-                self.post_async_event(AsyncEvent(known, None, f"{self.name}: event {kind}"))
+            except (OSError, ValueError):
+                return  # closed
+            for fd, _mask in ready:
+                if fd == self._stop_r:
+                    return
+                if fd == self._async_fd:
+                    self._read_event()
+                    continue
+                cq = self._channels.get(fd)
+                if cq is not None:
+                    cq.from_device()
+
+    def _read_event(self) -> None:
+        try:
+            event = self.ctx.get_async_event()
+        except Exception:  # EAGAIN, or the device went
+            return
+        kind = int(event.event_type)
+        event.ack()
+        if kind == IBV_EVENT_PORT_ERR:
+            self.port_state = PortState.DOWN
+        elif kind == IBV_EVENT_PORT_ACTIVE:
+            self.port_state = PortState.ACTIVE
+        known = _EVENTS.get(kind)
+        if known is not None:
+            self.post_async_event(AsyncEvent(known, None, f"{self.name}: event {kind}"))
 
     def close(self) -> None:
-        """Close the device: QPs, MRs, CQs, PDs, then the context."""
+        """Close the device: its thread, QPs, MRs, CQs, PDs, then the context."""
         if self._closed:
             return
         self._closed = True
+        try:
+            os.write(self._stop_w, b"x")
+        except OSError:
+            pass
+        self._worker.join(timeout=2.0)
+        self._ep.close()
+        os.close(self._stop_r)
+        os.close(self._stop_w)
         for qp in list(self.qps.values()):
             qp.destroy()
         self._deregister_all()
@@ -157,14 +182,6 @@ class VerbsDevice(Device):
         for pd in self._pds:
             if isinstance(pd, VerbsPd):
                 pd.close()
-        try:
-            os.write(self._stop_w, b"x")
-        except OSError:
-            pass
-        if self._events_thread is not None:
-            self._events_thread.join(timeout=2.0)
-        os.close(self._stop_r)
-        os.close(self._stop_w)
         try:
             self.ctx.close()
         except Exception:
