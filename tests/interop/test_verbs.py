@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,11 +30,17 @@ from tests.interop.kernel_exchange import (
     MB,
     RXE0,
     Exchange,
+    capture,
     check_data,
     exchange,
     next_port,
 )
 from tests.interop.smc_host import digest as pattern_digest
+from tests.interop.test_kernel_smcr import (
+    check_capture,
+    check_decodes,
+    llc_sends,
+)
 from tests.roce.netns import REPO
 
 pytestmark = [pytest.mark.root, pytest.mark.interop]
@@ -140,14 +148,29 @@ Records = list[dict[str, Any]]
 
 
 def between(kernel: Guest, smcr_guest: Guest, smcr_role: str, mode: str = "echo",
-            nbytes: int = MB, count: int = 1, **more: Any) -> tuple[Records, Records]:  # fmt: skip
+            nbytes: int = MB, count: int = 1, smcr_env: str = "",
+            pcaps: list[Path] | None = None, **more: Any) -> tuple[Records, Records]:  # fmt: skip
     """``count`` connections between the kernel (g1) and smcr over verbs (g2), smcr in
-    ``smcr_role``; (smcr's records, the kernel's records), one per connection."""
+    ``smcr_role`` with the environment assignments ``smcr_env``; (smcr's records, the
+    kernel's records), one per connection.  ``pcaps``: a capture on br0 of the TCP
+    connections and the RoCEv2 traffic is appended to it (the caller removes it)."""
     port = next_port()
+    if pcaps is None:
+        return _between(kernel, smcr_guest, smcr_role, mode, nbytes, count, smcr_env, port,
+                        more)  # fmt: skip
+    with capture(port, roce=True) as pcap:
+        pcaps.append(pcap)  # (complete once the block is over)
+        return _between(kernel, smcr_guest, smcr_role, mode, nbytes, count, smcr_env, port,
+                        more)  # fmt: skip
+
+
+def _between(kernel: Guest, smcr_guest: Guest, smcr_role: str, mode: str, nbytes: int,
+             count: int, smcr_env: str, port: int,
+             more: dict[str, Any]) -> tuple[Records, Records]:  # fmt: skip
     opts = f"--port {port} --count {count} --bytes {nbytes} --seed {port} --timeout 200"
     opts += "".join(f" --{k} {v}" for k, v in more.items())
     server_mode = "send" if mode == "send" else "echo"
-    smcr_cmd = f"{SMCR_GUEST_ENV} {TOOL}"
+    smcr_cmd = f"{SMCR_GUEST_ENV} {smcr_env} {TOOL}"
     kernel_cmd = f"{KERNEL_TOOL} {{}} --family smc"
     if smcr_role == "server":
         server, client = smcr_guest, kernel
@@ -241,3 +264,66 @@ def test_smcr_over_verbs_with_the_kernel_many_connections(smcr_g2: Guest,
                                      iters=200, size=32)  # fmt: skip
     assert smcr_ends[0]["echoed_intact"] == 200, smcr_ends[0]
     FIGURES["verbs_kernel_rtt_32B_us"] = round(smcr_ends[0]["pingpong_seconds"] / 200 * 1e6)
+
+
+def test_smcr_device_in_the_guest_lists_rxe0(smcr_g2: Guest) -> None:
+    """``smcr device`` in g2: rxe0 as a verbs RNIC on eth0 with its IPv4 RoCE v2 GID, the
+    default of ``SMCR_RNIC=verbs``, and no reason against it."""
+    out = smcr_g2.run("cd /mnt/host/src && SMCR_RNIC=verbs python3 -m smcr device --json &&"
+                      " SMCR_RNIC=verbs python3 -m smcr device | tail -1", timeout=120)  # fmt: skip
+    table, _, last = out.rpartition("]")
+    rows = json.loads(table + "]")
+    rxe = [r for r in rows if r["name"] == "rxe0"]
+    assert len(rxe) == 1, rows
+    want = {"type": "verbs", "netdev": "eth0", "gid": f"::ffff:{G2_IP}", "state": "ACTIVE",
+            "default": True}  # fmt: skip
+    assert want.items() <= rxe[0].items(), rxe
+    assert "unusable" not in last, last
+
+
+@pytest.fixture
+def pcaps() -> Iterator[list[Path]]:
+    """Where a test's captures go (:func:`between`); removed after the test."""
+    kept: list[Path] = []
+    yield kept
+    for pcap in kept:
+        shutil.rmtree(pcap.parent, ignore_errors=True)
+
+
+@pytest.mark.parametrize("smcr_role", ["client", "server"])
+def test_smcr_over_verbs_with_the_kernel_capture_decodes(smcr_g2: Guest, kernel_smc: Guest,
+                                                         smcr_role: str,
+                                                         pcaps: list[Path]) -> None:  # fmt: skip
+    """Two connections (a first contact, then a reuse) captured on the bridge: every ICRC
+    verifies and tshark decodes smcr-over-verbs as it decodes the kernel's own traffic
+    (the checks of the kernel interop tests, :func:`check_capture`)."""
+    smcr_ends, kernel_ends = between(kernel_smc, smcr_g2, smcr_role, nbytes=256 << 10,
+                                     count=2, pcaps=pcaps)  # fmt: skip
+    for i in range(2):
+        check_kernel_link(smcr_ends[i], kernel_ends[i], smcr_role, first_contact=i == 0)
+    check_capture(pcaps[0])
+
+
+@pytest.mark.parametrize("prober", ["smcr", "kernel"])
+def test_test_link_both_ways_over_verbs(smcr_g2: Guest, kernel_smc: Guest, prober: str,
+                                        pcaps: list[Path]) -> None:  # fmt: skip
+    """TEST LINK on an idle link, sent by either side (the kernel's with
+    ``net.smc.smcr_testlink_time`` 1 s, smcr's with ``SMCR_TESTLINK_TIME=1``), answered by
+    the other; the connection carries on (round trips with 2.5 s of silence between)."""
+    if prober == "kernel":
+        kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=1", timeout=30)
+    try:
+        smcr_ends, kernel_ends = between(
+            kernel_smc, smcr_g2, "server", mode="pingpong", nbytes=0, iters=3, size=64,
+            pause=2.5, pcaps=pcaps,
+            smcr_env=f"SMCR_TESTLINK_TIME={1 if prober == 'smcr' else 30}")  # fmt: skip
+    finally:
+        kernel_smc.run("sysctl -w net.smc.smcr_testlink_time=30", timeout=30)
+    check_kernel_link(smcr_ends[0], kernel_ends[0], "server")
+    assert kernel_ends[0]["echoed_intact"] == 3, kernel_ends[0]
+    check_decodes(pcaps[0])
+    ask, answer = ((G2_IP, "10.99.0.11") if prober == "smcr" else ("10.99.0.11", G2_IP))
+    tests = Counter((src, msg[3] & 0x80 != 0) for src, msg in llc_sends(pcaps[0], again=False)
+                    if msg[0] == 0x27)  # fmt: skip
+    assert tests[(ask, False)] >= 2, tests
+    assert tests[(answer, True)] >= tests[(ask, False)] - 1, tests

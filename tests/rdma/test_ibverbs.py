@@ -5,13 +5,17 @@ missing.  The device itself is tested in the interop guests (tests/interop/test_
 from __future__ import annotations
 
 import errno
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from smcr.rdma import VerbsError
+from smcr.rdma import VerbsError, ibverbs
 from smcr.rdma.ibverbs import binding, sysfs
 from smcr.rdma.ibverbs.device import VerbsDevice
+from smcr.tools import device
 
 
 def fake_port(root: Path, device: str, port: int,
@@ -77,3 +81,26 @@ def test_a_host_without_pyverbs_says_why_and_refuses_the_device() -> None:
         assert info.value.errno == errno.ENODEV and "pyverbs" in str(info.value)
     else:
         assert reason is None
+
+
+def test_smcr_device_lists_each_port_with_its_ipv4_gid(tree: Path) -> None:
+    (tree / "rxe0" / "ports" / "1" / "state").write_text("4: ACTIVE\n")
+    rows = device.verbs_rows("10.99.0.11", tree)
+    assert [(r.name, r.type, r.netdev, r.gid, r.state, r.default) for r in rows] == [
+        ("mlx5_0", "verbs", "ens1", "::ffff:10.0.0.1", "-", False),
+        ("rxe0", "verbs", "eth0", "::ffff:10.99.0.11", "ACTIVE", True),
+    ]  # fmt: skip
+
+
+def test_smcr_device_says_in_one_line_why_verbs_cannot_be_used() -> None:
+    out = subprocess.run([sys.executable, "-m", "smcr", "device"], capture_output=True,
+                         text=True, check=True, timeout=60,
+                         env=os.environ | {"SMCR_RNIC": "verbs"})  # fmt: skip
+    reason = ibverbs.unusable()
+    if reason is None:
+        return  # (a host with a usable device and pyverbs: nothing to say)
+    assert out.stdout.splitlines()[-1] == f"verbs RNIC unusable: {reason}", out.stdout
+    shm = subprocess.run([sys.executable, "-m", "smcr", "device"], capture_output=True,
+                         text=True, check=True, timeout=60,
+                         env=os.environ | {"SMCR_RNIC": "shm"})  # fmt: skip
+    assert "verbs RNIC unusable" not in shm.stdout

@@ -7,6 +7,11 @@ What is listed, and why so:
   the RNIC announces (rxe's rule) beside the interface MTU, and the interface's
   operational state.  These are what ``SMCR_RNIC=roce`` picks from, by the TCP
   connection's local address.
+* **verbs RNICs**: the kernel's RDMA devices (hardware, or Soft-RoCE), one line per
+  port with a RoCE v2 GID, the IPv4 one where there is one (what ``SMCR_RNIC=verbs``
+  picks from, by the TCP connection's address), with the port's state as the kernel
+  gives it.  Where none can be used (no device, no pyverbs) the list says why in one
+  line (:func:`verbs_reason`).
 * **shm RNICs**: the shm RNIC is made per process on first use, so there is
   nothing to list until a process runs SMC-R; those that do each have a
   rendezvous socket in the per-user directory, listed here with the GID and
@@ -26,7 +31,9 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from smcr.rdma.roce import list_devices
+from smcr.rdma import ibverbs
+from smcr.rdma.ibverbs import sysfs
+from smcr.rdma.roce import list_devices, netif
 from smcr.rdma.shm import rendezvous
 
 
@@ -64,6 +71,40 @@ def roce_rows(default_address: str | None) -> list[RnicRow]:
             for info in list_devices()]  # fmt: skip
 
 
+def verbs_rows(default_address: str | None, root: Path = sysfs.SYS_INFINIBAND) -> list[RnicRow]:
+    """The kernel's RDMA device ports with a RoCE v2 GID (module docstring)."""
+    out: list[RnicRow] = []
+    want = sysfs.address_gid(default_address) if default_address else None
+    for name in sysfs.device_names(root):
+        ports: dict[int, list[sysfs.GidEntry]] = {}
+        for entry in sysfs.gid_entries(name, root):
+            if entry.kind == sysfs.ROCE_V2:
+                ports.setdefault(entry.port, []).append(entry)
+        for port, entries in sorted(ports.items()):
+            v4 = [e for e in entries if e.gid[:12] == bytes(10) + b"\xff\xff"]
+            shown = (v4 or entries)[0]
+            netdev, mac, mtu = shown.netdev or "-", "-", "-"
+            try:
+                info = netif.find(ifname=shown.netdev) if shown.netdev else None
+            except (LookupError, OSError):
+                info = None
+            if info is not None:
+                mac, mtu = _mac(info.mac), f"{info.active_mtu.nbytes}/{info.mtu}"
+            out.append(RnicRow(name=name if port == 1 else f"{name}/{port}", type="verbs",
+                               netdev=netdev, gid=_gid(shown.gid), mac=mac, mtu=mtu,
+                               state=sysfs.port_state(name, port, root),
+                               default=any(e.gid == want for e in entries)))  # fmt: skip
+    return out
+
+
+def verbs_reason(kind: str) -> str | None:
+    """For ``SMCR_RNIC=verbs``: why no verbs RNIC can be used here (one line), or None."""
+    if kind != "verbs":
+        return None
+    reason = ibverbs.unusable()
+    return None if reason is None else f"verbs RNIC unusable: {reason}"
+
+
 def shm_gids(directory: Path | None = None, unix_table: Path = Path("/proc/net/unix")
              ) -> list[bytes]:  # fmt: skip
     """The GIDs of the shm RNICs in reach: this user's rendezvous sockets, and every
@@ -97,14 +138,15 @@ def shm_rows(directory: Path | None = None) -> list[RnicRow]:
 
 
 def rows(kind: str) -> list[RnicRow]:
-    """Every RNIC, RoCE first; ``kind`` (``SMCR_RNIC``) marks the default one."""
+    """Every RNIC, verbs and RoCE first; ``kind`` (``SMCR_RNIC``) marks the default one."""
     default = None
-    if kind == "roce":
+    if kind in ("roce", "verbs"):
         from smcr.stack.devices import LOOPBACK, roce_key  # noqa: PLC0415
 
         key = roce_key(None)
-        default = "127.0.0.1" if key == LOOPBACK else key
-    return roce_rows(default) + shm_rows()
+        default = "127.0.0.1" if key == LOOPBACK else key.partition("%")[0]
+    return (verbs_rows(default if kind == "verbs" else None)
+            + roce_rows(default if kind == "roce" else None) + shm_rows())
 
 
 def _gid_key(text: str) -> str:
@@ -152,5 +194,11 @@ def render(table: list[RnicRow]) -> str:
 def run(as_json: bool, kind: str) -> int:
     """Print the RNIC list; 0."""
     table = with_links(rows(kind))
-    print(json.dumps([asdict(r) for r in table], indent=1) if as_json else render(table))
+    if as_json:
+        print(json.dumps([asdict(r) for r in table], indent=1))
+        return 0
+    print(render(table))
+    reason = verbs_reason(kind)
+    if reason is not None:
+        print(reason)
     return 0

@@ -44,6 +44,7 @@ def collect() -> dict[str, Any]:
         "smc_versions": ["SMC-Rv1", "SMC-Rv2"],
         "rnic_default": rnic_kind(),
         "rnics": [dataclasses.asdict(r) for r in device.rows(rnic_kind())],
+        "verbs": device.verbs_reason("verbs"),
         "discovery": {"mode": found.mode, "why": found.why},
         "ueids": eids, "limits": config, "buffers": buffers,
         "link_rnics": link_rnics(rnic_kind()),
@@ -83,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"RNICs:          {len(info['rnics'])} (default kind: {info['rnic_default']})")
     for r in info["rnics"]:
         print(f"  {r['name']:<16} {r['type']:<5} {r['netdev']:<10} {r['gid']}")
+    if info["verbs"]:
+        print(f"  ({info['verbs']})")
     print(f"Discovery:      {info['discovery']['mode']} ({info['discovery']['why']})")
     print(f"UEIDs:          {', '.join(info['ueids']) or '(none)'}")
     sizes = ", ".join(f"{size >> 10} KiB on {kind}" for kind, size in info["buffers"].items())

@@ -8,4 +8,13 @@ Importing this package imports no pyverbs: a host without it says why
 from smcr.rdma.ibverbs.binding import missing
 from smcr.rdma.ibverbs.sysfs import GidEntry, device_names, find_gid, gid_entries
 
-__all__ = ["GidEntry", "device_names", "find_gid", "gid_entries", "missing"]
+
+def unusable() -> str | None:
+    """Why no verbs RNIC can be opened on this host, in one line, or None: no RDMA device
+    in the kernel, or no pyverbs to reach one."""
+    if not device_names():
+        return "no RDMA device (/sys/class/infiniband is empty or absent)"
+    return missing()
+
+
+__all__ = ["GidEntry", "device_names", "find_gid", "gid_entries", "missing", "unusable"]

@@ -81,6 +81,13 @@ def gid_entries(device: str, root: Path = SYS_INFINIBAND) -> list[GidEntry]:
     return out
 
 
+def port_state(device: str, port: int, root: Path = SYS_INFINIBAND) -> str:
+    """A port's state as the kernel names it (``ACTIVE``, ``DOWN``...; ``-`` if unknown):
+    the file reads ``4: ACTIVE``."""
+    text = _read(root / device / "ports" / str(port) / "state") or ""
+    return text.partition(":")[2].strip() or "-"
+
+
 def address_gid(address: str) -> bytes:
     """The RoCE v2 GID of an IP address: IPv4-mapped for IPv4, the address for IPv6."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
