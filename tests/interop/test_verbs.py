@@ -37,6 +37,7 @@ from tests.interop.kernel_exchange import (
 )
 from tests.interop.smc_host import digest as pattern_digest
 from tests.interop.test_kernel_smcr import (
+    acks,
     check_capture,
     check_decodes,
     llc_sends,
@@ -169,7 +170,7 @@ def _between(kernel: Guest, smcr_guest: Guest, smcr_role: str, mode: str, nbytes
              more: dict[str, Any]) -> tuple[Records, Records]:  # fmt: skip
     opts = f"--port {port} --count {count} --bytes {nbytes} --seed {port} --timeout 200"
     opts += "".join(f" --{k} {v}" for k, v in more.items())
-    server_mode = "send" if mode == "send" else "echo"
+    server_mode = mode if mode in ("send", "abort") else "echo"
     smcr_cmd = f"{SMCR_GUEST_ENV} {smcr_env} {TOOL}"
     kernel_cmd = f"{KERNEL_TOOL} {{}} --family smc"
     if smcr_role == "server":
@@ -194,7 +195,7 @@ def _between(kernel: Guest, smcr_guest: Guest, smcr_role: str, mode: str, nbytes
     for i, (a, b) in enumerate(zip(clients, served, strict=True)):
         digest = pattern_digest(port + i, nbytes)
         sender, receiver = (b, a) if mode == "send" else (a, b)
-        if mode != "pingpong":
+        if mode not in ("pingpong", "abort"):
             assert (sender["sent"], sender["sent_sha256"]) == (nbytes, digest), sender
             assert (receiver["received"], receiver["received_sha256"]) == (nbytes, digest)
         if mode == "echo":
@@ -327,3 +328,37 @@ def test_test_link_both_ways_over_verbs(smcr_g2: Guest, kernel_smc: Guest, probe
                     if msg[0] == 0x27)  # fmt: skip
     assert tests[(ask, False)] >= 2, tests
     assert tests[(answer, True)] >= tests[(ask, False)] - 1, tests
+
+
+@pytest.mark.parametrize("aborter", ["smcr", "kernel"])
+def test_abortive_close_over_verbs_with_the_kernel(
+    smcr_g2: Guest, kernel_smc: Guest, aborter: str, pcaps: list[Path]
+) -> None:
+    """``SO_LINGER`` 0 closes by either end on one link group (the scenarios of the kernel
+    interop tests: ``mid``, ``unread``, ``idle``), then a 64 KiB echo on the same group:
+    each end says what Linux's would, no RDMA error on the wire (no NAK), the group lives."""
+    smcr_ends, kernel_ends = between(kernel_smc, smcr_g2, "client", mode="abort", count=4,
+                                     nbytes=8 * MB, aborter=aborter, pcaps=pcaps)  # fmt: skip
+    for i in range(4):
+        check_kernel_link(smcr_ends[i], kernel_ends[i], "client", first_contact=i == 0)
+    assert len({rec["info"]["lgr_id"] for rec in smcr_ends}) == 1, smcr_ends
+    aborting, other = (smcr_ends, kernel_ends) if aborter == "smcr" else (kernel_ends, smcr_ends)
+    for i, scenario in enumerate(["mid", "unread", "idle"]):
+        assert (aborting[i]["scenario"], aborting[i]["aborted"]) == (scenario, True), aborting[i]
+        rec = other[i]
+        assert rec["scenario"] == scenario, rec
+        if aborter == "smcr" and scenario == "mid":
+            assert rec["send"] in ("EPIPE", "ECONNRESET") and rec["read"] == "EOF", rec
+        elif aborter == "smcr":
+            assert (rec["read"], rec["so_error"]) == ("EOF", "ECONNRESET"), rec
+        elif scenario == "mid":
+            assert rec["send"] == "ECONNRESET" and rec["read"] in ("ECONNRESET", "EOF"), rec
+        else:  # the kernel's close: abort with unread bytes, closed without
+            read = "ECONNRESET" if scenario == "unread" else "EOF"
+            assert rec["read"] == read, rec
+    client, server = smcr_ends[3], kernel_ends[3]  # the echo after
+    assert client["sent_sha256"] == client["received_sha256"] == server["received_sha256"]
+    assert client["received"] == server["received"] == 65536, (client, server)
+    naks = [f for f in acks(pcaps[0]) if f[1] & 0x60 == 0x60]
+    assert naks == [], naks
+    check_decodes(pcaps[0])

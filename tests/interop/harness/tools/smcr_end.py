@@ -85,7 +85,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("cmd", choices=["server", "client"])
     p.add_argument("--family", default="smcr")
-    add_exchange_args(p, "10.99.0.1", ["echo", "send", "pingpong", "hold"])
+    add_exchange_args(p, "10.99.0.1", ["echo", "send", "pingpong", "hold", "abort"])
     a = p.parse_args()
     print(json.dumps({"pid": os.getpid()}), flush=True)
     result = server(a) if a.cmd == "server" else client(a, smcr_stack())
