@@ -21,6 +21,10 @@ Design (the why of each):
   packets.  Above all the runtime's progress thread while it stands by on the standby
   descriptor, which only such a ring wakes (an event loop's connection: its application
   waits in ``select`` on the readiness descriptor, not here).
+* **One queue over several devices.**  The runtime has one CQ for the links of all its
+  RNICs, and a device's QP can only complete into a CQ of the same device: the first
+  QP of another device gives the queue a device CQ there too (:meth:`VerbsCq.part_for`),
+  with its own channel in the same epoll; the hook harvests them all.
 * **One harvester at a time** (a lock): the event read, the arming and the poll must not
   interleave between two threads, or an event could be acknowledged twice.  The
   channel descriptor is non-blocking (:func:`smcr.rdma.ibverbs.binding.opening`), so a
@@ -55,36 +59,79 @@ class PostingQp(Protocol):
         """Work ``wr_id`` completed with an error (the QP is in ERR): which queue it was on."""
 
 
-class VerbsCq(CompletionQueue):
-    """A :class:`CompletionQueue` fed by a device CQ (module docstring).
-
-    :param context: the pyverbs ``Context`` of the device.
-    :param depth: entries of the device CQ.
-    """
+class DeviceCq:
+    """A device's CQ with its completion channel (and that channel's descriptor)."""
 
     def __init__(self, context: Any, depth: int) -> None:
-        super().__init__(depth)
         pv = binding.load()
+        self.context = context
         try:
             with binding.opening() as fds:
                 self.channel = pv.cq.CompChannel(context)
             if len(fds) != 1:
                 raise VerbsError(5, f"the completion channel's descriptor not found ({fds})")
-            self.channel_fd = fds[0]
+            self.fd = fds[0]
             self.ibv = pv.cq.CQ(context, depth, None, self.channel, 0)
             self.ibv.req_notify()
         except pv.error.PyverbsError as exc:
             raise VerbsError(binding.errno_of(exc), f"create CQ: {exc}") from exc
+
+    def take_event(self) -> bool:
+        """Read the channel's event, acknowledge it, arm again; False when none was there."""
+        try:
+            self.channel.get_cq_event(self.ibv)
+        except Exception:  # EAGAIN: another look took it; or closed
+            return False
+        self.ibv.ack_events(1)
+        self.ibv.req_notify()
+        return True
+
+    def close(self) -> None:
+        """Destroy the CQ, then its channel (the device's close does it too)."""
+        for obj in (self.ibv, self.channel):
+            try:
+                obj.close()
+            except Exception:  # closing the device closes them too
+                pass
+
+
+class VerbsCq(CompletionQueue):
+    """A :class:`CompletionQueue` fed by device CQs (module docstring).
+
+    :param context: the pyverbs ``Context`` of the device that makes it.
+    :param depth: entries of each device CQ.
+    """
+
+    def __init__(self, context: Any, depth: int) -> None:
+        super().__init__(depth)
+        first = DeviceCq(context, depth)
+        self.ibv = first.ibv
+        self.channel_fd = first.fd
+        self._parts: dict[int, DeviceCq] = {first.fd: first}
+        """The device CQs by their channel's descriptor."""
         self._ep = select.epoll()
         self._bell_fd = self._bell_r.fileno()
         self._ep.register(self._bell_fd, select.EPOLLIN)
-        self._ep.register(self.channel_fd, select.EPOLLIN)
+        self._ep.register(first.fd, select.EPOLLIN)
         self._harvest_lock = threading.Lock()
         self._tls = threading.local()
         self._qps: dict[int, PostingQp] = {}
         self.events = 0
-        """Completion events read from the channel."""
+        """Completion events read from the channels."""
         self.add_progress(self._harvest)
+
+    def part_for(self, context: Any) -> DeviceCq:
+        """The device CQ of ``context`` (the device of a QP that completes here), made on
+        first use (module docstring); its channel's descriptor is for the device's thread
+        to watch too."""
+        with self._harvest_lock:
+            for part in self._parts.values():
+                if part.context is context:
+                    return part
+            part = DeviceCq(context, self.depth)
+            self._parts[part.fd] = part
+            self._ep.register(part.fd, select.EPOLLIN)
+            return part
 
     def fileno(self) -> int:
         """An epoll descriptor: readable when the doorbell rang or the NIC completed work."""
@@ -136,12 +183,13 @@ class VerbsCq(CompletionQueue):
         self._harvest()
 
     def _harvest(self) -> None:
-        """The progress hook (module docstring): doorbell, channel event, re-arm, poll."""
+        """The progress hook (module docstring): doorbell, channel events, re-arm, poll."""
         with self._harvest_lock:
             try:
                 ready = self._ep.poll(0)
             except (OSError, ValueError):
                 return  # closed
+            parts = self._parts
             for fd, _mask in ready:
                 if fd == self._bell_fd:
                     try:
@@ -149,32 +197,26 @@ class VerbsCq(CompletionQueue):
                     except OSError:
                         pass
                     self.rearm_sleeper()  # (as the RoCE CQ: the ring may be another's)
-                elif fd == self.channel_fd:
-                    self._take_event()
-            self._poll_device()
+                    continue
+                part = parts.get(fd)
+                if part is not None and part.take_event():
+                    self.events += 1
+            out: list[WorkCompletion] = []
+            for part in parts.values():
+                self._poll_device(part.ibv, out)
+        if out:
+            self.push_many(out)
 
-    def _take_event(self) -> None:
-        try:
-            self.channel.get_cq_event(self.ibv)
-        except Exception:
-            return
-        self.events += 1
-        self.ibv.ack_events(1)
-        self.ibv.req_notify()
-
-    def _poll_device(self) -> None:
-        out: list[WorkCompletion] = []
+    def _poll_device(self, cq: Any, out: list[WorkCompletion]) -> None:
         while True:
             try:
-                n, wcs = self.ibv.poll(BATCH)
-            except Exception:
-                break
+                n, wcs = cq.poll(BATCH)
+            except Exception:  # a CQ in error or closed: nothing to take
+                return
             for wc in wcs:
                 out.append(self._convert(wc))
             if n < BATCH:
-                break
-        if out:
-            self.push_many(out)
+                return
 
     def _convert(self, wc: Any) -> WorkCompletion:
         status = _STATUSES.get(wc.status, WcStatus.GENERAL_ERR)
@@ -191,12 +233,9 @@ class VerbsCq(CompletionQueue):
                               src_qp=wc.src_qp, vendor_err=wc.vendor_err)  # fmt: skip
 
     def close(self) -> None:
-        """Release the descriptors and the device CQ (after its QPs)."""
+        """Release the descriptors and the device CQs (after their QPs)."""
         self._qps.clear()
         self._ep.close()
-        for obj in (self.ibv, self.channel):
-            try:
-                obj.close()
-            except Exception:
-                pass
+        for part in self._parts.values():
+            part.close()
         super().close()

@@ -98,7 +98,7 @@ class VerbsDevice(Device):
         self.scope_id = info.scope_id
         self.entry = entry
         self.port_num = entry.port
-        self.gid_index = entry.index
+        self._gid_index = entry.index
         self.qps: dict[int, VerbsQp] = {}
         self._closed = False
         self._async_fd = fds[0] if len(fds) == 1 else -1
@@ -111,6 +111,15 @@ class VerbsDevice(Device):
         self._worker = NamedThread(target=self._run, name="smcr-verbs", daemon=True)
         self._worker.start()
 
+    def gid_index(self) -> int:
+        """The GID table index of the device's RoCE v2 GID now: read again each time (for a
+        QP's address vector), as the kernel fills the table anew when the net device comes
+        back up; the last one known while the address is gone."""
+        entry = sysfs.find_gid(self.address, device=self.name)
+        if entry is not None and entry.port == self.port_num:
+            self._gid_index = entry.index
+        return self._gid_index
+
     # --------------------------------------------------------------- objects
 
     def alloc_pd(self) -> VerbsPd:
@@ -122,9 +131,15 @@ class VerbsDevice(Device):
 
     def _new_cq(self, depth: int) -> VerbsCq:
         cq = VerbsCq(self.ctx, min(depth, self.attr.max_cqe))
-        self._channels[cq.channel_fd] = cq
-        self._ep.register(cq.channel_fd, select.EPOLLIN | select.EPOLLET)
+        self.watch(cq.channel_fd, cq)
         return cq
+
+    def watch(self, fd: int, cq: VerbsCq) -> None:
+        """Watch the completion channel ``fd`` of this device's CQ in ``cq`` (module
+        docstring; a CQ another device made gets one here for this device's QPs)."""
+        if fd not in self._channels:
+            self._channels[fd] = cq
+            self._ep.register(fd, select.EPOLLIN | select.EPOLLET)
 
     # ---------------------------------------------------------------- events
 
@@ -259,7 +274,11 @@ class VerbsPd(ProtectionDomain):
         if (max(cap.max_send_sge, cap.max_recv_sge) > a.max_sge
                 or max(cap.max_send_wr, cap.max_recv_wr) > a.max_qp_wr):  # fmt: skip
             raise VerbsError(errno.EINVAL, f"QP capabilities {cap} above the device's")
-        qp = VerbsQp(self, self, send_cq, recv_cq, cap, sq_sig_all)
+        ctx = self.device.ctx
+        scq, rcq = send_cq.part_for(ctx), recv_cq.part_for(ctx)
+        self.device.watch(scq.fd, send_cq)
+        self.device.watch(rcq.fd, recv_cq)
+        qp = VerbsQp(self, self, send_cq, recv_cq, (scq.ibv, rcq.ibv), cap, sq_sig_all)
         self.device.qps[qp.qp_num] = qp
         return qp
 

@@ -4,7 +4,9 @@ The state table and the checks stay smcr's (:class:`~smcr.rdma.base.QueuePair`),
 modify the device would refuse is refused first with the same words as on the other
 RNICs; a modify that passes goes to the device with the same mask (Linux SMC-R's
 ``smc_ib_modify_qp_init/rtr/rts`` attributes, :func:`smcr.rdma.qpstate.rc_bring_up`).
-The address vector is the device's: its port and the ``sgid_index`` of its RoCE v2 GID;
+The address vector is the device's: its port and the ``sgid_index`` of its RoCE v2 GID,
+looked up at each modify (the kernel fills the GID table anew when the net device comes
+back up, not always at the same index);
 the hop limit is the caller's (1 on a subnet, 64 through a router); the destination MAC
 is the kernel's to resolve (a RoCE device does so from the destination GID).
 
@@ -50,9 +52,8 @@ class QpDevice(Protocol):
     def port_num(self) -> int:
         """The device port the QPs use."""
 
-    @property
     def gid_index(self) -> int:
-        """The port's GID table index of the device's RoCE v2 GID."""
+        """The port's GID table index of the device's RoCE v2 GID now."""
 
     @property
     def max_mtu(self) -> PathMtu:
@@ -95,12 +96,14 @@ class VerbsQp(QueuePair):
     """An RC QP of a :class:`~smcr.rdma.ibverbs.device.VerbsDevice` (module docstring)."""
 
     def __init__(self, pd: ProtectionDomain, owner: QpPd, send_cq: VerbsCq, recv_cq: VerbsCq,
-                 cap: QpCap, sq_sig_all: bool) -> None:  # fmt: skip
+                 device_cqs: tuple[Any, Any], cap: QpCap, sq_sig_all: bool) -> None:  # fmt: skip
+        """:param device_cqs: the device's CQs behind ``send_cq`` and ``recv_cq`` (those of
+        this QP's device: :meth:`VerbsCq.part_for`)."""
         pv = binding.load()
         self._pv = pv
         e = pv.enums
         init = pv.qp.QPInitAttr(
-            qp_type=e.IBV_QPT_RC, scq=send_cq.ibv, rcq=recv_cq.ibv,
+            qp_type=e.IBV_QPT_RC, scq=device_cqs[0], rcq=device_cqs[1],
             cap=pv.qp.QPCap(max_send_wr=cap.max_send_wr, max_recv_wr=cap.max_recv_wr,
                             max_send_sge=cap.max_send_sge, max_recv_sge=cap.max_recv_sge,
                             max_inline_data=cap.max_inline_data),
@@ -141,7 +144,7 @@ class VerbsQp(QueuePair):
         if mask & QpAttrMask.AV:
             ah = attr.ah_attr
             dgid = str(ipaddress.IPv6Address(ah.dgid).exploded)
-            gr = pv.addr.GlobalRoute(dgid=pv.addr.GID(dgid), sgid_index=self.device.gid_index,
+            gr = pv.addr.GlobalRoute(dgid=pv.addr.GID(dgid), sgid_index=self.device.gid_index(),
                                      hop_limit=ah.hop_limit, traffic_class=ah.traffic_class,
                                      flow_label=ah.flow_label)  # fmt: skip
             a.ah_attr = pv.addr.AHAttr(gr=gr, is_global=1, port_num=self.device.port_num)
@@ -158,7 +161,11 @@ class VerbsQp(QueuePair):
         self.attr.qp_state = new
 
     def _to_error(self, event: str | None) -> None:
-        """ERR on the device: its outstanding work completes as flushes."""
+        """ERR on the device: its outstanding work completes as flushes.  A QP still in
+        RESET has none, and rxe refuses that move (``EINVAL``): marked only."""
+        if self.attr.qp_state is QpState.RESET:
+            self.attr.qp_state = QpState.ERR
+            return
         try:
             self.ibv.modify(self._pv.qp.QPAttr(qp_state=int(QpState.ERR)), int(QpAttrMask.STATE))
         except self._pv.error.PyverbsError:
