@@ -228,7 +228,8 @@ SHM_RNICS = Variable("SMCR_SHM_RNICS", _count(1, 64), "a count from 1 to 64", "1
 ROCE_DEVS = Variable("SMCR_ROCE_DEVS", _net_devices,
                      "all, or net device names of this host separated by commas", "none",
                      "More RoCE RNICs for a runtime, one per net device (its first IPv4 "
-                     "address): redundant links over several interfaces.")
+                     "address): redundant links over several interfaces. With "
+                     "``SMCR_RNIC=verbs``, the RDMA devices of those net devices.")
 ROCE_POLLER_RX = Variable("SMCR_ROCE_POLLER_RX", _flag, "1 or 0", "1",
                           "Whether a thread that polls a RoCE CQ also receives the QPs' "
                           "packets (a switch for diagnosis).")

@@ -109,18 +109,19 @@ def test_info_reports_the_buffers_and_links_smcr_uses() -> None:
     """``smcr info`` gives the buffer sizes a connection really gets on each RNIC kind and
     the links per group as configured (not only the engine's Linux defaults)."""
     from smcr.core import Config  # noqa: PLC0415
-    from smcr.stack.runtime import BUFFER, ROCE_BUFFER  # noqa: PLC0415
+    from smcr.stack.runtime import BUFFER, ROCE_BUFFER, VERBS_BUFFER  # noqa: PLC0415
 
     got = subprocess.run([sys.executable, "-m", "smcr", "info", "--json"], capture_output=True,
                          text=True, timeout=60, check=True)  # fmt: skip
     info = json.loads(got.stdout)
-    assert info["buffers"] == {"shm": BUFFER, "roce": ROCE_BUFFER}
+    assert info["buffers"] == {"shm": BUFFER, "roce": ROCE_BUFFER, "verbs": VERBS_BUFFER}
     assert info["limits"]["max_links_v2"] == 1 and info["limits"]["testlink_time"] == 30
     assert info["link_rnics"] == "1 shm RNIC (SMCR_SHM_RNICS)"
     assert info["limits"]["max_conns"] == Config().max_conns == 255
     text = subprocess.run([sys.executable, "-m", "smcr", "info"], capture_output=True, text=True,
                           timeout=60, check=True).stdout  # fmt: skip
-    assert f"send buffer and RMB {BUFFER >> 10} KiB on shm, {ROCE_BUFFER >> 10} KiB on roce" in text
+    assert (f"send buffer and RMB {BUFFER >> 10} KiB on shm, {ROCE_BUFFER >> 10} KiB on roce, "
+            f"{VERBS_BUFFER >> 10} KiB on verbs") in text
     assert "255 connections per link group\n" in text
     assert "up to 1 per link group offered in SMC-Rv2.1 (SMCR_MAX_LINKS)" in text
     configured = {**os.environ, "SMCR_MAX_LINKS": "2", "SMCR_SHM_RNICS": "2",

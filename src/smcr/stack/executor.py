@@ -27,6 +27,7 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Final
 
 from smcr import settings
@@ -109,6 +110,11 @@ class Executor:
         """Some connection may hold corked bytes (:meth:`corked`)."""
         self.timer_check = 0.0
         self.checks = DeferredChecks()
+        self.port_check: Callable[[int], None] | None = None
+        """Called with a QP's number before a failed completion of it fails its link: the
+        runtime looks at that QP's port at once (:meth:`Stack.check_port_of`), so that a
+        port that went down is known down before the engine picks a port for a new link
+        (an RNIC in the kernel flushes its QPs before netlink tells the port watcher)."""
         """Rings that news taken by another call turned readable, checked later."""
         self._processing, self._look_again = 0, False  # process() depth; look_again() asked
         self.sends_unprocessed = 0  # RoCE sends since DataPath.send_fast last took the news
@@ -542,6 +548,8 @@ class Executor:
             slot = self.wr.recv_slot.get(wr_id)
             if status is not _SUCCESS or slot is None:
                 self.wr.free_slot(wr_id)
+                if self.port_check is not None:
+                    self.port_check(qpn)
                 qp = self.qps.get(qpn)
                 self.execute(engine.link_failed(qpn, f"receive {status.name}", now,
                                                 peer_gone=qp is not None and qp.peer_gone))
@@ -554,6 +562,8 @@ class Executor:
             self.wr.again(qpn, wr_id)
             return
         if status is not WcStatus.SUCCESS:
+            if self.port_check is not None:
+                self.port_check(qpn)
             qp = self.qps.get(qpn)
             self.execute(engine.link_failed(qpn, f"send {status.name}", now,
                                             peer_gone=qp is not None and qp.peer_gone))

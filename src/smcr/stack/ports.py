@@ -30,6 +30,7 @@ Design (the why of each):
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import select
 import socket
@@ -39,6 +40,7 @@ from typing import Any, Protocol
 
 from smcr import settings
 from smcr.osthreads import NamedThread
+from smcr.rdma.ibverbs.device import VerbsDevice
 from smcr.rdma.roce import RoceDevice, netif
 from smcr.stack.devices import IP_RNICS, IpRnic
 from smcr.stack.hostconn import PortRes
@@ -90,6 +92,37 @@ def roce_more(first: RoceDevice) -> list[RoceDevice]:
     return out
 
 
+def verbs_more(first: VerbsDevice) -> list[VerbsDevice]:
+    """The verbs RNICs ``SMCR_ROCE_DEVS`` adds to ``first``, as :func:`roce_more` for RoCE:
+    the RDMA device of each listed net device (the one with a RoCE v2 GID of its first
+    IPv4 address), not ``first``'s own net device; none when unset.
+
+    :raises LookupError: for a listed net device without an IPv4 address.
+    :raises VerbsError: ENODEV for one whose address has no RDMA device.
+    """
+    listed = settings.ROCE_DEVS.value(None)
+    if listed is None or first.netdev in ("lo", None):
+        return []
+    names = list(listed) or [i.ifname for i in netif.list_devices()
+                             if i.family == socket.AF_INET and i.ifname != "lo"]  # fmt: skip
+    out: list[VerbsDevice] = []
+    seen = {first.netdev}
+    try:
+        for name in names:
+            if name in seen:
+                continue
+            seen.add(name)
+            info = netif.find(ifname=name)
+            if info.family != socket.AF_INET:
+                continue
+            out.append(VerbsDevice(info.address, ifname=name))
+    except BaseException:
+        for dev in out:
+            dev.close()
+        raise
+    return out
+
+
 def link_flags(ifname: str) -> int:
     """A net device's flags as rtnetlink gives them (``ifi_flags``, 32 bits: with
     ``IFF_LOWER_UP``, which ``SIOCGIFFLAGS`` cuts off), asked of the calling thread's
@@ -103,14 +136,18 @@ def link_flags(ifname: str) -> int:
 
 
 def roce_reaches(device: IpRnic, gid: bytes) -> bool:
-    """Whether a RoCE RNIC reaches a peer port's GID: the kernel routes its address out of
-    the RNIC's net device (a subnet of it, or a gateway behind it), as Linux checks the
-    route before it uses an RNIC for SMC-Rv2 (``smc_ib_find_route``)."""
+    """Whether a RoCE RNIC reaches a peer port's GID: the kernel routes its address, from
+    the RNIC's own, out of the RNIC's net device (a subnet of it, or a gateway behind it),
+    as Linux checks the route before it uses an RNIC for SMC-Rv2 (``smc_ib_find_route``).
+    From the RNIC's address: two net devices on one subnet carry separate links only where
+    policy routing sends each address's packets out of its own device, and the route the
+    packets will take is the one to check."""
     if device.netdev is None:
         return True
     try:
-        return route_oif(gid_address(gid)) == socket.if_nametoindex(device.netdev)
-    except OSError:
+        source = ipaddress.ip_address(device.address)
+        return route_oif(gid_address(gid), source) == socket.if_nametoindex(device.netdev)
+    except (OSError, ValueError):
         return False
 
 

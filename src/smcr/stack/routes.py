@@ -130,13 +130,14 @@ def _route_attributes(address: IpAddress, source: IpAddress | None) -> dict[int,
     return _attributes(answer, _RTMSG.size)
 
 
-def route_oif(address: IpAddress) -> int:
-    """The interface index the kernel routes ``address`` out of (``ip route get``), asked
-    of the calling thread's network namespace.
+def route_oif(address: IpAddress, source: IpAddress | None = None) -> int:
+    """The interface index the kernel routes ``address`` out of (``ip route get``, ``from
+    source`` where given: the route packets from that address take, policy rules
+    included), asked of the calling thread's network namespace.
 
     :raises OSError: no route (``ENETUNREACH``...), or rtnetlink failed.
     """
-    oif = _route_attributes(address, None).get(RTA_OIF)
+    oif = _route_attributes(address, source).get(RTA_OIF)
     if oif is None:
         raise OSError(errno.ENETUNREACH, "route without an interface", str(address))
     return int(struct.unpack("=i", oif[:4])[0])

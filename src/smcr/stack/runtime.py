@@ -73,7 +73,6 @@ from smcr.pnet import Entry, PnetTable, lookup
 from smcr.rdma import WorkCompletion
 from smcr.rdma.base import Device, ProtectionDomain, QueuePair
 from smcr.rdma.completion import CompletionQueue
-from smcr.rdma.roce import RoceDevice
 from smcr.rdma.shm import ShmDevice
 from smcr.stack import devices, ports
 from smcr.stack.bufpool import BufferPool
@@ -260,6 +259,24 @@ class Stack:
         :meth:`close`."""
         if self._port_watcher is None:
             self._port_watcher = ports.PortWatcher(self)
+            self.ex.port_check = self.check_port_of
+
+    def check_port_of(self, qpn: int) -> None:
+        """A completion of QP ``qpn`` failed (lock held): if its port's net device is down
+        now, the port goes down first (:meth:`port_down`; :attr:`Executor.port_check`)."""
+        watcher = self._port_watcher
+        port = self.port_of(qpn)
+        if watcher is None or port >= len(self.ports) or not self.ports[port].up:
+            return
+        device = self.ports[port].device
+        if not isinstance(device, devices.IP_RNICS):
+            return
+        try:
+            up = watcher.is_up(device)
+        except OSError:
+            up = False
+        if not up:
+            self.port_down(port, f"net device {device.netdev} down or address lost")
 
     def port_up(self, port: int) -> None:
         """An RNIC is back (lock held): groups down to one link add a link over it again
@@ -566,7 +583,7 @@ def get_stack(local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = N
                             autocork_size=autocork_size(kind),
                             max_links_v2=max_links())  # fmt: skip
             stack = _stacks[key] = Stack(config, device=device, more_devices=more)
-            if any(isinstance(d, RoceDevice) for d in more):
+            if any(isinstance(d, devices.IP_RNICS) for d in more):
                 stack.watch_ports()
             exits.on_exit(stack.close_at_exit)  # (SIGTERM too: no peer waits on our links)
             for hook in list(on_new_stack):
@@ -581,7 +598,12 @@ def _open_rnics(kind: str, key: str) -> tuple[Device | None, list[Device]]:
         pid = os.getpid()
         return None, [ShmDevice(f"smcr{pid}_{i}") for i in range(1, ports.shm_rnics())]
     if kind == "verbs":
-        return devices.open_verbs(key.split(":", 1)[1]), []
+        verbs = devices.open_verbs(key.split(":", 1)[1])
+        try:
+            return verbs, list(ports.verbs_more(verbs))
+        except BaseException:
+            verbs.close()
+            raise
     first = devices.open_roce(key.split(":", 1)[1])
     try:
         return first, list(ports.roce_more(first))

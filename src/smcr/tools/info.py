@@ -63,10 +63,11 @@ def link_rnics(kind: str) -> str:
         count = ports.shm_rnics()
         return f"{count} shm RNIC{'s' if count > 1 else ''} (SMCR_SHM_RNICS)"
     listed = settings.ROCE_DEVS.value(None)
+    which = "verbs RNIC (RDMA device)" if kind == "verbs" else "RoCE RNIC"
     if listed is None:
-        return "the RoCE RNIC of the connection's interface (SMCR_ROCE_DEVS adds more)"
+        return f"the {which} of the connection's interface (SMCR_ROCE_DEVS adds more)"
     more = ", ".join(listed) if listed else "every interface with an IPv4 address"
-    return f"the RoCE RNIC of the connection's interface and those of {more} (SMCR_ROCE_DEVS)"
+    return f"the {which} of the connection's interface and those of {more} (SMCR_ROCE_DEVS)"
 
 
 def run(args: argparse.Namespace) -> int:
