@@ -111,10 +111,7 @@ class Executor:
         self.timer_check = 0.0
         self.checks = DeferredChecks()
         self.port_check: Callable[[int], None] | None = None
-        """Called with a QP's number before a failed completion of it fails its link: the
-        runtime looks at that QP's port at once (:meth:`Stack.check_port_of`), so that a
-        port that went down is known down before the engine picks a port for a new link
-        (an RNIC in the kernel flushes its QPs before netlink tells the port watcher)."""
+        """The runtime's look at a QP's port before its failed completion fails the link."""
         """Rings that news taken by another call turned readable, checked later."""
         self._processing, self._look_again = 0, False  # process() depth; look_again() asked
         self.sends_unprocessed = 0  # RoCE sends since DataPath.send_fast last took the news

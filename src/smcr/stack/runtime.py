@@ -263,7 +263,9 @@ class Stack:
 
     def check_port_of(self, qpn: int) -> None:
         """A completion of QP ``qpn`` failed (lock held): if its port's net device is down
-        now, the port goes down first (:meth:`port_down`; :attr:`Executor.port_check`)."""
+        now, the port goes down first (:meth:`port_down`; :attr:`Executor.port_check`), so
+        that the engine does not pick it for a new link (an RNIC in the kernel flushes its
+        QPs before netlink tells the port watcher)."""
         watcher = self._port_watcher
         port = self.port_of(qpn)
         if watcher is None or port >= len(self.ports) or not self.ports[port].up:

@@ -207,10 +207,10 @@ class VerbsCq(CompletionQueue):
         if out:
             self.push_many(out)
 
-    def _poll_device(self, cq: Any, out: list[WorkCompletion]) -> None:
+    def _poll_device(self, device_cq: Any, out: list[WorkCompletion]) -> None:
         while True:
             try:
-                n, wcs = cq.poll(BATCH)
+                n, wcs = device_cq.poll(BATCH)
             except Exception:  # a CQ in error or closed: nothing to take
                 return
             for wc in wcs:
