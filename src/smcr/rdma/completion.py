@@ -350,3 +350,87 @@ class CompletionQueue:
         """Release the descriptor; later use raises ``OSError``."""
         for end in (self._bell_r, self._bell_w, self._standby_r, self._standby_w):
             end.close()
+
+
+class EpollCq(CompletionQueue):
+    """A completion queue whose provider brings completions in from descriptors of its own
+    (the RoCE RNIC's QP sockets, a verbs device's completion channels), in a progress hook
+    run by whoever polls.
+
+    * :meth:`fileno` is an epoll descriptor holding the doorbell and the provider's
+      descriptors (:attr:`_ep`), so a thread asleep on the CQ wakes for either.
+    * The hook asks it with no wait (:meth:`ready_now`), which drains the doorbell itself:
+      a caller that cannot ``read`` the descriptor (reading an epoll fails; callers ignore
+      that) never finds it readable for good.
+    * Completions the hook pushes inside this CQ's own poll do not ring it: the poll that
+      runs the hook returns them (the shm RNIC's rule, ``push_many(notify=False)``).
+    """
+
+    def __init__(self, depth: int) -> None:
+        super().__init__(depth)
+        self._ep = select.epoll()
+        self._bell_fd = self._bell_r.fileno()
+        self._ep.register(self._bell_fd, select.EPOLLIN)
+        self._tls = threading.local()
+
+    def fileno(self) -> int:
+        """An epoll descriptor: readable when a completion may wait or one of the provider's
+        descriptors is readable."""
+        return self._ep.fileno()
+
+    def clear_signal(self) -> None:
+        """Nothing to do: :meth:`fileno` is an epoll descriptor (reading it fails), and the
+        progress hook drains the doorbell when the next poll runs it."""
+
+    def ready_now(self) -> list[int] | None:
+        """The provider's descriptors readable now (the hook's look); the doorbell drained
+        if it rang.  None once closed."""
+        try:
+            ready = self._ep.poll(0)
+        except (OSError, ValueError):
+            return None
+        out: list[int] = []
+        for fd, _mask in ready:
+            if fd != self._bell_fd:
+                out.append(fd)
+                continue
+            try:
+                self._bell_r.recv(4096)
+            except OSError:
+                pass
+            # the ring may have been meant for another thread asleep on this CQ: it would
+            # have woken, found nothing and re-armed; re-arm for it, so the next completion
+            # rings again (a spare wakeup is harmless, a lost one is not), unless armed
+            # since (a standby's arm stays)
+            self.rearm_sleeper()
+        return out
+
+    def push_many(self, wcs: Iterable[WorkCompletion], notify: bool = True,
+                  local: bool = False) -> None:  # fmt: skip
+        """As :meth:`CompletionQueue.push_many`, silent inside this CQ's own poll."""
+        if notify and getattr(self._tls, "hook", False):
+            notify = False
+        super().push_many(wcs, notify, local)
+
+    def poll(self, max_entries: int = 16) -> list[WorkCompletion]:
+        """Run the provider's hook (its pushes silent), then take up to ``max_entries``."""
+        tls = self._tls
+        tls.hook = True
+        try:
+            return super().poll(max_entries)
+        finally:
+            tls.hook = False
+
+    def has_completions(self) -> bool:
+        """Run the provider's hook; whether completions wait (takes none)."""
+        tls = self._tls
+        tls.hook = True
+        try:
+            return super().has_completions()
+        finally:
+            tls.hook = False
+
+    def close(self) -> None:
+        """Release the descriptors; later use raises ``OSError``."""
+        self._ep.close()
+        super().close()

@@ -39,10 +39,9 @@ from __future__ import annotations
 import select
 import socket
 import threading
-from collections.abc import Iterable
 from typing import Any, Final, Protocol
 
-from smcr.rdma.completion import ARM_PROGRESS, ARM_SLEEPER, CompletionQueue
+from smcr.rdma.completion import ARM_PROGRESS, ARM_SLEEPER, EpollCq
 from smcr.rdma.ibverbs import binding
 from smcr.rdma.verbs import VerbsError, WcFlag, WcOpcode, WcStatus, WorkCompletion
 
@@ -51,6 +50,7 @@ BATCH: Final = 32
 IBV_WC_WITH_IMM: Final = 2
 _OPCODES: Final = {int(op): op for op in WcOpcode}
 _STATUSES: Final = {int(s): s for s in WcStatus}
+
 
 class PostingQp(Protocol):
     """What a CQ asks of a QP whose work completes there (:meth:`VerbsCq.attach`)."""
@@ -95,7 +95,7 @@ class DeviceCq:
                 pass
 
 
-class VerbsCq(CompletionQueue):
+class VerbsCq(EpollCq):
     """A :class:`CompletionQueue` fed by device CQs (module docstring).
 
     :param context: the pyverbs ``Context`` of the device that makes it.
@@ -105,16 +105,12 @@ class VerbsCq(CompletionQueue):
     def __init__(self, context: Any, depth: int) -> None:
         super().__init__(depth)
         first = DeviceCq(context, depth)
-        self.ibv = first.ibv
         self.channel_fd = first.fd
+        """The channel of the device CQ made with it (the device that made it watches it)."""
         self._parts: dict[int, DeviceCq] = {first.fd: first}
         """The device CQs by their channel's descriptor."""
-        self._ep = select.epoll()
-        self._bell_fd = self._bell_r.fileno()
-        self._ep.register(self._bell_fd, select.EPOLLIN)
         self._ep.register(first.fd, select.EPOLLIN)
         self._harvest_lock = threading.Lock()
-        self._tls = threading.local()
         self._qps: dict[int, PostingQp] = {}
         self.events = 0
         """Completion events read from the channels."""
@@ -133,10 +129,6 @@ class VerbsCq(CompletionQueue):
             self._ep.register(part.fd, select.EPOLLIN)
             return part
 
-    def fileno(self) -> int:
-        """An epoll descriptor: readable when the doorbell rang or the NIC completed work."""
-        return self._ep.fileno()
-
     def attach(self, qp_num: int, qp: PostingQp) -> None:
         """QP ``qp_num`` posts work completing here; it names the queue of its failed work
         (module docstring)."""
@@ -145,34 +137,6 @@ class VerbsCq(CompletionQueue):
     def detach(self, qp_num: int) -> None:
         """QP ``qp_num`` is gone."""
         self._qps.pop(qp_num, None)
-
-    def clear_signal(self) -> None:
-        """Nothing to do: the hook drains the doorbell and reads the channel's events."""
-
-    def push_many(self, wcs: Iterable[WorkCompletion], notify: bool = True,
-                  local: bool = False) -> None:  # fmt: skip
-        """As :meth:`CompletionQueue.push_many`, silent inside this CQ's own poll."""
-        if notify and getattr(self._tls, "hook", False):
-            notify = False
-        super().push_many(wcs, notify, local)
-
-    def poll(self, max_entries: int = 16) -> list[WorkCompletion]:
-        """Harvest the device CQ, then take up to ``max_entries`` completions."""
-        tls = self._tls
-        tls.hook = True
-        try:
-            return super().poll(max_entries)
-        finally:
-            tls.hook = False
-
-    def has_completions(self) -> bool:
-        """Harvest the device CQ; whether completions wait (takes none)."""
-        tls = self._tls
-        tls.hook = True
-        try:
-            return super().has_completions()
-        finally:
-            tls.hook = False
 
     def from_device(self) -> None:
         """The device's thread saw the channel fire (module docstring): harvest and ring
@@ -183,21 +147,14 @@ class VerbsCq(CompletionQueue):
         self._harvest()
 
     def _harvest(self) -> None:
-        """The progress hook (module docstring): doorbell, channel events, re-arm, poll."""
+        """The progress hook (module docstring): channel events, re-arm, poll (the doorbell
+        drained if rung: :meth:`EpollCq.ready_now`)."""
         with self._harvest_lock:
-            try:
-                ready = self._ep.poll(0)
-            except (OSError, ValueError):
+            ready = self.ready_now()
+            if ready is None:
                 return  # closed
             parts = self._parts
-            for fd, _mask in ready:
-                if fd == self._bell_fd:
-                    try:
-                        self._bell_r.recv(4096)
-                    except OSError:
-                        pass
-                    self.rearm_sleeper()  # (as the RoCE CQ: the ring may be another's)
-                    continue
+            for fd in ready:
                 part = parts.get(fd)
                 if part is not None and part.take_event():
                     self.events += 1
@@ -235,7 +192,6 @@ class VerbsCq(CompletionQueue):
     def close(self) -> None:
         """Release the descriptors and the device CQs (after their QPs)."""
         self._qps.clear()
-        self._ep.close()
         for part in self._parts.values():
             part.close()
         super().close()

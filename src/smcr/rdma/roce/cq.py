@@ -51,13 +51,10 @@ import logging
 import os
 import select
 import socket
-import threading
 import time
-from collections.abc import Iterable
 from typing import Final, Protocol
 
-from smcr.rdma.completion import CompletionQueue
-from smcr.rdma.verbs import WorkCompletion
+from smcr.rdma.completion import EpollCq
 
 
 class ReceivingQp(Protocol):
@@ -98,23 +95,16 @@ def poller_receives() -> bool:
 CEDE_SECONDS: Final = 0.004
 
 
-class RoceCq(CompletionQueue):
-    """A :class:`CompletionQueue` whose pollers receive the packets of its QPs."""
+class RoceCq(EpollCq):
+    """A completion queue whose pollers receive the packets of its QPs (the flow sockets in
+    its epoll descriptor)."""
 
     def __init__(self, depth: int) -> None:
         super().__init__(depth)
-        self._ep = select.epoll()
-        self._bell_fd = self._bell_r.fileno()
-        self._ep.register(self._bell_fd, select.EPOLLIN)
         self._attached: dict[int, ReceivingQp] = {}
-        self._tls = threading.local()
         self.last_poll = 0.0
         self.pollers_receive = poller_receives()
         self.add_progress(self._receive)
-
-    def fileno(self) -> int:
-        """An epoll descriptor: readable when a completion may wait or a QP socket is readable."""
-        return self._ep.fileno()
 
     def attach(self, qp: ReceivingQp, fd: int) -> None:
         """Receive the flow socket ``fd`` of ``qp`` in this CQ's pollers too."""
@@ -138,17 +128,6 @@ class RoceCq(CompletionQueue):
             except (OSError, ValueError):
                 pass
 
-    def clear_signal(self) -> None:
-        """Nothing to do: :meth:`fileno` is an epoll descriptor (reading it fails), and the
-        progress hook drains the doorbell when the next poll runs it."""
-
-    def push_many(self, wcs: Iterable[WorkCompletion], notify: bool = True,
-                  local: bool = False) -> None:  # fmt: skip
-        """As :meth:`CompletionQueue.push_many`, silent inside this CQ's own poll."""
-        if notify and getattr(self._tls, "hook", False):
-            notify = False
-        super().push_many(wcs, notify, local)
-
     def waiting(self) -> None:
         """A thread that waits on this CQ looks now: the progress thread leaves the QPs'
         sockets to it for :data:`CEDE_SECONDS` (:meth:`RoceDevice._on_qp_socket
@@ -161,43 +140,14 @@ class RoceCq(CompletionQueue):
         nobody until the socket was taken back (up to :data:`CEDE_SECONDS` a message)."""
         self.last_poll = time.monotonic()
 
-    def poll(self, max_entries: int = 16) -> list[WorkCompletion]:
-        """Receive what the QPs' sockets hold, then take up to ``max_entries`` completions."""
-        tls = self._tls
-        tls.hook = True
-        try:
-            return super().poll(max_entries)
-        finally:
-            tls.hook = False
-
-    def has_completions(self) -> bool:
-        """Receive what the QPs' sockets hold; whether completions wait (takes none)."""
-        tls = self._tls
-        tls.hook = True
-        try:
-            return super().has_completions()
-        finally:
-            tls.hook = False
-
     def _receive(self) -> None:
-        """The progress hook: drain the doorbell if rung, receive on the readable QP sockets."""
-        try:
-            ready = self._ep.poll(0)
-        except (OSError, ValueError):
+        """The progress hook: receive on the readable QP sockets (the doorbell drained if
+        rung: :meth:`EpollCq.ready_now`)."""
+        ready = self.ready_now()
+        if ready is None:
             return  # closed
         attached = self._attached
-        for fd, _mask in ready:
-            if fd == self._bell_fd:
-                try:
-                    self._bell_r.recv(4096)
-                except OSError:
-                    pass
-                # the ring may have been meant for another thread asleep on this CQ: it
-                # would have woken, found nothing and re-armed; re-arm for it, so the next
-                # completion rings again (a spare wakeup is harmless, a lost one is not),
-                # unless armed since (a standby's arm stays)
-                self.rearm_sleeper()
-                continue
+        for fd in ready:
             qp = attached.get(fd)
             if qp is not None:
                 try:
@@ -208,5 +158,4 @@ class RoceCq(CompletionQueue):
     def close(self) -> None:
         """Release the descriptors; later use raises ``OSError``."""
         self._attached.clear()
-        self._ep.close()
         super().close()
