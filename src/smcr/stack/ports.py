@@ -36,7 +36,7 @@ import select
 import socket
 import struct
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from smcr import settings
 from smcr.osthreads import NamedThread
@@ -45,6 +45,9 @@ from smcr.rdma.roce import RoceDevice, netif
 from smcr.stack.devices import IP_RNICS, IpRnic
 from smcr.stack.hostconn import PortRes
 from smcr.stack.routes import gid_address, route_oif, rtnl_ask
+
+IpRnicT = TypeVar("IpRnicT", RoceDevice, VerbsDevice)
+"""An RNIC kind of IP addresses (:func:`more_rnics` opens more of the same)."""
 
 ROCE_DEVS_ENV = "SMCR_ROCE_DEVS"
 SHM_RNICS_ENV = "SMCR_SHM_RNICS"
@@ -74,22 +77,7 @@ def roce_more(first: RoceDevice) -> list[RoceDevice]:
 
     :raises LookupError: for a listed net device without an IPv4 address.
     """
-    listed = settings.ROCE_DEVS.value(None)
-    if listed is None or first.netdev in ("lo", None):
-        return []
-    names = list(listed) or [i.ifname for i in netif.list_devices()
-                             if i.family == socket.AF_INET and i.ifname != "lo"]  # fmt: skip
-    out: list[RoceDevice] = []
-    seen = {first.netdev}
-    for name in names:
-        if name in seen:
-            continue
-        seen.add(name)
-        info = netif.find(ifname=name)
-        if info.family != socket.AF_INET:
-            continue
-        out.append(RoceDevice(info.address, ifname=name))
-    return out
+    return more_rnics(first, lambda address, name: RoceDevice(address, ifname=name))
 
 
 def verbs_more(first: VerbsDevice) -> list[VerbsDevice]:
@@ -100,12 +88,23 @@ def verbs_more(first: VerbsDevice) -> list[VerbsDevice]:
     :raises LookupError: for a listed net device without an IPv4 address.
     :raises VerbsError: ENODEV for one whose address has no RDMA device.
     """
+    return more_rnics(first, lambda address, name: VerbsDevice(address, ifname=name))
+
+
+def more_rnics(first: IpRnicT, open_rnic: Callable[[str, str], IpRnicT]) -> list[IpRnicT]:
+    """The RNICs of the net devices ``SMCR_ROCE_DEVS`` lists (all with an IPv4 address for
+    an empty list), each opened by ``open_rnic(address, ifname)`` on its first IPv4
+    address, leaving out ``first``'s own net device; none when unset or when ``first`` is
+    on loopback.  Those opened before a failure are closed again.
+
+    :raises LookupError: for a listed net device without an IPv4 address.
+    """
     listed = settings.ROCE_DEVS.value(None)
     if listed is None or first.netdev in ("lo", None):
         return []
     names = list(listed) or [i.ifname for i in netif.list_devices()
                              if i.family == socket.AF_INET and i.ifname != "lo"]  # fmt: skip
-    out: list[VerbsDevice] = []
+    out: list[IpRnicT] = []
     seen = {first.netdev}
     try:
         for name in names:
@@ -115,7 +114,7 @@ def verbs_more(first: VerbsDevice) -> list[VerbsDevice]:
             info = netif.find(ifname=name)
             if info.family != socket.AF_INET:
                 continue
-            out.append(VerbsDevice(info.address, ifname=name))
+            out.append(open_rnic(info.address, name))
     except BaseException:
         for dev in out:
             dev.close()

@@ -599,16 +599,17 @@ def _open_rnics(kind: str, key: str) -> tuple[Device | None, list[Device]]:
     if kind == "shm":
         pid = os.getpid()
         return None, [ShmDevice(f"smcr{pid}_{i}") for i in range(1, ports.shm_rnics())]
+    address = key.split(":", 1)[1]
     if kind == "verbs":
-        verbs = devices.open_verbs(key.split(":", 1)[1])
-        try:
-            return verbs, list(ports.verbs_more(verbs))
-        except BaseException:
-            verbs.close()
-            raise
-    first = devices.open_roce(key.split(":", 1)[1])
+        return _with_more(devices.open_verbs(address), ports.verbs_more)
+    return _with_more(devices.open_roce(address), ports.roce_more)
+
+
+def _with_more(first: ports.IpRnicT, more: Callable[[ports.IpRnicT], list[ports.IpRnicT]]
+               ) -> tuple[Device, list[Device]]:  # fmt: skip
+    """``first`` and the RNICs ``more`` adds to it; ``first`` closed again if that fails."""
     try:
-        return first, list(ports.roce_more(first))
+        return first, list(more(first))
     except BaseException:
         first.close()
         raise
