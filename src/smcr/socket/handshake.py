@@ -38,7 +38,6 @@ from smcr.stack.conn import DataPath, SocketCalls
 from smcr.stack.counters import COUNTERS as _C
 from smcr.stack.hostconn import HostConn
 from smcr.stack.runtime import Stack, get_stack
-from smcr.wire.clc import ClcDecline
 from smcr.wire.decline import DeclineCode, describe
 
 OUT_OF_RESOURCES = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS))
@@ -163,10 +162,7 @@ def pay_decline(sock: SocketBase) -> None:
         return  # not connected (yet, or ever): the program's call gets TCP's answer
     sock._decline_owed = False
     if discovery.current().peer_offered(sock, client=True):
-        try:  # (a peer gone meanwhile: TCP will say so)
-            PlainSocket.sendall(sock, ClcDecline.linux(DeclineCode.MEM, version=1).encode())
-        except OSError:
-            pass
+        unserved.send_decline(sock, DeclineCode.MEM)
 
 
 def decline_instead(sock: SocketBase, error: OSError) -> bool:
@@ -180,16 +176,13 @@ def decline_instead(sock: SocketBase, error: OSError) -> bool:
     :returns: whether it did (False: ``error`` is another, for the caller to report).
     """
     if error.errno in unserved.NO_RNIC:  # (no RNIC for the address: NOSMCRDEV, as Linux)
-        unserved.decline(sock)
-        fall_back(sock, int(unserved.CODE), 0)
-        return True
-    if error.errno not in OUT_OF_RESOURCES:
+        code = unserved.CODE
+    elif error.errno in OUT_OF_RESOURCES:
+        code = DeclineCode.MEM
+    else:
         return False
-    try:  # (a peer gone meanwhile: TCP will say so)
-        PlainSocket.sendall(sock, ClcDecline.linux(DeclineCode.MEM, version=1).encode())
-    except OSError:
-        pass
-    fall_back(sock, int(DeclineCode.MEM), 0)
+    unserved.send_decline(sock, code)
+    fall_back(sock, int(code), 0)
     return True
 
 

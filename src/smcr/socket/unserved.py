@@ -37,10 +37,12 @@ NO_RNIC: Final = frozenset((errno.ENODEV,))
 CODE: Final = DeclineCode.NOSMCRDEV
 
 
-def decline(sock: SocketBase, version: int = 1) -> None:
-    """Send the Decline (a peer gone meanwhile: TCP will say so)."""
+def send_decline(sock: SocketBase, code: DeclineCode, version: int = 1) -> None:
+    """Send Linux's CLC Decline for ``code`` on the TCP connection itself: for a handshake
+    that never got a runtime (no RNIC here, or no descriptor or memory for one: the
+    callers in :mod:`smcr.socket.handshake`).  A peer gone meanwhile: TCP will say so."""
     try:
-        PlainSocket.sendall(sock, ClcDecline.linux(CODE, version=version).encode())
+        PlainSocket.sendall(sock, ClcDecline.linux(code, version=version).encode())
     except OSError:
         pass
 
@@ -76,7 +78,7 @@ def server_declines(sock: SocketBase, done: Callable[[], None]) -> None:
             length = int.from_bytes(head[5:7], "big")
             _read(sock, max(length - CLC_HEADER_LEN, 0), deadline)
             if head[4] == ClcType.PROPOSAL:  # (a client's own Decline needs no answer)
-                decline(sock, 2 if head[7] >> 4 >= 2 else 1)
+                send_decline(sock, CODE, 2 if head[7] >> 4 >= 2 else 1)
         else:
             sock._prefix = head  # not a CLC message: the program's bytes
         done()

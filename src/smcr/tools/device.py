@@ -35,6 +35,7 @@ from smcr.rdma import ibverbs
 from smcr.rdma.ibverbs import sysfs
 from smcr.rdma.roce import list_devices, netif
 from smcr.rdma.shm import rendezvous
+from smcr.rdma.verbs import IPV4_MAPPED_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +82,7 @@ def verbs_rows(default_address: str | None, root: Path = sysfs.SYS_INFINIBAND) -
             if entry.kind == sysfs.ROCE_V2:
                 ports.setdefault(entry.port, []).append(entry)
         for port, entries in sorted(ports.items()):
-            v4 = [e for e in entries if e.gid[:12] == bytes(10) + b"\xff\xff"]
+            v4 = [e for e in entries if e.gid[:12] == IPV4_MAPPED_PREFIX]
             shown = (v4 or entries)[0]
             netdev, mac, mtu = shown.netdev or "-", "-", "-"
             try:

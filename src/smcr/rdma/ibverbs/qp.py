@@ -242,23 +242,12 @@ class VerbsQp(QueuePair):
 
     def destroy(self) -> None:
         """``ibv_destroy_qp``: no completions for what it had posted."""
-        self.send_cq_verbs().detach(self.qp_num)
-        self.recv_cq_verbs().detach(self.qp_num)
+        for cq in (self.send_cq, self.recv_cq):
+            if isinstance(cq, VerbsCq):
+                cq.detach(self.qp_num)
         self.device.qps.pop(self.qp_num, None)
         try:
             self.ibv.close()
         except Exception:
             pass
         self.attr.qp_state = QpState.ERR
-
-    def send_cq_verbs(self) -> VerbsCq:
-        """The send CQ as the verbs CQ it is."""
-        cq = self.send_cq
-        assert isinstance(cq, VerbsCq)
-        return cq
-
-    def recv_cq_verbs(self) -> VerbsCq:
-        """The receive CQ as the verbs CQ it is."""
-        cq = self.recv_cq
-        assert isinstance(cq, VerbsCq)
-        return cq

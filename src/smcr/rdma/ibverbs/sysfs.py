@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from smcr.rdma.verbs import ipv4_mapped_gid
+
 SYS_INFINIBAND: Final = Path("/sys/class/infiniband")
 ROCE_V2: Final = "RoCE v2"
 
@@ -92,7 +94,7 @@ def address_gid(address: str) -> bytes:
     """The RoCE v2 GID of an IP address: IPv4-mapped for IPv4, the address for IPv6."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv4Address):
-        return bytes(10) + b"\xff\xff" + ip.packed
+        return ipv4_mapped_gid(ip.packed)
     return ip.packed
 
 
