@@ -218,6 +218,21 @@ class Guest:
             raise RuntimeError(f"guest command failed ({status}): {command}\n{text}")
         return text
 
+    def wait_listening(self, ident: str, timeout: float = 60.0) -> str:
+        """Wait until a server started with ``background=True`` says ``listening``; what it
+        has written by then.
+
+        :raises RuntimeError: it ended first (:meth:`wait`'s error, with its output).
+        :raises AssertionError: it said nothing of the kind within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while "listening" not in (out := self.output(ident)):
+            if (self.share / "out" / f"{ident}.rc").exists():
+                self.wait(ident, 1)  # it ended: raises with its output
+            assert time.monotonic() < deadline, f"guest server did not start: {out}"
+            time.sleep(0.05)
+        return out
+
     def output(self, ident: str) -> str:
         """What a background command has written so far."""
         with contextlib.suppress(OSError):

@@ -25,7 +25,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -325,12 +324,7 @@ def exchange(guest: Guest, guest_role: str, family: str, discovery: str = "bpf",
             else:
                 ident = guest.run(f"{guest_env} {tool} server --family {family} {server_opts}",
                                   background=True)  # fmt: skip
-                deadline = time.monotonic() + 60
-                while "listening" not in guest.output(ident):
-                    if (guest.share / "out" / f"{ident}.rc").exists():
-                        guest.wait(ident, 1)  # it ended: raises with its output
-                    assert time.monotonic() < deadline, guest.output(ident)
-                    time.sleep(0.05)
+                guest.wait_listening(ident)
                 proc = host_proc(["client", "--host", GUEST_IP, *opts.split()], env)
                 host = host_result(proc, timeout * count + 60)
                 out = guest.wait(ident, 60)

@@ -52,11 +52,7 @@ def start_server(guest: Guest, port: int, mode: str, nbytes: int) -> tuple[str, 
     """The guest's AF_SMC server on ``port`` (one connection); its command id and pid."""
     ident = guest.run(f"{TOOL} server --family smc --port {port} --mode {mode}"
                       f" --bytes {nbytes} --timeout {TIMEOUT}", background=True)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while "listening" not in (out := guest.output(ident)):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"guest server did not start: {out}")
-        time.sleep(0.05)
+    out = guest.wait_listening(ident)
     return ident, json.loads(out.splitlines()[0])["pid"]
 
 

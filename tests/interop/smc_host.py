@@ -47,6 +47,7 @@ from tests.interop.harness.tools.exchange_end import (
     chunks,
     client,
     serve,
+    smcr_description,
 )
 
 NETNS = "smcnet"
@@ -68,26 +69,9 @@ def digest(seed: int, n: int) -> str:
 
 
 def info(sock: SMCSocket) -> dict[str, Any]:
-    """``smc_info()``, and for SMC-R the link group as the engine holds it."""
-    i = sock.smc_info()
-    out: dict[str, Any] = {"mode": i.mode, "local_code": i.local_code, "peer_code": i.peer_code}
-    if i.mode != "SMCR":
-        return out
-    out |= {"version": i.version, "lgr_id": i.lgr_id, "first_contact": i.first_contact,
-            "rmb_size": i.rmb_size, "peer_rmb_size": i.peer_rmb_size}  # fmt: skip
-    stack = get_stack(ipaddress.ip_address(sock.getsockname()[0]))
-    with stack.lock:
-        lgr = stack.engine.lgrs[i.lgr_id]
-        link = lgr.links[0]
-        out["lgr"] = {
-            "version": lgr.version, "role": lgr.role.name,
-            "eid": lgr.terms.eid.decode().rstrip() if lgr.terms else None,
-            "peer_host": lgr.peer_hostname.decode(errors="replace").rstrip(),
-            "peer_release": lgr.peer_release, "gid": stack.engine.identity.gid.hex(),
-            "peer_gid": link.peer_gid.hex(), "qpn": link.qpn, "peer_qpn": link.peer_qpn,
-            "mtu": link.mtu,
-        }  # fmt: skip
-    return out
+    """``smc_info()``, and for SMC-R the link group as the engine holds it
+    (:func:`smcr_description`)."""
+    return smcr_description(sock, lambda address: get_stack(ipaddress.ip_address(address)))
 
 
 def smcr_stack() -> Stack:

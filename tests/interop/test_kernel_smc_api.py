@@ -18,7 +18,6 @@ import select
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -67,10 +66,7 @@ def test_a_kernel_smc_program_runs_unchanged_on_smcr_and_talks_smcr_to_the_kerne
         if guest_role == "server":
             ident = kernel_smc.run(f"{GUEST_PROGRAM} server --port {port} --api {api}",
                                    background=True)  # fmt: skip
-            deadline = time.monotonic() + 60
-            while "listening" not in kernel_smc.output(ident):
-                assert time.monotonic() < deadline, kernel_smc.output(ident)
-                time.sleep(0.05)
+            kernel_smc.wait_listening(ident)
             host, err = finish(host_run(["client", "--host", GUEST_IP, "--port", str(port),
                                          "--bytes", str(NBYTES), "--api", api], table))
             guest = json.loads(kernel_smc.wait(ident, 60).splitlines()[-1])

@@ -182,12 +182,7 @@ def _between(kernel: Guest, smcr_guest: Guest, smcr_role: str, mode: str, nbytes
         server_cmd, client_cmd = kernel_cmd.format("server"), f"{smcr_cmd} client"
         peer = "10.99.0.11"
     ident = server.run(f"{server_cmd} {opts} --mode {server_mode}", background=True)
-    deadline = time.monotonic() + 90
-    while "listening" not in server.output(ident):
-        if (server.share / "out" / f"{ident}.rc").exists():
-            server.wait(ident, 1)  # it ended: raises with its output
-        assert time.monotonic() < deadline, server.output(ident)
-        time.sleep(0.1)
+    server.wait_listening(ident, 90.0)
     out = client.run(f"{client_cmd} {opts} --host {peer} --mode {mode}", timeout=240 * count)
     served = json.loads(server.wait(ident, 120).splitlines()[-1])["conns"]
     clients = json.loads(out.splitlines()[-1])["conns"]

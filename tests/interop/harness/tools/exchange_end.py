@@ -1,6 +1,6 @@
 """One end of an interop exchange, the same code on both: the guest's kernel SMC end
-(``kernel_smc.py``, beside this file, run in the guest) and smcr's end on the host
-(``tests/interop/smc_host.py``).
+(``kernel_smc.py``, beside this file, run in the guest) and smcr's ends, on the host
+(``tests/interop/smc_host.py``) and over verbs in a guest (``smcr_end.py``).
 
 What an end does is the same whichever stack it runs on: the seeded pattern
 (``random.Random(seed + i).randbytes`` for the i-th connection, made and hashed
@@ -47,6 +47,32 @@ class Stack:
     key: str
     describe: Callable[[Any], dict[str, Any] | None]
     connect: Callable[[argparse.Namespace], Any]
+
+
+def smcr_description(sock: Any, stack_of: Callable[[str], Any]) -> dict[str, Any]:
+    """How smcr's ends describe a connection: ``smc_info()``, and for SMC-R the link group as
+    the engine holds it and the RNIC under it.  ``stack_of(local address)`` is smcr's runtime
+    of the socket's address (passed in: this file imports nothing of smcr)."""
+    i = sock.smc_info()
+    out: dict[str, Any] = {"mode": i.mode, "local_code": i.local_code, "peer_code": i.peer_code}
+    if i.mode != "SMCR":
+        return out
+    out |= {"version": i.version, "lgr_id": i.lgr_id, "first_contact": i.first_contact,
+            "rmb_size": i.rmb_size, "peer_rmb_size": i.peer_rmb_size}  # fmt: skip
+    stack = stack_of(sock.getsockname()[0])
+    with stack.lock:
+        lgr = stack.engine.lgrs[i.lgr_id]
+        link = lgr.links[0]
+        out["lgr"] = {
+            "version": lgr.version, "role": lgr.role.name,
+            "eid": lgr.terms.eid.decode().rstrip() if lgr.terms else None,
+            "peer_host": lgr.peer_hostname.decode(errors="replace").rstrip(),
+            "peer_release": lgr.peer_release, "gid": stack.engine.identity.gid.hex(),
+            "peer_gid": link.peer_gid.hex(), "qpn": link.qpn, "peer_qpn": link.peer_qpn,
+            "mtu": link.mtu,
+        }  # fmt: skip
+    out["rnic"] = {"kind": type(stack.device).__name__, "name": stack.device.name}
+    return out
 
 
 def chunks(seed: int, n: int) -> Iterator[bytes]:

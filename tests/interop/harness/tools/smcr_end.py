@@ -26,9 +26,15 @@ os.environ.setdefault("SMCR_RNIC", "verbs")
 
 
 if TYPE_CHECKING:  # the project's mypy reads this file as part of the tests package
-    from tests.interop.harness.tools.exchange_end import Stack, add_exchange_args, client, serve
+    from tests.interop.harness.tools.exchange_end import (
+        Stack,
+        add_exchange_args,
+        client,
+        serve,
+        smcr_description,
+    )
 else:  # in the guest: the shared end is beside this file
-    from exchange_end import Stack, add_exchange_args, client, serve
+    from exchange_end import Stack, add_exchange_args, client, serve, smcr_description
 
 import smcr
 from smcr.socket import SMCSocket
@@ -45,25 +51,9 @@ def local_ipv4() -> str:
 
 
 def info(sock: SMCSocket) -> dict[str, Any]:
-    """``smc_info()``, and for SMC-R the link group and the RNIC as smcr holds them."""
-    i = sock.smc_info()
-    out: dict[str, Any] = {"mode": i.mode, "local_code": i.local_code, "peer_code": i.peer_code}
-    if i.mode != "SMCR":
-        return out
-    out |= {"version": i.version, "lgr_id": i.lgr_id, "first_contact": i.first_contact,
-            "rmb_size": i.rmb_size, "peer_rmb_size": i.peer_rmb_size}  # fmt: skip
-    stack = get_stack(ipaddress.ip_address(sock.getsockname()[0]))
-    with stack.lock:
-        lgr = stack.engine.lgrs[i.lgr_id]
-        link = lgr.links[0]
-        out["lgr"] = {
-            "version": lgr.version, "role": lgr.role.name,
-            "peer_host": lgr.peer_hostname.decode(errors="replace").rstrip(),
-            "gid": stack.engine.identity.gid.hex(), "peer_gid": link.peer_gid.hex(),
-            "qpn": link.qpn, "peer_qpn": link.peer_qpn, "mtu": link.mtu,
-        }  # fmt: skip
-    out["rnic"] = {"kind": type(stack.device).__name__, "name": stack.device.name}
-    return out
+    """``smc_info()``, and for SMC-R the link group and the RNIC as smcr holds them
+    (:func:`smcr_description`)."""
+    return smcr_description(sock, lambda address: get_stack(ipaddress.ip_address(address)))
 
 
 def smcr_stack() -> Stack:
