@@ -91,6 +91,7 @@ class Side:
     reused: list[int] = field(default_factory=list)  # ReuseRmb, in order
     clc_out: dict[int, bytearray] = field(default_factory=dict)
     llc_sent: list[bytes] = field(default_factory=list)
+    cdc_sent: list[tuple[int, bytes]] = field(default_factory=list)  # (qpn, CDC) posted
 
     qp_port: dict[int, int] = field(default_factory=dict)  # our qpn -> its port
     registered: list[tuple[int, int, int]] = field(default_factory=list)  # (conn, port, rkey)
@@ -258,6 +259,8 @@ class Pair:
         elif isinstance(a, PostSend):
             if a.data[0] != 0xFE:
                 side.llc_sent.append(a.data)
+            else:
+                side.cdc_sent.append((a.qpn, a.data))
             peer = self.peer(side)
             if not self.drop_llc(side, a.data) and a.qpn in side.qp_peer:
                 self.sends.append((peer, side.qp_peer[a.qpn], self.mangle(side, a.data)))

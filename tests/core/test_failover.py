@@ -117,6 +117,49 @@ def test_failover_after_the_peer_read_more_than_completed() -> None:
     assert read_all(p, s) == b"after"
 
 
+@pytest.mark.parametrize("detector", ["server", "client"])
+def test_connections_move_only_once_the_peer_heard_of_the_loss(detector: str) -> None:
+    """The side that sees link 1 fail sends DELETE LINK first and moves its connections
+    (failover-validation CDC, bytes again) only once the peer has switched its own: a
+    Linux peer answers a CDC over the link its connection is on, and one answer lost
+    over the failed link is never sent again (failover.py's docstring).  So the first
+    CDC of the detecting side over link 2 finds the peer's connection on link 2."""
+    p, c, s = symmetric()
+    write_stalled(p, c, DATA[:4000], deliver_cdc=False)
+    side = p.server if detector == "server" else p.client
+    peer_conn = (p.client.engine.conns[c] if side is p.server else p.server.engine.conns[s])
+    link2 = lgr_of(side).links[1]
+    before = len(side.cdc_sent)
+    p.peer(side).engine.ports_down.add(0)  # (as fail_link1)
+    p.run(side, side.engine.port_down(0, "injected", p.now))
+    assert side.cdc_sent[before:] == []  # the DELETE LINK alone
+    assert all(x.link is not None and x.link.link_id == 1 for x in lgr_of(side).conns.values())
+    p.step_until(lambda: any(q == link2.qpn for q, _ in side.cdc_sent[before:]), "a CDC on link 2")
+    assert peer_conn.link is not None and peer_conn.link.link_id == 2
+    p.pump()
+    assert_on_link2_only(p)
+    assert read_all(p, s) == DATA[:4000]
+
+
+@pytest.mark.parametrize("detector", ["server", "client"])
+def test_connections_move_when_the_peer_never_answers(detector: str) -> None:
+    """The peer does not answer the DELETE LINK (nor, a server, echo it): the connections
+    move after the LLC wait time all the same, and the bytes go over link 2."""
+    p, c, s = symmetric()
+    write_stalled(p, c, DATA[:4000], deliver_cdc=False)
+    side = p.server if detector == "server" else p.client
+    p.drop_llc = lambda sender, data: sender is not side and data[0] == LlcType.DELETE_LINK
+    p.peer(side).engine.ports_down.add(0)
+    p.do(side, side.engine.port_down(0, "injected", p.now))
+    assert all(x.link is not None and x.link.link_id == 1 for x in lgr_of(side).conns.values())
+    p.advance(side.engine.config.llc_wait)
+    p.pump()
+    assert all(x.link is not None and x.link.link_id == 2 for x in lgr_of(side).conns.values())
+    assert [x.link_id for x in lgr_of(side).links][:1] == [2]
+    assert not [e for e in side.events if isinstance(e, ConnectionReset)]
+    assert read_all(p, s) == DATA[:4000]
+
+
 def test_delete_link_messages_as_linux() -> None:
     """Server-detected: DELETE LINK request 04 2C 00 20 (orderly), link 1, reason lost path,
     over link 2; the client's response echoes it with 0x80 and reason 0."""
@@ -164,14 +207,14 @@ def test_failover_validation_cdc_bytes_as_linux() -> None:
     conn = p.client.engine.conns[c]
     p.server.engine.ports_down.add(0)
     link2 = lgr_of(p.client).links[1]
-    out = p.client.engine.port_down(0, "injected", p.now)
-    cdcs = [a.data for a in out if isinstance(a, PostSend) and a.data[0] == 0xFE]
-    validation = cdcs[0]
+    before = len(p.client.cdc_sent)
+    p.do(p.client, p.client.engine.port_down(0, "injected", p.now))
+    cdcs = p.client.cdc_sent[before:]
+    validation = cdcs[0][1]
     assert validation == (bytes.fromhex("fe2c") + (1).to_bytes(2, "big")
                           + conn.peer_token.to_bytes(4, "big") + bytes(16) + b"\x08"
                           + bytes(19))  # fmt: skip
-    assert all(a.qpn == link2.qpn for a in out if isinstance(a, PostSend))
-    p.do(p.client, out)
+    assert all(qpn == link2.qpn for qpn, _ in cdcs)
     assert read_all(p, s) == b"z" * 100
 
 
@@ -239,11 +282,12 @@ def test_cdcs_delivered_on_a_cleared_link_still_count() -> None:
     link1 = lgr_of(p.server).links[0]
     # the client saw its CDC complete, then the server's link 1 went (its port down)
     p.do(p.client, p.client.engine.send_completed(cdc.qpn, cdc.wr_id, True, p.now))
-    actions = p.server.engine.link_failed(link1.qpn, "injected", p.now)
-    assert link1.qpn in p.server.engine.late_links
+    p.run(p.server, p.server.engine.link_failed(link1.qpn, "injected", p.now))
+    # link 1 is cleared once the client answered the DELETE LINK (its answer comes before
+    # its failover-validation CDC, on the same QP)
+    p.step_until(lambda: link1.qpn in p.server.engine.late_links, "link 1 cleared")
     # the CDC's completion was in the CQ before anything the peer sends after the failover
-    actions += p.server.engine.receive_wr(link1.qpn, memoryview(cdc.data), p.now)
-    p.do(p.server, actions)
+    p.do(p.server, p.server.engine.receive_wr(link1.qpn, memoryview(cdc.data), p.now))
     for side in (p.client, p.server):  # (the server has added a link again meanwhile)
         assert all(x.link is not None and x.link.link_id == 2 for x in lgr_of(side).conns.values())
         assert not [e for e in side.events if isinstance(e, ConnectionReset)]

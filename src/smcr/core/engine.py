@@ -229,6 +229,8 @@ class Engine:
             if lgr.remote_add is not None:
                 deadlines.append(lgr.remote_add.deadline)
             for link in lgr.links:
+                if link.switch_deadline is not None:
+                    deadlines.append(link.switch_deadline)
                 if link.state is LinkState.LINK_ACTIVE and testlink_time > 0:
                     deadlines.append(
                         link.test_deadline
@@ -403,6 +405,8 @@ class Engine:
                 llc.finish_flow(flow, False, now, out)
                 llc.next_flow(lgr, now, out)
             for link in list(lgr.links):
+                if link.switch_deadline is not None and now >= link.switch_deadline:
+                    self.failover.move_off(link, now, out)  # the peer never answered
                 if llc.keepalive(link, now, out):
                     out.extend(self.failover.link_failed(link.qpn, "TEST LINK not answered", now))
             if lgr.remote_add is not None:

@@ -12,7 +12,19 @@ completed CDC after a failover-validation CDC), the peer is told by DELETE LINK
 * Local failure (:meth:`Failover.link_failed`): as server, a DELETE LINK
   request over the surviving link as a local flow, answered by the client; as
   client, a DELETE LINK request to the server, which echoes it (the client
-  answers the echo: link not found, it is gone already).
+  answers the echo: link not found, it is gone already).  The connections move
+  only once the peer has heard (:meth:`Failover.move_off`: the server's flow
+  ended, the client got the echo, or :attr:`~smcr.core.config.Config.llc_wait`
+  passed); Linux moves them first and then sends the DELETE LINK.  Why: a CDC
+  of ours over the new link makes a Linux peer that has not switched yet
+  answer over the failed link, where the answer is lost, and its own switch
+  later re-sends nothing when it has no data of its own to send
+  (``smc_tx_sndbuf_nonempty`` returns early in the 6.12 kernel of the interop
+  guests): a consumer cursor lost that way is never sent again, and a sender
+  that had filled the peer's RMBE waits for ever (seen live).  Until they move,
+  what the connections send goes to the failed link and is lost, as what went
+  before the failure was seen, and
+  :meth:`~smcr.core.connection.Connection.switch_cursor` sends it again.
 * The peer's DELETE LINK of one link: a client answers (reason 0, or "no such
   link") on the link it came on, switches and clears; a server echoes the
   request as a local flow and clears the link.
@@ -56,18 +68,22 @@ class Failover:
         self.addlink = addlink
 
     def _delete_link_flow(self, lgr: LinkGroup, request: DeleteLink, now: float,
-                          out: list[Action]) -> None:  # fmt: skip
+                          out: list[Action], failed: Link | None = None) -> None:  # fmt: skip
         """A server's DELETE LINK request to the client, waited for as a local flow; a
         group left with one link then offers a link again (``smc_llc_add_link_local``
-        at the end of ``smc_llc_process_srv_delete_link``)."""
+        at the end of ``smc_llc_process_srv_delete_link``).  ``failed``: our link that
+        failed, whose connections move once the flow ends (:meth:`move_off`)."""
 
         def done(ok: bool, t: float) -> list[Action]:
             actions: list[Action] = []
+            if failed is not None:
+                self.move_off(failed, t, actions)
             if not lgr.terminated and lgr.lgr_type is LgrType.SINGLE:
                 self.addlink.srv_add_link(lgr, t, actions)
             return actions
 
-        self.llc.start_flow(lgr, request, done, now, out)
+        # (a failed link's before any other queued: its connections wait for it)
+        self.llc.start_flow(lgr, request, done, now, out, first=failed is not None)
 
     # -- local failure ------------------------------------------------------------
 
@@ -102,19 +118,21 @@ class Failover:
             return out
         if link is None or link.lgr.terminated:
             return out
-        if link.state is not LinkState.LINK_ACTIVE or self.llc.other_active(link, True) is None:
+        to = self.llc.other_active(link, True)
+        if link.state is not LinkState.LINK_ACTIVE or to is None:
             # no other active link (over another port) to move to: the group ends
             self.llc.terminate(link.lgr, f"link down: {reason}", out, decline, now, peer_gone)
             return out
         lgr = link.lgr
         link.state = LinkState.LINK_INACTIVE
-        to = self.llc.switch_conns(link, out, dev_err=True)
-        assert to is not None
-        self.llc.link_gone(link, out, reason)
+        # the connections stay on the failed link (what they send there is lost, as what
+        # went before the failure was seen) until the peer has heard (module docstring)
+        link.switch_deadline = now + self.state.config.llc_wait
+        link.down_reason = reason
         request = llc_msgs.delete_link(lgr, LLC_FLAG_DEL_LINK_ORDERLY,
                                        DeleteLinkReason.LOST_PATH, link.link_id)  # fmt: skip
         if lgr.role is Role.SERVER:  # smc_llc_srv_delete_link_local
-            self._delete_link_flow(lgr, request, now, out)
+            self._delete_link_flow(lgr, request, now, out, failed=link)
         elif lgr.flow is None and lgr.remote_add is None:
             self.llc.post_llc(to, request, out)
         else:  # smcr_link_down: a client's DELETE LINK waits for its running flow to end
@@ -124,6 +142,22 @@ class Failover:
 
             lgr.flow_queue.appendleft(LocalFlow(request, lambda ok, t: [], start=start))
         return out
+
+    def move_off(self, link: Link, now: float, out: list[Action]) -> None:
+        """The connections of a failed link that waited for the peer to hear of its loss
+        (:meth:`link_failed`) move to another link now (``smc_switch_conns``), and the
+        link goes; with no other link left the group ends.  Nothing for any other link."""
+        if link.switch_deadline is None:
+            return
+        link.switch_deadline = None
+        lgr = link.lgr
+        if lgr.terminated or link not in lgr.links:
+            return
+        if self.llc.switch_conns(link, out, dev_err=True) is None:
+            self.llc.terminate(lgr, f"link down: {link.down_reason}", out,
+                               DeclineCode.NOACTLINK, now)  # fmt: skip
+            return
+        self.llc.link_gone(link, out, link.down_reason)
 
     def _add_link_failed(self, new: Link, now: float, out: list[Action]) -> None:
         """The new link of a running ADD LINK flow failed: the flow fails."""
@@ -183,16 +217,18 @@ class Failover:
             return
         gone = lgr.link_by_id(msg.link_num)
         if lgr.role is Role.CLIENT:  # smc_llc_process_cli_delete_link
-            ok = gone is not None
+            # (the server's echo of our request names a link that is gone for Linux, and
+            # for us once its connections move, which they do now: "no such link")
+            ok = gone is not None and gone.switch_deadline is None
             self.llc.post_llc(link, msg.response(DeleteLinkReason.OK if ok else
                                                  DeleteLinkReason.NOLNK), out)  # fmt: skip
             if gone is not None:
-                self._peer_deleted(gone, "peer deleted our last link", out)
+                self._peer_deleted(gone, "peer deleted our last link", now, out)
             return
         # smc_llc_process_srv_delete_link: the client's request, sent back to it
         if gone is None:
             return  # already deleted
-        if self._peer_deleted(gone, "client deleted our last link", out):
+        if self._peer_deleted(gone, "client deleted our last link", now, out):
             self._delete_link_flow(lgr, msg, now, out)
 
     def _delete_only_or_all(self, link: Link, msg: DeleteLink, out: list[Action]) -> None:
@@ -215,10 +251,14 @@ class Failover:
         if known:  # our only link: nothing to fail over to
             self.llc.terminate(lgr, "peer deleted our only link", out)
 
-    def _peer_deleted(self, gone: Link, last: str, out: list[Action]) -> bool:
+    def _peer_deleted(self, gone: Link, last: str, now: float, out: list[Action]) -> bool:
         """The peer deleted ``gone``: an active link's connections move to another link,
         and the link goes; with no other link the group ends (``last``: why).  Whether
-        the group lives on."""
+        the group lives on.  The connections of our own failed link move now: the peer
+        has heard (:meth:`link_failed`)."""
+        if gone.switch_deadline is not None:
+            self.move_off(gone, now, out)
+            return not gone.lgr.terminated
         if gone.state is LinkState.LINK_ACTIVE:
             gone.state = LinkState.LINK_INACTIVE
             if self.llc.switch_conns(gone, out) is None:

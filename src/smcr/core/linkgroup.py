@@ -117,6 +117,11 @@ class Link:
     """When the TEST LINK awaiting :attr:`test_deadline` went out."""
     is_asym: bool = False
     """The group's asymmetric link (Linux ``link_is_asym``): new connections avoid it."""
+    switch_deadline: float | None = None
+    """A failed link whose connections wait to move until the peer has heard of its loss
+    (:meth:`~smcr.core.failover.Failover.link_failed`): when they move at the latest."""
+    down_reason: str = ""
+    """Why that link failed."""
     wr_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def next_wr_id(self) -> int:

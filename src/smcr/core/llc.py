@@ -357,10 +357,16 @@ class LinkLayer:
     def start_flow(self, lgr: LinkGroup, request: LlcMessage,
                    on_done: Callable[[bool, float], list[Action]], now: float,
                    out: list[Action],
-                   build: Callable[[Link], LlcMessage] | None = None) -> None:  # fmt: skip
+                   build: Callable[[Link], LlcMessage] | None = None,
+                   first: bool = False) -> None:  # fmt: skip
         """Queue a local LLC flow; it starts when the group's previous flow ended (and, as
-        Linux ``smc_llc_flow_start``, not while the peer's ADD LINK is being answered)."""
-        lgr.flow_queue.append(LocalFlow(request, on_done, build=build))
+        Linux ``smc_llc_flow_start``, not while the peer's ADD LINK is being answered);
+        ``first``: before the others queued."""
+        flow = LocalFlow(request, on_done, build=build)
+        if first:
+            lgr.flow_queue.appendleft(flow)
+        else:
+            lgr.flow_queue.append(flow)
         self.next_flow(lgr, now, out)
 
     def next_flow(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
