@@ -69,6 +69,30 @@ def test_the_gid_tables_leave_unused_entries_out(tree: Path) -> None:
     assert sysfs.gid_entries("absent", tree) == []
 
 
+def test_a_table_is_read_up_to_a_run_of_unused_entries(tmp_path: Path) -> None:
+    """Entries sit at the start of a table (the kernel takes the lowest free index): a hole
+    shorter than EMPTY_RUN is passed over, the scan ends at a longer one; one entry is read
+    by its index alone (the device's look at its own GID, every second)."""
+    near = sysfs.EMPTY_RUN  # after a hole of EMPTY_RUN - 1
+    far = near + sysfs.EMPTY_RUN + 1  # after one of EMPTY_RUN
+    fake_port(tmp_path, "rxe0", 1, [
+        (0, "fe80:0000:0000:0000:5054:00ff:fe99:0011", "RoCE v2", "eth0"),
+        (near, "0000:0000:0000:0000:0000:ffff:0a63:000b", "RoCE v2", "eth0"),
+        (far, "0000:0000:0000:0000:0000:ffff:0a63:000c", "RoCE v2", "eth0"),
+    ])  # fmt: skip
+    gids = tmp_path / "rxe0" / "ports" / "1" / "gids"
+    for index in range(far):
+        if not (gids / str(index)).exists():
+            (gids / str(index)).write_text("0000:" * 7 + "0000\n")
+    assert [e.index for e in sysfs.gid_entries("rxe0", tmp_path)] == [0, near]
+    assert sysfs.find_gid("10.99.0.11", tmp_path) is not None
+    assert sysfs.find_gid("10.99.0.12", tmp_path) is None
+    entry = sysfs.gid_entry("rxe0", 1, far, tmp_path)
+    assert entry is not None and entry.gid == sysfs.address_gid("10.99.0.12")
+    assert sysfs.gid_entry("rxe0", 1, 1, tmp_path) is None  # unused
+    assert sysfs.gid_entry("rxe0", 1, 99999, tmp_path) is None  # beyond the table
+
+
 def test_a_host_without_pyverbs_says_why_and_refuses_the_device() -> None:
     pytest.importorskip("smcr")  # (always there: the test is about pyverbs' absence)
     reason = binding.missing()

@@ -150,16 +150,25 @@ def roce_reaches(device: IpRnic, gid: bytes) -> bool:
         return False
 
 
-def roce_port_up(device: IpRnic) -> bool:
-    """Whether a RoCE RNIC can carry traffic: its net device is up with carrier (what rxe
-    follows: ``netif_running`` and ``netif_carrier_ok``; not the operstate, which the
-    kernel's linkwatch reports up to a second late) and still has the RNIC's address."""
+def roce_port_problem(device: IpRnic) -> str | None:
+    """Why a RoCE RNIC cannot carry traffic now, or None when it can: its net device must be
+    up with carrier (what rxe follows: ``netif_running`` and ``netif_carrier_ok``; not the
+    operstate, which the kernel's linkwatch reports up to a second late) and still have
+    the RNIC's address; a verbs device must also have its GID back
+    (:meth:`VerbsDevice.gid_ready`: the watcher's look every second sees it).
+
+    :raises OSError: the net device is gone.
+    """
     ifname = device.netdev
     if ifname is None:
-        return True
+        return None
     if link_flags(ifname) & (IFF_UP | IFF_LOWER_UP) != IFF_UP | IFF_LOWER_UP:
-        return False
-    return (ifname, device.address) in netif.ipv4_addresses()
+        return f"net device {ifname} down"
+    if (ifname, device.address) not in netif.ipv4_addresses():
+        return f"net device {ifname} without {device.address}"
+    if isinstance(device, VerbsDevice) and not device.gid_ready():
+        return f"{device.name} port {device.port_num} not active or without the GID"
+    return None
 
 
 class PortOwner(Protocol):
@@ -185,13 +194,14 @@ class PortWatcher:
     """A thread that follows the RoCE ports of a runtime (module docstring).
 
     :param stack: the runtime; its :attr:`~PortOwner.ports` are watched.
-    :param is_up: a port's state now (default :func:`roce_port_up`).
+    :param problem: why a port is down now, None if up (default :func:`roce_port_problem`).
     """
 
     def __init__(self, stack: PortOwner,
-                 is_up: Callable[[IpRnic], bool] = roce_port_up) -> None:  # fmt: skip
+                 problem: Callable[[IpRnic], str | None] = roce_port_problem,
+                 ) -> None:  # fmt: skip
         self.stack = stack
-        self.is_up = is_up
+        self.problem = problem
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
         self._sock.bind((0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
         self._sock.setblocking(False)
@@ -232,17 +242,17 @@ class PortWatcher:
             if not isinstance(dev, IP_RNICS):
                 continue
             try:
-                up = self.is_up(dev)
-            except OSError:
-                up = False
-            if up == res.up:
+                problem = self.problem(dev)
+            except OSError as exc:
+                problem = f"net device {dev.netdev}: {exc.strerror or exc}"
+            if (problem is None) == res.up:
                 continue
             self.events += 1
             with stack.lock:
-                if up:
+                if problem is None:
                     stack.port_up(port)
                 else:
-                    stack.port_down(port, f"net device {dev.netdev} down or address lost")
+                    stack.port_down(port, problem)
 
     def close(self) -> None:
         """Stop the thread and close the netlink socket."""

@@ -274,11 +274,11 @@ class Stack:
         if not isinstance(device, devices.IP_RNICS):
             return
         try:
-            up = watcher.is_up(device)
-        except OSError:
-            up = False
-        if not up:
-            self.port_down(port, f"net device {device.netdev} down or address lost")
+            problem = watcher.problem(device)
+        except OSError as exc:
+            problem = f"net device {device.netdev}: {exc.strerror or exc}"
+        if problem is not None:
+            self.port_down(port, f"{problem} (seen after a failed completion)")
 
     def port_up(self, port: int) -> None:
         """An RNIC is back (lock held): groups down to one link add a link over it again

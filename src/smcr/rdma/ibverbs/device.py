@@ -115,10 +115,26 @@ class VerbsDevice(Device):
         """The GID table index of the device's RoCE v2 GID now: read again each time (for a
         QP's address vector), as the kernel fills the table anew when the net device comes
         back up; the last one known while the address is gone."""
-        entry = sysfs.find_gid(self.address, device=self.name)
-        if entry is not None and entry.port == self.port_num:
-            self._gid_index = entry.index
+        self._find_gid()
         return self._gid_index
+
+    def _find_gid(self) -> bool:
+        """Whether the port's GID table has the device's RoCE v2 GID now (at the index it
+        had, else anywhere: then that index is remembered)."""
+        entry = sysfs.gid_entry(self.name, self.port_num, self._gid_index)
+        if entry is not None and entry.gid == self.gid and entry.kind == sysfs.ROCE_V2:
+            return True
+        found = sysfs.find_gid(self.address, device=self.name)
+        if found is None or found.port != self.port_num:
+            return False
+        self._gid_index = found.index
+        return True
+
+    def gid_ready(self) -> bool:
+        """Whether the port is ACTIVE and its GID table holds the device's RoCE v2 GID again:
+        the kernel refills the table some time after the net device comes back up, and a
+        QP brought up before then has no source GID (its modify to RTR fails)."""
+        return sysfs.port_state(self.name, self.port_num) == "ACTIVE" and self._find_gid()
 
     # --------------------------------------------------------------- objects
 
