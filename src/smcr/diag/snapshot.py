@@ -106,14 +106,15 @@ def _smc_row(stack: Any, hc: Any, c: Any, uid: int) -> dict[str, Any] | None:
         "local_code": 0, "peer_code": 0, "uid": uid, "inode": _inode(tcp),
         "local": _address(tcp, False), "peer": _address(tcp, True),
         "role": "CLNT" if getattr(hs, "client", False) else "SERV",
-        "device": stack.device.name, "netdev": stack.device.netdev or "-",
-        "gid": _gid(stack.device.gid),
     }  # fmt: skip
     lgr_id, link_id, peer_gid = getattr(hc.outcome, "lgr_id", 0), 0, ""
     link = stack.engine.links.get(c.qpn) if c is not None else None
+    dev = stack.device
     if link is not None:
         lgr_id, link_id, peer_gid = link.lgr.lgr_id, link.link_id, _gid(link.peer_gid)
-    row.update(lgr_id=lgr_id, link_id=link_id, peer_gid=peer_gid)
+        dev = _link_device(stack, link)
+    row.update(device=dev.name, netdev=dev.netdev or "-", gid=_gid(dev.gid), lgr_id=lgr_id,
+               link_id=link_id, peer_gid=peer_gid)  # fmt: skip
     if c is None:
         return row
     rmb, snd = c.rmb.size, c.sndbuf_size
@@ -199,13 +200,18 @@ def _add_live(stack: Any, live: dict[str, int]) -> None:
         live["peer_full"] += getattr(c, "stats_write_blocked", 0)
 
 
+def _link_device(stack: Any, link: Any) -> Any:
+    """The RNIC of a link's port (a runtime over several RNICs: each link's own)."""
+    ports = getattr(stack, "ports", None)
+    return ports[link.port].device if ports and link.port < len(ports) else stack.device
+
+
 def _lgr_row(stack: Any, lgr: Any) -> dict[str, Any]:
     """A link group and its links (lock held), with smc-tools' words."""
     dev = stack.device
-    ports = getattr(stack, "ports", None)  # a runtime over several RNICs: each link's own
     links = []
     for link in list(lgr.links):
-        ldev = ports[link.port].device if ports and link.port < len(ports) else dev
+        ldev = _link_device(stack, link)
         conns = sum(1 for c in lgr.conns.values() if getattr(c, "link", link) is link)
         links.append({"link_id": link.link_id, "state": str(link.state.value),
                       "conns": conns, "qpn": link.qpn, "peer_qpn": link.peer_qpn,
