@@ -14,8 +14,10 @@ The guests run under QEMU without KVM: the figures say that it works, not how fa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -40,7 +42,9 @@ from tests.interop.test_kernel_smcr import (
     acks,
     check_capture,
     check_decodes,
+    kernel_lgrs,
     llc_sends,
+    remove_second_rnic,
 )
 from tests.roce.netns import REPO
 
@@ -357,3 +361,84 @@ def test_abortive_close_over_verbs_with_the_kernel(
     naks = [f for f in acks(pcaps[0]) if f[1] & 0x60 == 0x60]
     assert naks == [], naks
     check_decodes(pcaps[0])
+
+
+# ------------------------------------------------------------------ two devices, failover
+
+G2_IP2 = "10.99.0.22"
+
+
+@contextlib.contextmanager
+def second_verbs_rnic(g2: Guest) -> Iterator[None]:
+    """rxe1 on g2's eth1 (10.99.0.22, eth0's subnet), so that smcr in g2 has two verbs
+    devices (``SMCR_ROCE_DEVS=eth1``).  ARP is answered only by the interface holding the
+    address (rxe takes a RoCEv2 packet on the RNIC of the net device it came in on),
+    10.99.0.22's packets leave by eth1 (a rule, table 100: smcr checks the route from each
+    RNIC's address), and eth1's subnet route comes after eth0's (metric 100): when eth0
+    comes back up its route is the first again, and 10.99.0.12's packets leave by eth0.
+    Undone after (:func:`remove_second_rnic`)."""
+    g2.run("sysctl -w net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2"
+           f" && ip addr add {G2_IP2}/24 dev eth1 noprefixroute && ip link set eth1 up"
+           f" && ip route add 10.99.0.0/24 dev eth1 src {G2_IP2} metric 100"
+           f" && ip rule add from {G2_IP2} table 100"
+           f" && ip route add 10.99.0.0/24 dev eth1 src {G2_IP2} table 100"
+           " && rdma link add rxe1 type rxe netdev eth1", timeout=60)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "ffff:0a63:0016" not in g2.run(
+                "cat /sys/class/infiniband/rxe1/ports/1/gids/* 2>/dev/null; true", timeout=30):
+            assert time.monotonic() < deadline, "rxe1 has no IPv4 GID"
+            time.sleep(0.2)
+        yield
+    finally:
+        g2.run(f"ip rule del from {G2_IP2} table 100; ip route flush table 100; ip link set"
+               " eth0 up; true", timeout=60)  # fmt: skip
+        remove_second_rnic(g2)
+
+
+def test_two_verbs_devices_fail_over_with_the_kernel(smcr_g2: Guest, kernel_smc: Guest,
+                                                     pcaps: list[Path]) -> None:  # fmt: skip
+    """smcr in g2 with rxe0 and rxe1 (``SMCR_MAX_LINKS=2``), server of a 96 MiB send to the
+    kernel in g1 (one RNIC): the group gets a second link over rxe1 (the kernel's type
+    ASYMMETRIC_LOCAL); mid-transfer g2's eth0 goes down for 2 s.  smcr tells the kernel
+    (DELETE LINK over the rxe1 link) and moves the connection there once the kernel has
+    answered; the transfer ends intact; when eth0 is back (and rxe0's GID with it) smcr
+    adds the link over rxe0 again (ADD LINK, CONFIRM LINK over the new link)."""
+    nbytes = 96 * MB
+    seen: dict[str, float] = {}
+
+    def cut() -> None:
+        t0 = time.monotonic()
+        while not any(g["type"] == "ASYMMETRIC_LOCAL" and g["conns"] >= 1
+                      for g in kernel_lgrs(kernel_smc)):  # fmt: skip
+            if time.monotonic() - t0 > 90:
+                return
+            time.sleep(0.3)
+        time.sleep(1.0)  # (bytes on both links' watch: the transfer runs)
+        seen["cut"] = time.monotonic()
+        smcr_g2.run("ip link set eth0 down; sleep 2; ip link set eth0 up", timeout=60)
+
+    with second_verbs_rnic(smcr_g2):
+        cutter = threading.Thread(target=cut)
+        cutter.start()
+        try:
+            smcr_ends, kernel_ends = between(
+                kernel_smc, smcr_g2, "server", mode="send", nbytes=nbytes, pcaps=pcaps,
+                smcr_env="SMCR_ROCE_DEVS=eth1 SMCR_MAX_LINKS=2")  # fmt: skip
+        finally:
+            cutter.join(120)
+    assert "cut" in seen, "the kernel's group never had its second link with the connection"
+    assert smcr_ends[0]["info"]["mode"] == "SMCR", smcr_ends[0]  # (between: bytes intact)
+    llc = [(src, msg[0], msg[3] & 0xC0) for src, msg in llc_sends(pcaps[0])]
+    # the second link at first contact: ADD LINK from rxe1's address, CONFIRM LINK over it
+    assert (G2_IP2, 0x21, 0) in llc, llc
+    # the cut: smcr's DELETE LINK of link 1 over the rxe1 link, answered by the kernel
+    cut_at = llc.index((G2_IP2, 0x24, 0))
+    assert ("10.99.0.11", 0x24, 0x80) in llc[cut_at:], llc
+    # back: ADD LINK answered without reject, CONFIRM LINK over the new link from rxe0's
+    back = llc[cut_at:]
+    assert ("10.99.0.11", 0x22, 0x80) in back, back
+    confirm = back.index((G2_IP, 0x21, 0))
+    assert ("10.99.0.11", 0x21, 0x80) in back[confirm:], back
+    check_decodes(pcaps[0])
+    FIGURES["verbs_failover_96MiB_to_kernel_s"] = round(kernel_ends[0]["seconds"], 1)
