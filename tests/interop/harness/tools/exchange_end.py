@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import errno
 import hashlib
+import os
 import random
 import select
 import socket
@@ -309,7 +310,7 @@ def client_one(a: argparse.Namespace, i: int, stack: Stack) -> dict[str, Any]:
     with stack.connect(a) as s:
         out: dict[str, Any] = {"connect_seconds": time.perf_counter() - t0,
                                stack.key: stack.describe(s)}  # fmt: skip
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), os.times()
         if aborts(a, i):
             return out | abort_one(s, a, i, stack.name)
         if a.mode == "abort":  # after the aborts: a short echo
@@ -324,6 +325,8 @@ def client_one(a: argparse.Namespace, i: int, stack: Stack) -> dict[str, Any]:
         else:
             out |= echo(s, a, i)
         out["seconds"] = time.perf_counter() - t0
+        cpu1 = os.times()  # the process's, every thread (the runtime's too)
+        out["cpu_seconds"] = cpu1.user + cpu1.system - cpu0.user - cpu0.system
     return out
 
 
