@@ -281,6 +281,51 @@ def test_smcr_device_in_the_guest_lists_rxe0(smcr_g2: Guest) -> None:
     assert "unusable" not in last, last
 
 
+def test_smcr_tools_over_verbs_agree_with_the_kernels_diag(smcr_g2: Guest,
+                                                           kernel_smc: Guest) -> None:  # fmt: skip
+    """While a connection (smcr server in g2, the kernel client in g1) lives, ``smcr ss -R``
+    and ``smcr linkgroup`` in g2 show it over rxe0 (device, net device, GID), the peer's
+    GID the kernel's own, and the kernel's ``smc_diag`` the same link the other way."""
+    seen: dict[str, Any] = {}
+    tools = "cd /mnt/host/src && python3 -m smcr"
+
+    def during() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and "ss" not in seen:
+            rows = json.loads(smcr_g2.run(f"{tools} ss -R --json", timeout=60))["sockets"]
+            if rows:
+                seen["ss"] = rows
+                seen["lg"] = json.loads(smcr_g2.run(f"{tools} linkgroup show --json",
+                                                    timeout=60))["linkgroups"]  # fmt: skip
+                return
+            time.sleep(0.3)
+
+    watcher = threading.Thread(target=during)
+    watcher.start()
+    try:
+        smcr_ends, kernel_ends = between(kernel_smc, smcr_g2, "server", mode="pingpong",
+                                         nbytes=0, iters=4, size=64, pause=2.5)  # fmt: skip
+    finally:
+        watcher.join(120)
+    check_kernel_link(smcr_ends[0], kernel_ends[0], "server")
+    assert "ss" in seen, "smcr ss -R never showed the connection"
+    row = seen["ss"][0]
+    g2_gid, g1_gid = f"::ffff:{G2_IP}", "::ffff:10.99.0.11"
+    assert (row["mode"], row["role"], row["device"], row["netdev"]) == (
+        "SMCR", "SERV", "rxe0", "eth0"), row
+    assert (row["gid"], row["peer_gid"]) == (g2_gid, g1_gid), row
+    assert row["local"].startswith(f"{G2_IP}:") and row["peer"].startswith("10.99.0.11:"), row
+    groups = [g for g in seen["lg"] if g["lgr_id"] == row["lgr_id"]]
+    assert len(groups) == 1, seen["lg"]
+    links = groups[0]["links"]
+    assert [(x["device"], x["netdev"], x["gid"], x["peer_gid"]) for x in links] == [
+        ("rxe0", "eth0", g2_gid, g1_gid)], links
+    assert (groups[0]["role"], groups[0]["conns"]) == ("SERV", 1), groups[0]
+    link = kernel_ends[0]["diag"]["link"]  # the kernel's side of the same link
+    assert (link["gid"], link["peer_gid"]) == (gid_text(GUEST_GID), gid_text(G2_GID)), link
+    assert links[0]["peer_qpn"] and links[0]["qpn"], links
+
+
 @pytest.fixture
 def pcaps() -> Iterator[list[Path]]:
     """Where a test's captures go (:func:`between`); removed after the test."""
