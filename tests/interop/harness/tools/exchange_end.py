@@ -310,7 +310,7 @@ def client_one(a: argparse.Namespace, i: int, stack: Stack) -> dict[str, Any]:
     with stack.connect(a) as s:
         out: dict[str, Any] = {"connect_seconds": time.perf_counter() - t0,
                                stack.key: stack.describe(s)}  # fmt: skip
-        t0, cpu0 = time.perf_counter(), os.times()
+        t0, cpu0, busy0 = time.perf_counter(), os.times(), system_busy()
         if aborts(a, i):
             return out | abort_one(s, a, i, stack.name)
         if a.mode == "abort":  # after the aborts: a short echo
@@ -327,7 +327,16 @@ def client_one(a: argparse.Namespace, i: int, stack: Stack) -> dict[str, Any]:
         out["seconds"] = time.perf_counter() - t0
         cpu1 = os.times()  # the process's, every thread (the runtime's too)
         out["cpu_seconds"] = cpu1.user + cpu1.system - cpu0.user - cpu0.system
+        out["system_busy_seconds"] = system_busy() - busy0
     return out
+
+
+def system_busy() -> float:
+    """CPU seconds the whole machine has been busy (``/proc/stat``: all but idle and iowait),
+    which counts what a kernel RNIC does for the process in softirq context too."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:8]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def client(a: argparse.Namespace, stack: Stack) -> dict[str, Any]:
