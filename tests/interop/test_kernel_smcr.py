@@ -518,15 +518,23 @@ def second_rnic(guest: Guest) -> Iterator[None]:
               f" && ip addr add {GUEST_IP2}/24 dev eth1 && ip link set eth1 up"
               " && rdma link add rxe1 type rxe netdev eth1", timeout=60)  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while "ffff:0a63:0015" not in guest.run(
-                "cat /sys/class/infiniband/rxe1/ports/1/gids/* 2>/dev/null; true", timeout=30):
-            assert time.monotonic() < deadline, "rxe1 has no IPv4 GID"
-            time.sleep(0.2)
+        wait_for_rxe1_gid(guest, GUEST_IP2)
         guest.run(f"{TOOL} pnet --eth eth1 --ib rxe1", timeout=60)
         yield
     finally:
         remove_second_rnic(guest)
+
+
+def wait_for_rxe1_gid(guest: Guest, address: str) -> None:
+    """Until the guest's new rxe1 has the GID of its IPv4 ``address`` (the kernel adds it a
+    moment after the device), at most 30 s."""
+    octets = [int(x) for x in address.split(".")]
+    want = f"ffff:{octets[0]:02x}{octets[1]:02x}:{octets[2]:02x}{octets[3]:02x}"
+    deadline = time.monotonic() + 30
+    while want not in guest.run("cat /sys/class/infiniband/rxe1/ports/1/gids/* 2>/dev/null;"
+                                " true", timeout=30):  # fmt: skip
+        assert time.monotonic() < deadline, "rxe1 has no IPv4 GID"
+        time.sleep(0.2)
 
 
 RXE1_DELETE_S = 90.0

@@ -45,6 +45,7 @@ from tests.interop.test_kernel_smcr import (
     kernel_lgrs,
     llc_sends,
     remove_second_rnic,
+    wait_for_rxe1_gid,
 )
 from tests.roce.netns import REPO
 
@@ -429,11 +430,7 @@ def second_verbs_rnic(g2: Guest) -> Iterator[None]:
            f" && ip route add 10.99.0.0/24 dev eth1 src {G2_IP2} table 100"
            " && rdma link add rxe1 type rxe netdev eth1", timeout=60)  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while "ffff:0a63:0016" not in g2.run(
-                "cat /sys/class/infiniband/rxe1/ports/1/gids/* 2>/dev/null; true", timeout=30):
-            assert time.monotonic() < deadline, "rxe1 has no IPv4 GID"
-            time.sleep(0.2)
+        wait_for_rxe1_gid(g2, G2_IP2)
         yield
     finally:
         g2.run(f"ip rule del from {G2_IP2} table 100; ip route flush table 100; ip link set"

@@ -241,10 +241,7 @@ class PortWatcher:
             dev = res.device
             if not isinstance(dev, IP_RNICS):
                 continue
-            try:
-                problem = self.problem(dev)
-            except OSError as exc:
-                problem = f"net device {dev.netdev}: {exc.strerror or exc}"
+            problem = self.problem_of(dev)
             if (problem is None) == res.up:
                 continue
             self.events += 1
@@ -253,6 +250,14 @@ class PortWatcher:
                     stack.port_up(port)
                 else:
                     stack.port_down(port, problem)
+
+    def problem_of(self, dev: IpRnic) -> str | None:
+        """Why ``dev``'s port cannot carry traffic now (:attr:`problem`; a net device gone
+        is one reason too), or None when it can."""
+        try:
+            return self.problem(dev)
+        except OSError as exc:
+            return f"net device {dev.netdev}: {exc.strerror or exc}"
 
     def close(self) -> None:
         """Stop the thread and close the netlink socket."""

@@ -273,10 +273,7 @@ class Stack:
         device = self.ports[port].device
         if not isinstance(device, devices.IP_RNICS):
             return
-        try:
-            problem = watcher.problem(device)
-        except OSError as exc:
-            problem = f"net device {device.netdev}: {exc.strerror or exc}"
+        problem = watcher.problem_of(device)
         if problem is not None:
             self.port_down(port, f"{problem} (seen after a failed completion)")
 
