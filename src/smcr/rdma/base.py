@@ -71,7 +71,23 @@ consumed, produced, posted)`` takes the SENDs from number ``consumed`` on, below
 them.  SEND ``i``'s slot is at ``base + (i % depth) * stride`` in ``area``: a 16-byte header
 (u32 length, u32 kind, 1 for a SEND; little-endian) and the bytes; each SEND taken leaves
 its receive posted again behind the others (the u32 length at ``lens + 4 * (i % depth)``
-copied to ``lens + 4 * (posted % depth)``, then ``posted`` counts it)."""
+copied to ``lens + 4 * (posted % depth)``, then ``posted`` counts it).
+
+Its C form, for a provider whose poll runs in C (the shm RNIC's ``_place.c``), is a capsule
+named :data:`RING_TAKER_C` holding a function of this ABI::
+
+    long long run(PyObject *ctx, long long qp_num, unsigned char *area, long long len,
+                  long long lens, long long base, long long stride, long long depth,
+                  long long slot_size, long long *consumed, long long produced,
+                  long long *posted);
+
+the same walk over ``area[:len]`` with the context object given beside the capsule
+(:meth:`QueuePair.set_receiver`'s ``c_run``), ``*consumed`` and ``*posted`` moved past the
+SENDs taken; it returns how many it took, and never fails (a SEND it cannot take ends
+the run, for the provider to offer to the receiver)."""
+
+RING_TAKER_C: Final = "smcr.rdma.RING_TAKER.v1"
+"""The name (and ABI version) of a :data:`RingTaker`'s C form."""
 
 
 class Device(ABC):
@@ -402,6 +418,13 @@ class QueuePair(ABC):
     ring_taker: RingTaker | None = None
     """:meth:`set_receiver`'s ``run``, or None."""
 
+    c_taker: object = None
+    """:meth:`set_receiver`'s ``c_run``: the run's C form (a capsule, :data:`RingTaker`), or
+    None."""
+
+    c_taker_ctx: object = None
+    """The context object the C form is called with."""
+
     peer_gone = False
     """The provider saw the peer's process end, not its QP torn down (shm: the rendezvous
     connection closed while the peer QP's state word still said RTR/RTS; destroy and ERR
@@ -432,7 +455,8 @@ class QueuePair(ABC):
         """Failures injected and a tap (:class:`QpHooks`), None without either."""
 
     def set_receiver(self, receiver: Callable[[int, memoryview, int, int], bool] | None,
-                     run: RingTaker | None = None) -> None:  # fmt: skip
+                     run: RingTaker | None = None,
+                     c_run: tuple[object, object] | None = None) -> None:  # fmt: skip
         """Let ``receiver`` take SENDs in place, where the provider can offer it (shm; other
         providers complete every receive as before).
 
@@ -450,10 +474,14 @@ class QueuePair(ABC):
 
         ``run``, where given, takes a run of them in one call, as ``receiver`` would one
         by one (:data:`RingTaker`); the provider calls it first and ``receiver`` for the
-        first one it did not take.
+        first one it did not take.  ``c_run``, where given, is ``run``'s C form and the
+        context it takes, ``(capsule, ctx)`` (:data:`RingTaker`): a provider whose poll
+        runs in C calls it in ``run``'s place.
         """
         self.receiver = receiver
         self.ring_taker = run if receiver is not None else None
+        taker, ctx = c_run if c_run is not None and receiver is not None else (None, None)
+        self.c_taker, self.c_taker_ctx = taker, ctx
 
     def ring_after(self, whom: int) -> None:  # noqa: B027 - most providers ring nobody
         """After a post made in C by the provider's poster for C callers (the shm RNIC's

@@ -12,7 +12,9 @@
  * What it does so far: take_run, the CDCs read in place from a QP's receive ring
  * (smcr.stack.inplace), each as LinkLayer.take_cdc and Connection.receive_cdc_fields would
  * take it when it carries no flag but "write blocked": the cursors moved, the link's last
- * receive noted, the connection touched, the slot's receive posted again.
+ * receive noted, the connection touched, the slot's receive posted again; ring_take, the
+ * same for an RNIC whose poll runs in C (a capsule of the RNIC layer's ring-taker ABI);
+ * send_inline, a send's common case, posted through the RNIC's post for C callers.
  * tests/stack/test_lane.py runs both against each other.
  *
  * Integers: mypyc's tagged ints (CPyTagged): a short one is the value shifted left by
@@ -24,6 +26,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "__native_smcr_native.h"
 
@@ -269,6 +272,40 @@ static inline uint32_t le32(const unsigned char *p) {
     return v;
 }
 
+/* take_run's walk (and ring_take's): the CDC SENDs of a ring of len bytes at a that
+ * take_one takes, from *consumed on (below produced), *consumed and *posted moved past
+ * them (geometry checked by the caller).  An error stops the walk where it is (cleared:
+ * the Python then meets that SEND itself, and its error). */
+static void run_core(StateObj *state, PyObject *qpn, unsigned char *a, long long len,
+                     long long lens, long long base, long long stride, long long depth,
+                     long long slot_size, long long *consumed_at, long long produced,
+                     long long *posted_at, double now) {
+    if (depth <= 0 || lens < 0 || base < 0 || stride < 16 || slot_size < 0 ||
+        *consumed_at < 0 || *posted_at < 0 || lens + 4 * depth > len ||
+        base + depth * stride > len)
+        return;
+    long long consumed = *consumed_at, posted = *posted_at;
+    unsigned char b[CDC_SIZE];
+    while (consumed < produced) {
+        long long off = base + (consumed % depth) * stride;
+        uint32_t n = le32(a + off), kind = le32(a + off + 4);
+        if (kind != 1 || n > slot_size || n != CDC_SIZE || off + 16 + n > len)
+            break;
+        memcpy(b, a + off + 16, CDC_SIZE); /* read once: a peer writes there */
+        int r = take_one(state, qpn, b, CDC_SIZE, now);
+        if (r <= 0) {
+            if (r < 0)
+                PyErr_Clear();
+            break;
+        }
+        memcpy(a + lens + 4 * (posted % depth), a + lens + 4 * (consumed % depth), 4);
+        posted++;
+        consumed++;
+    }
+    *consumed_at = consumed;
+    *posted_at = posted;
+}
+
 /* take_run(state, qpn, area, lens, base, stride, depth, slot_size, consumed, produced,
  *          posted, now) -> (consumed, posted)
  *
@@ -302,33 +339,110 @@ static PyObject *take_run(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_buffer view;
     if (PyObject_GetBuffer(args[2], &view, PyBUF_WRITABLE) < 0)
         return NULL;
-    unsigned char *a = (unsigned char *)view.buf;
-    long long len = (long long)view.len;
-    if (lens + 4 * depth > len || base + depth * stride > len) {
-        PyBuffer_Release(&view);
-        return Py_BuildValue("(LL)", consumed, posted);
-    }
-    unsigned char b[CDC_SIZE];
-    while (consumed < produced) {
-        long long off = base + (consumed % depth) * stride;
-        uint32_t n = le32(a + off), kind = le32(a + off + 4);
-        if (kind != 1 || n > slot_size || n != CDC_SIZE || off + 16 + n > len)
-            break;
-        memcpy(b, a + off + 16, CDC_SIZE); /* read once: a peer writes there */
-        int r = take_one((StateObj *)args[0], args[1], b, CDC_SIZE, now);
-        if (r <= 0) {
-            if (r < 0)
-                PyErr_Clear();
-            break;
-        }
-        memcpy(a + lens + 4 * (posted % depth), a + lens + 4 * (consumed % depth), 4);
-        posted++;
-        consumed++;
-    }
+    run_core((StateObj *)args[0], args[1], (unsigned char *)view.buf, (long long)view.len,
+             lens, base, stride, depth, slot_size, &consumed, produced, &posted, now);
     PyBuffer_Release(&view);
     /* (should this fail -- no memory for two ints -- the CDCs taken are offered again and
      * applied twice: a repeated cursor moves nothing; accepted) */
     return Py_BuildValue("(LL)", consumed, posted);
+}
+
+/* ------------------------------------------------------------------ ring_take, for C callers
+ *
+ * InPlace.take_run for a provider whose poll runs in C (the shm RNIC's _place.c): the RNIC
+ * layer's ring-taker ABI (smcr.rdma.base.RingTaker; a copy below, the capsule's name says
+ * which), on the runtime's InPlace object itself: no tap watching (InPlace.take_run's
+ * check), its engine's state, the time as time.monotonic() reads it, and the counts
+ * InPlace.take_run keeps (its taken, the process's inplace_cnt). */
+
+typedef smcr___stack___inplace___InPlaceObject InPlaceObj;
+typedef smcr___stack___hostconn___TapsObject TapsObj;
+typedef smcr___core___engine___EngineObject EngineObj;
+typedef smcr___stack___counters___CountersObject CountersObj;
+
+typedef long long (*smcr_ring_taker)(PyObject *ctx, long long qpn, unsigned char *area,
+                                     long long len, long long lens, long long base,
+                                     long long stride, long long depth, long long slot_size,
+                                     long long *consumed, long long produced,
+                                     long long *posted);
+#define RING_TAKER_NAME "smcr.rdma.RING_TAKER.v1"
+
+static PyTypeObject *inplace_type, *taps_type, *engine_type, *counters_type;
+static PyObject *counters; /* smcr.stack.counters.COUNTERS */
+
+static inline void count_up(CPyTagged *at, long long n) {
+    if (short_int(*at) && fits(untag(*at) + n))
+        *at = tag(untag(*at) + n);
+}
+
+static long long ring_take(PyObject *ctx, long long qpn, unsigned char *a, long long len,
+                           long long lens, long long base, long long stride, long long depth,
+                           long long slot_size, long long *consumed, long long produced,
+                           long long *posted) {
+    if (inplace_type == NULL || Py_TYPE(ctx) != inplace_type)
+        return 0;
+    InPlaceObj *ip = (InPlaceObj *)ctx;
+    if (ip->_taps == NULL || Py_TYPE(ip->_taps) != taps_type ||
+        ((TapsObj *)ip->_taps)->_tap != Py_None || ip->_engine == NULL ||
+        Py_TYPE(ip->_engine) != engine_type)
+        return 0; /* a tap shows every CDC as a receive */
+    PyObject *state = ((EngineObj *)ip->_engine)->_state;
+    if (state == NULL || Py_TYPE(state) != state_type || *consumed >= produced)
+        return 0;
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) /* (time.monotonic's clock) */
+        return 0;
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    PyObject *key = PyLong_FromLongLong(qpn);
+    if (key == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    long long start = *consumed;
+    run_core((StateObj *)state, key, a, len, lens, base, stride, depth, slot_size, consumed,
+             produced, posted, now);
+    Py_DECREF(key);
+    long long n = *consumed - start;
+    if (n > 0) {
+        count_up(&ip->_taken, n);
+        count_up(&((CountersObj *)counters)->_inplace_cnt, n);
+    }
+    return n;
+}
+
+/* bind_taker(InPlace, Taps, Engine, Counters, COUNTERS) -> the capsule of ring_take (after
+ * bind: it takes through the same classes). */
+static PyObject *bind_taker(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "bind_taker takes 4 classes and an object");
+        return NULL;
+    }
+    if (state_type == NULL) {
+        PyErr_SetString(PyExc_TypeError, "bind_taker: the lane is not bound");
+        return NULL;
+    }
+    Py_ssize_t sizes[4] = {sizeof(InPlaceObj), sizeof(TapsObj), sizeof(EngineObj),
+                           sizeof(CountersObj)};
+    for (int i = 0; i < 4; i++)
+        if (!PyType_Check(args[i]) || ((PyTypeObject *)args[i])->tp_basicsize != sizes[i] ||
+            ((PyTypeObject *)args[i])->tp_dictoffset != 0) {
+            PyErr_Format(PyExc_TypeError, "bind_taker: %R is not the compiled class the lane "
+                         "was built for", args[i]);
+            return NULL;
+        }
+    if (Py_TYPE(args[4]) != (PyTypeObject *)args[3]) {
+        PyErr_SetString(PyExc_TypeError, "bind_taker: the counters are not a Counters");
+        return NULL;
+    }
+    PyTypeObject **slots[4] = {&inplace_type, &taps_type, &engine_type, &counters_type};
+    for (int i = 0; i < 4; i++) {
+        Py_INCREF(args[i]);
+        Py_XSETREF(*slots[i], (PyTypeObject *)args[i]);
+    }
+    Py_INCREF(args[4]);
+    Py_XSETREF(counters, args[4]);
+    return PyCapsule_New((void *)(smcr_ring_taker)ring_take, RING_TAKER_NAME, NULL);
 }
 
 static inline void put16(unsigned char *p, uint32_t v) {
@@ -509,6 +623,8 @@ static PyMethodDef methods[] = {
      "The CDCs of a receive ring that take_cdc would take, in one call (module doc)."},
     {"send_inline", (PyCFunction)(void (*)(void))send_inline, METH_FASTCALL,
      "A send's WRITEs and CDC, its common case, posted in one call (module doc)."},
+    {"bind_taker", (PyCFunction)(void (*)(void))bind_taker, METH_FASTCALL,
+     "The runtime's classes ring_take reads; its capsule (see there)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,7 +24,7 @@ from smcr.core.engine import Engine
 from smcr.core.linkgroup import Link, LinkGroup
 from smcr.core.state import EngineState
 from smcr.rdma.shm.qp import POST_INLINE, ShmQp
-from smcr.stack.counters import COUNTERS
+from smcr.stack.counters import COUNTERS, Counters
 from smcr.stack.hostconn import Taps
 
 
@@ -85,9 +85,34 @@ class InPlace:
             COUNTERS.inplace_cnt += done - consumed
         return done, posted
 
+    def c_run(self) -> tuple[object, object] | None:
+        """:meth:`take_run`'s C form with this receiver as its context, for an RNIC whose
+        poll runs in C (:meth:`QueuePair.set_receiver <smcr.rdma.base.QueuePair.set_receiver>`'s
+        ``c_run``: ``_lane.c``'s ``ring_take``); None without it."""
+        taker = RING_TAKER if LANE is not None else None
+        return None if taker is None else (taker, self)
+
     def take_actions(self) -> list[Action]:
         """The actions of the CDCs taken since the last call."""
         out = self.out
         if out:
             self.out = []
         return out
+
+
+def _c_taker() -> object | None:
+    """The capsule of ``_lane.c``'s ``ring_take`` (:meth:`InPlace.c_run`), bound to the
+    compiled classes it reads; None without the lane."""
+    lane = LANE
+    if lane is None:
+        return None
+    try:
+        capsule: object = lane.bind_taker(InPlace, Taps, Engine, Counters, COUNTERS)
+    except TypeError:
+        return None
+    return capsule
+
+
+RING_TAKER: object | None = _c_taker()
+""":meth:`InPlace.take_run` in C for C callers (a capsule of the RNIC layer's ring-taker ABI,
+:data:`~smcr.rdma.base.RingTaker`); None without the lane."""

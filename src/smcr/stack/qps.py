@@ -96,7 +96,8 @@ class QueuePairs:
             qp = again
         self.qps[qp.qp_num] = qp
         if self.in_place is not None:
-            qp.set_receiver(self.in_place.receive, self.in_place.take_run)
+            qp.set_receiver(self.in_place.receive, self.in_place.take_run,
+                            self.in_place.c_run())  # fmt: skip
         if port:
             self.qp_port[qp.qp_num] = port
         tap = self.taps.tap

@@ -16,6 +16,8 @@
  * the whole common case on the QP object itself: the header mypyc generates for the build
  * gives the structs of the compiled classes (smcr.nativebuild.ON_MYPYC_HEADER), so it reads
  * and writes their fields where the compiled Python does (tests/stack/test_lane_send.py).
+ * drain_in_place does the receive side's counterpart on a poll: the SENDs a requester
+ * placed, taken where they lie by the receiver's C run (tests/stack/test_lane_drain.py).
  *
  * The peer's area is written by another process: everything read from it is checked
  * before use, as the Python does (a hostile peer gets a refusal, not a wild store).
@@ -571,6 +573,202 @@ static int64_t post_inline(PyObject *qp_obj, const smcr_write *writes, int count
     return result;
 }
 
+/* ------------------------------------------------------------- drain_in_place, for polls
+ *
+ * ShmQp._drain's in-place case (_take_in_place) where the QP's receiver has a C form
+ * (QueuePair.set_receiver's c_run, the stack's ring_take): the SENDs a requester placed, taken
+ * where they lie by one call to it, as the Python's run would; the QP's counts, the
+ * posted word, and the CQ's one TAKEN_IN_PLACE stand-in, as the Python makes them.  Under
+ * the QP's receive lock, only within its receive CQ's poll by this thread and with nothing
+ * waiting in that CQ (completions made before come first), never past the receives
+ * posted.  What it leaves (a SEND the taker does not take, any other case) is the Python's,
+ * which looks again. */
+
+typedef smcr___rdma___completion___CompletionQueueObject CqObj;
+
+/* The RNIC layer's ring-taker ABI (smcr.rdma.base.RingTaker; a copy is in
+ * smcr/stack/_lane.c, which provides one; the capsule's name says which). */
+typedef long long (*smcr_ring_taker)(PyObject *ctx, long long qpn, unsigned char *area,
+                                     long long len, long long lens, long long base,
+                                     long long stride, long long depth, long long slot_size,
+                                     long long *consumed, long long produced,
+                                     long long *posted);
+#define RING_TAKER_NAME "smcr.rdma.RING_TAKER.v1"
+
+static PyTypeObject *cq_type;       /* CompletionQueue (a QP's receive CQ is one) */
+static PyObject *taken_in_place;    /* (TAKEN_IN_PLACE,): what push_many is given */
+static PyObject *str_push_many;
+
+/* The QP's counts and posted word after a run, and the stand-in pushed: 0, or -1 with an
+ * error set (the push's). */
+static int took(QpObj *qp, CqObj *cq, unsigned char *a, long long consumed, long long posted) {
+    qp->__consumed = tag(consumed);
+    qp->__posted = tag(posted);
+    uint64_t word = htole64((uint64_t)posted);
+    __atomic_store_n((uint64_t *)(a + OFF_POSTED), word, __ATOMIC_RELEASE);
+    PyObject *args[3] = {(PyObject *)cq, taken_in_place, Py_False};
+    PyObject *r = PyObject_VectorcallMethod(str_push_many, args,
+                                            3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Under the receive lock: 1 nothing left for the Python, 0 something left (or not this
+ * case), -1 an error (set). */
+static int drain_locked(QpObj *qp, smcr_ring_taker run, unsigned char *a, long long len) {
+    PyObject *cq_obj = qp->_recv_cq;
+    if (qp->__fatal_recv != Py_None || qp->__rq == NULL || cq_obj == NULL ||
+        !PyObject_TypeCheck(cq_obj, cq_type))
+        return 0;
+    CqObj *cq = (CqObj *)cq_obj;
+    CPyTagged ts[] = {qp->__consumed, qp->__posted, qp->__depth, qp->__slot_base,
+                      qp->__slot_stride, qp->__slot_size, qp->_qp_num, cq->_polling};
+    if (!all_short(ts, sizeof ts / sizeof ts[0]) || cq->__wcs == NULL ||
+        (uint64_t)untag(cq->_polling) != (uint64_t)PyThread_get_thread_ident())
+        return 0;
+    Py_ssize_t waiting = PyObject_Length(cq->__wcs), posted_rq = PyObject_Length(qp->__rq);
+    if (waiting < 0 || posted_rq < 0)
+        return -1;
+    long long consumed = untag(qp->__consumed), posted = untag(qp->__posted);
+    long long produced = (long long)le64toh(
+        __atomic_load_n((uint64_t *)(a + OFF_PRODUCED), __ATOMIC_ACQUIRE));
+    if (waiting)
+        return 0;
+    if (produced <= consumed)
+        return 1;
+    long long limit = produced < consumed + posted_rq ? produced : consumed + posted_rq;
+    long long start = consumed, base = untag(qp->__slot_base);
+    long long stride = untag(qp->__slot_stride), depth = untag(qp->__depth);
+    long long slot_size = untag(qp->__slot_size);
+    if (depth <= 0 || stride < SLOT_HEADER_SIZE || base < AREA_HEADER_SIZE + 4 * depth ||
+        base + depth * stride > len)
+        return 0;
+    run(qp->_c_taker_ctx, untag(qp->_qp_num), a, len, AREA_HEADER_SIZE, base, stride, depth,
+        slot_size, &consumed, limit, &posted);
+    /* those the run left, offered one by one to the receiver, as _take_in_place does (a
+     * receiver that fails on a SEND took it: it is not offered again) */
+    int failed = 0;
+    while (consumed < limit && !failed) {
+        long long off = base + (consumed % depth) * stride;
+        uint32_t n = ld32(a + off), kind = ld32(a + off + 4);
+        if (le32toh(kind) != KIND_SEND || (long long)le32toh(n) > slot_size)
+            break;
+        PyObject *r = PyObject_CallFunction(qp->_receiver, "LOLL", untag(qp->_qp_num),
+                                            qp->__view, off + SLOT_HEADER_SIZE,
+                                            (long long)le32toh(n));
+        int yes = r == NULL ? -1 : PyObject_IsTrue(r);
+        Py_XDECREF(r);
+        if (yes == 0)
+            break;
+        failed = yes < 0;
+        memcpy(a + AREA_HEADER_SIZE + 4 * (posted % depth),
+               a + AREA_HEADER_SIZE + 4 * (consumed % depth), 4);
+        posted++;
+        consumed++;
+    }
+    if (consumed != start) {
+        PyObject *type, *value, *trace; /* (a receiver's error raised after the stores) */
+        PyErr_Fetch(&type, &value, &trace);
+        int pushed = took(qp, cq, a, consumed, posted);
+        if (failed) {
+            if (pushed < 0)
+                PyErr_WriteUnraisable(cq_obj);
+            PyErr_Restore(type, value, trace);
+        } else if (pushed < 0) {
+            return -1;
+        }
+    }
+    if (failed)
+        return -1;
+    return consumed >= produced;
+}
+
+/* drain_in_place(qp) -> True: nothing left for ShmQp._drain (all taken, or nothing there);
+ * False: the Python's turn (nothing done, or a SEND left behind those taken). */
+static PyObject *drain_in_place(PyObject *self, PyObject *qp_obj) {
+    (void)self;
+    if (qp_type == NULL || cq_type == NULL || Py_TYPE(qp_obj) != qp_type)
+        Py_RETURN_FALSE;
+    QpObj *qp = (QpObj *)qp_obj;
+    if (qp->_receiver == NULL || qp->_receiver == Py_None || qp->_c_taker == NULL ||
+        !PyCapsule_CheckExact(qp->_c_taker) || qp->_c_taker_ctx == NULL ||
+        qp->__area == NULL || qp->__view == NULL || qp->__rq_lock == NULL ||
+        !short_int(qp->__consumed))
+        Py_RETURN_FALSE;
+    smcr_ring_taker run = (smcr_ring_taker)PyCapsule_GetPointer(qp->_c_taker, RING_TAKER_NAME);
+    if (run == NULL) {
+        PyErr_Clear(); /* (another ABI's: the Python's run) */
+        Py_RETURN_FALSE;
+    }
+    Py_buffer area;
+    if (PyObject_GetBuffer(qp->__area, &area, PyBUF_WRITABLE) < 0) {
+        PyErr_Clear(); /* (closed: the QP is going, the Python sees it) */
+        Py_RETURN_FALSE;
+    }
+    unsigned char *a = (unsigned char *)area.buf;
+    if (area.len < AREA_HEADER_SIZE) {
+        PyBuffer_Release(&area);
+        Py_RETURN_FALSE;
+    }
+    /* (nothing new: the common look, answered before the lock, as the Python does) */
+    long long produced = (long long)le64toh(
+        __atomic_load_n((uint64_t *)(a + OFF_PRODUCED), __ATOMIC_ACQUIRE));
+    if (produced == untag(qp->__consumed)) {
+        PyBuffer_Release(&area);
+        Py_RETURN_TRUE;
+    }
+    PyObject *lock = qp->__rq_lock;
+    Py_INCREF(lock);
+    PyObject *got = PyObject_CallMethodNoArgs(lock, str_acquire);
+    if (got == NULL) {
+        Py_DECREF(lock);
+        PyBuffer_Release(&area);
+        return NULL;
+    }
+    Py_DECREF(got);
+    int r = drain_locked(qp, run, a, (long long)area.len);
+    PyObject *type, *value, *trace; /* (the release runs, error or not) */
+    PyErr_Fetch(&type, &value, &trace);
+    PyObject *done = PyObject_CallMethodNoArgs(lock, str_release);
+    if (done == NULL)
+        PyErr_WriteUnraisable(lock);
+    Py_XDECREF(done);
+    PyErr_Restore(type, value, trace);
+    Py_DECREF(lock);
+    PyBuffer_Release(&area);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
+/* bind_drain(CompletionQueue, TAKEN_IN_PLACE): what drain_in_place reads (after bind). */
+static PyObject *bind_drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "bind_drain takes 2 arguments");
+        return NULL;
+    }
+    if (qp_type == NULL) {
+        PyErr_SetString(PyExc_TypeError, "bind_drain: _place is not bound");
+        return NULL;
+    }
+    if (!PyType_Check(args[0]) || ((PyTypeObject *)args[0])->tp_basicsize < (Py_ssize_t)sizeof(CqObj) ||
+        ((PyTypeObject *)args[0])->tp_basicsize > (Py_ssize_t)(sizeof(CqObj) + 2 * sizeof(void *))) {
+        PyErr_Format(PyExc_TypeError, "bind_drain: %R is not the compiled class _place was "
+                     "built for", args[0]);
+        return NULL;
+    }
+    PyObject *marker = PyTuple_Pack(1, args[1]);
+    if (marker == NULL)
+        return NULL;
+    Py_INCREF(args[0]);
+    Py_XSETREF(cq_type, (PyTypeObject *)args[0]);
+    Py_XSETREF(taken_in_place, marker);
+    Py_RETURN_NONE;
+}
+
 /* bind(ShmQp, PeerLink, RemoteMr, QpAttr, QpState.RTS, WATCHES, WATCH_MASK, sent_signaled):
  * the compiled classes post_inline reads, checked to be the header's structs, and what it
  * calls to complete a signaled SEND. */
@@ -620,6 +818,10 @@ static PyMethodDef methods[] = {
      "After a SEND: the peer QP's mark, a fence, whom to ring (module doc)."},
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "The compiled classes post_inline reads (its comment)."},
+    {"drain_in_place", (PyCFunction)drain_in_place, METH_O,
+     "ShmQp._drain's in-place case through the receiver's C run (its comment)."},
+    {"bind_drain", (PyCFunction)(void (*)(void))bind_drain, METH_FASTCALL,
+     "What drain_in_place reads: the CQ class and the stand-in (its comment)."},
     {"load_u32", (PyCFunction)(void (*)(void))load_u32, METH_FASTCALL,
      "load_u32(buf, offset): the little-endian u32 there, in one aligned load."},
     {"load_u64", (PyCFunction)(void (*)(void))load_u64, METH_FASTCALL,
@@ -642,7 +844,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__place(void) {
     str_acquire = PyUnicode_InternFromString("acquire");
     str_release = PyUnicode_InternFromString("release");
-    if (str_acquire == NULL || str_release == NULL)
+    str_push_many = PyUnicode_InternFromString("push_many");
+    if (str_acquire == NULL || str_release == NULL || str_push_many == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from mmap import mmap
@@ -433,10 +433,12 @@ class ShmQp(QueuePair):
 
     def _drain(self, notify: bool = False) -> None:
         """CQ progress hook: move SENDs the requester placed into our receives, or to the
-        receiver where it takes them in place (:func:`_take_in_place`).
-
-        :param notify: signal the CQ (when not called from inside its own poll).
-        """
+        receiver where it takes them in place (:func:`_take_in_place`, or in C
+        :data:`DRAIN_IN_PLACE`); ``notify``: signal the CQ (when not called from inside its
+        own poll)."""
+        drain = DRAIN_IN_PLACE
+        if drain is not None and not notify and self.c_taker is not None and drain(self):
+            return
         area = self._area
         if area.closed or load_u64(area, lay.OFF_PRODUCED) == self._consumed:
             return
@@ -887,3 +889,9 @@ POST_INLINE: Final = send.c_poster(ShmQp)
 it, then rings whom it names (:meth:`ShmQp.ring_after`, after the QP's state lock: the peer
 it rings is the QP's peer then, gone after a reset, or a new one after another RTR in
 between, which at worst wakes that one for nothing); None without the C."""
+
+DRAIN_IN_PLACE: Callable[[ShmQp], bool] | None = send.c_drainer() if POST_INLINE else None
+""":meth:`ShmQp._drain`'s in-place case in C (``_place.c``'s ``drain_in_place``), for a QP
+whose receiver has a C run (:meth:`~smcr.rdma.base.QueuePair.set_receiver`'s ``c_run``):
+True when nothing is left for the Python; None without the C (tests set it to None to run
+the Python in a compiled process)."""

@@ -6,11 +6,12 @@ the doorbells or consumer bell rung (:mod:`smcr.rdma.shm.cq`, :mod:`smcr.rdma.be
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from types import ModuleType
 
 from smcr.rdma.base import QueuePair
 from smcr.rdma.bells import WATCH_MASK, WATCHES, ring_consumer, ring_name
-from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY
+from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY, TAKEN_IN_PLACE, CompletionQueue
 from smcr.rdma.shm.peer import PeerLink, RemoteMr
 from smcr.rdma.shm.words import C_WORDS, fence, load_u32, store_u32
 from smcr.rdma.verbs import QpAttr, QpState, WcOpcode, WcStatus, WorkCompletion
@@ -36,6 +37,21 @@ def c_poster(qp_class: type) -> object | None:
         return None
     capsule: object = place.POST_INLINE
     return capsule
+
+
+def c_drainer() -> Callable[[QueuePair], bool] | None:
+    """``_place.c``'s ``drain_in_place`` (:meth:`~smcr.rdma.shm.qp.ShmQp._drain`'s in-place
+    case in C, through the receiver's C run), once :func:`c_poster` bound the C to the
+    compiled classes; None without it."""
+    place = PLACE
+    if place is None:
+        return None
+    try:
+        place.bind_drain(CompletionQueue, TAKEN_IN_PLACE)
+    except TypeError:
+        return None
+    drain: Callable[[QueuePair], bool] = place.drain_in_place
+    return drain
 
 
 def sent_signaled(qp: QueuePair, wr_id: int, size: int) -> None:
