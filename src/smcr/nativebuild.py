@@ -95,6 +95,7 @@ MODULES: tuple[str, ...] = (
     "rdma/shm/peer.py",
     "rdma/shm/send.py",
     "rdma/shm/receive.py",
+    "rdma/shm/ops.py",
     "rdma/shm/qp.py",
     "rdma/shm/rendezvous.py",
     "rdma/stores.py",

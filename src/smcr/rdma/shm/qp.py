@@ -43,7 +43,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from mmap import mmap
 from pathlib import Path
@@ -66,6 +65,7 @@ from smcr.rdma.shm.layout import (
     HDR_POSTED,
     HDR_STATE,
 )
+from smcr.rdma.shm.ops import OPS, check_inline
 from smcr.rdma.shm.peer import PeerLink
 from smcr.rdma.shm.receive import deliver
 from smcr.rdma.shm.words import load_u32, load_u64, store_u32, store_u64
@@ -141,26 +141,6 @@ _SLOT_BASE: Final = lay.AREA_HEADER_SIZE
 + i * (header + slot size)`` (:func:`~smcr.rdma.shm.layout.slot_offset`), inlined."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Op:
-    """What the data path needs to know of an opcode, as plain ints."""
-
-    kind: int  # slot kind if the WR consumes a receive, else 0
-    need_local: int  # access the local SGEs need (LOCAL_WRITE for a READ's destination)
-    need_remote: int  # access the peer QP and MR need; 0 for SENDs
-    read: bool
-    wc_opcode: WcOpcode
-
-
-_OPS: dict[WrOpcode, _Op] = {
-    WrOpcode.SEND: _Op(lay.KIND_SEND, 0, 0, False, WcOpcode.SEND),
-    WrOpcode.SEND_WITH_IMM: _Op(lay.KIND_SEND_IMM, 0, 0, False, WcOpcode.SEND),
-    WrOpcode.RDMA_WRITE: _Op(0, 0, _REMOTE_WRITE, False, WcOpcode.RDMA_WRITE),
-    WrOpcode.RDMA_WRITE_WITH_IMM: _Op(lay.KIND_WRITE_IMM, 0, _REMOTE_WRITE, False,
-                                      WcOpcode.RDMA_WRITE),
-    WrOpcode.RDMA_READ: _Op(0, int(AccessFlag.LOCAL_WRITE), int(AccessFlag.REMOTE_READ), True,
-                            WcOpcode.RDMA_READ),
-}  # fmt: skip
 #: Retry period when ``timeout`` is 0 (rxe would never retransmit and hang).
 INFINITE_TIMEOUT_POLL: Final = 0.1
 
@@ -490,11 +470,11 @@ class ShmQp(QueuePair):
         batch = [wrs] if isinstance(wrs, SendWr) else list(wrs)
         max_sge = self.cap.max_send_sge
         for wr in batch:
-            if len(wr.sg_list) > max_sge or wr.opcode not in _OPS:
+            if len(wr.sg_list) > max_sge or wr.opcode not in OPS:
                 self._check_sges(wr.sg_list, max_sge)
                 raise VerbsError(errno.EINVAL, f"{wr.opcode.name} is not supported by shm")
             if wr.inline_data is not None or int(wr.send_flags) & _INLINE:
-                _check_inline(wr, self.cap.max_inline_data)
+                check_inline(wr, self.cap.max_inline_data)
         with self._state_lock:
             state = self.attr.qp_state
             if state is QpState.ERR:
@@ -676,7 +656,7 @@ class ShmQp(QueuePair):
         microseconds in CPython 3.11), SGEs resolved inline, one table look-up
         per opcode.
         """
-        op = _OPS[wr.opcode]
+        op = OPS[wr.opcode]
         local: list[memoryview] = []
         length = 0
         inline = wr.inline_data
@@ -765,22 +745,6 @@ class ShmQp(QueuePair):
         self._produced = produced = self._produced + 1
         store_u64(area, lay.OFF_PRODUCED, produced)
         send.notify(peer, wake)
-
-
-def _check_inline(wr: SendWr, max_inline: int) -> None:
-    """An inline WR: the flag and the data together, a byte view, within ``max_inline``
-    (the QP's ``max_inline_data``)."""
-    data = wr.inline_data
-    if data is None or not int(wr.send_flags) & _INLINE:
-        raise VerbsError(errno.EINVAL, "inline_data and SendFlag.INLINE go together")
-    if wr.opcode is WrOpcode.RDMA_READ:
-        raise VerbsError(errno.EINVAL, "an RDMA READ cannot be inline")
-    view = memoryview(data)
-    if view.format != "B" or view.ndim != 1:
-        wr.inline_data = view = view.cast("B")
-    if view.nbytes > max_inline:
-        raise VerbsError(errno.EINVAL, f"{view.nbytes} inline bytes above the QP's "
-                         f"max_inline_data {max_inline}")  # fmt: skip
 
 
 def sends_waiting(qp: ShmQp) -> bool:
