@@ -9,12 +9,13 @@ QP pair.  The compiled build serves the C (CI builds it: there a skip fails).
 
 from __future__ import annotations
 
+import ctypes
 import random
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from smcr.rdma import WcOpcode, WcStatus, WorkCompletion
 from smcr.rdma.completion import TAKEN_IN_PLACE
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import qp as shm_qp
+from smcr.rdma.shm.qp import DRAINED, NOT_IN_C, OFFERED
 from smcr.stack import inplace
 from smcr.stack.counters import COUNTERS
 from smcr.stack.hostconn import StackTap, Taps
@@ -34,6 +36,23 @@ from tests.rdma.test_shm_in_place import post_recv, send
 from tests.stack.test_lane import FIELDS, cdcs, connected, unnamed
 
 RECEIVES = 8
+
+
+class Offered:
+    """The runtime's receiver, every SEND offered to it recorded (its bytes, and whether
+    it took it)."""
+
+    def __init__(self, receive: Callable[[int, memoryview, int, int], bool]) -> None:
+        self.receive = receive
+        self.seen: list[tuple[bytes, bool]] = []
+        self.fail = False
+
+    def __call__(self, qpn: int, area: memoryview, off: int, n: int) -> bool:
+        if self.fail:
+            raise MemoryError("a receiver that fails")
+        took = self.receive(qpn, area, off, n)
+        self.seen.append((bytes(area[off : off + n]), took))
+        return took
 
 
 def drainer() -> Any:
@@ -58,7 +77,8 @@ class Setup:
         state.links[self.qpn] = link
         self.taps = Taps()
         self.in_place = InPlace(self.pair.server.engine, self.taps)
-        self.b.qp.set_receiver(self.in_place.receive, self.in_place.take_run,
+        self.offered = Offered(self.in_place.receive)
+        self.b.qp.set_receiver(self.offered, self.in_place.take_run,
                                self.in_place.c_run() if c_run else None)  # fmt: skip
         for i in range(receives):
             post_recv(self.b, i)
@@ -136,12 +156,15 @@ def test_c_and_python_drain_alike(directory: Path, seed: int) -> None:
                 s.pair.server.engine.data_consumed(conn.id, min(read, conn.rx_available()),
                                                    time.monotonic())  # fmt: skip
             i += len(batch)
-        runs.append((steps, s.in_place.taken, COUNTERS.inplace_cnt - counted))
+        runs.append((steps, s.in_place.taken, COUNTERS.inplace_cnt - counted, s.offered.seen))
         s.close()
-    (with_c, taken, counted_c), (python, python_taken, counted_py) = runs
+    (with_c, taken, counted_c, offered), (python, python_taken, counted_py, py_offered) = runs
     for k, (x, y) in enumerate(zip(with_c, python, strict=True)):
         assert x == y, f"after poll {k}"
     assert taken == python_taken == counted_c == counted_py > len(script) // 3
+    # the runs took most: the receiver was offered only what they left, the same SENDs
+    assert offered == py_offered and len(offered) < len(script) // 2
+    assert taken - sum(took for _, took in offered) > len(script) // 3
 
 
 def cdc(s: Setup, seq: int, prod: int, pflags: int = 0) -> bytes:
@@ -163,7 +186,7 @@ def test_the_receiver_gets_what_the_run_leaves_and_the_python_what_it_refuses(
     consumed = qp._consumed
     qp.recv_cq.polling = threading.get_ident()  # (as within the CQ's poll)
     try:
-        assert drain(qp) is False  # the LLC message refused: the Python's turn
+        assert drain(qp) == OFFERED  # the LLC message refused: the delivery's turn
     finally:
         qp.recv_cq.polling = 0
     assert qp._consumed == consumed + 2 and s.conn.rx_seq == 2 and s.conn.rx_prod == 20
@@ -195,24 +218,39 @@ def test_the_c_takes_no_more_than_the_receives_posted(directory: Path) -> None:
     s.close()
 
 
+def other_capsule() -> object:
+    """A capsule of another ABI (its name is not the ring taker's)."""
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object
+    new.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+    capsule: object = new(1, OTHER_ABI, None)
+    return capsule
+
+
+OTHER_ABI = b"smcr.rdma.RING_TAKER.v0"  # (the capsule keeps a pointer to it: kept alive)
+
+
 def test_what_the_c_leaves_to_the_python(directory: Path) -> None:
     """Each case the C declines changes nothing: a call outside the CQ's poll (another
     thread's, or no poll), a completion waiting in the CQ (it comes first), a failed
-    receive pending, a tap watching (every CDC shown as a receive), a capsule of another
-    ABI, an object that is no shm QP, a destroyed QP (its ring closed); with nothing new it
-    answers at once."""
+    receive pending, a capsule that is none or of another ABI, an object that is no shm
+    QP, a destroyed QP (its ring closed); with nothing new it answers at once; with a tap
+    watching the run takes nothing and the receiver refuses (every CDC shown as a
+    receive): the delivery's turn."""
     drain = drainer()
     s = Setup(directory, "d", True)
     qp = s.b.qp
     cq = qp.recv_cq
-    assert drain(qp) is True  # nothing there
+    cq.polling = threading.get_ident()
+    assert drain(qp) == DRAINED  # nothing there
+    cq.polling = 0
     send(s.a, cdc(s, 1, 10))
     before = s.state()
 
-    def declined(why: str, polling: int = threading.get_ident()) -> None:
+    def declined(why: str, polling: int = threading.get_ident(), answer: int = NOT_IN_C) -> None:
         cq.polling = polling  # (as within the CQ's poll, by this thread)
         try:
-            assert drain(qp) is False, why
+            assert drain(qp) == answer, why
         finally:
             cq.polling = 0
         assert s.state() == before, why
@@ -227,18 +265,106 @@ def test_what_the_c_leaves_to_the_python(directory: Path) -> None:
     qp._fatal_recv = waiting
     declined("a failed receive pending")
     qp._fatal_recv = None
-    s.taps.tap = StackTap()
-    declined("a tap watching")
-    s.taps.tap = None
     qp.c_taker, taker = object(), qp.c_taker
     declined("not a capsule")
+    qp.c_taker = other_capsule()
+    declined("a capsule of another ABI")
     qp.c_taker = taker
-    assert drain(object()) is False
+    assert drain(object()) == NOT_IN_C
+    s.taps.tap = StackTap()
+    declined("a tap watching", answer=OFFERED)
+    assert s.offered.seen == [(cdc(s, 1, 10), False)]
+    s.taps.tap = None
     assert s.state() == before
     assert cq.poll(16) == [TAKEN_IN_PLACE]  # (the C's, within the poll)
     assert s.conn.rx_prod == 10
     send(s.a, cdc(s, 2, 20))
     qp.destroy()
-    assert drain(qp) is False  # (its ring closed: the Python sees it)
+    assert drain(qp) == NOT_IN_C  # (its ring closed: the Python sees it)
     s.a.dev.close()
     s.b.dev.close()
+
+
+@pytest.mark.parametrize("c_run", [True, False])
+def test_a_receiver_that_fails_took_its_send(directory: Path, c_run: bool) -> None:
+    """A receiver that raises on a SEND the run left took it (it is not offered again),
+    its stand-in is pushed and the receive lock let go; the poll raises, and the next one
+    goes on behind it (the stand-in still waiting: the rest delivered into receives): the
+    same through the C and the Python."""
+    drainer()
+    s = Setup(directory, f"f{int(c_run)}", c_run)
+    qp = s.b.qp
+    for j, data in enumerate((cdc(s, 1, 10), cdc(s, 2, 20, 0x40), cdc(s, 3, 30))):
+        send(s.a, data, at=0x8000 + 64 * j)
+    consumed = qp._consumed
+    s.offered.fail = True
+    with pytest.raises(MemoryError):
+        s.b.cq.poll(16)
+    assert not qp._rq_lock.locked()
+    assert qp._consumed == consumed + 2 and s.conn.rx_seq == 1  # (the flagged one: gone)
+    s.offered.fail = False
+    wcs = s.b.cq.poll(16)  # the first poll's stand-in, then the third (the CQ was not idle)
+    assert wcs[0] is TAKEN_IN_PLACE and [(w.opcode, w.byte_len) for w in wcs[1:]] == [
+        (WcOpcode.RECV, 44)]
+    assert qp._consumed == consumed + 3
+    s.close()
+
+
+def test_a_destroy_meanwhile_waits_for_the_drain(directory: Path) -> None:
+    """Another thread destroys the QP while the poll's receiver runs: the destroy waits for
+    the receive lock, then closes the ring (no export of it is left behind)."""
+    drainer()
+    s = Setup(directory, "x", True)
+    qp = s.b.qp
+    errors: list[BaseException] = []
+
+    def destroy() -> None:
+        try:
+            qp.destroy()
+        except BaseException as exc:
+            errors.append(exc)
+
+    inner = s.offered.receive
+    thread = threading.Thread(target=destroy)
+
+    def slow(qpn: int, area: memoryview, off: int, n: int) -> bool:
+        if not thread.is_alive():
+            thread.start()
+            time.sleep(0.2)  # (the destroy is waiting for the receive lock now)
+        return inner(qpn, area, off, n)
+
+    s.offered.receive = slow
+    send(s.a, cdc(s, 1, 10, 0x40))  # (a flag: the receiver's)
+    assert s.b.cq.poll(16) == [TAKEN_IN_PLACE]
+    thread.join(5)
+    assert errors == [] and qp._area.closed
+    s.a.dev.close()
+    s.b.dev.close()
+
+
+@pytest.mark.parametrize("hostile", ["produced far ahead", "a slot longer than slots are"])
+def test_a_hostile_ring_is_met_as_the_python_meets_it(directory: Path, hostile: str) -> None:
+    """A requester's count far past what it placed, or a slot whose length is past the
+    slot size: the C takes what is sound and leaves the rest to the delivery, with the
+    same completions, counts and connection as the Python."""
+    drainer()
+    runs = []
+    for c_run in (True, False):
+        s = Setup(directory, f"h{hostile[0]}{int(c_run)}", c_run)
+        qp = s.b.qp
+        for j in range(2):
+            send(s.a, cdc(s, j + 1, 10 * (j + 1)), at=0x8000 + 64 * j)
+        at = qp._consumed
+        if hostile == "produced far ahead":
+            lay.U64.pack_into(qp._area, lay.OFF_PRODUCED, at + 1000)
+        else:
+            send(s.a, cdc(s, 3, 30), at=0x8000 + 128)
+            off = qp._slot_base + (at % qp._depth) * qp._slot_stride
+            lay.U32.pack_into(qp._area, off, qp._slot_size + 1)  # (the first one's length)
+        got = [(w.opcode, w.status, w.byte_len) if w is not TAKEN_IN_PLACE else "taken"
+               for w in s.b.cq.poll(64)]  # fmt: skip
+        runs.append((got, s.state(), qp._fatal_recv is not None))
+        s.close()
+    assert runs[0] == runs[1]
+
+

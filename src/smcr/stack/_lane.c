@@ -392,7 +392,7 @@ static long long ring_take(PyObject *ctx, long long qpn, unsigned char *a, long 
     struct timespec ts;
     if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) /* (time.monotonic's clock) */
         return 0;
-    double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    double now = (double)((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec) / 1e9; /* (its way) */
     PyObject *key = PyLong_FromLongLong(qpn);
     if (key == NULL) {
         PyErr_Clear();

@@ -43,7 +43,7 @@ LANE: ModuleType | None = _c_lane()
 """The C that takes the common CDCs of a run and posts a send's common case (``_lane.c``: the
 engine's own objects, no Python objects per message; :meth:`Executor.send_inline
 <smcr.stack.executor.Executor.send_inline>`); tests set it to None to run the Python in a
-compiled process."""
+compiled process (before the runtime's QPs are made: :meth:`InPlace.c_run` is read then)."""
 
 
 class InPlace:

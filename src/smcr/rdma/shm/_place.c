@@ -615,49 +615,61 @@ static int took(QpObj *qp, CqObj *cq, unsigned char *a, long long consumed, long
     return 0;
 }
 
-/* Under the receive lock: 1 nothing left for the Python, 0 something left (or not this
- * case), -1 an error (set). */
-static int drain_locked(QpObj *qp, smcr_ring_taker run, unsigned char *a, long long len) {
-    PyObject *cq_obj = qp->_recv_cq;
+/* drain_in_place's answers (smcr.rdma.shm.qp: NOT_IN_C, DRAINED, OFFERED). */
+#define NOT_IN_C 0 /* not its case, nothing done: the Python's _drain does it all */
+#define DRAINED 1  /* nothing left (all taken, or nothing there) */
+#define OFFERED 2  /* taken what the receiver takes; the rest is for the delivery */
+
+/* Under the receive lock, the ring's buffer held: NOT_IN_C, DRAINED or OFFERED, or -1 an
+ * error (set).  The receiver, the CQ and the run's context are held (owned) across the
+ * calls that may run Python code. */
+static int drain_locked(QpObj *qp, unsigned char *a, long long len) {
+    PyObject *cq_obj = qp->_recv_cq, *receiver = qp->_receiver, *ctx = qp->_c_taker_ctx;
     if (qp->__fatal_recv != Py_None || qp->__rq == NULL || cq_obj == NULL ||
-        !PyObject_TypeCheck(cq_obj, cq_type))
-        return 0;
+        !PyObject_TypeCheck(cq_obj, cq_type) || receiver == NULL || receiver == Py_None ||
+        qp->_c_taker == NULL || !PyCapsule_IsValid(qp->_c_taker, RING_TAKER_NAME) ||
+        ctx == NULL || qp->__view == NULL)
+        return NOT_IN_C;
+    smcr_ring_taker run = (smcr_ring_taker)PyCapsule_GetPointer(qp->_c_taker, RING_TAKER_NAME);
     CqObj *cq = (CqObj *)cq_obj;
     CPyTagged ts[] = {qp->__consumed, qp->__posted, qp->__depth, qp->__slot_base,
-                      qp->__slot_stride, qp->__slot_size, qp->_qp_num, cq->_polling};
-    if (!all_short(ts, sizeof ts / sizeof ts[0]) || cq->__wcs == NULL ||
-        (uint64_t)untag(cq->_polling) != (uint64_t)PyThread_get_thread_ident())
-        return 0;
+                      qp->__slot_stride, qp->__slot_size, qp->_qp_num};
+    if (run == NULL || !all_short(ts, sizeof ts / sizeof ts[0]) || cq->__wcs == NULL)
+        return NOT_IN_C;
     Py_ssize_t waiting = PyObject_Length(cq->__wcs), posted_rq = PyObject_Length(qp->__rq);
     if (waiting < 0 || posted_rq < 0)
         return -1;
+    if (waiting) /* (completions made before come first) */
+        return NOT_IN_C;
     long long consumed = untag(qp->__consumed), posted = untag(qp->__posted);
     long long produced = (long long)le64toh(
         __atomic_load_n((uint64_t *)(a + OFF_PRODUCED), __ATOMIC_ACQUIRE));
-    if (waiting)
-        return 0;
     if (produced <= consumed)
-        return 1;
+        return DRAINED;
     long long limit = produced < consumed + posted_rq ? produced : consumed + posted_rq;
     long long start = consumed, base = untag(qp->__slot_base);
     long long stride = untag(qp->__slot_stride), depth = untag(qp->__depth);
-    long long slot_size = untag(qp->__slot_size);
+    long long slot_size = untag(qp->__slot_size), qpn = untag(qp->_qp_num);
     if (depth <= 0 || stride < SLOT_HEADER_SIZE || base < AREA_HEADER_SIZE + 4 * depth ||
         base + depth * stride > len)
-        return 0;
-    run(qp->_c_taker_ctx, untag(qp->_qp_num), a, len, AREA_HEADER_SIZE, base, stride, depth,
-        slot_size, &consumed, limit, &posted);
+        return NOT_IN_C;
+    Py_INCREF(cq_obj);
+    Py_INCREF(receiver);
+    Py_INCREF(ctx);
+    PyObject *view = qp->__view;
+    Py_INCREF(view);
+    run(ctx, qpn, a, len, AREA_HEADER_SIZE, base, stride, depth, slot_size, &consumed, limit,
+        &posted);
     /* those the run left, offered one by one to the receiver, as _take_in_place does (a
      * receiver that fails on a SEND took it: it is not offered again) */
     int failed = 0;
     while (consumed < limit && !failed) {
         long long off = base + (consumed % depth) * stride;
-        uint32_t n = ld32(a + off), kind = ld32(a + off + 4);
-        if (le32toh(kind) != KIND_SEND || (long long)le32toh(n) > slot_size)
+        long long n = (long long)le32toh(ld32(a + off));
+        if (le32toh(ld32(a + off + 4)) != KIND_SEND || n > slot_size)
             break;
-        PyObject *r = PyObject_CallFunction(qp->_receiver, "LOLL", untag(qp->_qp_num),
-                                            qp->__view, off + SLOT_HEADER_SIZE,
-                                            (long long)le32toh(n));
+        PyObject *r = PyObject_CallFunction(receiver, "LOLL", qpn, view,
+                                            off + SLOT_HEADER_SIZE, n);
         int yes = r == NULL ? -1 : PyObject_IsTrue(r);
         Py_XDECREF(r);
         if (yes == 0)
@@ -668,67 +680,68 @@ static int drain_locked(QpObj *qp, smcr_ring_taker run, unsigned char *a, long l
         posted++;
         consumed++;
     }
+    int result = consumed >= produced ? DRAINED : OFFERED;
     if (consumed != start) {
         PyObject *type, *value, *trace; /* (a receiver's error raised after the stores) */
         PyErr_Fetch(&type, &value, &trace);
-        int pushed = took(qp, cq, a, consumed, posted);
-        if (failed) {
-            if (pushed < 0)
+        if (took(qp, cq, a, consumed, posted) < 0) {
+            if (failed)
                 PyErr_WriteUnraisable(cq_obj);
+            else
+                result = -1;
+        }
+        if (failed) {
             PyErr_Restore(type, value, trace);
-        } else if (pushed < 0) {
-            return -1;
+            result = -1;
         }
     }
-    if (failed)
-        return -1;
-    return consumed >= produced;
+    Py_DECREF(view);
+    Py_DECREF(ctx);
+    Py_DECREF(receiver);
+    Py_DECREF(cq_obj);
+    return result;
 }
 
-/* drain_in_place(qp) -> True: nothing left for ShmQp._drain (all taken, or nothing there);
- * False: the Python's turn (nothing done, or a SEND left behind those taken). */
+/* drain_in_place(qp) -> NOT_IN_C, DRAINED or OFFERED (above).  The ring's buffer is taken
+ * under the receive lock, which ShmQp.destroy takes to close it. */
 static PyObject *drain_in_place(PyObject *self, PyObject *qp_obj) {
     (void)self;
     if (qp_type == NULL || cq_type == NULL || Py_TYPE(qp_obj) != qp_type)
-        Py_RETURN_FALSE;
+        return PyLong_FromLong(NOT_IN_C);
     QpObj *qp = (QpObj *)qp_obj;
-    if (qp->_receiver == NULL || qp->_receiver == Py_None || qp->_c_taker == NULL ||
-        !PyCapsule_CheckExact(qp->_c_taker) || qp->_c_taker_ctx == NULL ||
-        qp->__area == NULL || qp->__view == NULL || qp->__rq_lock == NULL ||
-        !short_int(qp->__consumed))
-        Py_RETURN_FALSE;
-    smcr_ring_taker run = (smcr_ring_taker)PyCapsule_GetPointer(qp->_c_taker, RING_TAKER_NAME);
-    if (run == NULL) {
-        PyErr_Clear(); /* (another ABI's: the Python's run) */
-        Py_RETURN_FALSE;
-    }
+    PyObject *cq_obj = qp->_recv_cq;
+    if (qp->_receiver == NULL || qp->_receiver == Py_None || qp->__area == NULL ||
+        qp->__rq_lock == NULL || !short_int(qp->__consumed) || cq_obj == NULL ||
+        !PyObject_TypeCheck(cq_obj, cq_type) || !short_int(((CqObj *)cq_obj)->_polling) ||
+        (uint64_t)untag(((CqObj *)cq_obj)->_polling) != (uint64_t)PyThread_get_thread_ident())
+        return PyLong_FromLong(NOT_IN_C); /* (only within the CQ's poll, by this thread) */
     Py_buffer area;
     if (PyObject_GetBuffer(qp->__area, &area, PyBUF_WRITABLE) < 0) {
         PyErr_Clear(); /* (closed: the QP is going, the Python sees it) */
-        Py_RETURN_FALSE;
-    }
-    unsigned char *a = (unsigned char *)area.buf;
-    if (area.len < AREA_HEADER_SIZE) {
-        PyBuffer_Release(&area);
-        Py_RETURN_FALSE;
+        return PyLong_FromLong(NOT_IN_C);
     }
     /* (nothing new: the common look, answered before the lock, as the Python does) */
-    long long produced = (long long)le64toh(
-        __atomic_load_n((uint64_t *)(a + OFF_PRODUCED), __ATOMIC_ACQUIRE));
-    if (produced == untag(qp->__consumed)) {
-        PyBuffer_Release(&area);
-        Py_RETURN_TRUE;
-    }
+    long long produced = area.len < AREA_HEADER_SIZE ? -1 : (long long)le64toh(
+        __atomic_load_n((uint64_t *)((unsigned char *)area.buf + OFF_PRODUCED), __ATOMIC_ACQUIRE));
+    PyBuffer_Release(&area);
+    if (produced == untag(qp->__consumed))
+        return PyLong_FromLong(DRAINED);
     PyObject *lock = qp->__rq_lock;
     Py_INCREF(lock);
     PyObject *got = PyObject_CallMethodNoArgs(lock, str_acquire);
     if (got == NULL) {
         Py_DECREF(lock);
-        PyBuffer_Release(&area);
         return NULL;
     }
     Py_DECREF(got);
-    int r = drain_locked(qp, run, a, (long long)area.len);
+    int r = NOT_IN_C;
+    if (qp->__area != NULL && PyObject_GetBuffer(qp->__area, &area, PyBUF_WRITABLE) == 0) {
+        if (area.len >= AREA_HEADER_SIZE)
+            r = drain_locked(qp, (unsigned char *)area.buf, (long long)area.len);
+        PyBuffer_Release(&area);
+    } else {
+        PyErr_Clear(); /* (closed meanwhile) */
+    }
     PyObject *type, *value, *trace; /* (the release runs, error or not) */
     PyErr_Fetch(&type, &value, &trace);
     PyObject *done = PyObject_CallMethodNoArgs(lock, str_release);
@@ -737,10 +750,9 @@ static PyObject *drain_in_place(PyObject *self, PyObject *qp_obj) {
     Py_XDECREF(done);
     PyErr_Restore(type, value, trace);
     Py_DECREF(lock);
-    PyBuffer_Release(&area);
     if (r < 0)
         return NULL;
-    return PyBool_FromLong(r);
+    return PyLong_FromLong(r);
 }
 
 /* bind_drain(CompletionQueue, TAKEN_IN_PLACE): what drain_in_place reads (after bind). */

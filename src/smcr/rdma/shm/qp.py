@@ -372,8 +372,9 @@ class ShmQp(QueuePair):
             self._drop_peer()
             self._drop_inbound()
             self.device.forget_qp(self.qp_num)
-            self._view.release()
-            self._area.close()
+            with self._rq_lock:  # (a poll's drain holds the ring's buffer under it)
+                self._view.release()
+                self._area.close()
             os.close(self._area_fd)
 
     # --------------------------------------------------------------- receive
@@ -416,8 +417,7 @@ class ShmQp(QueuePair):
         receiver where it takes them in place (:func:`_take_in_place`, or in C
         :data:`DRAIN_IN_PLACE`); ``notify``: signal the CQ (when not called from inside its
         own poll)."""
-        drain = DRAIN_IN_PLACE
-        if drain is not None and not notify and self.c_taker is not None and drain(self):
+        if (in_c := _drain_in_c(self, notify)) == DRAINED:
             return
         area = self._area
         if area.closed or load_u64(area, lay.OFF_PRODUCED) == self._consumed:
@@ -432,7 +432,7 @@ class ShmQp(QueuePair):
                 return  # flushed after it, never completed ahead of it)
             produced = load_u64(area, lay.OFF_PRODUCED)
             rq, consumed = self._rq, self._consumed
-            if self.receiver is not None and not notify:
+            if self.receiver is not None and not notify and in_c != OFFERED:
                 consumed = _take_in_place(self, consumed, produced)
             while consumed < produced and rq and not fatal:
                 wr = rq.popleft()
@@ -748,8 +748,8 @@ class ShmQp(QueuePair):
 
 
 def sends_waiting(qp: ShmQp) -> bool:
-    """Whether ``qp``'s :meth:`~ShmQp._drain` would find SENDs to take now (a look without the
-    receive lock, taking nothing: the CQ's
+    """Whether ``qp``'s :meth:`~ShmQp._drain` would find SENDs to take
+    now (a look without the receive lock, taking nothing: the CQ's
     :meth:`~smcr.rdma.shm.cq.ShmCompletionQueue.has_news`).  Not without receives posted,
     which the delivery and the receiver both need, nor for a count behind ours (a broken
     or hostile requester's: nothing to take)."""
@@ -805,12 +805,32 @@ def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
     return consumed
 
 
+
+NOT_IN_C: Final = 0
+"""The C's answer (:data:`DRAIN_IN_PLACE`): not its case, nothing done
+(:meth:`ShmQp._drain` does it all)."""
+DRAINED: Final = 1
+"""The C's answer: nothing left (all taken, or nothing there)."""
+OFFERED: Final = 2
+"""The C's answer: what the receiver takes taken; the rest is for the delivery."""
+
+
 def _repost(area: mmap, depth: int, posted: int, consumed: int) -> int:
     """The receive of slot ``consumed`` posted again, behind the others (its length
     published at ``posted``); returns the new posted count."""
     store_u32(area, _SLOT_BASE + 4 * (posted % depth),
               load_u32(area, _SLOT_BASE + 4 * (consumed % depth)))  # fmt: skip
     return posted + 1
+
+
+def _drain_in_c(qp: ShmQp, notify: bool) -> int:
+    """:meth:`ShmQp._drain`'s in-place case by :data:`DRAIN_IN_PLACE` where it can (within
+    the CQ's poll, for a receiver with a C run): :data:`NOT_IN_C`,
+    ``DRAINED`` or ``OFFERED``."""
+    drain = DRAIN_IN_PLACE
+    if drain is None or notify or qp.c_taker is None:
+        return NOT_IN_C
+    return drain(qp)
 
 
 def _place_in_c(c: ModuleType, qp: ShmQp, peer: PeerLink,
@@ -854,8 +874,10 @@ it, then rings whom it names (:meth:`ShmQp.ring_after`, after the QP's state loc
 it rings is the QP's peer then, gone after a reset, or a new one after another RTR in
 between, which at worst wakes that one for nothing); None without the C."""
 
-DRAIN_IN_PLACE: Callable[[ShmQp], bool] | None = send.c_drainer() if POST_INLINE else None
+DRAIN_IN_PLACE: Callable[[ShmQp], int] | None = send.c_drainer() if POST_INLINE else None
 """:meth:`ShmQp._drain`'s in-place case in C (``_place.c``'s ``drain_in_place``), for a QP
-whose receiver has a C run (:meth:`~smcr.rdma.base.QueuePair.set_receiver`'s ``c_run``):
-True when nothing is left for the Python; None without the C (tests set it to None to run
-the Python in a compiled process)."""
+whose receiver has a C run (:meth:`~smcr.rdma.base.QueuePair.set_receiver`'s ``c_run``),
+under the receive lock (which :meth:`ShmQp.destroy` takes to close the ring): the run, then
+the receiver for what it leaves, as :func:`_take_in_place` does; it
+answers as :data:`NOT_IN_C` says.  None without the C (tests set it to
+None to run the Python in a compiled process)."""

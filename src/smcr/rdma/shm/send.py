@@ -39,10 +39,9 @@ def c_poster(qp_class: type) -> object | None:
     return capsule
 
 
-def c_drainer() -> Callable[[QueuePair], bool] | None:
-    """``_place.c``'s ``drain_in_place`` (:meth:`~smcr.rdma.shm.qp.ShmQp._drain`'s in-place
-    case in C, through the receiver's C run), once :func:`c_poster` bound the C to the
-    compiled classes; None without it."""
+def c_drainer() -> Callable[[QueuePair], int] | None:
+    """``_place.c``'s ``drain_in_place`` (:data:`smcr.rdma.shm.qp.DRAIN_IN_PLACE`), once
+    :func:`c_poster` bound the C to the compiled classes; None without it."""
     place = PLACE
     if place is None:
         return None
@@ -50,7 +49,7 @@ def c_drainer() -> Callable[[QueuePair], bool] | None:
         place.bind_drain(CompletionQueue, TAKEN_IN_PLACE)
     except TypeError:
         return None
-    drain: Callable[[QueuePair], bool] = place.drain_in_place
+    drain: Callable[[QueuePair], int] = place.drain_in_place
     return drain
 
 
