@@ -596,23 +596,44 @@ typedef long long (*smcr_ring_taker)(PyObject *ctx, long long qpn, unsigned char
 #define RING_TAKER_NAME "smcr.rdma.RING_TAKER.v1"
 
 static PyTypeObject *cq_type;       /* CompletionQueue (a QP's receive CQ is one) */
-static PyObject *taken_in_place;    /* (TAKEN_IN_PLACE,): what push_many is given */
-static PyObject *str_push_many;
+static PyObject *taken_in_place;    /* TAKEN_IN_PLACE */
+static PyObject *str_append;
 
-/* The QP's counts and posted word after a run, and the stand-in pushed: 0, or -1 with an
- * error set (the push's). */
+/* The QP's counts and posted word after a run, and the stand-in pushed as push_many(...,
+ * notify=False) pushes it (nothing armed is rung, and nothing but the queue and its overrun
+ * count changes: an append, atomic under the GIL, needs no CQ lock): 0, or -1 with an
+ * error set (the append's). */
 static int took(QpObj *qp, CqObj *cq, unsigned char *a, long long consumed, long long posted) {
     qp->__consumed = tag(consumed);
     qp->__posted = tag(posted);
     uint64_t word = htole64((uint64_t)posted);
     __atomic_store_n((uint64_t *)(a + OFF_POSTED), word, __ATOMIC_RELEASE);
-    PyObject *args[3] = {(PyObject *)cq, taken_in_place, Py_False};
-    PyObject *r = PyObject_VectorcallMethod(str_push_many, args,
-                                            3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *r = PyObject_CallMethodOneArg(cq->__wcs, str_append, taken_in_place);
     if (r == NULL)
         return -1;
     Py_DECREF(r);
+    Py_ssize_t queued = PyObject_Length(cq->__wcs);
+    if (queued < 0)
+        return -1;
+    if (short_int(cq->_depth) && short_int(cq->_overruns) && queued > untag(cq->_depth))
+        cq->_overruns = tag(untag(cq->_overruns) + 1);
     return 0;
+}
+
+/* The run a capsule holds, or NULL (none, or another ABI's; no error set).  The last one
+ * met is kept (and its capsule, so that its address names no other object). */
+static smcr_ring_taker ring_taker_of(PyObject *capsule) {
+    static PyObject *known;
+    static smcr_ring_taker known_run;
+    if (capsule == known)
+        return known_run;
+    if (!PyCapsule_IsValid(capsule, RING_TAKER_NAME))
+        return NULL;
+    smcr_ring_taker run = (smcr_ring_taker)PyCapsule_GetPointer(capsule, RING_TAKER_NAME);
+    Py_INCREF(capsule);
+    Py_XSETREF(known, capsule);
+    known_run = run;
+    return run;
 }
 
 /* drain_in_place's answers (smcr.rdma.shm.qp: NOT_IN_C, DRAINED, OFFERED). */
@@ -627,10 +648,9 @@ static int drain_locked(QpObj *qp, unsigned char *a, long long len) {
     PyObject *cq_obj = qp->_recv_cq, *receiver = qp->_receiver, *ctx = qp->_c_taker_ctx;
     if (qp->__fatal_recv != Py_None || qp->__rq == NULL || cq_obj == NULL ||
         !PyObject_TypeCheck(cq_obj, cq_type) || receiver == NULL || receiver == Py_None ||
-        qp->_c_taker == NULL || !PyCapsule_IsValid(qp->_c_taker, RING_TAKER_NAME) ||
-        ctx == NULL || qp->__view == NULL)
+        qp->_c_taker == NULL || ctx == NULL || qp->__view == NULL)
         return NOT_IN_C;
-    smcr_ring_taker run = (smcr_ring_taker)PyCapsule_GetPointer(qp->_c_taker, RING_TAKER_NAME);
+    smcr_ring_taker run = ring_taker_of(qp->_c_taker);
     CqObj *cq = (CqObj *)cq_obj;
     CPyTagged ts[] = {qp->__consumed, qp->__posted, qp->__depth, qp->__slot_base,
                       qp->__slot_stride, qp->__slot_size, qp->_qp_num};
@@ -772,12 +792,10 @@ static PyObject *bind_drain(PyObject *self, PyObject *const *args, Py_ssize_t na
                      "built for", args[0]);
         return NULL;
     }
-    PyObject *marker = PyTuple_Pack(1, args[1]);
-    if (marker == NULL)
-        return NULL;
     Py_INCREF(args[0]);
     Py_XSETREF(cq_type, (PyTypeObject *)args[0]);
-    Py_XSETREF(taken_in_place, marker);
+    Py_INCREF(args[1]);
+    Py_XSETREF(taken_in_place, args[1]);
     Py_RETURN_NONE;
 }
 
@@ -856,8 +874,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__place(void) {
     str_acquire = PyUnicode_InternFromString("acquire");
     str_release = PyUnicode_InternFromString("release");
-    str_push_many = PyUnicode_InternFromString("push_many");
-    if (str_acquire == NULL || str_release == NULL || str_push_many == NULL)
+    str_append = PyUnicode_InternFromString("append");
+    if (str_acquire == NULL || str_release == NULL || str_append == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
