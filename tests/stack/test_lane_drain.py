@@ -342,7 +342,8 @@ def test_a_destroy_meanwhile_waits_for_the_drain(directory: Path) -> None:
     s.b.dev.close()
 
 
-@pytest.mark.parametrize("hostile", ["produced far ahead", "a slot longer than slots are"])
+@pytest.mark.parametrize("hostile", ["produced far ahead", "produced past 2^63",
+                                     "a slot longer than slots are"])
 def test_a_hostile_ring_is_met_as_the_python_meets_it(directory: Path, hostile: str) -> None:
     """A requester's count far past what it placed, or a slot whose length is past the
     slot size: the C takes what is sound and leaves the rest to the delivery, with the
@@ -350,13 +351,15 @@ def test_a_hostile_ring_is_met_as_the_python_meets_it(directory: Path, hostile: 
     drainer()
     runs = []
     for c_run in (True, False):
-        s = Setup(directory, f"h{hostile[0]}{int(c_run)}", c_run)
+        s = Setup(directory, f"h{hostile[-2:]}{int(c_run)}", c_run)
         qp = s.b.qp
         for j in range(2):
             send(s.a, cdc(s, j + 1, 10 * (j + 1)), at=0x8000 + 64 * j)
         at = qp._consumed
         if hostile == "produced far ahead":
             lay.U64.pack_into(qp._area, lay.OFF_PRODUCED, at + 1000)
+        elif hostile == "produced past 2^63":
+            lay.U64.pack_into(qp._area, lay.OFF_PRODUCED, (1 << 63) + at)
         else:
             send(s.a, cdc(s, 3, 30), at=0x8000 + 128)
             off = qp._slot_base + (at % qp._depth) * qp._slot_stride

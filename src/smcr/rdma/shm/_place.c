@@ -577,12 +577,12 @@ static int64_t post_inline(PyObject *qp_obj, const smcr_write *writes, int count
  *
  * ShmQp._drain's in-place case (_take_in_place) where the QP's receiver has a C form
  * (QueuePair.set_receiver's c_run, the stack's ring_take): the SENDs a requester placed, taken
- * where they lie by one call to it, as the Python's run would; the QP's counts, the
- * posted word, and the CQ's one TAKEN_IN_PLACE stand-in, as the Python makes them.  Under
- * the QP's receive lock, only within its receive CQ's poll by this thread and with nothing
- * waiting in that CQ (completions made before come first), never past the receives
- * posted.  What it leaves (a SEND the taker does not take, any other case) is the Python's,
- * which looks again. */
+ * where they lie by one call to it, as the Python's run would, then those it leaves offered
+ * to the receiver one by one, as _take_in_place offers them; the QP's counts, the posted
+ * word, and the CQ's one TAKEN_IN_PLACE stand-in, as the Python makes them.  Under the QP's
+ * receive lock, only within its receive CQ's poll by this thread and with nothing waiting
+ * in that CQ (completions made before come first), never past the receives posted.  What
+ * the receiver refuses, and every case that is not this one, is the Python's delivery. */
 
 typedef smcr___rdma___completion___CompletionQueueObject CqObj;
 
@@ -664,6 +664,8 @@ static int drain_locked(QpObj *qp, unsigned char *a, long long len) {
     long long consumed = untag(qp->__consumed), posted = untag(qp->__posted);
     long long produced = (long long)le64toh(
         __atomic_load_n((uint64_t *)(a + OFF_PRODUCED), __ATOMIC_ACQUIRE));
+    if (produced < 0) /* (a count past 2^63: only a hostile requester's; the Python's) */
+        return NOT_IN_C;
     if (produced <= consumed)
         return DRAINED;
     long long limit = produced < consumed + posted_rq ? produced : consumed + posted_rq;

@@ -748,8 +748,8 @@ class ShmQp(QueuePair):
 
 
 def sends_waiting(qp: ShmQp) -> bool:
-    """Whether ``qp``'s :meth:`~ShmQp._drain` would find SENDs to take
-    now (a look without the receive lock, taking nothing: the CQ's
+    """Whether ``qp``'s :meth:`~ShmQp._drain` would find SENDs to take now (a look without the
+    receive lock, taking nothing: the CQ's
     :meth:`~smcr.rdma.shm.cq.ShmCompletionQueue.has_news`).  Not without receives posted,
     which the delivery and the receiver both need, nor for a count behind ours (a broken
     or hostile requester's: nothing to take)."""
@@ -825,8 +825,8 @@ def _repost(area: mmap, depth: int, posted: int, consumed: int) -> int:
 
 def _drain_in_c(qp: ShmQp, notify: bool) -> int:
     """:meth:`ShmQp._drain`'s in-place case by :data:`DRAIN_IN_PLACE` where it can (within
-    the CQ's poll, for a receiver with a C run): :data:`NOT_IN_C`,
-    ``DRAINED`` or ``OFFERED``."""
+    the CQ's poll, for a receiver with a C run): :data:`NOT_IN_C`, ``DRAINED`` or
+    ``OFFERED``."""
     drain = DRAIN_IN_PLACE
     if drain is None or notify or qp.c_taker is None:
         return NOT_IN_C
@@ -878,6 +878,6 @@ DRAIN_IN_PLACE: Callable[[ShmQp], int] | None = send.c_drainer() if POST_INLINE 
 """:meth:`ShmQp._drain`'s in-place case in C (``_place.c``'s ``drain_in_place``), for a QP
 whose receiver has a C run (:meth:`~smcr.rdma.base.QueuePair.set_receiver`'s ``c_run``),
 under the receive lock (which :meth:`ShmQp.destroy` takes to close the ring): the run, then
-the receiver for what it leaves, as :func:`_take_in_place` does; it
-answers as :data:`NOT_IN_C` says.  None without the C (tests set it to
-None to run the Python in a compiled process)."""
+the receiver for what it leaves, as :func:`_take_in_place` does; it answers as
+:data:`NOT_IN_C` says.  None without the C (tests set it to None to run the Python in a
+compiled process)."""
