@@ -293,19 +293,21 @@ def test_smcr_tools_over_verbs_agree_with_the_kernels_diag(smcr_g2: Guest,
     def during() -> None:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and "ss" not in seen:
-            rows = json.loads(smcr_g2.run(f"{tools} ss -R --json", timeout=60))["sockets"]
-            if rows:
+            ss, lg = smcr_g2.run(f"{tools} ss -R --json && echo '#' && "
+                                 f"{tools} linkgroup show --json", timeout=90).split("\n#\n")
+            rows = json.loads(ss)["sockets"]
+            if rows:  # (both asked in one guest command, one right after the other)
                 seen["ss"] = rows
-                seen["lg"] = json.loads(smcr_g2.run(f"{tools} linkgroup show --json",
-                                                    timeout=60))["linkgroups"]  # fmt: skip
+                seen["lg"] = json.loads(lg)["linkgroups"]
                 return
             time.sleep(0.3)
 
     watcher = threading.Thread(target=during)
     watcher.start()
     try:
+        # (long enough for both tools, each a Python start in the TCG guest: seconds)
         smcr_ends, kernel_ends = between(kernel_smc, smcr_g2, "server", mode="pingpong",
-                                         nbytes=0, iters=4, size=64, pause=2.5)  # fmt: skip
+                                         nbytes=0, iters=6, size=64, pause=4.0)  # fmt: skip
     finally:
         watcher.join(120)
     check_kernel_link(smcr_ends[0], kernel_ends[0], "server")
