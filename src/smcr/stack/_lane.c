@@ -103,6 +103,25 @@ static inline int64_t cursor(int64_t held, int64_t wrap, int64_t count, int64_t 
     return advance(held, wrap, count, size);
 }
 
+/* The compiled classes args[0..n), kept in *slots[i]: each must be exactly the struct of
+ * sizes[i] (not an interpreted class of a pure-Python process, whose instances are no such
+ * structs); otherwise a TypeError naming who, and nothing kept.  0, or -1. */
+static int bind_classes(const char *who, PyObject *const *args, const Py_ssize_t *sizes,
+                        PyTypeObject **const *slots, int n) {
+    for (int i = 0; i < n; i++)
+        if (!PyType_Check(args[i]) || ((PyTypeObject *)args[i])->tp_basicsize != sizes[i] ||
+            ((PyTypeObject *)args[i])->tp_dictoffset != 0) {
+            PyErr_Format(PyExc_TypeError, "%s: %R is not the compiled class the lane was "
+                         "built for", who, args[i]);
+            return -1;
+        }
+    for (int i = 0; i < n; i++) {
+        Py_INCREF(args[i]);
+        Py_XSETREF(*slots[i], (PyTypeObject *)args[i]);
+    }
+    return 0;
+}
+
 /* bind(EngineState, Link, LinkGroup, Connection, Rmb, post_inline, qp_class): the compiled
  * classes, and the RNIC's post for C callers (a capsule, or None: no send_inline then) with
  * the QP class it serves. */
@@ -122,22 +141,11 @@ static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         if (post == NULL)
             return NULL;
     }
-    /* the compiled classes, not the interpreted ones of a pure-Python process (whose
-     * instances are no such structs): each instance is exactly the struct's size */
     Py_ssize_t sizes[5] = {sizeof(StateObj), sizeof(LinkObj), sizeof(GroupObj), sizeof(ConnObj),
                            sizeof(RmbObj)};
-    for (int i = 0; i < 5; i++)
-        if (!PyType_Check(args[i]) || ((PyTypeObject *)args[i])->tp_basicsize != sizes[i] ||
-            ((PyTypeObject *)args[i])->tp_dictoffset != 0) {
-            PyErr_Format(PyExc_TypeError, "bind: %R is not the compiled class the lane was "
-                         "built for", args[i]);
-            return NULL;
-        }
     PyTypeObject **slots[5] = {&state_type, &link_type, &group_type, &conn_type, &rmb_type};
-    for (int i = 0; i < 5; i++) {
-        Py_INCREF(args[i]);
-        Py_XSETREF(*slots[i], (PyTypeObject *)args[i]);
-    }
+    if (bind_classes("bind", args, sizes, slots, 5) < 0)
+        return NULL;
     poster = post;
     if (post != NULL) {
         Py_INCREF(args[6]);
@@ -422,24 +430,15 @@ static PyObject *bind_taker(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "bind_taker: the lane is not bound");
         return NULL;
     }
-    Py_ssize_t sizes[4] = {sizeof(InPlaceObj), sizeof(TapsObj), sizeof(EngineObj),
-                           sizeof(CountersObj)};
-    for (int i = 0; i < 4; i++)
-        if (!PyType_Check(args[i]) || ((PyTypeObject *)args[i])->tp_basicsize != sizes[i] ||
-            ((PyTypeObject *)args[i])->tp_dictoffset != 0) {
-            PyErr_Format(PyExc_TypeError, "bind_taker: %R is not the compiled class the lane "
-                         "was built for", args[i]);
-            return NULL;
-        }
     if (Py_TYPE(args[4]) != (PyTypeObject *)args[3]) {
         PyErr_SetString(PyExc_TypeError, "bind_taker: the counters are not a Counters");
         return NULL;
     }
+    Py_ssize_t sizes[4] = {sizeof(InPlaceObj), sizeof(TapsObj), sizeof(EngineObj),
+                           sizeof(CountersObj)};
     PyTypeObject **slots[4] = {&inplace_type, &taps_type, &engine_type, &counters_type};
-    for (int i = 0; i < 4; i++) {
-        Py_INCREF(args[i]);
-        Py_XSETREF(*slots[i], (PyTypeObject *)args[i]);
-    }
+    if (bind_classes("bind_taker", args, sizes, slots, 4) < 0)
+        return NULL;
     Py_INCREF(args[4]);
     Py_XSETREF(counters, args[4]);
     return PyCapsule_New((void *)(smcr_ring_taker)ring_take, RING_TAKER_NAME, NULL);
