@@ -96,6 +96,7 @@ MODULES: tuple[str, ...] = (
     "rdma/shm/send.py",
     "rdma/shm/receive.py",
     "rdma/shm/ops.py",
+    "rdma/doorbell.py",
     "rdma/shm/qp.py",
     "rdma/shm/rendezvous.py",
     "rdma/stores.py",
@@ -119,7 +120,8 @@ MODULES: tuple[str, ...] = (
 #: mypyc's code spends most of its time in C-API calls (:mod:`smcr.rdma.roce.fastpath`).
 C_EXTENSIONS: dict[str, str] = {"smcr.rdma.roce._loops": "rdma/roce/_loops.c",
                                  "smcr.rdma.shm._place": "rdma/shm/_place.c",
-                                 "smcr.stack._lane": "stack/_lane.c"}
+                                 "smcr.stack._lane": "stack/_lane.c",
+                                 "smcr.rdma._doorbell": "rdma/_doorbell.c"}
 #: Of :data:`C_EXTENSIONS`, those that read and write the compiled modules' objects in place
 #: (:mod:`smcr.stack.lane`): compiled against the header mypyc generates for this build
 #: (its classes' structs) and its runtime's headers.

@@ -11,7 +11,6 @@ wakeup and no engine-thread hop.  The providers' own CQs (:mod:`smcr.rdma.shm.cq
 from __future__ import annotations
 
 import select
-import socket
 import threading
 import time
 from collections import deque
@@ -19,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from smcr import plainsock
+from smcr.rdma import doorbell
 from smcr.rdma.bells import WatchSlot
 from smcr.rdma.verbs import WcOpcode, WcStatus, WorkCompletion
 
@@ -79,8 +79,6 @@ class CompletionQueue:
         self._armed = 0
         """0, :data:`ARM_SLEEPER` or :data:`ARM_STANDBY`: whom the next completion rings."""
         self._bell_r, self._bell_w = plainsock.nonblocking_pair()
-        self._drained = bytearray(4096)
-        """Where :meth:`clear_signal` drains the doorbell to (no new bytes object a sleep)."""
         self._standby_r, self._standby_w = plainsock.nonblocking_pair()
         self._progress: list[Callable[[], None]] = []
         self.overruns = 0
@@ -192,17 +190,11 @@ class CompletionQueue:
 
     def kick(self) -> None:
         """Make :meth:`fileno` readable (also callable from a provider's other threads)."""
-        try:  # full (already readable) or closed
-            self._bell_w.send(b"\x01", socket.MSG_NOSIGNAL)
-        except OSError:
-            pass
+        doorbell.ring(self._bell_w)  # (not gone: full, already readable, or closed)
 
     def kick_standby(self) -> None:
         """Make :meth:`standby_fileno` readable."""
-        try:
-            self._standby_w.send(b"\x01", socket.MSG_NOSIGNAL)
-        except OSError:
-            pass
+        doorbell.ring(self._standby_w)
 
     def _ring(self, armed: int) -> None:
         """Ring whom ``armed`` names."""
@@ -255,17 +247,11 @@ class CompletionQueue:
     def clear_signal(self) -> None:
         """Make :meth:`fileno` unreadable again after a sleep on it (the doorbell is drained;
         a provider whose descriptor is not the doorbell overrides this)."""
-        try:
-            self._bell_r.recv_into(self._drained)
-        except OSError:
-            pass
+        doorbell.drain(self._bell_r)
 
     def clear_standby(self) -> None:
         """Make :meth:`standby_fileno` unreadable again."""
-        try:
-            self._standby_r.recv(4096)
-        except OSError:
-            pass
+        doorbell.drain(self._standby_r)
 
     def waiting(self) -> None:
         """A thread that waits for this CQ (asleep on :meth:`fileno`, or watching it) is

@@ -9,6 +9,7 @@ import socket
 from collections.abc import Callable
 from types import ModuleType
 
+from smcr.rdma import doorbell
 from smcr.rdma.base import QueuePair
 from smcr.rdma.bells import WATCH_MASK, WATCHES, ring_consumer, ring_name
 from smcr.rdma.completion import ARM_SLEEPER, ARM_STANDBY, TAKEN_IN_PLACE, CompletionQueue
@@ -107,7 +108,4 @@ def ring_whom(peer: PeerLink, whom: int) -> None:
 
 def ring(bell: socket.socket) -> None:
     """Ring a peer's doorbell: a full one means rung already; a closed one, a dead peer."""
-    try:
-        bell.send(b"\x01", socket.MSG_NOSIGNAL)
-    except OSError:
-        pass
+    doorbell.ring(bell)

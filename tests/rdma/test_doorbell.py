@@ -1,0 +1,104 @@
+"""Doorbells rung and drained (smcr.rdma.doorbell): the C calls and the Python's alike."""
+
+from __future__ import annotations
+
+import _socket
+import select
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from smcr import native, plainsock
+from smcr.rdma import doorbell
+from smcr.rdma.completion import CompletionQueue
+
+
+@pytest.fixture(params=["c", "python"])
+def calls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Each test runs with the C calls (where this build has them) and with the Python's."""
+    if request.param == "c":
+        if doorbell.C_CALLS is None:
+            assert not native.status().compiled  # (a compiled build always has them)
+            pytest.skip("a pure-Python build has no C calls")
+    else:
+        monkeypatch.setattr(doorbell, "C_CALLS", None)
+    yield request.param
+
+
+def _readable(sock: _socket.socket) -> bool:
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[_socket.socket, _socket.socket]]:
+    """A doorbell's two ends (the socket type the runtime's doorbells are)."""
+    r, w = plainsock.nonblocking_pair()
+    yield r, w
+    r.close()
+    w.close()
+
+
+def test_ring_makes_the_other_end_readable_and_drain_empties_it(
+        calls: str, pair: tuple[_socket.socket, _socket.socket]) -> None:  # fmt: skip
+    r, w = pair
+    assert not _readable(r)
+    assert doorbell.ring(w) is True
+    assert doorbell.ring(w) is True
+    assert _readable(r)
+    assert doorbell.drain(r) == 2
+    assert not _readable(r)
+    assert doorbell.drain(r) == 0  # (nothing there: no error, no wait)
+
+
+def test_a_full_doorbell_is_not_rung_again_and_nothing_blocks(
+        calls: str, pair: tuple[_socket.socket, _socket.socket]) -> None:  # fmt: skip
+    r, w = pair
+    w.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    rung = 0
+    while doorbell.ring(w):  # (a blocking send would hang here)
+        rung += 1
+        assert rung < 10_000_000
+    assert rung > 0
+    drained = 0
+    while (got := doorbell.drain(r)) > 0:
+        assert got <= 4096
+        drained += got
+    assert drained == rung
+    assert doorbell.ring(w) is True  # room again
+
+
+def test_a_dead_peer_or_a_closed_bell_is_not_an_error(calls: str) -> None:
+    r, w = plainsock.nonblocking_pair()
+    r.close()
+    assert doorbell.ring(w) is False  # EPIPE, no SIGPIPE
+    w.close()
+    assert doorbell.ring(w) is False  # closed: fileno() -1, nothing written anywhere
+    assert doorbell.drain(w) == 0
+    assert doorbell.drain(r) == 0
+
+
+def test_the_calls_take_a_socket_object_only(calls: str) -> None:
+    with pytest.raises(AttributeError):
+        doorbell.ring(3)  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        doorbell.drain(b"x")  # type: ignore[arg-type]
+
+
+def test_a_cqs_kick_and_clear_signal_go_through_them(calls: str) -> None:
+    cq = CompletionQueue(4)
+    try:
+        fd = cq.fileno()
+        assert not select.select([fd], [], [], 0)[0]
+        cq.kick()
+        assert select.select([fd], [], [], 0)[0]
+        cq.clear_signal()
+        assert not select.select([fd], [], [], 0)[0]
+        cq.kick_standby()
+        assert select.select([cq.standby_fileno()], [], [], 0)[0]
+        cq.clear_standby()
+        assert not select.select([cq.standby_fileno()], [], [], 0)[0]
+    finally:
+        cq.close()
+    cq.kick()  # closed: nothing happens
+    cq.clear_signal()
