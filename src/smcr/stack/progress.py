@@ -284,17 +284,24 @@ class Progress:
         ex = self.ex
         cq = ex.cq
         cq.waiting()
-        wcs = cq.poll(64)  # look first: arm (and pay for the rings it asks for) only to sleep
-        if not wcs and spin > 0.0:
-            allowed = self.spin.allowance(spin if left is None else min(spin, left))
-            if allowed > 0.0:
+        wcs: list[WorkCompletion] = []
+        allowed = 0.0 if spin <= 0.0 else self.spin.allowance(
+            spin if left is None else min(spin, left))
+        if allowed > 0.0:  # look, then watch for news before arming
+            wcs = cq.poll(64)
+            if not wcs:
                 wcs = self._spin(allowed)
                 self.spin.spun(bool(wcs))
         if not wcs:
-            # arm, then look again: a completion after this look rings (the progress thread's
-            # arm lets a peer ring a connection's consumer bell instead: smcr.rdma.bells)
+            # arm, then look: a completion after this look rings (the progress thread's arm
+            # lets a peer ring a connection's consumer bell instead: smcr.rdma.bells).  No
+            # look before it where no spin follows: the caller's answer is seldom there yet
+            # (it asked just now), and an arm that finds it is taken back at once, before a
+            # peer rings for it
             cq.req_notify(ARM_PROGRESS if self.wake.poller == "bg" else ARM_SLEEPER)
             wcs = cq.poll(64)
+            if wcs and not allowed:
+                cq.take_arm()
         if not wcs:
             timer = ex.engine.get_timer()
             if ex.checks.due and (timer is None or ex.checks.due < timer):
