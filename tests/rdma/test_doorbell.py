@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import _socket
+import errno
+import os
 import select
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +105,63 @@ def test_a_cqs_kick_and_clear_signal_go_through_them(calls: str) -> None:
         cq.close()
     cq.kick()  # closed: nothing happens
     cq.clear_signal()
+
+
+def _named(name: bytes) -> _socket.socket:
+    sock = plainsock.datagram()
+    sock.bind(name)
+    return sock
+
+
+def test_ring_to_sends_a_datagram_to_an_abstract_name_and_queued_peeks(calls: str) -> None:
+    name = b"\0smcr-test-doorbell-%d" % os.getpid()
+    target, ringer = _named(name), plainsock.datagram()
+    try:
+        assert doorbell.queued(target) is False
+        assert doorbell.ring_to(ringer, name) == 0
+        assert doorbell.queued(target) is True
+        assert doorbell.queued(target) is True  # (a peek takes nothing)
+        assert target.recv(64) == b"r"
+        assert doorbell.queued(target) is False
+        assert doorbell.ring_to(ringer, name) == 0
+        assert doorbell.drain(target) == 1  # one datagram, as recv takes it
+        assert doorbell.queued(target) is False
+        assert doorbell.ring_to(ringer, name + b"-nobody") == errno.ECONNREFUSED
+    finally:
+        target.close()
+        ringer.close()
+    assert doorbell.ring_to(ringer, name) == errno.EBADF  # closed: nothing sent
+    assert doorbell.queued(ringer) is False
+
+
+def test_ring_to_a_path_and_to_a_full_queue(calls: str, tmp_path: Path) -> None:
+    path = str(tmp_path / "bell").encode()
+    target, ringer = _named(path), plainsock.datagram()
+    try:
+        assert doorbell.ring_to(ringer, path) == 0
+        assert target.recv(64) == b"r"
+        sent = 0
+        while (err := doorbell.ring_to(ringer, path)) == 0:  # (never blocks)
+            sent += 1
+            assert sent < 1_000_000
+        assert err == errno.EAGAIN
+        assert sent > 0
+        got = 0
+        while doorbell.queued(target):
+            assert doorbell.drain(target) == 1
+            got += 1
+        assert got == sent
+    finally:
+        target.close()
+        ringer.close()
+
+
+def test_ring_to_says_what_python_says_of_a_name_too_long(calls: str) -> None:
+    ringer = plainsock.datagram()
+    try:
+        with pytest.raises(OSError, match="too long"):
+            doorbell.ring_to(ringer, b"/" + b"x" * 200)
+        with pytest.raises(OSError, match="too long"):
+            doorbell.ring_to(ringer, b"\0" + b"x" * 200)
+    finally:
+        ringer.close()

@@ -1,7 +1,9 @@
 /* Doorbells rung and drained without Python's socket machinery.
  *
  * Why: a round trip over the shm RNIC rings the peer's doorbell once and drains its own
- * once, each a one-byte non-blocking system call on a socket of a socket pair.  Through
+ * once, each a one-byte non-blocking system call on a socket of a socket pair; an event
+ * loop's message also rings the consumer's readiness descriptor by its name and drains it
+ * (smcr.rdma.bells, smcr.stack.readiness).  Through
  * socket.send / socket.recv_into each also paid a method look-up, argument parsing, a
  * bytes or buffer export, and letting go of the GIL and taking it back around a call that
  * never blocks: about a twelfth of a blocking round trip's user time beside a busy
@@ -15,7 +17,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <stddef.h>
+#include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 
 static PyObject *str_fileno;
 
@@ -70,9 +75,65 @@ static PyObject *drain(PyObject *self, PyObject *sock) {
     return PyLong_FromSsize_t(got > 0 ? got : 0);
 }
 
+/* ring_to(sock, name) -> int: one datagram "r" sent to the unix socket address name
+ * (MSG_DONTWAIT), the address made as sock.sendto(b"r", MSG_DONTWAIT, name) makes it
+ * (CPython's getsockaddrarg: an abstract name, with its leading NUL, or a path, followed by
+ * a NUL not counted in the length): 0 when it went, else the errno (EAGAIN: the
+ * receiver's queue, or the sender's buffer, is full; EBADF: sock closed). */
+static PyObject *ring_to(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "ring_to takes a socket and a name");
+        return NULL;
+    }
+    char *name;
+    Py_ssize_t len;
+    if (PyBytes_AsStringAndSize(args[1], &name, &len) < 0)
+        return NULL;
+    struct sockaddr_un addr;
+    int abstract = len == 0 || name[0] == 0;
+    if ((size_t)len > sizeof addr.sun_path - (abstract ? 0 : 1)) {
+        PyErr_SetString(PyExc_OSError, "AF_UNIX path too long");
+        return NULL;
+    }
+    int fd = descriptor(args[0]);
+    if (fd == -2)
+        return NULL;
+    if (fd < 0)
+        return PyLong_FromLong(EBADF);
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    memcpy(addr.sun_path, name, (size_t)len);
+    socklen_t size = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)len);
+    ssize_t sent;
+    do
+        sent = sendto(fd, "r", 1, MSG_DONTWAIT, (struct sockaddr *)&addr, size);
+    while (sent < 0 && errno == EINTR);
+    return PyLong_FromLong(sent < 0 ? errno : 0);
+}
+
+/* queued(sock) -> bool: whether a datagram (or a byte) waits, taking nothing (MSG_PEEK). */
+static PyObject *queued(PyObject *self, PyObject *sock) {
+    (void)self;
+    int fd = descriptor(sock);
+    if (fd == -2)
+        return NULL;
+    if (fd < 0)
+        Py_RETURN_FALSE;
+    char one;
+    ssize_t got;
+    do
+        got = recv(fd, &one, 1, MSG_DONTWAIT | MSG_PEEK);
+    while (got < 0 && errno == EINTR);
+    return PyBool_FromLong(got >= 0);
+}
+
 static PyMethodDef methods[] = {
     {"ring", ring, METH_O, "Ring a doorbell socket: one byte, never blocking; whether it went."},
     {"drain", drain, METH_O, "Drain a doorbell socket, never blocking; the bytes read."},
+    {"ring_to", (PyCFunction)(void (*)(void))ring_to, METH_FASTCALL,
+     "Send a ring datagram to a unix socket name, never blocking; 0 or the errno."},
+    {"queued", queued, METH_O, "Whether something waits on a socket (MSG_PEEK, no wait)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -57,6 +57,7 @@ from mmap import mmap
 from typing import Final
 
 from smcr import plainsock
+from smcr.rdma import doorbell
 from smcr.rdma.stores import store_u32, store_u64
 
 NONCE: Final = 8
@@ -200,11 +201,7 @@ def ring_consumer(notify: mmap, prefix: bytes, token: int) -> bool:
 def ring_name(prefix: bytes, rid: int) -> bool:
     """Send the ring (one datagram) to the consumer bell named ``rid`` under ``prefix``,
     its watch word taken (:func:`ring_consumer`); whether it went."""
-    try:
-        _ringer().sendto(b"r", _DONTWAIT, prefix + b"%d" % rid)
-    except OSError:
-        return False
-    return True
+    return doorbell.ring_to(_ringer(), prefix + b"%d" % rid) == 0
 
 
 class WatchSlot:

@@ -1,7 +1,9 @@
-"""Ringing and draining a doorbell (a socket pair's end), in C where the build has it.
+"""Ringing and draining doorbells, in C where the build has it.
 
-A doorbell is rung with one byte and drained by reading what is there, both without
-blocking: a full one is rung already, a closed one belongs to a peer that is gone.
+A doorbell (a socket pair's end: a CQ's, a socket-pair readiness descriptor) is rung with
+one byte and drained by reading what is there, both without blocking: a full one is rung
+already, a closed one belongs to a peer that is gone.  A named readiness descriptor (a
+unix datagram socket, :mod:`smcr.rdma.bells`) is rung with a datagram sent to its name.
 :mod:`smcr.rdma._doorbell` makes each the bare system call, the GIL held; a pure-Python
 process uses the socket's own methods (same effect, more of Python's machinery per call).
 """
@@ -28,7 +30,10 @@ def _c_doorbell() -> ModuleType | None:
 C_CALLS: ModuleType | None = _c_doorbell()
 """:func:`_c_doorbell`; tests set it to None to run the Python calls in a compiled process."""
 
-_SINK = bytearray(4096)
+DRAIN_MOST: Final = 4096
+"""The most bytes one :func:`drain` reads (a full read: more may wait)."""
+
+_SINK = bytearray(DRAIN_MOST)
 """Where the Python's :func:`drain` reads to (its content is never looked at)."""
 
 
@@ -51,6 +56,35 @@ def drain(bell: _socket.socket) -> int:
         got: int = calls.drain(bell)
         return got
     try:
-        return bell.recv_into(_SINK, 4096, socket.MSG_DONTWAIT)
+        return bell.recv_into(_SINK, DRAIN_MOST, socket.MSG_DONTWAIT)
     except OSError:
         return 0
+
+
+def ring_to(sock: _socket.socket, name: bytes) -> int:
+    """Send a ring datagram (``b"r"``) from ``sock`` to the unix socket ``name`` without
+    blocking: 0 when it went, else the errno (``EAGAIN``: a full queue or send buffer)."""
+    calls = C_CALLS
+    if calls is not None:
+        err: int = calls.ring_to(sock, name)
+        return err
+    try:
+        sock.sendto(b"r", socket.MSG_DONTWAIT, name)
+    except OSError as exc:
+        if exc.errno is None:  # (not the call's: a name too long to be an address)
+            raise
+        return exc.errno
+    return 0
+
+
+def queued(sock: _socket.socket) -> bool:
+    """Whether a datagram (or a byte) waits on ``sock``; nothing is taken."""
+    calls = C_CALLS
+    if calls is not None:
+        waits: bool = calls.queued(sock)
+        return waits
+    try:
+        sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK)
+    except OSError:
+        return False
+    return True

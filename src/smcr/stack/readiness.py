@@ -38,6 +38,7 @@ from typing import Final
 
 from smcr import plainsock
 from smcr.core.connection import Connection
+from smcr.rdma import doorbell
 from smcr.rdma.bells import NAMES, WatchSlot
 from smcr.rdma.completion import CompletionQueue
 from smcr.stack.counters import COUNTERS
@@ -51,7 +52,6 @@ _DRAIN: Final = 65536
 """A read of the fill (a few KiB): one that comes back short has emptied the queue."""
 _DRAIN_READABLE: Final = 64
 """A read of the readable byte (one per change to readable)."""
-_PEEK: Final = socket.MSG_DONTWAIT | socket.MSG_PEEK
 
 
 class FullPeer:
@@ -363,10 +363,7 @@ class Readiness:
             if readable:
                 self._ring_self()
             else:
-                try:
-                    while len(self.a.recv(_DRAIN_READABLE, _DONTWAIT)) == _DRAIN_READABLE:
-                        pass
-                except OSError:
+                while doorbell.drain(self.a) == doorbell.DRAIN_MOST:
                     pass
 
     def _set_named(self, bell: WatchSlot | None, readable: bool, writable: bool,
@@ -400,10 +397,7 @@ class Readiness:
                     self._ring_self()
             else:
                 self.unchecked = False  # (the drain takes the datagram, come or not)
-                try:
-                    self.a.recv(_DRAIN_READABLE, _DONTWAIT)
-                except OSError:
-                    pass
+                doorbell.drain(self.a)
         if bell is None:
             return
         arm = quiet and writable and not readable
@@ -452,18 +446,12 @@ class Readiness:
         not writable, from its full peer (no other may send to it then)."""
         b = self.b
         if b is not None:
-            try:
-                b.send(b"r", _DONTWAIT)
-            except OSError:
-                pass
+            doorbell.ring(b)
             return
         peer = self.peer
-        try:
-            (self.a if peer is None else peer.sock).sendto(b"r", _DONTWAIT, self.name)
-        except BlockingIOError:  # (the full peer's send buffer holds as many rings as it may)
+        err = doorbell.ring_to(self.a if peer is None else peer.sock, self.name)
+        if err == errno.EAGAIN:  # (the full peer's send buffer holds as many rings as it may)
             self._ring_past_full_peer()
-        except OSError:
-            pass
 
     def _ring_past_full_peer(self) -> None:
         """Ring through a fresh full peer, connected to it instead; where none can be made
@@ -486,11 +474,7 @@ class Readiness:
 
     def _queued(self) -> bool:
         """Whether a datagram waits on ``a``."""
-        try:
-            self.a.recv(1, _PEEK)
-        except OSError:
-            return False
-        return True
+        return doorbell.queued(self.a)
 
     def settle(self) -> bool:
         """A call found nothing to do where the descriptor may have said otherwise: a
