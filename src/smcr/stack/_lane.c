@@ -14,7 +14,8 @@
  * take it when it carries no flag but "write blocked": the cursors moved, the link's last
  * receive noted, the connection touched, the slot's receive posted again; ring_take, the
  * same for an RNIC whose poll runs in C (a capsule of the RNIC layer's ring-taker ABI);
- * send_inline, a send's common case, posted through the RNIC's post for C callers.
+ * send_inline, a send's common case, posted through the RNIC's post for C callers;
+ * read_fast, a read's common case (the bytes copied out, the consumer cursor moved).
  * tests/stack/test_lane.py runs both against each other.
  *
  * Integers: mypyc's tagged ints (CPyTagged): a short one is the value shifted left by
@@ -613,6 +614,78 @@ fail:
     return NULL;
 }
 
+/* smcr.core.connection.SOCK_MIN_SNDBUF_HALF: Connection.consumed's floor */
+#define SOCK_MIN_SNDBUF_HALF 2304
+
+/* read_fast(c, rmb, out, waitall) -> n copied out and consumed, or -1 (nothing changed)
+ *
+ * DataPath.recv_fast's common case on the engine's Connection c: bytes there, fewer than
+ * the RMBE holds (a full one is counted by the general path), no urgent byte, and with
+ * waitall all of out there; n = min(len(out), bytes there) are copied from the RMB (rmb:
+ * its buffer, as many bytes as the Rmb's size; the cursors wrap around it) and the
+ * consumer cursor moves, as executor.ring_read and Connection.consumed do, where consumed
+ * would send no consumer cursor update.  Where it would (or anything is not the common
+ * case) -1: the Python does it all.  What follows a read (a local peer's completions, the
+ * readiness descriptor) stays the caller's. */
+static PyObject *read_fast(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "read_fast takes 4 arguments");
+        return NULL;
+    }
+    if (conn_type == NULL || Py_TYPE(args[0]) != conn_type)
+        return PyLong_FromLong(-1);
+    ConnObj *c = (ConnObj *)args[0];
+    int waitall = PyObject_IsTrue(args[3]);
+    if (waitall < 0)
+        return NULL;
+    if (c->_rmb == NULL || Py_TYPE(c->_rmb) != rmb_type || c->_urg_rx_pos != Py_None ||
+        c->_peer_wants_update != 0 || c->_peer_write_blocked > 1)
+        return PyLong_FromLong(-1);
+    CPyTagged ts[] = {c->_rx_prod, c->_rx_cons, c->_rx_cons_sent, ((RmbObj *)c->_rmb)->_size};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (!short_int(ts[i]))
+            return PyLong_FromLong(-1);
+    int64_t prod = untag(c->_rx_prod), cons = untag(c->_rx_cons);
+    int64_t sent = untag(c->_rx_cons_sent), size = untag(((RmbObj *)c->_rmb)->_size);
+    int64_t avail = prod - cons;
+    if (size <= 0 || size > MAX_RING || avail <= 0 || avail >= size || cons < 0)
+        return PyLong_FromLong(-1);
+    /* (a buffer that cannot be had so, say a view with strides: the Python's, as before) */
+    Py_buffer ring, out;
+    if (PyObject_GetBuffer(args[1], &ring, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return PyLong_FromLong(-1);
+    }
+    if (PyObject_GetBuffer(args[2], &out, PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&ring);
+        return PyLong_FromLong(-1);
+    }
+    int64_t n = out.len < avail ? out.len : avail;
+    int64_t unconfirmed = cons + n - sent, peer_free = size - (prod - sent);
+    int64_t floor = size / 10 > SOCK_MIN_SNDBUF_HALF ? size / 10 : SOCK_MIN_SNDBUF_HALF;
+    int update = unconfirmed > floor && (peer_free <= size / 2 || c->_peer_write_blocked);
+    if (ring.len != size || out.len == 0 || (waitall && avail < out.len) || update ||
+        !fits(cons + n)) {
+        PyBuffer_Release(&out);
+        PyBuffer_Release(&ring);
+        return PyLong_FromLong(-1);
+    }
+    int64_t start = cons % size;
+    unsigned char *from = (unsigned char *)ring.buf, *to = (unsigned char *)out.buf;
+    if (start + n <= size) {
+        memcpy(to, from + start, (size_t)n);
+    } else {
+        memcpy(to, from + start, (size_t)(size - start));
+        memcpy(to + (size - start), from, (size_t)(n - (size - start)));
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&ring);
+    c->_rx_cons = tag(cons + n);
+    return PyLong_FromLongLong(n);
+}
+
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "The compiled classes the lane reads (module doc)."},
@@ -624,6 +697,8 @@ static PyMethodDef methods[] = {
      "A send's WRITEs and CDC, its common case, posted in one call (module doc)."},
     {"bind_taker", (PyCFunction)(void (*)(void))bind_taker, METH_FASTCALL,
      "The runtime's classes ring_take reads; its capsule (see there)."},
+    {"read_fast", (PyCFunction)(void (*)(void))read_fast, METH_FASTCALL,
+     "A read's common case: bytes copied out of the RMB and consumed (see there)."},
     {NULL, NULL, 0, NULL},
 };
 
