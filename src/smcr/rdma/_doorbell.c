@@ -9,7 +9,7 @@
  * never blocks: about a twelfth of a blocking round trip's user time beside a busy
  * process.  Here the call is made as it is, the GIL held (it returns at once either way).
  *
- * The caller passes the socket object, not its number: a closed socket's fileno() is -1
+ * The caller passes the socket object, not its number: a closed socket's descriptor is -1
  * (nothing is rung, nothing drained), where a number kept from before would name whatever
  * file took it next.
  */
@@ -22,10 +22,24 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+/* The head of CPython's socket object (Modules/socketmodule.h, PySocketSockObject, the
+ * same since Python 2): its descriptor first, -1 once closed.  Read where the object is a
+ * _socket.socket (or a subclass: they only add fields after it), without the fileno()
+ * call; anything else is asked for fileno(). */
+typedef struct {
+    PyObject_HEAD
+    int sock_fd;
+} socket_head;
+
 static PyObject *str_fileno;
+static PyTypeObject *socket_type;
 
 /* The socket's descriptor (-1: closed), or -2 with an error set. */
 static int descriptor(PyObject *sock) {
+    if (PyObject_TypeCheck(sock, socket_type)) {
+        int fd = ((socket_head *)sock)->sock_fd;
+        return fd < 0 ? -1 : fd;
+    }
     PyObject *number = PyObject_CallMethodNoArgs(sock, str_fileno);
     if (number == NULL)
         return -2;
@@ -146,5 +160,37 @@ PyMODINIT_FUNC PyInit__doorbell(void) {
     str_fileno = PyUnicode_InternFromString("fileno");
     if (str_fileno == NULL)
         return NULL;
+    PyObject *sockets = PyImport_ImportModule("_socket");
+    if (sockets == NULL)
+        return NULL;
+    PyObject *type = PyObject_GetAttrString(sockets, "socket");
+    Py_DECREF(sockets);
+    if (type == NULL)
+        return NULL;
+    if (!PyType_Check(type) || ((PyTypeObject *)type)->tp_basicsize < (Py_ssize_t)sizeof(socket_head)) {
+        Py_DECREF(type);
+        PyErr_SetString(PyExc_ImportError, "_socket.socket is not the type this build reads");
+        return NULL;
+    }
+    /* the layout checked once on a socket of our own: its head's number is fileno()'s */
+    PyObject *probe = PyObject_CallFunction(type, "ii", AF_UNIX, SOCK_DGRAM);
+    if (probe == NULL) {
+        Py_DECREF(type);
+        return NULL;
+    }
+    PyObject *number = PyObject_CallMethodNoArgs(probe, str_fileno);
+    long fd = number != NULL ? PyLong_AsLong(number) : -2;
+    Py_XDECREF(number);
+    int same = fd >= 0 && ((socket_head *)probe)->sock_fd == fd;
+    PyObject *closed = PyObject_CallMethod(probe, "close", NULL);
+    Py_XDECREF(closed);
+    Py_DECREF(probe);
+    if (PyErr_Occurred() || !same) {
+        Py_DECREF(type);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ImportError, "_socket.socket is not laid out as this build reads");
+        return NULL;
+    }
+    socket_type = (PyTypeObject *)type;
     return PyModule_Create(&module);
 }
