@@ -165,3 +165,19 @@ def test_ring_to_says_what_python_says_of_a_name_too_long(calls: str) -> None:
             doorbell.ring_to(ringer, b"\0" + b"x" * 200)
     finally:
         ringer.close()
+
+
+def test_the_c_and_python_drains_read_the_same_most(calls: str) -> None:
+    """Callers tell a full read (more may wait) by DRAIN_MOST: whichever drain runs reads at
+    most that many in one call, and exactly that many where more wait."""
+    r, w = plainsock.nonblocking_pair()
+    try:
+        w.send(bytes(doorbell.DRAIN_MOST + 10))
+        assert doorbell.drain(r) == doorbell.DRAIN_MOST
+        assert doorbell.drain(r) == 10
+        if calls == "c":
+            assert doorbell.C_CALLS is not None
+            assert doorbell.C_CALLS.DRAIN_MOST == doorbell.DRAIN_MOST
+    finally:
+        r.close()
+        w.close()

@@ -71,8 +71,12 @@ static PyObject *ring(PyObject *self, PyObject *sock) {
     return PyBool_FromLong(sent == 1);
 }
 
-/* drain(sock) -> int: the bytes read (MSG_DONTWAIT), up to 4096 in one call, as one
- * recv_into of a 4096-byte buffer reads them; 0 where none waited or the socket is
+/* The most one drain reads (exported as DRAIN_MOST: smcr.rdma.doorbell's must be the same,
+ * as its callers tell a full read, after which more may wait, by it). */
+#define DRAIN_MOST 4096
+
+/* drain(sock) -> int: the bytes read (MSG_DONTWAIT), up to DRAIN_MOST in one call, as one
+ * recv_into of a buffer that size reads them; 0 where none waited or the socket is
  * closed. */
 static PyObject *drain(PyObject *self, PyObject *sock) {
     (void)self;
@@ -81,7 +85,7 @@ static PyObject *drain(PyObject *self, PyObject *sock) {
         return NULL;
     if (fd < 0)
         return PyLong_FromLong(0);
-    char sink[4096];
+    char sink[DRAIN_MOST];
     ssize_t got;
     do
         got = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
@@ -192,5 +196,8 @@ PyMODINIT_FUNC PyInit__doorbell(void) {
         return NULL;
     }
     socket_type = (PyTypeObject *)type;
-    return PyModule_Create(&module);
+    PyObject *made = PyModule_Create(&module);
+    if (made != NULL && PyModule_AddIntConstant(made, "DRAIN_MOST", DRAIN_MOST) < 0)
+        Py_CLEAR(made);
+    return made;
 }

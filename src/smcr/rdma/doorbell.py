@@ -19,19 +19,22 @@ from typing import Final
 _NOSIGNAL_DONTWAIT: Final = socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT
 
 
+DRAIN_MOST: Final = 4096
+"""The most bytes one :func:`drain` reads (a full read: more may wait)."""
+
+
 def _c_doorbell() -> ModuleType | None:
-    """The C calls, built with the compiled modules; None in a pure-Python process."""
+    """The C calls, built with the compiled modules; None in a pure-Python process, or where
+    the C's drain reads another most than :data:`DRAIN_MOST` (a build of other sources)."""
     try:
-        return importlib.import_module("smcr.rdma._doorbell")
+        calls = importlib.import_module("smcr.rdma._doorbell")
     except ImportError:
         return None
+    return calls if getattr(calls, "DRAIN_MOST", None) == DRAIN_MOST else None
 
 
 C_CALLS: ModuleType | None = _c_doorbell()
 """:func:`_c_doorbell`; tests set it to None to run the Python calls in a compiled process."""
-
-DRAIN_MOST: Final = 4096
-"""The most bytes one :func:`drain` reads (a full read: more may wait)."""
 
 _SINK = bytearray(DRAIN_MOST)
 """Where the Python's :func:`drain` reads to (its content is never looked at)."""
