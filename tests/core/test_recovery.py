@@ -8,6 +8,7 @@ from __future__ import annotations
 from smcr.core import Config, ConnectionReset, LgrType, LinkAdded, LinkRemoved, LinkState
 from smcr.wire.llc import AddLink, DeleteLink, LlcType, decode_llc
 from tests.core.pair import Pair, Side, lgr_of, transfer
+from tests.core.test_llc_concurrency import deliver, hold
 
 ADD = Config(add_links=True)
 
@@ -358,3 +359,67 @@ def test_invitation_overtaking_the_asymmetric_links_confirmation_is_taken_up() -
         assert links(side) == [(2, 1), (4, 0)]
         assert lgr_of(side).lgr_type is LgrType.SYMMETRIC
     assert transfer(p, c, s, b"y" * 5000) == b"y" * 5000
+
+
+def _one_subnet_per_path(p: Pair) -> None:
+    """Each port reaches only the peer's port of the same index (a veth pair per path)."""
+    server_gids = [x.gid for x in p.server.engine.identity.ports]
+    client_gids = [x.gid for x in p.client.engine.identity.ports]
+    p.client.reach = lambda port, gid: gid == server_gids[port]
+    p.server.reach = lambda port, gid: gid == client_gids[port]
+
+
+def _rkey_exchange_answer_held(p: Pair) -> list[bytes]:
+    """Path 0 fails and comes back (the server sees it first: its offer goes to a client
+    whose port is still down, and is rejected; the client's port back invites the offer
+    that counts), and the client's ADD LINK CONTINUATION answers are kept back."""
+    for _ in range(6):  # three rkey exchange round trips
+        p.connect()
+        p.pump()
+    path0_down(p)
+    assert links(p.server) == links(p.client) == [(2, 1)]
+    p.do(p.server, p.server.engine.port_up(0, p.now))
+    held = hold(p, p.client, LlcType.ADD_LINK_CONT, 0x80)
+    p.do(p.client, p.client.engine.port_up(0, p.now))
+    flow = lgr_of(p.server).flow
+    assert flow is not None and flow.add_link is not None and flow.add_link.step == "cont"
+    assert len(held) == 1
+    return held
+
+
+def test_an_rkey_exchange_answer_late_behind_a_busy_link_still_adds_the_link() -> None:
+    """After a failover the one link left carries every connection's bytes, and the
+    client's answers in the rkey exchange come later than ``llc_wait`` while that link
+    delivers: both ends wait on, as for the other LLC flows, and the link is added when
+    the answer comes (the offer used to fail at ``llc_wait``, and with no port event to
+    come the group stayed at one link)."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    _one_subnet_per_path(p)
+    held = _rkey_exchange_answer_held(p)
+    old = lgr_of(p.server).links[0]
+    assert old.link_id == 2
+    for _ in range(8):  # 4 s: past llc_wait, the old link delivering throughout
+        p.advance(0.5)
+        for side in (p.server, p.client):
+            side.engine.link_delivered(lgr_of(side).links[0].qpn, p.now)
+    assert lgr_of(p.server).flow is not None and lgr_of(p.client).remote_add is not None
+    p.drop_llc = lambda side, data: False
+    deliver(p, p.server, held[0])
+    p.pump()
+    assert links(p.server) == links(p.client)
+    assert [port for _, port in links(p.server)] == [1, 0]
+    assert lgr_of(p.server).lgr_type is lgr_of(p.client).lgr_type is LgrType.SYMMETRIC
+
+
+def test_an_rkey_exchange_answer_that_never_comes_on_a_silent_link_fails_the_offer() -> None:
+    """The same, but the old link shows no sign of life: the offer fails ``llc_wait`` after
+    its last step, as before (no endless wait), and the group goes on on its one link."""
+    p = Pair(ADD, client_ports=2, server_ports=2)
+    _one_subnet_per_path(p)
+    _rkey_exchange_answer_held(p)
+    p.advance(2.5)
+    flow = lgr_of(p.server).flow
+    assert flow is None or flow.add_link is None
+    p.advance(2.5)
+    assert lgr_of(p.client).remote_add is None
+    assert links(p.server) == links(p.client) == [(2, 1)]

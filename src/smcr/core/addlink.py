@@ -372,7 +372,8 @@ class AddLinkFlows:
         answer = llc_msgs.add_link(new, self.state.identity, response=True, via=link, conns=conns)
         self.llc.post_llc(link, answer, out)
         flow = AddLinkFlow(link, new, new_type, "cont", conns,
-                           deadline=now + self.state.config.llc_wait, request=msg)  # fmt: skip
+                           deadline=now + self.state.config.llc_wait, request=msg,
+                           started=now)  # fmt: skip
         if isinstance(msg, AddLinkV2):  # smc_llc_save_add_link_rkeys, then CONFIRM LINK
             self._save_rkeys(flow, msg.ext.rkeys if msg.ext is not None else ())
             flow.step, flow.to_send = "confirm", []
@@ -432,10 +433,19 @@ class AddLinkFlows:
 
     def cli_add_link_timeout(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
         """The server's flow stalled: the new link is cleared and the offer rejected; a
-        missing CONFIRM LINK is reported with DELETE LINK first."""
+        missing CONFIRM LINK is reported with DELETE LINK first.  In the rkey exchange the
+        server's next message comes over the old link, behind its data: the wait goes on
+        while that link delivers (:meth:`LinkLayer.wait_more`, as the server's own,
+        :meth:`LinkLayer.wait_on`)."""
         flow = lgr.remote_add
-        if flow is not None and now >= flow.deadline:
-            self.cli_fail(lgr, now, out, delete_link=flow.step == "confirm")
+        if flow is None or now < flow.deadline:
+            return
+        if flow.step == "cont" and flow.link.state is LinkState.LINK_ACTIVE:
+            deadline = self.llc.wait_more(flow.started, [flow.link], now)
+            if deadline is not None:
+                flow.deadline = deadline
+                return
+        self.cli_fail(lgr, now, out, delete_link=flow.step == "confirm")
 
     def cli_invite(self, lgr: LinkGroup, now: float, out: list[Action]) -> None:
         """Ask the server for a link over a port usable again, as a local flow

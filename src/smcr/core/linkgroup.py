@@ -160,6 +160,7 @@ class AddLinkFlow:
     recv_left: int = 0  # rkeys the peer still has to send (its last count)
     deadline: float = 0.0  # the client's wait (the server's is its LocalFlow's)
     request: LlcMessage | None = None  # client: the server's ADD LINK (a reject echoes it)
+    started: float = 0.0  # client: when it answered (its rkey exchange's waits are bounded)
 
 
 @dataclass(eq=False)

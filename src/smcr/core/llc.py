@@ -401,10 +401,22 @@ class LinkLayer:
 
     def wait_on(self, lgr: LinkGroup, flow: LocalFlow, now: float) -> bool:
         """Whether a local flow whose wait ran out waits on (its deadline moved, by
-        :meth:`wait_more`).  ADD LINK's steps wait for a new link: they do not."""
-        if flow.started is None or flow.add_link is not None or flow.adds_link:
+        :meth:`wait_more`).  ADD LINK's steps that wait for the client's answers over the
+        link the offer went on (its response, the rkey exchange: one round trip per two
+        RMBs, each answer behind that link's data) wait on while that link delivers; its
+        CONFIRM LINK, over the new link, does not, nor an ADD LINK not yet under way.
+        Why: after a failover the one link left carries every connection's bytes, and
+        with a few hundred RMBs a 2 s step timed out now and then; the offer then failed,
+        and with no port event to come the group stayed at one link."""
+        add = flow.add_link
+        if flow.started is None or (flow.adds_link and add is None):
             return False
-        links = [x for x in lgr.links if x.state is LinkState.LINK_ACTIVE]
+        if add is not None:
+            if add.step not in ("response", "cont") or add.link.state is not LinkState.LINK_ACTIVE:
+                return False
+            links = [add.link]
+        else:
+            links = [x for x in lgr.links if x.state is LinkState.LINK_ACTIVE]
         deadline = self.wait_more(flow.started, links, now)
         if deadline is None:
             return False
