@@ -94,6 +94,7 @@ class PeerProc:
             ["ip", "netns", "exec", ns, sys.executable, "-m", "tests.stack.failover_peer",
              *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
             env=env)  # fmt: skip
+        self.role = args[0]
         self.last: dict[str, Any] = {}
         self.history: list[tuple[float, int]] = []
         self.changes: list[tuple[float, Any]] = []
@@ -132,12 +133,23 @@ class PeerProc:
 
 def until(what: Callable[[], bool], timeout: float, why: str,
           peers: tuple[PeerProc, ...] = ()) -> None:  # fmt: skip
-    deadline = time.monotonic() + timeout
+    began = time.monotonic()
+    deadline = began + timeout
     while not what():
         for p in peers:
             assert p.proc.poll() is None, f"{why}: a peer exited ({p.proc.returncode})"
-        assert time.monotonic() < deadline, f"not within {timeout} s: {why}"
+        assert time.monotonic() < deadline, f"not within {timeout} s: {why}{_story(peers, began)}"
         select.select([], [], [], 0.02)
+
+
+def _story(peers: tuple[PeerProc, ...], began: float) -> str:
+    """The peers' last link changes as they reported them, in seconds from ``began`` (what a
+    failed wait's message tells: which side saw which link come and go, and when)."""
+    lines = []
+    for i, p in enumerate(peers):
+        changes = ", ".join(f"{when - began:+.2f} s {detail}" for when, detail in p.changes[-12:])
+        lines.append(f"\n  peer {i} ({p.role}): {changes or 'no change reported'}")
+    return "".join(lines)
 
 
 @pytest.fixture
