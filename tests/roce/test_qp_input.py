@@ -129,8 +129,11 @@ def test_garbage_is_dropped_answered_or_taken_never_raises(rig: Rig, garbage: by
                                                            response: bool) -> None:  # fmt: skip
     qp = rig.pd.create_qp(rig.cq, rig.cq)
     try:
+        # timeout 31 (~2.4 h): no retransmission while the example runs.  Not 0: rxe never
+        # retransmits then, but this RNIC still looks every 100 ms (a hang otherwise), and a
+        # test thread that lost the CPU that long saw both requests twice
         qp.to_rts(dgid=PEER_GID, dest_qp_num=0x99, rq_psn=RQ_PSN, sq_psn=SQ_PSN, access=RW,
-                  timeout=0, rnr_retry=7)  # timeout 0: no retransmission timer  # fmt: skip
+                  timeout=31, rnr_retry=7)  # fmt: skip
         qp.post_recv(RecvWr(wr_id=RECV, sg_list=(Sge(rig.buf.addr, 4096, rig.buf.lkey),)))
         qp.post_send([
             SendWr(wr_id=READ, opcode=WrOpcode.RDMA_READ, send_flags=SendFlag.SIGNALED,
@@ -140,6 +143,8 @@ def test_garbage_is_dropped_answered_or_taken_never_raises(rig: Rig, garbage: by
                    sg_list=(Sge(rig.buf.addr + 16384, 1000, rig.buf.lkey),),
                    remote_addr=0x9000, rkey=0x77),
         ])  # fmt: skip
+        due = qp.req.deadline()
+        assert due is None or due - time.monotonic() > 3600  # (no timer within the example)
         assert [p[0] for p in rig.sent()] == [Opcode.RDMA_READ_REQUEST,
                                              Opcode.RDMA_WRITE_ONLY]  # fmt: skip
         raw = bytearray(garbage)
