@@ -19,6 +19,7 @@ device's receive loop does after the ICRC check, and then checks the outcome:
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -277,3 +278,31 @@ def test_a_stalled_requester_resends_packet_by_packet() -> None:
     finally:
         dev.close()
         peer.close()
+
+
+def test_a_flow_socket_let_go_under_its_reader_stays_open_until_that_reader_ends(
+        rig: Rig) -> None:  # fmt: skip
+    """A QP destroyed while a thread reads its flow socket (which it reads by descriptor
+    number): the socket stays open until that reader is done, which then closes it.  Closed
+    under it, the number could be another socket's by its next read (a new QP's flow, a
+    program's stream), whose data it would take."""
+    qp = rig.pd.create_qp(rig.cq, rig.cq)
+    qp.to_rts(dgid=PEER_GID, dest_qp_num=0x99, rq_psn=RQ_PSN, sq_psn=SQ_PSN, access=RW,
+              timeout=31, rnr_retry=7)  # fmt: skip
+    sock = qp.rx_sock
+    assert sock is not None
+    with qp._state_lock:  # the reader reads, then waits for it (as it does for each read)
+        reader = threading.Thread(target=rig.dev.receive_qp, args=(qp,), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 10
+        while not qp.rx_lock.locked():
+            assert time.monotonic() < deadline, "the reader never began"
+            time.sleep(0.001)
+        qp.destroy()
+        assert qp.rx_sock is None
+        assert sock.fileno() >= 0, "closed under its reader"
+    reader.join(10)
+    assert not reader.is_alive()
+    assert sock.fileno() == -1 and qp.rx_left_open == []
+    rig.sent()
+    rig.cq.poll(64)

@@ -325,10 +325,19 @@ class RoceDevice(Device):
         With UDP GRO one read may return several packets of one size (the
         ``UDP_GRO`` control message gives it; only the last may be shorter).
         """
-        with qp.rx_lock:
+        qp.rx_lock.acquire()
+        try:
             sock = qp.rx_sock
             if sock is not None:
                 self._drain(qp, sock)
+        finally:
+            # a socket let go meanwhile is ours to close (RoceQp._close_sockets); the lock
+            # let go under the state lock, so that one let go later finds it free
+            with qp._state_lock:
+                left, qp.rx_left_open = qp.rx_left_open, []
+                qp.rx_lock.release()
+            for done in left:
+                done.close()
 
     def _drain(self, qp: RoceQp, sock: socket.socket) -> None:
         """Read up to :data:`BATCH` datagrams of a QP's flow and run their packets.
@@ -371,6 +380,8 @@ class RoceDevice(Device):
                 break
             except OSError:  # an ICMP error reported on the connected socket
                 continue
+            if qp.rx_sock is not sock:  # let go meanwhile (RoceQp._close_sockets): no more
+                break
             with lock:  # once per read, not per packet: the poster waits at most one read
                 resp = qp.resp
                 write_middle = resp.write_middle

@@ -177,6 +177,9 @@ class RoceQp(QueuePair):
         #: so packets are handled in arrival order; it also guards :attr:`rx_view`.
         self.rx_lock = threading.Lock()
         self.rx_view = memoryview(bytearray(MAX_DATAGRAM))
+        #: Flow sockets let go while a reader held :attr:`rx_lock` (:meth:`_close_sockets`):
+        #: that reader closes them when it is done (state lock held to look).
+        self.rx_left_open: list[socket.socket] = []
         #: Well-formed packets of the peer's taken by :meth:`input` (all but in-order WRITE
         #: Middles, which move the responder's PSN): duplicates and stale ACKs say the peer
         #: lives (:meth:`delivery_mark`).
@@ -431,10 +434,20 @@ class RoceQp(QueuePair):
         return any(cq.last_poll >= when and cq.receives(self) for cq in self.roce_cqs)
 
     def _close_sockets(self) -> None:
-        if self.rx_sock is not None:
-            self.device.unwatch(self.rx_sock, self)
-            self.rx_sock.close()
+        """Let the flow sockets go (state lock held).  A reader of the receive socket may be
+        between two reads (:meth:`RoceDevice.receive_qp`, which reads by descriptor number):
+        closed under it, the number could be another socket's by its next read, whose
+        datagrams (or a stream's bytes) it would take.  So where a reader holds
+        :attr:`rx_lock` the socket stays open until that reader ends, which closes it."""
+        rx = self.rx_sock
+        if rx is not None:
             self.rx_sock = None
+            self.device.unwatch(rx, self)
+            if self.rx_lock.acquire(False):
+                rx.close()
+                self.rx_lock.release()
+            else:
+                self.rx_left_open.append(rx)
         if self.tx_sock is not None:
             self.tx_sock.close()
             self.tx_sock = None
