@@ -31,6 +31,19 @@ def test_abstract_sockets_of_any_user_and_own_paths_are_listed_once(tmp_path: Pa
     assert shm_gids(tmp_path / "missing", tmp_path / "no-table") == []
 
 
+def test_another_programs_name_of_any_bytes_is_passed_over(tmp_path: Path) -> None:
+    """An abstract name of another program's that is not UTF-8, or holds a line break (the
+    kernel prints a name's bytes as they are): the table is still read, our device found."""
+    theirs = rendezvous.new_gid()
+    name = rendezvous.abstract_address(theirs).replace("\0", "@").encode()
+    table = tmp_path / "unix"
+    table.write_bytes(HEADER.encode()
+                      + b"0000: 00000002 00000000 00010000 0002 01 11 @\x9b\xff\x1c\x85odd\n"
+                      + b"0001: 00000002 00000000 00010000 0002 01 12 @two\nlines\n"
+                      + b"0002: 00000002 00000000 00010000 0005 01 13 " + name + b"\n")  # fmt: skip
+    assert shm_gids(tmp_path / "missing", table) == [theirs]
+
+
 def test_a_live_device_is_found_by_its_abstract_name(tmp_path: Path) -> None:
     """A device whose directory we do not look in is still listed (the real table)."""
     from smcr.rdma.shm import ShmDevice  # noqa: PLC0415

@@ -68,6 +68,8 @@ WATCH_SLOTS: Final = 1 << 15
 WATCH_MASK: Final = WATCH_SLOTS - 1
 WATCHES_END: Final = WATCHES + 4 * WATCH_SLOTS
 
+SCRAMBLE: Final = 0x9E3779B1
+"""An odd multiplier (2**32 over the golden ratio): rids far apart (:func:`bell_name`)."""
 _U32: Final = struct.Struct("<I")
 _U64: Final = struct.Struct("<Q")
 _U32_UNPACK: Final = _U32.unpack_from
@@ -80,14 +82,16 @@ def prefix_of(nonce: int) -> bytes:
 
 
 def bell_name(prefix: bytes, rid: int) -> bytes:
-    """The name of readiness descriptor ``rid`` (0: the probe) under ``prefix``: the rid as
-    four bytes (little-endian), not as digits.  Why: the kernel finds an abstract name in
-    one of 256 chains chosen by the name's 16-bit ones'-complement sum
-    (``unix_abstract_hash``), and every ring walks its chain comparing names.  Decimal
-    digits sum to a few dozen values, so the rids of 2,000 connections shared 69 chains
-    (34 names walked per ring, 3.7% of both processes' CPU at 1,000 connections); a rid
-    counted in the sum's low byte fills all 256 evenly (8 per chain there)."""
-    return prefix + _U32.pack(rid)
+    """The name of readiness descriptor ``rid`` (0: the probe) under ``prefix``: the rid
+    scrambled (times an odd constant, mod 2**32: one name per rid) in eight hex digits.
+    Why: the kernel finds an abstract name in one of 256 chains chosen by the name's 16-bit
+    ones'-complement sum (``unix_abstract_hash``), and every ring walks its chain comparing
+    names.  The rid's own digits sum to a few dozen values, so 2,000 names (1,000
+    connections) sat in 69 chains, ~34 compared per ring (3.7% of both processes' CPU);
+    scrambled, they use nearly all 256.  Printable, as names were: ``/proc/net/unix``
+    prints a name's bytes as they are (a newline among them would break its lines for
+    ``ss`` and every other reader)."""
+    return prefix + b"%08x" % (rid * SCRAMBLE & 0xFFFFFFFF)
 
 
 class Names:

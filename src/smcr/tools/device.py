@@ -115,7 +115,8 @@ def shm_gids(directory: Path | None = None, unix_table: Path = Path("/proc/net/u
              if path.is_dir()]  # fmt: skip
     prefix = rendezvous.ABSTRACT_PREFIX
     try:
-        lines = unix_table.read_text().splitlines()[1:]
+        # (another process's abstract name may be any bytes: not UTF-8, a line break)
+        lines = unix_table.read_text(errors="replace").split("\n")[1:]
     except OSError:
         lines = []
     names += [fields[-1][1 + len(prefix):] for fields in map(str.split, lines)
