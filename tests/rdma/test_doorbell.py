@@ -167,6 +167,28 @@ def test_ring_to_says_what_python_says_of_a_name_too_long(calls: str) -> None:
         ringer.close()
 
 
+@pytest.mark.parametrize("rid", [0, 1, 2, 0xFFFF, 0x1234567, 0xFFFFFFFF])
+def test_ring_rid_rings_the_name_bell_name_makes(calls: str, rid: int) -> None:
+    """A producer rings a consumer's readiness descriptor by its prefix and rid: the name rung
+    is the one the consumer bound (``bell_name``), for any rid a process hands out."""
+    prefix = b"\0smcr-test-ring-rid-%d-" % os.getpid()
+    target, ringer = _named(doorbell.bell_name(prefix, rid)), plainsock.datagram()
+    try:
+        assert doorbell.ring_rid(ringer, prefix, rid) == 0
+        assert target.recv(64) == b"r"
+        assert doorbell.ring_rid(ringer, prefix, rid ^ 0x10) == errno.ECONNREFUSED  # nobody
+        assert doorbell.queued(target) is False
+        with pytest.raises(ValueError, match="abstract"):
+            doorbell.ring_rid(ringer, prefix[1:], rid)  # a path's start: not a bell's name
+        if calls == "c":
+            assert doorbell.C_CALLS is not None
+            assert doorbell.C_CALLS.SCRAMBLE == doorbell.SCRAMBLE
+    finally:
+        target.close()
+        ringer.close()
+    assert doorbell.ring_rid(ringer, prefix, rid) == errno.EBADF  # closed: nothing sent
+
+
 def test_the_c_and_python_drains_read_the_same_most(calls: str) -> None:
     """Callers tell a full read (more may wait) by DRAIN_MOST: whichever drain runs reads at
     most that many in one call, and exactly that many where more wait."""

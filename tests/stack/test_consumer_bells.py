@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from smcr.rdma import bells
+from smcr.rdma import bells, doorbell
 from smcr.rdma.bells import WatchSlot
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm.cq import ShmCompletionQueue
@@ -539,10 +539,10 @@ def test_the_bell_names_of_many_connections_spread_over_the_kernels_name_chains(
     prefix = bells.prefix_of(0x0123456789ABCDEF)
     counts: dict[int, int] = {}
     for rid in range(1000, 3048):
-        chain = _unix_abstract_hash(bells.bell_name(prefix, rid))
+        chain = _unix_abstract_hash(doorbell.bell_name(prefix, rid))
         counts[chain] = counts.get(chain, 0) + 1
     walked = sum(n * n for n in counts.values()) / 2048  # names compared per ring, on average
     assert len(counts) >= 240 and walked <= 2 * (2048 / 256 + 1)
-    names = {bells.bell_name(prefix, rid) for rid in range(0, 5000)}
+    names = {doorbell.bell_name(prefix, rid) for rid in range(0, 5000)}
     assert len(names) == 5000
     assert all(name[1:].decode("ascii").isprintable() for name in names)

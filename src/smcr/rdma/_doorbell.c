@@ -130,6 +130,53 @@ static PyObject *ring_to(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return PyLong_FromLong(sent < 0 ? errno : 0);
 }
 
+/* The multiplier that scrambles a readiness descriptor's rid into its name (exported as
+ * SCRAMBLE: smcr.rdma.doorbell's must be the same, since a consumer binds the name its
+ * Python makes and a producer here rings the name this makes). */
+#define SCRAMBLE 0x9E3779B1u
+
+/* ring_rid(sock, prefix, rid) -> int: ring_to(sock, name) where name is prefix followed by
+ * (rid * SCRAMBLE) mod 2**32 in eight lower-case hex digits (smcr.rdma.doorbell.bell_name),
+ * made here in the address itself: no name object per ring.  The prefix is an abstract
+ * name's start (a leading NUL). */
+static PyObject *ring_rid(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "ring_rid takes a socket, a prefix and a rid");
+        return NULL;
+    }
+    char *prefix;
+    Py_ssize_t len;
+    if (PyBytes_AsStringAndSize(args[1], &prefix, &len) < 0)
+        return NULL;
+    struct sockaddr_un addr;
+    if (len < 1 || prefix[0] != 0 || (size_t)len + 8 > sizeof addr.sun_path) {
+        PyErr_SetString(PyExc_ValueError, "ring_rid needs an abstract name's prefix");
+        return NULL;
+    }
+    unsigned long long rid = PyLong_AsUnsignedLongLongMask(args[2]);
+    if (rid == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    int fd = descriptor(args[0]);
+    if (fd == -2)
+        return NULL;
+    if (fd < 0)
+        return PyLong_FromLong(EBADF);
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    memcpy(addr.sun_path, prefix, (size_t)len);
+    static const char digits[] = "0123456789abcdef";
+    unsigned int scrambled = (unsigned int)(rid * SCRAMBLE);
+    for (int i = 7; i >= 0; i--, scrambled >>= 4)
+        addr.sun_path[len + i] = digits[scrambled & 15];
+    socklen_t size = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)len + 8);
+    ssize_t sent;
+    do
+        sent = sendto(fd, "r", 1, MSG_DONTWAIT, (struct sockaddr *)&addr, size);
+    while (sent < 0 && errno == EINTR);
+    return PyLong_FromLong(sent < 0 ? errno : 0);
+}
+
 /* queued(sock) -> bool: whether a datagram (or a byte) waits, taking nothing (MSG_PEEK). */
 static PyObject *queued(PyObject *self, PyObject *sock) {
     (void)self;
@@ -151,6 +198,8 @@ static PyMethodDef methods[] = {
     {"drain", drain, METH_O, "Drain a doorbell socket, never blocking; the bytes read."},
     {"ring_to", (PyCFunction)(void (*)(void))ring_to, METH_FASTCALL,
      "Send a ring datagram to a unix socket name, never blocking; 0 or the errno."},
+    {"ring_rid", (PyCFunction)(void (*)(void))ring_rid, METH_FASTCALL,
+     "Send a ring datagram to the readiness descriptor named by a prefix and a rid."},
     {"queued", queued, METH_O, "Whether something waits on a socket (MSG_PEEK, no wait)."},
     {NULL, NULL, 0, NULL},
 };
@@ -197,7 +246,8 @@ PyMODINIT_FUNC PyInit__doorbell(void) {
     }
     socket_type = (PyTypeObject *)type;
     PyObject *made = PyModule_Create(&module);
-    if (made != NULL && PyModule_AddIntConstant(made, "DRAIN_MOST", DRAIN_MOST) < 0)
+    if (made != NULL && (PyModule_AddIntConstant(made, "DRAIN_MOST", DRAIN_MOST) < 0
+                         || PyModule_AddIntConstant(made, "SCRAMBLE", SCRAMBLE) < 0))
         Py_CLEAR(made);
     return made;
 }

@@ -58,6 +58,7 @@ from typing import Final
 
 from smcr import plainsock
 from smcr.rdma import doorbell
+from smcr.rdma.doorbell import bell_name
 from smcr.rdma.stores import store_u32, store_u64
 
 NONCE: Final = 8
@@ -68,8 +69,6 @@ WATCH_SLOTS: Final = 1 << 15
 WATCH_MASK: Final = WATCH_SLOTS - 1
 WATCHES_END: Final = WATCHES + 4 * WATCH_SLOTS
 
-SCRAMBLE: Final = 0x9E3779B1
-"""An odd multiplier (2**32 over the golden ratio): rids far apart (:func:`bell_name`)."""
 _U32: Final = struct.Struct("<I")
 _U64: Final = struct.Struct("<Q")
 _U32_UNPACK: Final = _U32.unpack_from
@@ -79,19 +78,6 @@ _DONTWAIT: Final = socket.MSG_DONTWAIT
 def prefix_of(nonce: int) -> bytes:
     """The bell names' common start for a process with ``nonce``."""
     return b"\0smcr-ready-%016x-" % nonce
-
-
-def bell_name(prefix: bytes, rid: int) -> bytes:
-    """The name of readiness descriptor ``rid`` (0: the probe) under ``prefix``: the rid
-    scrambled (times an odd constant, mod 2**32: one name per rid) in eight hex digits.
-    Why: the kernel finds an abstract name in one of 256 chains chosen by the name's 16-bit
-    ones'-complement sum (``unix_abstract_hash``), and every ring walks its chain comparing
-    names.  The rid's own digits sum to a few dozen values, so 2,000 names (1,000
-    connections) sat in 69 chains, ~34 compared per ring (3.7% of both processes' CPU);
-    scrambled, they use nearly all 256.  Printable, as names were: ``/proc/net/unix``
-    prints a name's bytes as they are (a newline among them would break its lines for
-    ``ss`` and every other reader)."""
-    return prefix + b"%08x" % (rid * SCRAMBLE & 0xFFFFFFFF)
 
 
 class Names:
@@ -216,7 +202,7 @@ def ring_consumer(notify: mmap, prefix: bytes, token: int) -> bool:
 def ring_name(prefix: bytes, rid: int) -> bool:
     """Send the ring (one datagram) to the consumer bell named ``rid`` under ``prefix``,
     its watch word taken (:func:`ring_consumer`); whether it went."""
-    return doorbell.ring_to(_ringer(), bell_name(prefix, rid)) == 0
+    return doorbell.ring_rid(_ringer(), prefix, rid) == 0
 
 
 class WatchSlot:
