@@ -93,6 +93,23 @@ static PyObject *drain(PyObject *self, PyObject *sock) {
     return PyLong_FromSsize_t(got > 0 ? got : 0);
 }
 
+/* The ring datagram "r" sent from sock to the size bytes of addr (MSG_DONTWAIT): 0 when it
+ * went, else the errno (EAGAIN: the receiver's queue, or the sender's buffer, is full;
+ * EBADF: sock closed); NULL with an error set where sock gives no descriptor.  What
+ * ring_to and ring_rid send once each has made its address. */
+static PyObject *send_ring(PyObject *sock, const struct sockaddr_un *addr, socklen_t size) {
+    int fd = descriptor(sock);
+    if (fd == -2)
+        return NULL;
+    if (fd < 0)
+        return PyLong_FromLong(EBADF);
+    ssize_t sent;
+    do
+        sent = sendto(fd, "r", 1, MSG_DONTWAIT, (const struct sockaddr *)addr, size);
+    while (sent < 0 && errno == EINTR);
+    return PyLong_FromLong(sent < 0 ? errno : 0);
+}
+
 /* ring_to(sock, name) -> int: one datagram "r" sent to the unix socket address name
  * (MSG_DONTWAIT), the address made as sock.sendto(b"r", MSG_DONTWAIT, name) makes it
  * (CPython's getsockaddrarg: an abstract name, with its leading NUL, or a path, followed by
@@ -114,20 +131,11 @@ static PyObject *ring_to(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_OSError, "AF_UNIX path too long");
         return NULL;
     }
-    int fd = descriptor(args[0]);
-    if (fd == -2)
-        return NULL;
-    if (fd < 0)
-        return PyLong_FromLong(EBADF);
     memset(&addr, 0, sizeof addr);
     addr.sun_family = AF_UNIX;
     memcpy(addr.sun_path, name, (size_t)len);
-    socklen_t size = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)len);
-    ssize_t sent;
-    do
-        sent = sendto(fd, "r", 1, MSG_DONTWAIT, (struct sockaddr *)&addr, size);
-    while (sent < 0 && errno == EINTR);
-    return PyLong_FromLong(sent < 0 ? errno : 0);
+    size_t size = offsetof(struct sockaddr_un, sun_path) + (size_t)len;
+    return send_ring(args[0], &addr, (socklen_t)size);
 }
 
 /* The multiplier that scrambles a readiness descriptor's rid into its name (exported as
@@ -157,11 +165,6 @@ static PyObject *ring_rid(PyObject *self, PyObject *const *args, Py_ssize_t narg
     unsigned long long rid = PyLong_AsUnsignedLongLongMask(args[2]);
     if (rid == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
-    int fd = descriptor(args[0]);
-    if (fd == -2)
-        return NULL;
-    if (fd < 0)
-        return PyLong_FromLong(EBADF);
     memset(&addr, 0, sizeof addr);
     addr.sun_family = AF_UNIX;
     memcpy(addr.sun_path, prefix, (size_t)len);
@@ -169,12 +172,8 @@ static PyObject *ring_rid(PyObject *self, PyObject *const *args, Py_ssize_t narg
     unsigned int scrambled = (unsigned int)(rid * SCRAMBLE);
     for (int i = 7; i >= 0; i--, scrambled >>= 4)
         addr.sun_path[len + i] = digits[scrambled & 15];
-    socklen_t size = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)len + 8);
-    ssize_t sent;
-    do
-        sent = sendto(fd, "r", 1, MSG_DONTWAIT, (struct sockaddr *)&addr, size);
-    while (sent < 0 && errno == EINTR);
-    return PyLong_FromLong(sent < 0 ? errno : 0);
+    size_t size = offsetof(struct sockaddr_un, sun_path) + (size_t)len + 8;
+    return send_ring(args[0], &addr, (socklen_t)size);
 }
 
 /* queued(sock) -> bool: whether a datagram (or a byte) waits, taking nothing (MSG_PEEK). */
