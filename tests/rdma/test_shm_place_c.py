@@ -6,6 +6,7 @@ The compiled build serves it (CI builds it: there a missing module fails, not sk
 from __future__ import annotations
 
 import random
+import select
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,3 +140,37 @@ def test_look_peer_refuses_a_short_segment() -> None:
     # a watch word past the segment's end is not read (an older consumer's segment)
     assert C.look_peer(notify_segment(ARM_PROGRESS)[:100], 0, 5, bl.WATCHES, bl.WATCH_MASK,
                        True) == 1  # fmt: skip
+
+
+def _rung(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+@pytest.mark.parametrize("place", ["c", "python"])
+def test_a_standby_arm_rings_the_door_it_was_taken_for(pairs: list[tuple[Side, Side]],
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       place: str) -> None:  # fmt: skip
+    """A requester that finds the consumer's CQ armed takes the arm and rings its door.  The
+    C takes it by a compare and exchange, so the door is the one of the value it took: the
+    standby's alone.  The Python has no atomic exchange, and between its load and its store
+    the consumer may have armed for the other door (a poller that took the standby's arm
+    back and armed its own): it rings both, a spurious wake-up at worst, where ringing the
+    one it read left that poller asleep with its news in the queue."""
+    a, b = pairs[0]
+    monkeypatch.setattr(send, "PLACE", C if place == "c" else None)
+    peer = a.qp._peer
+    assert peer is not None and peer.notify is not None and peer.standby_bell is not None
+    b.cq.clear_signal()
+    b.cq.clear_standby()
+    lay.U32.pack_into(peer.notify, 0, ARM_STANDBY)
+    send.notify(peer)
+    assert lay.U32.unpack_from(peer.notify, 0)[0] == 0
+    assert _rung(b.cq.standby_fileno())
+    assert _rung(b.cq.fileno()) == (place == "python")
+    b.cq.clear_signal()
+    b.cq.clear_standby()
+    lay.U32.pack_into(peer.notify, 0, ARM_SLEEPER)
+    send.notify(peer)  # (a poller's arm: its door, the CQ's)
+    assert lay.U32.unpack_from(peer.notify, 0)[0] == 0
+    assert _rung(b.cq.fileno())
+    assert _rung(b.cq.standby_fileno()) == (place == "python")

@@ -56,6 +56,29 @@ def echo_server(ctl: Connection, decline: bool = False, conns: int = 1) -> None:
     srv.close()
 
 
+def threaded_echo_server(ctl: Connection, conns: int, size: int) -> None:
+    """Accept ``conns`` clients, a thread each that echoes ``size``-byte messages until EOF
+    (a threaded server: every connection's thread blocked in its own ``recv``)."""
+    srv = smcr.create_server((host(), 0))
+    ctl.send(srv.getsockname()[1])
+
+    def echo(c: smcr.SMCSocket) -> None:
+        buf = bytearray(size)
+        with c:
+            while c.recv_into(buf, size, socket.MSG_WAITALL) == size:
+                c.sendall(buf)
+
+    threads = []
+    for _ in range(conns):
+        c, _ = srv.accept()
+        threads.append(threading.Thread(target=echo, args=(c,)))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    srv.close()
+    ctl.send("done")
+
+
 def sink_server(ctl: Connection) -> None:
     """Accept one client, read to EOF, send back SHA-256 of what came and its own stream."""
     srv = smcr.create_server((host(), 0))

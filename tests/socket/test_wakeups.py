@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import select
 import selectors
+import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +20,50 @@ from tests.socket.conftest import RNICS, Peer
 from tests.support import voluntary_switches
 
 TRIALS = 10
+
+
+def test_threads_blocked_on_their_own_connections_miss_no_wakeup() -> None:
+    """Two client threads, a connection each, blocking round trips against a server with a
+    thread per connection: one thread at a time sleeps on the CQ for everyone, the other
+    waits for it, and the CQ's arm word changes hands between them and the progress
+    thread's standby at every round trip.  A requester that cleared the word with a plain
+    store after loading it could erase the arm a poller made in between (its 1 over the
+    standby's 2, rung at the standby's door): the poller slept on with its news in the
+    queue, and both threads waited a whole second (in about one run of 20,000 round trips
+    in five).  Generous: a round trip takes microseconds, a missed wake-up a second."""
+    size, rounds, threads = 100, 6000, 2
+    peer = Peer(smc_peer.threaded_echo_server, threads, size)
+    try:
+        port = peer.recv()
+        conns = [smcr.create_connection(("127.0.0.1", port), timeout=20) for _ in range(threads)]
+        assert all(c.smc_info().mode == "SMCR" for c in conns)
+        slowest = [0.0] * threads
+        failed: list[BaseException] = []
+
+        def run(i: int) -> None:
+            conn, msg, buf = conns[i], bytes([i]) * size, bytearray(size)
+            try:
+                for _ in range(rounds):
+                    began = time.monotonic()
+                    conn.sendall(msg)
+                    assert conn.recv_into(buf, size, socket.MSG_WAITALL) == size
+                    slowest[i] = max(slowest[i], time.monotonic() - began)
+                    assert buf == msg
+            except BaseException as e:  # (reported by the test's thread)
+                failed.append(e)
+
+        workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+        assert not failed, failed
+        assert max(slowest) < 0.5, slowest
+        for c in conns:
+            c.close()
+        assert peer.recv() == "done"
+    finally:
+        peer.stop()
 
 
 def test_news_after_a_blocked_reader_returns_is_taken_at_once() -> None:

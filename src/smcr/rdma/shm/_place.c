@@ -198,10 +198,11 @@ fail_area:
 
 /* look_peer(notify, mark, wake, watches, watch_mask, bells) -> whom to ring
  *   0: nobody (the CQ is not armed: a poller is awake);
- *   1: the CQ's doorbell, 2: its standby doorbell (the arm word cleared);
+ *   1: the CQ's doorbell, 2: its standby doorbell (the arm word taken, by a compare and
+ *   exchange: the door is that of the value taken);
  *   rid << 2 | 1 or 2: the consumer bell of readiness rid (its watch word cleared, the
- *   arm word left), or if that cannot be rung the doorbell the low bits name (the caller
- *   then clears the arm word).
+ *   arm word left), or if that cannot be rung the doorbell the low bits name (the arm word
+ *   still left: a ring beside an arm is a spurious wake-up at most).
  * After a SEND was placed: the peer QP's mark byte set, a full fence, the CQ's arm word
  * and, for a SEND keyed wake (0: none) while the CQ is armed for no application thread and
  * the peer rings by name (bells), the watch word of wake. */
@@ -227,8 +228,15 @@ static long long look_core(unsigned char *n, long long len, long long mark, long
             }
         }
         if (!result) {
-            __atomic_store_n((uint32_t *)n, 0u, __ATOMIC_RELAXED);
-            result = door;
+            /* taken only as the value read, atomically: a plain store of 0 after the load
+             * erased an arm the consumer made between the two (its poller's 1 over the 2 of
+             * the standby it took back), and rang the door of the old one: the poller slept
+             * on, its news in the queue, until a timeout. */
+            uint32_t seen = target;
+            while (seen && !__atomic_compare_exchange_n((uint32_t *)n, &seen, 0u, 0,
+                                                        __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+                ;
+            result = !seen ? 0 : seen == ARM_STANDBY ? 2 : 1;
         }
     }
     return result;

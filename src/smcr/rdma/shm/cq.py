@@ -14,7 +14,9 @@ the responder hands to each requester at RTR along with the doorbell:
 * the sleeper (:meth:`ShmCompletionQueue.req_notify`) stores 1, then -- after
   a full fence -- polls once more, and only then sleeps;
 * a requester stores ``produced``, fences, loads the word, and only when it
-  reads a target stores 0 and rings: the CQ's doorbell for 1
+  reads a target takes it (a compare and exchange to 0: a plain store could erase an
+  arm for another door that the consumer made after the load) and rings the door of the
+  value it took: the CQ's doorbell for 1
   (:data:`~smcr.rdma.completion.ARM_SLEEPER`), its standby doorbell for 2
   (:data:`~smcr.rdma.completion.ARM_STANDBY`, handed to requesters whose hello asks for it;
   an older requester rings the doorbell for any target).

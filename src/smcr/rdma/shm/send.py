@@ -82,24 +82,27 @@ def notify(peer: PeerLink, wake: int = 0) -> None:
         if (wake and target != ARM_SLEEPER and peer.bells
                 and ring_consumer(notify, peer.bells, wake)):  # fmt: skip
             return
+        # (Python has no atomic exchange: between the load and this store the consumer may
+        # have armed for another door -- a poller's 1 over the standby's 2 it took back, or
+        # the standby's over the poller's -- and a ring of the door read would wake nobody.
+        # Both doors, then: a spurious wake-up at worst.  The C takes the word by a compare
+        # and exchange, and rings one.)
         store_u32(notify, 0, 0)
-        if target == ARM_STANDBY and peer.standby_bell is not None:
+        if peer.standby_bell is not None:
             ring(peer.standby_bell)
-            return
     ring(peer.bell)
 
 
 def ring_whom(peer: PeerLink, whom: int) -> None:
     """Ring whom ``_place.c``'s look at the peer CQ's words named (``look_peer``, and the
     lane's ``post_inline``): nobody (0), the CQ's doorbell (1) or its standby doorbell (2),
-    or a consumer bell (``rid << 2 | door``: the doorbell ``door`` if it cannot be rung)."""
+    or a consumer bell (``rid << 2 | door``: the doorbell ``door`` if it cannot be rung; the
+    arm word is left as it is then, since a plain store of 0 could erase an arm the consumer
+    made since for another door: a ring beside an arm costs a spurious wake-up at most)."""
     if not whom:
         return
-    if whom > 3:
-        if ring_name(peer.bells, whom >> 2):
-            return
-        if peer.notify is not None:
-            store_u32(peer.notify, 0, 0)
+    if whom > 3 and ring_name(peer.bells, whom >> 2):
+        return
     if whom & 3 == ARM_STANDBY and peer.standby_bell is not None:
         ring(peer.standby_bell)
         return
