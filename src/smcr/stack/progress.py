@@ -50,7 +50,7 @@ from typing import Final
 
 from smcr import exits, settings
 from smcr.osthreads import NamedThread
-from smcr.rdma import WorkCompletion
+from smcr.rdma import WorkCompletion, doorbell
 from smcr.rdma.completion import ARM_PROGRESS, ARM_SLEEPER, ARM_STANDBY
 from smcr.stack.closing import Closing
 from smcr.stack.counters import COUNTERS
@@ -330,11 +330,8 @@ class Progress:
                 elif fd == self._tcp_fd:
                     for ended in clc.ended():
                         ex.tcp_ended(ended)
-                else:  # our own doorbell (non-blocking)
-                    try:
-                        os.read(fd, 4096)
-                    except OSError:
-                        pass
+                else:  # our own doorbell (in C: the GIL is kept while the lock is held)
+                    doorbell.drain(self.wake.bell(bg))
                     if self.wake.app_polls_elsewhere():
                         # an app thread took over polling while we slept: the ring (a new
                         # descriptor to watch) was for it, and it may have gone into its
