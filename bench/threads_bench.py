@@ -73,7 +73,9 @@ def serve(kind: str, size: int) -> None:
 
 def client(port: int, kind: str, threads: int, size: int, count: int) -> None:
     """The client: ``threads`` connections, ``count`` timed round trips on each in a thread
-    of its own; prints ``transactions_per_s cpu_us_per_transaction``."""
+    of its own; prints ``transactions_per_s cpu_us_per_transaction slowest_ms`` (the
+    slowest round trip of any thread: a missed wake-up shows there as a wait of a second,
+    where the rate only dips)."""
     make: Any
     if kind == "smc":
         import smcr  # noqa: PLC0415 - the TCP runs import nothing of smcr
@@ -84,6 +86,7 @@ def client(port: int, kind: str, threads: int, size: int, count: int) -> None:
     conns = [make(("127.0.0.1", port)) for _ in range(threads)]
     start = threading.Barrier(threads + 1)
     msg = b"x" * size
+    slowest = [0.0]
 
     def run(conn: Any) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -92,10 +95,14 @@ def client(port: int, kind: str, threads: int, size: int, count: int) -> None:
             conn.sendall(msg)
             conn.recv_into(buf, size, socket.MSG_WAITALL)
         start.wait()
+        clock, most = time.perf_counter, 0.0
         for _ in range(count):
+            began = clock()
             conn.sendall(msg)
             if conn.recv_into(buf, size, socket.MSG_WAITALL) != size:
                 raise RuntimeError("the server closed the connection")
+            most = max(most, clock() - began)
+        slowest[0] = max(slowest[0], most)
 
     workers = [threading.Thread(target=run, args=(c,)) for c in conns]
     for w in workers:
@@ -109,11 +116,11 @@ def client(port: int, kind: str, threads: int, size: int, count: int) -> None:
         c.close()
     done = threads * count
     cpu = (c1.user + c1.system - c0.user - c0.system) / done * 1e6
-    print(f"{done / dt:.1f} {cpu:.3f}", flush=True)
+    print(f"{done / dt:.1f} {cpu:.3f} {slowest[0] * 1e3:.3f}", flush=True)
 
 
-def run_once(kind: str, threads: int, size: int, count: int) -> tuple[float, float]:
-    """One server and one client, as separate processes: the client's two figures."""
+def run_once(kind: str, threads: int, size: int, count: int) -> tuple[float, float, float]:
+    """One server and one client, as separate processes: the client's three figures."""
     me = [sys.executable, os.path.abspath(__file__)]
     server = subprocess.Popen([*me, "--serve", kind, str(size)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
@@ -125,8 +132,8 @@ def run_once(kind: str, threads: int, size: int, count: int) -> tuple[float, flo
         out = subprocess.run([*me, "--client", str(port), kind, str(threads), str(size),
                               str(count)], capture_output=True, text=True, check=True)  # fmt: skip
         server.wait(timeout=60)  # (it ends when the client has closed every connection)
-        rate, cpu = (float(x) for x in out.stdout.split())
-        return rate, cpu
+        rate, cpu, slowest = (float(x) for x in out.stdout.split())
+        return rate, cpu, slowest
     finally:
         if server.poll() is None:  # (the client failed: the server still waits for it)
             server.kill()
@@ -151,7 +158,7 @@ def main() -> None:
     counts = [int(x) for x in args.threads.split(",")]
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(args.load)]  # fmt: skip
-    figures: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    figures: dict[tuple[int, str], list[tuple[float, float, float]]] = defaultdict(list)
     try:
         for _ in range(args.rounds):
             for threads in counts:
@@ -168,11 +175,13 @@ def main() -> None:
         medians = {}
         for kind in ("smc", "tcp"):
             runs = figures[threads, kind]
-            rates = [r for r, _ in runs]
+            rates = [r for r, _, _ in runs]
             medians[kind] = statistics.median(rates)
-            cpu = statistics.median(c for _, c in runs)
+            cpu = statistics.median(c for _, c, _ in runs)
+            slowest = max(w for _, _, w in runs)
             print(f"  {threads:3d} thread(s) {kind}  {medians[kind]:9.0f} tx/s "
-                  f"[{min(rates):.0f}..{max(rates):.0f}]  client CPU/tx {cpu:6.1f} us")
+                  f"[{min(rates):.0f}..{max(rates):.0f}]  client CPU/tx {cpu:6.1f} us  "
+                  f"slowest round trip {slowest:7.1f} ms")
         print(f"  {threads:3d} thread(s) SMC-R/TCP {medians['smc'] / medians['tcp']:.2f}x")
 
 
