@@ -183,10 +183,11 @@ def main() -> None:
         return
     from smcr.core import engine  # noqa: PLC0415
     from smcr.stack import runtime  # noqa: PLC0415
+    from smcr.wire import clc  # noqa: PLC0415
 
     result = {
         "native": native.status().describe(),
-        "compiled": [native.module_is_compiled(m) for m in (engine, runtime)],
+        "compiled": [native.module_is_compiled(m) for m in (engine, runtime, clc)],
         "sans_io": sans_io(),
         "stack": stack(),
     }

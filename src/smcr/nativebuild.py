@@ -19,8 +19,11 @@ What is compiled (:data:`MODULES`): the modules every message goes through: the
 sans-IO engine and its connection/link-group state, the CDC and cursor codecs,
 the runtime's parts that drive the engine, a connection's data path with the
 socket's data calls (:mod:`smcr.stack.conn`), and both software RNICs.  Measured
-(README, issue 15) against compiling less; modules that run once per connection or
-never on the data path (CLC, CLI, diagnostics, the socket package) stay interpreted.
+(README, issue 15) against compiling less; and the CLC codec, which every connection's
+set-up runs (a server that sets up connections for several clients at once spent a fifth
+of its handshake thread there, interpreted).  Modules that run once per connection
+otherwise or never on the data path (the decline codes, CLI, diagnostics, the socket
+package) stay interpreted.
 The socket package could not be compiled anyway: ``weakref.finalize`` needs a
 ``__weakref__`` slot that mypyc's native classes lack.  What a compiled module must
 not do (shadow methods per instance, re-read a narrowed attribute after a call, ...)
@@ -69,6 +72,10 @@ MODULES: tuple[str, ...] = (
     "core/engine.py",
     "wire/cursor.py",
     "wire/cdc.py",
+    "wire/validate.py",
+    "wire/clc_header.py",
+    "wire/clc_proposal.py",
+    "wire/clc.py",
     "stack/counters.py",
     "stack/readiness.py",
     "stack/hostconn.py",

@@ -22,4 +22,4 @@ def test_check_bytes() -> None:
     check_bytes("gid", bytes(16), 16)
     for bad in (bytes(15), bytes(17), bytearray(16)):
         with pytest.raises(ValueError, match="gid must be 16 bytes"):
-            check_bytes("gid", bad, 16)  # type: ignore[arg-type]
+            check_bytes("gid", bad, 16)

@@ -292,8 +292,17 @@ class FirstContactExt:
         )
 
 
+class _ClcTyped:
+    """What a CLC message class says of its type (:attr:`TYPE`), outside the dataclass: a
+    ``ClassVar`` in a dataclass body that mypyc compiles is taken for a field (mypyc
+    drops ``ClassVar`` from the annotations it gives the dataclass decorator)."""
+
+    __slots__ = ()
+    TYPE: ClassVar[ClcType]
+
+
 @dataclass(frozen=True, slots=True)
-class _AcceptConfirm:
+class _AcceptConfirm(_ClcTyped):
     """Fields and codec shared by :class:`ClcAccept` and :class:`ClcConfirm` (spec §2.4).
 
     :param version: CLC version (1, or 2+ for the v2 layout).
@@ -314,8 +323,6 @@ class _AcceptConfirm:
     :param gid_list: Confirm v2 first contact only: the client's GIDs (at most
         :data:`CONFIRM_MAX_GIDS`); empty otherwise.
     """
-
-    TYPE: ClassVar[ClcType]
 
     version: int
     first_contact: bool
@@ -481,18 +488,19 @@ class _AcceptConfirm:
         )
 
 
-@dataclass(frozen=True, slots=True)
 class ClcAccept(_AcceptConfirm):
     """CLC Accept (type 0x02, server -> client), SMC-R (spec §2.4).
 
     Describes the server's side of the link and connection.  See
-    :class:`_AcceptConfirm` for the fields; an Accept never has a GID list.
+    :class:`_AcceptConfirm` for the fields; an Accept never has a GID list.  (No
+    ``@dataclass`` of its own: it adds no field, and its dataclass methods are its
+    base's.)
     """
 
+    __slots__ = ()
     TYPE: ClassVar[ClcType] = ClcType.ACCEPT
 
 
-@dataclass(frozen=True, slots=True)
 class ClcConfirm(_AcceptConfirm):
     """CLC Confirm (type 0x03, client -> server), SMC-R (spec §2.4).
 
@@ -500,6 +508,7 @@ class ClcConfirm(_AcceptConfirm):
     first-contact Confirm adds the GID list after the extension.
     """
 
+    __slots__ = ()
     TYPE: ClassVar[ClcType] = ClcType.CONFIRM
 
 

@@ -220,7 +220,7 @@ def decoded(cls: type[_T], **fields: object) -> _T:
     to send, and a field unpacked from a fixed-width struct field cannot be out of its
     range (a handshake decodes three messages; the checks were a third of their cost);
     internal helper."""
-    obj = object.__new__(cls)
+    obj = cls.__new__(cls)  # (object.__new__ refuses a compiled class)
     for name, value in fields.items():
         object.__setattr__(obj, name, value)
     return obj

@@ -23,7 +23,7 @@ def check_uint(name: str, value: int, bits: int) -> None:
         raise ValueError(f"{name}={value!r} does not fit in {bits} bits")
 
 
-def check_bytes(name: str, value: bytes, size: int) -> None:
+def check_bytes(name: str, value: object, size: int) -> None:
     """Raise :class:`ValueError` unless ``value`` is ``bytes`` of exactly ``size``.
 
     :param name: the field, as the message will name it.
