@@ -83,12 +83,15 @@ def notify(peer: PeerLink, wake: int = 0) -> None:
                 and ring_consumer(notify, peer.bells, wake)):  # fmt: skip
             return
         # (Python has no atomic exchange: between the load and this store the consumer may
-        # have armed for another door -- a poller's 1 over the standby's 2 it took back, or
-        # the standby's over the poller's -- and a ring of the door read would wake nobody.
-        # Both doors, then: a spurious wake-up at worst.  The C takes the word by a compare
-        # and exchange, and rings one.)
+        # have armed for another door, and a ring of the door read would wake nobody.  A
+        # standby's arm read is rung at both doors: a poller that took it back and armed
+        # its own sleeps on the CQ's (a spurious wake-up at worst).  A poller's arm read
+        # rings its door alone: the standby armed over it looked once after arming, and
+        # later news waits for the progress thread's look-in at worst; ringing the standby
+        # at every message woke the progress thread at every round trip.  The C takes the
+        # word by a compare and exchange, and rings the door of the value it took.)
         store_u32(notify, 0, 0)
-        if peer.standby_bell is not None:
+        if target == ARM_STANDBY and peer.standby_bell is not None:
             ring(peer.standby_bell)
     ring(peer.bell)
 
