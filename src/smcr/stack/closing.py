@@ -118,6 +118,26 @@ class Closing:
                     ex.local_end(armed)
         ex.let_go(hc)
 
+    def peer_tcp_ended(self, hc: HostConn) -> None:
+        """An SMC-R connection's TCP socket became readable: the peer closed it, or died.
+
+        Over the RoCE RNIC a killed peer process leaves only its kernel's FIN/RST,
+        so the engine tests the link at once (:meth:`Engine.probe_link`): a live
+        peer answers, a dead one does not and the connection is reset within
+        ``llc_wait`` (or the QP's retry exceeded).  The socket is watched no more
+        (bytes there, which SMC-R never sends, would wake us in a loop).
+        """
+        ex = self.ex
+        try:
+            hc.tcp.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            ex.clc.watch_end(hc)  # a spurious wakeup
+            return
+        except OSError:
+            pass
+        if not hc.released:
+            ex.execute(ex.engine.probe_link(hc.conn_id, time.monotonic()))
+
     def orphan(self, hc: HostConn, linger: float | None) -> None:
         """Close a connection whose socket was garbage-collected unclosed; any thread,
         lock-free (the collector may run inside code that holds the runtime's lock).

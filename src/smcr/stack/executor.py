@@ -658,25 +658,6 @@ class Executor:
         finally:
             clc.feeding = False
 
-    def tcp_ended(self, hc: HostConn) -> None:
-        """An SMC-R connection's TCP socket became readable: the peer closed it, or died.
-
-        Over the RoCE RNIC a killed peer process leaves only its kernel's FIN/RST,
-        so the engine tests the link at once (:meth:`Engine.probe_link`): a live
-        peer answers, a dead one does not and the connection is reset within
-        ``llc_wait`` (or the QP's retry exceeded).  The socket is watched no more
-        (bytes there, which SMC-R never sends, would wake us in a loop).
-        """
-        try:
-            hc.tcp.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            self.clc.watch_end(hc)  # a spurious wakeup
-            return
-        except OSError:
-            pass
-        if not hc.released:
-            self.execute(self.engine.probe_link(hc.conn_id, time.monotonic()))
-
 
 def _close_quietly(sock: socket.socket) -> None:
     """Close a runtime's TCP socket, which the application may have shut or reset."""

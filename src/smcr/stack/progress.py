@@ -329,7 +329,7 @@ class Progress:
                             ex.clc_read(hc)
                 elif fd == self._tcp_fd:
                     for ended in clc.ended():
-                        ex.tcp_ended(ended)
+                        self.closing.peer_tcp_ended(ended)
                 else:  # our own doorbell (in C: the GIL is kept while the lock is held)
                     doorbell.drain(self.wake.bell(bg))
                     if self.wake.app_polls_elsewhere():

@@ -716,7 +716,7 @@ class ShmQp(QueuePair):
                         view[off : off + n] = v
                     off += n
         elif length:
-            self._copy(peer.view, slot + lay.SLOT_HEADER.size, local)
+            _copy_sges(peer.view, slot + lay.SLOT_HEADER.size, local)
         if slot >= 0:
             self._place(peer, slot, length, op.kind, wr.imm_data)
         self._next_psn = (self._next_psn + (-(-length // self._mtu) or 1)) & PSN_MASK
@@ -728,14 +728,6 @@ class ShmQp(QueuePair):
                                              byte_len=length), local=True)  # fmt: skip
         return DONE
 
-    @staticmethod
-    def _copy(remote: memoryview, off: int, local: list[memoryview]) -> None:
-        """One copy per SGE from local memory into the peer's mapping."""
-        for v in local:
-            n = len(v)
-            remote[off : off + n] = v
-            off += n
-
     def _place(self, peer: PeerLink, slot: int, length: int, kind: int, imm: int,
                wake: int = 0) -> None:  # fmt: skip
         """Publish a slot (header, then the ``produced`` count) and ring the peer's CQ (or
@@ -745,6 +737,14 @@ class ShmQp(QueuePair):
         self._produced = produced = self._produced + 1
         store_u64(area, lay.OFF_PRODUCED, produced)
         send.notify(peer, wake)
+
+
+def _copy_sges(remote: memoryview, off: int, local: list[memoryview]) -> None:
+    """One copy per SGE from local memory into the peer's mapping at ``off``."""
+    for v in local:
+        n = len(v)
+        remote[off : off + n] = v
+        off += n
 
 
 def sends_waiting(qp: ShmQp) -> bool:
