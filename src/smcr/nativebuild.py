@@ -86,6 +86,7 @@ MODULES: tuple[str, ...] = (
     "stack/wakeup.py",
     "stack/spin.py",
     "stack/clcwatch.py",
+    "stack/trim.py",
     "stack/executor.py",
     "stack/closing.py",
     "stack/progress.py",

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from smcr.rdma import AccessFlag, SendFlag, SendWr, Sge, WcStatus, WrOpcode
-from smcr.rdma.base import MemoryRegion
+from smcr.rdma.base import MemoryRegion, QueuePair
 from smcr.rdma.shm import ShmDevice
 from smcr.rdma.shm.segment import Segment
-from tests.rdma.rdma_helpers import RW, Side
+from tests.rdma.rdma_helpers import RW, Side, make_side
 
 SIZE = 32 << 20
 
@@ -210,3 +210,48 @@ def test_an_rmb_in_a_segment_is_aliased_on_a_second_device_without_a_descriptor(
     finally:
         one.close()
         two.close()
+
+
+def test_a_writer_gives_back_the_whole_pages_of_a_range_of_the_peers_mr(
+    pair: tuple[Side, Side],
+) -> None:
+    """``discard_remote``: the QP that writes into a peer's MR punches a range of it (the
+    part of an idle connection's RMB the peer has read): only whole pages inside the
+    range, in the peer's segment (its memory and mapping lose them, they read as zeros),
+    and nothing for a range outside the MR, an MR it never wrote into (it has no mapping of
+    it: a look-up would ask the peer's device), or an rkey that is no longer live."""
+    a, b = pair
+    rmb = a.pd.alloc_mr(1 << 16, RW)
+    assert b.qp.discard_remote(rmb.rkey, rmb.addr, 1 << 16) == 0  # (not mapped by b yet)
+    assert _write_at(b, rmb, 7) is WcStatus.SUCCESS
+    rmb.buf[:] = b"r" * (1 << 16)  # (as if b had written all of it)
+    assert _segment_bytes(a.dev, rmb) >= 1 << 16
+    assert b.qp.discard_remote(rmb.rkey, rmb.addr - 4096, 8192) == 0  # starts before the MR
+    assert b.qp.discard_remote(rmb.rkey, rmb.addr + 4096, 1 << 16) == 0  # ends after it
+    assert b.qp.discard_remote(rmb.rkey, rmb.addr + 100, 8100) == 4096  # the one whole page
+    assert bytes(rmb.buf[:4096]) == b"r" * 4096 and bytes(rmb.buf[8192:8292]) == b"r" * 100
+    assert bytes(rmb.buf[4096:8192]) == bytes(4096)
+    assert b.qp.discard_remote(rmb.rkey, rmb.addr + 8192, 1 << 15) == 1 << 15
+    assert (1 << 16) - (1 << 15) - 4096 <= _segment_bytes(a.dev, rmb) <= (1 << 16) - (1 << 15)
+    assert bytes(rmb.buf[: 1 << 12]) == b"r" * 4096  # (what was outside the ranges stays)
+    assert bytes(rmb.buf[(1 << 15) + 8192 :]) == b"r" * ((1 << 15) - 8192)
+    assert _write_at(b, rmb, 9) is WcStatus.SUCCESS  # a punched page takes writes again
+    assert int.from_bytes(rmb.buf[4096:4104], "little") == 9
+    rkey = rmb.rkey
+    rmb.dereg()
+    assert b.qp.discard_remote(rkey, rmb.addr, 1 << 16) == 0
+
+
+def test_a_qp_that_cannot_reach_the_peers_memory_gives_nothing_back(
+    pair: tuple[Side, Side], shm_dir: Path,
+) -> None:
+    """Before RTS there is no peer to punch (nor on a provider whose requester does not map
+    the peer's memory: the base class's answer, 0)."""
+    a, _ = pair
+    rmb = a.pd.alloc_mr(1 << 16, RW)
+    side = make_side(shm_dir, "lone", 1)
+    try:
+        assert side.qp.discard_remote(rmb.rkey, rmb.addr, 1 << 16) == 0
+        assert QueuePair.discard_remote(side.qp, rmb.rkey, rmb.addr, 1 << 16) == 0
+    finally:
+        side.dev.close()

@@ -220,6 +220,27 @@ class KeyAllocator:
         return key in self._live
 
 
+def give_back_pages(memory: mmap.mmap, start: int, length: int) -> int:
+    """Let the whole pages of ``memory[start : start + length]`` go (their bytes read as
+    zeros afterwards): a shared mapping's file is punched (``MADV_REMOVE``: every mapping
+    of it loses them), private memory is dropped (``MADV_DONTNEED``).
+
+    :returns: bytes given back (0 for a range without a whole page, or a mapping that
+        refuses both).
+    """
+    first = -(-max(start, 0) // PAGE) * PAGE
+    end = min(start + length, len(memory)) // PAGE * PAGE
+    if end <= first:
+        return 0
+    for advice in (mmap.MADV_REMOVE, mmap.MADV_DONTNEED):
+        try:
+            memory.madvise(advice, first, end - first)
+        except OSError:
+            continue
+        return end - first
+    return 0
+
+
 def zeroed_memory(length: int) -> memoryview:
     """``length`` zero bytes whose pages are backed only once written: an anonymous
     mapping, not a ``bytearray`` (which writes all of its zeros at once, so that a
@@ -262,24 +283,22 @@ class MemoryRegion:
         self._on_dereg = on_dereg
         self.valid = True
 
-    def discard(self) -> None:
-        """Give the region's pages back to the kernel; its bytes read as zeros afterwards.
+    def discard(self, start: int = 0, length: int = -1) -> int:
+        """Give the pages of ``[start, start + length)`` (all of the region by default)
+        back to the kernel; their bytes read as zeros afterwards.
 
-        For a region that is kept for reuse while nobody writes into it (a pooled RMB
-        or send buffer): its memory returns to the host until it is written again.
-        Only mappings can do this (a shared segment is punched, so every mapping of it,
-        the peer's included, lets the pages go); a plain buffer keeps its memory.
+        For memory that nobody writes into or reads for a while (a pooled RMB or send
+        buffer, the used part of an idle connection's send buffer): it returns to the host
+        until it is written again.  Only the whole pages inside the range go, and only a
+        mapping can let them go (a shared segment is punched, so every mapping of it, the
+        peer's included, lets the pages go); a plain buffer keeps its memory.
+
+        :returns: bytes given back (0: none could be).
         """
         memory = self.buf.obj
-        if not isinstance(memory, mmap.mmap):
-            return
-        try:
-            memory.madvise(mmap.MADV_REMOVE)  # a shared segment: the pages of the file
-        except OSError:
-            try:
-                memory.madvise(mmap.MADV_DONTNEED)  # private anonymous memory
-            except OSError:
-                pass
+        if not isinstance(memory, mmap.mmap) or len(memory) != self.length:
+            return 0  # (a view of part of a mapping: its pages' offsets are not known)
+        return give_back_pages(memory, start, self.length - start if length < 0 else length)
 
     def dereg(self) -> None:
         """Deregister: remote and local access end now; ``buf`` must not be used after."""
@@ -666,6 +685,18 @@ class QueuePair(ABC):
         tap.posting(self)
         self._post_send(batch)
         tap.sent(self, batch)
+
+    def discard_remote(self, rkey: int, addr: int, length: int) -> int:
+        """Give back the pages of the peer's memory at ``[addr, addr + length)`` of
+        ``rkey``, which this QP alone writes and whose bytes nobody needs any more: an SMC
+        connection's sender knows which part of the peer's RMB the peer has read and it
+        will not write into soon (an idle connection's), where the peer cannot know when
+        its sender writes.  No verb of RDMA's: an RNIC whose requester maps the peer's
+        memory (shm) can; the others leave the pages where they are.
+
+        :returns: bytes given back (0: none).
+        """
+        return 0
 
     def post_writes_send(self, writes: Sequence[tuple[int, int, memoryview]], message: bytes,
                          wr_id: int, signaled: bool, wake: int = 0) -> None:  # fmt: skip

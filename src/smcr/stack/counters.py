@@ -61,7 +61,8 @@ class Counters:
                  "rx_pd", "rx_rmbsize",
                  "sendfile_cnt",
                  "srv_fback", "srv_hshake_err_cnt", "srv_v1_succ_cnt", "srv_v2_succ_cnt",
-                 "tx_buf_full_cnt", "tx_pd", "tx_rmbsize", "urg_data_cnt")  # fmt: skip
+                 "trimmed_bytes", "tx_buf_full_cnt", "tx_pd", "tx_rmbsize",
+                 "urg_data_cnt")  # fmt: skip
 
     def __init__(self) -> None:
         self.tx_pd = [0] * _BITS  # per request size's bit_length (data path)
@@ -84,6 +85,9 @@ class Counters:
         self.late_news_cnt = 0
         """smcr's own: news that the standing-by progress thread found at a look-in, with
         nobody rung for it (a missed wake-up: it waited up to ``STANDBY``)."""
+        self.trimmed_bytes = 0
+        """smcr's own: bytes of buffers that idle connections had touched and gave back
+        (:mod:`smcr.stack.trim`)."""
 
     # ------------------------------------------------------------ control path
 
@@ -141,7 +145,7 @@ class Counters:
             "urg_data_cnt": self.urg_data_cnt, "cork_cnt": self.cork_cnt,
             "ndly_cnt": self.ndly_cnt, "sendfile_cnt": self.sendfile_cnt,
             "bell_cnt": self.bell_cnt, "inplace_cnt": self.inplace_cnt,
-            "late_news_cnt": self.late_news_cnt,
+            "late_news_cnt": self.late_news_cnt, "trimmed_bytes": self.trimmed_bytes,
         }  # fmt: skip
 
     def any(self) -> bool:

@@ -63,6 +63,7 @@ from smcr.stack.inplace import InPlace
 from smcr.stack.provider import EngineHost
 from smcr.stack.qps import QueuePairs
 from smcr.stack.readiness import DeferredChecks, Readiness
+from smcr.stack.trim import IdleTrim
 from smcr.stack.wakeup import Wakeups
 from smcr.stack.wrslots import SLOT, WorkRequests, write_wrs
 from smcr.wire.decline import DeclineCode
@@ -110,6 +111,7 @@ class Executor:
         """Some connection may hold corked bytes (:meth:`corked`)."""
         self.timer_check = 0.0
         self.checks = DeferredChecks()
+        self.trim = IdleTrim()  # idle connections' touched memory given back
         self.port_check: Callable[[int], None] | None = None
         """The runtime's look at a QP's port before its failed completion fails the link."""
         """Rings that news taken by another call turned readable, checked later."""
@@ -509,12 +511,14 @@ class Executor:
                 self.execute(engine.handle_timer(now))
                 deadline = engine.get_timer()
             self.checks.run(now)
+            self.trim.run(now, self.conns, engine.conns, self.qps)
             self.timer_check = now + TIMER_GRAIN
             if deadline is not None:
                 self.timer_check = min(self.timer_check, deadline)
         touched = engine.touched
         if not touched:
             return
+        self.trim.arm(now)
         if self.shutdowns:
             self._shutdown_sent(touched)
         engine.touched = set()

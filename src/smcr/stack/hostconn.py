@@ -51,6 +51,12 @@ class HostConn:
     on_outcome: Callable[[HostConn], None] | None = None
     local_peer: bool | None = None  # the other end is in this runtime (Executor.local_peer)
     ends: tuple[object, object] | None = None  # handshaking: (ours, peer's) TCP addresses
+    trim_seen: int = -1
+    """Our producer cursor at the last idle look (:mod:`smcr.stack.trim`)."""
+    trim_cons: int = 0
+    """The peer's consumer cursor at the last give-back: its RMB is given back behind it."""
+    trim_sent: int = 0
+    """Our send buffer is given back behind this (absolute byte count)."""
     aliases: dict[int, tuple[MemoryRegion, MemoryRegion]] = field(default_factory=dict)
     """Port -> (RMB, send buffer) registered on that port's RNIC too
     (:meth:`BufferPool.alias <smcr.stack.bufpool.BufferPool.alias>`; port 0's are

@@ -304,8 +304,9 @@ class Progress:
                 cq.take_arm()
         if not wcs:
             timer = ex.engine.get_timer()
-            if ex.checks.due and (timer is None or ex.checks.due < timer):
-                timer = ex.checks.due
+            for due in (ex.checks.due, ex.trim.due):
+                if due and (timer is None or due < timer):
+                    timer = due
             limit = LONGEST_SLEEP if left is None else left
             if timer is not None:
                 limit = min(limit, max(0.0, timer - time.monotonic()))

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from smcr import plainsock
 from smcr.rdma import bells
-from smcr.rdma.base import PAGE
+from smcr.rdma.base import PAGE, give_back_pages
 from smcr.rdma.shm import layout as lay
 from smcr.rdma.shm import rendezvous as rdv
 from smcr.rdma.shm.cq import MARKS
@@ -32,6 +32,7 @@ from smcr.rdma.shm.mapping import map_shared
 from smcr.rdma.verbs import AccessFlag, VerbsError
 
 _REMOTE_WRITE: Final = int(AccessFlag.REMOTE_WRITE)
+_MR_KEY: Final = lay.MR_KEY.unpack_from
 HELLO_FLAGS = rdv.HELLO_MARKS | rdv.HELLO_STANDBY
 """What a hello asks for: this requester marks its SENDs and rings the standby doorbell (a
 test may turn them off)."""
@@ -157,6 +158,18 @@ class PeerLink:
             prefix = b""
         return cls(sock, path, area, memoryview(area), table, bell, depth, slot_size, notify,
                    msg.gid, mark, standby_bell, prefix)  # fmt: skip
+
+    def discard(self, rkey: int, addr: int, length: int) -> int:
+        """Punch the whole pages of the peer's MR ``rkey`` at ``[addr, addr + length)``
+        through our mapping of it: its segment loses them, in the peer's mapping too
+        (:meth:`~smcr.rdma.base.QueuePair.discard_remote`).  Only in an MR mapped by an
+        earlier WRITE and still live (a look-up now would ask the peer's device), only
+        inside it; returns the bytes given back."""
+        rm = self.mrs.get(rkey)
+        if (rm is None or not rm.writable or _MR_KEY(self.table, rm.offset) != rm.key
+                or addr < rm.iova or length <= 0 or addr + length > rm.end):  # fmt: skip
+            return 0
+        return give_back_pages(rm.mm, addr - rm.iova, length)
 
     def lookup(self, rkey: int) -> RemoteMr | None:
         """Map (again) the peer region of ``rkey``; ``None`` if it has no live one.

@@ -558,6 +558,14 @@ class ShmQp(QueuePair):
                 return
         super()._post_writes_send(writes, message, wr_id, signaled, wake)
 
+    def discard_remote(self, rkey: int, addr: int, length: int) -> int:
+        """Through our mapping (:meth:`PeerLink.discard`): in RTS, no WR queued to write."""
+        with self._state_lock:
+            peer = self._peer
+            if peer is None or self._sq or self.attr.qp_state is not QpState.RTS:
+                return 0
+            return peer.discard(rkey, addr, length)
+
     def ring_after(self, whom: int) -> None:
         """Ring whom :data:`POST_INLINE` named (:func:`send.ring_whom`)."""
         if self._peer is not None:

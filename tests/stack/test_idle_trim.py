@@ -1,0 +1,127 @@
+"""Idle connections give back the buffer pages their traffic touched (:mod:`smcr.stack.trim`).
+
+Two runtimes over shm (:mod:`tests.stack.hosts`: 64 KiB RMBs and send buffers).  Memory is
+read from the kernel: the allocated blocks of the RMB segment (``st_blocks`` of its memfd),
+which the writer's mapping and the owner's share; a page given back reads as zeros.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from smcr.stack.counters import COUNTERS
+from smcr.stack.hostconn import HostConn
+from smcr.stack.runtime import Stack
+from smcr.stack.trim import IDLE_AFTER
+from tests.stack.hosts import SIZE, conn, connect, hosts, read, send, wait
+
+PAGE = 4096
+
+
+def _rmb_bytes(stack: Stack) -> int:
+    """Bytes the shared segment of ``stack``'s RMBs (one link group) holds now."""
+    with stack.lock:
+        (group,) = stack.pool.groups.values()
+        assert group.segment is not None
+        return os.fstat(group.segment.fd).st_blocks * 512
+
+
+def _read_all(stack: Stack, hc: HostConn, n: int) -> bytes:
+    """Read ``n`` bytes and send the consumer cursor now (as a reader whose writer waits
+    for room does; a small read's cursor may otherwise wait for the next)."""
+    data = read(stack, hc, n)
+    with stack.lock:
+        stack.execute(stack.engine.data_consumed(hc.conn_id, 0, time.monotonic(), force=True))
+    return data
+
+
+def _look(stack: Stack, times: int = 2) -> None:
+    """Run the runtime's idle look now, ``times`` times (the first after a write only sees
+    it: a connection is idle at the next look that finds no new write)."""
+    for _ in range(times):
+        with stack.lock:
+            stack.ex.trim.due = 1.0  # (due long ago)
+            stack.ex.trim.run(time.monotonic(), stack.ex.conns, stack.engine.conns, stack.qps)
+
+
+def test_an_idle_connection_gives_back_what_the_peer_read_in_both_processes_maps() -> None:
+    """The writer punches the part of the peer's RMB the peer has read, by itself, a second
+    or two after the traffic stopped (the runtime's timers: nobody calls in); the owner's
+    mapping reads zeros there.  ``smcr stats -d`` counts the bytes."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        before = _rmb_bytes(x)
+        counted = COUNTERS.trimmed_bytes
+        data = os.urandom(SIZE - 2 * PAGE)
+        send(y, hy, data)
+        assert read(x, hx, len(data)) == data
+        cy = conn(y, hy)
+        wait(y, hy, lambda: cy.peer_cons == cy.tx_sent)  # (the cursor came back to y)
+        assert _rmb_bytes(x) >= before + len(data) - PAGE
+        deadline = time.monotonic() + 4 * IDLE_AFTER + 5
+        while _rmb_bytes(x) > before + PAGE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _rmb_bytes(x) <= before + PAGE
+        assert bytes(hx.rmb[PAGE : len(data) - PAGE]) == bytes(len(data) - 2 * PAGE)
+        assert COUNTERS.trimmed_bytes - counted >= len(data) - 2 * PAGE
+
+
+def test_bytes_the_peer_has_not_read_stay_and_the_stream_goes_on_intact() -> None:
+    """Only the ring positions behind the peer's consumer cursor go: bytes still to be read
+    survive every look, and a stream that goes on through the punched pages (wrapping the
+    ring several times, a look between each burst) arrives byte for byte."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        sent = bytearray()
+        got = bytearray()
+        for burst in range(12):
+            n = SIZE // 2 + burst * 977
+            data = os.urandom(n)
+            cy = conn(y, hy)
+            wait(y, hy, lambda cy=cy, n=n: cy.direct_room() >= n)  # type: ignore[misc]
+            send(y, hy, data)
+            sent += data
+            got += read(x, hx, len(data) // 3)  # most of it still unread at the look
+            _look(y)
+            got += _read_all(x, hx, len(data) - len(data) // 3)
+            _look(y)
+        assert got == sent
+
+
+def test_a_connection_that_writes_between_two_looks_keeps_its_pages() -> None:
+    """A look that finds a new write since the one before leaves the connection alone (a
+    busy stream would fault its pages in again)."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        _look(y)
+        for _ in range(3):
+            data = os.urandom(SIZE // 4)
+            send(y, hy, data)
+            assert _read_all(x, hx, len(data)) == data
+            cy = conn(y, hy)
+            wait(y, hy, lambda cy=cy: cy.peer_cons == cy.tx_sent)  # type: ignore[misc]
+            held = _rmb_bytes(x)
+            _look(y, times=1)
+            assert _rmb_bytes(x) == held
+        _look(y, times=1)
+        assert _rmb_bytes(x) < held
+
+
+def test_the_send_buffer_gives_back_what_was_sent_and_read() -> None:
+    """Bytes copied into the send buffer (the peer's RMB was full) are let go of once
+    the peer has read them: the send buffer's pages read as zeros after the look."""
+    with hosts(2) as (x, y):
+        hx, hy = connect(x, y)
+        first = os.urandom(SIZE)
+        send(y, hy, first)  # the peer's RMB is full now
+        more = os.urandom(SIZE // 2)
+        with y.lock:  # (as a send does when the peer's RMB has no room: copied, then flushed)
+            hy.sndbuf[: len(more)] = more
+            y.execute(y.engine.data_written(hy.conn_id, len(more), time.monotonic()))
+        assert read(x, hx, SIZE) == first
+        assert read(x, hx, len(more)) == more
+        cy = conn(y, hy)
+        wait(y, hy, lambda: cy.peer_cons == cy.tx_sent == SIZE + len(more))
+        _look(y)
+        assert bytes(hy.sndbuf[: len(more) // PAGE * PAGE]) == bytes(len(more) // PAGE * PAGE)
