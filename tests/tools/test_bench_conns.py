@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from smcr.tools import benchcli, benchconns
+from smcr.stack.trim import IDLE_AFTER
+from smcr.tools import benchcli, benchconns, connsclient
 from smcr.tools.connsclient import ConnsRun, request
 from smcr.tools.connsserver import Side, raise_nofile
 
@@ -67,7 +68,8 @@ def test_conns_table() -> None:
     assert "20 connections at once, 5 exchanges of 100 B each" in out
     for label in ("connect, all at once", "transactions", "RSS per connection, client",
                   "RSS per connection, server", "descriptors per connection, client",
-                  "descriptors per connection, server", "memory kept after close, client",
+                  "descriptors per connection, server", "RSS per conn. once idle, client",
+                  "RSS per conn. once idle, server", "memory kept after close, client",
                   "memory kept after close, server"):  # fmt: skip
         assert label in out
     assert "SMC-R runs: all 20 connections in SMC-R mode" in out
@@ -154,9 +156,10 @@ def _run(kind: str, connect_s: float, *, fallbacks: dict[str, int] | None = None
          errors: dict[str, int] | None = None, failure: str = "") -> ConnsRun:
     opened = 4 if failure else 10
     smcr = opened - sum((fallbacks or {}).values()) if kind == "smc" else 0
+    client = Side(8.0, 3.0, 9.0, kept_mib=1.5, cpu_us_per_tx=40.0)
+    server = Side(6.0, 2.0, 7.0, kept_mib=0.5, cpu_us_per_tx=30.0)
     return ConnsRun(kind, 10, opened=opened, connect_s=connect_s,
-                    tx_per_s=1000 * connect_s, client=Side(8.0, 3.0, 9.0, 1.5, 40.0),
-                    server=Side(6.0, 2.0, 7.0, 0.5, 30.0), smcr=smcr,
+                    tx_per_s=1000 * connect_s, client=client, server=server, smcr=smcr,
                     fallbacks=fallbacks or {}, errors=errors or {},
                     failure=failure)  # fmt: skip
 
@@ -212,7 +215,8 @@ def test_json_of_a_clean_report(monkeypatch: pytest.MonkeyPatch,
     kept = {r["metric"]: r for r in report["results"]}["kept_mib_server"]
     assert kept["smc"] == kept["tcp"] == 0.5
     assert report["runs"][0]["client"] == {"rss_kib_per_conn": 8.0, "fds_per_conn": 3.0,
-                                           "rss_kib_per_conn_used": 9.0, "kept_mib": 1.5,
+                                           "rss_kib_per_conn_used": 9.0,
+                                           "rss_kib_per_conn_idle": 0.0, "kept_mib": 1.5,
                                            "cpu_us_per_tx": 40.0}
     cpu = {r["metric"]: r for r in report["results"]}["cpu_us_per_tx_server"]
     assert (cpu["label"], cpu["unit"], cpu["smc"]) == ("CPU per transaction, server", "us", 30.0)
@@ -223,3 +227,9 @@ def test_without_conns_the_bench_is_the_size_sweep() -> None:
 
     args = build_parser().parse_args(["bench"])
     assert args.conns is None and args.exchanges == benchconns.EXCHANGES
+
+
+def test_the_idle_reading_waits_for_the_runtimes_give_back() -> None:
+    """An SMC-R run reads the RSS of idle connections after they have given back what their
+    traffic touched: within twice the runtime's idle time (:mod:`smcr.stack.trim`)."""
+    assert connsclient.IDLE_WAIT > 2 * IDLE_AFTER

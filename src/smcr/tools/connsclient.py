@@ -6,8 +6,9 @@ made, modules imported), then the client opens N connections at once (every
 ``connect`` non-blocking, one selector waits for them all), both processes take their
 footprint, one selector drives K request/response exchanges of 100 bytes on every
 connection (each response checked byte for byte; both processes count their CPU time
-meanwhile), and once the client has closed them all and the server has seen each end,
-both take their RSS again.
+meanwhile), both take their RSS, and again once the connections have been idle
+:data:`IDLE_WAIT` seconds (SMC-R's give back what their traffic touched), and once the
+client has closed them all and the server has seen each end.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ from smcr.tools.connsserver import (
     server_main,
 )
 
+IDLE_WAIT = 2.5
+"""Seconds an SMC-R run's connections stay idle before the RSS is read again: they give
+back their touched buffer pages within twice :data:`smcr.stack.trim.IDLE_AFTER` (a TCP
+run's read at once: its idle sockets hold no more later)."""
 _HEAD = struct.Struct(">II")  # connection index, exchange number
 _FILL = bytes(range(32, 32 + MESSAGE - _HEAD.size))
 
@@ -190,6 +195,10 @@ class ConnsClient:
             result.client.cpu_us_per_tx = per_tx(cpu_seconds() - cpu_at_start, done)
         result.client.rss_kib_per_conn_used, _ = per_conn(before, footprint(), len(socks))
         self._ask(("used", done), "measured")
+        if self.kind == "smc" and socks:
+            time.sleep(IDLE_WAIT)
+        result.client.rss_kib_per_conn_idle, _ = per_conn(before, footprint(), len(socks))
+        self._ask(("idle",), "measured")
         for _, s in socks:
             try:
                 s.close()

@@ -7,7 +7,8 @@ for TCP a plain one.  The client drives it through a pipe: ``("serve",)`` starts
 (the footprint before it is taken, then ``"ready"``), ``("opened", n)`` asks for the
 footprint once ``n`` connections are accepted, ``("exchange",)`` when the exchanges
 begin (the CPU time is counted from there), ``("used", k)`` for the RSS and the CPU
-time per transaction after ``k`` exchanges (both asks answered ``"measured"``),
+time per transaction after ``k`` exchanges, ``("idle",)`` for the RSS once the connections
+have been idle a while (the asks answered ``"measured"``),
 ``("end",)`` for the figures once every connection has ended (the client closed them
 all), ``("quit",)`` ends the process.
 """
@@ -101,6 +102,9 @@ class Side:
     """Open descriptors, the same way."""
     rss_kib_per_conn_used: float = 0.0
     """RSS after the exchanges (every connection still open), the same way."""
+    rss_kib_per_conn_idle: float = 0.0
+    """RSS once the connections have been idle a while (SMC-R: ``IDLE_WAIT`` seconds, in
+    which they give back what their traffic touched), the same way."""
     kept_mib: float = 0.0
     """RSS once every connection has ended, minus before the first connect (MiB)."""
     cpu_us_per_tx: float = 0.0
@@ -194,6 +198,10 @@ class _Run:
         elif cmd[0] == "used":
             self.side.cpu_us_per_tx = per_tx(cpu_seconds() - self.cpu_at_start, cmd[1])
             self.side.rss_kib_per_conn_used, _ = per_conn(self.before, footprint(),
+                                                          self.accepted)  # fmt: skip
+            ctl.send("measured")
+        elif cmd[0] == "idle":
+            self.side.rss_kib_per_conn_idle, _ = per_conn(self.before, footprint(),
                                                           self.accepted)  # fmt: skip
             ctl.send("measured")
         elif cmd[0] == "end":
