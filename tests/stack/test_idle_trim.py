@@ -1,4 +1,4 @@
-"""Idle connections give back the buffer pages their traffic touched (:mod:`smcr.stack.trim`).
+"""Quiet connections give back the buffer pages their traffic touched (:mod:`smcr.stack.trim`).
 
 Two runtimes over shm (:mod:`tests.stack.hosts`: 64 KiB RMBs and send buffers).  Memory is
 read from the kernel: the allocated blocks of the RMB segment (``st_blocks`` of its memfd),
@@ -13,7 +13,7 @@ import time
 from smcr.stack.counters import COUNTERS
 from smcr.stack.hostconn import HostConn
 from smcr.stack.runtime import Stack
-from smcr.stack.trim import IDLE_AFTER
+from smcr.stack.trim import LOOK_EVERY, QUIET_BYTES
 from tests.stack.hosts import SIZE, conn, connect, hosts, read, send, wait
 
 PAGE = 4096
@@ -59,7 +59,7 @@ def test_an_idle_connection_gives_back_what_the_peer_read_in_both_processes_maps
         cy = conn(y, hy)
         wait(y, hy, lambda: cy.peer_cons == cy.tx_sent)  # (the cursor came back to y)
         assert _rmb_bytes(x) >= before + len(data) - PAGE
-        deadline = time.monotonic() + 4 * IDLE_AFTER + 5
+        deadline = time.monotonic() + 4 * LOOK_EVERY + 5
         while _rmb_bytes(x) > before + PAGE and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _rmb_bytes(x) <= before + PAGE
@@ -89,23 +89,33 @@ def test_bytes_the_peer_has_not_read_stay_and_the_stream_goes_on_intact() -> Non
         assert got == sent
 
 
-def test_a_connection_that_writes_between_two_looks_keeps_its_pages() -> None:
-    """A look that finds a new write since the one before leaves the connection alone (a
-    busy stream would fault its pages in again)."""
+def test_a_busy_stream_keeps_its_pages_a_slow_one_gives_them_back() -> None:
+    """A connection that wrote more than ``QUIET_BYTES`` since the previous look keeps its
+    pages (a busy stream would only fault them in again); one that wrote less gives back
+    what the peer has read at every look (a chat, a heartbeat: its writes would otherwise
+    move through the whole ring over time)."""
     with hosts(2) as (x, y):
         hx, hy = connect(x, y)
         _look(y)
-        for _ in range(3):
-            data = os.urandom(SIZE // 4)
+        chunk = SIZE - PAGE
+        for _ in range(QUIET_BYTES // chunk + 2):  # (more than QUIET_BYTES, the ring's laps)
+            data = os.urandom(chunk)
+            cy = conn(y, hy)
+            wait(y, hy, lambda cy=cy: cy.direct_room() >= chunk)  # type: ignore[misc]
             send(y, hy, data)
             assert _read_all(x, hx, len(data)) == data
-            cy = conn(y, hy)
-            wait(y, hy, lambda cy=cy: cy.peer_cons == cy.tx_sent)  # type: ignore[misc]
-            held = _rmb_bytes(x)
-            _look(y, times=1)
-            assert _rmb_bytes(x) == held
+        cy = conn(y, hy)
+        wait(y, hy, lambda: cy.peer_cons == cy.tx_sent)
+        held = _rmb_bytes(x)
         _look(y, times=1)
-        assert _rmb_bytes(x) < held
+        assert _rmb_bytes(x) == held  # busy since the last look
+        for _ in range(3):  # now slow: a little between looks
+            data = os.urandom(3 * PAGE)
+            send(y, hy, data)
+            assert _read_all(x, hx, len(data)) == data
+            wait(y, hy, lambda: cy.peer_cons == cy.tx_sent)
+            _look(y, times=1)
+            assert _rmb_bytes(x) <= 2 * PAGE + held - (SIZE - 2 * PAGE)
 
 
 def test_the_send_buffer_gives_back_what_was_sent_and_read() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from smcr.stack.trim import IDLE_AFTER
+from smcr.stack.trim import LOOK_EVERY
 from smcr.tools import benchcli, benchconns, connsclient
 from smcr.tools.connsclient import ConnsRun, request
 from smcr.tools.connsserver import Side, raise_nofile
@@ -232,4 +232,4 @@ def test_without_conns_the_bench_is_the_size_sweep() -> None:
 def test_the_idle_reading_waits_for_the_runtimes_give_back() -> None:
     """An SMC-R run reads the RSS of idle connections after they have given back what their
     traffic touched: within twice the runtime's idle time (:mod:`smcr.stack.trim`)."""
-    assert connsclient.IDLE_WAIT > 2 * IDLE_AFTER
+    assert connsclient.IDLE_WAIT > 2 * LOOK_EVERY

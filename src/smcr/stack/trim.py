@@ -1,13 +1,16 @@
-"""Idle connections give back the memory their traffic touched.
+"""Quiet connections give back the memory their traffic touched.
 
 An SMC-R connection's buffers are big (4 MiB each way by default: a bulk stream needs
 them) and backed only where written (:func:`~smcr.rdma.base.zeroed_memory`, shm
 segments).  A connection that moved a few MiB and then went quiet, as a kept-alive HTTP
 connection does, would keep every page it ever touched for as long as it stays open:
-1,000 of them held 4 GB in each process, where TCP's idle sockets hold nothing.
+1,000 of them held 4 GB in each process, where TCP's idle sockets hold nothing.  So would,
+over hours, one that sends a little now and then (a chat, a heartbeat): its writes move
+through the whole ring.
 
-So :class:`IdleTrim` looks, :data:`IDLE_AFTER` seconds after the runtime last saw
-traffic, for connections that wrote nothing since its previous look, and gives back:
+So :class:`IdleTrim` looks every :data:`LOOK_EVERY` seconds while the runtime sees
+traffic, and for each connection that wrote at most :data:`QUIET_BYTES` since its
+previous look (none waiting in the send buffer) gives back:
 
 * the part of the **peer's RMB** the peer has read since (through the QP,
   :meth:`~smcr.rdma.base.QueuePair.discard_remote`: the writer is the one end that
@@ -18,10 +21,11 @@ traffic, for connections that wrote nothing since its previous look, and gives b
   the two, :meth:`~smcr.core.connection.Connection.switch_cursor`).
 
 Never a byte that is still to be read or sent: only the ring positions behind the
-peer's consumer cursor that no newer byte has taken.  A busy stream is left alone (its
-pages would only fault in again); a connection given back to once pays a page fault
-per page it writes next.  The runtime runs :meth:`IdleTrim.run` among its timers (lock
-held) and bounds its pollers' sleep by :attr:`IdleTrim.due` while one is due.
+peer's consumer cursor that no newer byte has taken, in whole pages (the one the cursor
+is in stays).  A busy stream is left alone: its pages would only fault in again, in both
+processes (about 2 us a page: at :data:`QUIET_BYTES` a second, 0.05% of a CPU).  The
+runtime runs :meth:`IdleTrim.run` among its timers (lock held) and bounds its pollers'
+sleep by :attr:`IdleTrim.due` while a look is due.
 """
 
 from __future__ import annotations
@@ -34,9 +38,10 @@ from smcr.rdma.base import QueuePair
 from smcr.stack.counters import COUNTERS
 from smcr.stack.hostconn import HostConn
 
-IDLE_AFTER: Final = 1.0
-"""Seconds a connection writes nothing before its touched memory goes back (it is looked
-at every this many seconds while any connection had traffic: at most twice that)."""
+LOOK_EVERY: Final = 1.0
+"""Seconds between looks while connections have traffic (none once all are quiet)."""
+QUIET_BYTES: Final = 1 << 20
+"""A connection that wrote at most this many bytes since the previous look gives back."""
 
 
 class IdleTrim:
@@ -47,13 +52,13 @@ class IdleTrim:
         """When :meth:`run` looks next (``time.monotonic()``), 0.0 while nothing waits."""
 
     def arm(self, now: float) -> None:
-        """Traffic was seen: look :data:`IDLE_AFTER` from now (unless a look is due)."""
+        """Traffic was seen: look :data:`LOOK_EVERY` from now (unless a look is due)."""
         if not self.due:
-            self.due = now + IDLE_AFTER
+            self.due = now + LOOK_EVERY
 
     def run(self, now: float, conns: dict[int, HostConn], engine_conns: dict[int, Connection],
             qps: dict[int, QueuePair]) -> None:  # fmt: skip
-        """Give back what connections idle since the last look touched (lock held)."""
+        """Give back what quiet connections touched (lock held)."""
         if not self.due or now < self.due:
             return
         busy = False
@@ -61,16 +66,17 @@ class IdleTrim:
             c = engine_conns.get(hc.conn_id)
             if c is None or not c.peer_rmb_size:
                 continue
-            sent = c.tx_sent
-            if sent != hc.trim_seen:  # wrote since the last look: look again at the next
-                hc.trim_seen = sent
+            sent, seen = c.tx_sent, hc.trim_seen
+            hc.trim_seen = sent
+            if sent != seen:  # (traffic: look again at the next)
                 busy = True
-                continue
-            if c.tx_app != sent:  # (bytes wait in the send buffer: not idle)
+                if seen < 0 or sent - seen > QUIET_BYTES:
+                    continue
+            if c.tx_app == sent:  # (none waits in the send buffer)
+                trim_connection(hc, c, qps.get(c.qpn))
+            else:
                 busy = True
-                continue
-            trim_connection(hc, c, qps.get(c.qpn))
-        self.due = now + IDLE_AFTER if busy else 0.0
+        self.due = now + LOOK_EVERY if busy else 0.0
 
 
 def trim_connection(hc: HostConn, c: Connection, qp: QueuePair | None) -> None:

@@ -42,7 +42,7 @@ from smcr.tools.connsserver import (
 
 IDLE_WAIT = 2.5
 """Seconds an SMC-R run's connections stay idle before the RSS is read again: they give
-back their touched buffer pages within twice :data:`smcr.stack.trim.IDLE_AFTER` (a TCP
+back their touched buffer pages within twice :data:`smcr.stack.trim.LOOK_EVERY` (a TCP
 run's read at once: its idle sockets hold no more later)."""
 _HEAD = struct.Struct(">II")  # connection index, exchange number
 _FILL = bytes(range(32, 32 + MESSAGE - _HEAD.size))
