@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from smcr.rdma import AccessFlag, SendFlag, SendWr, Sge, WcStatus, WrOpcode
+from smcr.rdma import AccessFlag, RecvWr, SendFlag, SendWr, Sge, WcStatus, WrOpcode
 from smcr.rdma.base import MemoryRegion, QueuePair
 from smcr.rdma.shm import ShmDevice
 from smcr.rdma.shm.segment import Segment
@@ -245,13 +245,30 @@ def test_a_writer_gives_back_the_whole_pages_of_a_range_of_the_peers_mr(
 def test_a_qp_that_cannot_reach_the_peers_memory_gives_nothing_back(
     pair: tuple[Side, Side], shm_dir: Path,
 ) -> None:
-    """Before RTS there is no peer to punch (nor on a provider whose requester does not map
-    the peer's memory: the base class's answer, 0)."""
+    """Before RTS there is no peer to punch yet (-1: not now); a provider whose requester
+    does not map the peer's memory never can (the base class's answer, 0)."""
     a, _ = pair
     rmb = a.pd.alloc_mr(1 << 16, RW)
     side = make_side(shm_dir, "lone", 1)
     try:
-        assert side.qp.discard_remote(rmb.rkey, rmb.addr, 1 << 16) == 0
+        assert side.qp.discard_remote(rmb.rkey, rmb.addr, 1 << 16) == -1
         assert QueuePair.discard_remote(side.qp, rmb.rkey, rmb.addr, 1 << 16) == 0
     finally:
         side.dev.close()
+
+
+def test_a_writer_whose_send_queue_waits_gives_back_nothing_now(pair: tuple[Side, Side]) -> None:
+    """A WR queued behind an RNR wait may be about to write into the range: -1 (not now),
+    and the pages once the queue has run."""
+    a, b = pair
+    rmb = a.pd.alloc_mr(1 << 16, RW)
+    assert _write_at(b, rmb, 7) is WcStatus.SUCCESS
+    rmb.buf[:] = b"r" * (1 << 16)
+    b.buf.buf[:4] = b"wait"
+    b.qp.post_send(SendWr(wr_id=1, opcode=WrOpcode.SEND, send_flags=SendFlag.SIGNALED,
+                          sg_list=(Sge(b.buf.addr, 4, b.buf.lkey),)))  # (no receive posted)
+    assert b.qp.discard_remote(rmb.rkey, rmb.addr, 1 << 16) == -1
+    assert bytes(rmb.buf[:8]) == b"r" * 8
+    a.qp.post_recv(RecvWr(wr_id=9, sg_list=(Sge(a.buf.addr, 64, a.buf.lkey),)))
+    assert b.wait()[0].status is WcStatus.SUCCESS
+    assert b.qp.discard_remote(rmb.rkey, rmb.addr, 1 << 16) == 1 << 16

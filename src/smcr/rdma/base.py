@@ -228,8 +228,9 @@ def give_back_pages(memory: mmap.mmap, start: int, length: int) -> int:
     :returns: bytes given back (0 for a range without a whole page, or a mapping that
         refuses both).
     """
-    first = -(-max(start, 0) // PAGE) * PAGE
-    end = min(start + length, len(memory)) // PAGE * PAGE
+    page = mmap.PAGESIZE  # (the kernel's: madvise rounds a length up to it)
+    first = -(-max(start, 0) // page) * page
+    end = min(start + length, len(memory)) // page * page
     if end <= first:
         return 0
     for advice in (mmap.MADV_REMOVE, mmap.MADV_DONTNEED):
@@ -694,7 +695,8 @@ class QueuePair(ABC):
         its sender writes.  No verb of RDMA's: an RNIC whose requester maps the peer's
         memory (shm) can; the others leave the pages where they are.
 
-        :returns: bytes given back (0: none).
+        :returns: bytes given back (0: none), or -1 when not now (a WR of this QP may be
+            about to write there: ask again later).
         """
         return 0
 

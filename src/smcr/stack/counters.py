@@ -86,8 +86,8 @@ class Counters:
         """smcr's own: news that the standing-by progress thread found at a look-in, with
         nobody rung for it (a missed wake-up: it waited up to ``STANDBY``)."""
         self.trimmed_bytes = 0
-        """smcr's own: bytes of buffers that idle connections had touched and gave back
-        (:mod:`smcr.stack.trim`)."""
+        """smcr's own: bytes of peers' RMBs that quiet connections had written and gave
+        back (:mod:`smcr.stack.trim`)."""
 
     # ------------------------------------------------------------ control path
 

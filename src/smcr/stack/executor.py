@@ -511,7 +511,8 @@ class Executor:
                 self.execute(engine.handle_timer(now))
                 deadline = engine.get_timer()
             self.checks.run(now)
-            self.trim.run(now, self.conns, engine.conns, self.qps)
+            for conn_id in self.trim.run(now, self.conns, engine.conns, self.qps):
+                self.execute(engine.data_consumed(conn_id, 0, now, force=True))
             self.timer_check = now + TIMER_GRAIN
             if deadline is not None:
                 self.timer_check = min(self.timer_check, deadline)

@@ -53,6 +53,8 @@ class HostConn:
     ends: tuple[object, object] | None = None  # handshaking: (ours, peer's) TCP addresses
     trim_seen: int = -1
     """Our producer cursor at the last idle look (:mod:`smcr.stack.trim`)."""
+    trim_prod: int = 0
+    """The peer's producer cursor at the last idle look."""
     trim_cons: int = 0
     """The peer's consumer cursor at the last give-back: its RMB is given back behind it."""
     trim_sent: int = 0

@@ -20,6 +20,13 @@ previous look (none waiting in the send buffer) gives back:
   either confirmed or read by the peer (a failover writes again from the later of
   the two, :meth:`~smcr.core.connection.Connection.switch_cursor`).
 
+A quiet connection that has read a page or more since it last sent its consumer cursor
+sends it (a CDC), so that its peer's writer can give back in turn: a reader sends its
+cursor only once much is unconfirmed (Linux's rule, ``smc_tx_consumer_update``), and a
+slow one-way stream's writer would otherwise never learn that up to half its ring was
+read.  A closing connection is left alone: its buffers go back at its release (and the
+peer may give its RMB to a new connection before we hear that it closed).
+
 Never a byte that is still to be read or sent: only the ring positions behind the
 peer's consumer cursor that no newer byte has taken, in whole pages (the one the cursor
 is in stays).  A busy stream is left alone: its pages would only fault in again, in both
@@ -34,7 +41,7 @@ from collections.abc import Callable
 from typing import Final
 
 from smcr.core.connection import Connection
-from smcr.rdma.base import QueuePair
+from smcr.rdma.base import PAGE, QueuePair
 from smcr.stack.counters import COUNTERS
 from smcr.stack.hostconn import HostConn
 
@@ -57,57 +64,100 @@ class IdleTrim:
             self.due = now + LOOK_EVERY
 
     def run(self, now: float, conns: dict[int, HostConn], engine_conns: dict[int, Connection],
-            qps: dict[int, QueuePair]) -> None:  # fmt: skip
-        """Give back what quiet connections touched (lock held)."""
+            qps: dict[int, QueuePair]) -> list[int]:  # fmt: skip
+        """Give back what quiet connections touched (lock held).
+
+        :returns: the connections whose consumer cursor the peer should hear now: quiet
+            ones that read at least a page since they last told it (a reader tells it
+            only once much is unconfirmed, as Linux's does, and a slow one-way stream's
+            writer would never learn that up to half its ring was read)."""
+        tell: list[int] = []
         if not self.due or now < self.due:
-            return
+            return tell
         busy = False
         for hc in conns.values():
             c = engine_conns.get(hc.conn_id)
-            if c is None or not c.peer_rmb_size:
-                continue
+            if c is None or not c.peer_rmb_size or c.sends_ended():
+                continue  # (a closing connection's buffers go back at its release)
             sent, seen = c.tx_sent, hc.trim_seen
-            hc.trim_seen = sent
-            if sent != seen:  # (traffic: look again at the next)
+            prod, prod_seen = c.rx_prod, hc.trim_prod
+            hc.trim_seen, hc.trim_prod = sent, prod
+            if sent != seen or prod != prod_seen:  # (traffic: look again at the next)
                 busy = True
-                if seen < 0 or sent - seen > QUIET_BYTES:
-                    continue
-            if c.tx_app == sent:  # (none waits in the send buffer)
-                trim_connection(hc, c, qps.get(c.qpn))
-            else:
-                busy = True
+            if seen < 0:
+                continue
+            if prod - prod_seen <= QUIET_BYTES and c.rx_cons - c.rx_cons_sent >= PAGE:
+                tell.append(c.id)
+            # (bytes that wait in the send buffer wait for the peer's CDC, which touches
+            # the connection: the look after it sees them go)
+            if sent - seen <= QUIET_BYTES and c.tx_app == sent and _whole_page(hc, c):
+                busy = not trim_connection(hc, c, qps.get(c.qpn)) or busy
         self.due = now + LOOK_EVERY if busy else 0.0
+        return tell
 
 
-def trim_connection(hc: HostConn, c: Connection, qp: QueuePair | None) -> None:
+def trim_connection(hc: HostConn, c: Connection, qp: QueuePair | None) -> bool:
     """Give back what ``c`` touched and nobody needs: the peer's RMB behind its consumer
-    cursor, our send buffer behind what a failover would write again (module doc)."""
+    cursor, our send buffer behind what a failover would write again (module doc).
+
+    :returns: False when the peer's RMB could not be given back now (its QP busy): the
+        next look tries again."""
     sent, cons = c.tx_sent, c.peer_cons
     size = c.peer_rmb_size
-    low = max(hc.trim_cons, sent - size)  # (older positions hold newer bytes now)
+    low = read_behind(hc.trim_cons, sent, size)
     if cons > low and qp is not None:
-        COUNTERS.trimmed_bytes += _ring_discard(
+        done = _ring_discard(
             lambda addr, n: qp.discard_remote(c.peer_rkey, c.peer_vaddr + addr, n),
             low, cons, size)
-    hc.trim_cons = cons
+        if done < 0:
+            return False
+        COUNTERS.trimmed_bytes += done
+    # from the page the cursor is in: the next range has its start, read meanwhile
+    hc.trim_cons = max(hc.trim_cons, cons // PAGE * PAGE)
     mr = hc.sndbuf_mr
     needed = max(c.tx_fin, cons)  # (a failover writes again from here)
     if mr is not None:
         size = c.sndbuf_size
-        low = max(hc.trim_sent, c.tx_app - size)
+        low = read_behind(hc.trim_sent, c.tx_app, size)
         if needed > low:
-            COUNTERS.trimmed_bytes += _ring_discard(mr.discard, low, needed, size)
-    hc.trim_sent = max(hc.trim_sent, needed)
+            _ring_discard(mr.discard, low, needed, size)  # (not counted: seldom written)
+    hc.trim_sent = max(hc.trim_sent, needed // PAGE * PAGE)
+    return True
+
+
+def read_behind(given_back: int, written: int, size: int) -> int:
+    """Where the positions that may go begin, in a ring of ``size`` bytes written up to
+    ``written`` (absolute) and given back up to ``given_back``: no earlier than ``written
+    - size``, whose ring slot the next byte takes (an older position's slot holds a newer
+    byte, maybe one still to be read)."""
+    return max(given_back, written - size)
+
+
+def ring_pieces(low: int, high: int, size: int) -> list[tuple[int, int]]:
+    """The ring slots ``(offset, length)`` of the absolute byte range ``[low, high)``, at
+    most ``size`` long, in a ring of ``size`` bytes: one piece, or two where it wraps."""
+    start = low % size
+    first = min(high - low, size - start)
+    pieces = [(start, first)]
+    if high - low > first:
+        pieces.append((0, high - low - first))
+    return pieces
+
+
+def _whole_page(hc: HostConn, c: Connection) -> bool:
+    """Whether a cursor moved a page or more past what was given back (else nothing can
+    go: only whole pages do)."""
+    return (c.peer_cons - hc.trim_cons >= PAGE
+            or max(c.tx_fin, c.peer_cons) - hc.trim_sent >= PAGE)  # fmt: skip
 
 
 def _ring_discard(discard: Callable[[int, int], int], low: int, high: int, size: int) -> int:
-    """Call ``discard(offset, length)`` for the ring positions of the absolute byte range
-    ``[low, high)`` (at most ``size`` long) of a ring of ``size`` bytes: one call, or two
-    where the range wraps.  Returns the bytes given back."""
-    start = low % size
-    n = high - low
-    first = min(n, size - start)
-    done = discard(start, first)
-    if n > first:
-        done += discard(0, n - first)
+    """``discard(offset, length)`` for each of :func:`ring_pieces`; the bytes given back,
+    or -1 as soon as a call says not now (-1)."""
+    done = 0
+    for offset, length in ring_pieces(low, high, size):
+        n = discard(offset, length)
+        if n < 0:
+            return -1
+        done += n
     return done

@@ -142,8 +142,8 @@ def text(c: dict[str, Any], detail: int) -> str:
                 "completion, shm)",
                 f"  Heard at a look-in         {c['late_news_cnt']:12d} (news nobody "
                 "was rung for: up to 10 ms late)",
-                f"  Given back when idle       {_short(c['trimmed_bytes']):>12} (bytes of "
-                "buffers idle connections had touched)"]  # fmt: skip
+                f"  Given back when quiet      {_short(c['trimmed_bytes']):>12} (bytes of "
+                "peers' RMBs quiet connections had written)"]  # fmt: skip
     return "\n".join(out)
 
 

@@ -563,7 +563,7 @@ class ShmQp(QueuePair):
         with self._state_lock:
             peer = self._peer
             if peer is None or self._sq or self.attr.qp_state is not QpState.RTS:
-                return 0
+                return -1
             return peer.discard(rkey, addr, length)
 
     def ring_after(self, whom: int) -> None:
