@@ -16,6 +16,11 @@ of small calls, so read it for where, not for how much.  A call still running at
 end (a daemon thread's wait: ``epoll.poll``, ``select.poll``) is timed by the wrong
 thread's clock there: skip those lines.
 
+``--phases`` adds, for SMC-R and TCP, where each connection's time goes: the client's
+thread CPU and wall µs per call (``socket()``, ``connect``, ``sendall``, ``recv``,
+``close``) and the server's CPU µs per thread (its main thread, ``smcr-watcher``, the
+progress thread...: ``/proc/self/task``), medians over the runs.
+
 ``--clients N`` measures concurrent set-ups instead (issue 29: "8 concurrent client
 processes", "8 clients connecting at once to one server"): N client processes, each of
 which first makes one connection of its own (its runtime's first contact: a link group
@@ -37,6 +42,7 @@ import argparse
 import cProfile
 import io
 import multiprocessing as mp
+import os
 import pstats
 import socket
 import statistics
@@ -86,8 +92,29 @@ def _report(top: int, count: int, title: str) -> str:
     return out.getvalue()
 
 
+PHASES = ("socket", "connect", "sendall", "recv", "close")
+"""The client's calls of one connection, as ``--phases`` times them."""
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of each thread of this process so far, by thread name (``comm``; threads
+    of one name added up)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # (a thread that ended meanwhile)
+            continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def server(ctl: Connection, profile: int) -> None:
-    """The accepting side; reports its CPU seconds after each run."""
+    """The accepting side; reports its CPU seconds after each run, and each thread's."""
     if profile:
         _profile_threads()
     import smcr  # noqa: PLC0415
@@ -103,7 +130,7 @@ def server(ctl: Connection, profile: int) -> None:
             return
         kind, count = cmd
         listener = smc if kind == "smc" else tcp
-        cpu = time.process_time()
+        cpu, threads = time.process_time(), thread_cpu()
         for _ in range(count):
             conn, _ = listener.accept()
             conn.recv(1)
@@ -111,7 +138,9 @@ def server(ctl: Connection, profile: int) -> None:
             conn.close()
         if kind == "smc" and count > 1:
             total += count
-        ctl.send(time.process_time() - cpu)
+        after = thread_cpu()
+        ctl.send((time.process_time() - cpu,
+                  {name: used - threads.get(name, 0.0) for name, used in after.items()}))
 
 
 def client(kind: str, port: int, count: int) -> tuple[float, float]:
@@ -127,6 +156,44 @@ def client(kind: str, port: int, count: int) -> tuple[float, float]:
         s.close()
     return ((time.perf_counter() - t0) / count * 1e6,
             (time.process_time() - cpu) / count * 1e6)  # fmt: skip
+
+
+def client_phases(kind: str, port: int, count: int) -> dict[str, tuple[float, float]]:
+    """:func:`client`'s connections, each call timed: phase -> (thread CPU µs, wall µs) per
+    connection."""
+    import smcr  # noqa: PLC0415
+
+    cpu_ns, wall_ns = time.thread_time_ns, time.perf_counter_ns
+    used = dict.fromkeys(PHASES, (0, 0))
+    for _ in range(count):
+        marks = [(cpu_ns(), wall_ns())]
+        s: Any = smcr.SMCSocket() if kind == "smc" else socket.socket()
+        marks.append((cpu_ns(), wall_ns()))
+        s.connect(("127.0.0.1", port))
+        marks.append((cpu_ns(), wall_ns()))
+        s.sendall(b"x")
+        marks.append((cpu_ns(), wall_ns()))
+        s.recv(1)
+        marks.append((cpu_ns(), wall_ns()))
+        s.close()
+        marks.append((cpu_ns(), wall_ns()))
+        for phase, (c0, w0), (c1, w1) in zip(PHASES, marks, marks[1:], strict=False):
+            cpu, wall = used[phase]
+            used[phase] = (cpu + c1 - c0, wall + w1 - w0)
+    return {phase: (cpu / count / 1e3, wall / count / 1e3) for phase, (cpu, wall) in used.items()}
+
+
+def print_phases(kind: str, client_rows: list[dict[str, tuple[float, float]]],
+                 server_rows: list[dict[str, float]], count: int) -> None:  # fmt: skip
+    """``--phases``' report for one transport: medians over the runs."""
+    med = statistics.median
+    calls = "  ".join(f"{phase} {med(r[phase][0] for r in client_rows):.0f}/"
+                      f"{med(r[phase][1] for r in client_rows):.0f}" for phase in PHASES)
+    names = sorted({name for r in server_rows for name in r})
+    threads = "  ".join(f"{name} {med(r.get(name, 0.0) for r in server_rows) / count * 1e6:.0f}"
+                        for name in names)  # fmt: skip
+    print(f"{kind} client, CPU/wall µs per call: {calls}")
+    print(f"{kind} server, CPU µs per connection by thread: {threads}")
 
 
 def concurrent_client(kind: str, port: int, count: int, start: Any, out: Connection) -> None:
@@ -256,6 +323,8 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N")
     ap.add_argument("--clients", type=int, default=0, metavar="N",
                     help="N client processes connecting at once (module docstring)")
+    ap.add_argument("--phases", action="store_true",
+                    help="where each connection's time goes (module docstring)")
     args = ap.parse_args()
     if args.clients:
         raise SystemExit(concurrent(args.clients, args.count, args.runs))
@@ -270,13 +339,21 @@ def main() -> None:
     def one(kind: str, count: int) -> tuple[float, float, float]:
         ctl.send((kind, count))
         wall, cpu = client(kind, ports[kind], count)
-        return wall, cpu, float(ctl.recv()) / count * 1e6
+        return wall, cpu, float(ctl.recv()[0]) / count * 1e6
 
     one("smc", 1)  # first contact: the link group, then reused
     rows: dict[str, list[tuple[float, float, float]]] = {"smc": [], "tcp": []}
     for _ in range(args.runs):
         for kind in ("smc",) if args.profile else ("smc", "tcp"):
             rows[kind].append(one(kind, args.count))
+    if args.phases:
+        for kind in ("smc", "tcp"):
+            client_rows, server_rows = [], []
+            for _ in range(args.runs):
+                ctl.send((kind, args.count))
+                client_rows.append(client_phases(kind, ports[kind], args.count))
+                server_rows.append(ctl.recv()[1])
+            print_phases(kind, client_rows, server_rows, args.count)
     print(f"{args.count} connections x {args.runs} runs: wall µs/conn, CPU µs/conn client, server")
     for kind, got in rows.items():
         if not got:
