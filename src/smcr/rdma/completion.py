@@ -74,6 +74,10 @@ class CompletionQueue:
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
+        self.pollers_receive = False
+        """Whether a thread asleep on :meth:`fileno` wakes for the provider's packets and its
+        poll receives them (the RoCE RNIC: :mod:`smcr.rdma.roce.cq`), rather than being rung
+        by a provider's thread that received them."""
         self._wcs: deque[WorkCompletion] = deque()
         self._lock = threading.Lock()
         self._armed = 0

@@ -26,7 +26,10 @@
   next one.  A program that then waits elsewhere (``select`` on the connection's readiness
   descriptor) has its peer's answer taken by the standing-by progress thread when it
   comes, not at the next look-in (up to :data:`STANDBY_IDLE` later): a peer's SEND rings
-  the standby doorbell.  The arm is good for one ring; after it the progress thread looks
+  the standby doorbell.  (Where the CQ's pollers receive the provider's packets, RoCE, the
+  progress thread of such a program does not stand by but sleeps on the CQ: it reads the
+  answers itself, rather than be rung by the RNIC's thread that read them.)
+  The arm is good for one ring; after it the progress thread looks
   in every :data:`STANDBY` and takes the CQ over when no application thread polled for
   that long.  Arming it again after each ring cost streams: a reader that finds its bytes
   there without waiting polls no more, and the progress thread then woke for every
@@ -414,11 +417,23 @@ class Progress:
 
     def _standing_by(self) -> bool:
         """Whether the progress thread leaves the CQ to an application thread: one polls,
-        or polled within :data:`STANDBY`, and no handshake or corked bytes need watching."""
+        or polled within :data:`STANDBY`, and no handshake or corked bytes need watching.
+
+        Not after mere looks of a program that waits in ``select`` (an event loop:
+        :attr:`Wakeups.watched`) where the CQ's pollers receive its provider's packets
+        (RoCE): standing by, this thread heard a peer's message only when the RNIC's own
+        thread, which kept the QP's socket, had received it and rang the standby doorbell,
+        one thread hop more per message than sleeping on the CQ, whose descriptor covers
+        the socket (a 32-byte event-loop round trip between two namespaces took 390 us,
+        260 with this thread receiving itself).  A program's own looks still take what
+        came when it calls."""
         wake = self.wake
-        return wake.poller == "app" or (time.monotonic() - wake.app_polled < STANDBY
-                                         and not self.ex.clc.watch
-                                         and not self.ex.corked_any)  # fmt: skip
+        if wake.poller == "app":
+            return True
+        if wake.watched and self.ex.cq.pollers_receive:
+            return False
+        return (time.monotonic() - wake.app_polled < STANDBY and not self.ex.clc.watch
+                and not self.ex.corked_any)  # fmt: skip
 
     def _standby(self) -> bool:
         """The progress thread stands by (lock held on entry and on return): it lets go

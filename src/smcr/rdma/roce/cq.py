@@ -31,7 +31,10 @@ Design (the why of each):
   that socket and looks again that much later, so a busy CQ costs one wakeup per
   packet batch, in the thread that wants the completion.  A look by a program that
   waits in ``select`` on its connections' readiness descriptors (an event loop)
-  does not count: it sleeps there, not on the CQ.  Nobody polling (a WRITE target
+  does not count: it sleeps there, not on the CQ; the runtime's own progress thread
+  sleeps on the CQ for it (:meth:`Progress._standing_by
+  <smcr.stack.progress.Progress._standing_by>`) and receives the answers that it then
+  makes ready, one thread hop per message rather than two.  Nobody polling (a WRITE target
   that never looks at its CQ) means the progress thread keeps the socket, and a ceded
   socket found holding packets is taken back (the poller went away): a packet
   waits for the application at most about :data:`CEDE_SECONDS`, far below any

@@ -128,7 +128,10 @@ class RoceDevice(Device):
         self.gso = gso
         self.keys = KeyAllocator()
         self.stats = {"rx": 0, "rx_catchall": 0, "icrc_errors": 0, "id_recovered": 0,
-                      "unknown_qp": 0, "malformed": 0, "tx_errors": 0}  # fmt: skip
+                      "unknown_qp": 0, "malformed": 0, "tx_errors": 0,
+                      "rx_rnic_thread": 0}  # fmt: skip
+        """Counts: ``rx_rnic_thread`` is the part of ``rx`` this device's own thread read
+        from QP sockets (the rest, CQ pollers: application or runtime threads)."""
         self._rkeys: dict[int, MemoryRegion] = {}
         self._qps: dict[int, RoceQp] = {}  # this device's; dispatch uses the process's
         self._next_iova = IOVA_BASE + secrets.randbits(20) * PAGE
@@ -278,7 +281,7 @@ class RoceDevice(Device):
         <smcr.rdma.roce.cq.RoceCq.waiting>`), the progress thread stops
         watching the socket and looks again that much later (:meth:`_reclaim`).
         """
-        self.receive_qp(qp)
+        self.stats["rx_rnic_thread"] += self.receive_qp(qp)
         if qp.rx_sock is not sock:
             return  # closed or replaced meanwhile
         now = time.monotonic()
@@ -317,19 +320,22 @@ class RoceDevice(Device):
             self._reclaim_armed = True
             self.engine.call_at(now + CEDE_SECONDS, self._reclaim)
 
-    def receive_qp(self, qp: RoceQp) -> None:
+    def receive_qp(self, qp: RoceQp) -> int:
         """Drain a QP's connected socket: its own flow, so its ICRC parameters are known.
 
         Called by the progress thread and by CQ pollers; the QP's receive lock
         keeps one reader at a time, so packets are handled in arrival order.
         With UDP GRO one read may return several packets of one size (the
         ``UDP_GRO`` control message gives it; only the last may be shorter).
+
+        :returns: the packets read.
         """
+        got = 0
         qp.rx_lock.acquire()
         try:
             sock = qp.rx_sock
             if sock is not None:
-                self._drain(qp, sock)
+                got = self._drain(qp, sock)
         finally:
             # a socket let go meanwhile is ours to close (RoceQp._close_sockets); the lock
             # let go under the state lock, so that one let go later finds it free
@@ -338,8 +344,9 @@ class RoceDevice(Device):
                 qp.rx_lock.release()
             for done in left:
                 done.close()
+        return got
 
-    def _drain(self, qp: RoceQp, sock: socket.socket) -> None:
+    def _drain(self, qp: RoceQp, sock: socket.socket) -> int:
         """Read up to :data:`BATCH` datagrams of a QP's flow and run their packets.
 
         Runs of in-order WRITE Middles (the data path: all but two packets of a
@@ -350,6 +357,8 @@ class RoceDevice(Device):
         :meth:`RoceQp.input`).  An ACK that a read's packets asked for goes out
         at the end of that read, not of the batch: the peer's window must not
         wait for a whole batch (measured: the requester idled half the time).
+
+        :returns: the packets read.
         """
         view, stats = qp.rx_view, self.stats
         touched: dict[int, RoceQp] = {}
@@ -435,6 +444,7 @@ class RoceDevice(Device):
         for q in touched.values():
             with q._state_lock:
                 q.after_input(now)
+        return rx
 
     def _on_listener(self, _events: int) -> None:
         """Drain the catch-all socket: packets of flows no QP socket claimed."""

@@ -120,8 +120,8 @@ class RoceQpDevice(QpDevice, Protocol):
     def lookup_rkey(self, rkey: int) -> MemoryRegion | None:
         """The MR an rkey of this device names."""
 
-    def receive_qp(self, qp: RoceQp) -> None:
-        """Read and handle what waits on the QP's flow socket."""
+    def receive_qp(self, qp: RoceQp) -> int:
+        """Read and handle what waits on the QP's flow socket; the packets read."""
 
     def unwatch(self, sock: socket.socket, qp: RoceQp | None = None) -> None:
         """Stop watching a flow socket."""
