@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import smcr
+from smcr.rdma.roce.device import RoceDevice
 from smcr.stack.counters import COUNTERS
 from tests.socket import smc_peer
 from tests.socket.conftest import RNICS, Peer, rnics
@@ -274,7 +275,9 @@ def test_an_event_loops_answers_are_read_by_the_thread_that_makes_them_ready(
     server = peer(smc_peer.echo_server)
     with smcr.create_connection((smc_peer.host(), server.recv()), timeout=20) as conn:
         assert conn.smc_info().mode == "SMCR"
-        stats = conn._stack.device.stats  # type: ignore[attr-defined]
+        stack = conn._stack
+        assert stack is not None and isinstance(stack.device, RoceDevice)
+        stats = stack.device.stats
         conn.setblocking(False)
         with selectors.DefaultSelector() as sel:
             sel.register(conn, selectors.EVENT_READ)
