@@ -16,6 +16,7 @@ from collections.abc import Callable
 import smcr
 from smcr.rdma.roce.device import RoceDevice
 from smcr.stack.counters import COUNTERS
+from smcr.stack.progress import STANDBY
 from tests.socket import smc_peer
 from tests.socket.conftest import RNICS, Peer, rnics
 from tests.support import voluntary_switches
@@ -281,8 +282,11 @@ def test_an_event_loops_answers_are_read_by_the_thread_that_makes_them_ready(
         conn.setblocking(False)
         with selectors.DefaultSelector() as sel:
             sel.register(conn, selectors.EVENT_READ)
-            for i in range(rounds + 20):
-                if i == 20:  # (the first looks: the runtime's threads settle their roles)
+            settled = time.monotonic() + 2 * STANDBY
+            i = 0
+            while settled or i < rounds:
+                if settled and time.monotonic() >= settled:  # (until then the connect's wait
+                    settled, i = 0.0, 0  # counts: the progress thread stands by after it)
                     rx, by_rnic = stats["rx"], stats["rx_rnic_thread"]
                 assert conn.send(i.to_bytes(4, "big")) == 4
                 got = b""
@@ -293,6 +297,7 @@ def test_an_event_loops_answers_are_read_by_the_thread_that_makes_them_ready(
                     except BlockingIOError:
                         continue
                 assert got == i.to_bytes(4, "big")
+                i += 1
         rx, by_rnic = stats["rx"] - rx, stats["rx_rnic_thread"] - by_rnic
         conn.setblocking(True)
     assert server.recv()[0] == "SMCR"

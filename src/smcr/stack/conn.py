@@ -241,7 +241,7 @@ class DataPath:
                 # (this thread took the news itself: the progress thread stands by meanwhile,
                 # rather than wake for each acknowledgement only to find it taken, and take
                 # the GIL and the lock from this thread to do so)
-                ex.wake.app_polled = time.monotonic()
+                ex.wake.app_looked = time.monotonic()
             if (not 0 < n <= c.sndbuf_space() or c.tx_flags or c.peer_closed or c.reset_reason
                     or c.urg_tx_end is not None):  # fmt: skip
                 return -1  # (what process() took may have ended it: the general path says so)

@@ -417,23 +417,28 @@ class Progress:
 
     def _standing_by(self) -> bool:
         """Whether the progress thread leaves the CQ to an application thread: one polls,
-        or polled within :data:`STANDBY`, and no handshake or corked bytes need watching.
+        or polled within :data:`STANDBY` (or only looked, :attr:`Wakeups.app_looked`), and
+        no handshake or corked bytes need watching.
 
-        Not after mere looks of a program that waits in ``select`` (an event loop:
-        :attr:`Wakeups.watched`) where the CQ's pollers receive its provider's packets
-        (RoCE): standing by, this thread heard a peer's message only when the RNIC's own
-        thread, which kept the QP's socket, had received it and rang the standby doorbell,
-        one thread hop more per message than sleeping on the CQ, whose descriptor covers
-        the socket (a 32-byte event-loop round trip between two namespaces took 390 us,
-        260 with this thread receiving itself).  A program's own looks still take what
-        came when it calls."""
+        Looks alone do not count where the program waits in ``select`` (an event loop:
+        :attr:`Wakeups.watched`, and no thread of it waited in a call lately) and the
+        CQ's pollers receive its provider's packets (RoCE): standing by, this thread
+        heard a peer's message only when the RNIC's own thread, which kept the QP's
+        socket, had received it and rang the standby doorbell, one thread hop more per
+        message than sleeping on the CQ, whose descriptor covers the socket (a 32-byte
+        event-loop round trip between two namespaces took 390 us, 260 with this thread
+        receiving itself).  A program's own looks still take what came when it calls."""
         wake = self.wake
         if wake.poller == "app":
             return True
-        if wake.watched and self.ex.cq.pollers_receive:
-            return False
-        return (time.monotonic() - wake.app_polled < STANDBY and not self.ex.clc.watch
-                and not self.ex.corked_any)  # fmt: skip
+        now = time.monotonic()
+        if now - wake.app_polled < STANDBY:
+            recent = True
+        elif now - wake.app_looked < STANDBY:
+            recent = not (wake.watched and self.ex.cq.pollers_receive)
+        else:
+            recent = False
+        return recent and not self.ex.clc.watch and not self.ex.corked_any
 
     def _standby(self) -> bool:
         """The progress thread stands by (lock held on entry and on return): it lets go

@@ -26,7 +26,11 @@ class Wakeups:
         self.poller_ident = 0
         """The thread ident of the application thread that polls."""
         self.app_polled = 0.0
-        """When an application thread last polled (monotonic)."""
+        """When an application thread last polled: waited in a call of its own (monotonic)."""
+        self.app_looked = 0.0
+        """When an application thread last took the news in a call that does not wait (a
+        send over an RNIC without inline sends: :meth:`DataPath.send_fast
+        <smcr.stack.conn.DataPath.send_fast>`)."""
         self.watched = False
         """The program has watched a connection's readiness descriptor (``fileno()``, for
         ``select``, ``poll``, an event loop): from then on news that comes between two
