@@ -217,6 +217,21 @@ def test_a_thread_waiting_on_another_connection_keeps_the_standby_armed() -> Non
         server.stop()
 
 
+def loop_round_trip(conn: socket.socket, sel: selectors.BaseSelector, i: int) -> None:
+    """One round trip of an event loop to an echo server: ``i`` as 4 bytes out on the
+    non-blocking ``conn``, then reads each after ``sel`` says it is readable, until the
+    echo is back (asserted equal)."""
+    assert conn.send(i.to_bytes(4, "big")) == 4
+    got = b""
+    while len(got) < 4:
+        assert sel.select(10), "no answer in 10 s"
+        try:
+            got += conn.recv(4 - len(got))
+        except BlockingIOError:
+            continue
+    assert got == i.to_bytes(4, "big")
+
+
 @RNICS
 def test_an_event_loop_hears_every_answer_when_it_comes(peer: Callable[..., Peer]) -> None:
     """An event loop (a non-blocking socket, ``select`` on it between its calls, as asyncio
@@ -241,16 +256,8 @@ def test_an_event_loop_hears_every_answer_when_it_comes(peer: Callable[..., Peer
             delays = []
             for i in range(rounds):
                 began = time.monotonic()
-                assert conn.send(i.to_bytes(4, "big")) == 4
-                got = b""
-                while len(got) < 4:
-                    assert sel.select(10), "no answer in 10 s"
-                    try:
-                        got += conn.recv(4 - len(got))
-                    except BlockingIOError:
-                        continue
+                loop_round_trip(conn, sel, i)
                 delays.append(time.monotonic() - began)
-                assert got == i.to_bytes(4, "big")
         missed = COUNTERS.late_news_cnt - missed  # (the closing CDCs' news is not awaited)
         conn.setblocking(True)
     assert server.recv()[0] == "SMCR"
@@ -288,15 +295,7 @@ def test_an_event_loops_answers_are_read_by_the_thread_that_makes_them_ready(
                 if settled and time.monotonic() >= settled:  # (until then the connect's wait
                     settled, i = 0.0, 0  # counts: the progress thread stands by after it)
                     rx, by_rnic = stats["rx"], stats["rx_rnic_thread"]
-                assert conn.send(i.to_bytes(4, "big")) == 4
-                got = b""
-                while len(got) < 4:
-                    assert sel.select(10), "no answer in 10 s"
-                    try:
-                        got += conn.recv(4 - len(got))
-                    except BlockingIOError:
-                        continue
-                assert got == i.to_bytes(4, "big")
+                loop_round_trip(conn, sel, i)
                 i += 1
         rx, by_rnic = stats["rx"] - rx, stats["rx_rnic_thread"] - by_rnic
         conn.setblocking(True)
