@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import _socket
 import errno
+import fcntl
 import os
 import select
 import socket
+import sys
+import termios
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +17,8 @@ import pytest
 
 from smcr import native, plainsock
 from smcr.rdma import doorbell
-from smcr.rdma.completion import CompletionQueue
+from smcr.rdma.completion import DRAIN_EVERY, CompletionQueue, EpollCq
+from smcr.rdma.verbs import WcOpcode, WcStatus, WorkCompletion
 
 
 @pytest.fixture(params=["c", "python"])
@@ -105,6 +109,48 @@ def test_a_cqs_kick_and_clear_signal_go_through_them(calls: str) -> None:
         cq.close()
     cq.kick()  # closed: nothing happens
     cq.clear_signal()
+
+
+def _bytes_waiting(sock: _socket.socket) -> int:
+    got = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    return int.from_bytes(got, sys.byteorder)
+
+
+def test_an_edge_triggered_sleeper_hears_every_ring_and_the_bell_never_fills(
+        calls: str) -> None:  # fmt: skip
+    """A thread asleep on a CQ's doorbell edge-triggered (the runtime's pollers) does not
+    drain it at each wake-up: each ring is a new edge.  ``arming`` drains it every
+    ``DRAIN_EVERY`` arms, so the bytes of one ring per arm never pile up to a full buffer
+    (whose rings would be dropped, and never heard that way)."""
+    cq = CompletionQueue(4)
+    ep = select.epoll()
+    try:
+        assert cq.edge_signals
+        ep.register(cq.fileno(), select.EPOLLIN | select.EPOLLET)
+        most = 0
+        for _ in range(10 * DRAIN_EVERY):
+            cq.arming()
+            cq.req_notify()
+            cq.push(WorkCompletion(wr_id=1, status=WcStatus.SUCCESS,
+                                   opcode=WcOpcode.RECV_RDMA_WITH_IMM, qp_num=1))  # fmt: skip
+            assert ep.poll(5) == [(cq.fileno(), select.EPOLLIN)]  # heard, every time
+            assert cq.poll(4)
+            most = max(most, _bytes_waiting(cq._bell_r))
+        assert ep.poll(0) == []  # (no ring: no edge, though bytes wait)
+        assert 0 < most <= DRAIN_EVERY
+    finally:
+        ep.close()
+        cq.close()
+
+
+def test_a_cq_whose_provider_descriptors_stay_readable_is_told_level_triggered() -> None:
+    """The RoCE RNIC's and verbs' CQs: their sockets stay readable until the hook reads
+    them, which an edge-triggered sleeper would miss."""
+    cq = EpollCq(4)
+    try:
+        assert not cq.edge_signals
+    finally:
+        cq.close()
 
 
 def _named(name: bytes) -> _socket.socket:

@@ -33,6 +33,12 @@ for :data:`ARM_SLEEPER`, except that a peer whose SEND is for a connection with 
 consumer bell may ring that instead (:mod:`smcr.rdma.bells`): the thread that waits
 for the connection then takes the news itself."""
 
+DRAIN_EVERY: Final = 16
+"""Arms between two drains of an edge-signalled doorbell (:meth:`CompletionQueue.arming`):
+each arm draws at most one ring, so the doorbell holds at most this many bytes (and a
+stray's) between drains, far below what fills a socket pair's buffer (a full one drops
+rings, which an edge-triggered sleeper would never hear)."""
+
 TAKEN_IN_PLACE: Final = WorkCompletion(wr_id=-1, status=WcStatus.SUCCESS,
                                        opcode=WcOpcode.RECV, qp_num=0)
 """Stands in the queue for SENDs that a QP's receiver took in place
@@ -72,8 +78,18 @@ class CompletionQueue:
 
     SPIN_SECONDS = 0.0
 
+    edge_signals = True
+    """Whether each signal of :meth:`fileno` is a new edge that an edge-triggered epoll
+    reports (a ring is a byte written to the doorbell), so that a thread asleep on it that
+    way need not drain it at each wake-up (:meth:`arming`).  Why: the drain is a system
+    call per message at the receiving end, about a fifth of a message's CPU on a busy host
+    where the receiver sleeps for every message (32-byte round trips beside a busy
+    process)."""
+
     def __init__(self, depth: int) -> None:
         self.depth = depth
+        self._undrained = 0
+        """Arms since the doorbell was last drained (:meth:`arming`)."""
         self.pollers_receive = False
         """Whether a thread asleep on :meth:`fileno` wakes for the provider's packets and its
         poll receives them (the RoCE RNIC: :mod:`smcr.rdma.roce.cq`), rather than being rung
@@ -253,6 +269,16 @@ class CompletionQueue:
         a provider whose descriptor is not the doorbell overrides this)."""
         doorbell.drain(self._bell_r)
 
+    def arming(self) -> None:
+        """A thread that sleeps on :meth:`fileno` edge-triggered (:attr:`edge_signals`) is
+        about to arm the CQ for itself: every :data:`DRAIN_EVERY` arms the doorbell is
+        drained, before the arm (a ring after it is a new edge).  Rings come only for arms
+        (a requester takes the arm it rings for), so the bytes never pile up."""
+        self._undrained += 1
+        if self._undrained >= DRAIN_EVERY:
+            self._undrained = 0
+            self.clear_signal()
+
     def clear_standby(self) -> None:
         """Make :meth:`standby_fileno` unreadable again."""
         doorbell.drain(self._standby_r)
@@ -355,6 +381,10 @@ class EpollCq(CompletionQueue):
     * Completions the hook pushes inside this CQ's own poll do not ring it: the poll that
       runs the hook returns them (the shm RNIC's rule, ``push_many(notify=False)``).
     """
+
+    edge_signals = False
+    """The provider's descriptors stay readable until its hook reads them: a sleeper must
+    be told level-triggered."""
 
     def __init__(self, depth: int) -> None:
         super().__init__(depth)

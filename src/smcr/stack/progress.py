@@ -112,7 +112,9 @@ class Progress:
         built per sleep cost a registration and a wait-queue entry per descriptor every
         message: a sleep on one descriptor is what TCP's blocked ``recv`` pays)."""
         ep = select.epoll()
-        for fd in (self._cq_fd, bell, self._clc_fd, self._tcp_fd):
+        edge = select.EPOLLET if self.ex.cq.edge_signals else 0
+        ep.register(self._cq_fd, select.EPOLLIN | edge)  # (no drain per wake-up: arming)
+        for fd in (bell, self._clc_fd, self._tcp_fd):
             ep.register(fd, select.EPOLLIN)
         return ep
 
@@ -301,6 +303,8 @@ class Progress:
             # look before it where no spin follows: the caller's answer is seldom there yet
             # (it asked just now), and an arm that finds it is taken back at once, before a
             # peer rings for it
+            if cq.edge_signals:
+                cq.arming()
             cq.req_notify(ARM_PROGRESS if self.wake.poller == "bg" else ARM_SLEEPER)
             wcs = cq.poll(64)
             if wcs and not allowed:
@@ -325,7 +329,8 @@ class Progress:
                 ex.lock.acquire()
             for fd, _ in r:
                 if fd == self._cq_fd:
-                    cq.clear_signal()
+                    if not cq.edge_signals:
+                        cq.clear_signal()
                 elif fd == self._clc_fd:
                     for clc_fd, _ in clc.ep.poll(0):
                         hc = clc.watch.get(clc_fd)
