@@ -34,6 +34,16 @@ def test_no_budget_never_spins() -> None:
     assert SpinPolicy(MOST, cpus=2, runnable=lambda: 1).allowance(0.0) == 0.0
 
 
+def test_no_spin_while_other_threads_wait_for_the_news_this_one_hands_them() -> None:
+    """A spin holds the GIL: threads that the spinner wakes through their conditions could
+    not run until it ended (Progress passes how many wait: Wakeups.waiting)."""
+    policy = SpinPolicy(MOST, cpus=2, runnable=lambda: 1)
+    assert policy.allowance(MOST, others_waiting=1) == 0.0
+    assert policy.allowance(MOST, others_waiting=7) == 0.0
+    assert policy.allowance(MOST, others_waiting=0) == MOST
+    assert policy.pause == policy.misses == 0  # (a wait that may not spin is no miss)
+
+
 def test_one_cpu_yields_only_while_the_waiter_its_peer_and_the_other_cpus_run() -> None:
     runnable = [2]
     policy = SpinPolicy(MOST, cpus=1, runnable=lambda: runnable[0])

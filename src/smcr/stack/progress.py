@@ -291,7 +291,7 @@ class Progress:
         cq.waiting()
         wcs: list[WorkCompletion] = []
         allowed = 0.0 if spin <= 0.0 else self.spin.allowance(
-            spin if left is None else min(spin, left))
+            spin if left is None else min(spin, left), self.wake.waiting)
         if allowed > 0.0:  # look, then watch for news before arming
             wcs = cq.poll(64)
             if not wcs:
