@@ -81,10 +81,10 @@ class CompletionQueue:
     edge_signals = True
     """Whether each signal of :meth:`fileno` is a new edge that an edge-triggered epoll
     reports (a ring is a byte written to the doorbell), so that a thread asleep on it that
-    way need not drain it at each wake-up (:meth:`arming`).  Why: the drain is a system
-    call per message at the receiving end, about a fifth of a message's CPU on a busy host
-    where the receiver sleeps for every message (32-byte round trips beside a busy
-    process)."""
+    way need not drain it at each wake-up (:meth:`arming`).  Why: the drain was a system
+    call per message at the receiving end where the receiver sleeps for every message (a
+    32-byte blocking round trip beside a busy process: 7.9 -> 7.3 us of CPU per round trip
+    at each end without it)."""
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
