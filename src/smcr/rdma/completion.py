@@ -35,9 +35,10 @@ for the connection then takes the news itself."""
 
 DRAIN_EVERY: Final = 16
 """Arms between two drains of an edge-signalled doorbell (:meth:`CompletionQueue.arming`):
-each arm draws at most one ring, so the doorbell holds at most this many bytes (and a
-stray's) between drains, far below what fills a socket pair's buffer (a full one drops
-rings, which an edge-triggered sleeper would never hear)."""
+an arm draws a ring or two (a peer's that took the shared arm word, a local completion's
+that took the CQ's own), so the doorbell holds a few dozen bytes at most between drains,
+far below the hundreds of one-byte writes that fill a socket pair's buffer (a full one
+drops rings, which an edge-triggered sleeper would never hear)."""
 
 TAKEN_IN_PLACE: Final = WorkCompletion(wr_id=-1, status=WcStatus.SUCCESS,
                                        opcode=WcOpcode.RECV, qp_num=0)
@@ -273,7 +274,7 @@ class CompletionQueue:
         """A thread that sleeps on :meth:`fileno` edge-triggered (:attr:`edge_signals`) is
         about to arm the CQ for itself: every :data:`DRAIN_EVERY` arms the doorbell is
         drained, before the arm (a ring after it is a new edge).  Rings come only for arms
-        (a requester takes the arm it rings for), so the bytes never pile up."""
+        (a ringer takes the arm it rings for), so the bytes never pile up."""
         self._undrained += 1
         if self._undrained >= DRAIN_EVERY:
             self._undrained = 0
