@@ -17,7 +17,7 @@ import pytest
 
 from smcr import native, plainsock
 from smcr.rdma import doorbell
-from smcr.rdma.completion import DRAIN_EVERY, CompletionQueue, EpollCq
+from smcr.rdma.completion import ARM_STANDBY, DRAIN_EVERY, CompletionQueue, EpollCq
 from smcr.rdma.verbs import WcOpcode, WcStatus, WorkCompletion
 
 
@@ -138,6 +138,33 @@ def test_an_edge_triggered_sleeper_hears_every_ring_and_the_bell_never_fills(
             most = max(most, _bytes_waiting(cq._bell_r))
         assert ep.poll(0) == []  # (no ring: no edge, though bytes wait)
         assert 0 < most <= DRAIN_EVERY
+    finally:
+        ep.close()
+        cq.close()
+
+
+def test_rings_for_a_standbys_arms_are_drained_before_a_sleeper_arms(calls: str) -> None:
+    """An event loop arms the CQ for its standby at every send and never sleeps on it; a
+    requester too old for the standby doorbell rings the CQ's doorbell for those arms.  The
+    bytes pile up (nobody drains a doorbell nobody sleeps on), but the next sleeper's arm
+    drains them first: its own ring is then never the one a full buffer drops."""
+    cq = CompletionQueue(4)
+    ep = select.epoll()
+    try:
+        ep.register(cq.fileno(), select.EPOLLIN | select.EPOLLET)
+        cq._bell_w.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # (fills soon)
+        for _ in range(2000):
+            cq.req_notify(ARM_STANDBY)
+            cq.kick()  # (the old requester's ring, at the CQ's door)
+        assert _bytes_waiting(cq._bell_r) > 0
+        assert not doorbell.ring(cq._bell_w)  # full: a ring now would be dropped
+        cq.arming()
+        cq.req_notify()
+        assert _bytes_waiting(cq._bell_r) == 0
+        ep.poll(0)  # (the standby rings' edge, taken)
+        cq.push(WorkCompletion(wr_id=1, status=WcStatus.SUCCESS,
+                               opcode=WcOpcode.RECV_RDMA_WITH_IMM, qp_num=1))  # fmt: skip
+        assert ep.poll(5) == [(cq.fileno(), select.EPOLLIN)]  # the sleeper's ring, heard
     finally:
         ep.close()
         cq.close()

@@ -34,11 +34,13 @@ consumer bell may ring that instead (:mod:`smcr.rdma.bells`): the thread that wa
 for the connection then takes the news itself."""
 
 DRAIN_EVERY: Final = 16
-"""Arms between two drains of an edge-signalled doorbell (:meth:`CompletionQueue.arming`):
-an arm draws a ring or two (a peer's that took the shared arm word, a local completion's
-that took the CQ's own), so the doorbell holds a few dozen bytes at most between drains,
-far below the hundreds of one-byte writes that fill a socket pair's buffer (a full one
-drops rings, which an edge-triggered sleeper would never hear)."""
+"""Arms after which a sleeper's arm drains an edge-signalled doorbell first
+(:meth:`CompletionQueue.arming`): an arm of any target draws a ring or two (a peer's that
+took the shared arm word, a local completion's that took the CQ's own; a requester too old
+for the standby doorbell rings this one for a standby's arm), so a sleeper arms with a few
+dozen bytes at most in the doorbell, far below the hundreds of one-byte writes that fill a
+socket pair's buffer (a full one drops rings, which an edge-triggered sleeper would never
+hear)."""
 
 TAKEN_IN_PLACE: Final = WorkCompletion(wr_id=-1, status=WcStatus.SUCCESS,
                                        opcode=WcOpcode.RECV, qp_num=0)
@@ -229,6 +231,7 @@ class CompletionQueue:
         standby descriptor for ``target`` :data:`ARM_STANDBY` (class doc)."""
         with self._lock:
             self._armed = target
+            self._undrained += 1
 
     def take_arm(self) -> int:
         """Disarm for a moment: the caller, which holds the consumer's lock, is about to post
@@ -272,10 +275,12 @@ class CompletionQueue:
 
     def arming(self) -> None:
         """A thread that sleeps on :meth:`fileno` edge-triggered (:attr:`edge_signals`) is
-        about to arm the CQ for itself: every :data:`DRAIN_EVERY` arms the doorbell is
-        drained, before the arm (a ring after it is a new edge).  Rings come only for arms
-        (a ringer takes the arm it rings for), so the bytes never pile up."""
-        self._undrained += 1
+        about to arm the CQ for itself: after :data:`DRAIN_EVERY` arms of any target
+        (:meth:`req_notify` counts them) the doorbell is drained, before the arm (a ring
+        after it is a new edge).  Rings come only for arms (a ringer takes the arm it rings
+        for), so the bytes never pile up before a sleeper's arm.  Drained only here: the
+        thread about to sleep is the one poller, and a drain under a sleeper whose ring had
+        come would take its wake-up."""
         if self._undrained >= DRAIN_EVERY:
             self._undrained = 0
             self.clear_signal()
