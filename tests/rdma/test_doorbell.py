@@ -116,58 +116,61 @@ def _bytes_waiting(sock: _socket.socket) -> int:
     return int.from_bytes(got, sys.byteorder)
 
 
+A_RECV = WorkCompletion(wr_id=1, status=WcStatus.SUCCESS, opcode=WcOpcode.RECV_RDMA_WITH_IMM,
+                        qp_num=1)  # fmt: skip
+"""A completion whose push rings an armed CQ."""
+
+
+@pytest.fixture
+def edge_sleeper() -> Iterator[tuple[CompletionQueue, select.epoll]]:
+    """A CQ and an epoll that watches its doorbell edge-triggered, as the runtime's pollers."""
+    cq = CompletionQueue(4)
+    ep = select.epoll()
+    ep.register(cq.fileno(), select.EPOLLIN | select.EPOLLET)
+    yield cq, ep
+    ep.close()
+    cq.close()
+
+
 def test_an_edge_triggered_sleeper_hears_every_ring_and_the_bell_never_fills(
-        calls: str) -> None:  # fmt: skip
+        calls: str, edge_sleeper: tuple[CompletionQueue, select.epoll]) -> None:  # fmt: skip
     """A thread asleep on a CQ's doorbell edge-triggered (the runtime's pollers) does not
     drain it at each wake-up: each ring is a new edge.  ``arming`` drains it every
     ``DRAIN_EVERY`` arms, so the bytes of one ring per arm never pile up to a full buffer
     (whose rings would be dropped, and never heard that way)."""
-    cq = CompletionQueue(4)
-    ep = select.epoll()
-    try:
-        assert cq.edge_signals
-        ep.register(cq.fileno(), select.EPOLLIN | select.EPOLLET)
-        most = 0
-        for _ in range(10 * DRAIN_EVERY):
-            cq.arming()
-            cq.req_notify()
-            cq.push(WorkCompletion(wr_id=1, status=WcStatus.SUCCESS,
-                                   opcode=WcOpcode.RECV_RDMA_WITH_IMM, qp_num=1))  # fmt: skip
-            assert ep.poll(5) == [(cq.fileno(), select.EPOLLIN)]  # heard, every time
-            assert cq.poll(4)
-            most = max(most, _bytes_waiting(cq._bell_r))
-        assert ep.poll(0) == []  # (no ring: no edge, though bytes wait)
-        assert 0 < most <= DRAIN_EVERY
-    finally:
-        ep.close()
-        cq.close()
+    cq, ep = edge_sleeper
+    assert cq.edge_signals
+    most = 0
+    for _ in range(10 * DRAIN_EVERY):
+        cq.arming()
+        cq.req_notify()
+        cq.push(A_RECV)
+        assert ep.poll(5) == [(cq.fileno(), select.EPOLLIN)]  # heard, every time
+        assert cq.poll(4)
+        most = max(most, _bytes_waiting(cq._bell_r))
+    assert ep.poll(0) == []  # (no ring: no edge, though bytes wait)
+    assert 0 < most <= DRAIN_EVERY
 
 
-def test_rings_for_a_standbys_arms_are_drained_before_a_sleeper_arms(calls: str) -> None:
+def test_rings_for_a_standbys_arms_are_drained_before_a_sleeper_arms(
+        calls: str, edge_sleeper: tuple[CompletionQueue, select.epoll]) -> None:  # fmt: skip
     """An event loop arms the CQ for its standby at every send and never sleeps on it; a
     requester too old for the standby doorbell rings the CQ's doorbell for those arms.  The
     bytes pile up (nobody drains a doorbell nobody sleeps on), but the next sleeper's arm
     drains them first: its own ring is then never the one a full buffer drops."""
-    cq = CompletionQueue(4)
-    ep = select.epoll()
-    try:
-        ep.register(cq.fileno(), select.EPOLLIN | select.EPOLLET)
-        cq._bell_w.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # (fills soon)
-        for _ in range(2000):
-            cq.req_notify(ARM_STANDBY)
-            cq.kick()  # (the old requester's ring, at the CQ's door)
-        assert _bytes_waiting(cq._bell_r) > 0
-        assert not doorbell.ring(cq._bell_w)  # full: a ring now would be dropped
-        cq.arming()
-        cq.req_notify()
-        assert _bytes_waiting(cq._bell_r) == 0
-        ep.poll(0)  # (the standby rings' edge, taken)
-        cq.push(WorkCompletion(wr_id=1, status=WcStatus.SUCCESS,
-                               opcode=WcOpcode.RECV_RDMA_WITH_IMM, qp_num=1))  # fmt: skip
-        assert ep.poll(5) == [(cq.fileno(), select.EPOLLIN)]  # the sleeper's ring, heard
-    finally:
-        ep.close()
-        cq.close()
+    cq, ep = edge_sleeper
+    cq._bell_w.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # (fills soon)
+    for _ in range(2000):
+        cq.req_notify(ARM_STANDBY)
+        cq.kick()  # (the old requester's ring, at the CQ's door)
+    assert _bytes_waiting(cq._bell_r) > 0
+    assert not doorbell.ring(cq._bell_w)  # full: a ring now would be dropped
+    cq.arming()
+    cq.req_notify()
+    assert _bytes_waiting(cq._bell_r) == 0
+    ep.poll(0)  # (the standby rings' edge, taken)
+    cq.push(A_RECV)
+    assert ep.poll(5) == [(cq.fileno(), select.EPOLLIN)]  # the sleeper's ring, heard
 
 
 def test_a_cq_whose_provider_descriptors_stay_readable_is_told_level_triggered() -> None:
