@@ -775,15 +775,16 @@ class SocketCalls:
         path = self.path
         if (not flags or flags == _WAITALL) and want and not (self.closed or self.forked):
             part = out[:want] if want < len(out) else out
-            n = -1 if flags else path.try_read(part, want)
-            if n < 0 and not flags and self.timeout == 0.0:  # (path.take_news says why)
-                path.take_news()
-                try:
-                    n = path.try_read(part, want)
-                finally:
-                    path.news_taken()
-            if n <= 0 and self.timeout is None:
+            if self.timeout is None:  # (it takes what is there at once, as try_read would)
                 n = path.read_waiting(part, bool(flags))
+            else:
+                n = -1 if flags else path.try_read(part, want)
+                if n < 0 and not flags and self.timeout == 0.0:  # (path.take_news says why)
+                    path.take_news()
+                    try:
+                        n = path.try_read(part, want)
+                    finally:
+                        path.news_taken()
             if n > 0:
                 return n
         if (sock := self._relayed()) is not None:
