@@ -324,6 +324,8 @@ class CompletionQueue:
             self.run_progress()
         finally:
             self.polling = 0
+        if not self._wcs:  # (nothing to take: as the locked look would find, one step sooner)
+            return []
         with self._lock:
             n = min(max_entries, len(self._wcs))
             out = [self._wcs.popleft() for _ in range(n)]
