@@ -33,16 +33,18 @@ from typing import Any
 WARMUP = 300
 
 
-def serve(port: int, kind: str, size: int) -> None:
-    """The server: echo ``size``-byte messages until the client closes."""
+def serve(kind: str, size: int) -> None:
+    """The server: echo ``size``-byte messages until the client closes.  It listens on a
+    port the kernel picks and says which (a port picked here could be taken: an ephemeral
+    port of another connection)."""
     srv: Any
     if kind == "smc":
         import smcr  # noqa: PLC0415 - the TCP runs import nothing of smcr
 
-        srv = smcr.create_server(("127.0.0.1", port))
+        srv = smcr.create_server(("127.0.0.1", 0))
     else:
-        srv = socket.create_server(("127.0.0.1", port))
-    print("ready", flush=True)
+        srv = socket.create_server(("127.0.0.1", 0))
+    print("ready", srv.getsockname()[1], flush=True)
     conn, _ = srv.accept()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buf = bytearray(size)
@@ -78,14 +80,15 @@ def client(port: int, kind: str, size: int, count: int) -> None:
 
 def run_once(kind: str, env: dict[str, str], size: int, count: int) -> tuple[float, ...]:
     """One server and one client, as separate processes; the client's three figures."""
-    port = 20000 + (os.getpid() * 7 + time.monotonic_ns()) % 20000
     me = [sys.executable, os.path.abspath(__file__)]
-    server = subprocess.Popen([*me, "--serve", str(port), kind, str(size)], env=env,
+    server = subprocess.Popen([*me, "--serve", kind, str(size)], env=env,
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert server.stdout is not None
-        if server.stdout.readline().strip() != "ready":
+        said = server.stdout.readline().split()
+        if len(said) != 2 or said[0] != "ready":
             raise RuntimeError("the server did not start")
+        port = int(said[1])
         out = subprocess.run([*me, "--client", str(port), kind, str(size), str(count)],
                              env=env, capture_output=True, text=True, check=True)  # fmt: skip
         server.wait(timeout=30)  # (it ends when the client closes)
@@ -98,7 +101,7 @@ def run_once(kind: str, env: dict[str, str], size: int, count: int) -> tuple[flo
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        serve(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+        serve(sys.argv[2], int(sys.argv[3]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
         client(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
