@@ -470,6 +470,117 @@ static PyObject *placed_with_error(PyObject *qp, int64_t whom) {
     return NULL;
 }
 
+#define DECLINED (-1)
+#define FAILED (-3)
+
+/* send_inline's work on a buffer held by the caller: whom to ring (>= 0, PLACED_ERROR
+ * included: see there), DECLINED (no error set) or FAILED (an error set). */
+static int64_t post_core(PyObject *c_obj, PyObject *qp, const Py_buffer *d, int request) {
+    if (poster == NULL || conn_type == NULL || Py_TYPE(c_obj) != conn_type ||
+        Py_TYPE(qp) != post_qp_type)
+        return DECLINED;
+    ConnObj *c = (ConnObj *)c_obj;
+    if (c->_urg_tx_end != Py_None || c->_rmb == NULL || Py_TYPE(c->_rmb) != rmb_type ||
+        c->_cdc_pending == NULL || c->_wr_ids == NULL)
+        return DECLINED;
+    CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
+                      c->_sndbuf_limit, c->_peer_vaddr, c->_peer_rkey, c->_seq, c->_rx_cons,
+                      c->_rx_cons_sent, ((RmbObj *)c->_rmb)->_size, c->_peer_token,
+                      c->_tx_flags, c->_unsignaled, c->_stats_write_blocked};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (!short_int(ts[i]) || untag(ts[i]) < 0)
+            return DECLINED;
+    int64_t sent = untag(c->_tx_sent), rsize = untag(c->_peer_rmb_size);
+    int64_t size = untag(((RmbObj *)c->_rmb)->_size), rx_cons = untag(c->_rx_cons);
+    int64_t tx_fin = untag(c->_tx_fin), limit = untag(c->_sndbuf_limit);
+    int64_t vaddr = untag(c->_peer_vaddr), rkey = untag(c->_peer_rkey);
+    int64_t token = untag(c->_peer_token), unsignaled = untag(c->_unsignaled);
+    if (rsize <= 0 || size <= 0 || rsize > UINT32_MAX || size > UINT32_MAX ||
+        rkey > UINT32_MAX || token > UINT32_MAX || c->_tx_flags != 0 ||
+        untag(c->_tx_app) != sent)
+        return DECLINED;
+    int64_t n = (int64_t)d->len, peer_free = rsize - (sent - untag(c->_peer_cons));
+    int64_t now_sent = sent + n;
+    /* (items of more than a byte: len() counts them, not bytes) */
+    if (d->itemsize != 1 || n <= 0 || n > peer_free || n > limit - (sent - tx_fin) ||
+        !fits(now_sent))
+        return DECLINED;
+    smcr_write w[2];
+    int64_t dst = sent % rsize, first = rsize - dst;
+    int count = 1;
+    w[0].data = d->buf;
+    w[0].addr = (uint64_t)(vaddr + dst);
+    w[0].n = (Py_ssize_t)(n <= first ? n : first);
+    if (n > first) {
+        count = 2;
+        w[1].data = (const unsigned char *)d->buf + first;
+        w[1].n = (Py_ssize_t)(n - first);
+        w[1].addr = (uint64_t)vaddr;
+    }
+    uint32_t seq = (uint32_t)(untag(c->_seq) + 1) & 0xFFFF;
+    unsigned char m[CDC_SIZE];
+    memset(m, 0, sizeof m);
+    m[0] = CDC_TYPE;
+    m[1] = CDC_SIZE;
+    put16(m + 2, seq);
+    put32(m + 4, (uint32_t)token);
+    put16(m + 10, (uint32_t)((now_sent / rsize) & 0xFFFF));
+    put32(m + 12, (uint32_t)(now_sent % rsize));
+    put16(m + 18, (uint32_t)((rx_cons / size) & 0xFFFF));
+    put32(m + 20, (uint32_t)(rx_cons % size));
+    int blocked = n == peer_free; /* the peer's RMBE is full now */
+    m[24] = (unsigned char)((request ? UPDATE_REQUESTED : 0) | (blocked ? WRITE_BLOCKED : 0));
+    /* _cdc's signaled (no state flags, no bytes waiting: checked above) */
+    int signaled = unsignaled + 1 >= SIGNAL_EVERY || (now_sent - tx_fin) * 4 > limit || blocked;
+
+    PyObject *pending = NULL, *wr_id = PyIter_Next(c->_wr_ids), *at = NULL;
+    int64_t whom = DECLINED;
+    if (wr_id == NULL)
+        goto out;
+    at = PyLong_FromLongLong((long long)now_sent);
+    if (at == NULL)
+        goto out;
+    pending = PyTuple_Pack(3, wr_id, (PyObject *)c, at);
+    if (pending == NULL)
+        goto out;
+    PyObject *r = PyObject_CallMethodOneArg(c->_cdc_pending, str_append, pending);
+    if (r == NULL)
+        goto out;
+    Py_DECREF(r);
+    whom = poster(qp, w, count, (uint32_t)rkey, m, CDC_SIZE, (uint32_t)token,
+                  signaled ? wr_id : NULL);
+    if (whom < 0) {
+        /* taken back; nothing went: the Python posts it, or meets the post's error itself
+         * (after write_inline, as the Python path always has) */
+        PyErr_Clear();
+        PyObject *back = PyObject_CallMethodNoArgs(c->_cdc_pending, str_pop);
+        if (back != pending) /* (not possible: ours is the last, the GIL and lock held) */
+            PyErr_WriteUnraisable(c->_cdc_pending);
+        Py_XDECREF(back);
+        PyErr_Clear();
+        whom = DECLINED;
+        goto out;
+    }
+    /* write_inline's and _cdc's stores (every old value a short int: nothing to release) */
+    if (request)
+        c->_echo_pending = 1;
+    c->_tx_app = c->_tx_sent = tag(now_sent);
+    c->_unanswered = 1;
+    c->_seq = tag(seq);
+    c->_rx_cons_sent = c->_rx_cons;
+    c->_peer_wants_update = 0;
+    c->_unsignaled = tag(signaled ? 0 : unsignaled + 1);
+    if (blocked)
+        c->_stats_write_blocked = tag(untag(c->_stats_write_blocked) + 1);
+out:
+    Py_XDECREF(pending);
+    Py_XDECREF(at);
+    Py_XDECREF(wr_id);
+    if (whom == DECLINED && PyErr_Occurred())
+        return FAILED;
+    return whom;
+}
+
 /* send_inline(conn, qp, data, request) -> whom to ring (>= 0: QueuePair.ring_after), or -1:
  * not the common case, nothing sent and nothing changed (but a WR id drawn)
  *
@@ -495,123 +606,359 @@ static PyObject *send_inline(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (poster == NULL || conn_type == NULL || Py_TYPE(args[0]) != conn_type ||
         Py_TYPE(args[1]) != post_qp_type)
         return PyLong_FromLong(-1);
-    ConnObj *c = (ConnObj *)args[0];
-    if (c->_urg_tx_end != Py_None || c->_rmb == NULL || Py_TYPE(c->_rmb) != rmb_type ||
-        c->_cdc_pending == NULL || c->_wr_ids == NULL)
-        return PyLong_FromLong(-1);
-    CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
-                      c->_sndbuf_limit, c->_peer_vaddr, c->_peer_rkey, c->_seq, c->_rx_cons,
-                      c->_rx_cons_sent, ((RmbObj *)c->_rmb)->_size, c->_peer_token,
-                      c->_tx_flags, c->_unsignaled, c->_stats_write_blocked};
-    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-        if (!short_int(ts[i]) || untag(ts[i]) < 0)
-            return PyLong_FromLong(-1);
-    int64_t sent = untag(c->_tx_sent), rsize = untag(c->_peer_rmb_size);
-    int64_t size = untag(((RmbObj *)c->_rmb)->_size), rx_cons = untag(c->_rx_cons);
-    int64_t tx_fin = untag(c->_tx_fin), limit = untag(c->_sndbuf_limit);
-    int64_t vaddr = untag(c->_peer_vaddr), rkey = untag(c->_peer_rkey);
-    int64_t token = untag(c->_peer_token), unsignaled = untag(c->_unsignaled);
-    if (rsize <= 0 || size <= 0 || rsize > UINT32_MAX || size > UINT32_MAX ||
-        rkey > UINT32_MAX || token > UINT32_MAX || c->_tx_flags != 0 ||
-        untag(c->_tx_app) != sent)
-        return PyLong_FromLong(-1);
     Py_buffer d;
     if (PyObject_GetBuffer(args[2], &d, PyBUF_SIMPLE) < 0)
         return NULL;
-    int64_t n = (int64_t)d.len, peer_free = rsize - (sent - untag(c->_peer_cons));
-    int64_t now_sent = sent + n;
-    /* (items of more than a byte: len() counts them, not bytes) */
-    if (d.itemsize != 1 || n <= 0 || n > peer_free || n > limit - (sent - tx_fin) ||
-        !fits(now_sent)) {
-        PyBuffer_Release(&d);
-        return PyLong_FromLong(-1);
-    }
-    smcr_write w[2];
-    int64_t dst = sent % rsize, first = rsize - dst;
-    int count = 1;
-    w[0].data = d.buf;
-    w[0].addr = (uint64_t)(vaddr + dst);
-    w[0].n = (Py_ssize_t)(n <= first ? n : first);
-    if (n > first) {
-        count = 2;
-        w[1].data = (const unsigned char *)d.buf + first;
-        w[1].n = (Py_ssize_t)(n - first);
-        w[1].addr = (uint64_t)vaddr;
-    }
-    uint32_t seq = (uint32_t)(untag(c->_seq) + 1) & 0xFFFF;
-    unsigned char m[CDC_SIZE];
-    memset(m, 0, sizeof m);
-    m[0] = CDC_TYPE;
-    m[1] = CDC_SIZE;
-    put16(m + 2, seq);
-    put32(m + 4, (uint32_t)token);
-    put16(m + 10, (uint32_t)((now_sent / rsize) & 0xFFFF));
-    put32(m + 12, (uint32_t)(now_sent % rsize));
-    put16(m + 18, (uint32_t)((rx_cons / size) & 0xFFFF));
-    put32(m + 20, (uint32_t)(rx_cons % size));
-    int blocked = n == peer_free; /* the peer's RMBE is full now */
-    m[24] = (unsigned char)((request ? UPDATE_REQUESTED : 0) | (blocked ? WRITE_BLOCKED : 0));
-    /* _cdc's signaled (no state flags, no bytes waiting: checked above) */
-    int signaled = unsignaled + 1 >= SIGNAL_EVERY || (now_sent - tx_fin) * 4 > limit || blocked;
-
-    PyObject *pending = NULL, *wr_id = PyIter_Next(c->_wr_ids), *at = NULL;
-    if (wr_id == NULL)
-        goto decline;
-    at = PyLong_FromLongLong((long long)now_sent);
-    if (at == NULL)
-        goto fail;
-    pending = PyTuple_Pack(3, wr_id, (PyObject *)c, at);
-    if (pending == NULL)
-        goto fail;
-    PyObject *r = PyObject_CallMethodOneArg(c->_cdc_pending, str_append, pending);
-    if (r == NULL)
-        goto fail;
-    Py_DECREF(r);
-    int64_t whom = poster(args[1], w, count, (uint32_t)rkey, m, CDC_SIZE, (uint32_t)token,
-                          signaled ? wr_id : NULL);
-    if (whom < 0) {
-        /* taken back; nothing went: the Python posts it, or meets the post's error itself
-         * (after write_inline, as the Python path always has) */
-        PyErr_Clear();
-        PyObject *back = PyObject_CallMethodNoArgs(c->_cdc_pending, str_pop);
-        if (back != pending) /* (not possible: ours is the last, the GIL and lock held) */
-            PyErr_WriteUnraisable(c->_cdc_pending);
-        Py_XDECREF(back);
-        PyErr_Clear();
-        goto decline;
-    }
-    /* write_inline's and _cdc's stores (every old value a short int: nothing to release) */
-    if (request)
-        c->_echo_pending = 1;
-    c->_tx_app = c->_tx_sent = tag(now_sent);
-    c->_unanswered = 1;
-    c->_seq = tag(seq);
-    c->_rx_cons_sent = c->_rx_cons;
-    c->_peer_wants_update = 0;
-    c->_unsignaled = tag(signaled ? 0 : unsignaled + 1);
-    if (blocked)
-        c->_stats_write_blocked = tag(untag(c->_stats_write_blocked) + 1);
-    Py_DECREF(pending);
-    Py_DECREF(at);
-    Py_DECREF(wr_id);
+    int64_t whom = post_core(args[0], args[1], &d, request);
     PyBuffer_Release(&d);
+    if (whom == FAILED)
+        return NULL;
+    if (whom == DECLINED)
+        return PyLong_FromLong(-1);
     if (whom & PLACED_ERROR)
         return placed_with_error(args[1], whom & ~PLACED_ERROR);
     return PyLong_FromLongLong(whom);
-decline:
-    Py_XDECREF(pending);
-    Py_XDECREF(at);
-    Py_XDECREF(wr_id);
-    PyBuffer_Release(&d);
-    if (PyErr_Occurred())
+}
+
+/* ---------------------------------------------------------------- a send, whole */
+
+typedef smcr___stack___conn___DataPathObject DataPathObj;
+typedef smcr___stack___executor___ExecutorObject ExecutorObj;
+typedef smcr___stack___hostconn___HostConnObject HostConnObj;
+typedef smcr___stack___wakeup___WakeupsObject WakeupsObj;
+typedef smcr___rdma___shm___cq___ShmCompletionQueueObject CqObj;
+typedef smcr___rdma___shm___qp___ShmQpObject ShmQpObj;
+typedef smcr___rdma___shm___peer___PeerLinkObject PeerObj;
+
+static PyTypeObject *datapath_type, *executor_type, *hostconn_type, *wakeups_type, *cq_type,
+    *peer_type;
+static PyObject *post_fallback; /* smcr.stack.executor.post_inline */
+static PyObject *byte_view_fn;  /* smcr.stack.conn.byte_view */
+static PyObject *ring_fn;       /* smcr.rdma._doorbell.ring, or NULL: the QP's ring_after */
+static PyObject *str_locked, *str_acquire, *str_release, *str_take_standby, *str_look_again,
+    *str_dispatch_events, *str_send_ended, *str_ring_held;
+
+#define NOT_NOW (-2)
+#define CLOSED_OR_ABORT 0x60u /* PEER_CONNECTION_CLOSED | PEER_CONNECTION_ABORT */
+#define ARM_STANDBY 2         /* smcr.rdma.completion.ARM_STANDBY */
+
+/* bind_sender(DataPath, Executor, HostConn, Wakeups, ShmCompletionQueue, PeerLink,
+ * post_inline, byte_view, ring): the classes send_now reads (after bind and bind_taker: it
+ * reads theirs too), the Python it hands a post the lane declines, and the doorbell's ring
+ * in C (None: the QP's ring_after rings). */
+static PyObject *bind_sender(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "bind_sender takes 6 classes and 3 functions");
         return NULL;
-    return PyLong_FromLong(-1);
-fail:
-    Py_XDECREF(pending);
-    Py_XDECREF(at);
-    Py_XDECREF(wr_id);
+    }
+    if (state_type == NULL || engine_type == NULL || counters == NULL) {
+        PyErr_SetString(PyExc_TypeError, "bind_sender: bind and bind_taker first");
+        return NULL;
+    }
+    Py_ssize_t sizes[6] = {sizeof(DataPathObj), sizeof(ExecutorObj), sizeof(HostConnObj),
+                           sizeof(WakeupsObj), sizeof(CqObj), sizeof(PeerObj)};
+    PyTypeObject **slots[6] = {&datapath_type, &executor_type, &hostconn_type, &wakeups_type,
+                               &cq_type, &peer_type};
+    if (bind_classes("bind_sender", args, sizes, slots, 6) < 0)
+        return NULL;
+    Py_INCREF(args[6]);
+    Py_XSETREF(post_fallback, args[6]);
+    Py_INCREF(args[7]);
+    Py_XSETREF(byte_view_fn, args[7]);
+    if (args[8] == Py_None) {
+        Py_CLEAR(ring_fn);
+    } else {
+        Py_INCREF(args[8]);
+        Py_XSETREF(ring_fn, args[8]);
+    }
+    Py_RETURN_NONE;
+}
+
+/* ShmQp.ring_after(whom): the peer's doorbells rung here, a consumer bell (by name) by the
+ * QP's Python (smcr.rdma.shm.send.ring_whom).  0, or -1 (an error set). */
+static int ring_peer(PyObject *qp, int64_t whom) {
+    PyObject *peer = ((ShmQpObj *)qp)->__peer;
+    if (peer == Py_None)
+        return 0;
+    PyObject *r;
+    if (whom <= 3 && ring_fn != NULL && peer != NULL && Py_TYPE(peer) == peer_type &&
+        ((PeerObj *)peer)->_bell != NULL) {
+        PeerObj *p = (PeerObj *)peer;
+        PyObject *bell = (whom & 3) == ARM_STANDBY && p->_standby_bell != NULL &&
+                                 p->_standby_bell != Py_None
+                             ? p->_standby_bell
+                             : p->_bell;
+        r = PyObject_CallOneArg(ring_fn, bell);
+    } else {
+        r = PyObject_CallMethod(qp, "ring_after", "L", (long long)whom);
+    }
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* lock.locked(): 1, 0, or -1 (an error set). */
+static int is_locked(PyObject *lock) {
+    PyObject *r = PyObject_CallMethodNoArgs(lock, str_locked);
+    if (r == NULL)
+        return -1;
+    int held = r == Py_True;
+    Py_DECREF(r);
+    return held;
+}
+
+/* obj.name(), its result dropped: 0, or -1 (an error set). */
+static int call0(PyObject *obj, PyObject *name) {
+    PyObject *r = PyObject_CallMethodNoArgs(obj, name);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* obj.name() while an error is pending (kept, unless the call raises its own, which wins,
+ * as one raised in a finally clause does). */
+static void call0_pending(PyObject *obj, PyObject *name) {
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    if (call0(obj, name) < 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(trace);
+        return;
+    }
+    PyErr_Restore(type, value, trace);
+}
+
+/* smcr stats: COUNTERS.tx_pd[n.bit_length()] += 1 (0, or -1: an error set). */
+static int count_send(int64_t n) {
+    PyObject *list = ((CountersObj *)counters)->_tx_pd;
+    int bits = 0;
+    while (n >> bits)
+        bits++;
+    if (list == NULL || !PyList_CheckExact(list) || bits >= PyList_GET_SIZE(list))
+        return 0;
+    PyObject *old = PyList_GET_ITEM(list, bits);
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL)
+        return -1;
+    PyObject *sum = PyNumber_Add(old, one);
+    Py_DECREF(one);
+    if (sum == NULL)
+        return -1;
+    PyList_SET_ITEM(list, bits, sum);
+    Py_DECREF(old);
+    return 0;
+}
+
+/* send_now(datapath, data) -> the bytes sent (all of data), or -2: not this call's case,
+ * nothing done (DataPath.try_send runs as before).
+ *
+ * A send's common case in one call: DataPath.try_send, send_fast's inline branch,
+ * Executor.send_inline and executor.post_inline, step by step as they run them (the
+ * writer's lock looked at, the runtime's lock held throughout, the standby arm taken
+ * where a read left it for the send, echo_wanted, the post by the lane, the ring, what the
+ * CQ holds taken, the engine's events, Progress.send_ended, the stats count).  Its case:
+ * a connection of the engine, open both ways, no urgent data, no corking, to a peer in
+ * another runtime (not a local one: its completions are taken here), a runtime with
+ * inline sends and one link, a bytes-like of single bytes that fits the peer's RMBE now.
+ * Everything it checks is checked before its first change; a post the lane declines after
+ * that goes to the Python's post (executor.post_inline), as the Python's own would. */
+static PyObject *send_now(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "send_now takes 2 arguments");
+        return NULL;
+    }
+    if (datapath_type == NULL || Py_TYPE(args[0]) != datapath_type || poster == NULL)
+        return PyLong_FromLong(NOT_NOW);
+    DataPathObj *dp = (DataPathObj *)args[0];
+    if (dp->_wr_shut != 0 || dp->_ex == NULL || Py_TYPE(dp->_ex) != executor_type ||
+        dp->_hc == NULL || Py_TYPE(dp->_hc) != hostconn_type || dp->_wlock == NULL ||
+        dp->_progress == NULL)
+        return PyLong_FromLong(NOT_NOW);
+    ExecutorObj *ex = (ExecutorObj *)dp->_ex;
+    HostConnObj *hc = (HostConnObj *)dp->_hc;
+    if (ex->_keep_copy != 0 || !short_int(ex->_max_inline) || untag(ex->_max_inline) <= 0 ||
+        hc->_local_peer != Py_False || !short_int(hc->_conn_id) || ex->_lock == NULL ||
+        ex->_engine == NULL || Py_TYPE(ex->_engine) != engine_type || ex->_cq == NULL ||
+        Py_TYPE(ex->_cq) != cq_type || ex->_wake == NULL || Py_TYPE(ex->_wake) != wakeups_type ||
+        ex->_qps == NULL || !PyDict_CheckExact(ex->_qps))
+        return PyLong_FromLong(NOT_NOW);
+    PyObject *state_obj = ((EngineObj *)ex->_engine)->_state;
+    if (state_obj == NULL || Py_TYPE(state_obj) != state_type)
+        return PyLong_FromLong(NOT_NOW);
+    StateObj *state = (StateObj *)state_obj;
+    if (state->_conns == NULL || !PyDict_CheckExact(state->_conns) || state->_events == NULL)
+        return PyLong_FromLong(NOT_NOW);
+    Py_buffer d;
+    if (PyObject_GetBuffer(args[1], &d, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear(); /* (the Python's byte_view says what is wrong with it) */
+        return PyLong_FromLong(NOT_NOW);
+    }
+    int64_t n = (int64_t)d.len;
+    if (n <= 0 || d.itemsize != 1) {
+        PyBuffer_Release(&d);
+        return PyLong_FromLong(NOT_NOW);
+    }
+    int held = is_locked(dp->_wlock); /* another thread sends (and may wait): keep its order */
+    if (held != 0) {
+        PyBuffer_Release(&d);
+        return held < 0 ? NULL : PyLong_FromLong(NOT_NOW);
+    }
+    PyObject *lock = ex->_lock, *progress = dp->_progress, *wlock = dp->_wlock;
+    PyObject *cq = ex->_cq, *wake = ex->_wake, *c_obj = NULL, *qp = NULL;
+    Py_INCREF(lock);
+    Py_INCREF(progress);
+    Py_INCREF(wlock);
+    Py_INCREF(cq);
+    Py_INCREF(wake);
+    Py_INCREF(ex);
+    int failed = 0, standby = 0;
+    int64_t result = NOT_NOW;
+    if (call0(lock, str_acquire) < 0) {
+        failed = 1;
+        goto done;
+    }
+    /* try_send's look at the connection, the runtime's lock held */
+    PyObject *key = PyLong_FromSsize_t((Py_ssize_t)untag(hc->_conn_id));
+    if (key == NULL) {
+        failed = 1;
+        goto unlock;
+    }
+    c_obj = PyDict_GetItemWithError(state->_conns, key); /* borrowed */
+    Py_DECREF(key);
+    if (c_obj == NULL) {
+        failed = PyErr_Occurred() != NULL;
+        goto unlock;
+    }
+    if (Py_TYPE(c_obj) != conn_type)
+        goto unlock;
+    Py_INCREF(c_obj);
+    ConnObj *c = (ConnObj *)c_obj;
+    if (c->_reset_reason == NULL || !PyUnicode_CheckExact(c->_reset_reason) ||
+        PyUnicode_GET_LENGTH(c->_reset_reason) != 0 || c->_tx_flags != 0 ||
+        !short_int(c->_rx_flags) || (untag(c->_rx_flags) & CLOSED_OR_ABORT) ||
+        c->_echo_pending != 0 || c->_unanswered > 1 || c->_urg_tx_end != Py_None)
+        goto unlock;
+    held = is_locked(wlock); /* (a sender took it meanwhile: it may be waiting inside) */
+    if (held != 0) {
+        failed = held < 0;
+        goto unlock;
+    }
+    /* send_fast: all of it fits now (Connection.direct_room) */
+    CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
+                      c->_sndbuf_limit, c->_qpn, c->_autocork, c->_ask_skip};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (!short_int(ts[i]))
+            goto unlock;
+    int64_t sent = untag(c->_tx_sent);
+    int64_t room = untag(c->_sndbuf_limit) - (sent - untag(c->_tx_fin));
+    int64_t peer_room = untag(c->_peer_rmb_size) - (sent - untag(c->_peer_cons));
+    if (peer_room < room)
+        room = peer_room;
+    if (untag(c->_tx_app) != sent || n > room)
+        goto unlock;
+    /* executor.post_inline's QP */
+    key = PyLong_FromSsize_t((Py_ssize_t)untag(c->_qpn));
+    if (key == NULL) {
+        failed = 1;
+        goto unlock;
+    }
+    qp = PyDict_GetItemWithError(ex->_qps, key); /* borrowed */
+    Py_DECREF(key);
+    if (qp == NULL) {
+        failed = PyErr_Occurred() != NULL;
+        goto unlock;
+    }
+    if (Py_TYPE(qp) != post_qp_type) {
+        qp = NULL;
+        goto unlock;
+    }
+    Py_INCREF(qp);
+    /* from here on the send is this call's */
+    WakeupsObj *w = (WakeupsObj *)wake;
+    if (w->_send_takes_standby == 1) { /* (Progress.send_ended says why) */
+        w->_send_takes_standby = 0;
+        PyObject *r = PyObject_CallMethodNoArgs(cq, str_take_standby);
+        if (r == NULL) {
+            failed = 1;
+            goto unlock;
+        }
+        standby = r == Py_True;
+        Py_DECREF(r);
+    }
+    /* c.unanswered and not c.echo_pending and c.echo_wanted(n) */
+    int request = 0;
+    int64_t autocork = untag(c->_autocork);
+    if (c->_unanswered && 0 < n * 4 && n * 4 <= autocork) {
+        if (c->_ask_skip != 0)
+            c->_ask_skip = tag(untag(c->_ask_skip) - 1);
+        else
+            request = 1;
+    }
+    CqObj *q = (CqObj *)cq;
+    q->_poster_looks = 1; /* (a signaled CDC's completion: taken below, ringing nobody) */
+    int64_t whom = post_core(c_obj, qp, &d, request);
+    if (whom == DECLINED) { /* the Python's post: the lane again, then write_inline */
+        PyObject *view = PyObject_CallOneArg(byte_view_fn, args[1]);
+        PyObject *r = view == NULL ? NULL : PyObject_CallFunctionObjArgs(
+            post_fallback, (PyObject *)ex, c_obj, view, request ? Py_True : Py_False, NULL);
+        Py_XDECREF(view);
+        if (r == NULL)
+            goto post_failed;
+        Py_DECREF(r);
+    } else if (whom == FAILED) {
+        goto post_failed;
+    } else if (whom & PLACED_ERROR) {
+        placed_with_error(qp, whom & ~PLACED_ERROR);
+        goto post_failed;
+    } else if (whom && ring_peer(qp, whom) < 0) {
+        goto post_failed;
+    }
+    q->_poster_looks = 0;
+    /* Executor.send_inline: what the CQ holds now, the engine's events */
+    PyObject *wcs = q->__wcs;
+    Py_ssize_t waiting = wcs == NULL ? 0 : PyObject_Length(wcs);
+    if (waiting < 0 || (waiting > 0 && call0((PyObject *)ex, str_look_again) < 0) ||
+        (PyObject_Length(state->_events) > 0 &&
+         call0((PyObject *)ex, str_dispatch_events) < 0)) {
+        failed = 1;
+        goto ended;
+    }
+    result = n;
+    goto ended;
+post_failed: /* Executor.send_inline's except clause */
+    q->_poster_looks = 0;
+    call0_pending(cq, str_ring_held);
+    failed = 1;
+ended: /* send_fast's finally clause */
+    if (standby) {
+        if (failed)
+            call0_pending(progress, str_send_ended);
+        else if (call0(progress, str_send_ended) < 0)
+            failed = 1;
+    }
+unlock:
+    if (failed)
+        call0_pending(lock, str_release);
+    else if (call0(lock, str_release) < 0)
+        failed = 1;
+done:
     PyBuffer_Release(&d);
-    return NULL;
+    Py_XDECREF(qp);
+    Py_XDECREF(c_obj);
+    Py_DECREF(lock);
+    Py_DECREF(progress);
+    Py_DECREF(wlock);
+    Py_DECREF(cq);
+    Py_DECREF(wake);
+    Py_DECREF(ex);
+    if (failed || (result > 0 && count_send(result) < 0))
+        return NULL;
+    return PyLong_FromLongLong(result);
 }
 
 /* smcr.core.connection.SOCK_MIN_SNDBUF_HALF: Connection.consumed's floor */
@@ -697,6 +1044,10 @@ static PyMethodDef methods[] = {
      "A send's WRITEs and CDC, its common case, posted in one call (module doc)."},
     {"bind_taker", (PyCFunction)(void (*)(void))bind_taker, METH_FASTCALL,
      "The runtime's classes ring_take reads; its capsule (see there)."},
+    {"bind_sender", (PyCFunction)(void (*)(void))bind_sender, METH_FASTCALL,
+     "The runtime's classes send_now reads (see there)."},
+    {"send_now", (PyCFunction)(void (*)(void))send_now, METH_FASTCALL,
+     "A send's common case, whole: the lock, the post, the ring (see there)."},
     {"read_fast", (PyCFunction)(void (*)(void))read_fast, METH_FASTCALL,
      "A read's common case: bytes copied out of the RMB and consumed (see there)."},
     {NULL, NULL, 0, NULL},
@@ -711,7 +1062,17 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__lane(void) {
     str_append = PyUnicode_InternFromString("append");
     str_pop = PyUnicode_InternFromString("pop");
-    if (str_append == NULL || str_pop == NULL)
+    str_locked = PyUnicode_InternFromString("locked");
+    str_acquire = PyUnicode_InternFromString("acquire");
+    str_release = PyUnicode_InternFromString("release");
+    str_take_standby = PyUnicode_InternFromString("take_standby");
+    str_look_again = PyUnicode_InternFromString("look_again");
+    str_dispatch_events = PyUnicode_InternFromString("_dispatch_events");
+    str_send_ended = PyUnicode_InternFromString("send_ended");
+    str_ring_held = PyUnicode_InternFromString("ring_held");
+    if (str_append == NULL || str_pop == NULL || str_locked == NULL || str_acquire == NULL ||
+        str_release == NULL || str_take_standby == NULL || str_look_again == NULL ||
+        str_dispatch_events == NULL || str_send_ended == NULL || str_ring_held == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -43,7 +43,7 @@ from typing import Any, Final
 from smcr import exits
 from smcr.core import Action
 from smcr.core.connection import Connection
-from smcr.stack import inplace
+from smcr.stack import inplace, sender
 from smcr.stack.counters import COUNTERS
 from smcr.stack.executor import ring_read, ring_write
 from smcr.stack.hostconn import HostConn
@@ -735,6 +735,9 @@ class SocketCalls:
 
     def _sendall(self, data: Any, flags: int = 0) -> None:
         """``socket.sendall``."""
+        if (not flags and SENDS_NOW and not (self.closed or self.forked)
+                and (lane := inplace.LANE) is not None and lane.send_now(self.path, data) > 0):
+            return  # (the common case whole, in C: DataPath.try_send's and what it calls)
         view = byte_view(data)
         flags = int(flags)
         if not flags and view and not (self.closed or self.forked) and (
@@ -750,6 +753,10 @@ class SocketCalls:
 
     def _send(self, data: Any, flags: int = 0) -> int:
         """``socket.send``."""
+        if (not flags and SENDS_NOW and not (self.closed or self.forked)
+                and (lane := inplace.LANE) is not None
+                and (sent := int(lane.send_now(self.path, data))) > 0):  # (as _sendall's)
+            return sent
         view = byte_view(data)
         flags = int(flags)
         if not flags and view and not (self.closed or self.forked):
@@ -863,17 +870,19 @@ def byte_view(data: Any) -> memoryview:
     return view
 
 
-def cdcs_done(c: Connection) -> bool:
-    """Whether every CDC of ``c`` completed (or the connection is gone): what ``close``
-    waits for after its closing CDC, as Linux's ``smc_close_wait_tx_pends``.
+SENDS_NOW: Final = sender.bind(DataPath, byte_view)
+"""``send`` and ``sendall`` try the lane's whole send first (:mod:`smcr.stack.sender`)."""
 
-    Why: over RoCE a posted WRITE or CDC is not yet delivered (the window, the
-    peer's ACK); a process that exits right after ``close`` takes its QP, and
-    with it what is still unsent, along (the kernel keeps Linux's link alive
-    instead).  The closing CDC is signaled, so its completion confirms all the
-    connection's bytes and CDCs before it.  A peer that closed reads no more:
-    nothing to wait for (it may be gone already, and would never confirm).
-    """
+
+def cdcs_done(c: Connection) -> bool:
+    """Whether every CDC of ``c`` completed (or the connection is gone): what ``close`` waits
+    for after its closing CDC, as Linux's ``smc_close_wait_tx_pends``.
+
+    Why: over RoCE a posted WRITE or CDC is not yet delivered (the window, the peer's ACK); a
+    process that exits right after ``close`` takes its QP, and with it what is still unsent,
+    along (the kernel keeps Linux's link alive instead).  The closing CDC is signaled, so its
+    completion confirms all the connection's bytes and CDCs before it.  A peer that closed
+    reads no more: nothing to wait for (it may be gone already, and would never confirm)."""
     return c.aborted or c.peer_closed or not any(entry[1] is c for entry in c.cdc_pending)
 
 
