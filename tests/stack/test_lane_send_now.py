@@ -136,10 +136,15 @@ def test_send_now_asks_for_an_answer_as_echo_wanted_does(links: tuple[Link, Link
         assert c.echo_wanted(10) is False and c.ask_skip == 1  # (the Python's, for the record)
     assert lane_.send_now(link.path, b"a" * 10) == 10  # skips one more ask
     assert (c.ask_skip, c.echo_pending) == (0, False)
-    assert lane_.send_now(link.path, b"b" * 10) == 10  # asks: the peer answers at once
-    assert c.echo_pending is True
-    assert lane_.send_now(link.path, b"c") == NOT_NOW  # corking under an ask: the Python's
-    assert link.take(20) == b"a" * 10 + b"b" * 10
+    with link.reader.lock:  # (the peer's answer waits: its runtime's lock is held)
+        assert lane_.send_now(link.path, b"b" * 10) == 10  # asks for an answer
+        assert c.echo_pending is True
+        sent, app = c.tx_sent, c.tx_app
+        for part in (b"c", b"dd", b"eee"):  # corked behind the ask (Connection.cork)
+            assert lane_.send_now(link.path, part) == len(part)
+        assert (c.tx_sent, c.tx_app) == (sent, app + 6)
+        assert link.sender.ex.corked_any
+    assert link.take(26) == b"a" * 10 + b"b" * 10 + b"cddeee"  # the answer flushed them
 
 
 def test_a_send_not_its_case_changes_nothing(links: tuple[Link, Link]) -> None:

@@ -15,8 +15,9 @@
  * receive noted, the connection touched, the slot's receive posted again; ring_take, the
  * same for an RNIC whose poll runs in C (a capsule of the RNIC layer's ring-taker ABI);
  * send_inline, a send's common case, posted through the RNIC's post for C callers;
- * read_fast, a read's common case (the bytes copied out, the consumer cursor moved).
- * tests/stack/test_lane.py runs both against each other.
+ * send_now, the same send whole, from the socket's call to the ring (DataPath.try_send
+ * and what it calls); read_fast, a read's common case (the bytes copied out, the consumer
+ * cursor moved).  tests/stack/test_lane*.py run each against the Python it stands for.
  *
  * Integers: mypyc's tagged ints (CPyTagged): a short one is the value shifted left by
  * one, a long one a pointer with the low bit set.  The lane works on short ones only
@@ -636,7 +637,7 @@ static PyObject *post_fallback; /* smcr.stack.executor.post_inline */
 static PyObject *byte_view_fn;  /* smcr.stack.conn.byte_view */
 static PyObject *ring_fn;       /* smcr.rdma._doorbell.ring, or NULL: the QP's ring_after */
 static PyObject *str_locked, *str_acquire, *str_release, *str_take_standby, *str_look_again,
-    *str_dispatch_events, *str_send_ended, *str_ring_held;
+    *str_dispatch_events, *str_send_ended, *str_ring_held, *str_update_readiness, *str_sndbuf, *str_corked;
 
 #define NOT_NOW (-2)
 #define CLOSED_OR_ABORT 0x60u /* PEER_CONNECTION_CLOSED | PEER_CONNECTION_ABORT */
@@ -732,6 +733,53 @@ static void call0_pending(PyObject *obj, PyObject *name) {
     PyErr_Restore(type, value, trace);
 }
 
+/* Connection.cork(n) on the struct: 1 (the bytes wait in the send buffer for the answer
+ * asked for), 0 (not), -1 (a long int: not this call's case). */
+static int corks(ConnObj *c, int64_t n) {
+    CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
+                      c->_sndbuf_limit, c->_autocork};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (!short_int(ts[i]))
+            return -1;
+    int64_t autocork = untag(c->_autocork), sent = untag(c->_tx_sent), app = untag(c->_tx_app);
+    if (!c->_echo_pending || c->_urg_tx_end != Py_None || n * 4 > autocork)
+        return 0;
+    int64_t waiting = app - sent + n;
+    return waiting <= autocork &&
+           waiting <= untag(c->_peer_rmb_size) - (sent - untag(c->_peer_cons)) &&
+           n <= untag(c->_sndbuf_limit) - (app - untag(c->_tx_fin));
+}
+
+/* Whether the connection conn_id names in conns may take n bytes now as send_now takes
+ * them: known, and corked (Connection.cork) or, with nothing waiting in the send buffer,
+ * all of them fitting the peer's RMBE (Connection.direct_room).  A glance (no lock:
+ * send_now looks again under it); any doubt says no. */
+static int glance_fits(PyObject *conns, CPyTagged conn_id, int64_t n) {
+    PyObject *key = PyLong_FromSsize_t((Py_ssize_t)untag(conn_id));
+    if (key == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *c_obj = PyDict_GetItemWithError(conns, key); /* borrowed */
+    Py_DECREF(key);
+    if (c_obj == NULL || Py_TYPE(c_obj) != conn_type) {
+        PyErr_Clear();
+        return 0;
+    }
+    ConnObj *c = (ConnObj *)c_obj;
+    CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
+                      c->_sndbuf_limit};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (!short_int(ts[i]))
+            return 0;
+    int64_t sent = untag(c->_tx_sent);
+    int64_t room = untag(c->_sndbuf_limit) - (sent - untag(c->_tx_fin));
+    int64_t peer_room = untag(c->_peer_rmb_size) - (sent - untag(c->_peer_cons));
+    if (c->_echo_pending)
+        return corks(c, n) == 1;
+    return untag(c->_tx_app) == sent && n <= room && n <= peer_room;
+}
+
 /* smcr stats: COUNTERS.tx_pd[n.bit_length()] += 1 (0, or -1: an error set). */
 static int count_send(int64_t n) {
     PyObject *list = ((CountersObj *)counters)->_tx_pd;
@@ -751,6 +799,43 @@ static int count_send(int64_t n) {
     PyList_SET_ITEM(list, bits, sum);
     Py_DECREF(old);
     return 0;
+}
+
+/* send_fast's corking: the bytes copied into the send buffer at the application's cursor
+ * (executor.ring_write), the cursor moved (Connection.corked), the executor told
+ * (Executor.corked: the progress thread woken for the first corking).  0, or -1 (an error
+ * set; nothing changed unless the executor's call failed). */
+static int cork_now(ConnObj *c, HostConnObj *hc, ExecutorObj *ex, const Py_buffer *d) {
+    PyObject *ring = PyObject_GetAttr((PyObject *)hc, str_sndbuf);
+    if (ring == NULL)
+        return -1;
+    Py_buffer b;
+    int got = PyObject_GetBuffer(ring, &b, PyBUF_WRITABLE);
+    Py_DECREF(ring);
+    if (got < 0)
+        return -1;
+    int64_t size = (int64_t)b.len, n = (int64_t)d->len, app = untag(c->_tx_app);
+    if (size <= 0 || n > size) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "send buffer smaller than the corked bytes");
+        return -1;
+    }
+    int64_t start = app % size;
+    unsigned char *to = (unsigned char *)b.buf;
+    const unsigned char *from = (const unsigned char *)d->buf;
+    if (start + n <= size) {
+        memcpy(to + start, from, (size_t)n);
+    } else {
+        memcpy(to + start, from, (size_t)(size - start));
+        memcpy(to, from + (size - start), (size_t)(n - (size - start)));
+    }
+    PyBuffer_Release(&b);
+    c->_tx_app = tag(app + n);
+    if (ex->_corked_any) /* (Executor.corked does nothing more then) */
+        return 0;
+    PyObject *r = PyObject_CallMethodOneArg((PyObject *)ex, str_corked, (PyObject *)c);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
 }
 
 /* send_now(datapath, data) -> the bytes sent (all of data), or -2: not this call's case,
@@ -803,6 +888,14 @@ static PyObject *send_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyBuffer_Release(&d);
         return PyLong_FromLong(NOT_NOW);
     }
+    /* a glance, without the runtime's lock, at what sends most often elsewhere (corking under
+     * an answer asked for, a peer's RMBE too full): not this call's, and looked at again
+     * below under the lock when it is.  (A stream of small writes paid this call's
+     * checks, then the Python's, at every write.) */
+    if (!glance_fits(state->_conns, hc->_conn_id, n)) {
+        PyBuffer_Release(&d);
+        return PyLong_FromLong(NOT_NOW);
+    }
     int held = is_locked(dp->_wlock); /* another thread sends (and may wait): keep its order */
     if (held != 0) {
         PyBuffer_Release(&d);
@@ -841,14 +934,25 @@ static PyObject *send_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (c->_reset_reason == NULL || !PyUnicode_CheckExact(c->_reset_reason) ||
         PyUnicode_GET_LENGTH(c->_reset_reason) != 0 || c->_tx_flags != 0 ||
         !short_int(c->_rx_flags) || (untag(c->_rx_flags) & CLOSED_OR_ABORT) ||
-        c->_echo_pending != 0 || c->_unanswered > 1 || c->_urg_tx_end != Py_None)
+        c->_echo_pending > 1 || c->_unanswered > 1 || c->_urg_tx_end != Py_None)
         goto unlock;
     held = is_locked(wlock); /* (a sender took it meanwhile: it may be waiting inside) */
     if (held != 0) {
         failed = held < 0;
         goto unlock;
     }
-    /* send_fast: all of it fits now (Connection.direct_room) */
+    /* send_fast: corked under the answer asked for (Connection.cork, corked, Executor.corked) */
+    int cork = corks(c, n);
+    if (cork < 0)
+        goto unlock;
+    if (cork) {
+        if (cork_now(c, hc, ex, &d) < 0)
+            failed = 1;
+        else
+            result = n;
+        goto ended;
+    }
+    /* or inline: all of it fits now (Connection.direct_room) */
     CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
                       c->_sndbuf_limit, c->_qpn, c->_autocork, c->_ask_skip};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
@@ -934,12 +1038,19 @@ post_failed: /* Executor.send_inline's except clause */
     q->_poster_looks = 0;
     call0_pending(cq, str_ring_held);
     failed = 1;
-ended: /* send_fast's finally clause */
+ended: /* send_fast's finally clause, then its readiness update */
     if (standby) {
         if (failed)
             call0_pending(progress, str_send_ended);
         else if (call0(progress, str_send_ended) < 0)
             failed = 1;
+    }
+    if (!failed && hc->_readiness != NULL && hc->_readiness != Py_None) {
+        PyObject *r = PyObject_CallMethodOneArg((PyObject *)ex, str_update_readiness,
+                                                (PyObject *)hc);
+        if (r == NULL)
+            failed = 1;
+        Py_XDECREF(r);
     }
 unlock:
     if (failed)
@@ -1070,6 +1181,11 @@ PyMODINIT_FUNC PyInit__lane(void) {
     str_dispatch_events = PyUnicode_InternFromString("_dispatch_events");
     str_send_ended = PyUnicode_InternFromString("send_ended");
     str_ring_held = PyUnicode_InternFromString("ring_held");
+    str_update_readiness = PyUnicode_InternFromString("update_readiness");
+    str_sndbuf = PyUnicode_InternFromString("sndbuf");
+    str_corked = PyUnicode_InternFromString("corked");
+    if (str_update_readiness == NULL || str_sndbuf == NULL || str_corked == NULL)
+        return NULL;
     if (str_append == NULL || str_pop == NULL || str_locked == NULL || str_acquire == NULL ||
         str_release == NULL || str_take_standby == NULL || str_look_again == NULL ||
         str_dispatch_events == NULL || str_send_ended == NULL || str_ring_held == NULL)
