@@ -750,34 +750,35 @@ static int corks(ConnObj *c, int64_t n) {
            n <= untag(c->_sndbuf_limit) - (app - untag(c->_tx_fin));
 }
 
-/* Whether the connection conn_id names in conns may take n bytes now as send_now takes
- * them: known, and corked (Connection.cork) or, with nothing waiting in the send buffer,
- * all of them fitting the peer's RMBE (Connection.direct_room).  A glance (no lock:
- * send_now looks again under it); any doubt says no. */
-static int glance_fits(PyObject *conns, CPyTagged conn_id, int64_t n) {
-    PyObject *key = PyLong_FromSsize_t((Py_ssize_t)untag(conn_id));
-    if (key == NULL) {
-        PyErr_Clear();
+/* Connection.direct_room on the struct: the bytes an inline send takes now (0 while any
+ * wait in the send buffer or urgent data is pending), or -1 (a long int: not send_now's). */
+static int64_t direct_room(ConnObj *c) {
+    CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
+                      c->_sndbuf_limit};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (!short_int(ts[i]))
+            return -1;
+    int64_t sent = untag(c->_tx_sent);
+    if (untag(c->_tx_app) != sent || c->_urg_tx_end != Py_None)
         return 0;
-    }
+    int64_t room = untag(c->_sndbuf_limit) - (sent - untag(c->_tx_fin));
+    int64_t peer_room = untag(c->_peer_rmb_size) - (sent - untag(c->_peer_cons));
+    return peer_room < room ? peer_room : room;
+}
+
+/* Whether the connection key names in conns may take n bytes now as send_now takes them:
+ * known, and corked (Connection.cork) or all of them fitting inline (direct_room).  A
+ * glance (no lock: send_now looks again under it); any doubt says no. */
+static int glance_fits(PyObject *conns, PyObject *key, int64_t n) {
     PyObject *c_obj = PyDict_GetItemWithError(conns, key); /* borrowed */
-    Py_DECREF(key);
     if (c_obj == NULL || Py_TYPE(c_obj) != conn_type) {
         PyErr_Clear();
         return 0;
     }
     ConnObj *c = (ConnObj *)c_obj;
-    CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
-                      c->_sndbuf_limit};
-    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-        if (!short_int(ts[i]))
-            return 0;
-    int64_t sent = untag(c->_tx_sent);
-    int64_t room = untag(c->_sndbuf_limit) - (sent - untag(c->_tx_fin));
-    int64_t peer_room = untag(c->_peer_rmb_size) - (sent - untag(c->_peer_cons));
     if (c->_echo_pending)
         return corks(c, n) == 1;
-    return untag(c->_tx_app) == sent && n <= room && n <= peer_room;
+    return n <= direct_room(c);
 }
 
 /* smcr stats: COUNTERS.tx_pd[n.bit_length()] += 1 (0, or -1: an error set). */
@@ -892,12 +893,14 @@ static PyObject *send_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
      * an answer asked for, a peer's RMBE too full): not this call's, and looked at again
      * below under the lock when it is.  (A stream of small writes paid this call's
      * checks, then the Python's, at every write.) */
-    if (!glance_fits(state->_conns, hc->_conn_id, n)) {
+    PyObject *conn_key = PyLong_FromSsize_t((Py_ssize_t)untag(hc->_conn_id));
+    if (conn_key == NULL) {
         PyBuffer_Release(&d);
-        return PyLong_FromLong(NOT_NOW);
+        return NULL;
     }
-    int held = is_locked(dp->_wlock); /* another thread sends (and may wait): keep its order */
-    if (held != 0) {
+    int held = glance_fits(state->_conns, conn_key, n) ? is_locked(dp->_wlock) : 1;
+    if (held != 0) { /* not its case, or another thread sends (and may wait): its order */
+        Py_DECREF(conn_key);
         PyBuffer_Release(&d);
         return held < 0 ? NULL : PyLong_FromLong(NOT_NOW);
     }
@@ -916,13 +919,7 @@ static PyObject *send_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
         goto done;
     }
     /* try_send's look at the connection, the runtime's lock held */
-    PyObject *key = PyLong_FromSsize_t((Py_ssize_t)untag(hc->_conn_id));
-    if (key == NULL) {
-        failed = 1;
-        goto unlock;
-    }
-    c_obj = PyDict_GetItemWithError(state->_conns, key); /* borrowed */
-    Py_DECREF(key);
+    c_obj = PyDict_GetItemWithError(state->_conns, conn_key); /* borrowed */
     if (c_obj == NULL) {
         failed = PyErr_Occurred() != NULL;
         goto unlock;
@@ -953,20 +950,10 @@ static PyObject *send_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
         goto ended;
     }
     /* or inline: all of it fits now (Connection.direct_room) */
-    CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
-                      c->_sndbuf_limit, c->_qpn, c->_autocork, c->_ask_skip};
-    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-        if (!short_int(ts[i]))
-            goto unlock;
-    int64_t sent = untag(c->_tx_sent);
-    int64_t room = untag(c->_sndbuf_limit) - (sent - untag(c->_tx_fin));
-    int64_t peer_room = untag(c->_peer_rmb_size) - (sent - untag(c->_peer_cons));
-    if (peer_room < room)
-        room = peer_room;
-    if (untag(c->_tx_app) != sent || n > room)
+    if (!short_int(c->_qpn) || !short_int(c->_ask_skip) || n > direct_room(c))
         goto unlock;
     /* executor.post_inline's QP */
-    key = PyLong_FromSsize_t((Py_ssize_t)untag(c->_qpn));
+    PyObject *key = PyLong_FromSsize_t((Py_ssize_t)untag(c->_qpn));
     if (key == NULL) {
         failed = 1;
         goto unlock;
@@ -1067,6 +1054,7 @@ done:
     Py_DECREF(cq);
     Py_DECREF(wake);
     Py_DECREF(ex);
+    Py_DECREF(conn_key);
     if (failed || (result > 0 && count_send(result) < 0))
         return NULL;
     return PyLong_FromLongLong(result);
