@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from smcr import plainsock
-from smcr.stack.conn import METHODS, DataPath, SocketCalls, release_frames
+from smcr.stack.conn import METHODS, DataPath, SocketCalls
+from smcr.stack.frames import release_frames
 from smcr.stack.hostconn import HostConn
 from smcr.stack.readiness import Readiness
 from smcr.stack.runtime import Stack
@@ -83,7 +84,7 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 def lets_go_of_buffer(method: _Method) -> _Method:
     """A method that takes the caller's buffer (``send``, ``recv_into``, ...) whose error
-    keeps no view of it (:func:`~smcr.stack.conn.release_frames`): as a call of
+    keeps no view of it (:func:`~smcr.stack.frames.release_frames`): as a call of
     ``socket.socket``'s, which is C, the buffer is free again once the call returned, the
     program may resize a ``bytearray`` even while it keeps the error."""
 

@@ -36,7 +36,6 @@ import os
 import socket
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -46,6 +45,7 @@ from smcr.core.connection import Connection
 from smcr.stack import inplace, sender
 from smcr.stack.counters import COUNTERS
 from smcr.stack.executor import ring_read, ring_write
+from smcr.stack.frames import release_frames
 from smcr.stack.hostconn import HostConn
 from smcr.stack.readiness import Readiness
 from smcr.stack.runtime import Stack
@@ -843,20 +843,6 @@ def deadline_of(flags: int, timeout: float | None) -> float | None:
     if flags & _DONTWAIT or timeout == 0.0:
         return 0.0
     return None if timeout is None else time.monotonic() + timeout
-
-
-def release_frames(exc: BaseException) -> None:
-    """Clear the variables of the finished frames that ``exc``'s traceback (and those of the
-    exceptions it was raised during) keep, as a call into C leaves none: a program that
-    keeps the error (an event loop closing a stream with it) must not keep the views of
-    its buffer our frames held, which would forbid resizing a ``bytearray`` (``BufferError``)
-    for as long (compiled frames hold none; a frame still running is left as it is)."""
-    seen: BaseException | None = exc
-    for _ in range(8):  # (a context chain is short; a cycle must not loop)
-        if seen is None:
-            return
-        traceback.clear_frames(seen.__traceback__)
-        seen = seen.__context__
 
 
 def byte_view(data: Any) -> memoryview:
