@@ -77,7 +77,9 @@ class BuildCompiled(build_ext):
 setup(
     # Declared for what setuptools derives from it (a platform wheel, the C source in the
     # sdist); BuildCompiled builds these and mypyc's modules.  None without a compiler.
-    ext_modules=[] if PROBLEM else [Extension(name, [f"src/smcr/{rel}"])
+    ext_modules=[] if PROBLEM else [Extension(name, [f"src/smcr/{rel}"],
+                                              depends=[f"src/smcr/{h}"
+                                                       for h in nativebuild.C_HEADERS])
                                     for name, rel in nativebuild.C_EXTENSIONS.items()],
     cmdclass={"build_py": BuildPy, "build_ext": BuildCompiled},
 )

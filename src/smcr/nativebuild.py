@@ -92,6 +92,7 @@ MODULES: tuple[str, ...] = (
     "stack/progress.py",
     "stack/runtime.py",
     "stack/conn.py",
+    "locks.py",
     "rdma/verbs.py",
     "rdma/completion.py",
     "rdma/base.py",
@@ -129,7 +130,11 @@ MODULES: tuple[str, ...] = (
 C_EXTENSIONS: dict[str, str] = {"smcr.rdma.roce._loops": "rdma/roce/_loops.c",
                                  "smcr.rdma.shm._place": "rdma/shm/_place.c",
                                  "smcr.stack._lane": "stack/_lane.c",
-                                 "smcr.rdma._doorbell": "rdma/_doorbell.c"}
+                                 "smcr.rdma._doorbell": "rdma/_doorbell.c",
+                                 "smcr._locks": "_locks.c"}
+#: Headers the C extensions include (relative to the package directory): hashed with the
+#: sources, so that an edit makes the build stale.
+C_HEADERS: tuple[str, ...] = ("_locks.h",)
 #: Of :data:`C_EXTENSIONS`, those that read and write the compiled modules' objects in place
 #: (:mod:`smcr.stack.lane`): compiled against the header mypyc generates for this build
 #: (its classes' structs) and its runtime's headers.
@@ -286,7 +291,9 @@ def compile_into(build_lib: Path, work: Path, package_dir: Path = PACKAGE_DIR,
         headers = [str(work / "c"), include_dir()]
         extensions += [setuptools.Extension(name, [f"{package_dir.name}/{rel}"],
                                             include_dirs=headers if name in ON_MYPYC_HEADER
-                                            else [], extra_compile_args=["-O2"])
+                                            else [], extra_compile_args=["-O2"],
+                                            depends=[f"{package_dir.name}/{h}"
+                                                     for h in C_HEADERS])
                        for name, rel in C_EXTENSIONS.items()]  # fmt: skip
         dist = setuptools.Distribution({"name": "smcr-native", "ext_modules": extensions,
                                         "cmdclass": {"build_ext": _parallel_build_ext(jobs)}})
@@ -309,7 +316,7 @@ def build(out_dir: Path | None = None, modules: tuple[str, ...] = MODULES) -> Pa
     from smcr import native  # noqa: PLC0415 - not at the top: setup.py loads us by path
 
     out_dir = out_dir or native.NATIVE_DIR
-    read = [*import_closure(modules, PACKAGE_DIR), *C_EXTENSIONS.values()]
+    read = [*import_closure(modules, PACKAGE_DIR), *C_EXTENSIONS.values(), *C_HEADERS]
     sources = {rel: native.source_digest(PACKAGE_DIR / rel) for rel in read}
     work = Path(tempfile.mkdtemp(prefix="smcr-mypyc-"))
     staging = out_dir.parent / f"{out_dir.name}.new"

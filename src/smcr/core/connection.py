@@ -209,6 +209,12 @@ class Connection:
         """No more data will come from the peer (EOF after the RMBE is drained)."""
         return bool(self.rx_flags) or self.state is SmcState.CLOSED
 
+    def readable(self, need: int) -> bool:
+        """Whether a reader that waits for ``need`` bytes waits no more: they are there, or
+        no more will come, or the connection was reset, or an urgent byte came."""
+        return (self.rx_prod - self.rx_cons >= need or self.peer_done or bool(self.reset_reason)
+                or self.urg_rx_pos is not None)  # fmt: skip
+
     @property
     def peer_finished(self) -> bool:
         """The peer ended its stream in order (done writing or closed, no abort).

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from smcr import plainsock
+from smcr.locks import give, take
 from smcr.rdma import doorbell
 from smcr.rdma.bells import WatchSlot
 from smcr.rdma.verbs import WcOpcode, WcStatus, WorkCompletion
@@ -229,9 +230,11 @@ class CompletionQueue:
     def req_notify(self, target: int = ARM_SLEEPER) -> None:
         """Arm: the next completion signals the descriptor (``ibv_req_notify_cq``), or the
         standby descriptor for ``target`` :data:`ARM_STANDBY` (class doc)."""
-        with self._lock:
-            self._armed = target
-            self._undrained += 1
+        lock = self._lock
+        take(lock)
+        self._armed = target
+        self._undrained += 1
+        give(lock)
 
     def take_arm(self) -> int:
         """Disarm for a moment: the caller, which holds the consumer's lock, is about to post
@@ -245,9 +248,11 @@ class CompletionQueue:
             was disarmed (and so did not signal) is found by that look, as a sleeper's
             own arming finds it.
         """
-        with self._lock:
-            armed = self._armed
-            self._armed = 0
+        lock = self._lock
+        take(lock)
+        armed = self._armed
+        self._armed = 0
+        give(lock)
         return armed
 
     def take_standby(self) -> bool:
@@ -326,7 +331,9 @@ class CompletionQueue:
             self.polling = 0
         if not self._wcs:  # (nothing to take: as the locked look would find, one step sooner)
             return []
-        with self._lock:
+        lock = self._lock
+        take(lock)
+        try:
             n = min(max_entries, len(self._wcs))
             out = [self._wcs.popleft() for _ in range(n)]
             # hooks push without signalling (we return what they made); if some are
@@ -334,6 +341,8 @@ class CompletionQueue:
             armed = self._armed if self._wcs else 0
             if armed:
                 self._armed = 0
+        finally:
+            give(lock)
         if armed:
             self._ring(armed)
         return out

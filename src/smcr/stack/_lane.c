@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "__native_smcr_native.h"
+#include "../_locks.h"
 
 typedef smcr___core___state___EngineStateObject StateObj;
 typedef smcr___core___linkgroup___LinkObject LinkObj;
@@ -636,7 +637,7 @@ static PyTypeObject *datapath_type, *executor_type, *hostconn_type, *wakeups_typ
 static PyObject *post_fallback; /* smcr.stack.executor.post_inline */
 static PyObject *byte_view_fn;  /* smcr.stack.conn.byte_view */
 static PyObject *ring_fn;       /* smcr.rdma._doorbell.ring, or NULL: the QP's ring_after */
-static PyObject *str_locked, *str_acquire, *str_release, *str_take_standby, *str_look_again,
+static PyObject *str_take_standby, *str_look_again,
     *str_dispatch_events, *str_send_ended, *str_ring_held, *str_update_readiness, *str_sndbuf, *str_corked;
 
 #define NOT_NOW (-2)
@@ -700,16 +701,6 @@ static int ring_peer(PyObject *qp, int64_t whom) {
     return 0;
 }
 
-/* lock.locked(): 1, 0, or -1 (an error set). */
-static int is_locked(PyObject *lock) {
-    PyObject *r = PyObject_CallMethodNoArgs(lock, str_locked);
-    if (r == NULL)
-        return -1;
-    int held = r == Py_True;
-    Py_DECREF(r);
-    return held;
-}
-
 /* obj.name(), its result dropped: 0, or -1 (an error set). */
 static int call0(PyObject *obj, PyObject *name) {
     PyObject *r = PyObject_CallMethodNoArgs(obj, name);
@@ -725,6 +716,19 @@ static void call0_pending(PyObject *obj, PyObject *name) {
     PyObject *type, *value, *trace;
     PyErr_Fetch(&type, &value, &trace);
     if (call0(obj, name) < 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(trace);
+        return;
+    }
+    PyErr_Restore(type, value, trace);
+}
+
+/* lock.release() while an error is pending (as call0_pending). */
+static void give_pending(PyObject *lock) {
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    if (smcr_lock_give(lock) < 0) {
         Py_XDECREF(type);
         Py_XDECREF(value);
         Py_XDECREF(trace);
@@ -898,7 +902,7 @@ static PyObject *send_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyBuffer_Release(&d);
         return NULL;
     }
-    int held = glance_fits(state->_conns, conn_key, n) ? is_locked(dp->_wlock) : 1;
+    int held = glance_fits(state->_conns, conn_key, n) ? smcr_lock_held(dp->_wlock) : 1;
     if (held != 0) { /* not its case, or another thread sends (and may wait): its order */
         Py_DECREF(conn_key);
         PyBuffer_Release(&d);
@@ -914,7 +918,7 @@ static PyObject *send_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_INCREF(ex);
     int failed = 0, standby = 0;
     int64_t result = NOT_NOW;
-    if (call0(lock, str_acquire) < 0) {
+    if (smcr_lock_take(lock) < 0) {
         failed = 1;
         goto done;
     }
@@ -933,7 +937,7 @@ static PyObject *send_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
         !short_int(c->_rx_flags) || (untag(c->_rx_flags) & CLOSED_OR_ABORT) ||
         c->_echo_pending > 1 || c->_unanswered > 1 || c->_urg_tx_end != Py_None)
         goto unlock;
-    held = is_locked(wlock); /* (a sender took it meanwhile: it may be waiting inside) */
+    held = smcr_lock_held(wlock); /* (a sender took it meanwhile: it may be waiting inside) */
     if (held != 0) {
         failed = held < 0;
         goto unlock;
@@ -1041,8 +1045,8 @@ ended: /* send_fast's finally clause, then its readiness update */
     }
 unlock:
     if (failed)
-        call0_pending(lock, str_release);
-    else if (call0(lock, str_release) < 0)
+        give_pending(lock);
+    else if (smcr_lock_give(lock) < 0)
         failed = 1;
 done:
     PyBuffer_Release(&d);
@@ -1161,9 +1165,6 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__lane(void) {
     str_append = PyUnicode_InternFromString("append");
     str_pop = PyUnicode_InternFromString("pop");
-    str_locked = PyUnicode_InternFromString("locked");
-    str_acquire = PyUnicode_InternFromString("acquire");
-    str_release = PyUnicode_InternFromString("release");
     str_take_standby = PyUnicode_InternFromString("take_standby");
     str_look_again = PyUnicode_InternFromString("look_again");
     str_dispatch_events = PyUnicode_InternFromString("_dispatch_events");
@@ -1174,9 +1175,10 @@ PyMODINIT_FUNC PyInit__lane(void) {
     str_corked = PyUnicode_InternFromString("corked");
     if (str_update_readiness == NULL || str_sndbuf == NULL || str_corked == NULL)
         return NULL;
-    if (str_append == NULL || str_pop == NULL || str_locked == NULL || str_acquire == NULL ||
-        str_release == NULL || str_take_standby == NULL || str_look_again == NULL ||
+    if (str_append == NULL || str_pop == NULL || str_take_standby == NULL || str_look_again == NULL ||
         str_dispatch_events == NULL || str_send_ended == NULL || str_ring_held == NULL)
+        return NULL;
+    if (smcr_locks_bind() < 0)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -42,6 +42,7 @@ from typing import Any, Final
 from smcr import exits
 from smcr.core import Action
 from smcr.core.connection import Connection
+from smcr.locks import give, take, try_take
 from smcr.stack import inplace, sender
 from smcr.stack.counters import COUNTERS
 from smcr.stack.executor import ring_read, ring_write
@@ -407,24 +408,22 @@ class DataPath:
         or urgent byte, and with ``waitall`` fewer than the RMBE holds); -1 for anything
         else, then or after the wait (the general path takes over, and looks again)."""
         ex, hc, rlock = self.ex, self.hc, self.rlock
-        if self.rd_shut or not rlock.acquire(False):
+        if self.rd_shut or not try_take(rlock):
             return -1
         try:
-            with ex.lock:
+            take(ex.lock)
+            try:
                 c = ex.engine.conns.get(hc.conn_id)
                 if c is None or (waitall and len(out) >= len(hc.rmb)):
                     return -1
                 need = len(out) if waitall else 1
-
-                def ready() -> bool:
-                    return (c.rx_prod - c.rx_cons >= need or c.peer_done or bool(c.reset_reason)
-                            or c.urg_rx_pos is not None)  # fmt: skip
-
-                if not ready():
-                    self.progress.wait(hc, ready, None)
+                if not c.readable(need):
+                    self.progress.wait(hc, lambda: c.readable(need), None)
                 n = self.recv_fast(c, out, waitall)
+            finally:
+                give(ex.lock)
         finally:
-            rlock.release()
+            give(rlock)
         if n > 0:
             COUNTERS.rx_pd[len(out).bit_length()] += 1
         return n

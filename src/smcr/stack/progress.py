@@ -52,6 +52,7 @@ from collections.abc import Callable
 from typing import Final
 
 from smcr import exits, settings
+from smcr.locks import give, take
 from smcr.osthreads import NamedThread
 from smcr.rdma import WorkCompletion, doorbell
 from smcr.rdma.completion import ARM_PROGRESS, ARM_SLEEPER, ARM_STANDBY
@@ -322,11 +323,12 @@ class Progress:
             clc = ex.clc
             bg = self.wake.poller == "bg"
             sleeper = self._sleep_bg if bg else self._sleep_app
-            ex.lock.release()
+            lock = ex.lock
+            give(lock)
             try:
                 r = sleeper.poll(limit)
             finally:
-                ex.lock.acquire()
+                take(lock)
             for fd, _ in r:
                 if fd == self._cq_fd:
                     if not cq.edge_signals:

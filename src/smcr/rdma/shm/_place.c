@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "__native_smcr_native.h"
+#include "../../_locks.h"
 
 #define PSN_MASK 0xFFFFFFu
 #define REMOTE_WRITE 2u /* AccessFlag.REMOTE_WRITE */
@@ -422,7 +423,6 @@ typedef int64_t (*smcr_post_inline)(PyObject *qp, const smcr_write *writes, int 
 static PyTypeObject *qp_type, *peer_type, *mr_type, *attr_type;
 static PyObject *rts_state;                /* QpState.RTS */
 static long long watches_at, watch_mask;   /* smcr.rdma.bells.WATCHES, WATCH_MASK */
-static PyObject *str_acquire, *str_release;
 static PyObject *sent_signaled;            /* smcr.rdma.shm.send.sent_signaled */
 
 static inline int short_int(CPyTagged t) { return (t & 1) == 0; }
@@ -555,6 +555,16 @@ release_area:
     return result;
 }
 
+/* lock.release(), an error pending or not: kept as it was (the release runs, error or
+ * not); a release that fails (never for a lock held here) is reported as unraisable. */
+static void give_keeping_error(PyObject *lock) {
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    if (smcr_lock_give(lock) < 0)
+        PyErr_WriteUnraisable(lock);
+    PyErr_Restore(type, value, trace);
+}
+
 static int64_t post_inline(PyObject *qp_obj, const smcr_write *writes, int count, uint32_t rkey,
                        const unsigned char *msg, Py_ssize_t size, uint32_t wake,
                        PyObject *signaled) {
@@ -563,21 +573,13 @@ static int64_t post_inline(PyObject *qp_obj, const smcr_write *writes, int count
     QpObj *qp = (QpObj *)qp_obj;
     if (qp->_hooks != Py_None || qp->_sq_sig_all != 0 || qp->__state_lock == NULL)
         return -1;
-    PyObject *got = PyObject_CallMethodOneArg(qp->__state_lock, str_acquire, Py_False);
-    if (got == NULL)
+    int held = smcr_lock_try(qp->__state_lock);
+    if (held < 0)
         return -2;
-    int held = got == Py_True;
-    Py_DECREF(got);
     if (!held)
         return -1; /* another thread posts or changes the state: the Python waits its turn */
     int64_t result = post_locked(qp, writes, count, rkey, msg, size, wake, signaled);
-    PyObject *type, *value, *trace; /* (the release runs, error or not) */
-    PyErr_Fetch(&type, &value, &trace);
-    PyObject *done = PyObject_CallMethodNoArgs(qp->__state_lock, str_release);
-    if (done == NULL)
-        PyErr_WriteUnraisable(qp->__state_lock);
-    Py_XDECREF(done);
-    PyErr_Restore(type, value, trace);
+    give_keeping_error(qp->__state_lock);
     return result;
 }
 
@@ -758,12 +760,10 @@ static PyObject *drain_in_place(PyObject *self, PyObject *qp_obj) {
         return PyLong_FromLong(DRAINED);
     PyObject *lock = qp->__rq_lock;
     Py_INCREF(lock);
-    PyObject *got = PyObject_CallMethodNoArgs(lock, str_acquire);
-    if (got == NULL) {
+    if (smcr_lock_take(lock) < 0) {
         Py_DECREF(lock);
         return NULL;
     }
-    Py_DECREF(got);
     int r = NOT_IN_C;
     if (qp->__area != NULL && PyObject_GetBuffer(qp->__area, &area, PyBUF_WRITABLE) == 0) {
         if (area.len >= AREA_HEADER_SIZE)
@@ -772,13 +772,7 @@ static PyObject *drain_in_place(PyObject *self, PyObject *qp_obj) {
     } else {
         PyErr_Clear(); /* (closed meanwhile) */
     }
-    PyObject *type, *value, *trace; /* (the release runs, error or not) */
-    PyErr_Fetch(&type, &value, &trace);
-    PyObject *done = PyObject_CallMethodNoArgs(lock, str_release);
-    if (done == NULL)
-        PyErr_WriteUnraisable(lock);
-    Py_XDECREF(done);
-    PyErr_Restore(type, value, trace);
+    give_keeping_error(lock);
     Py_DECREF(lock);
     if (r < 0)
         return NULL;
@@ -882,10 +876,8 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__place(void) {
-    str_acquire = PyUnicode_InternFromString("acquire");
-    str_release = PyUnicode_InternFromString("release");
     str_append = PyUnicode_InternFromString("append");
-    if (str_acquire == NULL || str_release == NULL || str_append == NULL)
+    if (str_append == NULL || smcr_locks_bind() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
