@@ -83,18 +83,62 @@ def test_a_held_lock_is_waited_for_until_its_holder_gives_it_back(calls: Calls) 
     assert not lock.locked()
 
 
-def test_other_locks_go_through_their_methods(calls: Calls) -> None:
-    rlock = threading.RLock()
+def test_an_rlock_is_reentrant_and_owned_by_the_thread_that_took_it(calls: Calls) -> None:
+    rlock: Any = threading.RLock()
     calls.take(rlock)
-    calls.take(rlock)  # (reentrant: its own acquire)
-    calls.give(rlock)
-    calls.give(rlock)
-    with pytest.raises(RuntimeError):
+    assert calls.try_take(rlock)  # (reentrant)
+    calls.take(rlock)
+    assert rlock._is_owned()
+    seen: list[object] = []
+
+    def other() -> None:
+        seen.append(calls.try_take(rlock))
+        try:
+            calls.give(rlock)
+        except RuntimeError as e:
+            seen.append(str(e))
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(5)
+    assert seen == [False, "cannot release un-acquired lock"]
+    state = rlock._release_save()  # (what a Condition over it does while it waits)
+    assert state == (3, threading.get_ident())
+    rlock._acquire_restore(state)
+    for _ in range(3):
         calls.give(rlock)
+    assert not rlock._is_owned()
+    with pytest.raises(RuntimeError, match="cannot release un-acquired lock"):
+        calls.give(rlock)
+    t = threading.Thread(target=lambda: seen.append(rlock.acquire(False) and rlock.release()))
+    t.start()
+    t.join(5)
+    assert seen[-1] is None  # (free for another thread: acquired, then released)
 
 
-def test_threads_that_mix_the_calls_and_the_methods_exclude_each_other(calls: Calls) -> None:
-    lock = threading.Lock()
+def test_other_locks_go_through_their_methods(calls: Calls) -> None:
+    class Counting:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, tuple[object, ...]]] = []
+
+        def acquire(self, *args: object) -> bool:
+            self.calls.append(("acquire", args))
+            return False
+
+        def release(self) -> None:
+            self.calls.append(("release", ()))
+
+    lock = Counting()
+    calls.take(lock)
+    assert not calls.try_take(lock)
+    calls.give(lock)
+    assert lock.calls == [("acquire", ()), ("acquire", (False,)), ("release", ())]
+
+
+@pytest.mark.parametrize("kind", [threading.Lock, threading.RLock])
+def test_threads_that_mix_the_calls_and_the_methods_exclude_each_other(
+        calls: Calls, kind: Callable[[], Any]) -> None:  # fmt: skip
+    lock = kind()
     cond = threading.Condition(lock)
     count = [0]
     rounds = 20_000
@@ -127,11 +171,14 @@ def test_threads_that_mix_the_calls_and_the_methods_exclude_each_other(calls: Ca
     for t in threads:
         t.join(60)
     assert count[0] == 4 * rounds
-    assert not lock.locked()
+    assert calls.try_take(lock)  # (free again)
+    calls.give(lock)
 
 
-def test_a_condition_over_the_lock_waits_and_wakes_as_before(calls: Calls) -> None:
-    lock = threading.Lock()
+@pytest.mark.parametrize("kind", [threading.Lock, threading.RLock])
+def test_a_condition_over_the_lock_waits_and_wakes_as_before(
+        calls: Calls, kind: Callable[[], Any]) -> None:  # fmt: skip
+    lock = kind()
     cond = threading.Condition(lock)
     seen: list[int] = []
 
@@ -153,7 +200,8 @@ def test_a_condition_over_the_lock_waits_and_wakes_as_before(calls: Calls) -> No
     calls.give(lock)
     t.join(5)
     assert seen == [1, 2]
-    assert not lock.locked()
+    assert calls.try_take(lock)  # (free again)
+    calls.give(lock)
 
 
 def test_a_signal_ends_a_wait_for_a_held_lock_with_its_handlers_error(calls: Calls) -> None:

@@ -1,12 +1,13 @@
 /* A threading.Lock taken and given back without Python's method machinery, when free.
  *
- * Why: the runtime's lock, a connection's reader and writer locks and a CQ's lock are
- * taken and given back several times per message.  On CPython 3.11 each lock.acquire()
+ * Why: the runtime's lock, a connection's reader and writer locks, a CQ's lock and a QP's
+ * state lock (an RLock) are taken and given back several times per message.  On CPython 3.11 each lock.acquire()
  * looks the method up, builds an argument tuple, parses it with keywords, and reads the
  * monotonic clock even for a lock that is free (thread_pthread.h computes the deadline of
  * a semaphore wait before it tries, whatever the timeout): about a tenth of a blocking
  * round trip's user time beside a busy process.  Here a free lock is taken by one
- * sem_trywait and given back by one sem_post, as the lock object's own methods do, on
+ * sem_trywait and given back by one sem_post (an RLock's owner and count kept as its
+ * methods keep them), as the lock object's own methods do, on
  * the lock object itself: Python code and a threading.Condition over the lock see it
  * held or free as before.  A lock held elsewhere is waited for by its own acquire() (the
  * GIL released, signals handled as Python handles them).
@@ -58,27 +59,14 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__locks(void) {
-    int direct = 0;
-#if PY_VERSION_HEX < 0x030D0000
     /* (not smcr_locks_bind: smcr.locks, which it asks, checks this module's calls) */
-    PyObject *thread = PyImport_ImportModule("_thread");
-    if (thread == NULL)
+    if (smcr_locks_names() < 0 || smcr_locks_types() < 0)
         return NULL;
-    PyObject *t = PyObject_GetAttrString(thread, "LockType");
-    Py_DECREF(thread);
-    if (t == NULL)
-        return NULL;
-    if (PyType_Check(t) && ((PyTypeObject *)t)->tp_basicsize == (Py_ssize_t)sizeof(smcr_lock_head)) {
-        smcr_lock_type = (PyTypeObject *)t; /* (kept for the process's life) */
-        direct = 1;
-    } else {
-        Py_DECREF(t);
-    }
-#endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "DIRECT", direct) < 0) {
+    if (PyModule_AddIntConstant(m, "DIRECT", smcr_lock_type != NULL) < 0 ||
+        PyModule_AddIntConstant(m, "DIRECT_RLOCK", smcr_rlock_type != NULL) < 0) {
         Py_DECREF(m);
         return NULL;
     }

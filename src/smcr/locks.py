@@ -1,13 +1,14 @@
-"""A ``threading.Lock`` taken and given back in one C call where the build has it.
+"""A ``threading.Lock`` (or ``RLock``) taken and given back in one C call where built.
 
-Why: the runtime's lock, a connection's reader lock and a CQ's lock are taken and given
-back several times per message, and on CPython 3.11 ``lock.acquire()`` looks the method
-up, parses its arguments with keywords and reads the monotonic clock even when the lock is
-free.  :mod:`smcr._locks` takes a free lock with one ``sem_trywait`` on the lock object
-itself (a held one is waited for by its own ``acquire``), so Python code, a
-``threading.Condition`` over the lock, and these calls all see one lock.  A pure-Python
-process, or an interpreter whose lock is not the layout ``_locks.c`` knows (the import's
-check below), uses the methods: the same effect.
+Why: the runtime's lock, a connection's reader lock, a CQ's lock and a QP's state lock (an
+``RLock``) are taken and given back several times per message, and on CPython 3.11
+``lock.acquire()`` looks the method up, parses its arguments with keywords and reads the
+monotonic clock even when the lock is free.  :mod:`smcr._locks` takes a free lock with one
+``sem_trywait`` on the lock object itself (an ``RLock``'s owner and count kept as its
+methods keep them; a lock held elsewhere is waited for by its own ``acquire``), so Python
+code, a ``threading.Condition`` over the lock, and these calls all see one lock.  A
+pure-Python process, or an interpreter whose locks are not the layouts ``_locks.c`` knows
+(the import's check below), uses the methods: the same effect.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 from _thread import LockType
 from collections.abc import Callable
 from types import ModuleType
-from typing import Final
+from typing import Any, Final
 
 
 def _py_take(lock: LockType) -> None:
@@ -33,13 +34,13 @@ def _py_give(lock: LockType) -> None:
 
 
 def _c_locks() -> ModuleType | None:
-    """The C calls, where built and where a lock they take is held for ``acquire`` and one
-    they give back is free for it (the layout they read is this interpreter's)."""
+    """The C calls, where built and where the locks they take and give back are held and
+    free as the locks' own methods say (the layouts they read are this interpreter's)."""
     try:
         calls = importlib.import_module("smcr._locks")
     except ImportError:
         return None
-    if not getattr(calls, "DIRECT", 0):
+    if not (getattr(calls, "DIRECT", 0) and getattr(calls, "DIRECT_RLOCK", 0)):
         return None
     probe = threading.Lock()
     calls.take(probe)
@@ -50,7 +51,19 @@ def _c_locks() -> ModuleType | None:
         probe.release()
         free = calls.try_take(probe) and probe.locked()
         calls.give(probe)
-    return calls if held and free and not probe.locked() else None
+    again: Any = threading.RLock()  # (its _is_owned and _release_save: Condition's)
+    calls.take(again)
+    calls.take(again)
+    owned = again._is_owned() and again._release_save() == (2, threading.get_ident())
+    again._acquire_restore((2, threading.get_ident()))
+    calls.give(again)
+    still = again._is_owned()
+    calls.give(again)
+    given = not again._is_owned() and again.acquire(False)
+    if given:
+        again.release()
+    trusted = held and free and not probe.locked() and owned and still and given
+    return calls if trusted else None
 
 
 C_CALLS: Final = _c_locks()
