@@ -45,7 +45,7 @@ static inline int smcr_locks_names(void) {
 
 /* _thread's lock types, each kept where its size is the layout's: 0, or -1 (an error). */
 static inline int smcr_locks_types(void) {
-#if PY_VERSION_HEX < 0x030D0000
+#if PY_VERSION_HEX < 0x030D0000 && defined(__linux__) /* (3.13: PyMutex; elsewhere not sem_t) */
     PyObject *thread = PyImport_ImportModule("_thread");
     if (thread == NULL)
         return -1;
