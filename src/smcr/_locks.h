@@ -100,7 +100,8 @@ static inline int smcr_lock_call(PyObject *lock, PyObject *name, PyObject *arg) 
 }
 
 /* A free lock taken (1), or not (0: held, by another thread for an RLock), without a wait;
- * -1: neither kind, or an error set (an RLock's count at its limit). */
+ * -1: not for here (another kind of object, a semaphore error, an RLock's count at its
+ * limit), nothing set: the lock's own method decides. */
 static inline int smcr_lock_grab(PyObject *lock) {
     PyTypeObject *t = Py_TYPE(lock);
     if (t == smcr_lock_type && t != NULL) {

@@ -232,9 +232,11 @@ class CompletionQueue:
         standby descriptor for ``target`` :data:`ARM_STANDBY` (class doc)."""
         lock = self._lock
         take(lock)
-        self._armed = target
-        self._undrained += 1
-        give(lock)
+        try:
+            self._armed = target
+            self._undrained += 1
+        finally:  # (an interpreted build meets a KeyboardInterrupt anywhere)
+            give(lock)
 
     def take_arm(self) -> int:
         """Disarm for a moment: the caller, which holds the consumer's lock, is about to post
@@ -250,9 +252,11 @@ class CompletionQueue:
         """
         lock = self._lock
         take(lock)
-        armed = self._armed
-        self._armed = 0
-        give(lock)
+        try:
+            armed = self._armed
+            self._armed = 0
+        finally:
+            give(lock)
         return armed
 
     def take_standby(self) -> bool:
