@@ -10,6 +10,7 @@ The compiled build serves the lane (CI builds it: there a skip fails).
 from __future__ import annotations
 
 import random
+import select
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from smcr.core.connection import Connection
-from smcr.rdma import doorbell
+from smcr.rdma import bells, doorbell
 from smcr.rdma.shm.cq import ShmCompletionQueue
 from smcr.rdma.shm.peer import PeerLink
 from smcr.rdma.shm.qp import ShmQp
@@ -68,12 +69,13 @@ def links() -> Iterator[tuple[Link, Link]]:
         yield Link(a, b), Link(c, d)
 
 
-def rebind(ring: Any = None, post: Any = None) -> None:
-    """The lane's sender bound with these stand-ins for its ring and its Python post."""
+def rebind(ring: Any = None, post: Any = None, ring_rid: Any = None) -> None:
+    """The lane's sender bound with these stand-ins for its rings and its Python post."""
     calls = doorbell.C_CALLS
     assert calls is not None
     lane().bind_sender(DataPath, Executor, HostConn, Wakeups, ShmCompletionQueue, PeerLink,
-                       post or post_inline, byte_view, ring or calls.ring)  # fmt: skip
+                       post or post_inline, byte_view, ring or calls.ring,
+                       ring_rid or calls.ring_rid, bells.RINGERS)  # fmt: skip
 
 
 @pytest.fixture
@@ -212,3 +214,39 @@ def test_the_peer_that_sleeps_is_rung(links: tuple[Link, Link], bound: None) -> 
     qp = link.sender.ex.qps[link.conn().qpn]
     assert isinstance(qp, ShmQp) and qp._peer is not None
     assert rung == [qp._peer.bell]  # the peer's CQ doorbell, by the C, once
+
+
+def test_a_watched_peer_is_rung_by_name(links: tuple[Link, Link], bound: None) -> None:
+    """A peer that waits in an event loop (its readiness descriptor's consumer bell armed) is
+    rung by name by the C, once, through the process's ringing socket; its descriptor
+    turns readable, and the bytes are there."""
+    link, _ = links
+    lane_ = lane()
+    assert lane_.send_now(link.path, b"w") == 1  # (the first WRITE: the peer's MR looked up)
+    assert link.take(1) == b"w"
+    settle(link)  # (no answer awaited: the next send is posted, not corked)
+    reader = link.reader
+    with reader.ex.lock:
+        r = reader.ex.adopt_readiness(link.reader_hc)
+        reader.readiness_watched()  # (the CQ armed for the standby: a peer looks at watches)
+    assert r.bell is not None and r.bell.armed  # (quiet, writable, nothing to read)
+    bells.ring_name(b"\0smcr-test-nobody", 1)  # (the ringing socket made)
+    rung: list[tuple[object, ...]] = []
+    calls = doorbell.C_CALLS
+    assert calls is not None
+
+    def counting_ring_rid(sock: object, prefix: bytes, rid: int) -> int:
+        rung.append((sock, prefix, rid))
+        return int(calls.ring_rid(sock, prefix, rid))
+
+    def no_ring(bell: object) -> bool:
+        raise AssertionError("a CQ doorbell was rung")
+
+    rebind(ring=no_ring, ring_rid=counting_ring_rid)
+    assert not select.select([r.fileno()], [], [], 0)[0]
+    assert lane_.send_now(link.path, b"hello") == 5
+    qp = link.sender.ex.qps[link.conn().qpn]
+    assert isinstance(qp, ShmQp) and qp._peer is not None
+    assert rung == [(bells.RINGERS[0], qp._peer.bells, r.rid)]
+    assert select.select([r.fileno()], [], [], 5)[0]  # the datagram came
+    assert link.take(5) == b"hello"

@@ -153,24 +153,25 @@ def peer_prefix(notify: mmap) -> bytes:
     return prefix_of(nonce) if nonce else b""
 
 
-_RINGER: list[_socket.socket] = []
-"""The process's socket for ringing consumer bells (made on first use)."""
+RINGERS: Final[list[_socket.socket]] = []
+"""The process's socket for ringing consumer bells, once made (on first use; the lane's
+``send_now`` rings with it where it is there, :mod:`smcr.stack.sender`)."""
 
 
 def _ringer() -> _socket.socket:
     """The ringing socket.  Its send buffer as large as the kernel allows: a datagram counts
     against it until its consumer reads it (a ring that does not fit goes to the CQ)."""
-    if not _RINGER:
+    if not RINGERS:
         sock = plainsock.datagram()
         plainsock.widen_send_buffer(sock)
-        _RINGER.append(sock)
-    return _RINGER[0]
+        RINGERS.append(sock)
+    return RINGERS[0]
 
 
 @atexit.register
 def _close_ringer() -> None:
-    while _RINGER:
-        _RINGER.pop().close()
+    while RINGERS:
+        RINGERS.pop().close()
 
 
 def probe(prefix: bytes) -> bool:

@@ -637,6 +637,8 @@ static PyTypeObject *datapath_type, *executor_type, *hostconn_type, *wakeups_typ
 static PyObject *post_fallback; /* smcr.stack.executor.post_inline */
 static PyObject *byte_view_fn;  /* smcr.stack.conn.byte_view */
 static PyObject *ring_fn;       /* smcr.rdma._doorbell.ring, or NULL: the QP's ring_after */
+static PyObject *ring_rid_fn;   /* smcr.rdma._doorbell.ring_rid, or NULL: the QP's ring_after */
+static PyObject *ringers;       /* smcr.rdma.bells._RINGER: the ringing socket, once made */
 static PyObject *str_take_standby, *str_look_again,
     *str_dispatch_events, *str_send_ended, *str_ring_held, *str_update_readiness, *str_sndbuf, *str_corked;
 
@@ -645,13 +647,15 @@ static PyObject *str_take_standby, *str_look_again,
 #define ARM_STANDBY 2         /* smcr.rdma.completion.ARM_STANDBY */
 
 /* bind_sender(DataPath, Executor, HostConn, Wakeups, ShmCompletionQueue, PeerLink,
- * post_inline, byte_view, ring): the classes send_now reads (after bind and bind_taker: it
- * reads theirs too), the Python it hands a post the lane declines, and the doorbell's ring
- * in C (None: the QP's ring_after rings). */
+ * post_inline, byte_view, ring, ring_rid, ringers): the classes send_now reads (after bind
+ * and bind_taker: it reads theirs too), the Python it hands a post the lane declines, the
+ * doorbell's ring and a consumer bell's ring by name in C (None: the QP's ring_after rings),
+ * and the list that holds the process's ringing socket once made (smcr.rdma.bells). */
 static PyObject *bind_sender(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "bind_sender takes 6 classes and 3 functions");
+    if (nargs != 11 || !PyList_CheckExact(args[10])) {
+        PyErr_SetString(PyExc_TypeError, "bind_sender takes 6 classes, 4 functions and the "
+                        "ringing socket's list");
         return NULL;
     }
     if (state_type == NULL || engine_type == NULL || counters == NULL) {
@@ -668,24 +672,65 @@ static PyObject *bind_sender(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_XSETREF(post_fallback, args[6]);
     Py_INCREF(args[7]);
     Py_XSETREF(byte_view_fn, args[7]);
-    if (args[8] == Py_None) {
-        Py_CLEAR(ring_fn);
-    } else {
-        Py_INCREF(args[8]);
-        Py_XSETREF(ring_fn, args[8]);
+    PyObject **fns[2] = {&ring_fn, &ring_rid_fn};
+    for (int i = 0; i < 2; i++) {
+        if (args[8 + i] == Py_None) {
+            Py_CLEAR(*fns[i]);
+        } else {
+            Py_INCREF(args[8 + i]);
+            Py_XSETREF(*fns[i], args[8 + i]);
+        }
     }
+    Py_INCREF(args[10]);
+    Py_XSETREF(ringers, args[10]);
     Py_RETURN_NONE;
 }
 
-/* ShmQp.ring_after(whom): the peer's doorbells rung here, a consumer bell (by name) by the
- * QP's Python (smcr.rdma.shm.send.ring_whom).  0, or -1 (an error set). */
+/* A consumer bell rung by name, as smcr.rdma.shm.send.ring_whom rings it: 1 when it went,
+ * 0 when it did not (the doorbell whom names is rung instead), -1 with an error set, -2
+ * where it is not rung here (no ringing socket made yet, no C ring, no prefix: the QP's
+ * Python rings). */
+static int ring_consumer(PeerObj *p, int64_t whom) {
+    if (ring_rid_fn == NULL || ringers == NULL || PyList_GET_SIZE(ringers) < 1 ||
+        p->_bells == NULL || !PyBytes_CheckExact(p->_bells) || PyBytes_GET_SIZE(p->_bells) < 1)
+        return -2;
+    PyObject *rid = PyLong_FromLongLong((long long)(whom >> 2));
+    if (rid == NULL)
+        return -1;
+    PyObject *sock = PyList_GET_ITEM(ringers, 0);
+    Py_INCREF(sock);
+    PyObject *argv[3] = {sock, p->_bells, rid};
+    PyObject *r = PyObject_Vectorcall(ring_rid_fn, argv, 3, NULL);
+    Py_DECREF(sock);
+    Py_DECREF(rid);
+    if (r == NULL)
+        return -1;
+    long err = PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (err == -1 && PyErr_Occurred())
+        return -1;
+    return err == 0;
+}
+
+/* ShmQp.ring_after(whom): the peer's doorbells rung here, and a consumer bell by name
+ * (smcr.rdma.shm.send.ring_whom); the QP's Python where the C cannot.  0, or -1 (an error
+ * set). */
 static int ring_peer(PyObject *qp, int64_t whom) {
     PyObject *peer = ((ShmQpObj *)qp)->__peer;
-    if (peer == Py_None)
+    if (peer == Py_None || whom <= 0)
         return 0;
+    int in_c = ring_fn != NULL && peer != NULL && Py_TYPE(peer) == peer_type &&
+               ((PeerObj *)peer)->_bell != NULL;
+    if (in_c && whom > 3) {
+        int went = ring_consumer((PeerObj *)peer, whom);
+        if (went == -1)
+            return -1;
+        if (went == 1)
+            return 0;
+        in_c = went == 0; /* (not gone: its doorbell; -2: the Python rings) */
+    }
     PyObject *r;
-    if (whom <= 3 && ring_fn != NULL && peer != NULL && Py_TYPE(peer) == peer_type &&
-        ((PeerObj *)peer)->_bell != NULL) {
+    if (in_c) {
         PeerObj *p = (PeerObj *)peer;
         PyObject *bell = (whom & 3) == ARM_STANDBY && p->_standby_bell != NULL &&
                                  p->_standby_bell != Py_None

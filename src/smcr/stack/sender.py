@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from smcr.rdma import doorbell
+from smcr.rdma import bells, doorbell
 from smcr.rdma.shm.cq import ShmCompletionQueue
 from smcr.rdma.shm.peer import PeerLink
 from smcr.stack import inplace
@@ -26,8 +26,9 @@ from smcr.stack.wakeup import Wakeups
 
 def bind(datapath: type, byte_view: Callable[[Any], memoryview]) -> bool:
     """Bind the lane's sender to the compiled classes (``datapath``: the data path's class,
-    ``byte_view``: how the Python's post sees a caller's buffer), and to the doorbell's
-    ring in C; whether it sends from now on (False without the lane, or in a process whose
+    ``byte_view``: how the Python's post sees a caller's buffer), and to the doorbells'
+    rings in C (a CQ's, and a consumer bell's by name through the process's ringing
+    socket); whether it sends from now on (False without the lane, or in a process whose
     classes are not the compiled ones)."""
     lane = inplace.LANE
     if lane is None:
@@ -35,7 +36,8 @@ def bind(datapath: type, byte_view: Callable[[Any], memoryview]) -> bool:
     calls = doorbell.C_CALLS
     try:
         lane.bind_sender(datapath, Executor, HostConn, Wakeups, ShmCompletionQueue, PeerLink,
-                         post_inline, byte_view, calls.ring if calls is not None else None)
+                         post_inline, byte_view, calls.ring if calls is not None else None,
+                         calls.ring_rid if calls is not None else None, bells.RINGERS)
     except TypeError:
         return False
     return True
