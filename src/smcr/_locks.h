@@ -1,4 +1,4 @@
-/* A threading.Lock looked at, taken and given back in C, on the lock object itself
+/* A threading.Lock or RLock looked at, taken and given back in C, on the lock object itself
  * (smcr/_locks.c says why; included by the C files that take the runtime's locks).
  *
  * The lock objects' layouts are _threadmodule.c's lockobject and rlockobject of CPython

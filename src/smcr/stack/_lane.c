@@ -638,7 +638,7 @@ static PyObject *post_fallback; /* smcr.stack.executor.post_inline */
 static PyObject *byte_view_fn;  /* smcr.stack.conn.byte_view */
 static PyObject *ring_fn;       /* smcr.rdma._doorbell.ring, or NULL: the QP's ring_after */
 static PyObject *ring_rid_fn;   /* smcr.rdma._doorbell.ring_rid, or NULL: the QP's ring_after */
-static PyObject *ringers;       /* smcr.rdma.bells._RINGER: the ringing socket, once made */
+static PyObject *ringers;       /* smcr.rdma.bells.RINGERS: the ringing socket, once made */
 static PyObject *str_take_standby, *str_look_again,
     *str_dispatch_events, *str_send_ended, *str_ring_held, *str_update_readiness, *str_sndbuf, *str_corked;
 
