@@ -17,7 +17,11 @@
  * send_inline, a send's common case, posted through the RNIC's post for C callers;
  * send_now, the same send whole, from the socket's call to the ring (DataPath.try_send
  * and what it calls); read_fast, a read's common case (the bytes copied out, the consumer
- * cursor moved).  tests/stack/test_lane*.py run each against the Python it stands for.
+ * cursor moved); follow, Readiness.follow's common case (a named descriptor read out:
+ * drained, its consumer bell armed or taken back), which send_now and every caller of
+ * Executor.update_readiness use; read_now, a non-blocking read whole, from the socket's
+ * call to the readiness update (DataPath.try_read, take_news and what they call).
+ * tests/stack/test_lane*.py run each against the Python it stands for.
  *
  * Integers: mypyc's tagged ints (CPyTagged): a short one is the value shifted left by
  * one, a long one a pointer with the low bit set.  The lane works on short ones only
@@ -640,7 +644,7 @@ static PyObject *ring_fn;       /* smcr.rdma._doorbell.ring, or NULL: the QP's r
 static PyObject *ring_rid_fn;   /* smcr.rdma._doorbell.ring_rid, or NULL: the QP's ring_after */
 static PyObject *ringers;       /* smcr.rdma.bells.RINGERS: the ringing socket, once made */
 static PyObject *str_take_standby, *str_look_again,
-    *str_dispatch_events, *str_send_ended, *str_ring_held, *str_update_readiness, *str_sndbuf, *str_corked;
+    *str_dispatch_events, *str_send_ended, *str_ring_held, *str_sndbuf, *str_corked;
 
 #define NOT_NOW (-2)
 #define CLOSED_OR_ABORT 0x60u /* PEER_CONNECTION_CLOSED | PEER_CONNECTION_ABORT */
@@ -830,11 +834,10 @@ static int glance_fits(PyObject *conns, PyObject *key, int64_t n) {
     return n <= direct_room(c);
 }
 
-/* smcr stats: COUNTERS.tx_pd[n.bit_length()] += 1 (0, or -1: an error set). */
-static int count_send(int64_t n) {
-    PyObject *list = ((CountersObj *)counters)->_tx_pd;
+/* smcr stats: list[n.bit_length()] += 1, a count of COUNTERS (0, or -1: an error set). */
+static int count_in(PyObject *list, int64_t n) {
     int bits = 0;
-    while (n >> bits)
+    while (bits < 64 && (n >> bits))
         bits++;
     if (list == NULL || !PyList_CheckExact(list) || bits >= PyList_GET_SIZE(list))
         return 0;
@@ -849,6 +852,18 @@ static int count_send(int64_t n) {
     PyList_SET_ITEM(list, bits, sum);
     Py_DECREF(old);
     return 0;
+}
+
+/* smcr stats: COUNTERS.tx_pd[n.bit_length()] += 1 (0, or -1: an error set). */
+static int count_send(int64_t n) { return count_in(((CountersObj *)counters)->_tx_pd, n); }
+
+/* smcr stats: COUNTERS.rx_pd[want.bit_length()] += 1, want the size a read asked for (0, or
+ * -1: an error set). */
+static int count_read(PyObject *want) {
+    long long n = PyLong_AsLongLong(want);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    return n < 0 ? 0 : count_in(((CountersObj *)counters)->_rx_pd, (int64_t)n);
 }
 
 /* send_fast's corking: the bytes copied into the send buffer at the application's cursor
@@ -887,6 +902,9 @@ static int cork_now(ConnObj *c, HostConnObj *hc, ExecutorObj *ex, const Py_buffe
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
 }
+
+/* Executor.update_readiness in C (a read, whole: below). */
+static int readiness_now(ExecutorObj *ex, HostConnObj *hc, PyObject *c_obj);
 
 /* send_now(datapath, data) -> the bytes sent (all of data), or -2: not this call's case,
  * nothing done (DataPath.try_send runs as before).
@@ -1082,11 +1100,13 @@ ended: /* send_fast's finally clause, then its readiness update */
             failed = 1;
     }
     if (!failed && hc->_readiness != NULL && hc->_readiness != Py_None) {
-        PyObject *r = PyObject_CallMethodOneArg((PyObject *)ex, str_update_readiness,
-                                                (PyObject *)hc);
-        if (r == NULL)
+        /* Executor.update_readiness: the connection looked up again (the engine's events
+         * may have released it) */
+        PyObject *now = PyDict_GetItemWithError(state->_conns, conn_key); /* borrowed */
+        if (now == NULL && PyErr_Occurred())
             failed = 1;
-        Py_XDECREF(r);
+        else if (readiness_now(ex, hc, now) < 0)
+            failed = 1;
     }
 unlock:
     if (failed)
@@ -1112,6 +1132,40 @@ done:
 /* smcr.core.connection.SOCK_MIN_SNDBUF_HALF: Connection.consumed's floor */
 #define SOCK_MIN_SNDBUF_HALF 2304
 
+/* read_fast's steps on buffers had already (ring: the RMB's bytes; out: where they go):
+ * n copied out and consumed, or -1 (nothing changed). */
+static int64_t read_core(ConnObj *c, const Py_buffer *ring, const Py_buffer *out, int waitall) {
+    if (c->_rmb == NULL || Py_TYPE(c->_rmb) != rmb_type || c->_urg_rx_pos != Py_None ||
+        c->_peer_wants_update != 0 || c->_peer_write_blocked > 1)
+        return -1;
+    CPyTagged ts[] = {c->_rx_prod, c->_rx_cons, c->_rx_cons_sent, ((RmbObj *)c->_rmb)->_size};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (!short_int(ts[i]))
+            return -1;
+    int64_t prod = untag(c->_rx_prod), cons = untag(c->_rx_cons);
+    int64_t sent = untag(c->_rx_cons_sent), size = untag(((RmbObj *)c->_rmb)->_size);
+    int64_t avail = prod - cons;
+    if (size <= 0 || size > MAX_RING || avail <= 0 || avail >= size || cons < 0)
+        return -1;
+    int64_t n = out->len < avail ? out->len : avail;
+    int64_t unconfirmed = cons + n - sent, peer_free = size - (prod - sent);
+    int64_t floor = size / 10 > SOCK_MIN_SNDBUF_HALF ? size / 10 : SOCK_MIN_SNDBUF_HALF;
+    int update = unconfirmed > floor && (peer_free <= size / 2 || c->_peer_write_blocked);
+    if (ring->len != size || out->len == 0 || (waitall && avail < out->len) || update ||
+        !fits(cons + n))
+        return -1;
+    int64_t start = cons % size;
+    unsigned char *from = (unsigned char *)ring->buf, *to = (unsigned char *)out->buf;
+    if (start + n <= size) {
+        memcpy(to, from + start, (size_t)n);
+    } else {
+        memcpy(to, from + start, (size_t)(size - start));
+        memcpy(to + (size - start), from, (size_t)(n - (size - start)));
+    }
+    c->_rx_cons = tag(cons + n);
+    return n;
+}
+
 /* read_fast(c, rmb, out, waitall) -> n copied out and consumed, or -1 (nothing changed)
  *
  * DataPath.recv_fast's common case on the engine's Connection c: bytes there, fewer than
@@ -1130,22 +1184,9 @@ static PyObject *read_fast(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     if (conn_type == NULL || Py_TYPE(args[0]) != conn_type)
         return PyLong_FromLong(-1);
-    ConnObj *c = (ConnObj *)args[0];
     int waitall = PyObject_IsTrue(args[3]);
     if (waitall < 0)
         return NULL;
-    if (c->_rmb == NULL || Py_TYPE(c->_rmb) != rmb_type || c->_urg_rx_pos != Py_None ||
-        c->_peer_wants_update != 0 || c->_peer_write_blocked > 1)
-        return PyLong_FromLong(-1);
-    CPyTagged ts[] = {c->_rx_prod, c->_rx_cons, c->_rx_cons_sent, ((RmbObj *)c->_rmb)->_size};
-    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-        if (!short_int(ts[i]))
-            return PyLong_FromLong(-1);
-    int64_t prod = untag(c->_rx_prod), cons = untag(c->_rx_cons);
-    int64_t sent = untag(c->_rx_cons_sent), size = untag(((RmbObj *)c->_rmb)->_size);
-    int64_t avail = prod - cons;
-    if (size <= 0 || size > MAX_RING || avail <= 0 || avail >= size || cons < 0)
-        return PyLong_FromLong(-1);
     /* (a buffer that cannot be had so, say a view with strides: the Python's, as before) */
     Py_buffer ring, out;
     if (PyObject_GetBuffer(args[1], &ring, PyBUF_SIMPLE) < 0) {
@@ -1157,27 +1198,348 @@ static PyObject *read_fast(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyBuffer_Release(&ring);
         return PyLong_FromLong(-1);
     }
-    int64_t n = out.len < avail ? out.len : avail;
-    int64_t unconfirmed = cons + n - sent, peer_free = size - (prod - sent);
-    int64_t floor = size / 10 > SOCK_MIN_SNDBUF_HALF ? size / 10 : SOCK_MIN_SNDBUF_HALF;
-    int update = unconfirmed > floor && (peer_free <= size / 2 || c->_peer_write_blocked);
-    if (ring.len != size || out.len == 0 || (waitall && avail < out.len) || update ||
-        !fits(cons + n)) {
-        PyBuffer_Release(&out);
-        PyBuffer_Release(&ring);
-        return PyLong_FromLong(-1);
-    }
-    int64_t start = cons % size;
-    unsigned char *from = (unsigned char *)ring.buf, *to = (unsigned char *)out.buf;
-    if (start + n <= size) {
-        memcpy(to, from + start, (size_t)n);
-    } else {
-        memcpy(to, from + start, (size_t)(size - start));
-        memcpy(to + (size - start), from, (size_t)(n - (size - start)));
-    }
+    int64_t n = read_core((ConnObj *)args[0], &ring, &out, waitall);
     PyBuffer_Release(&out);
     PyBuffer_Release(&ring);
-    c->_rx_cons = tag(cons + n);
+    return PyLong_FromLongLong(n);
+}
+
+/* ---------------------------------------------------------------- a read, whole */
+
+typedef smcr___stack___readiness___ReadinessObject ReadinessObj;
+typedef smcr___rdma___bells___WatchSlotObject SlotObj;
+
+static PyTypeObject *readiness_type, *slot_type;
+static PyObject *closed_state; /* smcr.core.close.SmcState.CLOSED */
+static PyObject *drain_fn;     /* smcr.rdma._doorbell.drain */
+static PyObject *str_follow, *str_buf, *str_poll, *str_process, *str_check, *str_unchecked;
+static PyObject *poll_most; /* 64: the most completions a look takes (Executor.look) */
+
+/* bind_reader(Readiness, WatchSlot, SmcState.CLOSED, drain): the classes follow reads (after
+ * bind; read_now reads bind_sender's too, and declines until they are bound), the state a
+ * connection is done in, and the doorbell's drain in C. */
+static PyObject *bind_reader(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "bind_reader takes 2 classes, a state and a function");
+        return NULL;
+    }
+    if (conn_type == NULL) {
+        PyErr_SetString(PyExc_TypeError, "bind_reader: bind first");
+        return NULL;
+    }
+    Py_ssize_t sizes[2] = {sizeof(ReadinessObj), sizeof(SlotObj)};
+    PyTypeObject **slots[2] = {&readiness_type, &slot_type};
+    if (bind_classes("bind_reader", args, sizes, slots, 2) < 0)
+        return NULL;
+    Py_INCREF(args[2]);
+    Py_XSETREF(closed_state, args[2]);
+    Py_INCREF(args[3]);
+    Py_XSETREF(drain_fn, args[3]);
+    Py_RETURN_NONE;
+}
+
+#define NOT_HERE (-1)
+#define FOLLOW_ERROR (-2)
+
+/* Readiness.follow(c) on the structs, where it is a named descriptor's common case: c a
+ * Connection whose readiness changes at most from readable to not (a read took its bytes),
+ * the descriptor named (a rid), not failed, its bell a WatchSlot or None; the steps of
+ * set and _set_named: the readable datagram drained, the bell armed or taken back as
+ * quiet and writable and not readable says, and follow's answer.  1 or 0 (whether the
+ * caller must look at the CQ: Executor.look_again), NOT_HERE (not its case: nothing
+ * changed) or FOLLOW_ERROR (an error set: the drain's). */
+static int follow_core(PyObject *r_obj, PyObject *c_obj) {
+    if (readiness_type == NULL || Py_TYPE(r_obj) != readiness_type || c_obj == NULL ||
+        Py_TYPE(c_obj) != conn_type || drain_fn == NULL)
+        return NOT_HERE;
+    ReadinessObj *r = (ReadinessObj *)r_obj;
+    ConnObj *c = (ConnObj *)c_obj;
+    if (!short_int(r->_rid) || untag(r->_rid) == 0 || r->_failed != 0 || r->_a == NULL ||
+        r->_readable > 1 || r->_writable > 1 || r->_looks > 1)
+        return NOT_HERE;
+    CPyTagged ts[] = {c->_rx_prod, c->_rx_cons, c->_sndbuf_limit, c->_tx_app, c->_tx_fin,
+                      c->_tx_sent, c->_tx_flags, c->_rx_flags};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (!short_int(ts[i]))
+            return NOT_HERE;
+    if (c->_reset_reason == NULL || !PyUnicode_CheckExact(c->_reset_reason) ||
+        c->_state == NULL)
+        return NOT_HERE;
+    int reset = PyUnicode_GET_LENGTH(c->_reset_reason) != 0;
+    int done = untag(c->_rx_flags) != 0 || c->_state == closed_state; /* peer_done */
+    int readable = untag(c->_rx_prod) - untag(c->_rx_cons) > 0 || done || reset;
+    int writable = untag(c->_sndbuf_limit) - (untag(c->_tx_app) - untag(c->_tx_fin)) > 0 ||
+                   c->_tx_flags != 0 || reset;
+    int quiet = c->_tx_app == c->_tx_sent && c->_tx_flags == 0;
+    if (writable != r->_writable || (readable && !r->_readable))
+        return NOT_HERE;
+    /* the bell's word, where it changes: had before the first change */
+    PyObject *bell = r->_bell;
+    SlotObj *slot = NULL;
+    Py_buffer word;
+    int arm = quiet && writable && !readable, touch = 0;
+    if (bell != NULL && bell != Py_None) {
+        if (Py_TYPE(bell) != slot_type)
+            return NOT_HERE;
+        slot = (SlotObj *)bell;
+        if (slot->_armed > 1)
+            return NOT_HERE;
+        touch = arm != slot->_armed;
+        if (touch) {
+            if (!short_int(slot->_offset) || !short_int(slot->_rid) ||
+                !short_int(slot->_rung) || !fits(untag(slot->_rung) + 1) ||
+                slot->_notify == NULL)
+                return NOT_HERE;
+            /* (a closed segment, its mmap's ValueError: the Python's, which knows it closed) */
+            if (PyObject_GetBuffer(slot->_notify, &word, PyBUF_WRITABLE) < 0) {
+                PyErr_Clear();
+                return NOT_HERE;
+            }
+            int64_t at = untag(slot->_offset);
+            if (at < 0 || at % 4 || at + 4 > (int64_t)word.len) {
+                PyBuffer_Release(&word);
+                return NOT_HERE;
+            }
+        }
+    }
+    /* from here on the update is this call's */
+    int failed = 0;
+    if (!readable && r->_readable) {
+        r->_readable = 0;
+        r->_unchecked = 0; /* (the drain takes the datagram, come or not) */
+        PyObject *got = PyObject_CallOneArg(drain_fn, r->_a);
+        if (got == NULL)
+            failed = 1;
+        Py_XDECREF(got);
+    }
+    if (touch) {
+        uint32_t *w = (uint32_t *)((unsigned char *)word.buf + untag(slot->_offset));
+        uint32_t rid = (uint32_t)untag(slot->_rid);
+        if (arm) { /* WatchSlot.arm: the caller looks at the CQ after */
+            __atomic_store_n(w, rid, __ATOMIC_SEQ_CST);
+            slot->_armed = 1;
+            r->_looks = 1;
+        } else { /* WatchSlot.take: a requester that took the arm rang (its message waits) */
+            slot->_armed = 0;
+            if (__atomic_load_n(w, __ATOMIC_SEQ_CST) == rid) {
+                __atomic_store_n(w, 0u, __ATOMIC_SEQ_CST);
+            } else {
+                slot->_rung = tag(untag(slot->_rung) + 1);
+                r->_looks = 1;
+            }
+        }
+        PyBuffer_Release(&word);
+    }
+    if (failed)
+        return FOLLOW_ERROR;
+    int looks = r->_looks;
+    r->_looks = 0;
+    return looks;
+}
+
+/* follow(readiness, c) -> 1 or 0 (Readiness.follow's answer, the update made), or -1: not
+ * its case, nothing changed (Readiness.follow does it). */
+static PyObject *follow(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "follow takes 2 arguments");
+        return NULL;
+    }
+    int looks = follow_core(args[0], args[1] == Py_None ? NULL : args[1]);
+    if (looks == FOLLOW_ERROR)
+        return NULL;
+    return PyLong_FromLong(looks);
+}
+
+/* Executor.update_readiness(hc) with the runtime's lock held: the connection's descriptor
+ * followed (follow_core, else Readiness.follow), the CQ looked at again where it says so.
+ * 0, or -1 (an error set). */
+static int readiness_now(ExecutorObj *ex, HostConnObj *hc, PyObject *c_obj) {
+    PyObject *r = hc->_readiness;
+    if (r == NULL || r == Py_None)
+        return 0;
+    Py_INCREF(r);
+    int looks = follow_core(r, c_obj);
+    if (looks == NOT_HERE) {
+        PyObject *answer = PyObject_CallMethodOneArg(r, str_follow, c_obj ? c_obj : Py_None);
+        looks = answer == NULL ? FOLLOW_ERROR : PyObject_IsTrue(answer);
+        Py_XDECREF(answer);
+        if (looks < 0)
+            looks = FOLLOW_ERROR;
+    }
+    Py_DECREF(r);
+    if (looks == FOLLOW_ERROR)
+        return -1;
+    return looks ? call0((PyObject *)ex, str_look_again) : 0;
+}
+
+/* DataPath.take_news with the runtime's lock held: what the CQ holds taken, the readiness
+ * descriptor's checks deferred meanwhile (news_taken makes them).  0, or -1 (an error set). */
+static int take_news(ExecutorObj *ex, HostConnObj *hc) {
+    PyObject *wcs = PyObject_CallMethodOneArg(ex->_cq, str_poll, poll_most);
+    if (wcs == NULL)
+        return -1;
+    int some = PyObject_IsTrue(wcs);
+    PyObject *r = hc->_readiness;
+    int deferred = some > 0 && r != NULL && Py_TYPE(r) == readiness_type;
+    if (deferred)
+        ((ReadinessObj *)r)->_defer_check = 1;
+    PyObject *done = some > 0 ? PyObject_CallMethodOneArg((PyObject *)ex, str_process, wcs)
+                              : (some < 0 ? NULL : Py_NewRef(Py_None));
+    if (deferred)
+        ((ReadinessObj *)r)->_defer_check = 0;
+    Py_DECREF(wcs);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
+/* DataPath.news_taken with the runtime's lock held: the check take_news deferred, where the
+ * descriptor is still unchecked.  0, or -1 (an error set). */
+static int news_taken(HostConnObj *hc) {
+    PyObject *r = hc->_readiness;
+    if (r == NULL || r == Py_None)
+        return 0;
+    if (Py_TYPE(r) == readiness_type && !((ReadinessObj *)r)->_unchecked)
+        return 0;
+    Py_INCREF(r);
+    int ret = 0;
+    PyObject *unchecked = PyObject_GetAttr(r, str_unchecked);
+    int due = unchecked == NULL ? -1 : PyObject_IsTrue(unchecked);
+    Py_XDECREF(unchecked);
+    if (due < 0)
+        ret = -1;
+    else if (due)
+        ret = call0(r, str_check);
+    Py_DECREF(r);
+    return ret;
+}
+
+#define NOTHING_THERE (-3)
+
+/* read_now(datapath, out, want, news) -> the bytes read into out (> 0), -2: not this call's
+ * case, nothing done (DataPath.try_read runs as before), or -3: no bytes there, the CQ's
+ * news taken already (news true: the caller's general path says why, or would block).
+ *
+ * A read's common case in one call: DataPath.try_read, recv_fast's lane branch and
+ * Executor.update_readiness, step by step as they run them (the reader's lock looked at,
+ * the runtime's lock held throughout, the bytes copied out and consumed as read_fast does,
+ * the standby arm left for the next send, the descriptor followed, the stats count); with
+ * news (a non-blocking socket's read) and no bytes there yet, what the CQ holds is taken
+ * first, as take_news, the read and news_taken take it (an event loop's read after the
+ * peer's ring finds the ring's message there, not yet taken).  Its case: a connection of
+ * the engine to a peer in another runtime (a local one's completions are taken at the
+ * read), with bytes there that read_fast takes. */
+static PyObject *read_now(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "read_now takes 4 arguments");
+        return NULL;
+    }
+    if (datapath_type == NULL || Py_TYPE(args[0]) != datapath_type || readiness_type == NULL)
+        return PyLong_FromLong(NOT_NOW);
+    DataPathObj *dp = (DataPathObj *)args[0];
+    int news = PyObject_IsTrue(args[3]);
+    if (news < 0)
+        return NULL;
+    if (dp->_ex == NULL || Py_TYPE(dp->_ex) != executor_type || dp->_hc == NULL ||
+        Py_TYPE(dp->_hc) != hostconn_type || dp->_rlock == NULL || !PyLong_CheckExact(args[2]))
+        return PyLong_FromLong(NOT_NOW);
+    ExecutorObj *ex = (ExecutorObj *)dp->_ex;
+    HostConnObj *hc = (HostConnObj *)dp->_hc;
+    if (hc->_local_peer != Py_False || !short_int(hc->_conn_id) || hc->_rmb_mr == NULL ||
+        ex->_lock == NULL || ex->_engine == NULL || Py_TYPE(ex->_engine) != engine_type ||
+        ex->_wake == NULL || Py_TYPE(ex->_wake) != wakeups_type || ex->_cq == NULL)
+        return PyLong_FromLong(NOT_NOW);
+    PyObject *state_obj = ((EngineObj *)ex->_engine)->_state;
+    if (state_obj == NULL || Py_TYPE(state_obj) != state_type ||
+        ((StateObj *)state_obj)->_conns == NULL ||
+        !PyDict_CheckExact(((StateObj *)state_obj)->_conns))
+        return PyLong_FromLong(NOT_NOW);
+    int held = smcr_lock_held(dp->_rlock);
+    if (held != 0) /* another thread reads (and may wait): its order */
+        return held < 0 ? NULL : PyLong_FromLong(NOT_NOW);
+    Py_buffer out, ring;
+    if (PyObject_GetBuffer(args[1], &out, PyBUF_WRITABLE) < 0) {
+        PyErr_Clear(); /* (the Python's byte_view says what is wrong with it) */
+        return PyLong_FromLong(NOT_NOW);
+    }
+    PyObject *buf = PyObject_GetAttr(hc->_rmb_mr, str_buf); /* HostConn.rmb */
+    if (buf == NULL || PyObject_GetBuffer(buf, &ring, PyBUF_SIMPLE) < 0) {
+        Py_XDECREF(buf);
+        PyErr_Clear();
+        PyBuffer_Release(&out);
+        return PyLong_FromLong(NOT_NOW);
+    }
+    Py_DECREF(buf);
+    PyObject *key = PyLong_FromSsize_t((Py_ssize_t)untag(hc->_conn_id));
+    if (key == NULL) {
+        PyBuffer_Release(&ring);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    PyObject *lock = ex->_lock, *conns = ((StateObj *)state_obj)->_conns, *c_obj = NULL;
+    Py_INCREF(lock);
+    Py_INCREF(ex);
+    Py_INCREF(hc);
+    Py_INCREF(conns);
+    int failed = 0, took = 0;
+    int64_t n = NOT_NOW;
+    if (smcr_lock_take(lock) < 0) {
+        failed = 1;
+        goto done;
+    }
+    for (;;) {
+        c_obj = PyDict_GetItemWithError(conns, key); /* borrowed */
+        if (c_obj == NULL) {
+            failed = PyErr_Occurred() != NULL;
+            goto unlock;
+        }
+        Py_INCREF(c_obj);
+        held = smcr_lock_held(dp->_rlock); /* (a reader took it meanwhile) */
+        if (held != 0 || Py_TYPE(c_obj) != conn_type) {
+            failed = held < 0;
+            goto unlock;
+        }
+        n = read_core((ConnObj *)c_obj, &ring, &out, 0);
+        if (n > 0)
+            break;
+        ConnObj *c = (ConnObj *)c_obj;
+        int empty = short_int(c->_rx_prod) && short_int(c->_rx_cons) &&
+                    untag(c->_rx_prod) == untag(c->_rx_cons);
+        n = NOT_NOW;
+        if (!news || took || !empty)
+            goto unlock;
+        took = 1;
+        Py_CLEAR(c_obj);
+        if (take_news(ex, hc) < 0) {
+            failed = 1;
+            goto unlock;
+        }
+    }
+    ((WakeupsObj *)ex->_wake)->_send_takes_standby = 1; /* (Progress.send_ended) */
+    if (readiness_now(ex, hc, c_obj) < 0)
+        failed = 1;
+unlock:
+    if (took && !failed && news_taken(hc) < 0)
+        failed = 1;
+    if (took && n == NOT_NOW && !failed)
+        n = NOTHING_THERE;
+    if (failed)
+        give_pending(lock);
+    else if (smcr_lock_give(lock) < 0)
+        failed = 1;
+done:
+    PyBuffer_Release(&ring);
+    PyBuffer_Release(&out);
+    Py_XDECREF(c_obj);
+    Py_DECREF(lock);
+    Py_DECREF(ex);
+    Py_DECREF(hc);
+    Py_DECREF(conns);
+    Py_DECREF(key);
+    if (failed || (n > 0 && count_read(args[2]) < 0))
+        return NULL;
     return PyLong_FromLongLong(n);
 }
 
@@ -1198,6 +1560,12 @@ static PyMethodDef methods[] = {
      "A send's common case, whole: the lock, the post, the ring (see there)."},
     {"read_fast", (PyCFunction)(void (*)(void))read_fast, METH_FASTCALL,
      "A read's common case: bytes copied out of the RMB and consumed (see there)."},
+    {"bind_reader", (PyCFunction)(void (*)(void))bind_reader, METH_FASTCALL,
+     "The runtime's classes follow and read_now read (see there)."},
+    {"follow", (PyCFunction)(void (*)(void))follow, METH_FASTCALL,
+     "Readiness.follow's common case (see there)."},
+    {"read_now", (PyCFunction)(void (*)(void))read_now, METH_FASTCALL,
+     "A read's common case, whole: the lock, the bytes, the readiness (see there)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1215,10 +1583,19 @@ PyMODINIT_FUNC PyInit__lane(void) {
     str_dispatch_events = PyUnicode_InternFromString("_dispatch_events");
     str_send_ended = PyUnicode_InternFromString("send_ended");
     str_ring_held = PyUnicode_InternFromString("ring_held");
-    str_update_readiness = PyUnicode_InternFromString("update_readiness");
     str_sndbuf = PyUnicode_InternFromString("sndbuf");
     str_corked = PyUnicode_InternFromString("corked");
-    if (str_update_readiness == NULL || str_sndbuf == NULL || str_corked == NULL)
+    str_follow = PyUnicode_InternFromString("follow");
+    str_buf = PyUnicode_InternFromString("buf");
+    str_poll = PyUnicode_InternFromString("poll");
+    str_process = PyUnicode_InternFromString("process");
+    str_check = PyUnicode_InternFromString("check");
+    str_unchecked = PyUnicode_InternFromString("unchecked");
+    poll_most = PyLong_FromLong(64);
+    if (str_follow == NULL || str_buf == NULL || str_poll == NULL || str_process == NULL ||
+        str_check == NULL || str_unchecked == NULL || poll_most == NULL)
+        return NULL;
+    if (str_sndbuf == NULL || str_corked == NULL)
         return NULL;
     if (str_append == NULL || str_pop == NULL || str_take_standby == NULL || str_look_again == NULL ||
         str_dispatch_events == NULL || str_send_ended == NULL || str_ring_held == NULL)

@@ -43,7 +43,7 @@ from smcr import exits
 from smcr.core import Action
 from smcr.core.connection import Connection
 from smcr.locks import give, take, try_take
-from smcr.stack import inplace, sender
+from smcr.stack import inplace, reader, sender
 from smcr.stack.counters import COUNTERS
 from smcr.stack.executor import ring_read, ring_write
 from smcr.stack.frames import release_frames
@@ -784,13 +784,18 @@ class SocketCalls:
             if self.timeout is None:  # (it takes what is there at once, as try_read would)
                 n = path.read_waiting(part, bool(flags))
             else:
-                n = -1 if flags else path.try_read(part, want)
-                if n < 0 and not flags and self.timeout == 0.0:  # (path.take_news says why)
-                    path.take_news()
-                    try:
-                        n = path.try_read(part, want)
-                    finally:
-                        path.news_taken()
+                n = -1 if flags else NOT_NOW
+                news = self.timeout == 0.0  # (path.take_news says why)
+                if n == NOT_NOW and READS_NOW and (lane := inplace.LANE) is not None:
+                    n = int(lane.read_now(path, part, want, news))  # (the common case whole)
+                if n == NOT_NOW:
+                    n = path.try_read(part, want)
+                    if n < 0 and news:
+                        path.take_news()
+                        try:
+                            n = path.try_read(part, want)
+                        finally:
+                            path.news_taken()
             if n > 0:
                 return n
         if (sock := self._relayed()) is not None:
@@ -814,7 +819,11 @@ class SocketCalls:
                 try:
                     if avail > 0:
                         buf = bytearray(min(avail, bufsize))
-                        n = path.try_read(memoryview(buf), bufsize)
+                        n = -1
+                        if READS_NOW and (lane := inplace.LANE) is not None:
+                            n = int(lane.read_now(path, buf, bufsize, False))
+                        if n < 0:
+                            n = path.try_read(memoryview(buf), bufsize)
                         if n > 0:
                             if n < len(buf):
                                 del buf[n:]
@@ -857,6 +866,11 @@ def byte_view(data: Any) -> memoryview:
 
 SENDS_NOW: Final = sender.bind(DataPath, byte_view)
 """``send`` and ``sendall`` try the lane's whole send first (:mod:`smcr.stack.sender`)."""
+READS_NOW: Final = SENDS_NOW and reader.FOLLOW is not None
+"""A non-blocking ``recv`` and ``recv_into`` try the lane's whole read first
+(:mod:`smcr.stack.reader`: it reads the classes the sender's binding bound too)."""
+NOT_NOW: Final = -2
+"""The lane's read declined: the Python reads."""
 
 
 def cdcs_done(c: Connection) -> bool:

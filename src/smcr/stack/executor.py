@@ -54,7 +54,7 @@ from smcr.core import (
 from smcr.core.connection import Connection
 from smcr.rdma import SendWr, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode
 from smcr.rdma.completion import TAKEN_IN_PLACE, CompletionQueue
-from smcr.stack import inplace
+from smcr.stack import inplace, reader
 from smcr.stack.bufpool import BufferPool
 from smcr.stack.clcwatch import ClcWatch
 from smcr.stack.counters import COUNTERS
@@ -420,7 +420,14 @@ class Executor:
     def update_readiness(self, hc: HostConn) -> None:
         """Bring the connection's readiness descriptor up to date (if anyone asked for it)."""
         r = hc.readiness
-        if r is not None and r.follow(self.engine.conns.get(hc.conn_id)):
+        if r is None:
+            return
+        c = self.engine.conns.get(hc.conn_id)
+        follow = reader.FOLLOW  # (its common case in C: the lane's follow)
+        looks = follow(r, c) if follow is not None else -1
+        if looks < 0:
+            looks = int(r.follow(c))
+        if looks:
             self.look_again()
 
     def look_again(self) -> None:
