@@ -1212,7 +1212,8 @@ typedef smcr___rdma___bells___WatchSlotObject SlotObj;
 static PyTypeObject *readiness_type, *slot_type;
 static PyObject *closed_state; /* smcr.core.close.SmcState.CLOSED */
 static PyObject *drain_fn;     /* smcr.rdma._doorbell.drain */
-static PyObject *str_follow, *str_buf, *str_poll, *str_process, *str_check, *str_unchecked;
+static PyObject *str_follow, *str_buf, *str_poll, *str_process, *str_check, *str_unchecked,
+    *str_add, *str_queued, *str_ring_self;
 static PyObject *poll_most; /* 64: the most completions a look takes (Executor.look) */
 
 /* bind_reader(Readiness, WatchSlot, SmcState.CLOSED, drain): the classes follow reads (after
@@ -1242,21 +1243,47 @@ static PyObject *bind_reader(PyObject *self, PyObject *const *args, Py_ssize_t n
 #define NOT_HERE (-1)
 #define FOLLOW_ERROR (-2)
 
+/* r.name() for a readiness descriptor, its answer's truth: 1 or 0, or -1 (an error set). */
+static int ask(PyObject *r, PyObject *name) {
+    PyObject *answer = PyObject_CallMethodNoArgs(r, name);
+    if (answer == NULL)
+        return -1;
+    int yes = PyObject_IsTrue(answer);
+    Py_DECREF(answer);
+    return yes;
+}
+
+/* WatchSlot.take on its word w: the arm taken back; 1 where a requester had taken it (it
+ * rang: its datagram went or is on its way), 0 where it was still there. */
+static int take_back(SlotObj *slot, uint32_t *w, uint32_t rid) {
+    slot->_armed = 0;
+    if (__atomic_load_n(w, __ATOMIC_SEQ_CST) == rid) {
+        __atomic_store_n(w, 0u, __ATOMIC_SEQ_CST);
+        return 0;
+    }
+    slot->_rung = tag(untag(slot->_rung) + 1);
+    return 1;
+}
+
 /* Readiness.follow(c) on the structs, where it is a named descriptor's common case: c a
- * Connection whose readiness changes at most from readable to not (a read took its bytes),
- * the descriptor named (a rid), not failed, its bell a WatchSlot or None; the steps of
- * set and _set_named: the readable datagram drained, the bell armed or taken back as
- * quiet and writable and not readable says, and follow's answer.  1 or 0 (whether the
- * caller must look at the CQ: Executor.look_again), NOT_HERE (not its case: nothing
- * changed) or FOLLOW_ERROR (an error set: the drain's). */
+ * Connection whose readiness changes at most in readability (bytes came, or a read took
+ * them), the descriptor named (a rid), not failed, its bell a WatchSlot or None; the steps
+ * of set and _set_named: turning readable, the bell taken back and the peer's ring trusted
+ * where it rang (checked now, later or by the reader that took the news, as the descriptor
+ * says), else a datagram of its own; turning unreadable, the datagram drained; the bell
+ * armed or taken back as quiet and writable and not readable says; and follow's answer.
+ * 1 or 0 (whether the caller must look at the CQ: Executor.look_again), NOT_HERE (not its
+ * case: nothing changed) or FOLLOW_ERROR (an error set: a call's, with what it changed
+ * before, as the Python's would leave it). */
 static int follow_core(PyObject *r_obj, PyObject *c_obj) {
     if (readiness_type == NULL || Py_TYPE(r_obj) != readiness_type || c_obj == NULL ||
-        Py_TYPE(c_obj) != conn_type || drain_fn == NULL)
+        Py_TYPE(c_obj) != conn_type || drain_fn == NULL || counters == NULL)
         return NOT_HERE;
     ReadinessObj *r = (ReadinessObj *)r_obj;
     ConnObj *c = (ConnObj *)c_obj;
     if (!short_int(r->_rid) || untag(r->_rid) == 0 || r->_failed != 0 || r->_a == NULL ||
-        r->_readable > 1 || r->_writable > 1 || r->_looks > 1)
+        r->_peer == NULL || r->_later == NULL || r->_readable > 1 || r->_writable > 1 ||
+        r->_looks > 1 || r->_defer_check > 1)
         return NOT_HERE;
     CPyTagged ts[] = {c->_rx_prod, c->_rx_cons, c->_sndbuf_limit, c->_tx_app, c->_tx_fin,
                       c->_tx_sent, c->_tx_flags, c->_rx_flags};
@@ -1272,9 +1299,10 @@ static int follow_core(PyObject *r_obj, PyObject *c_obj) {
     int writable = untag(c->_sndbuf_limit) - (untag(c->_tx_app) - untag(c->_tx_fin)) > 0 ||
                    c->_tx_flags != 0 || reset;
     int quiet = c->_tx_app == c->_tx_sent && c->_tx_flags == 0;
-    if (writable != r->_writable || (readable && !r->_readable))
+    if (writable != r->_writable)
         return NOT_HERE;
-    /* the bell's word, where it changes: had before the first change */
+    int turns = readable != r->_readable;
+    /* the bell's word, where it is looked at: had before the first change */
     PyObject *bell = r->_bell;
     SlotObj *slot = NULL;
     Py_buffer word;
@@ -1285,10 +1313,13 @@ static int follow_core(PyObject *r_obj, PyObject *c_obj) {
         slot = (SlotObj *)bell;
         if (slot->_armed > 1)
             return NOT_HERE;
-        touch = arm != slot->_armed;
+        /* (turning readable takes an armed bell back; then no arm: it is readable) */
+        touch = turns && readable ? slot->_armed : arm != slot->_armed;
         if (touch) {
+            CountersObj *counts = (CountersObj *)counters;
             if (!short_int(slot->_offset) || !short_int(slot->_rid) ||
                 !short_int(slot->_rung) || !fits(untag(slot->_rung) + 1) ||
+                !short_int(counts->_bell_cnt) || !fits(untag(counts->_bell_cnt) + 1) ||
                 slot->_notify == NULL)
                 return NOT_HERE;
             /* (a closed segment, its mmap's ValueError: the Python's, which knows it closed) */
@@ -1304,33 +1335,54 @@ static int follow_core(PyObject *r_obj, PyObject *c_obj) {
         }
     }
     /* from here on the update is this call's */
-    int failed = 0;
-    if (!readable && r->_readable) {
-        r->_readable = 0;
-        r->_unchecked = 0; /* (the drain takes the datagram, come or not) */
-        PyObject *got = PyObject_CallOneArg(drain_fn, r->_a);
-        if (got == NULL)
-            failed = 1;
-        Py_XDECREF(got);
-    }
-    if (touch) {
-        uint32_t *w = (uint32_t *)((unsigned char *)word.buf + untag(slot->_offset));
-        uint32_t rid = (uint32_t)untag(slot->_rid);
-        if (arm) { /* WatchSlot.arm: the caller looks at the CQ after */
-            __atomic_store_n(w, rid, __ATOMIC_SEQ_CST);
-            slot->_armed = 1;
-            r->_looks = 1;
-        } else { /* WatchSlot.take: a requester that took the arm rang (its message waits) */
-            slot->_armed = 0;
-            if (__atomic_load_n(w, __ATOMIC_SEQ_CST) == rid) {
-                __atomic_store_n(w, 0u, __ATOMIC_SEQ_CST);
+    uint32_t *w = touch ? (uint32_t *)((unsigned char *)word.buf + untag(slot->_offset)) : NULL;
+    uint32_t rid = touch ? (uint32_t)untag(slot->_rid) : 0;
+    int failed = 0, rang = 0;
+    if (turns && readable) {
+        r->_readable = 1;
+        if (touch) /* WatchSlot.take: a requester that took the arm rang */
+            rang = take_back(slot, w, rid);
+        /* rung by the peer already (it took the arm), unless its datagram never came, or
+         * cannot come (connected to the full peer: only it may send) */
+        int trusted = 0;
+        if (rang && r->_peer == Py_None) {
+            CountersObj *counts = (CountersObj *)counters;
+            counts->_bell_cnt = tag(untag(counts->_bell_cnt) + 1);
+            if (r->_defer_check || r->_later != Py_None) {
+                r->_unchecked = 1;
+                trusted = 1;
+                if (!r->_defer_check) {
+                    PyObject *added = PyObject_CallMethodOneArg(r->_later, str_add, r_obj);
+                    failed = added == NULL;
+                    Py_XDECREF(added);
+                }
             } else {
-                slot->_rung = tag(untag(slot->_rung) + 1);
-                r->_looks = 1;
+                trusted = ask(r_obj, str_queued);
+                failed = trusted < 0;
             }
         }
-        PyBuffer_Release(&word);
+        if (!failed && !trusted)
+            failed = ask(r_obj, str_ring_self) < 0;
+    } else {
+        if (turns) {
+            r->_readable = 0;
+            r->_unchecked = 0; /* (the drain takes the datagram, come or not) */
+            PyObject *got = PyObject_CallOneArg(drain_fn, r->_a);
+            failed = got == NULL;
+            Py_XDECREF(got);
+        }
+        if (touch && !failed) {
+            if (arm) { /* WatchSlot.arm: the caller looks at the CQ after */
+                __atomic_store_n(w, rid, __ATOMIC_SEQ_CST);
+                slot->_armed = 1;
+                r->_looks = 1;
+            } else if (take_back(slot, w, rid)) {
+                r->_looks = 1; /* (a peer rang: its message waits for a look) */
+            }
+        }
     }
+    if (touch)
+        PyBuffer_Release(&word);
     if (failed)
         return FOLLOW_ERROR;
     int looks = r->_looks;
@@ -1591,7 +1643,12 @@ PyMODINIT_FUNC PyInit__lane(void) {
     str_process = PyUnicode_InternFromString("process");
     str_check = PyUnicode_InternFromString("check");
     str_unchecked = PyUnicode_InternFromString("unchecked");
+    str_add = PyUnicode_InternFromString("add");
+    str_queued = PyUnicode_InternFromString("_queued");
+    str_ring_self = PyUnicode_InternFromString("_ring_self");
     poll_most = PyLong_FromLong(64);
+    if (str_add == NULL || str_queued == NULL || str_ring_self == NULL)
+        return NULL;
     if (str_follow == NULL || str_buf == NULL || str_poll == NULL || str_process == NULL ||
         str_check == NULL || str_unchecked == NULL || poll_most == NULL)
         return NULL;
