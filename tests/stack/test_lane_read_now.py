@@ -164,6 +164,7 @@ def test_a_read_not_its_case_changes_nothing(links: tuple[Link, Link]) -> None:
         assert lane_.read_now(link.path, out, 16, True) == NOT_NOW
     assert lane_.read_now(link.path, memoryview(bytes(16)), 16, True) == NOT_NOW  # read-only
     assert lane_.read_now(object(), out, 16, True) == NOT_NOW
+    assert lane_.read_now(link.path, out, 2**64, True) == NOT_NOW  # (recv's bufsize: no C int)
     c.urg_rx_pos = c.rx_prod - 1  # an urgent byte among them: the general path's
     assert lane_.read_now(link.path, out, 16, True) == NOT_NOW
     c.urg_rx_pos = None

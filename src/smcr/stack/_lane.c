@@ -859,11 +859,8 @@ static int count_send(int64_t n) { return count_in(((CountersObj *)counters)->_t
 
 /* smcr stats: COUNTERS.rx_pd[want.bit_length()] += 1, want the size a read asked for (0, or
  * -1: an error set). */
-static int count_read(PyObject *want) {
-    long long n = PyLong_AsLongLong(want);
-    if (n == -1 && PyErr_Occurred())
-        return -1;
-    return n < 0 ? 0 : count_in(((CountersObj *)counters)->_rx_pd, (int64_t)n);
+static int count_read(int64_t want) {
+    return want < 0 ? 0 : count_in(((CountersObj *)counters)->_rx_pd, want);
 }
 
 /* send_fast's corking: the bytes copied into the send buffer at the application's cursor
@@ -1103,10 +1100,12 @@ ended: /* send_fast's finally clause, then its readiness update */
         /* Executor.update_readiness: the connection looked up again (the engine's events
          * may have released it) */
         PyObject *now = PyDict_GetItemWithError(state->_conns, conn_key); /* borrowed */
+        Py_XINCREF(now);
         if (now == NULL && PyErr_Occurred())
             failed = 1;
         else if (readiness_now(ex, hc, now) < 0)
             failed = 1;
+        Py_XDECREF(now);
     }
 unlock:
     if (failed)
@@ -1253,14 +1252,23 @@ static int ask(PyObject *r, PyObject *name) {
     return yes;
 }
 
-/* WatchSlot.take on its word w: the arm taken back; 1 where a requester had taken it (it
- * rang: its datagram went or is on its way), 0 where it was still there. */
+/* A watch word's value as the Python stores it (little-endian: smcr.rdma.stores.store_u32). */
+static inline uint32_t word_of(uint32_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return __builtin_bswap32(v);
+#else
+    return v;
+#endif
+}
+
+/* WatchSlot.take on its word w: the arm taken back (by a compare and exchange, so that a
+ * requester's take between a load and a store cannot go unseen); 1 where a requester had
+ * taken it (it rang: its datagram went or is on its way), 0 where it was still there. */
 static int take_back(SlotObj *slot, uint32_t *w, uint32_t rid) {
     slot->_armed = 0;
-    if (__atomic_load_n(w, __ATOMIC_SEQ_CST) == rid) {
-        __atomic_store_n(w, 0u, __ATOMIC_SEQ_CST);
+    uint32_t mine = word_of(rid);
+    if (__atomic_compare_exchange_n(w, &mine, 0u, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
         return 0;
-    }
     slot->_rung = tag(untag(slot->_rung) + 1);
     return 1;
 }
@@ -1340,8 +1348,11 @@ static int follow_core(PyObject *r_obj, PyObject *c_obj) {
     int failed = 0, rang = 0;
     if (turns && readable) {
         r->_readable = 1;
-        if (touch) /* WatchSlot.take: a requester that took the arm rang */
+        if (touch) { /* WatchSlot.take: a requester that took the arm rang */
             rang = take_back(slot, w, rid);
+            PyBuffer_Release(&word); /* (before the calls below: they may close it) */
+            touch = 0;
+        }
         /* rung by the peer already (it took the arm), unless its datagram never came, or
          * cannot come (connected to the full peer: only it may send) */
         int trusted = 0;
@@ -1373,7 +1384,7 @@ static int follow_core(PyObject *r_obj, PyObject *c_obj) {
         }
         if (touch && !failed) {
             if (arm) { /* WatchSlot.arm: the caller looks at the CQ after */
-                __atomic_store_n(w, rid, __ATOMIC_SEQ_CST);
+                __atomic_store_n(w, word_of(rid), __ATOMIC_SEQ_CST);
                 slot->_armed = 1;
                 r->_looks = 1;
             } else if (take_back(slot, w, rid)) {
@@ -1435,12 +1446,16 @@ static int take_news(ExecutorObj *ex, HostConnObj *hc) {
     int some = PyObject_IsTrue(wcs);
     PyObject *r = hc->_readiness;
     int deferred = some > 0 && r != NULL && Py_TYPE(r) == readiness_type;
-    if (deferred)
+    if (deferred) { /* (kept: the news may drop the connection's descriptor) */
+        Py_INCREF(r);
         ((ReadinessObj *)r)->_defer_check = 1;
+    }
     PyObject *done = some > 0 ? PyObject_CallMethodOneArg((PyObject *)ex, str_process, wcs)
                               : (some < 0 ? NULL : Py_NewRef(Py_None));
-    if (deferred)
+    if (deferred) {
         ((ReadinessObj *)r)->_defer_check = 0;
+        Py_DECREF(r);
+    }
     Py_DECREF(wcs);
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
@@ -1470,8 +1485,9 @@ static int news_taken(HostConnObj *hc) {
 #define NOTHING_THERE (-3)
 
 /* read_now(datapath, out, want, news) -> the bytes read into out (> 0), -2: not this call's
- * case, nothing done (DataPath.try_read runs as before), or -3: no bytes there, the CQ's
- * news taken already (news true: the caller's general path says why, or would block).
+ * case, nothing read (DataPath.try_read runs as before: the CQ's news may have been taken
+ * meanwhile), or -3: no bytes there even after the CQ's news was taken (news true: the
+ * caller's general path says why, or would block).
  *
  * A read's common case in one call: DataPath.try_read, recv_fast's lane branch and
  * Executor.update_readiness, step by step as they run them (the reader's lock looked at,
@@ -1497,6 +1513,12 @@ static PyObject *read_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (dp->_ex == NULL || Py_TYPE(dp->_ex) != executor_type || dp->_hc == NULL ||
         Py_TYPE(dp->_hc) != hostconn_type || dp->_rlock == NULL || !PyLong_CheckExact(args[2]))
         return PyLong_FromLong(NOT_NOW);
+    int overflow = 0; /* (the size asked for, counted once the bytes are read: a C integer) */
+    long long want = PyLong_AsLongLongAndOverflow(args[2], &overflow);
+    if (overflow || (want == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return PyLong_FromLong(NOT_NOW);
+    }
     ExecutorObj *ex = (ExecutorObj *)dp->_ex;
     HostConnObj *hc = (HostConnObj *)dp->_hc;
     if (hc->_local_peer != Py_False || !short_int(hc->_conn_id) || hc->_rmb_mr == NULL ||
@@ -1535,7 +1557,7 @@ static PyObject *read_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_INCREF(ex);
     Py_INCREF(hc);
     Py_INCREF(conns);
-    int failed = 0, took = 0;
+    int failed = 0, took = 0, empty_after = 0;
     int64_t n = NOT_NOW;
     if (smcr_lock_take(lock) < 0) {
         failed = 1;
@@ -1560,6 +1582,7 @@ static PyObject *read_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
         int empty = short_int(c->_rx_prod) && short_int(c->_rx_cons) &&
                     untag(c->_rx_prod) == untag(c->_rx_cons);
         n = NOT_NOW;
+        empty_after = took && empty;
         if (!news || took || !empty)
             goto unlock;
         took = 1;
@@ -1573,10 +1596,23 @@ static PyObject *read_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (readiness_now(ex, hc, c_obj) < 0)
         failed = 1;
 unlock:
-    if (took && !failed && news_taken(hc) < 0)
-        failed = 1;
-    if (took && n == NOT_NOW && !failed)
-        n = NOTHING_THERE;
+    if (took) { /* (news_taken runs as the Python's finally clause runs it) */
+        if (!failed) {
+            failed = news_taken(hc) < 0;
+        } else {
+            PyObject *type, *value, *trace;
+            PyErr_Fetch(&type, &value, &trace);
+            if (news_taken(hc) < 0) { /* (its own error wins, as in a finally clause) */
+                Py_XDECREF(type);
+                Py_XDECREF(value);
+                Py_XDECREF(trace);
+            } else {
+                PyErr_Restore(type, value, trace);
+            }
+        }
+        if (n == NOT_NOW && !failed && empty_after)
+            n = NOTHING_THERE;
+    }
     if (failed)
         give_pending(lock);
     else if (smcr_lock_give(lock) < 0)
@@ -1590,7 +1626,7 @@ done:
     Py_DECREF(hc);
     Py_DECREF(conns);
     Py_DECREF(key);
-    if (failed || (n > 0 && count_read(args[2]) < 0))
+    if (failed || (n > 0 && count_read((int64_t)want) < 0))
         return NULL;
     return PyLong_FromLongLong(n);
 }

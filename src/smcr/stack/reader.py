@@ -40,5 +40,7 @@ def _bind() -> Callable[[Any, Any], int] | None:
 
 FOLLOW: Callable[[Any, Any], int] | None = _bind()
 """``Readiness.follow(c)``'s common case in C: 1 or 0 (its answer, the update made), -1 where
-it is not its case (nothing changed).  Tests set it to None to run the Python in a compiled
-process."""
+it is not its case (nothing changed).  Tests set it to None to run the Python of
+:meth:`Executor.update_readiness <smcr.stack.executor.Executor.update_readiness>` in a
+compiled process; the lane's whole send and read follow in C whatever it is (setting
+``inplace.LANE`` to None turns those off)."""
