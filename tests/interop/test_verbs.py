@@ -188,7 +188,11 @@ def _between(kernel: Guest, smcr_guest: Guest, smcr_role: str, mode: str, nbytes
         peer = "10.99.0.11"
     ident = server.run(f"{server_cmd} {opts} --mode {server_mode}", background=True)
     server.wait_listening(ident, 90.0)
-    out = client.run(f"{client_cmd} {opts} --host {peer} --mode {mode}", timeout=240 * count)
+    try:
+        out = client.run(f"{client_cmd} {opts} --host {peer} --mode {mode}", timeout=240 * count)
+    except RuntimeError as exc:  # (the client's output is in it; the server's end is not)
+        raise AssertionError(f"{exc}\n-- the server's output so far ({server_cmd}):\n"
+                             f"{server.output(ident)[-8000:]}") from exc
     served = json.loads(server.wait(ident, 120).splitlines()[-1])["conns"]
     clients = json.loads(out.splitlines()[-1])["conns"]
     ends = (served, clients) if smcr_role == "server" else (clients, served)
