@@ -103,11 +103,16 @@ def test_read_now_and_the_python_alike(links: tuple[Link, Link]) -> None:
         for link in links:
             link.settle()
         want = rng.choice([1, 32, 500, 4096, 70000])
+        made = rng.random() < 0.5  # (recv: bytes made the size of what is there)
         outs = []
         for link in links:
             out = memoryview(bytearray(want))
             if link is now:
-                n = lane_.read_now(link.path, out, want, True)
+                answer = lane_.read_now(link.path, None if made else out, want, True)
+                if isinstance(answer, bytes):
+                    out[: len(answer)] = answer
+                    answer = len(answer)
+                n = int(answer)
                 if n == NOT_NOW:
                     n = link.python_read(out, want)
                 else:
@@ -147,6 +152,14 @@ def test_a_read_after_the_peers_ring_takes_its_news(links: tuple[Link, Link]) ->
     assert not link.readable() and link.r.bell.armed
     assert lane_.read_now(link.path, out, 64, True) == NOTHING_THERE
     assert lane_.read_now(link.path, out, 64, False) == NOT_NOW  # (a timeout's: no news)
+    with link.reader.lock:  # recv's: bytes made the size of what is there (up to want)
+        assert link.write(b"0123456789") == 10
+        assert select.select([link.r.a.fileno()], [], [], 5)[0]
+    assert lane_.read_now(link.path, None, 4, True) == b"0123"
+    assert lane_.read_now(link.path, None, 1 << 18, True) == b"456789"
+    assert not link.readable()
+    assert lane_.read_now(link.path, None, 64, True) == NOTHING_THERE
+    assert lane_.read_now(link.path, None, 0, True) == NOT_NOW
 
 
 def test_a_read_not_its_case_changes_nothing(links: tuple[Link, Link]) -> None:

@@ -1484,7 +1484,8 @@ static int news_taken(HostConnObj *hc) {
 
 #define NOTHING_THERE (-3)
 
-/* read_now(datapath, out, want, news) -> the bytes read into out (> 0), -2: not this call's
+/* read_now(datapath, out, want, news) -> the bytes read into out (> 0), or where out is None
+ * (recv) a bytes of them, made the size of what is there up to want; -2: not this call's
  * case, nothing read (DataPath.try_read runs as before: the CQ's news may have been taken
  * meanwhile), or -3: no bytes there even after the CQ's news was taken (news true: the
  * caller's general path says why, or would block).
@@ -1534,7 +1535,14 @@ static PyObject *read_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (held != 0) /* another thread reads (and may wait): its order */
         return held < 0 ? NULL : PyLong_FromLong(NOT_NOW);
     Py_buffer out, ring;
-    if (PyObject_GetBuffer(args[1], &out, PyBUF_WRITABLE) < 0) {
+    int making = args[1] == Py_None; /* (recv: bytes the size of what is there, made below) */
+    PyObject *made = NULL;
+    if (making) {
+        if (want <= 0)
+            return PyLong_FromLong(NOT_NOW);
+        out.buf = NULL;
+        out.len = 0;
+    } else if (PyObject_GetBuffer(args[1], &out, PyBUF_WRITABLE) < 0) {
         PyErr_Clear(); /* (the Python's byte_view says what is wrong with it) */
         return PyLong_FromLong(NOT_NOW);
     }
@@ -1542,14 +1550,16 @@ static PyObject *read_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (buf == NULL || PyObject_GetBuffer(buf, &ring, PyBUF_SIMPLE) < 0) {
         Py_XDECREF(buf);
         PyErr_Clear();
-        PyBuffer_Release(&out);
+        if (!making)
+            PyBuffer_Release(&out);
         return PyLong_FromLong(NOT_NOW);
     }
     Py_DECREF(buf);
     PyObject *key = PyLong_FromSsize_t((Py_ssize_t)untag(hc->_conn_id));
     if (key == NULL) {
         PyBuffer_Release(&ring);
-        PyBuffer_Release(&out);
+        if (!making)
+            PyBuffer_Release(&out);
         return NULL;
     }
     PyObject *lock = ex->_lock, *conns = ((StateObj *)state_obj)->_conns, *c_obj = NULL;
@@ -1575,10 +1585,21 @@ static PyObject *read_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
             failed = held < 0;
             goto unlock;
         }
-        n = read_core((ConnObj *)c_obj, &ring, &out, 0);
+        ConnObj *c = (ConnObj *)c_obj;
+        if (making && made == NULL && short_int(c->_rx_prod) && short_int(c->_rx_cons) &&
+            untag(c->_rx_prod) > untag(c->_rx_cons)) {
+            int64_t avail = untag(c->_rx_prod) - untag(c->_rx_cons);
+            made = PyBytes_FromStringAndSize(NULL, avail < want ? avail : want);
+            if (made == NULL) {
+                failed = 1;
+                goto unlock;
+            }
+            out.buf = PyBytes_AS_STRING(made);
+            out.len = PyBytes_GET_SIZE(made);
+        }
+        n = making && made == NULL ? -1 : read_core(c, &ring, &out, 0);
         if (n > 0)
             break;
-        ConnObj *c = (ConnObj *)c_obj;
         int empty = short_int(c->_rx_prod) && short_int(c->_rx_cons) &&
                     untag(c->_rx_prod) == untag(c->_rx_cons);
         n = NOT_NOW;
@@ -1619,15 +1640,24 @@ unlock:
         failed = 1;
 done:
     PyBuffer_Release(&ring);
-    PyBuffer_Release(&out);
+    if (!making)
+        PyBuffer_Release(&out);
     Py_XDECREF(c_obj);
     Py_DECREF(lock);
     Py_DECREF(ex);
     Py_DECREF(hc);
     Py_DECREF(conns);
     Py_DECREF(key);
-    if (failed || (n > 0 && count_read((int64_t)want) < 0))
+    if (failed || (n > 0 && count_read((int64_t)want) < 0)) {
+        Py_XDECREF(made);
         return NULL;
+    }
+    if (n > 0 && making) {
+        if (n < PyBytes_GET_SIZE(made) && _PyBytes_Resize(&made, (Py_ssize_t)n) < 0)
+            return NULL;
+        return made; /* (the bytes read, made for them) */
+    }
+    Py_XDECREF(made);
     return PyLong_FromLongLong(n);
 }
 

@@ -809,6 +809,10 @@ class SocketCalls:
         flags = int(flags)
         path = self.path
         if not flags and bufsize > 0 and not (self.closed or self.forked):
+            if READS_NOW and (lane := inplace.LANE) is not None:  # (as _recv_into's)
+                got = lane.read_now(path, None, bufsize, self.timeout == 0.0)
+                if isinstance(got, bytes):  # made the size of what was there
+                    return got
             c = path.conn()
             if c is not None:
                 avail = c.rx_prod - c.rx_cons  # (a glance: try_read looks again, locked)
@@ -819,11 +823,7 @@ class SocketCalls:
                 try:
                     if avail > 0:
                         buf = bytearray(min(avail, bufsize))
-                        n = -1
-                        if READS_NOW and (lane := inplace.LANE) is not None:
-                            n = int(lane.read_now(path, buf, bufsize, False))
-                        if n < 0:
-                            n = path.try_read(memoryview(buf), bufsize)
+                        n = path.try_read(memoryview(buf), bufsize)
                         if n > 0:
                             if n < len(buf):
                                 del buf[n:]
