@@ -809,11 +809,12 @@ class SocketCalls:
         flags = int(flags)
         path = self.path
         if not flags and bufsize > 0 and not (self.closed or self.forked):
+            got: Any = NOT_NOW
             if READS_NOW and (lane := inplace.LANE) is not None:  # (as _recv_into's)
                 got = lane.read_now(path, None, bufsize, self.timeout == 0.0)
                 if isinstance(got, bytes):  # made the size of what was there
                     return got
-            c = path.conn()
+            c = path.conn() if got == NOT_NOW else None  # (else nothing there, news taken)
             if c is not None:
                 avail = c.rx_prod - c.rx_cons  # (a glance: try_read looks again, locked)
                 took = avail <= 0 and self.timeout == 0.0
