@@ -11,8 +11,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from scapy.utils import RawPcapReader
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -87,6 +85,8 @@ def wait_for_mark(path: Path, send: Callable[[bytes], object], timeout: float = 
 
 def pcap_frames(path: Path | str) -> Iterator[bytes]:
     """Each frame of a pcap file, in order; the file is closed once read (or abandoned)."""
+    from scapy.utils import RawPcapReader  # noqa: PLC0415 - peers import this module: no scapy
+
     with RawPcapReader(str(path)) as reader:
         for frame, _meta in reader:
             yield bytes(frame)

@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 import smcr
 from smcr.stack.runtime import Stack, get_stack
 from smcr.tools.netns import enter_netns
+from tests.support import voluntary_switches
 
 HOST_ENV = "SMCR_TEST_HOST"
 HOST6_ENV = "SMCR_TEST_HOST6"
@@ -445,7 +446,8 @@ def waiting_client(ctl: Connection, port: int) -> None:
 def loop_echo_server(ctl: Connection, conns: int) -> None:
     """Accept ``conns`` clients, then echo all of them from one ``selectors`` loop
     (non-blocking sockets, as an event loop); report, per connection, whether its
-    readiness descriptor has a consumer bell and how often a peer rang it."""
+    readiness descriptor has a consumer bell and how often a peer rang it, and how often
+    this process's progress thread was woken while the loop ran."""
     srv = smcr.create_server((host(), 0))
     ctl.send(srv.getsockname()[1])
     socks = [srv.accept()[0] for _ in range(conns)]
@@ -456,6 +458,7 @@ def loop_echo_server(ctl: Connection, conns: int) -> None:
         sel.register(s, selectors.EVENT_READ)
         pending[s] = bytearray()
     open_ = len(socks)
+    woken = voluntary_switches("smcr-progress")
     while open_:
         for key, events in sel.select(30):
             s = key.fileobj  # type: ignore[assignment]
@@ -473,13 +476,14 @@ def loop_echo_server(ctl: Connection, conns: int) -> None:
                 with contextlib.suppress(BlockingIOError):
                     del pending[s][: s.send(pending[s])]
                 sel.modify(s, selectors.EVENT_READ | (selectors.EVENT_WRITE if pending[s] else 0))
+    woken = voluntary_switches("smcr-progress") - woken
     bells = []
     for s in socks:
         hc = getattr(s, "_hc", None)
         bell = hc.readiness.bell if hc is not None and hc.readiness is not None else None
         bells.append(None if bell is None else bell.rung)
         s.close()
-    ctl.send(bells)
+    ctl.send((bells, woken))
     srv.close()
 
 

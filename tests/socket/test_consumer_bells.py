@@ -16,6 +16,7 @@ import smcr
 from smcr.stack.counters import COUNTERS
 from tests.socket import smc_peer
 from tests.socket.conftest import Peer
+from tests.support import voluntary_switches
 
 ROUNDS = 2000
 
@@ -85,23 +86,34 @@ def _connect(port: int, nonblocking: bool) -> smcr.SMCSocket:
 @pytest.mark.parametrize("nonblocking", [False, True], ids=["connect", "connect-nonblocking"])
 def test_an_event_loops_messages_ring_the_consumer_bell(nonblocking: bool) -> None:
     """Both ends wait in ``select`` on their readiness descriptor: each message makes the
-    other end's descriptor readable through its bell (the peer rang it: counted), not
-    through the other end's progress thread; every echo intact.  A client that connected
-    without blocking keeps the descriptor it watched meanwhile, named since its connect
-    (no listener of this process took it), and rung as well."""
+    other end's descriptor readable through its bell (the peer rang it: counted), or is
+    taken by that end's own look (an answer that comes while its send holds the CQ's
+    standby arm rings nobody: ``Progress.send_ended``), never through the other end's
+    progress thread (woken once per message where there are no bells); every echo intact.
+    A client that connected without blocking keeps the descriptor it watched meanwhile,
+    named since its connect (no listener of this process took it), and rung as well.
+
+    How many messages ring and how many the send's look takes depends on timing (within
+    ``STANDBY`` of an application thread's poll, such as a blocking connect's, and on a
+    busy host, sends hold the arm and their answers often come meanwhile): what is sure is
+    that the progress threads sleep through the loop."""
     peer = Peer(smc_peer.loop_echo_server, 1)
     try:
         port = peer.recv()
         conn = _connect(port, nonblocking)
         assert conn.smc_info().mode == "SMCR"
         counted = COUNTERS.bell_cnt
+        woken = voluntary_switches("smcr-progress")
         _loop_round_trips([conn], ROUNDS, time.monotonic() + 120)
+        woken = voluntary_switches("smcr-progress") - woken
         ours = conn._hc.readiness.bell  # type: ignore[union-attr]
-        assert ours is not None and ours.rung >= ROUNDS // 2, ours and ours.rung
-        assert COUNTERS.bell_cnt - counted >= ROUNDS // 2  # (smcr stats -d shows it)
+        assert woken < ROUNDS // 4, woken
+        assert ours is not None and ours.rung >= ROUNDS // 10, ours and ours.rung
+        assert COUNTERS.bell_cnt - counted >= ROUNDS // 10  # (smcr stats -d shows it)
         conn.close()
-        (theirs,) = peer.recv(60)
-        assert theirs is not None and theirs >= ROUNDS // 2, theirs
+        (theirs,), their_woken = peer.recv(60)
+        assert their_woken < ROUNDS // 4, their_woken
+        assert theirs is not None and theirs >= ROUNDS // 10, theirs
     finally:
         peer.stop()
 
@@ -119,7 +131,7 @@ def test_many_connections_in_one_loop_lose_no_message() -> None:
         _loop_round_trips(conns, 300, time.monotonic() + 180)
         for c in conns:
             c.close()
-        rung = peer.recv(60)
+        rung, _ = peer.recv(60)
         assert len(rung) == n and all(r is not None for r in rung), rung
     finally:
         peer.stop()
