@@ -9,10 +9,14 @@ else loopback listed as a peer).  Tests of the policy and off modes set
 from __future__ import annotations
 
 import asyncio
+import os
 import selectors
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -22,6 +26,7 @@ from smcr import discovery
 from smcr.wire.decline import DeclineCode
 from tests.socket import discovery_peers, smc_peer
 from tests.socket.conftest import Peer
+from tests.support import REPO_ROOT
 
 PEERNOSMC = int(DeclineCode.PEERNOSMC)
 
@@ -57,6 +62,36 @@ def test_smcr_client_sends_a_plain_server_only_its_own_bytes() -> None:
     t.join(20)
     srv.close()
     assert got == [b"GET / HTTP/1.0\r\n\r\n"]
+
+
+FIRST_CONNECT = """
+import os, socket, threading
+import smcr, smcr.diag
+from smcr.socket import connecting
+seen = []
+kernel_connect = connecting.PlainSocket.connect
+def connect(sock, address):
+    seen.append(smcr.diag._state.pid == os.getpid() and smcr.diag.endpoint() is not None)
+    return kernel_connect(sock, address)
+connecting.PlainSocket.connect = connect
+srv = socket.create_server(("127.0.0.1", 0))
+threading.Thread(target=lambda: srv.accept()[0].recv(1), daemon=True).start()
+s = smcr.create_connection(srv.getsockname(), timeout=20)
+print(s.smc_info().mode, seen)
+"""
+
+
+def test_the_first_connection_to_a_plain_server_opens_the_endpoint_before_the_syn(
+        tmp_path: Path) -> None:  # fmt: skip
+    """A process's first connection opens its smcr ss/stats endpoint (imports, a thread)
+    before the kernel's connect: a plain server, whose SYN-ACK says it speaks no SMC, must
+    not wait for that between its accept and the client's first byte."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"),
+           "SMCR_DIAG_DIR": str(tmp_path / "diag")}  # fmt: skip
+    env.pop("SMCR_DIAG", None)
+    out = subprocess.run([sys.executable, "-c", FIRST_CONNECT], capture_output=True,
+                         text=True, env=env, timeout=60, check=True)  # fmt: skip
+    assert out.stdout.split() == ["TCP", "[True]"], (out.stdout, out.stderr)
 
 
 def test_plain_client_gets_the_banner_of_a_server_that_speaks_first() -> None:
