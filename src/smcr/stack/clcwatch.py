@@ -39,18 +39,21 @@ class ClcWatch:
         """The sockets of :attr:`tcp` (module docstring)."""
         self.watch_tcp = watch_tcp
 
-    def add(self, hc: HostConn, ends: tuple[object, object] | None = None) -> None:
+    def add(self, hc: HostConn, ends: tuple[object, object] | None = None,
+            register: bool = True) -> None:  # fmt: skip
         """Watch a handshake's TCP socket (made non-blocking) for CLC.
 
         :param ends: its (``getsockname()``, ``getpeername()``), when the caller has them.
+        :param register: in :attr:`ep` now; False: the caller reads what is there first
+            and then calls :meth:`register` (a server's handshake, whose client's Proposal is
+            mostly there already: registered readable, it would wake the thread asleep on
+            :attr:`ep` for a message this thread is about to read).
         """
         hc.tcp.setblocking(False)
         fd = hc.tcp.fileno()
         self.watch[fd] = hc
-        try:
-            self.ep.register(fd, select.EPOLLIN)
-        except FileExistsError:  # (a number registered before: never closed unwatched)
-            self.ep.modify(fd, select.EPOLLIN)
+        if register:
+            self._register_fd(fd)
         if ends is None:
             try:
                 ends = (hc.tcp.getsockname(), hc.tcp.getpeername())
@@ -58,6 +61,19 @@ class ClcWatch:
                 return
         hc.ends = ends
         self.ends[ends] = hc
+
+    def register(self, hc: HostConn) -> None:
+        """Put a handshake added unregistered (:meth:`add`) in :attr:`ep`, if it is still
+        watched (lock held)."""
+        fd = hc.tcp.fileno()
+        if self.watch.get(fd) is hc:
+            self._register_fd(fd)
+
+    def _register_fd(self, fd: int) -> None:
+        try:
+            self.ep.register(fd, select.EPOLLIN)
+        except FileExistsError:  # (a number registered before: never closed unwatched)
+            self.ep.modify(fd, select.EPOLLIN)
 
     def remove(self, hc: HostConn) -> None:
         """The handshake reads no more CLC (lock held)."""

@@ -356,16 +356,18 @@ class Stack:
         # watched before anything goes: a client's Proposal is read by a server end of
         # ours before execute returns (ClcWatch.sent), not in another thread's poll; an
         # outcome at once lets it go again (Executor._outcome)
-        ex.clc.add(hc, ends)
+        ex.clc.add(hc, ends, register=client)
         ex.execute(actions)
-        if hc.outcome is None:
-            if not client:  # the client's Proposal is often here already: no thread hop
-                ex.clc_read(hc)
-            if hc.undecided() and not polled and self.wake.poller is None:
-                # (not `hc.outcome is None` again: see undecided) nobody polls (a thread
-                # that does sleeps on the CLC epoll, which has it now): the standing-by
-                # progress thread watches it from now on
-                self.wake.wake_progress()
+        if not client:
+            try:
+                if hc.undecided():  # the client's Proposal is often here already
+                    ex.clc_read(hc)
+            finally:
+                ex.clc.register(hc)  # (after the read: ClcWatch.add)
+        if hc.undecided() and not polled and self.wake.poller is None:
+            # nobody polls (a thread that does sleeps on the CLC epoll, which has it now):
+            # the standing-by progress thread watches it from now on
+            self.wake.wake_progress()
 
     def engine_conn(self, hc: HostConn) -> Connection | None:
         """The engine's connection record (None once released)."""
