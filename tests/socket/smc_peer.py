@@ -487,6 +487,44 @@ def loop_echo_server(ctl: Connection, conns: int) -> None:
     srv.close()
 
 
+def loop_accept_server(ctl: Connection, conns: int) -> None:
+    """A connection per request, served from one ``selectors`` loop (as an event-loop web
+    server): a non-blocking listener, each connection's request answered, closed at its
+    EOF; ``conns`` of them.  Report how many were SMC-R and how often this process's
+    progress and watcher threads were woken while the loop ran."""
+    srv = smcr.create_server((host(), 0))
+    srv.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(srv, selectors.EVENT_READ)
+    ctl.send(srv.getsockname()[1])
+    threads = ("smcr-progress", "smcr-watcher")
+    woken = [voluntary_switches(t) for t in threads]
+    accepted = closed = smc = 0
+    while closed < conns:
+        for key, _ in sel.select(30):
+            if key.fileobj is srv:
+                with contextlib.suppress(BlockingIOError):
+                    c, _ = srv.accept()
+                    c.setblocking(False)
+                    sel.register(c, selectors.EVENT_READ)
+                    accepted += 1
+                    smc += c.smc_info().mode == "SMCR"
+                continue
+            c = key.fileobj  # type: ignore[assignment]
+            try:
+                data = c.recv(100)
+            except BlockingIOError:
+                continue
+            if data:
+                c.sendall(data)
+            else:
+                sel.unregister(c)
+                c.close()
+                closed += 1
+    ctl.send((smc, [voluntary_switches(t) - w for t, w in zip(threads, woken, strict=True)]))
+    srv.close()
+
+
 def write_only_sender(ctl: Connection, size: int) -> None:
     """Accept one client and send it ``size`` bytes from a non-blocking socket that waits
     for writability only (never registered for reading, as an asyncio transport whose

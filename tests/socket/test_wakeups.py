@@ -173,6 +173,30 @@ def test_a_request_after_an_answer_rings_no_progress_thread() -> None:
         peer.stop()
 
 
+def test_an_event_loop_servers_connections_wake_its_progress_thread_about_once_each() -> None:
+    """A connection per request served from one ``selectors`` loop (an event-loop web
+    server): nobody polls for the handshakes, so the progress thread takes each client's
+    Confirm -- one wake-up.  It was woken five or six times per connection (measured): by
+    the handshake's socket registered on the epoll it sleeps on while the client's
+    Proposal, which the watcher thread was about to read, was already there; and for each
+    completion of what the loop's thread posted itself (the closing CDC), which the
+    poster now takes."""
+    conns = 300
+    peer = Peer(smc_peer.loop_accept_server, conns)
+    try:
+        port = peer.recv()
+        for i in range(conns):
+            with smcr.create_connection(("127.0.0.1", port), timeout=20) as c:
+                assert c.smc_info().mode == "SMCR"
+                c.sendall(i.to_bytes(4, "big"))
+                assert c.recv(10) == i.to_bytes(4, "big")
+        smc, (progress, _watcher) = peer.recv()
+        assert smc == conns
+        assert progress < conns * 5 // 2, f"{progress} progress wake-ups in {conns} connections"
+    finally:
+        peer.stop()
+
+
 def test_a_blocking_request_response_client_leaves_the_cq_unarmed_between_round_trips() -> None:
     """A program that only ever waits in its own ``send`` and ``recv`` (it never watched a
     readiness descriptor, no other thread waits, nothing is under way) takes what comes

@@ -9,7 +9,12 @@ or the progress thread (:mod:`smcr.stack.progress`).
 * :meth:`Executor.execute` runs actions in order: WRs of one QP are posted together, and
   where the RNIC takes inline WRs (shm) the WRITEs and the CDC behind them go as one fused
   batch (``QueuePair.post_writes_send``); then the engine's events are dispatched
-  (handshake outcomes, resets; waiters and readiness descriptors told).
+  (handshake outcomes, resets; waiters and readiness descriptors told).  What it posts
+  completes in our own CQ (over shm at once, in the posting thread): the outermost
+  ``execute`` takes what the CQ holds when it ends, and those completions ring nobody
+  meanwhile (``poster_looks``, as :meth:`Executor.send_inline`'s): a poller armed on the
+  CQ, an event loop's progress thread, was woken for each closing CDC or cursor update an
+  application thread posted, to take that one completion.
 * :meth:`Executor.process` takes the CQ's completions (consecutive receives of one QP go to
   the engine together: it coalesces CDCs), reposts receives in batches, runs the engine's
   due timers, and wakes the waiters of the connections the engine touched.
@@ -182,7 +187,25 @@ class Executor:
     # ================================================================ actions
 
     def execute(self, actions: list[Action]) -> None:
-        """Run actions in order, then dispatch the engine's events (lock held)."""
+        """Run actions in order, then dispatch the engine's events (lock held); the
+        outermost one takes the completions of its posts (module doc)."""
+        cq = self.cq
+        if not actions or cq.poster_looks:  # (an outer execute, or send_inline, looks after)
+            self._run(actions)
+            return
+        cq.poster_looks = True
+        try:
+            self._run(actions)
+        except BaseException:
+            cq.poster_looks = False
+            cq.ring_held()  # (no look comes from here: whoever sleeps on the CQ takes them)
+            raise
+        cq.poster_looks = False
+        if not cq.idle():
+            self.look_again()
+
+    def _run(self, actions: list[Action]) -> None:
+        """:meth:`execute`'s work."""
         if not actions:
             if self.engine.has_events():
                 self._dispatch_events()
@@ -230,7 +253,7 @@ class Executor:
             self.post(wr_qpn, wrs + write_wrs(writes))
         self._dispatch_events()
         if self.clc.local:
-            self._feed_local_clc()
+            feed_local_clc(self)
 
     def post(self, qpn: int, wrs: list[SendWr], writes: list[tuple[int, int, memoryview]]
              | None = None, cdc: PostSend | None = None) -> None:  # fmt: skip
@@ -656,19 +679,20 @@ class Executor:
             self.clc.remove(hc)  # EOF stays readable: look no more
             self.execute(self.engine.tcp_closed(hc.conn_id, now))
 
-    def _feed_local_clc(self) -> None:
-        """Let the handshakes of ours that CLC was sent to read it (:meth:`ClcWatch.sent`)."""
-        clc = self.clc
-        if clc.feeding:
-            return  # (the outermost execute feeds them)
-        clc.feeding = True
-        try:
-            while clc.local:
-                peer = clc.local.pop(0)
-                if peer.ends is not None and peer.outcome is None:
-                    self.clc_read(peer)
-        finally:
-            clc.feeding = False
+
+def feed_local_clc(ex: Executor) -> None:
+    """Let the handshakes of ours that CLC was sent to read it (:meth:`ClcWatch.sent`)."""
+    clc = ex.clc
+    if clc.feeding:
+        return  # (the outermost execute feeds them)
+    clc.feeding = True
+    try:
+        while clc.local:
+            peer = clc.local.pop(0)
+            if peer.ends is not None and peer.outcome is None:
+                ex.clc_read(peer)
+    finally:
+        clc.feeding = False
 
 
 def _close_quietly(sock: socket.socket) -> None:
