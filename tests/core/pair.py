@@ -87,6 +87,7 @@ class Side:
     rts: set[int] = field(default_factory=set)
     destroyed: set[int] = field(default_factory=set)
     tcp_shut: dict[int, int] = field(default_factory=dict)
+    tcp_shutdowns: dict[int, list[int]] = field(default_factory=dict)
     released: set[int] = field(default_factory=set)
     reused: list[int] = field(default_factory=list)  # ReuseRmb, in order
     clc_out: dict[int, bytearray] = field(default_factory=dict)
@@ -278,6 +279,7 @@ class Pair:
             side.destroyed.add(a.qpn)
         elif isinstance(a, ShutdownTcp):
             side.tcp_shut[a.conn] = max(side.tcp_shut.get(a.conn, 0), a.how)
+            side.tcp_shutdowns.setdefault(a.conn, []).append(a.how)
         elif isinstance(a, ReleaseConnection):
             side.released.add(a.conn)
             self.pending_actions.append((side, side.engine.release(a.conn, self.now)))

@@ -254,6 +254,17 @@ def test_active_close_then_passive_close() -> None:
     assert p.server.engine.conns[s].state is SmcState.APPCLOSEWAIT1
     p.do(p.server, p.server.engine.close(s, p.now))
     assert s in p.server.released and c in p.client.released
+    # each end's TCP socket shut down both ways once (the active end's twice before: after
+    # its closed CDC, and again when the peer's answer ended the connection)
+    assert p.client.tcp_shutdowns[c] == [2] and p.server.tcp_shutdowns[s] == [2]
+
+
+def test_a_half_closed_connection_shuts_its_tcp_socket_down_further_when_it_ends() -> None:
+    p, c, s = ready()
+    p.do(p.client, p.client.engine.shutdown_write(c, p.now))
+    p.do(p.server, p.server.engine.close(s, p.now))
+    p.do(p.client, p.client.engine.close(c, p.now))
+    assert p.client.tcp_shutdowns[c] == [1, 2] and p.server.tcp_shutdowns[s] == [2]
 
 
 def test_half_close_shutdown_write() -> None:

@@ -178,6 +178,7 @@ class Connection:
         self.peer_wants_update = False
         self.urg_rx_pos: int | None = None  # absolute position of an unread urgent byte
         self.released = False
+        self.tcp_shut = 0  # how far the TCP socket was shut down (SHUT_WR, SHUT_RDWR)
         self.reset_reason = ""
         self.stats_write_blocked = 0
 
@@ -549,7 +550,6 @@ class Connection:
         """Run the close table and do what the transition says."""
         send, new = step(self.state, ev)
         first_close_cdc = not self.tx_flags
-        shut_rdwr = False  # (the TCP socket is shut both ways already: once is enough)
         if send is Send.DONE_WRITING:
             self.tx_flags |= _DONE
         elif send is Send.CLOSE:
@@ -567,15 +567,20 @@ class Connection:
         if send is not Send.NOTHING:
             self.flush(out, force_cdc=True)
             if first_close_cdc:  # Linux shuts the TCP socket down after its first close CDC
-                how = SHUT_WR if send is Send.DONE_WRITING else SHUT_RDWR
-                out.append(ShutdownTcp(self.id, how))
-                shut_rdwr = how == SHUT_RDWR
+                self.shut_tcp(SHUT_WR if send is Send.DONE_WRITING else SHUT_RDWR, out)
         old, self.state = self.state, new
         if new is SmcState.CLOSED and old is not SmcState.CLOSED:
-            if not shut_rdwr:
-                out.append(ShutdownTcp(self.id, SHUT_RDWR))
+            self.shut_tcp(SHUT_RDWR, out)
             if self.released:
                 out.append(ReleaseConnection(self.id))
+
+    def shut_tcp(self, how: int, out: list[Action]) -> None:
+        """Shut the TCP socket down ``how`` far, unless it is already (an active close
+        shut it both ways after its closing CDC; the peer's answer, which ends the
+        connection, asked for it once more)."""
+        if how > self.tcp_shut:
+            self.tcp_shut = how
+            out.append(ShutdownTcp(self.id, how))
 
     def app_close(self, out: list[Action]) -> None:
         """The application closed (or released) the socket (``smc_close_active``)."""
@@ -613,7 +618,7 @@ class Connection:
         self.tx_flags |= _ABORT
         self.send_cdc(out)
         if first_close_cdc:  # as after any first close CDC (close_step)
-            out.append(ShutdownTcp(self.id, SHUT_RDWR))
+            self.shut_tcp(SHUT_RDWR, out)
         new = SmcState.CLOSED if self.peer_closed else step(self.state, CloseInput.APP_CLOSE)[1]
         self.state = new  # it was not CLOSED (above)
         if new is SmcState.CLOSED:
