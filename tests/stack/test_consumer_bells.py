@@ -4,6 +4,8 @@ of the CQ's notification segment, as a peer process maps it."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import mmap
 import os
 import select
@@ -21,6 +23,8 @@ from smcr.rdma.shm.cq import ShmCompletionQueue
 from smcr.rdma.stores import store_u32
 from smcr.stack import readiness as readiness_mod
 from smcr.stack.readiness import CHECK_DELAY, CHECK_GRAIN, DeferredChecks, Readiness
+
+_CLONE_NEWNET = 0x40000000
 
 TOKEN = 7
 
@@ -499,7 +503,7 @@ def test_rings_past_the_full_peers_send_buffer_go_through_a_fresh_one(
     rings it."""
     small = readiness_mod.FullPeer()
     small.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1)  # (the kernel's least)
-    here = readiness_mod.netns_here()
+    here = readiness_mod.netns_of(small.sock)
     monkeypatch.setattr(readiness_mod, "_FULL_PEERS", {here: [small]})
     many = [Readiness(named=True) for _ in range(60)]
     try:
@@ -546,3 +550,40 @@ def test_the_bell_names_of_many_connections_spread_over_the_kernels_name_chains(
     names = {doorbell.bell_name(prefix, rid) for rid in range(0, 5000)}
     assert len(names) == 5000
     assert all(name[1:].decode("ascii").isprintable() for name in names)
+
+
+def test_a_threads_readiness_descriptors_know_its_network_namespace() -> None:
+    """Names, and so full peers, are per network namespace: a descriptor made in a thread
+    that moved to another namespace is connected to a full peer of that namespace, and no
+    full peer of the process's namespace is made there (its sockets would not reach the
+    names of this one).  The namespace is read from the descriptor's socket itself."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
+        here = readiness_mod.netns_of(probe)
+    found: dict[str, object] = {}
+
+    def elsewhere() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_NEWNET) != 0:  # (this thread only)
+            found["error"] = os.strerror(ctypes.get_errno())
+            return
+        r = Readiness(named=True)
+        try:
+            found["there"] = r.netns
+            r.set(False, False)  # not writable: connected to its namespace's full peer
+            found["events"] = _events(r)
+            try:
+                readiness_mod.full_peer(here, fresh=True)
+            except OSError as exc:
+                found["made here"] = exc.errno
+        finally:
+            r.close()
+
+    worker = threading.Thread(target=elsewhere)
+    worker.start()
+    worker.join()
+    assert "error" not in found, found
+    assert found["there"] != here and found["there"] in readiness_mod._FULL_PEERS
+    assert found["events"] == 0  # (neither readable nor writable)
+    assert found["made here"] == errno.EXDEV
+    for peer in readiness_mod._FULL_PEERS.pop(found["there"]):
+        peer.close()
