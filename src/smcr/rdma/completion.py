@@ -204,7 +204,8 @@ class CompletionQueue:
     def ring_held(self) -> None:
         """Ring whom the arm names if completions wait: for a poster that set
         :attr:`poster_looks` and will not look (its post raised), so that what was pushed
-        meanwhile without a ring is still taken."""
+        meanwhile without a ring is still taken; pushes ring again from now on."""
+        self.poster_looks = False
         with self._lock:
             armed = self._armed if self._wcs else 0
             if armed:

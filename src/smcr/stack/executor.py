@@ -197,9 +197,13 @@ class Executor:
         try:
             self._run(actions)
         except BaseException:
-            cq.poster_looks = False
             cq.ring_held()  # (no look comes from here: whoever sleeps on the CQ takes them)
             raise
+        self._posted()
+
+    def _posted(self) -> None:
+        """A poster that set ``poster_looks`` is done: it takes what its posts completed."""
+        cq = self.cq
         cq.poster_looks = False
         if not cq.idle():
             self.look_again()
@@ -284,12 +288,9 @@ class Executor:
         try:
             post_inline(self, c, data, request)
         except BaseException:
-            cq.poster_looks = False
             cq.ring_held()  # (no look comes from here: whoever sleeps on the CQ takes them)
             raise
-        cq.poster_looks = False
-        if not cq.idle():
-            self.look_again()
+        self._posted()
         if self.engine.has_events():
             self._dispatch_events()
 
