@@ -499,7 +499,7 @@ def loop_accept_server(ctl: Connection, conns: int) -> None:
     ctl.send(srv.getsockname()[1])
     threads = ("smcr-progress", "smcr-watcher")
     woken = [voluntary_switches(t) for t in threads]
-    accepted = closed = smc = 0
+    closed = smc = 0
     while closed < conns:
         for key, _ in sel.select(30):
             if key.fileobj is srv:
@@ -507,7 +507,6 @@ def loop_accept_server(ctl: Connection, conns: int) -> None:
                     c, _ = srv.accept()
                     c.setblocking(False)
                     sel.register(c, selectors.EVENT_READ)
-                    accepted += 1
                     smc += c.smc_info().mode == "SMCR"
                 continue
             c = key.fileobj  # type: ignore[assignment]
