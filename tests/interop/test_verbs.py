@@ -39,6 +39,7 @@ from tests.interop.kernel_exchange import (
 )
 from tests.interop.smc_host import digest as pattern_digest
 from tests.interop.test_kernel_smcr import (
+    FAILED_CAPTURES,
     acks,
     check_capture,
     check_decodes,
@@ -333,6 +334,40 @@ def test_smcr_tools_over_verbs_agree_with_the_kernels_diag(smcr_g2: Guest,
     assert links[0]["peer_qpn"] and links[0]["qpn"], links
 
 
+STALL_AFTER_CUT_S = 90.0
+"""How long after the cut a 96 MiB transfer that has not ended is taken for stalled (it
+takes 11-16 s in all, cut included): both ends' state is then noted for the failure."""
+
+
+def stalled_transfer_state(smcr_guest: Guest, kernel: Guest) -> list[str]:
+    """What each end holds of a stalled transfer, read while it is stalled: smcr's
+    connections with their cursors (``smcr ss -d``), link groups and counters, and the
+    kernel's sockets with theirs (``smc_diag``) and its link groups."""
+    tools = "cd /mnt/host/src && python3 -m smcr"
+    commands = [
+        (smcr_guest, f"{tools} ss -a -d -W; {tools} linkgroup show --json; {tools} stats -d"),
+        (kernel, f"{KERNEL_TOOL} socks; {KERNEL_TOOL} lgrs"),
+    ]  # fmt: skip
+    out = []
+    for guest, command in commands:
+        try:
+            text = guest.run(command, timeout=120)
+        except Exception as exc:  # (a note for the failure: whatever it could get)
+            text = f"failed: {exc}"
+        out.append(f"-- stalled, in g{guest.index}: {command}\n{text}")
+    return out
+
+
+def keep_failed_captures(pcaps: list[Path]) -> Path:
+    """Move the test's captures where :data:`FAILED_CAPTURES` keeps them; that folder."""
+    kept = FAILED_CAPTURES / f"verbs-{int(time.time())}"
+    kept.mkdir(parents=True, exist_ok=True)
+    for pcap in pcaps:
+        if pcap.exists():
+            shutil.move(str(pcap), str(kept / pcap.name))
+    return kept
+
+
 @pytest.fixture
 def pcaps() -> Iterator[list[Path]]:
     """Where a test's captures go (:func:`between`); removed after the test."""
@@ -454,6 +489,8 @@ def test_two_verbs_devices_fail_over_with_the_kernel(smcr_g2: Guest, kernel_smc:
     adds the link over rxe0 again (ADD LINK, CONFIRM LINK over the new link)."""
     nbytes = 96 * MB
     seen: dict[str, float] = {}
+    done = threading.Event()
+    stuck: list[str] = []
 
     def cut() -> None:
         t0 = time.monotonic()
@@ -465,6 +502,8 @@ def test_two_verbs_devices_fail_over_with_the_kernel(smcr_g2: Guest, kernel_smc:
         time.sleep(1.0)  # (bytes on both links' watch: the transfer runs)
         seen["cut"] = time.monotonic()
         smcr_g2.run("ip link set eth0 down; sleep 2; ip link set eth0 up", timeout=60)
+        if not done.wait(STALL_AFTER_CUT_S):
+            stuck.extend(stalled_transfer_state(smcr_g2, kernel_smc))
 
     with second_verbs_rnic(smcr_g2):
         cutter = threading.Thread(target=cut)
@@ -473,7 +512,14 @@ def test_two_verbs_devices_fail_over_with_the_kernel(smcr_g2: Guest, kernel_smc:
             smcr_ends, kernel_ends = between(
                 kernel_smc, smcr_g2, "server", mode="send", nbytes=nbytes, pcaps=pcaps,
                 smcr_env="SMCR_ROCE_DEVS=eth1 SMCR_MAX_LINKS=2")  # fmt: skip
+        except BaseException as exc:
+            cutter.join(STALL_AFTER_CUT_S + 120)
+            for text in stuck:
+                exc.add_note(text)
+            exc.add_note(f"capture kept in {keep_failed_captures(pcaps)}")
+            raise
         finally:
+            done.set()
             cutter.join(120)
     assert "cut" in seen, "the kernel's group never had its second link with the connection"
     assert smcr_ends[0]["info"]["mode"] == "SMCR", smcr_ends[0]  # (between: bytes intact)

@@ -242,15 +242,44 @@ def smc_diag(local_port: int, peer_port: int) -> dict[str, Any] | None:
     return None
 
 
+CURSORS = ("rx_prod", "rx_cons", "tx_prod", "tx_cons")
+CURSORS_AFTER_FLAGS = ("tx_prep", "tx_sent", "tx_fin")
+
+
+def conn_cursors(data: bytes) -> dict[str, Any]:
+    """The cursors and flags of a ``struct smc_diag_conninfo`` (``smcss -D``): each cursor
+    as ``[wrap, count]`` (``struct smc_diag_cursor``: reserved u16, wrap u16, count u32),
+    the four flag bytes (rx producer and connection state, tx producer and connection
+    state) between the first four cursors and the last three."""
+    out: dict[str, Any] = {}
+    off = 16
+    for name in CURSORS:
+        out[name] = list(struct.unpack_from("=HI", data, off + 2))
+        off += 8
+    out["flags"] = list(data[off:off + 4])
+    off += 4
+    for name in CURSORS_AFTER_FLAGS:
+        if off + 8 <= len(data):
+            out[name] = list(struct.unpack_from("=HI", data, off + 2))
+        off += 8
+    return out
+
+
 def socks() -> dict[str, Any]:
-    """Every AF_SMC socket the kernel has (``smcss -a``): state, mode, ports."""
-    req = struct.pack("=BBBB", AF_SMC, 0, 0, 0) + bytes(48)
+    """Every AF_SMC socket the kernel has (``smcss -a``): state, mode, ports, and for a
+    connection its cursors (:func:`conn_cursors`: what to look at when a transfer stalls)."""
+    ext = 1 << (SMC_DIAG_CONNINFO - 1)
+    req = struct.pack("=BBBB", AF_SMC, 0, 0, ext) + bytes(48)
     rows = []
     for row in request(NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLM_F_DUMP, req):
         _family, state, mode, _shut = struct.unpack_from("=BBBB", row)
         sport, dport = struct.unpack_from(">HH", row, 4)
-        rows.append({"state": state, "mode": DIAG_MODES.get(mode, str(mode)), "sport": sport,
-                     "dport": dport})  # fmt: skip
+        rec: dict[str, Any] = {"state": state, "mode": DIAG_MODES.get(mode, str(mode)),
+                               "sport": sport, "dport": dport}  # fmt: skip
+        for kind, data in attrs(row[64:]):
+            if kind == SMC_DIAG_CONNINFO and len(data) >= 52:
+                rec.update(conn_cursors(data))
+        rows.append(rec)
     return {"socks": rows}
 
 
