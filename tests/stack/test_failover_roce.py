@@ -299,7 +299,11 @@ def test_a_failover_capture_decodes_add_delete_and_confirm_link(paths: TwoPaths,
     os.chmod(tmp_path, 0o755)  # dumpcap may drop to another user
     pcap = tmp_path / "failover.pcapng"
     run_failover(paths, 1, 64 << 20, 1, 1, capture=pcap)
-    bad = _tshark(pcap, "_ws.malformed || _ws.expert.severity >= 8388608", "frame.number")
+    # (but an RDMA WRITE whose bytes Wireshark took for an Ethernet frame: a short piece
+    # of application data is malformed as such, test_kernel_smcr.guessed_payload)
+    bad = _tshark(pcap, "(_ws.malformed || _ws.expert.severity >= 8388608) && !("
+                  "infiniband.bth.opcode in {6..11} && frame.protocols contains"
+                  ' "infiniband:ethertype")', "frame.number")  # fmt: skip
     assert not bad, f"malformed or erroneous frames: {bad[:10]}"
     names = {0x01: "CONFIRM LINK", 0x02: "ADD LINK", 0x03: "ADD LINK CONT",
              0x04: "DELETE LINK"}  # fmt: skip
