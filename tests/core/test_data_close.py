@@ -92,18 +92,18 @@ def test_inline_write_limits_and_flags() -> None:
     p, c, s = ready()
     conn = p.client.engine.conns[c]
     room = conn.direct_room()
-    assert room == 16384
+    assert room == 16383  # the peer's RMBE but the byte held back (Connection.peer_hold)
     with pytest.raises(ValueError):
         conn.write_inline(memoryview(bytes(room + 1)))
     with pytest.raises(ValueError):
         conn.write_inline(memoryview(b""))
-    n, acts = p.client.write_inline(c, bytes(room))  # fills the peer's RMBE exactly
+    n, acts = p.client.write_inline(c, bytes(room))  # fills the peer's RMBE
     assert n == room
     (post,) = acts
     assert isinstance(post, PostSend)
     msg = CdcMessage.decode(post.data)
-    assert msg.producer_cursor == Cursor(1, 0)
-    assert msg.producer_flags & ProducerFlags.WRITE_BLOCKED
+    assert msg.producer_cursor == Cursor(0, 16383)
+    assert msg.producer_flags == ProducerFlags.WRITE_BLOCKED  # (no request)
     p.do(p.client, acts)
     assert conn.direct_room() == 0  # the peer's RMBE is full
     _, acts = p.server.read(s, 5000, p.now)
@@ -116,12 +116,12 @@ def test_inline_write_limits_and_flags() -> None:
 def test_window_full_blocks_sender_and_reader_reopens_it() -> None:
     p, c, s = ready()
     conn = p.client.engine.conns[c]
-    _, acts = p.client.write(c, b"a" * 16384)
+    _, acts = p.client.write(c, b"a" * 16383)  # the RMBE full but the byte held back
     p.do(p.client, acts)
     assert conn.peer_space() == 0
     n2, acts = p.client.write(c, b"b" * 16384)  # send buffer took it, RMBE full
     p.do(p.client, acts)
-    assert n2 == 16384 and conn.tx_sent == 16384
+    assert n2 == 16384 and conn.tx_sent == 16383
     assert conn.sndbuf_space() == 0
     n3, acts = p.client.write(c, b"c")
     assert n3 == 0  # the app would block or get BlockingIOError
@@ -129,7 +129,7 @@ def test_window_full_blocks_sender_and_reader_reopens_it() -> None:
     assert p.server.engine.conns[s].peer_write_blocked
     _, acts = p.server.read(s, 3000)
     p.do(p.server, acts)
-    assert conn.peer_cons == 3000 and conn.tx_sent == 16384 + 3000
+    assert conn.peer_cons == 3000 and conn.tx_sent == 16383 + 3000
 
 
 def _cdcs_in_flight(p: Pair) -> list[bytes]:
@@ -317,7 +317,7 @@ def test_close_with_bytes_that_cannot_go_aborts_rather_than_end_the_stream_short
     tells it the stream broke, and the unsent bytes are dropped, never written after."""
     p, c, s = ready()
     conn = p.client.engine.conns[c]
-    _, acts = p.client.write(c, b"a" * 16384)
+    _, acts = p.client.write(c, b"a" * 16383)  # (the RMBE but the byte held back)
     p.do(p.client, acts)
     n, acts = p.client.write(c, b"b" * 1000)  # into the send buffer: the RMBE is full
     p.do(p.client, acts)
@@ -329,7 +329,7 @@ def test_close_with_bytes_that_cannot_go_aborts_rather_than_end_the_stream_short
     assert server.state is SmcState.PROCESSABORT and not server.peer_finished
     _, acts = p.server.read(s)  # the server reads what came: the RMBE opens, nothing more
     p.do(p.server, acts)
-    assert conn.tx_sent == 16384
+    assert conn.tx_sent == 16383
 
 
 def test_close_with_bytes_that_fit_sends_them_and_closes() -> None:

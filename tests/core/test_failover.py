@@ -334,3 +334,51 @@ def test_a_connection_on_the_second_link_carries_bytes_and_survives_its_loss(
         assert not [e for e in each.events if isinstance(e, ConnectionReset)]
     exchange(p, c, s, DATA[3000:6000])
     exchange(p, c0, s0, DATA[6000:7000])
+
+
+def test_a_consumer_cursor_lost_with_the_link_is_asked_for_again() -> None:
+    """The client filled the server's RMBE (but the byte held back: ``Connection.peer_hold``)
+    and the server read it all, but the CDC with its consumer cursor went with link 1.
+    The server switches as Linux does with an empty send buffer: the validation CDC alone
+    (``smc_tx_sndbuf_nonempty`` sends nothing then, even when asked), so nothing tells the
+    client of the room.  The client's switch writes the byte held back with a request for
+    the cursor; the server answers, and the rest of the stream follows (a 96 MiB send to
+    the kernel hung for ever on this: ``tests/interop/test_verbs.py``)."""
+    p, c, s = symmetric()
+    size = p.server.engine.conns[s].rmb.size
+    data = bytes(i % 251 for i in range(3 * size))
+    conn_c = p.client.engine.conns[c]
+    written, actions = p.client.write(c, data)
+    p.do(p.client, actions)
+    assert (written, conn_c.tx_sent, conn_c.peer_space()) == (size, size - 1, 0)  # a byte waits
+    link1 = lgr_of(p.server).links[0]
+    real = p._execute
+    validated: list[bool] = []
+
+    def execute(side: Side, a: Action) -> None:
+        if side is p.server and isinstance(a, PostSend) and a.data[:1] == b"\xfe":
+            if a.qpn == link1.qpn:
+                return  # lost with link 1
+            if validated and not validated[-1]:
+                validated.append(True)
+                return  # (Linux's switch: the validation CDC alone)
+            if a.data[24] & 0x08:
+                validated.append(False)
+        real(side, a)
+
+    p._execute = execute  # type: ignore[method-assign]
+    assert read_all(p, s) == data[: size - 1]  # its consumer cursor: lost
+    assert conn_c.peer_cons == 0
+    fail_link1(p, p.client)
+    assert validated == [False, True]  # the server's switch sent no cursor
+    assert_on_link2_only(p)
+    got = data[: size - 1]
+    while len(got) < len(data):
+        more = read_all(p, s)
+        assert more, f"stalled at {len(got)} of {len(data)} bytes"
+        got += more
+        n, actions = p.client.write(c, data[written:])
+        p.do(p.client, actions)
+        written += n
+    assert got == data
+    assert conn_c.peer_hold == 1  # (the cursor came: a byte is held back again)

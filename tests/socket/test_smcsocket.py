@@ -319,7 +319,8 @@ def test_window_full_nonblocking_send_raises_then_blocking_send_resumes(
     assert p.recv() == "SMCR"
     s.setblocking(False)
     chunk = os.urandom(65536)
-    window = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) + s.smc_info().peer_rmb_size
+    # (our send buffer and the peer's RMBE but the byte held back: Connection.peer_hold)
+    window = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) + s.smc_info().peer_rmb_size - 1
     sent = fill_window(s, chunk, window)
     h = hashlib.sha256()
     h.update((chunk * (sent // len(chunk) + 1))[:sent])
@@ -348,7 +349,8 @@ def test_window_full_nonblocking_send_raises_then_blocking_send_resumes(
 @rnics(roce_slow=True)
 def test_window_full_takes_every_byte_of_send_buffer_and_peer_rmb(peer: PeerFactory) -> None:
     """A peer with a 16 KiB RMB that does not read: the two 8 KiB writes that fill it
-    and then our whole send buffer are taken (Linux: sndbuf + peer RMBE).  Regression:
+    (but the byte held back: ``Connection.peer_hold``) and then our whole send buffer are
+    taken (Linux: sndbuf + peer RMBE).  Regression:
     the two CDCs were sent unsignaled (too few, too little unconfirmed) and no later one
     came to free their 16 KiB of the send buffer until the peer read."""
     p = peer(smc_peer.drain_server, 16384)
@@ -356,7 +358,7 @@ def test_window_full_takes_every_byte_of_send_buffer_and_peer_rmb(peer: PeerFact
     assert p.recv() == "SMCR"
     assert s.smc_info().peer_rmb_size == 16384
     s.setblocking(False)
-    window = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) + 16384
+    window = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) + 16384 - 1  # (peer_hold)
     sent = fill_window(s, os.urandom(8192), window)
     with pytest.raises(BlockingIOError):
         s.send(b"z")

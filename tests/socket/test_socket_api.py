@@ -287,7 +287,8 @@ def test_recvmsg_eof_and_nonblocking_partial_sendmsg(peer: PeerFactory) -> None:
     assert p.recv() == "SMCR"
     s.setblocking(False)
     chunk = os.urandom(1 << 20)
-    window = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) + s.smc_info().peer_rmb_size
+    # (our send buffer and the peer's RMBE but the byte held back: Connection.peer_hold)
+    window = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) + s.smc_info().peer_rmb_size - 1
     sent = 0
     sel = selectors.DefaultSelector()
     sel.register(s, selectors.EVENT_WRITE)
@@ -419,7 +420,8 @@ def test_so_linger_time_bounds_the_wait_for_the_send_buffer(
     s.setblocking(False)
     sent = bytearray()
     chunk = os.urandom(1 << 16)
-    window = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) + s.smc_info().peer_rmb_size
+    # (our send buffer and the peer's RMBE but the byte held back: Connection.peer_hold)
+    window = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) + s.smc_info().peer_rmb_size - 1
     while len(sent) < window:
         try:
             sent += chunk[: s.send(chunk)]

@@ -21,7 +21,7 @@ SIZE = 4096  # a small RMB: the cursors wrap often
 FIELDS = ("rx_seq", "rx_prod", "rx_cons", "peer_cons", "tx_sent", "tx_app", "tx_fin",
           "unanswered", "echo_pending", "peer_write_blocked", "peer_blocked_last",
           "peer_wants_update", "rx_flags", "tx_flags", "urg_rx_pos", "reset_reason", "seq",
-          "state", "ask_backoff", "ask_skip")  # fmt: skip
+          "state", "ask_backoff", "ask_skip", "peer_hold")  # fmt: skip
 
 
 def lane() -> Any:
@@ -108,6 +108,8 @@ def test_c_and_python_take_cdcs_alike(seed: int) -> None:
         taken = 0
         for i, (data, read) in enumerate(cdcs(random.Random(seed), conn.token)):
             now = 1000.0 + i
+            if i % 9 == 4:  # a failover's switch: until the consumer cursor moves
+                conn.peer_hold = 0
             view = memoryview(bytearray(b"\0" * 8 + data))
             out: list[Action] = []
             if use_lane and c.take_cdc(state, qpn, view, 8, len(data), now) > 0:

@@ -44,7 +44,8 @@ from tests.rdma.rdma_helpers import connect, make_side
 RING = 4096  # the peer's RMBE: the first 4 KiB of its MR, so that the cursors wrap often
 CAP = QpCap(max_inline_data=1 << 16)
 FIELDS = ("tx_sent", "tx_app", "tx_fin", "peer_cons", "seq", "rx_cons_sent", "unanswered",
-          "echo_pending", "peer_wants_update", "unsignaled", "stats_write_blocked")  # fmt: skip
+          "echo_pending", "peer_wants_update", "unsignaled", "stats_write_blocked",
+          "peer_hold")  # fmt: skip
 
 
 def lane() -> Any:
@@ -124,8 +125,12 @@ def test_c_and_python_send_alike(setups: list[Setup]) -> None:
         steps = []
         taken = 0
         for what, how, data in script:
-            if what < 0.25:  # the peer read some (its consumer cursor came)
-                conn.peer_cons += int((conn.tx_sent - conn.peer_cons) * how)
+            if what < 0.03:  # a failover's switch: the byte held back may go, asking
+                conn.peer_hold = 0
+            elif what < 0.25:  # the peer read some (its consumer cursor came)
+                moved = int((conn.tx_sent - conn.peer_cons) * how)
+                conn.peer_cons += moved
+                conn.peer_hold = 1 if moved else conn.peer_hold
             elif what < 0.35:  # CDCs completed
                 conn.cdc_completed(conn.tx_sent)
             else:
@@ -251,7 +256,7 @@ def test_signaled_cdcs_complete(setups: list[Setup]) -> None:
     assert [CDC.unpack(m)[8] & 0x80 for m in s.received[1:]] == [0] * 40
 
     blocked = conn.stats_write_blocked
-    free = RING - (conn.tx_sent - conn.peer_cons)
+    free = RING - 1 - (conn.tx_sent - conn.peer_cons)  # (the byte held back: peer_hold)
     assert c.send_inline(conn, qp, memoryview(b"z" * free), False) == 0
     s.take()
     (wc,) = qp.send_cq.poll(100)

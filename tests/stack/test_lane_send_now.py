@@ -34,7 +34,7 @@ from tests.stack.hosts import conn, connect, hosts, read, wait
 NOT_NOW = -2
 FIELDS = ("tx_sent", "tx_app", "tx_fin", "peer_cons", "seq", "rx_cons_sent", "unanswered",
           "echo_pending", "peer_wants_update", "unsignaled", "stats_write_blocked",
-          "ask_skip", "tx_flags")  # fmt: skip
+          "ask_skip", "tx_flags", "peer_hold")  # fmt: skip
 
 
 def lane() -> Any:

@@ -163,6 +163,15 @@ class Connection:
         self.tx_sent = 0  # bytes RDMA-written = our producer cursor
         self.tx_fin = 0  # bytes whose CDC completed: send buffer free up to here
         self.peer_cons = 0  # the peer's consumer cursor: its RMBE is free up to here
+        self.peer_hold = 1
+        """Bytes of the peer's RMBE left free (1; 0 from a failover until its consumer
+        cursor moves).  A Linux peer that read everything and whose consumer-cursor CDC
+        went with a failed link never sends that cursor again: its switch sends the
+        validation CDC alone, and asked for an update (``cons_curs_upd_req``) it sends
+        only what its send buffer holds, nothing when that is empty
+        (``smc_tx_sndbuf_nonempty``); a sender that saw its RMBE full would wait for ever.
+        The byte held back is always there to write after a switch, with the request,
+        and reading it makes the peer answer (``smc_tx_consumer_update``)."""
         self.seq = 0
         self.tx_flags = 0  # our connection state flags (sticky), byte 25
         self.urg_tx_end: int | None = None  # end of an outstanding MSG_OOB write
@@ -190,7 +199,7 @@ class Connection:
 
     def peer_space(self) -> int:
         """Free bytes in the peer's RMBE (``smc_cdc_... peer_rmbe_space``)."""
-        return self.peer_rmb_size - (self.tx_sent - self.peer_cons)
+        return self.peer_rmb_size - self.peer_hold - (self.tx_sent - self.peer_cons)
 
     def rx_available(self) -> int:
         """Bytes readable from our RMBE."""
@@ -253,8 +262,7 @@ class Connection:
         sent = self.tx_sent
         if self.tx_app != sent or self.urg_tx_end is not None:
             return 0
-        return max(0, min(self.sndbuf_limit - (sent - self.tx_fin),
-                          self.peer_rmb_size - (sent - self.peer_cons)))  # fmt: skip
+        return max(0, min(self.sndbuf_limit - (sent - self.tx_fin), self.peer_space()))
 
     def cork(self, n: int) -> bool:
         """Whether a send of ``n`` bytes should wait in the send buffer (autocorking).
@@ -273,7 +281,7 @@ class Connection:
             return False
         sent = self.tx_sent
         waiting = self.tx_app - sent + n
-        return (waiting <= self.autocork and waiting <= self.peer_rmb_size - (sent - self.peer_cons)
+        return (waiting <= self.autocork and waiting <= self.peer_space()
                 and n <= self.sndbuf_space())  # fmt: skip
 
     def corked(self, n: int) -> None:
@@ -317,11 +325,12 @@ class Connection:
             :meth:`~smcr.rdma.base.QueuePair.post_writes_send` takes them: a
             ``(remote_addr, rkey, piece)`` per WRITE (two where the peer's RMBE
             wraps), then the CDC to SEND behind them.
-        :param request: ask the peer to answer the CDC (:meth:`echo_wanted`).
+        :param request: ask the peer to answer the CDC (:meth:`echo_wanted`); asked too
+            while :attr:`peer_hold` is 0, as :meth:`flush` does.
         :raises ValueError: for no bytes or more than :meth:`direct_room`.
         """
         n, sent, rsize = len(data), self.tx_sent, self.peer_rmb_size
-        peer_free = rsize - (sent - self.peer_cons)
+        peer_free = self.peer_space()
         if (not 0 < n <= peer_free or n > self.sndbuf_limit - (sent - self.tx_fin)
                 or self.tx_app != sent or self.urg_tx_end is not None):  # fmt: skip
             raise ValueError(f"inline write of {n} bytes: {self.direct_room()} fit now")
@@ -336,7 +345,7 @@ class Connection:
         if n == peer_free:  # the peer's RMBE is full now
             flags = _WRITE_BLOCKED
             self.stats_write_blocked += 1
-        if request:
+        if request or not self.peer_hold:
             flags |= _UPDATE_REQUESTED
             self.echo_pending = True
         self.tx_app = self.tx_sent = sent + n
@@ -348,7 +357,9 @@ class Connection:
         """RDMA WRITE what fits into the peer's RMBE, then one CDC (``smc_tx_rdma_writes``).
 
         :param request: ask the peer to answer the CDC if it carries bytes (autocorking:
-            more are likely to come while it does, :meth:`cork`).
+            more are likely to come while it does, :meth:`cork`).  Asked too while
+            :attr:`peer_hold` is 0: what we know of the peer's consumer cursor may be
+            old.
         """
         pending = self.tx_app - self.tx_sent
         space = self.peer_space()
@@ -362,7 +373,7 @@ class Connection:
         if n > 0:
             self._writes(n, out)
             self.unanswered = True
-            if request:
+            if request or not self.peer_hold:
                 flags |= _UPDATE_REQUESTED
                 self.echo_pending = True
         if self.urg_tx_end is not None:
@@ -432,7 +443,8 @@ class Connection:
         only cursor-carrying CDCs), then the bytes from there are written again and
         a CDC announces them.  Rewriting bytes the peer already has is harmless (same
         bytes, same place); a cursor it already saw, or an older sequence number,
-        it ignores.
+        it ignores.  The byte of the peer's RMBE held back (:attr:`peer_hold`) may go
+        now, with a request for the peer's consumer cursor, which may have been lost.
         """
         self.tx_fin = max(self.tx_fin, self.peer_cons)
         self.tx_sent = self.tx_fin
@@ -440,6 +452,7 @@ class Connection:
         self.echo_pending = False  # (an answer asked for over the old link may never come)
         if self.state in (SmcState.INIT, SmcState.CLOSED):
             return
+        self.peer_hold = 0
         data = _PACK(CDC_MSG_TYPE, CDC_MSG_LENGTH, seq_fin, self.peer_token, 0, 0, 0, 0,
                      _FAILOVER, 0)  # fmt: skip
         out.append(PostSend(self.qpn, data, next(self.wr_ids), False))
@@ -519,7 +532,9 @@ class Connection:
             cons = _advance(cons, cwrap, ccount, peer_size)
             if cons > self.tx_sent:
                 raise PeerFaultError("peer consumed more than we wrote")
-            self.peer_cons = cons
+            if cons != self.peer_cons:  # (it moved: the hold of a failover ends)
+                self.peer_cons = cons
+                self.peer_hold = 1
         if pflags:
             if pflags & _URGENT_PRESENT and prod > self.rx_cons:
                 self.urg_rx_pos = prod - 1

@@ -201,7 +201,8 @@ static int take_one(StateObj *state, PyObject *qpn, const unsigned char *b, Py_s
     if (c->_rmb == NULL || Py_TYPE(c->_rmb) != rmb_type || c->_echo_pending != 0)
         return 0;
     CPyTagged ts[] = {c->_id, c->_rx_seq, ((RmbObj *)c->_rmb)->_size, c->_peer_rmb_size,
-                      c->_rx_prod, c->_rx_cons, c->_peer_cons, c->_tx_sent, c->_tx_app};
+                      c->_rx_prod, c->_rx_cons, c->_peer_cons, c->_tx_sent, c->_tx_app,
+                      c->_peer_hold};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         if (!short_int(ts[i]))
             return 0;
@@ -218,7 +219,9 @@ static int take_one(StateObj *state, PyObject *qpn, const unsigned char *b, Py_s
     int64_t cons = cursor(peer_cons, cwrap, ccount, peer_size);
     if (prod - rx_cons > size || cons > tx_sent || !fits(prod) || !fits(cons))
         return 0;
-    if (tx_app > tx_sent && peer_size - (tx_sent - cons) > 0)
+    /* (a consumer cursor that moved ends the failover's hold: Connection.peer_hold) */
+    int64_t hold = cons != peer_cons ? 1 : untag(c->_peer_hold);
+    if (tx_app > tx_sent && peer_size - hold - (tx_sent - cons) > 0)
         return 0; /* bytes wait in the send buffer: the Python flushes */
 
     /* LinkLayer.take_cdc, then _apply_cdc's touch and receive_cdc_fields, as they would */
@@ -236,6 +239,7 @@ static int take_one(StateObj *state, PyObject *qpn, const unsigned char *b, Py_s
     c->_unanswered = 0;
     c->_rx_prod = tag(prod);
     c->_peer_cons = tag(cons);
+    c->_peer_hold = tag(hold);
     c->_peer_write_blocked = c->_peer_blocked_last = (pflags & WRITE_BLOCKED) != 0;
     return 1;
 }
@@ -492,7 +496,7 @@ static int64_t post_core(PyObject *c_obj, PyObject *qp, const Py_buffer *d, int 
     CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
                       c->_sndbuf_limit, c->_peer_vaddr, c->_peer_rkey, c->_seq, c->_rx_cons,
                       c->_rx_cons_sent, ((RmbObj *)c->_rmb)->_size, c->_peer_token,
-                      c->_tx_flags, c->_unsignaled, c->_stats_write_blocked};
+                      c->_tx_flags, c->_unsignaled, c->_stats_write_blocked, c->_peer_hold};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         if (!short_int(ts[i]) || untag(ts[i]) < 0)
             return DECLINED;
@@ -505,7 +509,9 @@ static int64_t post_core(PyObject *c_obj, PyObject *qp, const Py_buffer *d, int 
         rkey > UINT32_MAX || token > UINT32_MAX || c->_tx_flags != 0 ||
         untag(c->_tx_app) != sent)
         return DECLINED;
-    int64_t n = (int64_t)d->len, peer_free = rsize - (sent - untag(c->_peer_cons));
+    int64_t hold = untag(c->_peer_hold);
+    request = request || hold == 0; /* (what we know of the peer's cursor may be old) */
+    int64_t n = (int64_t)d->len, peer_free = rsize - hold - (sent - untag(c->_peer_cons));
     int64_t now_sent = sent + n;
     /* (items of more than a byte: len() counts them, not bytes) */
     if (d->itemsize != 1 || n <= 0 || n > peer_free || n > limit - (sent - tx_fin) ||
@@ -790,7 +796,7 @@ static void give_pending(PyObject *lock) {
  * asked for), 0 (not), -1 (a long int: not this call's case). */
 static int corks(ConnObj *c, int64_t n) {
     CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
-                      c->_sndbuf_limit, c->_autocork};
+                      c->_sndbuf_limit, c->_autocork, c->_peer_hold};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         if (!short_int(ts[i]))
             return -1;
@@ -799,7 +805,8 @@ static int corks(ConnObj *c, int64_t n) {
         return 0;
     int64_t waiting = app - sent + n;
     return waiting <= autocork &&
-           waiting <= untag(c->_peer_rmb_size) - (sent - untag(c->_peer_cons)) &&
+           waiting <= untag(c->_peer_rmb_size) - untag(c->_peer_hold) -
+                          (sent - untag(c->_peer_cons)) &&
            n <= untag(c->_sndbuf_limit) - (app - untag(c->_tx_fin));
 }
 
@@ -807,16 +814,17 @@ static int corks(ConnObj *c, int64_t n) {
  * wait in the send buffer or urgent data is pending), or -1 (a long int: not send_now's). */
 static int64_t direct_room(ConnObj *c) {
     CPyTagged ts[] = {c->_tx_sent, c->_tx_app, c->_tx_fin, c->_peer_cons, c->_peer_rmb_size,
-                      c->_sndbuf_limit};
+                      c->_sndbuf_limit, c->_peer_hold};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         if (!short_int(ts[i]))
             return -1;
-    int64_t sent = untag(c->_tx_sent);
+    int64_t sent = untag(c->_tx_sent), hold = untag(c->_peer_hold);
     if (untag(c->_tx_app) != sent || c->_urg_tx_end != Py_None)
         return 0;
     int64_t room = untag(c->_sndbuf_limit) - (sent - untag(c->_tx_fin));
-    int64_t peer_room = untag(c->_peer_rmb_size) - (sent - untag(c->_peer_cons));
-    return peer_room < room ? peer_room : room;
+    int64_t peer_room = untag(c->_peer_rmb_size) - hold - (sent - untag(c->_peer_cons));
+    room = peer_room < room ? peer_room : room;
+    return room > 0 ? room : 0;
 }
 
 /* Whether the connection key names in conns may take n bytes now as send_now takes them:
