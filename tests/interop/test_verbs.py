@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.interop.guest import FIGURES, Guest
+from tests.interop.guest import FIGURES, NETNS, Guest
 from tests.interop.kernel_exchange import (
     GUEST_UEID,
     MB,
@@ -536,3 +537,53 @@ def test_two_verbs_devices_fail_over_with_the_kernel(smcr_g2: Guest, kernel_smc:
     assert ("10.99.0.11", 0x21, 0x80) in back[confirm:], back
     check_decodes(pcaps[0])
     FIGURES["verbs_failover_96MiB_to_kernel_s"] = round(kernel_ends[0]["seconds"], 1)
+
+
+CURSOR_CUT = "smcrcursorcut"
+"""The nftables table (bridge family, in the host's namespace of the guests' bridge) that
+drops the kernel's SENDs to g2's eth0 while it lives."""
+
+
+def test_a_kernel_cursor_lost_with_the_failed_link_is_asked_for_again(
+        smcr_g2: Guest, kernel_smc: Guest) -> None:  # fmt: skip
+    """As :func:`test_two_verbs_devices_fail_over_with_the_kernel`, with the cut where that
+    test hung about one run in five: the bridge drops the kernel's SENDs over link 1 (its
+    CDCs: every consumer cursor it sends there, and their retries) while smcr fills its
+    64 KiB RMBE, then eth0 goes.  The kernel has read everything and never sends its cursor
+    again (its switch sends the validation CDC alone, and with nothing of its own to send
+    it sends no CDC, even when asked); smcr writes the byte of the RMBE it held back,
+    asking for the cursor, and the transfer ends intact (before: both waited for ever)."""
+    nbytes = 16 * MB
+    seen: dict[str, float] = {}
+    rules = (f"table bridge {CURSOR_CUT} {{\n chain forward {{\n"
+             "  type filter hook forward priority 0; policy accept;\n"
+             f"  ip saddr 10.99.0.11 ip daddr {G2_IP} udp dport 4791 @th,64,8 0x04 drop\n"
+             " }\n}\n")  # fmt: skip
+
+    def cut() -> None:
+        t0 = time.monotonic()
+        while not any(g["type"] == "ASYMMETRIC_LOCAL" and g["conns"] >= 1
+                      for g in kernel_lgrs(kernel_smc)):  # fmt: skip
+            if time.monotonic() - t0 > 90:
+                return
+            time.sleep(0.3)
+        subprocess.run(["ip", "netns", "exec", NETNS, "nft", "-f", "-"], input=rules,
+                       text=True, check=True, timeout=30)  # fmt: skip
+        time.sleep(1.0)  # (smcr's writes stop: the RMBE is full, its cursor never came)
+        seen["cut"] = time.monotonic()
+        smcr_g2.run("ip link set eth0 down; sleep 2; ip link set eth0 up", timeout=60)
+
+    with second_verbs_rnic(smcr_g2):
+        cutter = threading.Thread(target=cut)
+        cutter.start()
+        try:
+            smcr_ends, kernel_ends = between(
+                kernel_smc, smcr_g2, "server", mode="send", nbytes=nbytes,
+                smcr_env="SMCR_ROCE_DEVS=eth1 SMCR_MAX_LINKS=2")  # fmt: skip
+        finally:
+            cutter.join(120)
+            subprocess.run(["ip", "netns", "exec", NETNS, "nft", "delete", "table", "bridge",
+                            CURSOR_CUT], check=False, capture_output=True, timeout=30)  # fmt: skip
+    assert "cut" in seen, "the kernel's group never had its second link with the connection"
+    assert smcr_ends[0]["info"]["mode"] == "SMCR", smcr_ends[0]  # (between: bytes intact)
+    FIGURES["verbs_cursor_cut_16MiB_s"] = round(kernel_ends[0]["seconds"], 1)
