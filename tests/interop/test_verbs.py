@@ -335,6 +335,22 @@ def test_smcr_tools_over_verbs_agree_with_the_kernels_diag(smcr_g2: Guest,
     assert links[0]["peer_qpn"] and links[0]["qpn"], links
 
 
+ETH0_CUT = "ip link set eth0 down; sleep 2; ip link set eth0 up"
+"""g2's eth0 (rxe0's, link 1's) gone for 2 s, as the failover tests cut it."""
+
+
+def second_link_carries_it(kernel: Guest, within: float = 90.0) -> bool:
+    """Whether the kernel's group gets its second link (``ASYMMETRIC_LOCAL``: smcr's rxe1)
+    with the connection on the group within ``within`` seconds (the moment to cut)."""
+    deadline = time.monotonic() + within
+    while not any(g["type"] == "ASYMMETRIC_LOCAL" and g["conns"] >= 1
+                  for g in kernel_lgrs(kernel)):  # fmt: skip
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.3)
+    return True
+
+
 STALL_AFTER_CUT_S = 90.0
 """How long after the cut a 96 MiB transfer that has not ended is taken for stalled (it
 takes 11-16 s in all, cut included): both ends' state is then noted for the failure."""
@@ -494,15 +510,11 @@ def test_two_verbs_devices_fail_over_with_the_kernel(smcr_g2: Guest, kernel_smc:
     stuck: list[str] = []
 
     def cut() -> None:
-        t0 = time.monotonic()
-        while not any(g["type"] == "ASYMMETRIC_LOCAL" and g["conns"] >= 1
-                      for g in kernel_lgrs(kernel_smc)):  # fmt: skip
-            if time.monotonic() - t0 > 90:
-                return
-            time.sleep(0.3)
+        if not second_link_carries_it(kernel_smc):
+            return
         time.sleep(1.0)  # (bytes on both links' watch: the transfer runs)
         seen["cut"] = time.monotonic()
-        smcr_g2.run("ip link set eth0 down; sleep 2; ip link set eth0 up", timeout=60)
+        smcr_g2.run(ETH0_CUT, timeout=60)
         if not done.wait(STALL_AFTER_CUT_S):
             stuck.extend(stalled_transfer_state(smcr_g2, kernel_smc))
 
@@ -561,17 +573,13 @@ def test_a_kernel_cursor_lost_with_the_failed_link_is_asked_for_again(
              " }\n}\n")  # fmt: skip
 
     def cut() -> None:
-        t0 = time.monotonic()
-        while not any(g["type"] == "ASYMMETRIC_LOCAL" and g["conns"] >= 1
-                      for g in kernel_lgrs(kernel_smc)):  # fmt: skip
-            if time.monotonic() - t0 > 90:
-                return
-            time.sleep(0.3)
+        if not second_link_carries_it(kernel_smc):
+            return
         subprocess.run(["ip", "netns", "exec", NETNS, "nft", "-f", "-"], input=rules,
                        text=True, check=True, timeout=30)  # fmt: skip
         time.sleep(1.0)  # (smcr's writes stop: the RMBE is full, its cursor never came)
         seen["cut"] = time.monotonic()
-        smcr_g2.run("ip link set eth0 down; sleep 2; ip link set eth0 up", timeout=60)
+        smcr_g2.run(ETH0_CUT, timeout=60)
 
     with second_verbs_rnic(smcr_g2):
         cutter = threading.Thread(target=cut)
