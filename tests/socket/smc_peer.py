@@ -545,3 +545,35 @@ def write_only_sender(ctl: Connection, size: int) -> None:
     ctl.send("sent")
     c.close()
     srv.close()
+
+
+def handshake_count_server(ctl: Connection, conns: int) -> None:
+    """Accept ``conns`` clients one after another in a blocking ``accept`` (a byte each way,
+    then close); report how many were SMC-R and how many of their Confirms this process's
+    ``accept`` caught without sleeping (``clc_spin_cnt``)."""
+    from smcr.stack.counters import COUNTERS  # noqa: PLC0415
+
+    srv = smcr.create_server((host(), 0))
+    ctl.send(srv.getsockname()[1])
+    smc = 0
+    for _ in range(conns):
+        c, _ = srv.accept()
+        with c:
+            smc += c.smc_info().mode == "SMCR"
+            c.sendall(c.recv(1))
+    srv.close()
+    ctl.send((smc, COUNTERS.clc_spin_cnt))
+
+
+def handshake_count_client(ctl: Connection, port: int, conns: int) -> None:
+    """``conns`` blocking connects one after another (a byte each way, then close); report
+    how many were SMC-R and how many Accepts this process caught without sleeping."""
+    from smcr.stack.counters import COUNTERS  # noqa: PLC0415
+
+    smc = 0
+    for _ in range(conns):
+        with smcr.create_connection((host(), port), timeout=20) as c:
+            smc += c.smc_info().mode == "SMCR"
+            c.sendall(b"x")
+            assert c.recv(1) == b"x"
+    ctl.send((smc, COUNTERS.clc_spin_cnt))

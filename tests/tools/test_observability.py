@@ -241,6 +241,7 @@ def test_stats_totals_across_processes_with_an_exited_one(env: dict[str, str],
     assert f"CDCs read in place         {stats['inplace_cnt']:12d}" in text
     assert f"Heard at a look-in         {stats['late_news_cnt']:12d}" in text
     assert "Given back when quiet" in text and stats["trimmed_bytes"] >= 0
+    assert f"Handshake steps caught     {stats['clc_spin_cnt']:12d}" in text
     assert "0x03010000/0x00000000" in text and "peer did not indicate SMC" in text
     # folded: the single files went into the total, which counts the same
     assert not [p for p in exited.glob("*.json") if p.name != "total.json"]

@@ -37,6 +37,7 @@ from smcr.socket.tcphold import RuntimeTcp, TcpHold, runtime_tcp
 from smcr.stack.conn import DataPath, SocketCalls
 from smcr.stack.counters import COUNTERS as _C
 from smcr.stack.hostconn import HostConn
+from smcr.stack.progress import CLC_SPIN
 from smcr.stack.runtime import Stack, get_stack
 from smcr.wire.decline import DeclineCode, describe
 
@@ -80,7 +81,7 @@ def handshake(sock: SocketBase, client: bool) -> None:
         return
     deadline = None if sock._timeout is None else time.monotonic() + sock._timeout
     with stack.lock:
-        if not stack.wait(hc, lambda: hc.outcome is not None, deadline, spin=0.0):
+        if not stack.wait(hc, lambda: hc.outcome is not None, deadline, CLC_SPIN, clc=True):
             # the socket's timeout bounds connect() as a whole, as on TCP: the
             # handshake is given up (its TCP shut, so that it ends at once)
             hc.on_outcome = functools.partial(abandon, stack)

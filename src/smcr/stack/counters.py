@@ -55,8 +55,9 @@ def fold(by_bits: list[int]) -> list[int]:
 class Counters:
     """One process's counters (module docstring); :data:`COUNTERS` is the process's."""
 
-    __slots__ = ("bell_cnt", "clnt_fback", "clnt_hshake_err_cnt", "clnt_v1_succ_cnt",
-                 "clnt_v2_succ_cnt", "closed_rx_bytes", "closed_tx_bytes", "closed_tx_peer_full",
+    __slots__ = ("bell_cnt", "clc_spin_cnt", "clnt_fback", "clnt_hshake_err_cnt",
+                 "clnt_v1_succ_cnt", "clnt_v2_succ_cnt", "closed_rx_bytes", "closed_tx_bytes",
+                 "closed_tx_peer_full",
                  "cork_cnt", "inplace_cnt", "late_news_cnt", "ndly_cnt", "rx_buf_full_cnt",
                  "rx_pd", "rx_rmbsize",
                  "sendfile_cnt",
@@ -83,6 +84,10 @@ class Counters:
         self.bell_cnt = 0  # smcr's own: messages whose peer rang the reader's bell
         self.inplace_cnt = 0  # smcr's own: CDCs read in the QP's receive ring (shm)
         self.late_news_cnt = 0
+        self.clc_spin_cnt = 0
+        """smcr's own: handshake messages (a client's Accept, a server's Confirm) that the
+        waiting thread watched for and caught without sleeping (:mod:`smcr.stack.progress`,
+        ``CLC_SPIN``)."""
         """smcr's own: news that the standing-by progress thread found at a look-in, with
         nobody rung for it (a missed wake-up: it waited up to ``STANDBY``)."""
         self.trimmed_bytes = 0
@@ -146,6 +151,7 @@ class Counters:
             "ndly_cnt": self.ndly_cnt, "sendfile_cnt": self.sendfile_cnt,
             "bell_cnt": self.bell_cnt, "inplace_cnt": self.inplace_cnt,
             "late_news_cnt": self.late_news_cnt, "trimmed_bytes": self.trimmed_bytes,
+            "clc_spin_cnt": self.clc_spin_cnt,
         }  # fmt: skip
 
     def any(self) -> bool:

@@ -16,7 +16,9 @@
   while an application thread polls.  Before it arms the CQ and sleeps, a waiter
   may watch it for up to :data:`SPIN` while a CPU is free (:mod:`smcr.stack.spin`): an
   answer that comes within microseconds then costs no doorbell, no sleep and no wakeup
-  on either side.
+  on either side.  A blocking ``connect`` waiting for the server's Accept, and an
+  ``accept`` whose handshake waits for the client's Confirm, watch the handshakes' TCP
+  sockets the same way, for up to :data:`CLC_SPIN`.
 * **News between two polls is heard at once** by whoever may await it.  When an
   application thread stops polling (its ``recv`` returned) and someone may await what
   comes before its next call (:meth:`Progress.standby_needed`: the program watched a
@@ -52,6 +54,7 @@ from collections.abc import Callable
 from typing import Final
 
 from smcr import exits, settings
+from smcr.core.handshake import HsState
 from smcr.locks import give, take
 from smcr.osthreads import NamedThread
 from smcr.rdma import WorkCompletion, doorbell
@@ -79,6 +82,14 @@ safety net, long enough that a blocked idle connection costs a wake-up only now 
 SPIN: Final = settings.spin_seconds()
 """The longest an application thread that waits polls the CQ before it arms it and sleeps
 (:class:`~smcr.stack.spin.SpinPolicy` decides how long, and whether)."""
+CLC_SPIN: Final = 300e-6
+"""The longest a thread that waits for a handshake's next CLC message (a client's for the
+Accept, an ``accept``'s for the Confirm) watches for it before it sleeps, where the spin
+policy lets it spin at all (:data:`SPIN` not 0, the host not crowded): the peer's side of
+a step takes about 100 us here, and a sleep costs a wake-up of an idle virtual CPU on top
+(about 50 us on this kind of machine), three of them in a connection's set-up."""
+CLC_SPIN_MOST: Final = 8
+"""Handshakes under way past which an ``accept`` does not spin (:meth:`Progress._confirm_due`)."""
 
 
 class Progress:
@@ -94,6 +105,10 @@ class Progress:
         <smcr.stack.runtime.Stack.close_at_exit>`): the threads whose wait ends then stay
         parked where :func:`smcr.exits.stays_parked` says so (:meth:`wait`)."""
         self.spin = SpinPolicy(SPIN)
+        self.clc_spin = SpinPolicy(CLC_SPIN if SPIN > 0.0 else 0.0)
+        """The spinning of waits for a handshake's next CLC message: its own pauses after
+        misses (a peer slow to answer), not the data path's."""
+        self._clc_found = False
         self._standby_poll = select.poll()
         self._standby_poll.register(self.wake.standby_r.fileno(), select.POLLIN)
         self._standby_poll.register(ex.cq.standby_fileno(), select.POLLIN)
@@ -126,11 +141,14 @@ class Progress:
     # ================================================================ waiting
 
     def wait(self, hc: HostConn, ready: Callable[[], bool], deadline: float | None,
-             spin: float = SPIN) -> bool:
+             spin: float = SPIN, clc: bool = False) -> bool:
         """Block until ``ready()`` (lock held); polls the CQ itself when it can (module doc).
 
-        :param spin: seconds to watch the CQ before sleeping (:data:`SPIN`); 0 for a wait
-            that the CQ does not end first (a CLC message comes over TCP).
+        :param spin: seconds to watch the CQ before sleeping (:data:`SPIN`); 0 for one
+            that never watches.
+        :param clc: the wait is for a handshake's next CLC message, which comes over TCP:
+            the handshakes' sockets are watched too, for up to ``spin`` (:data:`CLC_SPIN`),
+            as far as their own spin policy allows (:attr:`clc_spin`).
         :returns: ``ready()`` at the end (False on timeout).
         """
         began = 0.0  # when this thread began to poll (0: it did not)
@@ -151,7 +169,7 @@ class Progress:
                     self.wake.waiting -= 1
                 continue
             began = began or time.monotonic()
-            self._app_poll(left, spin)
+            self._app_poll(left, spin, clc)
         if began:
             self._hand_back(began)
         self._park_at_exit(hc)
@@ -186,12 +204,23 @@ class Progress:
             if left is not None and left <= 0:
                 break
             began = began or time.monotonic()
-            self._app_poll(left)
+            self._app_poll(left, CLC_SPIN if self._confirm_due() else 0.0, True)
         if began:
             self._hand_back(began)
         return bool(began)
 
-    def _app_poll(self, left: float | None, spin: float = 0.0) -> None:
+    def _confirm_due(self) -> bool:
+        """Whether a server's handshake waits for the client's Confirm (its Accept went):
+        an ``accept`` spins for that only, not for the next client, who may be long in
+        coming, nor while the watcher thread still works on a Proposal (the spin would take
+        the CPU, and the GIL, from it).  Not looked for among many handshakes at once: the
+        host is busy then, and spinning does not pay."""
+        handshakes = self.ex.engine.handshakes
+        if not handshakes or len(handshakes) > CLC_SPIN_MOST:
+            return False
+        return any(hs.state is HsState.CONFIRM_WAIT for hs in handshakes.values())
+
+    def _app_poll(self, left: float | None, spin: float = 0.0, clc: bool = False) -> None:
         """One round of an application thread polling the CQ for everyone (lock held;
         :meth:`wait`, :meth:`poll_until`): it is the poller meanwhile, and others stand by.
 
@@ -208,7 +237,7 @@ class Progress:
         wake.poller_ident = threading.get_ident()
         self.ex.cq.take_standby()  # (this thread hears the news now)
         try:
-            self._sleep_on_cq(left, spin)
+            self._sleep_on_cq(left, spin, clc)
         finally:
             wake.set_poller(None)
             wake.app_polled = time.monotonic()
@@ -281,23 +310,29 @@ class Progress:
         if cq.has_news():
             self.ex.process()
 
-    def _sleep_on_cq(self, left: float | None, spin: float = 0.0) -> None:
+    def _sleep_on_cq(self, left: float | None, spin: float = 0.0, for_clc: bool = False) -> None:
         """Sleep on the CQ descriptor (lock released) until news or the next deadline.
 
         :param spin: seconds to poll the CQ first (lock released) before arming it
             and sleeping (see :data:`SPIN`).
+        :param for_clc: a wait for a handshake's CLC message (:meth:`wait`'s ``clc``).
         """
         ex = self.ex
         cq = ex.cq
         cq.waiting()
         wcs: list[WorkCompletion] = []
-        allowed = 0.0 if spin <= 0.0 else self.spin.allowance(
+        policy = self.clc_spin if for_clc else self.spin
+        allowed = 0.0 if spin <= 0.0 else policy.allowance(
             spin if left is None else min(spin, left), self.wake.waiting)
+        if for_clc and policy.yields:
+            allowed = 0.0  # (one CPU: the peer cannot answer while this thread holds it)
         if allowed > 0.0:  # look, then watch for news before arming
             wcs = cq.poll(64)
             if not wcs:
-                wcs = self._spin(allowed)
-                self.spin.spun(bool(wcs))
+                wcs = self._spin(allowed, for_clc)
+                policy.spun(bool(wcs) or self._clc_found)
+                if self._clc_found:
+                    COUNTERS.clc_spin_cnt += 1
         if not wcs:
             # arm, then look: a completion after this look rings (the progress thread's arm
             # lets a peer ring a connection's consumer bell instead: smcr.rdma.bells).  No
@@ -350,9 +385,11 @@ class Progress:
                         self.wake.kick()
         ex.process(wcs)
 
-    def _spin(self, seconds: float) -> list[WorkCompletion]:
+    def _spin(self, seconds: float, clc: bool = False) -> list[WorkCompletion]:
         """Watch the CQ for up to ``seconds`` with the lock released, then take what came
-        (lock held again: completions are handled in order by whoever holds it).
+        (lock held again: completions are handled in order by whoever holds it).  With
+        ``clc``, the handshakes' TCP sockets too (:attr:`_clc_found`: one became readable;
+        the sleep that follows returns at once and reads it).
 
         Without yielding between looks, but with one CPU (:class:`~smcr.stack.spin.SpinPolicy`
         spins there only while the waiter and its peer are all the host runs, so a yield
@@ -363,7 +400,14 @@ class Progress:
         until = clock() + seconds
         ex.lock.release()
         try:
-            if self.spin.yields:
+            self._clc_found = False
+            if clc:
+                clc_news = ex.clc.ep.poll
+                while not news() and clock() < until:
+                    if clc_news(0):
+                        self._clc_found = True
+                        break
+            elif self.spin.yields:
                 yield_cpu = os.sched_yield
                 while not news() and clock() < until:
                     yield_cpu()

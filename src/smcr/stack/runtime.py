@@ -431,9 +431,9 @@ class Stack:
             hc.readiness = None
 
     def wait(self, hc: HostConn, ready: Callable[[], bool], deadline: float | None,
-             spin: float = SPIN) -> bool:
+             spin: float = SPIN, clc: bool = False) -> bool:
         """Block until ``ready()`` (lock held; :meth:`Progress.wait`)."""
-        return self.progress.wait(hc, ready, deadline, spin)
+        return self.progress.wait(hc, ready, deadline, spin, clc)
 
     def poll_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
         """Poll for the runtime until ``ready()`` (lock held; :meth:`Progress.poll_until`)."""

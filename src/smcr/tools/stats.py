@@ -53,7 +53,7 @@ def _complete(c: dict[str, Any]) -> dict[str, Any]:
                 "clnt_hshake_err_cnt", "srv_hshake_err_cnt", "tx_bytes", "rx_bytes",
                 "tx_buf_full_cnt", "tx_buf_full_peer_cnt", "rx_buf_full_cnt", "urg_data_cnt",
                 "cork_cnt", "ndly_cnt", "sendfile_cnt", "bell_cnt", "inplace_cnt",
-                "late_news_cnt", "trimmed_bytes"):  # fmt: skip
+                "late_news_cnt", "trimmed_bytes", "clc_spin_cnt"):  # fmt: skip
         c.setdefault(key, 0)
     c["clnt_fback_cnt"] = sum(r["count"] for r in c["clnt_fback"])
     c["srv_fback_cnt"] = sum(r["count"] for r in c["srv_fback"])
@@ -142,6 +142,8 @@ def text(c: dict[str, Any], detail: int) -> str:
                 "completion, shm)",
                 f"  Heard at a look-in         {c['late_news_cnt']:12d} (news nobody "
                 "was rung for: up to 10 ms late)",
+                f"  Handshake steps caught     {c['clc_spin_cnt']:12d} (an Accept or "
+                "Confirm watched for, no sleep)",
                 f"  Given back when quiet      {_short(c['trimmed_bytes']):>12} (bytes of "
                 "peers' RMBs quiet connections had written)"]  # fmt: skip
     return "\n".join(out)
