@@ -213,13 +213,16 @@ class Pair:
 
     def connect(self, rmb_size: int = 65536, server_rmb: bool = True,
                 client_rmb: bool = True, sndbuf_size: int = 0,
-                reuse: tuple[int, int] | None = None) -> tuple[int, int]:  # fmt: skip
+                reuse: tuple[int, int] | None = None,
+                early: bool = False) -> tuple[int, int]:  # fmt: skip
         """Start a connection; returns (client conn id, server conn id).
 
         :param sndbuf_size: both sides' send buffers, handed to the engines as the
             runtime does (0: each engine's configured size).
         :param reuse: (client, server) ids of released connections whose RMBs the new
             one gets again, as the runtime's pool hands out a reusable RMB.
+        :param early: the client's host sends the Proposal itself before the engine's
+            ``connect`` (as a blocking connect's thread does: ``Stack.early_proposal``).
         """
         c, s = next(self._conn_ids), next(self._conn_ids)
         self.tcp[("client", c)] = ("server", s)
@@ -234,8 +237,15 @@ class Pair:
             side.sndbufs[cid] = bytearray(sndbuf_size or side.engine.config.sndbuf_size)
         self.run(self.server, self.server.engine.accept(s, self.server.rmbs.get(s), LOOPBACK,
                                                         self.now, sndbuf_size))  # fmt: skip
+        sent = None
+        if early:
+            data, port, offers_v2 = self.client.engine.proposal(LOOPBACK)
+            self.client.clc_out.setdefault(c, bytearray()).extend(data)
+            self.pending_actions.append(
+                (self.server, self.server.engine.receive_clc(s, data, self.now)))
+            sent = port, offers_v2
         self.run(self.client, self.client.engine.connect(c, self.client.rmbs.get(c), LOOPBACK,
-                                                         self.now, sndbuf_size))  # fmt: skip
+                                                         self.now, sndbuf_size, sent))  # fmt: skip
         return c, s
 
     # -- executing actions -------------------------------------------------------

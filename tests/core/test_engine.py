@@ -24,7 +24,7 @@ from smcr.wire.clc_header import SmcType
 from smcr.wire.clc_proposal import IpPrefixArea
 from smcr.wire.decline import DeclineCode
 from smcr.wire.llc import AddLink, ConfirmLink, DeleteLink, LlcType, TestLink, decode_llc
-from tests.core.pair import Pair, Side
+from tests.core.pair import LOOPBACK, Pair, Side
 
 
 def completed(side_events: Sequence[object]) -> list[HandshakeCompleted]:
@@ -74,6 +74,24 @@ def test_second_connection_reuses_link_group_with_confirm_rkey() -> None:
     assert sorted((m.TYPE, m.is_response) for m in new_client) == [
         (LlcType.CONFIRM_RKEY, False), (LlcType.CONFIRM_RKEY, True)]
     assert len(p.client.engine.lgrs) == 1 and len(p.server.engine.lgrs) == 1
+
+
+def test_a_proposal_the_host_sent_itself_makes_the_same_handshake() -> None:
+    """A blocking connect's thread sends the Proposal before the runtime's part of the
+    set-up (Stack.early_proposal): the engine gives its bytes, the port they name and the
+    v2 offer; connect(sent=...) then sends nothing, and the handshake goes on as ever."""
+    p = Pair()
+    c1, _ = p.connect()
+    p.pump()
+    c, s = p.connect(early=True)
+    p.pump()
+    assert completed(p.client.events)[-1] == HandshakeCompleted(conn=c, first_contact=False,
+                                                                lgr_id=1)  # fmt: skip
+    assert completed(p.server.events)[-1].conn == s
+    # the same bytes as the engine's own Proposal, then the Confirm: nothing sent twice
+    assert p.client.clc_out[c][:92] == p.client.clc_out[c1][:92]
+    assert len(p.client.clc_out[c]) == len(p.client.clc_out[c1]) == 92 + 68
+    assert p.client.engine.connect(99, None, LOOPBACK, p.now, 0, (0, False)) == []
 
 
 def test_an_orderly_close_keeps_the_rmb_with_the_peer_for_the_next_connection() -> None:

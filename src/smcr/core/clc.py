@@ -89,29 +89,42 @@ class ClcHandshakes:
         from its header (Linux ``smc_clc_wait_msg``)."""
 
     def connect(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float,
-                sndbuf_size: int = 0) -> list[Action]:  # fmt: skip
+                sndbuf_size: int = 0,
+                sent: tuple[int, bool] | None = None) -> list[Action]:  # fmt: skip
         """Client: send the Proposal (``smc_connect_clc``).
 
         :param rmb: the connection's RMB (None: no buffer; the handshake declines ``MEM``),
             or the size asked for where the host places it (``Provider.place_rmb``).
         :param sndbuf_size: the send buffer the host allocated (Linux sizes it from
             the socket's ``SO_SNDBUF``); 0 means :attr:`Config.sndbuf_size`.
+        :param sent: the host sent the Proposal of :meth:`proposal` itself already (the
+            port it names, whether it offers SMC-Rv2): no :class:`SendClc` then.
         """
         state = self.state
         hs = Handshake(conn, True, HsState.PROPOSAL_SENT, now + state.config.clc_wait, rmb,
                        local_ip, sndbuf_size=sndbuf_size)  # fmt: skip
         state.handshakes[conn] = hs
-        hs.port = self._usable_port()  # the Proposal names it; a first contact uses it
-        key = (hs.port, local_ip, state.ueids)
+        hs.version = 1  # Linux: v1 Declines before an Accept, unless ISMv2-capable
+        if sent is not None:
+            hs.port, hs.offered_v2 = sent
+            return []
+        data, hs.port, hs.offered_v2 = self.proposal(local_ip)
+        return [SendClc(conn, data)]
+
+    def proposal(self, local_ip: IpAddress) -> tuple[bytes, int, bool]:
+        """The Proposal a connection from ``local_ip`` sends now: encoded, the port it names
+        (a first contact's link uses it) and whether it offers SMC-Rv2.  Kept per (port,
+        address, UEIDs) while our identity and config stay (:meth:`_proposal`)."""
+        state = self.state
+        port = self._usable_port()
+        key = (port, local_ip, state.ueids)
         if self._proposals_of != (state.identity, state.config):  # (replaced: not the same)
             self._proposals_of = (state.identity, state.config)
             self._proposals.clear()
         made = self._proposals.get(key)
         if made is None:
-            made = self._proposals[key] = self._proposal(hs.port, local_ip)
-        data, hs.offered_v2 = made
-        hs.version = 1  # Linux: v1 Declines before an Accept, unless ISMv2-capable
-        return [SendClc(conn, data)]
+            made = self._proposals[key] = self._proposal(port, local_ip)
+        return made[0], port, made[1]
 
     def _proposal(self, port: int, local_ip: IpAddress) -> tuple[bytes, bool]:
         """Our Proposal from ``port`` for a TCP connection from ``local_ip``, encoded, and

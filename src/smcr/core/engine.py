@@ -244,10 +244,16 @@ class Engine:
     # ============================================================ handshake
 
     def connect(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float,
-                sndbuf_size: int = 0) -> list[Action]:  # fmt: skip
+                sndbuf_size: int = 0,
+                sent: tuple[int, bool] | None = None) -> list[Action]:  # fmt: skip
         """Client: send the Proposal (:meth:`ClcHandshakes.connect
         <smcr.core.clc.ClcHandshakes.connect>`)."""
-        return self.clc.connect(conn, rmb, local_ip, now, sndbuf_size)
+        return self.clc.connect(conn, rmb, local_ip, now, sndbuf_size, sent)
+
+    def proposal(self, local_ip: IpAddress) -> tuple[bytes, int, bool]:
+        """The Proposal a client sends now (:meth:`ClcHandshakes.proposal
+        <smcr.core.clc.ClcHandshakes.proposal>`)."""
+        return self.clc.proposal(local_ip)
 
     def accept(self, conn: int, rmb: Rmb | None, local_ip: IpAddress, now: float,
                sndbuf_size: int = 0) -> list[Action]:  # fmt: skip

@@ -122,13 +122,31 @@ def start_handshake(sock: SocketBase, client: bool,
     local_ip = parse_ip(name[0])
     stack = sock._stack = sock._stack or get_stack(local_ip, scope_id(name))
     with stack.lock:
-        hc = sock._hc = stack.new_conn(runtime_tcp_of(sock))
+        tcp = runtime_tcp_of(sock)  # (EMFILE here: declined before anything went)
+        sent = send_proposal(sock, stack, local_ip) if client and polled else None
+        hc = sock._hc = stack.new_conn(tcp)
         hc.on_outcome = on_outcome
         stack.start_handshake(hc, client, local_ip, sock._rmb_size,
-                              sock._sndbuf_size, polled, name)  # fmt: skip
+                              sock._sndbuf_size, polled, name, sent)  # fmt: skip
         if hc.outcome is not None and hc.on_outcome is not None:
             hc.on_outcome(hc)  # ended at once, and nobody took the news yet
     return stack, hc
+
+
+def send_proposal(sock: SocketBase, stack: Stack, local_ip: Any) -> tuple[int, bool] | None:
+    """A blocking ``connect``'s Proposal, sent by its thread at once (:meth:`Stack.
+    early_proposal`; runtime lock held): what the runtime is to know of it, or None where
+    the runtime sends it.  A failed send is left to the handshake's next read, as the
+    runtime's own send leaves it."""
+    early = stack.early_proposal(local_ip)
+    if early is None:
+        return None
+    data, port, offers_v2 = early
+    try:
+        PlainSocket.sendall(sock, data)
+    except OSError:
+        pass
+    return port, offers_v2
 
 
 def runtime_tcp_of(sock: SocketBase) -> RuntimeTcp:

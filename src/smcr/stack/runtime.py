@@ -312,9 +312,26 @@ class Stack:
         """Register a connection (lock held by the caller)."""
         return self.ex.new_conn(tcp)
 
+    def early_proposal(self, local_ip: ipaddress.IPv4Address | ipaddress.IPv6Address
+                       ) -> tuple[bytes, int, bool] | None:  # fmt: skip
+        """The Proposal a client's thread may send itself before the rest of the set-up
+        (lock held): encoded, the port it names and whether it offers SMC-Rv2, for
+        :meth:`start_handshake`'s ``sent``.  The server works on it meanwhile, rather than
+        wait for the connection's records, its buffers and its watch to be made (about 50
+        us here, on every connection's path).  None where the runtime sends it as before:
+        a tap watches the CLC actions, or a handshake of this runtime is under way (the
+        other end may be one: :meth:`ClcWatch.sent <smcr.stack.clcwatch.ClcWatch.sent>`
+        has it read at once)."""
+        if self.taps.tap is not None or self.ex.clc.watch:
+            return None
+        self.engine.ueids = self._ueids.current()  # (as start_handshake: Linux reads its
+        self._apply_pnet()  # table at every handshake)
+        return self.engine.proposal(devices.prefix_ip(self.device, local_ip))
+
     def start_handshake(self, hc: HostConn, client: bool, local_ip: ipaddress.IPv4Address
                         | ipaddress.IPv6Address, rmb_size: int, sndbuf_size: int,
-                        polled: bool = False, sockname: Any = None) -> None:  # fmt: skip
+                        polled: bool = False, sockname: Any = None,
+                        sent: tuple[int, bool] | None = None) -> None:  # fmt: skip
         """Reserve buffers and start the CLC handshake (lock held).
 
         A size of 0 means the default (:attr:`config`, :data:`BUFFER`).
@@ -324,6 +341,8 @@ class Stack:
             poller is woken for it (a doorbell ring, or the progress thread's wakeup,
             would only cost a thread switch and a wasted poll round).
         :param sockname: the TCP socket's ``getsockname()``, when the caller has it.
+        :param sent: a client's Proposal went already (:meth:`early_proposal`: the port it
+            names, whether it offers SMC-Rv2).
         """
         ex, engine = self.ex, self.engine
         local_ip = devices.prefix_ip(self.device, local_ip)
@@ -346,10 +365,11 @@ class Stack:
             rmb = Rmb(0, 0, rmb_size) if mr is None else Rmb(mr.rkey, mr.addr, mr.length)
             snd = hc.sndbuf_mr.length if hc.sndbuf_mr is not None else 0
         now = time.monotonic()
-        engine.ueids = self._ueids.current()  # Linux reads its table at every handshake
-        self._apply_pnet()
+        if sent is None:
+            engine.ueids = self._ueids.current()  # Linux reads its table at every handshake
+            self._apply_pnet()
         if client:
-            actions = engine.connect(hc.conn_id, rmb, local_ip, now, snd)
+            actions = engine.connect(hc.conn_id, rmb, local_ip, now, snd, sent)
         else:
             actions = engine.accept(hc.conn_id, rmb, local_ip, now, snd)
         hc.handshake = engine.handshake(hc.conn_id)
