@@ -84,12 +84,12 @@ class Counters:
         self.bell_cnt = 0  # smcr's own: messages whose peer rang the reader's bell
         self.inplace_cnt = 0  # smcr's own: CDCs read in the QP's receive ring (shm)
         self.late_news_cnt = 0
+        """smcr's own: news that the standing-by progress thread found at a look-in, with
+        nobody rung for it (a missed wake-up: it waited up to ``STANDBY``)."""
         self.clc_spin_cnt = 0
         """smcr's own: handshake messages (a client's Accept, a server's Confirm) that the
         waiting thread watched for and caught without sleeping (:mod:`smcr.stack.progress`,
         ``CLC_SPIN``)."""
-        """smcr's own: news that the standing-by progress thread found at a look-in, with
-        nobody rung for it (a missed wake-up: it waited up to ``STANDBY``)."""
         self.trimmed_bytes = 0
         """smcr's own: bytes of peers' RMBs that quiet connections had written and gave
         back (:mod:`smcr.stack.trim`)."""
