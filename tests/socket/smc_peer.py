@@ -570,10 +570,13 @@ def handshake_count_client(ctl: Connection, port: int, conns: int) -> None:
     how many were SMC-R and how many Accepts this process caught without sleeping."""
     from smcr.stack.counters import COUNTERS  # noqa: PLC0415
 
-    smc = 0
-    for _ in range(conns):
-        with smcr.create_connection((host(), port), timeout=20) as c:
-            smc += c.smc_info().mode == "SMCR"
-            c.sendall(b"x")
-            assert c.recv(1) == b"x"
+    smc = sum(byte_each_way(port) == "SMCR" for _ in range(conns))
     ctl.send((smc, COUNTERS.clc_spin_cnt))
+
+
+def byte_each_way(port: int) -> str:
+    """A blocking connect to ``port``, a byte each way, close: the connection's mode."""
+    with smcr.create_connection((host(), port), timeout=20) as c:
+        c.sendall(b"x")
+        assert c.recv(1) == b"x"
+        return c.smc_info().mode

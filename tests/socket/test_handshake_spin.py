@@ -23,13 +23,6 @@ from tests.socket.conftest import Peer
 CONNS = 40
 
 
-def one_connection(port: int) -> None:
-    with smcr.create_connection(("127.0.0.1", port), timeout=20) as c:
-        assert c.smc_info().mode == "SMCR"
-        c.sendall(b"x")
-        assert c.recv(1) == b"x"
-
-
 def test_a_blocking_connect_takes_the_accept_without_sleeping(peer: type[Peer]) -> None:
     """Each wait for the Accept that may spin ends when the Accept is there, not at its
     budget, and is counted.  The policy is made to find the host idle and to wait up to 50
@@ -37,7 +30,7 @@ def test_a_blocking_connect_takes_the_accept_without_sleeping(peer: type[Peer]) 
     loaded host may take longer than ``CLC_SPIN`` to answer), then put back."""
     server = peer(smc_peer.handshake_count_server, CONNS)
     port = server.recv()
-    one_connection(port)  # (the runtime of this address exists from now on)
+    assert smc_peer.byte_each_way(port) == "SMCR"  # (this address's runtime exists now)
     policy = get_stack(ipaddress.ip_address("127.0.0.1")).progress.clc_spin
     saved = policy.runnable, policy.most
     try:
@@ -46,14 +39,14 @@ def test_a_blocking_connect_takes_the_accept_without_sleeping(peer: type[Peer]) 
         policy.next_look, policy.crowded = 0.0, False
         before = COUNTERS.clc_spin_cnt
         started = time.monotonic()
-        for _ in range(CONNS - 1):
-            one_connection(port)
+        modes = [smc_peer.byte_each_way(port) for _ in range(CONNS - 1)]
         took = time.monotonic() - started
         caught = COUNTERS.clc_spin_cnt - before
     finally:
         policy.runnable, policy.most = saved
         policy.next_look = 0.0
     smc, server_caught = server.recv()
+    assert modes == ["SMCR"] * (CONNS - 1)
     assert smc == CONNS and server_caught <= CONNS
     # idle, nearly every one is caught; beside busy processes fewer (news of the CQ, the
     # last connection's closing CDCs, ends some spins first), never none

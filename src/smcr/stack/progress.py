@@ -108,7 +108,6 @@ class Progress:
         self.clc_spin = SpinPolicy(CLC_SPIN if SPIN > 0.0 else 0.0)
         """The spinning of waits for a handshake's next CLC message: its own pauses after
         misses (a peer slow to answer), not the data path's."""
-        self._clc_found = False
         self._standby_poll = select.poll()
         self._standby_poll.register(self.wake.standby_r.fileno(), select.POLLIN)
         self._standby_poll.register(ex.cq.standby_fileno(), select.POLLIN)
@@ -329,9 +328,9 @@ class Progress:
         if allowed > 0.0:  # look, then watch for news before arming
             wcs = cq.poll(64)
             if not wcs:
-                wcs = self._spin(allowed, for_clc)
-                policy.spun(bool(wcs) or self._clc_found)
-                if self._clc_found:
+                wcs, clc_found = self._spin(allowed, for_clc)
+                policy.spun(bool(wcs) or clc_found)
+                if clc_found:
                     COUNTERS.clc_spin_cnt += 1
         if not wcs:
             # arm, then look: a completion after this look rings (the progress thread's arm
@@ -385,11 +384,11 @@ class Progress:
                         self.wake.kick()
         ex.process(wcs)
 
-    def _spin(self, seconds: float, clc: bool = False) -> list[WorkCompletion]:
+    def _spin(self, seconds: float, clc: bool = False) -> tuple[list[WorkCompletion], bool]:
         """Watch the CQ for up to ``seconds`` with the lock released, then take what came
         (lock held again: completions are handled in order by whoever holds it).  With
-        ``clc``, the handshakes' TCP sockets too (:attr:`_clc_found`: one became readable;
-        the sleep that follows returns at once and reads it).
+        ``clc``, the handshakes' TCP sockets too; the second value says one became readable
+        (the sleep that follows returns at once and reads it).
 
         Without yielding between looks, but with one CPU (:class:`~smcr.stack.spin.SpinPolicy`
         spins there only while the waiter and its peer are all the host runs, so a yield
@@ -398,14 +397,14 @@ class Progress:
         ex = self.ex
         news, clock = ex.cq.has_news, time.monotonic
         until = clock() + seconds
+        clc_found = False
         ex.lock.release()
         try:
-            self._clc_found = False
             if clc:
                 clc_news = ex.clc.ep.poll
                 while not news() and clock() < until:
                     if clc_news(0):
-                        self._clc_found = True
+                        clc_found = True
                         break
             elif self.spin.yields:
                 yield_cpu = os.sched_yield
@@ -416,7 +415,7 @@ class Progress:
                     pass
         finally:
             ex.lock.acquire()
-        return ex.cq.poll(64)
+        return ex.cq.poll(64), clc_found
 
     # ================================================================ the progress thread
 

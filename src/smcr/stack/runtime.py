@@ -324,9 +324,14 @@ class Stack:
         has it read at once)."""
         if self.taps.tap is not None or self.ex.clc.watch:
             return None
-        self.engine.ueids = self._ueids.current()  # (as start_handshake: Linux reads its
-        self._apply_pnet()  # table at every handshake)
+        self._read_tables()
         return self.engine.proposal(devices.prefix_ip(self.device, local_ip))
+
+    def _read_tables(self) -> None:
+        """The UEID and PNET tables as they are now, for the handshake starting (Linux reads
+        its tables at every handshake)."""
+        self.engine.ueids = self._ueids.current()
+        self._apply_pnet()
 
     def start_handshake(self, hc: HostConn, client: bool, local_ip: ipaddress.IPv4Address
                         | ipaddress.IPv6Address, rmb_size: int, sndbuf_size: int,
@@ -365,9 +370,8 @@ class Stack:
             rmb = Rmb(0, 0, rmb_size) if mr is None else Rmb(mr.rkey, mr.addr, mr.length)
             snd = hc.sndbuf_mr.length if hc.sndbuf_mr is not None else 0
         now = time.monotonic()
-        if sent is None:
-            engine.ueids = self._ueids.current()  # Linux reads its table at every handshake
-            self._apply_pnet()
+        if sent is None:  # (read by early_proposal otherwise)
+            self._read_tables()
         if client:
             actions = engine.connect(hc.conn_id, rmb, local_ip, now, snd, sent)
         else:
