@@ -31,6 +31,7 @@ from tests.interop.guest import (
     cache_dir,
     ensure_image,
     netns_exists,
+    recover_if_panicked,
 )
 from tests.interop.kernel_exchange import SECOND_GUEST_SETUP, check_setup, setup_kernel_smc
 
@@ -124,6 +125,18 @@ def _session(base: Path, t0: float, second: bool) -> Iterator[Guest]:
         run = base / "run"
         run.mkdir(parents=True, exist_ok=True)
         (run / "interop-timings.json").write_text(json.dumps(TIMINGS, indent=1))
+
+
+@pytest.fixture(autouse=True)
+def _guest_alive(request: pytest.FixtureRequest) -> None:
+    """Before each test of the guest: boot it again if its kernel panicked in an earlier
+    one (:func:`~tests.interop.guest.recover_if_panicked`), so one kernel bug fails one
+    test, not every test after it."""
+    if "rxe_guest" not in request.fixturenames:
+        return
+    guest: Guest = request.getfixturevalue("rxe_guest")
+    if recover_if_panicked(guest):
+        warnings.warn("the guest's kernel had panicked (guest booted again)", stacklevel=1)
 
 
 @pytest.fixture

@@ -115,6 +115,17 @@ class GuestTimeoutError(RuntimeError):
     """A guest command that did not end within its time (:meth:`Guest.wait`)."""
 
 
+class GuestPanicError(GuestTimeoutError):
+    """The guest's kernel panicked while a command ran: nothing it was asked will end, so
+    :meth:`Guest.wait` says so at once (with the console's account) instead of timing out.
+    A timeout's kind, for the callers that restart a stuck guest."""
+
+
+PANIC_MARK = "Kernel panic - not syncing"
+"""What the guest's console says once its kernel has given up (an oops in a softirq, as
+Linux 6.12's rxe has after a failover: ``rxe_skb_tx_dtor`` of a packet that waited for ARP)."""
+
+
 class Guest:
     """One booted guest (g1, or with ``index`` 2 g2 at 10.99.0.12), driven through the 9p
     agent of the image."""
@@ -204,11 +215,17 @@ class Guest:
         command = command or ident
         out, rc = self.share / "out" / f"{ident}.out", self.share / "out" / f"{ident}.rc"
         deadline = time.monotonic() + timeout
+        looked = time.monotonic()
         while not rc.exists():
             if time.monotonic() > deadline:
                 text = self.output(ident)
                 raise GuestTimeoutError(f"guest command timed out: {command}\n{text}\n"
                                         f"{self.tail()}")  # fmt: skip
+            if time.monotonic() - looked > 1.0:
+                looked = time.monotonic()
+                if self.panicked():
+                    raise GuestPanicError(f"guest g{self.index} panicked during: {command}\n"
+                                          f"{self.output(ident)}\n{self.tail(60)}")  # fmt: skip
             time.sleep(0.1)
         text = out.read_text(errors="replace")
         status = int(rc.read_text().strip() or "255")
@@ -244,6 +261,12 @@ class Guest:
         with contextlib.suppress(OSError):
             return "\n".join(self.console.read_text(errors="replace").splitlines()[-n:])
         return ""
+
+    def panicked(self) -> bool:
+        """Whether this guest's kernel has panicked since it booted (its console says so)."""
+        with contextlib.suppress(OSError):
+            return PANIC_MARK in self.console.read_text(errors="replace")
+        return False
 
     def start_services(self) -> None:
         """After :meth:`boot`: rxe0 on eth0 (``rxe-setup.sh``) and the pyverbs server that
@@ -290,6 +313,22 @@ class Guest:
         if netns_exists():
             subprocess.run(["ip", "netns", "del", NETNS], check=False, capture_output=True,
                            timeout=30)  # fmt: skip
+
+
+def recover_if_panicked(guest: Guest, set_up: Callable[[Guest], None] | None = None) -> bool:
+    """Boot ``guest`` again if its kernel panicked (a test before left it so), then
+    :meth:`Guest.start_services` and its :attr:`~Guest.setups` (g1) or ``set_up`` (a guest
+    of one module's own); whether it had to.  One test's dead guest must not fail the rest."""
+    if not guest.panicked():
+        return False
+    if set_up is None:
+        guest.restart()
+        return True
+    guest.stop()
+    guest.boot()
+    set_up(guest)
+    guest.restarts += 1
+    return True
 
 
 class HostPeer:

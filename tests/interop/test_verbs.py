@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.interop.guest import FIGURES, NETNS, Guest
+from tests.interop.guest import FIGURES, NETNS, Guest, recover_if_panicked
 from tests.interop.kernel_exchange import (
     GUEST_UEID,
     MB,
@@ -128,28 +129,42 @@ SMCR_GUEST_ENV = "SMCR_UEID_FILE=/tmp/smcr-ueid"
 """smcr in g2 offers SMC-Rv2 with the guests' UEID (the kernel offers v2 only over rxe)."""
 
 
+def _set_up_smcr_g2(g2: Guest) -> None:
+    """rxe0 on g2's eth0, smcr's sources in its share, ``smcr enable`` and the UEID table."""
+    g2.run(RXE0, timeout=180)
+    target = g2.share / "src"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(REPO / "src" / "smcr", target / "smcr",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    out = g2.run(f"echo {GUEST_UEID} > /tmp/smcr-ueid && cd /mnt/host/src &&"
+                 " python3 -m smcr enable", timeout=180)  # fmt: skip
+    assert "SMC TCP option enabled" in out, out
+
+
 @pytest.fixture(scope="module")
-def smcr_g2(kernel_smc: Guest) -> Iterator[Guest]:
-    """g2 (10.99.0.12) beside g1: rxe0 on its eth0, smcr's sources in its share, the SMC
-    TCP option on (``smcr enable``: the kernel in g1 needs it in smcr's SYNs and SYN-ACKs)
-    and the UEID table; g1's kernel SMC-R is the peer.  Stopped at the end."""
+def _g2_booted(kernel_smc: Guest) -> Iterator[Guest]:
+    """g2 (10.99.0.12) beside g1, set up (:func:`_set_up_smcr_g2`); stopped at the end."""
     g2 = Guest(kernel_smc.base, index=2)
     g2.boot()
     try:
-        g2.run(RXE0, timeout=180)
-        target = g2.share / "src"
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(REPO / "src" / "smcr", target / "smcr",
-                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-        out = g2.run(f"echo {GUEST_UEID} > /tmp/smcr-ueid && cd /mnt/host/src &&"
-                     " python3 -m smcr enable", timeout=180)  # fmt: skip
-        assert "SMC TCP option enabled" in out, out
+        _set_up_smcr_g2(g2)
         yield g2
     finally:
         g2.stop()
         deadline = time.monotonic() + 60
         while kernel_smc.kernel_links() and time.monotonic() < deadline:
             time.sleep(0.5)
+
+
+@pytest.fixture
+def smcr_g2(_g2_booted: Guest, kernel_smc: Guest) -> Guest:
+    """g2 with rxe0 on its eth0, smcr's sources in its share, the SMC TCP option on
+    (``smcr enable``: the kernel in g1 needs it in smcr's SYNs and SYN-ACKs) and the UEID
+    table; g1's kernel SMC-R is the peer.  A g2 whose kernel panicked in an earlier test
+    is booted again first (:func:`~tests.interop.guest.recover_if_panicked`)."""
+    if recover_if_panicked(_g2_booted, _set_up_smcr_g2):
+        warnings.warn("g2's kernel had panicked (g2 booted again)", stacklevel=1)
+    return _g2_booted
 
 
 Records = list[dict[str, Any]]
@@ -472,6 +487,12 @@ def test_abortive_close_over_verbs_with_the_kernel(
 G2_IP2 = "10.99.0.22"
 
 
+_NEIGH = ("default", "eth0", "eth1")
+NO_ARP_QUEUE = " ".join(f"net.ipv4.neigh.{dev}.unres_qlen_bytes=0" for dev in _NEIGH)
+ARP_QUEUE = " ".join(f"net.ipv4.neigh.{dev}.unres_qlen_bytes=212992" for dev in _NEIGH)
+"""Linux's default (``SK_WMEM_MAX``), put back after :func:`second_verbs_rnic`."""
+
+
 @contextlib.contextmanager
 def second_verbs_rnic(g2: Guest) -> Iterator[None]:
     """rxe1 on g2's eth1 (10.99.0.22, eth0's subnet), so that smcr in g2 has two verbs
@@ -480,8 +501,14 @@ def second_verbs_rnic(g2: Guest) -> Iterator[None]:
     10.99.0.22's packets leave by eth1 (a rule, table 100: smcr checks the route from each
     RNIC's address), and eth1's subnet route comes after eth0's (metric 100): when eth0
     comes back up its route is the first again, and 10.99.0.12's packets leave by eth0.
-    Undone after (:func:`remove_second_rnic`)."""
-    g2.run("sysctl -w net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2"
+    Undone after (:func:`remove_second_rnic`).
+
+    No packet waits for ARP meanwhile (``unres_qlen_bytes`` 0: dropped, and sent again by
+    its QP or TCP): Linux 6.12's rxe panics when a packet its QP queued for ARP is dropped
+    by the neighbour timer after the eth0 cut destroyed that QP (``rxe_skb_tx_dtor`` from
+    ``neigh_invalidate``, a use-after-free; seen in CI)."""
+    g2.run(f"sysctl -w {NO_ARP_QUEUE} && sysctl -w net.ipv4.conf.all.arp_ignore=1"
+           " net.ipv4.conf.all.arp_announce=2"
            f" && ip addr add {G2_IP2}/24 dev eth1 noprefixroute && ip link set eth1 up"
            f" && ip route add 10.99.0.0/24 dev eth1 src {G2_IP2} metric 100"
            f" && ip rule add from {G2_IP2} table 100"
@@ -492,7 +519,7 @@ def second_verbs_rnic(g2: Guest) -> Iterator[None]:
         yield
     finally:
         g2.run(f"ip rule del from {G2_IP2} table 100; ip route flush table 100; ip link set"
-               " eth0 up; true", timeout=60)  # fmt: skip
+               f" eth0 up; sysctl -w {ARP_QUEUE}; true", timeout=60)  # fmt: skip
         remove_second_rnic(g2)
 
 
