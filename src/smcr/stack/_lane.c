@@ -33,8 +33,11 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/epoll.h>
+#include <dlfcn.h>
 
-#include "__native_smcr_native.h"
+#include "__native_internal_smcr_native.h" /* (the compiled functions' prototypes, and the structs) */
 #include "../_locks.h"
 
 typedef smcr___core___state___EngineStateObject StateObj;
@@ -1669,6 +1672,422 @@ done:
     return PyLong_FromLongLong(n);
 }
 
+
+/* ---------------------------------------------------------------- a blocking read's wait */
+
+typedef smcr___stack___progress___ProgressObject ProgressObj;
+typedef smcr___stack___readiness___DeferredChecksObject ChecksObj;
+typedef smcr___stack___trim___IdleTrimObject TrimObj;
+
+static PyTypeObject *progress_type, *checks_type, *trim_type;
+static PyObject *str_app;    /* Wakeups.poller's value while an application thread polls */
+static PyObject *spin_most;  /* smcr.stack.progress.SPIN, a float */
+static double longest_sleep; /* smcr.stack.progress.LONGEST_SLEEP */
+static int64_t drain_every;  /* smcr.rdma.completion.DRAIN_EVERY */
+static PyObject *str_woke, *str_kick_progress, *str_park_at_exit;
+
+/* The compiled methods the wait calls, natively (found by name in mypyc's shared library at
+ * bind_waiter; their types are the prototypes this build's header gives them, so a change of
+ * signature fails the build rather than the call).  Each is the method of the exact class
+ * wait_readable checks for: no override to dispatch to. */
+static __typeof__(CPyDef_connection___Connection___readable) *readable_fn;
+static __typeof__(CPyDef_spin___SpinPolicy___allowance) *allowance_fn;
+static __typeof__(CPyDef_completion___CompletionQueue___poll) *cq_poll_fn;
+static __typeof__(CPyDef_executor___Executor___process) *process_fn;
+static __typeof__(CPyDef_engine___Engine___get_timer) *get_timer_fn;
+static __typeof__(CPyDef_progress___Progress____hand_back) *hand_back_fn;
+
+#define ARM_SLEEPER 1 /* smcr.rdma.completion.ARM_SLEEPER */
+#define ARMED_WORD 0  /* smcr.rdma.shm.cq.ARMED: the armed word's offset in the notify segment */
+#define MAX_EVENTS 8  /* a poller sleeps on the CQ, its bell and the handshakes' two epolls */
+
+/* One compiled function of the shared library handle: its address, or NULL (an error set). */
+static void *native_fn(void *lib, const char *name) {
+    void *fn = dlsym(lib, name);
+    if (fn == NULL)
+        PyErr_Format(PyExc_TypeError, "bind_waiter: %s is not in the compiled library", name);
+    return fn;
+}
+
+/* bind_waiter(Progress, DeferredChecks, IdleTrim, "app", SPIN, DRAIN_EVERY, LONGEST_SLEEP,
+ * library): the classes wait_readable reads (after bind_sender and bind_reader: it reads
+ * theirs too), the constants of the Python it stands for, and the path of mypyc's shared
+ * library (loaded already), whose methods it calls. */
+static PyObject *bind_waiter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 8 || !PyUnicode_CheckExact(args[3]) || !PyFloat_CheckExact(args[4]) ||
+        !PyLong_CheckExact(args[5]) || !PyFloat_CheckExact(args[6]) ||
+        !PyUnicode_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "bind_waiter takes 3 classes, a str, a float, an int, "
+                        "a float and a path");
+        return NULL;
+    }
+    if (datapath_type == NULL || readiness_type == NULL || conn_type == NULL) {
+        PyErr_SetString(PyExc_TypeError, "bind_waiter: bind_sender and bind_reader first");
+        return NULL;
+    }
+    long long every = PyLong_AsLongLong(args[5]);
+    if (every == -1 && PyErr_Occurred())
+        return NULL;
+    const char *path = PyUnicode_AsUTF8(args[7]);
+    if (path == NULL)
+        return NULL;
+    void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* (a reference: kept, as the module is) */
+    if (lib == NULL) {
+        PyErr_Format(PyExc_TypeError, "bind_waiter: %s is not loaded", path);
+        return NULL;
+    }
+    void *fns[6] = {
+        native_fn(lib, "CPyDef_connection___Connection___readable"),
+        native_fn(lib, "CPyDef_spin___SpinPolicy___allowance"),
+        native_fn(lib, "CPyDef_completion___CompletionQueue___poll"),
+        native_fn(lib, "CPyDef_executor___Executor___process"),
+        native_fn(lib, "CPyDef_engine___Engine___get_timer"),
+        native_fn(lib, "CPyDef_progress___Progress____hand_back"),
+    };
+    for (int i = 0; i < 6; i++)
+        if (fns[i] == NULL)
+            return NULL;
+    Py_ssize_t sizes[3] = {sizeof(ProgressObj), sizeof(ChecksObj), sizeof(TrimObj)};
+    PyTypeObject **slots[3] = {&progress_type, &checks_type, &trim_type};
+    if (bind_classes("bind_waiter", args, sizes, slots, 3) < 0)
+        return NULL;
+    readable_fn = (__typeof__(readable_fn))fns[0];
+    allowance_fn = (__typeof__(allowance_fn))fns[1];
+    cq_poll_fn = (__typeof__(cq_poll_fn))fns[2];
+    process_fn = (__typeof__(process_fn))fns[3];
+    get_timer_fn = (__typeof__(get_timer_fn))fns[4];
+    hand_back_fn = (__typeof__(hand_back_fn))fns[5];
+    Py_INCREF(args[3]);
+    Py_XSETREF(str_app, args[3]);
+    Py_INCREF(args[4]);
+    Py_XSETREF(spin_most, args[4]);
+    drain_every = (int64_t)every;
+    longest_sleep = PyFloat_AS_DOUBLE(args[6]);
+    Py_RETURN_NONE;
+}
+
+static inline double monotonic(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Wakeups.poller == "app" (1), == "bg" (2), None (0), -1 (an error set). */
+static int poller_is(WakeupsObj *wake) {
+    PyObject *p = wake->_poller;
+    if (p == NULL || p == Py_None)
+        return 0;
+    if (!PyUnicode_Check(p))
+        return 1; /* (not ours to judge: the Python's wait) */
+    if (p == str_app || PyUnicode_Compare(p, str_app) == 0)
+        return 1;
+    return PyErr_Occurred() ? -1 : 2;
+}
+
+/* The shm CQ's armed word, or NULL where its segment is closed (the device goes): view
+ * released by the caller (held only while the lock is: a close meanwhile would fail). */
+static uint32_t *armed_word(CqObj *cq, Py_buffer *view) {
+    if (cq->__notify == NULL || PyObject_GetBuffer(cq->__notify, view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear(); /* (closed) */
+        return NULL;
+    }
+    if (view->len < ARMED_WORD + 4) {
+        PyBuffer_Release(view);
+        return NULL;
+    }
+    return (uint32_t *)((char *)view->buf + ARMED_WORD);
+}
+
+/* ShmCompletionQueue.take_standby (its result unused): 0, or -1 (an error set). */
+static int cq_take_standby(CqObj *cq) {
+    if (cq->__armed == tag(ARM_STANDBY)) {
+        if (smcr_lock_take(cq->__lock) < 0)
+            return -1;
+        if (cq->__armed == tag(ARM_STANDBY))
+            cq->__armed = tag(0);
+        if (smcr_lock_give(cq->__lock) < 0)
+            return -1;
+    }
+    Py_buffer view;
+    uint32_t *w = armed_word(cq, &view);
+    if (w != NULL) {
+        if (__atomic_load_n(w, __ATOMIC_RELAXED) == word_of(ARM_STANDBY))
+            __atomic_store_n(w, 0u, __ATOMIC_RELAXED);
+        PyBuffer_Release(&view);
+    }
+    return 0;
+}
+
+/* CompletionQueue.arming then ShmCompletionQueue.req_notify(ARM_SLEEPER): 0, or -1. */
+static int cq_arm_sleeper(CqObj *cq) {
+    if (!short_int(cq->__undrained))
+        return -1; /* (checked by the caller: not reached) */
+    if (untag(cq->__undrained) >= drain_every) {
+        cq->__undrained = tag(0);
+        PyObject *r = PyObject_CallOneArg(drain_fn, cq->__bell_r); /* clear_signal */
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
+    if (smcr_lock_take(cq->__lock) < 0)
+        return -1;
+    cq->__armed = tag(ARM_SLEEPER);
+    cq->__undrained = tag(untag(cq->__undrained) + 1);
+    if (smcr_lock_give(cq->__lock) < 0)
+        return -1;
+    Py_buffer view;
+    uint32_t *w = armed_word(cq, &view);
+    if (w != NULL) {
+        __atomic_store_n(w, word_of(ARM_SLEEPER), __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* (smcr.rdma.shm.words.fence) */
+        PyBuffer_Release(&view);
+    }
+    return 0;
+}
+
+/* ShmCompletionQueue.take_arm (its result unused): 0, or -1. */
+static int cq_take_arm(CqObj *cq) {
+    if (smcr_lock_take(cq->__lock) < 0)
+        return -1;
+    cq->__armed = tag(0);
+    if (smcr_lock_give(cq->__lock) < 0)
+        return -1;
+    Py_buffer view;
+    uint32_t *w = armed_word(cq, &view);
+    if (w != NULL) {
+        if (__atomic_load_n(w, __ATOMIC_RELAXED) != 0)
+            __atomic_store_n(w, 0u, __ATOMIC_RELAXED);
+        PyBuffer_Release(&view);
+    }
+    return 0;
+}
+
+/* A due time of the deferred checks or the idle trim (their float, 0 for none), or -1.0
+ * where the object is not the class bound (the wait is then not this case). */
+static double due_of(PyObject *obj, PyTypeObject *type) {
+    if (obj == NULL || Py_TYPE(obj) != type)
+        return -1.0;
+    double due = type == checks_type ? ((ChecksObj *)obj)->_due : ((TrimObj *)obj)->_due;
+    return due == FLOAT_ERROR ? -1.0 : due;
+}
+
+/* How long the poller may sleep (Progress._sleep_on_cq's limit, no deadline of its own): the
+ * engine's timer, the deferred checks' and the idle trim's due times, at most LONGEST_SLEEP.
+ * Milliseconds (rounded up, as select.epoll.poll does), or -1 (an error set). */
+static int sleep_ms(ExecutorObj *ex) {
+    double timer = 0.0; /* (0: none) */
+    PyObject *t = get_timer_fn(ex->_engine);
+    if (t == NULL)
+        return -1;
+    if (t != Py_None) {
+        timer = PyFloat_AsDouble(t);
+        if (timer == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(t);
+            return -1;
+        }
+    }
+    Py_DECREF(t);
+    double dues[2] = {due_of(ex->_checks, checks_type), due_of(ex->_trim, trim_type)};
+    for (int i = 0; i < 2; i++)
+        if (dues[i] > 0.0 && (timer == 0.0 || dues[i] < timer))
+            timer = dues[i];
+    double limit = longest_sleep;
+    if (timer != 0.0) {
+        double left = timer - monotonic();
+        limit = left < limit ? (left > 0.0 ? left : 0.0) : limit;
+        if (limit == 0.0)
+            ex->_timer_check = 0.0; /* due now: process() must run the timers */
+    }
+    double ms = limit * 1000.0;
+    int whole = (int)ms;
+    return whole + (ms > (double)whole);
+}
+
+/* One round of Progress._app_poll with _sleep_on_cq's no-spin case, for the calling
+ * application thread (the runtime's lock held; the caller made it the poller): armed, looked
+ * at, asleep on the pollers' epoll descriptor with the lock and the GIL let go where nothing
+ * came, the news processed.  0, or -1 (an error set; the lock held again). */
+static int poll_round(ProgressObj *pr, ExecutorObj *ex, CqObj *cq, int epfd, int cq_fd) {
+    if (cq_take_standby(cq) < 0 || cq_arm_sleeper(cq) < 0)
+        return -1;
+    PyObject *wcs = cq_poll_fn((PyObject *)cq, tag(64)); /* (Executor.look's most) */
+    if (wcs == NULL)
+        return -1;
+    int some = PyObject_IsTrue(wcs);
+    if (some < 0 || (some && cq_take_arm(cq) < 0)) {
+        Py_DECREF(wcs);
+        return -1;
+    }
+    if (!some) {
+        int ms = sleep_ms(ex);
+        if (ms < 0) {
+            Py_DECREF(wcs);
+            return -1;
+        }
+        struct epoll_event events[MAX_EVENTS];
+        int n, err = 0;
+        if (smcr_lock_give(ex->_lock) < 0) {
+            Py_DECREF(wcs);
+            return -1;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        n = epoll_wait(epfd, events, MAX_EVENTS, ms);
+        err = errno;
+        Py_END_ALLOW_THREADS
+        if (smcr_lock_take(ex->_lock) < 0) {
+            Py_DECREF(wcs);
+            return -1;
+        }
+        if (n < 0) {
+            if (err != EINTR) {
+                errno = err;
+                PyErr_SetFromErrno(PyExc_OSError);
+                Py_DECREF(wcs);
+                return -1;
+            }
+            if (PyErr_CheckSignals() < 0) { /* (a handler's exception, as the poll's) */
+                Py_DECREF(wcs);
+                return -1;
+            }
+            n = 0;
+        }
+        for (int i = 0; i < n; i++) {
+            if (events[i].data.fd == cq_fd)
+                continue; /* (edge-triggered: nothing to drain) */
+            PyObject *fd = PyLong_FromLong(events[i].data.fd);
+            PyObject *r = fd == NULL ? NULL
+                : PyObject_CallMethodObjArgs((PyObject *)pr, str_woke, fd, Py_False, NULL);
+            Py_XDECREF(fd);
+            if (r == NULL) {
+                Py_DECREF(wcs);
+                return -1;
+            }
+            Py_DECREF(r);
+        }
+    }
+    char done = process_fn((PyObject *)ex, wcs);
+    Py_DECREF(wcs);
+    return done == 2 ? -1 : 0; /* (2: mypyc's error value of a function returning None) */
+}
+
+/* c.readable(need): 1, 0, or -1 (an error set). */
+static int readable(PyObject *c, CPyTagged need) {
+    char yes = readable_fn(c, need);
+    return yes == 2 ? -1 : yes;
+}
+
+/* wait_readable(datapath, c, need) -> True once c.readable(need), the wait done in C; False
+ * where it is not its case (Progress.wait then waits, from where this left it).
+ *
+ * Progress.wait for a blocking read (DataPath.read_waiting: the reader's lock and the
+ * runtime's held, no deadline) where no spin is allowed (a crowded host, SMCR_SPIN_US=0, or
+ * pauses after spins that found nothing), on an shm CQ whose signals are edges: each round
+ * as _app_poll and _sleep_on_cq take it (the poller's role, the standby's arm taken, the
+ * doorbell drained every DRAIN_EVERY arms, armed for the sleeper and looked at once more,
+ * the arm taken back if that look found news, else asleep on the pollers' epoll descriptor
+ * until news or the next timer, with the lock and the GIL let go; what woke it other than
+ * the CQ handled by Progress.woke; the news processed; the role given up), then
+ * Progress._hand_back and, at exit, _park_at_exit.  Another application thread polling, a
+ * spin allowed, or anything not its case: False at the start of a round, nothing of it
+ * done.  Why in C: the Python's rounds cost a blocked reader about two microseconds of CPU
+ * per message in calls, boxed floats and lists, which a busy host's round trip pays at both
+ * ends (its CPU is the round trip's time there). */
+static PyObject *wait_readable(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "wait_readable takes 3 arguments");
+        return NULL;
+    }
+    if (progress_type == NULL || datapath_type == NULL || Py_TYPE(args[0]) != datapath_type ||
+        Py_TYPE(args[1]) != conn_type || !PyLong_CheckExact(args[2]))
+        Py_RETURN_FALSE;
+    DataPathObj *dp = (DataPathObj *)args[0];
+    PyObject *c = args[1];
+    int overflow = 0;
+    long long need_value = PyLong_AsLongLongAndOverflow(args[2], &overflow);
+    if (overflow || need_value < 0 || !fits((int64_t)need_value))
+        Py_RETURN_FALSE;
+    CPyTagged need = tag((int64_t)need_value);
+    if (dp->_ex == NULL || Py_TYPE(dp->_ex) != executor_type || dp->_progress == NULL ||
+        Py_TYPE(dp->_progress) != progress_type || dp->_hc == NULL)
+        Py_RETURN_FALSE;
+    ExecutorObj *ex = (ExecutorObj *)dp->_ex;
+    ProgressObj *pr = (ProgressObj *)dp->_progress;
+    if (pr->_ex != (PyObject *)ex || ex->_wake == NULL || Py_TYPE(ex->_wake) != wakeups_type ||
+        ex->_cq == NULL || Py_TYPE(ex->_cq) != cq_type || ex->_lock == NULL ||
+        ex->_engine == NULL || Py_TYPE(ex->_engine) != engine_type || pr->_spin == NULL ||
+        !short_int(pr->_sleep_app_fd) || !short_int(pr->__cq_fd) ||
+        due_of(ex->_checks, checks_type) < 0.0 || due_of(ex->_trim, trim_type) < 0.0)
+        Py_RETURN_FALSE;
+    CqObj *cq = (CqObj *)ex->_cq;
+    WakeupsObj *wake = (WakeupsObj *)ex->_wake;
+    unsigned long ident = PyThread_get_thread_ident();
+    if (cq->_edge_signals != 1 || cq->_pollers_receive != 0 || !short_int(cq->__undrained) ||
+        !short_int(wake->_waiting) || (int64_t)ident < 0 || !fits((int64_t)ident))
+        Py_RETURN_FALSE;
+    int epfd = (int)untag(pr->_sleep_app_fd), cq_fd = (int)untag(pr->__cq_fd);
+    double began = 0.0, most = PyFloat_AS_DOUBLE(spin_most);
+    int ready = 0, failed = 0;
+    Py_INCREF(ex);
+    Py_INCREF(pr);
+    Py_INCREF(cq);
+    Py_INCREF(wake);
+    Py_INCREF(c);
+    for (;;) {
+        ready = readable(c, need);
+        if (ready != 0) {
+            failed = ready < 0;
+            break;
+        }
+        int who = poller_is(wake);
+        if (who != 0 && who != 2) { /* another application thread polls: the Python waits */
+            failed = who < 0;
+            break;
+        }
+        if (most > 0.0) { /* (SPIN 0: no spin ever, and no policy asked) */
+            double allowed = allowance_fn(pr->_spin, most, wake->_waiting);
+            if (allowed != 0.0) { /* (a spin: the Python's) */
+                failed = allowed == FLOAT_ERROR && PyErr_Occurred() != NULL;
+                break;
+            }
+        }
+        if (began == 0.0)
+            began = monotonic();
+        if (who == 2 && call0(ex->_wake, str_kick_progress) < 0) {
+            failed = 1;
+            break;
+        }
+        Py_INCREF(str_app);
+        Py_XSETREF(wake->_poller, str_app);
+        wake->_poller_ident = tag((int64_t)ident);
+        int bad = poll_round(pr, ex, cq, epfd, cq_fd);
+        Py_INCREF(Py_None); /* (the role given up, whatever happened: _app_poll's finally) */
+        Py_XSETREF(wake->_poller, Py_None);
+        wake->_app_polled = monotonic();
+        if (bad) {
+            failed = 1;
+            break;
+        }
+    }
+    if (!failed && ready == 1 && began != 0.0 && hand_back_fn((PyObject *)pr, began) == 2)
+        failed = 1; /* (else the Python's wait hands back) */
+    if (!failed && ready == 1 && pr->_exiting == 1) {
+        PyObject *r = PyObject_CallMethodOneArg((PyObject *)pr, str_park_at_exit, dp->_hc);
+        if (r == NULL)
+            failed = 1;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(ex);
+    Py_DECREF(pr);
+    Py_DECREF(cq);
+    Py_DECREF(wake);
+    Py_DECREF(c);
+    if (failed)
+        return NULL;
+    return PyBool_FromLong(ready == 1);
+}
+
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "The compiled classes the lane reads (module doc)."},
@@ -1692,6 +2111,10 @@ static PyMethodDef methods[] = {
      "Readiness.follow's common case (see there)."},
     {"read_now", (PyCFunction)(void (*)(void))read_now, METH_FASTCALL,
      "A read's common case, whole: the lock, the bytes, the readiness (see there)."},
+    {"bind_waiter", (PyCFunction)(void (*)(void))bind_waiter, METH_FASTCALL,
+     "Bind the class and constants wait_readable reads."},
+    {"wait_readable", (PyCFunction)(void (*)(void))wait_readable, METH_FASTCALL,
+     "A blocking read's wait without spinning, in C (see there)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1721,6 +2144,11 @@ PyMODINIT_FUNC PyInit__lane(void) {
     str_queued = PyUnicode_InternFromString("_queued");
     str_ring_self = PyUnicode_InternFromString("_ring_self");
     poll_most = PyLong_FromLong(64);
+    str_park_at_exit = PyUnicode_InternFromString("_park_at_exit");
+    str_woke = PyUnicode_InternFromString("woke");
+    str_kick_progress = PyUnicode_InternFromString("kick_progress");
+    if (str_park_at_exit == NULL || str_woke == NULL || str_kick_progress == NULL)
+        return NULL;
     if (str_add == NULL || str_queued == NULL || str_ring_self == NULL)
         return NULL;
     if (str_follow == NULL || str_buf == NULL || str_poll == NULL || str_process == NULL ||

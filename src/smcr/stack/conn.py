@@ -43,7 +43,7 @@ from smcr import exits
 from smcr.core import Action
 from smcr.core.connection import Connection
 from smcr.locks import give, take, try_take
-from smcr.stack import inplace, reader, sender
+from smcr.stack import inplace, reader, sender, waiter
 from smcr.stack.counters import COUNTERS
 from smcr.stack.executor import ring_read, ring_write
 from smcr.stack.frames import release_frames
@@ -417,7 +417,7 @@ class DataPath:
                 if c is None or (waitall and len(out) >= len(hc.rmb)):
                     return -1
                 need = len(out) if waitall else 1
-                if not c.readable(need):
+                if not c.readable(need) and not ((w := waiter.WAIT_READABLE) and w(self, c, need)):
                     self.progress.wait(hc, lambda: c.readable(need), None)
                 n = self.recv_fast(c, out, waitall)
             finally:
@@ -868,8 +868,8 @@ def byte_view(data: Any) -> memoryview:
 SENDS_NOW: Final = sender.bind(DataPath, byte_view)
 """``send`` and ``sendall`` try the lane's whole send first (:mod:`smcr.stack.sender`)."""
 READS_NOW: Final = SENDS_NOW and reader.FOLLOW is not None
-"""A non-blocking ``recv`` and ``recv_into`` try the lane's whole read first
-(:mod:`smcr.stack.reader`: it reads the classes the sender's binding bound too)."""
+"""A non-blocking ``recv``/``recv_into`` tries the lane's read first (:mod:`smcr.stack.reader`)."""
+waiter.WAIT_READABLE = waiter.bound()  # (after the send's and the read's: it reads theirs)
 NOT_NOW: Final = -2
 """The lane's read declined: the Python reads."""
 

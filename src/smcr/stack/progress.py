@@ -18,7 +18,8 @@
   answer that comes within microseconds then costs no doorbell, no sleep and no wakeup
   on either side.  A blocking ``connect`` waiting for the server's Accept, and an
   ``accept`` whose handshake waits for the client's Confirm, watch the handshakes' TCP
-  sockets the same way, for up to :data:`CLC_SPIN`.
+  sockets the same way, for up to :data:`CLC_SPIN`.  Where no spin is allowed (a crowded
+  host), a blocking read's wait takes the same steps in C (:mod:`smcr.stack.waiter`).
 * **News between two polls is heard at once** by whoever may await it.  When an
   application thread stops polling (its ``recv`` returned) and someone may await what
   comes before its next call (:meth:`Progress.standby_needed`: the program watched a
@@ -118,6 +119,9 @@ class Progress:
         the runtime): which one woke a sleeper is told by number, with no call."""
         self._sleep_app = self._sleeper(self.wake.bell(False).fileno())
         self._sleep_bg = self._sleeper(self.wake.bell(True).fileno())
+        self.sleep_app_fd = self._sleep_app.fileno()
+        """The application pollers' epoll descriptor, by number (the lane's wait sleeps on
+        it: :mod:`smcr.stack.waiter`)."""
         self.thread = NamedThread(target=self._progress_thread, name="smcr-progress",
                                        daemon=True)  # fmt: skip
 
@@ -354,7 +358,6 @@ class Progress:
                 limit = min(limit, max(0.0, timer - time.monotonic()))
                 if limit == 0.0:
                     ex.timer_check = 0.0  # due now: process() must run the timers
-            clc = ex.clc
             bg = self.wake.poller == "bg"
             sleeper = self._sleep_bg if bg else self._sleep_app
             lock = ex.lock
@@ -367,22 +370,31 @@ class Progress:
                 if fd == self._cq_fd:
                     if not cq.edge_signals:
                         cq.clear_signal()
-                elif fd == self._clc_fd:
-                    for clc_fd, _ in clc.ep.poll(0):
-                        hc = clc.watch.get(clc_fd)
-                        if hc is not None:
-                            ex.clc_read(hc)
-                elif fd == self._tcp_fd:
-                    for ended in clc.ended():
-                        self.closing.peer_tcp_ended(ended)
-                else:  # our own doorbell (in C: the GIL is kept while the lock is held)
-                    doorbell.drain(self.wake.bell(bg))
-                    if self.wake.app_polls_elsewhere():
-                        # an app thread took over polling while we slept: the ring (a new
-                        # descriptor to watch) was for it, and it may have gone into its
-                        # poll just after we drained the bell
-                        self.wake.kick()
+                else:
+                    self.woke(fd, bg)
         ex.process(wcs)
+
+    def woke(self, fd: int, bg: bool) -> None:
+        """What a poller's sleep woke for, other than the CQ (lock held): a handshake's CLC
+        message, a handshake's TCP connection that ended, or its doorbell (``bg``: the
+        progress thread's).  Also the lane's wait's (:mod:`smcr.stack.waiter`)."""
+        ex = self.ex
+        clc = ex.clc
+        if fd == self._clc_fd:
+            for clc_fd, _ in clc.ep.poll(0):
+                hc = clc.watch.get(clc_fd)
+                if hc is not None:
+                    ex.clc_read(hc)
+        elif fd == self._tcp_fd:
+            for ended in clc.ended():
+                self.closing.peer_tcp_ended(ended)
+        else:  # our own doorbell (in C: the GIL is kept while the lock is held)
+            doorbell.drain(self.wake.bell(bg))
+            if self.wake.app_polls_elsewhere():
+                # an app thread took over polling while we slept: the ring (a new
+                # descriptor to watch) was for it, and it may have gone into its
+                # poll just after we drained the bell
+                self.wake.kick()
 
     def _spin(self, seconds: float, clc: bool = False) -> tuple[list[WorkCompletion], bool]:
         """Watch the CQ for up to ``seconds`` with the lock released, then take what came
