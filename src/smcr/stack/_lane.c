@@ -1676,10 +1676,11 @@ done:
 /* ---------------------------------------------------------------- a blocking read's wait */
 
 typedef smcr___stack___progress___ProgressObject ProgressObj;
+typedef smcr___stack___spin___SpinPolicyObject SpinObj;
 typedef smcr___stack___readiness___DeferredChecksObject ChecksObj;
 typedef smcr___stack___trim___IdleTrimObject TrimObj;
 
-static PyTypeObject *progress_type, *checks_type, *trim_type;
+static PyTypeObject *progress_type, *spin_type, *checks_type, *trim_type;
 static PyObject *str_app;    /* Wakeups.poller's value while an application thread polls */
 static PyObject *spin_most;  /* smcr.stack.progress.SPIN, a float */
 static double longest_sleep; /* smcr.stack.progress.LONGEST_SLEEP */
@@ -1709,16 +1710,16 @@ static void *native_fn(void *lib, const char *name) {
     return fn;
 }
 
-/* bind_waiter(Progress, DeferredChecks, IdleTrim, "app", SPIN, DRAIN_EVERY, LONGEST_SLEEP,
- * library): the classes wait_readable reads (after bind_sender and bind_reader: it reads
- * theirs too), the constants of the Python it stands for, and the path of mypyc's shared
- * library (loaded already), whose methods it calls. */
+/* bind_waiter(Progress, SpinPolicy, DeferredChecks, IdleTrim, "app", SPIN, DRAIN_EVERY,
+ * LONGEST_SLEEP, library): the classes wait_readable reads (after bind_sender and
+ * bind_reader: it reads theirs too), the constants of the Python it stands for, and the
+ * path of mypyc's shared library (loaded already), whose methods it calls. */
 static PyObject *bind_waiter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 8 || !PyUnicode_CheckExact(args[3]) || !PyFloat_CheckExact(args[4]) ||
-        !PyLong_CheckExact(args[5]) || !PyFloat_CheckExact(args[6]) ||
-        !PyUnicode_Check(args[7])) {
-        PyErr_SetString(PyExc_TypeError, "bind_waiter takes 3 classes, a str, a float, an int, "
+    if (nargs != 9 || !PyUnicode_CheckExact(args[4]) || !PyFloat_CheckExact(args[5]) ||
+        !PyLong_CheckExact(args[6]) || !PyFloat_CheckExact(args[7]) ||
+        !PyUnicode_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "bind_waiter takes 4 classes, a str, a float, an int, "
                         "a float and a path");
         return NULL;
     }
@@ -1726,10 +1727,10 @@ static PyObject *bind_waiter(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "bind_waiter: bind_sender and bind_reader first");
         return NULL;
     }
-    long long every = PyLong_AsLongLong(args[5]);
+    long long every = PyLong_AsLongLong(args[6]);
     if (every == -1 && PyErr_Occurred())
         return NULL;
-    const char *path = PyUnicode_AsUTF8(args[7]);
+    const char *path = PyUnicode_AsUTF8(args[8]);
     if (path == NULL)
         return NULL;
     void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* (a reference: kept, as the module is) */
@@ -1748,9 +1749,10 @@ static PyObject *bind_waiter(PyObject *self, PyObject *const *args, Py_ssize_t n
     for (int i = 0; i < 6; i++)
         if (fns[i] == NULL)
             return NULL;
-    Py_ssize_t sizes[3] = {sizeof(ProgressObj), sizeof(ChecksObj), sizeof(TrimObj)};
-    PyTypeObject **slots[3] = {&progress_type, &checks_type, &trim_type};
-    if (bind_classes("bind_waiter", args, sizes, slots, 3) < 0)
+    Py_ssize_t sizes[4] = {sizeof(ProgressObj), sizeof(SpinObj), sizeof(ChecksObj),
+                           sizeof(TrimObj)};
+    PyTypeObject **slots[4] = {&progress_type, &spin_type, &checks_type, &trim_type};
+    if (bind_classes("bind_waiter", args, sizes, slots, 4) < 0)
         return NULL;
     readable_fn = (__typeof__(readable_fn))fns[0];
     allowance_fn = (__typeof__(allowance_fn))fns[1];
@@ -1758,12 +1760,12 @@ static PyObject *bind_waiter(PyObject *self, PyObject *const *args, Py_ssize_t n
     process_fn = (__typeof__(process_fn))fns[3];
     get_timer_fn = (__typeof__(get_timer_fn))fns[4];
     hand_back_fn = (__typeof__(hand_back_fn))fns[5];
-    Py_INCREF(args[3]);
-    Py_XSETREF(str_app, args[3]);
     Py_INCREF(args[4]);
-    Py_XSETREF(spin_most, args[4]);
+    Py_XSETREF(str_app, args[4]);
+    Py_INCREF(args[5]);
+    Py_XSETREF(spin_most, args[5]);
     drain_every = (int64_t)every;
-    longest_sleep = PyFloat_AS_DOUBLE(args[6]);
+    longest_sleep = PyFloat_AS_DOUBLE(args[7]);
     Py_RETURN_NONE;
 }
 
@@ -1821,8 +1823,10 @@ static int cq_take_standby(CqObj *cq) {
 
 /* CompletionQueue.arming then ShmCompletionQueue.req_notify(ARM_SLEEPER): 0, or -1. */
 static int cq_arm_sleeper(CqObj *cq) {
-    if (!short_int(cq->__undrained))
-        return -1; /* (checked by the caller: not reached) */
+    if (!short_int(cq->__undrained)) { /* (checked by the caller: not reached) */
+        PyErr_SetString(PyExc_SystemError, "wait_readable: the CQ's arm count is not short");
+        return -1;
+    }
     if (untag(cq->__undrained) >= drain_every) {
         cq->__undrained = tag(0);
         PyObject *r = PyObject_CallOneArg(drain_fn, cq->__bell_r); /* clear_signal */
@@ -2017,6 +2021,7 @@ static PyObject *wait_readable(PyObject *self, PyObject *const *args, Py_ssize_t
     if (pr->_ex != (PyObject *)ex || ex->_wake == NULL || Py_TYPE(ex->_wake) != wakeups_type ||
         ex->_cq == NULL || Py_TYPE(ex->_cq) != cq_type || ex->_lock == NULL ||
         ex->_engine == NULL || Py_TYPE(ex->_engine) != engine_type || pr->_spin == NULL ||
+        Py_TYPE(pr->_spin) != spin_type ||
         !short_int(pr->_sleep_app_fd) || !short_int(pr->__cq_fd) ||
         due_of(ex->_checks, checks_type) < 0.0 || due_of(ex->_trim, trim_type) < 0.0)
         Py_RETURN_FALSE;
@@ -2112,7 +2117,7 @@ static PyMethodDef methods[] = {
     {"read_now", (PyCFunction)(void (*)(void))read_now, METH_FASTCALL,
      "A read's common case, whole: the lock, the bytes, the readiness (see there)."},
     {"bind_waiter", (PyCFunction)(void (*)(void))bind_waiter, METH_FASTCALL,
-     "Bind the class and constants wait_readable reads."},
+     "Bind the classes, constants and compiled methods wait_readable uses."},
     {"wait_readable", (PyCFunction)(void (*)(void))wait_readable, METH_FASTCALL,
      "A blocking read's wait without spinning, in C (see there)."},
     {NULL, NULL, 0, NULL},

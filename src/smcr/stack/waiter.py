@@ -21,6 +21,7 @@ from smcr.rdma.completion import DRAIN_EVERY
 from smcr.stack import inplace, reader
 from smcr.stack.progress import LONGEST_SLEEP, SPIN, Progress
 from smcr.stack.readiness import DeferredChecks
+from smcr.stack.spin import SpinPolicy
 from smcr.stack.trim import IdleTrim
 
 GROUP = "smcr_native"
@@ -37,8 +38,8 @@ def bound() -> Callable[[Any, Any, int], bool] | None:
     if lane is None or reader.FOLLOW is None or library is None:
         return None
     try:
-        lane.bind_waiter(Progress, DeferredChecks, IdleTrim, "app", float(SPIN), DRAIN_EVERY,
-                         float(LONGEST_SLEEP), library)  # fmt: skip
+        lane.bind_waiter(Progress, SpinPolicy, DeferredChecks, IdleTrim, "app", float(SPIN),
+                         DRAIN_EVERY, float(LONGEST_SLEEP), library)  # fmt: skip
     except TypeError:
         return None
     wait: Callable[[Any, Any, int], bool] = lane.wait_readable
