@@ -1684,7 +1684,6 @@ static PyTypeObject *progress_type, *spin_type, *checks_type, *trim_type;
 static PyObject *str_app;    /* Wakeups.poller's value while an application thread polls */
 static PyObject *spin_most;  /* smcr.stack.progress.SPIN, a float */
 static double longest_sleep; /* smcr.stack.progress.LONGEST_SLEEP */
-static int64_t drain_every;  /* smcr.rdma.completion.DRAIN_EVERY */
 static PyObject *str_woke, *str_kick_progress, *str_park_at_exit;
 
 /* The compiled methods the wait calls, natively (found by name in mypyc's shared library at
@@ -1697,9 +1696,13 @@ static __typeof__(CPyDef_completion___CompletionQueue___poll) *cq_poll_fn;
 static __typeof__(CPyDef_executor___Executor___process) *process_fn;
 static __typeof__(CPyDef_engine___Engine___get_timer) *get_timer_fn;
 static __typeof__(CPyDef_progress___Progress____hand_back) *hand_back_fn;
+static __typeof__(CPyDef_shm___cq___ShmCompletionQueue___take_standby) *take_standby_fn;
+static __typeof__(CPyDef_completion___CompletionQueue___arming) *arming_fn;
+static __typeof__(CPyDef_shm___cq___ShmCompletionQueue___req_notify) *req_notify_fn;
+static __typeof__(CPyDef_shm___cq___ShmCompletionQueue___take_arm) *take_arm_fn;
 
 #define ARM_SLEEPER 1 /* smcr.rdma.completion.ARM_SLEEPER */
-#define ARMED_WORD 0  /* smcr.rdma.shm.cq.ARMED: the armed word's offset in the notify segment */
+#define NATIVE_FNS 10
 #define MAX_EVENTS 8  /* a poller sleeps on the CQ, its bell and the handshakes' two epolls */
 
 /* One compiled function of the shared library handle: its address, or NULL (an error set). */
@@ -1710,27 +1713,23 @@ static void *native_fn(void *lib, const char *name) {
     return fn;
 }
 
-/* bind_waiter(Progress, SpinPolicy, DeferredChecks, IdleTrim, "app", SPIN, DRAIN_EVERY,
- * LONGEST_SLEEP, library): the classes wait_readable reads (after bind_sender and
- * bind_reader: it reads theirs too), the constants of the Python it stands for, and the
- * path of mypyc's shared library (loaded already), whose methods it calls. */
+/* bind_waiter(Progress, SpinPolicy, DeferredChecks, IdleTrim, "app", SPIN, LONGEST_SLEEP,
+ * library): the classes wait_readable reads (after bind_sender and bind_reader: it reads
+ * theirs too), the constants of the Python it stands for, and the path of mypyc's shared
+ * library (loaded already), whose methods it calls. */
 static PyObject *bind_waiter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 9 || !PyUnicode_CheckExact(args[4]) || !PyFloat_CheckExact(args[5]) ||
-        !PyLong_CheckExact(args[6]) || !PyFloat_CheckExact(args[7]) ||
-        !PyUnicode_Check(args[8])) {
-        PyErr_SetString(PyExc_TypeError, "bind_waiter takes 4 classes, a str, a float, an int, "
-                        "a float and a path");
+    if (nargs != 8 || !PyUnicode_CheckExact(args[4]) || !PyFloat_CheckExact(args[5]) ||
+        !PyFloat_CheckExact(args[6]) || !PyUnicode_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "bind_waiter takes 4 classes, a str, two floats and "
+                        "a path");
         return NULL;
     }
     if (datapath_type == NULL || readiness_type == NULL || conn_type == NULL) {
         PyErr_SetString(PyExc_TypeError, "bind_waiter: bind_sender and bind_reader first");
         return NULL;
     }
-    long long every = PyLong_AsLongLong(args[6]);
-    if (every == -1 && PyErr_Occurred())
-        return NULL;
-    const char *path = PyUnicode_AsUTF8(args[8]);
+    const char *path = PyUnicode_AsUTF8(args[7]);
     if (path == NULL)
         return NULL;
     void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* (a reference: kept, as the module is) */
@@ -1738,15 +1737,19 @@ static PyObject *bind_waiter(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_Format(PyExc_TypeError, "bind_waiter: %s is not loaded", path);
         return NULL;
     }
-    void *fns[6] = {
+    void *fns[NATIVE_FNS] = {
         native_fn(lib, "CPyDef_connection___Connection___readable"),
         native_fn(lib, "CPyDef_spin___SpinPolicy___allowance"),
         native_fn(lib, "CPyDef_completion___CompletionQueue___poll"),
         native_fn(lib, "CPyDef_executor___Executor___process"),
         native_fn(lib, "CPyDef_engine___Engine___get_timer"),
         native_fn(lib, "CPyDef_progress___Progress____hand_back"),
+        native_fn(lib, "CPyDef_shm___cq___ShmCompletionQueue___take_standby"),
+        native_fn(lib, "CPyDef_completion___CompletionQueue___arming"),
+        native_fn(lib, "CPyDef_shm___cq___ShmCompletionQueue___req_notify"),
+        native_fn(lib, "CPyDef_shm___cq___ShmCompletionQueue___take_arm"),
     };
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < NATIVE_FNS; i++)
         if (fns[i] == NULL)
             return NULL;
     Py_ssize_t sizes[4] = {sizeof(ProgressObj), sizeof(SpinObj), sizeof(ChecksObj),
@@ -1760,12 +1763,15 @@ static PyObject *bind_waiter(PyObject *self, PyObject *const *args, Py_ssize_t n
     process_fn = (__typeof__(process_fn))fns[3];
     get_timer_fn = (__typeof__(get_timer_fn))fns[4];
     hand_back_fn = (__typeof__(hand_back_fn))fns[5];
+    take_standby_fn = (__typeof__(take_standby_fn))fns[6];
+    arming_fn = (__typeof__(arming_fn))fns[7];
+    req_notify_fn = (__typeof__(req_notify_fn))fns[8];
+    take_arm_fn = (__typeof__(take_arm_fn))fns[9];
     Py_INCREF(args[4]);
     Py_XSETREF(str_app, args[4]);
     Py_INCREF(args[5]);
     Py_XSETREF(spin_most, args[5]);
-    drain_every = (int64_t)every;
-    longest_sleep = PyFloat_AS_DOUBLE(args[7]);
+    longest_sleep = PyFloat_AS_DOUBLE(args[6]);
     Py_RETURN_NONE;
 }
 
@@ -1785,86 +1791,6 @@ static int poller_is(WakeupsObj *wake) {
     if (p == str_app || PyUnicode_Compare(p, str_app) == 0)
         return 1;
     return PyErr_Occurred() ? -1 : 2;
-}
-
-/* The shm CQ's armed word, or NULL where its segment is closed (the device goes): view
- * released by the caller (held only while the lock is: a close meanwhile would fail). */
-static uint32_t *armed_word(CqObj *cq, Py_buffer *view) {
-    if (cq->__notify == NULL || PyObject_GetBuffer(cq->__notify, view, PyBUF_SIMPLE) < 0) {
-        PyErr_Clear(); /* (closed) */
-        return NULL;
-    }
-    if (view->len < ARMED_WORD + 4) {
-        PyBuffer_Release(view);
-        return NULL;
-    }
-    return (uint32_t *)((char *)view->buf + ARMED_WORD);
-}
-
-/* ShmCompletionQueue.take_standby (its result unused): 0, or -1 (an error set). */
-static int cq_take_standby(CqObj *cq) {
-    if (cq->__armed == tag(ARM_STANDBY)) {
-        if (smcr_lock_take(cq->__lock) < 0)
-            return -1;
-        if (cq->__armed == tag(ARM_STANDBY))
-            cq->__armed = tag(0);
-        if (smcr_lock_give(cq->__lock) < 0)
-            return -1;
-    }
-    Py_buffer view;
-    uint32_t *w = armed_word(cq, &view);
-    if (w != NULL) {
-        if (__atomic_load_n(w, __ATOMIC_RELAXED) == word_of(ARM_STANDBY))
-            __atomic_store_n(w, 0u, __ATOMIC_RELAXED);
-        PyBuffer_Release(&view);
-    }
-    return 0;
-}
-
-/* CompletionQueue.arming then ShmCompletionQueue.req_notify(ARM_SLEEPER): 0, or -1. */
-static int cq_arm_sleeper(CqObj *cq) {
-    if (!short_int(cq->__undrained)) { /* (checked by the caller: not reached) */
-        PyErr_SetString(PyExc_SystemError, "wait_readable: the CQ's arm count is not short");
-        return -1;
-    }
-    if (untag(cq->__undrained) >= drain_every) {
-        cq->__undrained = tag(0);
-        PyObject *r = PyObject_CallOneArg(drain_fn, cq->__bell_r); /* clear_signal */
-        if (r == NULL)
-            return -1;
-        Py_DECREF(r);
-    }
-    if (smcr_lock_take(cq->__lock) < 0)
-        return -1;
-    cq->__armed = tag(ARM_SLEEPER);
-    cq->__undrained = tag(untag(cq->__undrained) + 1);
-    if (smcr_lock_give(cq->__lock) < 0)
-        return -1;
-    Py_buffer view;
-    uint32_t *w = armed_word(cq, &view);
-    if (w != NULL) {
-        __atomic_store_n(w, word_of(ARM_SLEEPER), __ATOMIC_RELAXED);
-        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* (smcr.rdma.shm.words.fence) */
-        PyBuffer_Release(&view);
-    }
-    return 0;
-}
-
-/* ShmCompletionQueue.take_arm (its result unused): 0, or -1. */
-static int cq_take_arm(CqObj *cq) {
-    if (smcr_lock_take(cq->__lock) < 0)
-        return -1;
-    cq->__armed = tag(0);
-    if (smcr_lock_give(cq->__lock) < 0)
-        return -1;
-    Py_buffer view;
-    uint32_t *w = armed_word(cq, &view);
-    if (w != NULL) {
-        if (__atomic_load_n(w, __ATOMIC_RELAXED) != 0)
-            __atomic_store_n(w, 0u, __ATOMIC_RELAXED);
-        PyBuffer_Release(&view);
-    }
-    return 0;
 }
 
 /* A due time of the deferred checks or the idle trim (their float, 0 for none), or -1.0
@@ -1913,13 +1839,15 @@ static int sleep_ms(ExecutorObj *ex) {
  * at, asleep on the pollers' epoll descriptor with the lock and the GIL let go where nothing
  * came, the news processed.  0, or -1 (an error set; the lock held again). */
 static int poll_round(ProgressObj *pr, ExecutorObj *ex, CqObj *cq, int epfd, int cq_fd) {
-    if (cq_take_standby(cq) < 0 || cq_arm_sleeper(cq) < 0)
+    /* (the methods of the exact class checked: take_standby, arming, req_notify, take_arm) */
+    if (take_standby_fn((PyObject *)cq) == 2 || arming_fn((PyObject *)cq) == 2 ||
+        req_notify_fn((PyObject *)cq, tag(ARM_SLEEPER)) == 2)
         return -1;
     PyObject *wcs = cq_poll_fn((PyObject *)cq, tag(64)); /* (Executor.look's most) */
     if (wcs == NULL)
         return -1;
     int some = PyObject_IsTrue(wcs);
-    if (some < 0 || (some && cq_take_arm(cq) < 0)) {
+    if (some < 0 || (some && take_arm_fn((PyObject *)cq) == CPY_INT_TAG)) {
         Py_DECREF(wcs);
         return -1;
     }
@@ -2028,8 +1956,7 @@ static PyObject *wait_readable(PyObject *self, PyObject *const *args, Py_ssize_t
     CqObj *cq = (CqObj *)ex->_cq;
     WakeupsObj *wake = (WakeupsObj *)ex->_wake;
     unsigned long ident = PyThread_get_thread_ident();
-    if (cq->_edge_signals != 1 || cq->_pollers_receive != 0 || !short_int(cq->__undrained) ||
-        !short_int(wake->_waiting) || (int64_t)ident < 0 || !fits((int64_t)ident))
+    if (cq->_edge_signals != 1 || cq->_pollers_receive != 0 || !short_int(wake->_waiting) || (int64_t)ident < 0 || !fits((int64_t)ident))
         Py_RETURN_FALSE;
     int epfd = (int)untag(pr->_sleep_app_fd), cq_fd = (int)untag(pr->__cq_fd);
     double began = 0.0, most = PyFloat_AS_DOUBLE(spin_most);

@@ -17,7 +17,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from smcr.rdma.completion import DRAIN_EVERY
 from smcr.stack import inplace, reader
 from smcr.stack.progress import LONGEST_SLEEP, SPIN, Progress
 from smcr.stack.readiness import DeferredChecks
@@ -39,7 +38,7 @@ def bound() -> Callable[[Any, Any, int], bool] | None:
         return None
     try:
         lane.bind_waiter(Progress, SpinPolicy, DeferredChecks, IdleTrim, "app", float(SPIN),
-                         DRAIN_EVERY, float(LONGEST_SLEEP), library)  # fmt: skip
+                         float(LONGEST_SLEEP), library)  # fmt: skip
     except TypeError:
         return None
     wait: Callable[[Any, Any, int], bool] = lane.wait_readable
