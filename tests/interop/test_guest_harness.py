@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -9,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.interop.guest import PANIC_MARK, Guest, GuestPanicError, GuestTimeoutError
+from tests.support import REPO_ROOT
 
 
 def _guest_dirs(base: Path) -> Guest:
@@ -51,3 +55,55 @@ def test_a_command_of_a_live_guest_that_answers_nothing_times_out(tmp_path: Path
         guest.run("true", timeout=1.5)
     assert not isinstance(err.value, GuestPanicError)
     assert time.monotonic() - t0 >= 1.5
+
+
+RERUN_CASES = '''
+import pytest
+from pathlib import Path
+from tests.interop.guest import GuestPanicError
+
+pytestmark = pytest.mark.interop
+RUNS = Path(__file__).with_name("runs")
+
+
+def _count(name: str) -> int:
+    RUNS.mkdir(exist_ok=True)
+    (RUNS / name).open("a").write("x")
+    return len((RUNS / name).read_text())
+
+
+def test_panics_once():
+    if _count("once") == 1:
+        try:
+            raise GuestPanicError("guest g2 panicked during: a command")
+        except GuestPanicError as exc:  # (as the suite's helpers wrap it)
+            raise AssertionError(f"{exc} -- the server's output") from exc
+
+
+def test_panics_every_time():
+    _count("every")
+    raise GuestPanicError("guest g1 panicked during: a command")
+
+
+def test_fails_otherwise():
+    _count("otherwise")
+    assert 1 == 2
+'''
+
+
+def test_a_guest_test_runs_once_more_only_when_a_guests_kernel_panicked(tmp_path: Path) -> None:
+    """The interop suite's rerun: a test failed by a guest's panic (raised, or the cause
+    of the failure raised) runs a second time; a second panic fails it; a failure of any
+    other kind fails at once."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.interop.conftest import pytest_collection_modifyitems  # noqa: F401\n")
+    (tmp_path / "test_cases.py").write_text(RERUN_CASES)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    interop: a guest's test\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                          str(tmp_path)], check=False, cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    summary = (out.stdout.strip().splitlines() or [""])[-1]
+    assert "2 failed, 1 passed, 2 rerun" in summary, out.stdout + out.stderr
+    runs = {p.name: len(p.read_text()) for p in (tmp_path / "runs").iterdir()}
+    assert runs == {"once": 2, "every": 2, "otherwise": 1}, runs
