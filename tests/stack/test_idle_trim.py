@@ -16,10 +16,19 @@ from hypothesis import strategies as st
 from smcr.stack.counters import COUNTERS
 from smcr.stack.hostconn import HostConn
 from smcr.stack.runtime import Stack
-from smcr.stack.trim import LOOK_EVERY, QUIET_BYTES, read_behind, ring_pieces
+from smcr.stack.trim import (
+    LOOK_EVERY,
+    QUIET_BYTES,
+    TRICKLE_STEP,
+    read_behind,
+    ring_pieces,
+    trickle_step,
+)
 from tests.stack.hosts import SIZE, conn, connect, hosts, read, send, wait
 
 PAGE = 4096
+STEP = trickle_step(SIZE)
+"""What a trickle gives back at once here (a quarter of the test's small rings)."""
 
 
 def _rmb_bytes(stack: Stack) -> int:
@@ -113,10 +122,12 @@ def test_bytes_the_peer_has_not_read_stay_and_the_stream_goes_on_intact() -> Non
 def test_a_busy_stream_keeps_its_pages_a_slow_one_gives_them_back() -> None:
     """A connection that wrote more than ``QUIET_BYTES`` since the previous look keeps its
     pages (a busy stream would only fault them in again); one that wrote less gives back
-    what the peer has read at every look (a chat, a heartbeat: its writes would otherwise
-    move through the whole ring over time)."""
+    what the peer has read, :func:`trickle_step` or more at a time (a chat, a heartbeat: its
+    writes would otherwise move through the whole ring over time), and all of it at the
+    first look that finds it quiet."""
     with hosts(2) as (x, y):
         hx, hy = connect(x, y)
+        before = _rmb_bytes(x)
         _look(y)
         chunk = SIZE - PAGE
         for _ in range(QUIET_BYTES // chunk + 2):  # (more than QUIET_BYTES, the ring's laps)
@@ -128,6 +139,7 @@ def test_a_busy_stream_keeps_its_pages_a_slow_one_gives_them_back() -> None:
         cy = conn(y, hy)
         wait(y, hy, lambda: cy.peer_cons == cy.tx_sent)
         held = _rmb_bytes(x)
+        assert held >= before + SIZE - 2 * PAGE
         _look(y, times=1)
         assert _rmb_bytes(x) == held  # busy since the last look
         for _ in range(3):  # now slow: a little between looks
@@ -136,7 +148,9 @@ def test_a_busy_stream_keeps_its_pages_a_slow_one_gives_them_back() -> None:
             assert _read_all(x, hx, len(data)) == data
             wait(y, hy, lambda: cy.peer_cons == cy.tx_sent)
             _look(y, times=1)
-            assert _rmb_bytes(x) <= 2 * PAGE + held - (SIZE - 2 * PAGE)
+            assert _rmb_bytes(x) <= before + STEP + 2 * PAGE
+        _look(y, times=1)  # quiet now: every whole page read goes
+        assert _rmb_bytes(x) <= before + PAGE
 
 
 def test_the_send_buffer_gives_back_what_was_sent_and_read() -> None:
@@ -161,20 +175,31 @@ def test_the_send_buffer_gives_back_what_was_sent_and_read() -> None:
         assert end and bytes(hy.sndbuf[:end]) == bytes(end)
 
 
-def test_a_trickle_gives_back_page_after_page() -> None:
-    """Less than a page between looks: the page the consumer cursor is in stays, and goes
-    once the cursor has left it (three laps of the ring at 1,000 bytes a look hold no
-    more than the pages around the cursor)."""
+def test_a_trickle_gives_back_several_pages_at_a_time() -> None:
+    """Less than a page between looks: the pages read go once :func:`trickle_step` of them are
+    there, in give-backs of at least that much (each one interrupts every CPU that runs
+    either process); three laps of the ring at 1,000 bytes a look hold no more than that
+    and the pages around the cursor; a look that finds the trickle quiet gives back the
+    rest."""
     with hosts(2) as (x, y):
         hx, hy = connect(x, y)
         before = _rmb_bytes(x)
+        steps = []
         for _ in range(3 * SIZE // 1000):
             data = os.urandom(1000)
             send(y, hy, data)
             assert _read_all(x, hx, len(data)) == data
             _acknowledged(y, hy, conn(x, hx).rx_cons)
+            trimmed = COUNTERS.trimmed_bytes
             _look(y, times=1)
-            assert _rmb_bytes(x) <= before + 2 * PAGE
+            if COUNTERS.trimmed_bytes != trimmed:
+                steps.append(COUNTERS.trimmed_bytes - trimmed)
+            assert _rmb_bytes(x) <= before + STEP + 2 * PAGE
+        assert STEP >= 2 * PAGE  # (several pages even in the test's small rings)
+        assert len(steps) >= 3 * SIZE // STEP - 2, steps
+        assert min(steps) >= STEP, steps
+        _look(y, times=1)
+        assert _rmb_bytes(x) <= before + PAGE
 
 
 def test_a_quiet_reader_tells_its_cursor_so_that_the_writer_gives_back() -> None:
@@ -212,3 +237,10 @@ def test_the_slots_given_back_hold_only_bytes_already_read(
     unread = {p % size for p in range(cons, written)}
     assert not slots & unread
     assert slots == {p % size for p in range(max(given_back, written - size), cons)}
+
+
+def test_the_trickle_step_is_a_quarter_of_a_small_ring_and_whole_pages() -> None:
+    assert trickle_step(4 << 20) == TRICKLE_STEP == 8 * PAGE
+    assert trickle_step(64 << 10) == 4 * PAGE
+    assert trickle_step(20 << 10) == PAGE  # (a quarter is 5 KiB: one whole page)
+    assert trickle_step(PAGE) == PAGE

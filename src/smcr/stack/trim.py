@@ -49,6 +49,16 @@ LOOK_EVERY: Final = 1.0
 """Seconds between looks while connections have traffic (none once all are quiet)."""
 QUIET_BYTES: Final = 1 << 20
 """A connection that wrote at most this many bytes since the previous look gives back."""
+TRICKLE_STEP: Final = 8 * PAGE
+"""The least that a connection still writing (a trickle: some bytes since the previous look,
+at most :data:`QUIET_BYTES`) gives back at once; one that wrote nothing gives back any
+whole page.  Why: a give-back of an shm segment punches it, and the kernel then flushes the
+TLB of every CPU that runs either process, an interrupt to each (a VM exit each under a
+hypervisor), whatever the length; 1,000 connections of 100-byte request/responses, each
+giving back the page or so it wrote a second, spent 2.7% of the server's CPU in madvise.
+A page at a time costs that many interrupts; 8 at a time, an eighth.  The cost in memory:
+at most this much more of each ring held while its connection trickles, none once quiet
+(and a quarter of a smaller ring: :func:`trickle_step`)."""
 
 
 class IdleTrim:
@@ -90,7 +100,8 @@ class IdleTrim:
                 tell.append(c.id)
             # (bytes that wait in the send buffer wait for the peer's CDC, which touches
             # the connection: the look after it sees them go)
-            if sent - seen <= QUIET_BYTES and c.tx_app == sent and _whole_page(hc, c):
+            step = PAGE if sent == seen else trickle_step(c.peer_rmb_size)
+            if sent - seen <= QUIET_BYTES and c.tx_app == sent and _may_go(hc, c, step):
                 busy = not trim_connection(hc, c, qps.get(c.qpn)) or busy
         self.due = now + LOOK_EVERY if busy else 0.0
         return tell
@@ -144,11 +155,17 @@ def ring_pieces(low: int, high: int, size: int) -> list[tuple[int, int]]:
     return pieces
 
 
-def _whole_page(hc: HostConn, c: Connection) -> bool:
-    """Whether a cursor moved a page or more past what was given back (else nothing can
-    go: only whole pages do)."""
-    return (c.peer_cons - hc.trim_cons >= PAGE
-            or max(c.tx_fin, c.peer_cons) - hc.trim_sent >= PAGE)  # fmt: skip
+def trickle_step(ring: int) -> int:
+    """What a trickling connection gives back at once, with a ring of ``ring`` bytes:
+    :data:`TRICKLE_STEP`, or a quarter of a smaller ring (whole pages, at least one)."""
+    return max(PAGE, min(TRICKLE_STEP, ring // 4 // PAGE * PAGE))
+
+
+def _may_go(hc: HostConn, c: Connection, step: int) -> bool:
+    """Whether a cursor moved ``step`` bytes or more past what was given back (only whole
+    pages go: ``step`` is at least one)."""
+    return (c.peer_cons - hc.trim_cons >= step
+            or max(c.tx_fin, c.peer_cons) - hc.trim_sent >= step)  # fmt: skip
 
 
 def _ring_discard(discard: Callable[[int, int], int], low: int, high: int, size: int) -> int:
