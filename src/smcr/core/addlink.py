@@ -137,7 +137,7 @@ class AddLinkFlows:
         for pair in pairs:
             rt = lgr.rtoken_find(flow.link, pair.rmb_key)
             if rt is not None:
-                rt[flow.new] = (pair.rmb_key_new, pair.rmb_vaddr_new)
+                lgr.rtoken_set(rt, flow.new, pair.rmb_key_new, pair.rmb_vaddr_new)
 
     def _rkeys_received(self, flow: AddLinkFlow, msg: AddLinkCont) -> None:
         self._save_rkeys(flow, msg.rkeys)

@@ -461,8 +461,8 @@ class ClcHandshakes:
         On a tie, Linux's choice.  The client follows whatever the Accept names, so
         the choice is the server's alone (a Linux client follows it too)."""
         usable = [x for x in lgr.links if x.state is LinkState.LINK_ACTIVE and not x.is_asym]
-        if not usable:
-            return None
+        if len(usable) < 2:  # (no choice: the count below walks every connection)
+            return usable[0] if usable else None
         load = {id(x): 0 for x in usable}
         for c in lgr.conns.values():
             if c.link is not None and id(c.link) in load:

@@ -196,6 +196,10 @@ class LinkGroup:
     flow: LocalFlow | None = None
     flow_queue: deque[LocalFlow] = field(default_factory=deque)
     peer_rtokens: list[Rtoken] = field(default_factory=list)  # confirmed peer RMBs
+    rtoken_index: dict[tuple[Link, int], Rtoken] = field(default_factory=dict)
+    """:attr:`peer_rtokens` by (link, rkey on it): a new connection's lookup (it misses: a
+    new RMB) would otherwise walk all of them, up to 255, twice per handshake.  Kept by
+    the methods below, the one way the rtokens change."""
     idle_rmbs: dict[int, Link] = field(default_factory=dict)
     """Our RMBs of released connections whose rkey the peer still holds, by rkey, with
     the link it holds it for (:meth:`Rkeys.release <smcr.core.rkeys.Rkeys.release>`):
@@ -264,11 +268,7 @@ class LinkGroup:
 
     def rtoken_find(self, link: Link, rkey: int) -> Rtoken | None:
         """The peer RMB known on ``link`` by ``rkey``."""
-        for rt in self.peer_rtokens:
-            got = rt.get(link)
-            if got is not None and got[0] == rkey:
-                return rt
-        return None
+        return self.rtoken_index.get((link, rkey))
 
     def rtoken_add(self, link: Link, rkey: int, vaddr: int) -> Rtoken:
         """Add a peer RMB by its rkey on ``link`` (the one already there if known)."""
@@ -276,12 +276,34 @@ class LinkGroup:
         if rt is None:
             rt = {link: (rkey, vaddr)}
             self.peer_rtokens.append(rt)
+            self.rtoken_index[link, rkey] = rt
         return rt
+
+    def rtoken_set(self, rt: Rtoken, link: Link, rkey: int, vaddr: int) -> None:
+        """Peer RMB ``rt`` is known on ``link`` by ``rkey`` at ``vaddr`` (its other links'
+        keys, ``smc_rtoken_set``, or a new key on the same link)."""
+        self._unindex(rt, link)
+        rt[link] = (rkey, vaddr)
+        self.rtoken_index[link, rkey] = rt
 
     def rtoken_delete(self, link: Link, rkey: int) -> bool:
         """Forget a peer RMB named by its rkey on ``link``; False if unknown."""
         rt = self.rtoken_find(link, rkey)
         if rt is None:
             return False
+        for x in list(rt):
+            self._unindex(rt, x)
         self.peer_rtokens.remove(rt)
         return True
+
+    def rtokens_forget_link(self, link: Link) -> None:
+        """Every peer RMB's key on ``link``, which is gone."""
+        for rt in self.peer_rtokens:
+            self._unindex(rt, link)
+            rt.pop(link, None)
+
+    def _unindex(self, rt: Rtoken, link: Link) -> None:
+        """``rt``'s key on ``link`` no longer finds it."""
+        old = rt.get(link)
+        if old is not None and self.rtoken_index.get((link, old[0])) is rt:
+            del self.rtoken_index[link, old[0]]

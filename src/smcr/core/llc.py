@@ -310,9 +310,9 @@ class LinkLayer:
                 break
         if rt is None:
             rt = lgr.rtoken_add(link, msg.rmb_key, msg.rmb_vaddr)
-        rt[link] = (msg.rmb_key, msg.rmb_vaddr)
+        lgr.rtoken_set(rt, link, msg.rmb_key, msg.rmb_vaddr)
         for x, other in named:
-            rt[x] = (other.rmb_key, other.rmb_vaddr)
+            lgr.rtoken_set(rt, x, other.rmb_key, other.rmb_vaddr)
         self.post_llc(link, msg.response(), out)
 
     def receive_confirm_rkey_response(self, link: Link, msg: LlcMessage, now: float,
@@ -626,8 +626,7 @@ class LinkLayer:
         state.cdc_pending.pop(link.qpn, None)
         for conn in lgr.conns.values():
             conn.rmb_keys.pop(link, None)
-        for rt in lgr.peer_rtokens:
-            rt.pop(link, None)
+        lgr.rtokens_forget_link(link)
         out.append(DestroyQp(link.qpn, **link.names))
 
     def link_gone(self, link: Link, out: list[Action], reason: str = "") -> None:
