@@ -55,6 +55,8 @@ from smcr.wire.errors import WireError
 from smcr.wire.llc import LLC_FLAG_NO_RMBE_EYEC, ConfirmLink, LlcMessage
 
 DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
+NO_DEADLINE = float("inf")
+"""What :meth:`ClcHandshakes.earliest_deadline` says without one (later than any)."""
 PROPOSALS_KEPT = 64
 
 ClcHandler = Callable[[Handshake, ClcMessage, float, list[Action]], None]
@@ -576,10 +578,15 @@ class ClcHandshakes:
 
     # -- timers -------------------------------------------------------------
 
-    def deadlines(self) -> list[float]:
-        """The deadlines of the handshakes (a held Proposal's wait is its first
-        contact's)."""
-        return [hs.deadline for hs in self.state.handshakes.values() if hs.conn not in self._held]
+    def earliest_deadline(self) -> float:
+        """The earliest deadline of the handshakes (a held Proposal's wait is its first
+        contact's), :data:`NO_DEADLINE` without one."""
+        earliest = NO_DEADLINE
+        held = self._held
+        for hs in self.state.handshakes.values():
+            if hs.deadline < earliest and hs.conn not in held:
+                earliest = hs.deadline
+        return earliest
 
     def handle_timer(self, now: float, out: list[Action]) -> None:
         """The handshakes whose deadline passed."""

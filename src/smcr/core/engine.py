@@ -50,7 +50,7 @@ from collections.abc import Collection
 
 from smcr.core import llc_msgs
 from smcr.core.addlink import AddLinkFlows
-from smcr.core.clc import ClcHandshakes
+from smcr.core.clc import NO_DEADLINE, ClcHandshakes
 from smcr.core.close import SmcState
 from smcr.core.config import Config, LocalIdentity
 from smcr.core.connection import Connection, Rmb
@@ -218,28 +218,30 @@ class Engine:
         return bool(self.state.events)
 
     def get_timer(self) -> float | None:
-        """The earliest deadline of any handshake, LLC flow or keepalive, or None."""
-        deadlines = self.clc.deadlines()
+        """The earliest deadline of any handshake, LLC flow or keepalive, or None.
+
+        (Every poller's sleep asks: the minimum kept as it goes, in native floats where
+        compiled, instead of a list of boxed ones and ``min``.)"""
+        earliest = self.clc.earliest_deadline()
         testlink_time = self.state.config.testlink_time
         for lgr in self.state.lgrs.values():
-            if lgr.flow is not None:
-                deadlines.append(lgr.flow.deadline)
+            flow = lgr.flow
+            if flow is not None and flow.deadline < earliest:
+                earliest = flow.deadline
             if lgr.idle_since is not None:
-                deadlines.append(lgr.idle_since + self._linger(lgr))
-            if lgr.remote_add is not None:
-                deadlines.append(lgr.remote_add.deadline)
+                earliest = min(earliest, lgr.idle_since + self._linger(lgr))
+            remote_add = lgr.remote_add
+            if remote_add is not None and remote_add.deadline < earliest:
+                earliest = remote_add.deadline
             for link in lgr.links:
-                if link.switch_deadline is not None:
-                    deadlines.append(link.switch_deadline)
+                switch = link.switch_deadline
+                if switch is not None and switch < earliest:
+                    earliest = switch
                 if link.state is LinkState.LINK_ACTIVE and testlink_time > 0:
-                    deadlines.append(
-                        link.test_deadline
-                        if link.test_deadline is not None
-                        else link.last_rx + testlink_time
-                    )
-        if not deadlines:  # (not min(default=): a call with keywords, every sleep)
-            return None
-        return min(deadlines)
+                    test = link.test_deadline
+                    due = test if test is not None else link.last_rx + testlink_time
+                    earliest = min(earliest, due)
+        return earliest if earliest < NO_DEADLINE else None
 
     # ============================================================ handshake
 
