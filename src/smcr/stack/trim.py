@@ -100,39 +100,42 @@ class IdleTrim:
                 tell.append(c.id)
             # (bytes that wait in the send buffer wait for the peer's CDC, which touches
             # the connection: the look after it sees them go)
-            step = PAGE if sent == seen else trickle_step(c.peer_rmb_size)
-            if sent - seen <= QUIET_BYTES and c.tx_app == sent and _may_go(hc, c, step):
-                busy = not trim_connection(hc, c, qps.get(c.qpn)) or busy
+            if sent - seen <= QUIET_BYTES and c.tx_app == sent:
+                busy = not trim_connection(hc, c, qps.get(c.qpn), sent == seen) or busy
         self.due = now + LOOK_EVERY if busy else 0.0
         return tell
 
 
-def trim_connection(hc: HostConn, c: Connection, qp: QueuePair | None) -> bool:
+def trim_connection(hc: HostConn, c: Connection, qp: QueuePair | None,
+                    quiet: bool = True) -> bool:  # fmt: skip
     """Give back what ``c`` touched and nobody needs: the peer's RMB behind its consumer
-    cursor, our send buffer behind what a failover would write again (module doc).
+    cursor, our send buffer behind what a failover would write again (module doc); each
+    part once a whole page of it can go, or, where the connection still writes (not
+    ``quiet``), once :func:`trickle_step` of that ring can.
 
     :returns: False when the peer's RMB could not be given back now (its QP busy): the
         next look tries again."""
     sent, cons = c.tx_sent, c.peer_cons
     size = c.peer_rmb_size
     low = read_behind(hc.trim_cons, sent, size)
-    if cons > low and qp is not None:
-        done = _ring_discard(
-            lambda addr, n: qp.discard_remote(c.peer_rkey, c.peer_vaddr + addr, n),
-            low, cons, size)
-        if done < 0:
-            return False
-        COUNTERS.trimmed_bytes += done
-    # from the page the cursor is in: the next range has its start, read meanwhile
-    hc.trim_cons = max(hc.trim_cons, cons // PAGE * PAGE)
-    mr = hc.sndbuf_mr
+    if cons - low >= (PAGE if quiet else trickle_step(size)):
+        if qp is not None:
+            done = _ring_discard(
+                lambda addr, n: qp.discard_remote(c.peer_rkey, c.peer_vaddr + addr, n),
+                low, cons, size)
+            if done < 0:
+                return False
+            COUNTERS.trimmed_bytes += done
+        # from the page the cursor is in: the next range has its start, read meanwhile
+        hc.trim_cons = max(hc.trim_cons, cons // PAGE * PAGE)
     needed = max(c.tx_fin, cons)  # (a failover writes again from here)
-    if mr is not None:
-        size = c.sndbuf_size
-        low = read_behind(hc.trim_sent, c.tx_app, size)
-        if needed > low:
+    size = c.sndbuf_size
+    low = read_behind(hc.trim_sent, c.tx_app, size)
+    if needed - low >= (PAGE if quiet else trickle_step(size)):
+        mr = hc.sndbuf_mr
+        if mr is not None:
             _ring_discard(mr.discard, low, needed, size)  # (not counted: seldom written)
-    hc.trim_sent = max(hc.trim_sent, needed // PAGE * PAGE)
+        hc.trim_sent = max(hc.trim_sent, needed // PAGE * PAGE)
     return True
 
 
@@ -159,13 +162,6 @@ def trickle_step(ring: int) -> int:
     """What a trickling connection gives back at once, with a ring of ``ring`` bytes:
     :data:`TRICKLE_STEP`, or a quarter of a smaller ring (whole pages, at least one)."""
     return max(PAGE, min(TRICKLE_STEP, ring // 4 // PAGE * PAGE))
-
-
-def _may_go(hc: HostConn, c: Connection, step: int) -> bool:
-    """Whether a cursor moved ``step`` bytes or more past what was given back (only whole
-    pages go: ``step`` is at least one)."""
-    return (c.peer_cons - hc.trim_cons >= step
-            or max(c.tx_fin, c.peer_cons) - hc.trim_sent >= step)  # fmt: skip
 
 
 def _ring_discard(discard: Callable[[int, int], int], low: int, high: int, size: int) -> int:
