@@ -146,8 +146,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     corrupts its memory now and then under TCG (seen: a double fault in the slab
     allocator under ``rxe_requester``, ``rxe_skb_tx_dtor`` from the neighbour timer), once
     in several CI runs, a bug of the guest's kernel that no test of smcr can settle.  Only
-    a panic: any other failure fails at once, and a second panic fails the test; the rerun
-    shows as ``R`` and in the summary, beside the panic's warning."""
+    a panic (a :class:`GuestPanicError` raised, or in the failure's chain: its cause or
+    the exception it was raised while handling): any other failure fails at once, and a
+    second panic fails the test; the rerun shows as ``R`` and in the summary, beside the
+    panic's warning.  Not caught: a panic seen only as the other end's error (a guest
+    whose server died while the host or the other guest waited as the client)."""
     for item in items:
         if item.get_closest_marker("interop") is not None:
             item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=[GuestPanicError]))
