@@ -56,7 +56,7 @@ from smcr.wire.llc import LLC_FLAG_NO_RMBE_EYEC, ConfirmLink, LlcMessage
 
 DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
 NO_DEADLINE = float("inf")
-"""What :meth:`ClcHandshakes.earliest_deadline` says without one (later than any)."""
+"""What :func:`earliest_deadline` says without one (later than any)."""
 PROPOSALS_KEPT = 64
 
 ClcHandler = Callable[[Handshake, ClcMessage, float, list[Action]], None]
@@ -578,16 +578,6 @@ class ClcHandshakes:
 
     # -- timers -------------------------------------------------------------
 
-    def earliest_deadline(self) -> float:
-        """The earliest deadline of the handshakes (a held Proposal's wait is its first
-        contact's), :data:`NO_DEADLINE` without one."""
-        earliest = NO_DEADLINE
-        held = self._held
-        for hs in self.state.handshakes.values():
-            if hs.deadline < earliest and hs.conn not in held:
-                earliest = hs.deadline
-        return earliest
-
     def handle_timer(self, now: float, out: list[Action]) -> None:
         """The handshakes whose deadline passed."""
         handshakes = self.state.handshakes
@@ -670,3 +660,14 @@ class ClcHandshakes:
         link.state = LinkState.LINK_ACTIVE
         link.last_rx = now
         link.lgr.lgr_type = LgrType.SINGLE
+
+
+def earliest_deadline(clc: ClcHandshakes) -> float:
+    """The earliest deadline of ``clc``'s handshakes (a held Proposal's wait is its first
+    contact's), :data:`NO_DEADLINE` without one."""
+    earliest = NO_DEADLINE
+    held = clc._held
+    for hs in clc.state.handshakes.values():
+        if hs.deadline < earliest and hs.conn not in held:
+            earliest = hs.deadline
+    return earliest

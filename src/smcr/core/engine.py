@@ -50,7 +50,7 @@ from collections.abc import Collection
 
 from smcr.core import llc_msgs
 from smcr.core.addlink import AddLinkFlows
-from smcr.core.clc import NO_DEADLINE, ClcHandshakes
+from smcr.core.clc import NO_DEADLINE, ClcHandshakes, earliest_deadline
 from smcr.core.close import SmcState
 from smcr.core.config import Config, LocalIdentity
 from smcr.core.connection import Connection, Rmb
@@ -222,7 +222,7 @@ class Engine:
 
         (Every poller's sleep asks: the minimum kept as it goes, in native floats where
         compiled, instead of a list of boxed ones and ``min``.)"""
-        earliest = self.clc.earliest_deadline()
+        earliest = earliest_deadline(self.clc)
         testlink_time = self.state.config.testlink_time
         for lgr in self.state.lgrs.values():
             flow = lgr.flow
