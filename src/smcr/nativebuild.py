@@ -131,7 +131,8 @@ C_EXTENSIONS: dict[str, str] = {"smcr.rdma.roce._loops": "rdma/roce/_loops.c",
                                  "smcr.rdma.shm._place": "rdma/shm/_place.c",
                                  "smcr.stack._lane": "stack/_lane.c",
                                  "smcr.rdma._doorbell": "rdma/_doorbell.c",
-                                 "smcr._locks": "_locks.c"}
+                                 "smcr._locks": "_locks.c",
+                                 "smcr.stack._epolls": "stack/_epolls.c"}
 #: Headers the C extensions include (relative to the package directory): hashed with the
 #: sources, so that an edit makes the build stale.
 C_HEADERS: tuple[str, ...] = ("_locks.h",)
