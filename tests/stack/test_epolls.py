@@ -109,6 +109,32 @@ def test_an_epoll_past_a_wide_hole_in_the_numbers_is_found(look: str) -> None:
         ep.close()
 
 
+@needs_c
+def test_out_of_descriptors_the_c_still_finds_every_instance() -> None:
+    """The C asks each descriptor with an eventfd of its own (an epoll instance is asked
+    to forget it); with no descriptor free for it, fstat and readlink look instead."""
+    assert C_EPOLLS is not None
+    eps = [select.epoll() for _ in range(2)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers: list[int] = []
+    try:
+        highest = max(int(name) for name in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, hard))
+        with pytest.raises(OSError):
+            while True:  # (the holes below the highest number filled: none free)
+                fillers.append(os.eventfd(0))
+        found = C_EPOLLS.epoll_fds()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert {ep.fileno() for ep in eps} <= set(found)
+        assert set(found) == epolls_by_proc()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for fd in fillers:
+            os.close(fd)
+        for ep in eps:
+            ep.close()
+
+
 def test_registrations_of_a_number_are_found_with_their_events(
         look: str, many: list[socket.socket]) -> None:  # fmt: skip
     a, b = select.epoll(), select.epoll()
