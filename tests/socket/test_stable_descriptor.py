@@ -22,6 +22,7 @@ from collections.abc import Callable
 import pytest
 
 import smcr
+import smcr.socket.connecting as smcr_connecting
 import smcr.socket.numbers as smcr_socket_numbers
 import smcr.stack.descriptors as smcr_descriptors
 import smcr.stack.readiness as smcr_readiness
@@ -123,14 +124,15 @@ def test_a_connect_keeps_the_number_and_its_epoll_registration_as_on_tcp(target:
         assert tcp == ["EINPROGRESS", True, 0, b"pong", [], []]
 
 
-@pytest.mark.parametrize("target", ["tcp", "nobody"])
+@pytest.mark.parametrize("target", ["tcp-late", "nobody"])
 def test_a_settled_connect_moves_the_number_in_the_programs_thread_only(
         target: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """A connect that settles to TCP in the background (the watcher thread sees the
-    TCP connect end) moves the number to the TCP socket on the program's next call,
-    in the program's thread: moved in the watcher's, the move (read the epoll
-    registrations, unregister, ``dup2``, register) raced the program's ``ep.modify``
-    right after ``connect``, whose events were lost or which failed with ``ENOENT``."""
+    """A connect that settles to TCP after ``connect`` returned (a peer without SMC whose
+    SYN-ACK came later: ``tcp-late``, the loopback's answer hidden from ``connect``; or a
+    refusal) moves the number to the TCP socket on the program's next call, in the
+    program's thread: moved in the watcher's, the move (read the epoll registrations,
+    unregister, ``dup2``, register) raced the program's ``ep.modify`` right after
+    ``connect``, whose events were lost or which failed with ``ENOENT``."""
     threads: list[str] = []
     real = smcr_descriptors.put_at
 
@@ -140,12 +142,37 @@ def test_a_settled_connect_moves_the_number_in_the_programs_thread_only(
 
     monkeypatch.setattr(smcr_socket_numbers, "put_at", put_at)
     monkeypatch.setattr(smcr_readiness, "put_at", put_at)
+    if target == "tcp-late":
+        monkeypatch.setattr(smcr_connecting, "_established", lambda sock: False)
+    target = target.removesuffix("-late")
     tcp = connect_registered_before(socket.socket, target)
     smc = connect_registered_before(smcr.SMCSocket, target)
     assert tcp == smc
     me = threading.current_thread().name
     assert threads[:2] == [me, me]  # the connect's readiness in, the TCP socket back
     assert set(threads) == {me}
+
+
+def test_a_peer_that_answered_without_smc_before_connect_returned_moves_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Over loopback a non-blocking connect's TCP handshake is over before ``connect``
+    returns: where the peer offered no SMC, the socket is TCP at once and its number stays
+    the TCP socket's throughout, as under the kernel's connect (each move looks at every
+    descriptor of the process, and reads an event loop's registrations), and the program
+    sees what TCP shows."""
+    moves: list[int] = []
+    real = smcr_descriptors.put_at
+
+    def put_at(number: int, source: int) -> None:
+        moves.append(number)
+        real(number, source)
+
+    monkeypatch.setattr(smcr_socket_numbers, "put_at", put_at)
+    monkeypatch.setattr(smcr_readiness, "put_at", put_at)
+    tcp = connect_registered_before(socket.socket, "tcp")
+    smc = connect_registered_before(smcr.SMCSocket, "tcp")
+    assert tcp == smc == ["EINPROGRESS", True, 0, b"pong", [], []]
+    assert moves == []
 
 
 def test_a_number_closed_by_the_program_is_not_used_by_smcr() -> None:

@@ -245,6 +245,16 @@ def connect(sock: SocketBase, address: Any) -> None:
                 acceptq.local_connect_ends(local, _established(sock))
         if err not in (0, errno.EINPROGRESS):
             raise OSError(err, os.strerror(err))
+        if not local and _established(sock) and not discovery.current().peer_offered(
+                sock, client=True):  # fmt: skip
+            # the peer answered without SMC before connect returned (loopback, say): TCP at
+            # once, the number the TCP socket's throughout, as under the kernel's connect
+            # (no readiness descriptor put under it and taken away again: each move looks
+            # at every descriptor of the process, and at an event loop's registrations)
+            handshake.fall_back(sock, int(DeclineCode.PEERNOSMC), 0)
+            if err == 0:
+                return
+            raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
         try:
             handshake.stack_here(sock)
             sock._connecting = Connecting(sock, named=not local)
