@@ -153,6 +153,51 @@ def test_a_settled_connect_moves_the_number_in_the_programs_thread_only(
     assert set(threads) == {me}
 
 
+def test_so_error_leaves_the_move_to_the_program_s_next_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """asyncio's order: the number registered for writing after ``connect``, ``SO_ERROR``
+    read when it is writable, the registration dropped, then ``fileno()`` (its
+    transport's).  The move back to the TCP socket after a fallback comes at that last
+    call, when no registration is left to carry (carrying one means reading the event
+    loop's whole list of registrations, one per connection), and the program sees TCP's
+    story: connected, then the bytes."""
+    carried: list[list[tuple[int, int]]] = []
+    real = smcr_descriptors.epoll_registrations
+
+    def epoll_registrations(number: int) -> list[tuple[int, int]]:
+        found = real(number)
+        carried.append(found)
+        return found
+
+    monkeypatch.setattr(smcr_descriptors, "epoll_registrations", epoll_registrations)
+    monkeypatch.setattr(smcr_connecting, "_established", lambda sock: False)
+    srv = socket.create_server(("127.0.0.1", 0))
+    s = smcr.SMCSocket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setblocking(False)
+    number = s.fileno()
+    ep = select.epoll()
+    try:
+        assert s.connect_ex(srv.getsockname()) == errno.EINPROGRESS
+        ep.register(number, select.EPOLLOUT)
+        wait_events(ep, number, select.EPOLLOUT)
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        assert len(carried) == 1  # (the connect's move only)
+        ep.unregister(number)
+        assert s.fileno() == number
+        assert carried == [[], []]  # the move back, after the loop let go: nothing to carry
+        ep.register(number, select.EPOLLIN)
+        conn, _ = srv.accept()
+        conn.sendall(b"pong")
+        wait_events(ep, number, select.EPOLLIN)
+        assert s.recv(4) == b"pong"
+        assert s.smc_info().mode == "TCP"
+        conn.close()
+    finally:
+        ep.close()
+        s.close()
+        srv.close()
+
+
 def test_a_peer_that_answered_without_smc_before_connect_returned_moves_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Over loopback a non-blocking connect's TCP handshake is over before ``connect``

@@ -280,11 +280,16 @@ class SMCSocket(SocketBase):
                 return self._shown_as[0]
             if optname == _socket.SO_PROTOCOL:
                 return self._shown_as[1]
-        numbers.catch_up(self)
         if level == _socket.SOL_SOCKET and optname == _socket.SO_ERROR and not args:
+            # (no catch-up here: an event loop asks it while it still watches the number
+            # for the connect, so that the move would carry that registration, whose
+            # events only the instance's whole list tells; its next call moves the number,
+            # once the loop has let go of it for the connect: numbers.catch_up)
             err = connecting.so_error(self)
             if err is not None:
                 return err
+        else:
+            numbers.catch_up(self)
         if self._mode not in ("TCP", "PLAIN") and level == _socket.SOL_SOCKET and not args:
             if optname == _socket.SO_RCVBUF:
                 return self._rmb_size or default_buffer_size()
