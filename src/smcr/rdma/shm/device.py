@@ -26,6 +26,7 @@ Design decisions (the why of each):
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import secrets
 import socket
@@ -70,6 +71,9 @@ DEFAULT_MAX_MR = 1 << 16
 allows.  32 bytes each, in a segment whose pages are backed only once written, so a
 large table costs what it holds; below this a process's descriptors run out first."""
 IOVA_BASE = 0x0000_7E00_0000_0000
+MOST_ASKERS = 256
+"""Look-up connections a device keeps for their requesters' next look-ups (past it, each
+is closed after its answer, as a requester that keeps none is answered)."""
 MAX_INLINE = 1 << 24
 """Inline WRs up to 16 MiB: the requester copies at post time anyway (:mod:`smcr.rdma.shm.qp`),
 so an inline WRITE costs what a registered one does and saves the caller a staging copy."""
@@ -135,6 +139,7 @@ class ShmDevice(Device):
             self._listener.close()
             os.unlink(self.path)
             raise
+        self._askers: dict[int, socket.socket] = {}  # kept look-up connections, by descriptor
         self._server = Engine("smcr-shm-server")
         self._server.watch(self._listener.fileno(), self._on_accept)
         self._server.watch(self._abstract.fileno(), self._on_accept_abstract)
@@ -236,7 +241,8 @@ class ShmDevice(Device):
                     conn.close()
 
     def _answer(self, conn: socket.socket, msg: rdv.Message) -> bool:
-        """Answer one rendezvous request; returns whether ``conn`` now belongs to a QP."""
+        """Answer one rendezvous request; returns whether ``conn`` is kept (it belongs to a
+        QP now, or waits for the requester's next MR look-ups)."""
         if msg.kind == rdv.HELLO:
             qp = self._qps.get(msg.b)
             if qp is None:
@@ -259,11 +265,52 @@ class ShmDevice(Device):
                 if qp.qp_num not in self._qps:  # destroyed meanwhile
                     self._granted.pop(self._token_of.pop(qp.qp_num), None)
             return True
-        if msg.kind == rdv.GET_MR:
-            self._grant_mr(conn, msg.a, msg.gid)
+        if msg.kind == rdv.GET_MR and self._grant_mr(conn, msg.a, msg.gid):
+            return self._keep_asker(conn)
         return False
 
-    def _grant_mr(self, conn: socket.socket, rkey: int, token: bytes) -> None:
+    def _keep_asker(self, conn: socket.socket) -> bool:
+        """Server thread: keep a look-up's connection for its requester's next look-ups (the
+        RMBs of its link's next connections), which then cost no connection of their own:
+        a connect, an accept and two closes were half of a look-up, and every connection's
+        first WRITE to its peer looks its RMB up.  At most :data:`MOST_ASKERS`; one that
+        errs, hangs up or is refused is closed."""
+        if len(self._askers) >= MOST_ASKERS:
+            return False
+        conn.setblocking(False)
+        self._askers[conn.fileno()] = conn
+        self._server.watch(conn.fileno(), functools.partial(self._on_ask, conn))
+        return True
+
+    def _on_ask(self, conn: socket.socket, _events: int) -> None:
+        """Server thread: a kept look-up connection spoke (or hung up): answer what it asks."""
+        while True:
+            try:
+                got = rdv.receive(conn)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                got = None
+            if got is not None:
+                msg, fds = got
+                for fd in fds:
+                    os.close(fd)
+                try:
+                    if msg.kind == rdv.GET_MR and self._grant_mr(conn, msg.a, msg.gid):
+                        continue
+                except OSError:  # (its answer did not go: a requester that does not read)
+                    pass
+            self._drop_asker(conn)
+            return
+
+    def _drop_asker(self, conn: socket.socket) -> None:
+        """Server thread: close a kept look-up connection."""
+        fd = conn.fileno()
+        if self._askers.pop(fd, None) is not None:
+            self._server.unwatch(fd)
+        conn.close()
+
+    def _grant_mr(self, conn: socket.socket, rkey: int, token: bytes) -> bool:
         """Hand the segment of MR ``rkey`` to the holder of ``token``, if it may have it.
 
         The rendezvous is open to every user of the network namespace, and the MR table
@@ -275,6 +322,8 @@ class ShmDevice(Device):
         a peer guessing the 32-bit rkeys of other connections on the same PD gets one
         guess per connection.  So a peer gets the memory its own connection's peer may
         reach and, but for that one guess, no other.
+
+        :returns: whether the MR was handed over (a refusal: False).
         """
         with self._lock:
             qp = self._granted.get(token)
@@ -283,7 +332,7 @@ class ShmDevice(Device):
                 if qp is not None:
                     del self._granted[token]
                 rdv.send(conn, rdv.Message(rdv.NACK, a=errno.ENOENT if qp else errno.EPERM))
-                return
+                return False
             mr, fd = entry.mr, entry.segment.fd
             writable = bool(mr.access & AccessFlag.REMOTE_WRITE)
             send_fd = fd if writable else os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
@@ -297,6 +346,7 @@ class ShmDevice(Device):
             finally:
                 if send_fd != fd:
                     os.close(send_fd)
+        return True
 
     # ----------------------------------------------------------------- close
 
@@ -306,6 +356,9 @@ class ShmDevice(Device):
             return
         self._closed = True
         self._server.stop()
+        for conn in self._askers.values():
+            conn.close()
+        self._askers.clear()
         self._listener.close()
         self._abstract.close()
         try:

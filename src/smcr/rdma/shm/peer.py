@@ -86,12 +86,16 @@ class PeerLink:
     standby_bell: socket.socket | None = None  # the peer CQ's standby doorbell, if it gave one
     bells: bytes = b""  # the peer CQ's consumer bell prefix, if it rings by name from here
     mrs: dict[int, RemoteMr] = field(default_factory=dict)
+    asker: socket.socket | None = None  # the connection kept for MR look-ups (_ask)
 
     def close(self) -> None:
-        """Release everything (mappings, doorbell, socket)."""
+        """Release everything (mappings, doorbell, sockets)."""
         for rm in self.mrs.values():
             rm.close()
         self.mrs.clear()
+        if self.asker is not None:
+            self.asker.close()
+            self.asker = None
         self.view.release()
         self.area.close()
         self.table.close()
@@ -185,13 +189,46 @@ class PeerLink:
             stale.close()
         return self._fetch(rkey)
 
+    def _ask(self, msg: rdv.Message) -> tuple[rdv.Message, list[int]]:
+        """One MR look-up over the connection kept for them, made at the first: each
+        connection's first WRITE looks its peer's RMB up, and a connection of its own per
+        look-up (a connect, the device's accept, two closes) was half the look-up's cost.
+        One the device closed meanwhile (it keeps so many; it closes one whose look-up it
+        refused) is made anew once.
+
+        :raises VerbsError: EHOSTUNREACH if the device is gone or does not answer."""
+        for _ in range(2):
+            kept = self.asker is not None
+            sock = self.asker or rdv.connect(self.path)
+            self.asker = None
+            try:
+                rdv.send(sock, msg)
+                answer = rdv.receive(sock)
+            except OSError as exc:
+                sock.close()
+                if kept:
+                    continue
+                raise VerbsError(errno.EHOSTUNREACH,
+                                 f"shm device at {self.path} did not answer") from exc  # fmt: skip
+            if answer is None:
+                sock.close()
+                if kept:
+                    continue
+                raise VerbsError(errno.EHOSTUNREACH, f"shm device at {self.path} hung up")
+            if answer[0].kind == rdv.NACK or self.asker is not None:
+                sock.close()  # (refused: the device closes it; or another look-up kept one)
+            else:
+                self.asker = sock
+            return answer
+        raise VerbsError(errno.EHOSTUNREACH, f"shm device at {self.path} did not answer")
+
     def _fetch(self, rkey: int) -> RemoteMr | None:
         """Ask the peer's device for the segment of ``rkey`` and map the MR's range of it
         (once per MR).
 
         :returns: ``None`` if the peer has no such live region.
         :raises VerbsError: EHOSTUNREACH if the peer's device does not answer."""
-        msg, fds = rdv.request(self.path, rdv.Message(rdv.GET_MR, a=rkey, gid=self.token))
+        msg, fds = self._ask(rdv.Message(rdv.GET_MR, a=rkey, gid=self.token))
         if msg.kind not in (rdv.MR_OK, rdv.MR_AT) or len(fds) != 1:
             for fd in fds:
                 os.close(fd)

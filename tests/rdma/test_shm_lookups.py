@@ -1,0 +1,107 @@
+"""MR look-ups over one kept connection to the peer's device (:meth:`PeerLink._ask
+<smcr.rdma.shm.peer.PeerLink>`, :meth:`ShmDevice._keep_asker
+<smcr.rdma.shm.device.ShmDevice>`): every connection's first WRITE looks its peer's RMB
+up, and a connection of its own per look-up was half the look-up's cost.  The kept
+connection answers as a fresh one would, a refusal still revokes and closes, a
+connection the device let go is made anew, and the device keeps a bounded number.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+
+import pytest
+
+from smcr.rdma.shm import device as shm_device
+from smcr.rdma.shm import rendezvous as rdv
+from smcr.rdma.shm.segment import Segment
+from tests.rdma.rdma_helpers import RW, Side
+
+
+def until(check: object, timeout: float = 5.0) -> bool:
+    """Whether ``check()`` came true within ``timeout`` (the device's thread acts)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_look_ups_share_one_kept_connection_and_see_the_right_memory(
+        pair: tuple[Side, Side]) -> None:  # fmt: skip
+    a, b = pair
+    seg = Segment("smcr-group")
+    mrs = [b.pd.alloc_mr(1 << 16, RW, seg) for _ in range(20)]
+    peer = a.qp._peer
+    assert peer is not None
+    for n, mr in enumerate(mrs):
+        mr.buf[:2] = n.to_bytes(2, "big")
+        mapped = peer.lookup(mr.rkey)
+        assert mapped is not None and bytes(mapped.view[:2]) == n.to_bytes(2, "big")
+    assert peer.asker is not None
+    assert until(lambda: len(b.dev._askers) == 1)  # one connection for all 20
+    seg.close()
+
+
+def test_a_refused_look_up_revokes_the_token_and_the_connection_goes(
+        pair: tuple[Side, Side]) -> None:  # fmt: skip
+    a, b = pair
+    seg = Segment("smcr-group")
+    good = b.pd.alloc_mr(1 << 16, RW, seg)
+    peer = a.qp._peer
+    assert peer is not None
+    assert peer.lookup(good.rkey) is not None
+    unknown = good.rkey ^ 0x5A5A5A5A
+    assert peer.lookup(unknown) is None
+    assert peer.asker is None  # (a refused one is not kept)
+    assert until(lambda: not b.dev._askers)
+    # the token is revoked: a live MR is refused now too, over a fresh connection
+    answer, fds = rdv.request(peer.path, rdv.Message(rdv.GET_MR, a=good.rkey, gid=peer.token))
+    assert (answer.kind, answer.a, fds) == (rdv.NACK, errno.EPERM, [])
+    seg.close()
+
+
+def test_a_kept_connection_the_device_let_go_is_made_anew(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    seg = Segment("smcr-group")
+    first, second = (b.pd.alloc_mr(1 << 16, RW, seg) for _ in range(2))
+    peer = a.qp._peer
+    assert peer is not None
+    assert peer.lookup(first.rkey) is not None
+    assert until(lambda: len(b.dev._askers) == 1)
+    kept = next(iter(b.dev._askers.values()))
+    kept.shutdown(socket.SHUT_RDWR)  # (the device's end gone, as at its limit or its close)
+    assert peer.lookup(second.rkey) is not None
+    assert until(lambda: len(b.dev._askers) == 1)
+    seg.close()
+
+
+def test_past_its_limit_the_device_answers_and_closes(
+        pair: tuple[Side, Side], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    a, b = pair
+    monkeypatch.setattr(shm_device, "MOST_ASKERS", 0)
+    seg = Segment("smcr-group")
+    mrs = [b.pd.alloc_mr(1 << 16, RW, seg) for _ in range(3)]
+    peer = a.qp._peer
+    assert peer is not None
+    for mr in mrs:
+        assert peer.lookup(mr.rkey) is not None
+    assert not b.dev._askers
+    seg.close()
+
+
+def test_a_device_s_close_closes_its_kept_connections(pair: tuple[Side, Side]) -> None:
+    a, b = pair
+    seg = Segment("smcr-group")
+    mr = b.pd.alloc_mr(1 << 16, RW, seg)
+    peer = a.qp._peer
+    assert peer is not None
+    assert peer.lookup(mr.rkey) is not None
+    assert until(lambda: len(b.dev._askers) == 1)
+    kept = next(iter(b.dev._askers.values()))
+    seg.close()
+    b.dev.close()
+    assert kept.fileno() == -1 and not b.dev._askers
