@@ -4,7 +4,8 @@ Design: everything a requester holds of one peer QP lives in one object, so
 tearing a connection down (peer death, RESET, destroy) is one ``close()`` that
 releases every mapping, the peer CQ's doorbell and the socket, and nothing
 leaks.  Peer memory is looked up lazily by rkey (the first WRITE/READ to a
-region asks the peer's rendezvous for its segment) and cached; the per-WR
+region asks the peer's rendezvous for its segment, over a connection kept for
+such look-ups) and cached; the per-WR
 validity check against the live MR table stays in the QP's data path.
 
 The peer's shared memory is written by another process, so everything read

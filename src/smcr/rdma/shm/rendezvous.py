@@ -287,7 +287,8 @@ def receive(sock: socket.socket) -> tuple[Message, list[int]] | None:
 
 
 def request(path: str, msg: Message, timeout: float = CONNECT_TIMEOUT) -> tuple[Message, list[int]]:
-    """One request/answer exchange on a fresh connection (used for MR look-ups).
+    """One request/answer exchange on a fresh connection (a requester's MR look-ups keep
+    theirs: :meth:`smcr.rdma.shm.peer.PeerLink._ask`).
 
     :raises VerbsError: EHOSTUNREACH if the device is gone or does not answer.
     """
