@@ -9,6 +9,7 @@ connection the device let go is made anew, and the device keeps a bounded number
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import time
 
@@ -105,3 +106,54 @@ def test_a_device_s_close_closes_its_kept_connections(pair: tuple[Side, Side]) -
     seg.close()
     b.dev.close()
     assert kept.fileno() == -1 and not b.dev._askers
+
+
+def test_connections_that_say_nothing_hold_up_no_look_up_and_are_closed(
+        pair: tuple[Side, Side], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Anyone in the network namespace may connect to a device's abstract name and say
+    nothing: the device never waits for one (three of them, waited for a second each, made a
+    peer's look-up time out and its WRITE fail), closes each after ``FIRST_WAIT``, and of
+    more than ``MOST_WAITING`` closes the oldest (each holds a descriptor)."""
+    a, b = pair
+    monkeypatch.setattr(shm_device, "FIRST_WAIT", 0.5)
+    monkeypatch.setattr(shm_device, "MOST_WAITING", 4)
+    silent = [rdv.connect(rdv.abstract_address(b.dev.gid)) for _ in range(6)]
+    seg = Segment("smcr-group")
+    mr = b.pd.alloc_mr(1 << 16, RW, seg)
+    peer = a.qp._peer
+    assert peer is not None
+    assert until(lambda: len(b.dev._waiting) == 4)  # (the two oldest closed at once)
+    assert [rdv.receive(s) for s in silent[:2]] == [None, None]  # (EOF: closed)
+    mapped = peer.lookup(mr.rkey)  # (a fresh connection: the first look-up)
+    assert mapped is not None
+    mr.buf[:3] = b"yes"
+    assert bytes(mapped.view[:3]) == b"yes"
+    assert until(lambda: not b.dev._waiting, timeout=5.0)  # the rest closed at FIRST_WAIT
+    for s in silent[2:]:
+        s.settimeout(2.0)
+        assert rdv.receive(s) is None
+    for s in silent:
+        s.close()
+    seg.close()
+
+
+def test_a_hello_and_a_look_up_in_pieces_are_answered(pair: tuple[Side, Side]) -> None:
+    """A requester whose first message comes a moment after its connect (the device
+    accepted before it was there) is answered when it comes."""
+    a, b = pair
+    seg = Segment("smcr-group")
+    mr = b.pd.alloc_mr(1 << 16, RW, seg)
+    peer = a.qp._peer
+    assert peer is not None
+    sock = rdv.connect(peer.path)
+    assert until(lambda: len(b.dev._waiting) == 1)
+    rdv.send(sock, rdv.Message(rdv.GET_MR, a=mr.rkey, gid=peer.token))
+    answer = rdv.receive(sock)
+    assert answer is not None
+    msg, fds = answer
+    assert msg.kind in (rdv.MR_OK, rdv.MR_AT) and len(fds) == 1
+    for fd in fds:
+        os.close(fd)
+    assert until(lambda: not b.dev._waiting and len(b.dev._askers) == 1)
+    sock.close()
+    seg.close()

@@ -30,6 +30,7 @@ import functools
 import os
 import secrets
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from mmap import mmap
@@ -72,6 +73,11 @@ allows.  32 bytes each, in a segment whose pages are backed only once written, s
 large table costs what it holds; below this a process's descriptors run out first."""
 IOVA_BASE = 0x0000_7E00_0000_0000
 MOST_ASKERS = 256
+FIRST_WAIT = 1.0
+"""Seconds a new rendezvous connection has to send its first message (a requester sends it
+right after its connect)."""
+MOST_WAITING = 64
+"""New rendezvous connections waited for at once (each holds a descriptor)."""
 """Look-up connections a device keeps for their requesters' next look-ups (past it, each
 is closed after its answer, as a requester that keeps none is answered)."""
 MAX_INLINE = 1 << 24
@@ -140,6 +146,7 @@ class ShmDevice(Device):
             os.unlink(self.path)
             raise
         self._askers: dict[int, socket.socket] = {}  # kept look-up connections, by descriptor
+        self._waiting: dict[int, socket.socket] = {}  # new connections not heard yet (oldest first)
         self._server = Engine("smcr-shm-server")
         self._server.watch(self._listener.fileno(), self._on_accept)
         self._server.watch(self._abstract.fileno(), self._on_accept_abstract)
@@ -219,26 +226,75 @@ class ShmDevice(Device):
         self._accept_all(self._abstract)
 
     def _accept_all(self, listener: socket.socket) -> None:
-        """Server thread: answer hellos and MR look-ups; never takes a QP lock."""
+        """Server thread: answer hellos and MR look-ups; never takes a QP lock, and never
+        waits for a requester: one whose message is not there yet is watched for it
+        (:meth:`_await_first`), so that a process of the network namespace that connects
+        to the abstract name and says nothing holds up nobody's hello or look-up (three
+        such connections, each waited for up to a second, made a peer's look-up time out
+        and its link fail)."""
         while True:
             try:
                 conn = plainsock.accept(listener)
             except (BlockingIOError, OSError):
                 return
-            keep = False
-            try:
-                conn.settimeout(1.0)
-                got = rdv.receive(conn)
-                if got is not None:
-                    msg, fds = got
-                    for fd in fds:
-                        os.close(fd)
-                    keep = self._answer(conn, msg)
-            except OSError:
-                pass
-            finally:
-                if not keep:
-                    conn.close()
+            conn.setblocking(False)
+            if not self._first_message(conn):
+                self._await_first(conn)
+
+    def _first_message(self, conn: socket.socket) -> bool:
+        """Server thread: answer a new connection's first message if it is there (the
+        connection kept or closed); False where it is not there yet (nothing done)."""
+        keep = False
+        try:
+            got = rdv.receive(conn)
+            if got is not None:
+                msg, fds = got
+                for fd in fds:
+                    os.close(fd)
+                keep = self._answer(conn, msg)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            pass
+        if not keep:
+            conn.close()
+        return True
+
+    def _await_first(self, conn: socket.socket) -> None:
+        """Server thread: watch a new connection for its first message, for at most
+        :data:`FIRST_WAIT` seconds; of more than :data:`MOST_WAITING` such connections,
+        the oldest is closed (each holds a descriptor of this process)."""
+        if len(self._waiting) >= MOST_WAITING:
+            self._forget_waiting(next(iter(self._waiting.values())))
+        fd = conn.fileno()
+        self._waiting[fd] = conn
+        self._server.watch(fd, functools.partial(self._on_first, conn))
+        self._server.call_at(time.monotonic() + FIRST_WAIT,
+                             functools.partial(self._first_overdue, conn))  # fmt: skip
+
+    def _on_first(self, conn: socket.socket, _events: int) -> None:
+        """Server thread: a watched new connection spoke (or hung up)."""
+        if self._waiting.get(conn.fileno()) is not conn:
+            return
+        self._stop_waiting(conn)
+        if not self._first_message(conn):  # (woken for nothing: wait on)
+            self._await_first(conn)
+
+    def _first_overdue(self, conn: socket.socket) -> None:
+        """Server thread: a new connection said nothing in :data:`FIRST_WAIT` seconds."""
+        if conn.fileno() >= 0 and self._waiting.get(conn.fileno()) is conn:
+            self._forget_waiting(conn)
+
+    def _stop_waiting(self, conn: socket.socket) -> None:
+        """Server thread: no longer watch a new connection for its first message."""
+        fd = conn.fileno()
+        self._waiting.pop(fd, None)
+        self._server.unwatch(fd)
+
+    def _forget_waiting(self, conn: socket.socket) -> None:
+        """Server thread: close a new connection that said nothing."""
+        self._stop_waiting(conn)
+        conn.close()
 
     def _answer(self, conn: socket.socket, msg: rdv.Message) -> bool:
         """Answer one rendezvous request; returns whether ``conn`` is kept (it belongs to a
@@ -356,9 +412,10 @@ class ShmDevice(Device):
             return
         self._closed = True
         self._server.stop()
-        for conn in self._askers.values():
+        for conn in (*self._askers.values(), *self._waiting.values()):
             conn.close()
         self._askers.clear()
+        self._waiting.clear()
         self._listener.close()
         self._abstract.close()
         try:
