@@ -193,7 +193,7 @@ class PeerLink:
     def _ask(self, msg: rdv.Message) -> tuple[rdv.Message, list[int]]:
         """One MR look-up over the connection kept for them, made at the first: each
         connection's first WRITE looks its peer's RMB up, and a connection of its own per
-        look-up (a connect, the device's accept, two closes) was half the look-up's cost.
+        look-up (a connect, the device's accept, two closes) was a quarter of its CPU.
         One the device closed meanwhile (it keeps so many; it closes one whose look-up it
         refused) is made anew once.
 

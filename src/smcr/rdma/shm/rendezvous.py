@@ -24,7 +24,9 @@ Design decisions:
   bound to the QP it claims: a hello must match the QP's destination and come
   from the process behind it (:func:`credentials`, :mod:`smcr.rdma.shm.inbound`),
   and a memory region's segment goes only to the holder of that connection's
-  token (:mod:`smcr.rdma.shm.device`).
+  token (:mod:`smcr.rdma.shm.device`).  Nor is a connection waited for: the
+  device reads a request when it is there, so one that says nothing holds up
+  nobody's hello or look-up.
 * **A private directory**: ``/run/smcr`` for root, ``$XDG_RUNTIME_DIR/smcr`` or
   ``<tmp>/smcr-<uid>`` otherwise, created 0700 and refused if it is a symlink,
   owned by someone else or open to others, so nobody can pre-create or squat
