@@ -10,10 +10,11 @@
  * each descriptor costs one epoll_ctl that asks it to forget a descriptor it never had
  * (ENOENT from an epoll instance, EINVAL from any other file, EBADF from a closed number:
  * no registration of the program's is touched), 0.15 us here, where an fstat cost 0.4
- * (the security module's look at each inode).  Whether an instance watches
- * the number's file is asked of the kernel (kcmp's KCMP_EPOLL_TFD, a look-up in the
- * instance's tree), so that its whole registration list (/proc/self/fdinfo: a line per
- * registration, hundreds in an event loop's instance) is read only where it does.
+ * (the security module's look at each inode).  Whether an instance watches the number's
+ * file is asked of the kernel (kcmp's KCMP_EPOLL_TFD: a walk of the instance's
+ * registrations in the kernel, a few nanoseconds each), so that its whole registration
+ * list (/proc/self/fdinfo: a formatted line per registration, hundreds in an event loop's
+ * instance) is read only where it does.
  */
 
 #define PY_SSIZE_T_CLEAN

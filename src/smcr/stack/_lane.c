@@ -1956,7 +1956,8 @@ static PyObject *wait_readable(PyObject *self, PyObject *const *args, Py_ssize_t
     CqObj *cq = (CqObj *)ex->_cq;
     WakeupsObj *wake = (WakeupsObj *)ex->_wake;
     unsigned long ident = PyThread_get_thread_ident();
-    if (cq->_edge_signals != 1 || cq->_pollers_receive != 0 || !short_int(wake->_waiting) || (int64_t)ident < 0 || !fits((int64_t)ident))
+    if (cq->_edge_signals != 1 || cq->_pollers_receive != 0 || !short_int(wake->_waiting) ||
+        (int64_t)ident < 0 || !fits((int64_t)ident))
         Py_RETURN_FALSE;
     int epfd = (int)untag(pr->_sleep_app_fd), cq_fd = (int)untag(pr->__cq_fd);
     double began = 0.0, most = PyFloat_AS_DOUBLE(spin_most);
