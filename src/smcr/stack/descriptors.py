@@ -27,7 +27,6 @@ import os
 import re
 import select
 import stat
-from collections.abc import Callable
 from types import ModuleType
 
 _FD_DIR = "/proc/self/fd"
@@ -75,18 +74,6 @@ def epoll_fds() -> list[int]:
     return found
 
 
-def _unknown(epfd: int, number: int) -> int:
-    """Without the C calls: whether ``epfd`` watches ``number`` is not known (-1)."""
-    return -1
-
-
-def _watches() -> Callable[[int, int], int]:
-    """:func:`smcr.stack._epolls.watches` (1, 0, or -1 where the kernel cannot say), or
-    :func:`_unknown` without it."""
-    calls = C_EPOLLS
-    return calls.watches if calls is not None else _unknown
-
-
 def _registered(epfd: int, number: int, ino: int) -> int | None:
     """The events the epoll instance ``epfd`` watches ``number`` for, where it watches the
     file of inode ``ino`` under it with user data ``number``, from its ``fdinfo`` (a line
@@ -111,15 +98,16 @@ def epoll_registrations(number: int) -> list[tuple[int, int]]:
     """(epoll descriptor, events) of every epoll instance of this process that watches
     ``number``'s current file under ``number`` (user data ``number``).  An instance's
     registrations are read only where the kernel says it watches the file, or cannot say
-    (:func:`_watches`): an event loop's instance has one per connection."""
+    (:func:`smcr.stack._epolls.watches`: 1, 0, or -1; without the C calls, never asked):
+    an event loop's instance has one per connection."""
     try:
         ino = os.fstat(number).st_ino
     except OSError:
         return []
-    watches = _watches()
+    calls = C_EPOLLS
     found = []
     for epfd in epoll_fds():
-        if watches(epfd, number) == 0:
+        if calls is not None and calls.watches(epfd, number) == 0:
             continue
         events = _registered(epfd, number, ino)
         if events is not None:
