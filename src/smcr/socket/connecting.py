@@ -95,14 +95,15 @@ class Connecting:
         self.tcp_done = True
         get_watcher().unwatch(self.fd)
 
-    def start(self) -> None:
-        """Watch for the TCP connect's end; or, when it has ended already (over loopback
-        the kernel completes it before ``connect`` returns), go on in this thread: the
-        handshake starts at once, with no hop to the watcher thread and back."""
+    def start(self, established: bool, offered: bool) -> None:
+        """Watch for the TCP connect's end; or, when it has ended already (``established``:
+        over loopback the kernel completes it before ``connect`` returns, and ``offered``
+        says whether the peer offered SMC), go on in this thread: the handshake starts at
+        once, with no hop to the watcher thread and back."""
         self.fd = PlainSocket.fileno(self.sock)
-        if tcp_state(self.sock) == TCP_ESTABLISHED:
+        if established:
             self.tcp_done = True
-            self._go_on()
+            self._go_on(offered)
             return
         get_watcher().watch(self.fd, selectors.EVENT_WRITE, self._connected)
 
@@ -125,12 +126,12 @@ class Connecting:
                 self._settle("TCP", 0, failed=True)
                 return
             self._tcp_over()
-        self._go_on()
+        self._go_on(discovery.current().peer_offered(sock, client=True))
 
-    def _go_on(self) -> None:
-        """The TCP connect succeeded: the handshake if the peer offered SMC, else TCP."""
+    def _go_on(self, offered: bool) -> None:
+        """The TCP connect succeeded: the handshake if the peer ``offered`` SMC, else TCP."""
         sock = self.sock
-        if discovery.current().peer_offered(sock, client=True):
+        if offered:
             try:
                 handshake.start_handshake(sock, True, self._handshake_ended)
             except OSError as e:  # (no descriptor left for the runtime's hold, say)
@@ -245,8 +246,9 @@ def connect(sock: SocketBase, address: Any) -> None:
                 acceptq.local_connect_ends(local, _established(sock))
         if err not in (0, errno.EINPROGRESS):
             raise OSError(err, os.strerror(err))
-        if not local and _established(sock) and not discovery.current().peer_offered(
-                sock, client=True):  # fmt: skip
+        established = _established(sock)
+        offered = established and discovery.current().peer_offered(sock, client=True)
+        if established and not offered and not local:
             # the peer answered without SMC before connect returned (loopback, say): TCP at
             # once, the number the TCP socket's throughout, as under the kernel's connect
             # (no readiness descriptor put under it and taken away again: each move looks
@@ -268,7 +270,7 @@ def connect(sock: SocketBase, address: Any) -> None:
             raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS)) from None
         sock._mode = "CONNECTING"
         numbers.reshow(sock)
-        sock._connecting.start()
+        sock._connecting.start(established, offered)
         raise BlockingIOError(errno.EINPROGRESS, os.strerror(errno.EINPROGRESS))
     PlainSocket.connect(sock, address)
     if discovery.current().peer_offered(sock, client=True):
