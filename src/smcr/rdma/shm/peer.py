@@ -203,19 +203,12 @@ class PeerLink:
             sock = self.asker or rdv.connect(self.path)
             self.asker = None
             try:
-                rdv.send(sock, msg)
-                answer = rdv.receive(sock)
-            except OSError as exc:
+                answer = rdv.exchange(sock, msg, self.path)
+            except VerbsError:
                 sock.close()
                 if kept:
                     continue
-                raise VerbsError(errno.EHOSTUNREACH,
-                                 f"shm device at {self.path} did not answer") from exc  # fmt: skip
-            if answer is None:
-                sock.close()
-                if kept:
-                    continue
-                raise VerbsError(errno.EHOSTUNREACH, f"shm device at {self.path} hung up")
+                raise
             if answer[0].kind == rdv.NACK or self.asker is not None:
                 sock.close()  # (refused: the device closes it; or another look-up kept one)
             else:

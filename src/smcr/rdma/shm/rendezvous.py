@@ -296,12 +296,22 @@ def request(path: str, msg: Message, timeout: float = CONNECT_TIMEOUT) -> tuple[
     """
     sock = connect(path, timeout)
     try:
+        return exchange(sock, msg, path)
+    finally:
+        sock.close()
+
+
+def exchange(sock: socket.socket, msg: Message, path: str) -> tuple[Message, list[int]]:
+    """Send ``msg`` to the device at ``path`` over ``sock`` and receive its answer.
+
+    :raises VerbsError: EHOSTUNREACH if the device does not answer or hung up (the caller
+        closes ``sock``).
+    """
+    try:
         send(sock, msg)
         answer = receive(sock)
     except OSError as exc:
         raise VerbsError(errno.EHOSTUNREACH, f"shm device at {path} did not answer") from exc
-    finally:
-        sock.close()
     if answer is None:
         raise VerbsError(errno.EHOSTUNREACH, f"shm device at {path} hung up")
     return answer
