@@ -137,6 +137,31 @@ def test_connections_that_say_nothing_hold_up_no_look_up_and_are_closed(
     seg.close()
 
 
+def test_a_silent_connection_woken_for_nothing_keeps_its_first_deadline(
+        pair: tuple[Side, Side], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A watched connection woken with no message there (a spurious wake-up) is watched on
+    under the deadline it had: no timer more, and closed ``FIRST_WAIT`` after its accept
+    however often it is woken."""
+    _, b = pair
+    monkeypatch.setattr(shm_device, "FIRST_WAIT", 1.0)
+    server = b.dev._server
+    silent = rdv.connect(rdv.abstract_address(b.dev.gid))
+    accepted = time.monotonic()
+    assert until(lambda: len(b.dev._waiting) == 1)
+    conn = next(iter(b.dev._waiting.values()))
+    timers = len(server._timers)
+    for _ in range(4):  # (each run by the device's thread, as its wake-ups are)
+        server.call_at(time.monotonic(), lambda: b.dev._on_first(conn, 0))
+        time.sleep(0.15)
+    assert b.dev._waiting == {conn.fileno(): conn}  # still watched
+    assert len(server._timers) <= timers  # (the deadline's timer only, or none fired yet)
+    silent.settimeout(3.0)
+    assert rdv.receive(silent) is None  # closed at its first deadline...
+    assert time.monotonic() - accepted < 1.0 + 0.5  # ...not one pushed back by the wakes
+    assert not b.dev._waiting
+    silent.close()
+
+
 def test_a_hello_and_a_look_up_in_pieces_are_answered(pair: tuple[Side, Side]) -> None:
     """A requester whose first message comes a moment after its connect (the device
     accepted before it was there) is answered when it comes."""

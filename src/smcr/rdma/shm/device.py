@@ -273,12 +273,15 @@ class ShmDevice(Device):
                              functools.partial(self._first_overdue, conn))  # fmt: skip
 
     def _on_first(self, conn: socket.socket, _events: int) -> None:
-        """Server thread: a watched new connection spoke (or hung up)."""
-        if self._waiting.get(conn.fileno()) is not conn:
+        """Server thread: a watched new connection spoke (or hung up); woken for nothing,
+        it is watched on, under its first deadline (its timer still runs)."""
+        fd = conn.fileno()
+        if self._waiting.get(fd) is not conn:
             return
-        self._stop_waiting(conn)
-        if not self._first_message(conn):  # (woken for nothing: wait on)
-            self._await_first(conn)
+        self._stop_waiting(conn)  # (before the answer: a kept connection is watched anew)
+        if not self._first_message(conn):
+            self._waiting[fd] = conn
+            self._server.watch(fd, functools.partial(self._on_first, conn))
 
     def _first_overdue(self, conn: socket.socket) -> None:
         """Server thread: a new connection said nothing in :data:`FIRST_WAIT` seconds."""
