@@ -73,13 +73,13 @@ allows.  32 bytes each, in a segment whose pages are backed only once written, s
 large table costs what it holds; below this a process's descriptors run out first."""
 IOVA_BASE = 0x0000_7E00_0000_0000
 MOST_ASKERS = 256
+"""Look-up connections a device keeps for their requesters' next look-ups (past it, each
+is closed after its answer, as a requester that keeps none is answered)."""
 FIRST_WAIT = 1.0
 """Seconds a new rendezvous connection has to send its first message (a requester sends it
 right after its connect)."""
 MOST_WAITING = 64
 """New rendezvous connections waited for at once (each holds a descriptor)."""
-"""Look-up connections a device keeps for their requesters' next look-ups (past it, each
-is closed after its answer, as a requester that keeps none is answered)."""
 MAX_INLINE = 1 << 24
 """Inline WRs up to 16 MiB: the requester copies at post time anyway (:mod:`smcr.rdma.shm.qp`),
 so an inline WRITE costs what a registered one does and saves the caller a staging copy."""
