@@ -278,9 +278,10 @@ class ShmDevice(Device):
         fd = conn.fileno()
         if self._waiting.get(fd) is not conn:
             return
-        self._stop_waiting(conn)  # (before the answer: a kept connection is watched anew)
-        if not self._first_message(conn):
-            self._waiting[fd] = conn
+        self._server.unwatch(fd)  # (before the answer: a kept connection is watched anew)
+        if self._first_message(conn):
+            del self._waiting[fd]
+        else:  # (still waiting: its place among the oldest kept)
             self._server.watch(fd, functools.partial(self._on_first, conn))
 
     def _first_overdue(self, conn: socket.socket) -> None:
