@@ -68,6 +68,7 @@ MODULES: tuple[str, ...] = (
     "core/failover.py",
     "core/ports.py",
     "core/rkeys.py",
+    "core/negotiation.py",
     "core/clc.py",
     "core/engine.py",
     "wire/cursor.py",
