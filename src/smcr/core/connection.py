@@ -81,13 +81,19 @@ _DONE_OR_CLOSED = _DONE | _CLOSED
 SIGNAL_EVERY: Final = 16  # CDC sends between two signaled ones (see Connection.send_cdc)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Rmb:
-    """A registered receive buffer as the peer sees it (one RMBE, index 1)."""
+    """A registered receive buffer as the peer sees it (one RMBE, index 1).  Made per
+    connection: ``__init__`` written out (:class:`smcr.core.events.SendClc`)."""
 
     rkey: int
     vaddr: int
     size: int
+
+    def __init__(self, rkey: int, vaddr: int, size: int) -> None:
+        object.__setattr__(self, "rkey", rkey)
+        object.__setattr__(self, "vaddr", vaddr)
+        object.__setattr__(self, "size", size)
 
 
 def to_cursor(absolute: int, size: int) -> Cursor:

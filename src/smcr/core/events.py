@@ -29,12 +29,18 @@ from smcr.wire.decline import DeclineCode
 # ---------------------------------------------------------------- actions
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class SendClc:
-    """Write ``data`` (one encoded CLC message) to the connection's TCP socket."""
+    """Write ``data`` (one encoded CLC message) to the connection's TCP socket.  Made per
+    connection, as are the other records whose ``__init__`` is written out here: the
+    compiled build then makes them without the interpreter (:mod:`smcr.rdma.verbs`)."""
 
     conn: int
     data: bytes
+
+    def __init__(self, conn: int, data: bytes) -> None:
+        self.conn = conn
+        self.data = data
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,28 +132,38 @@ class DestroyQp:
     port: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ShutdownTcp:
     """Shut the connection's TCP socket down (``SHUT_WR`` or ``SHUT_RDWR``), as Linux does."""
 
     conn: int
     how: int
 
+    def __init__(self, conn: int, how: int) -> None:
+        self.conn = conn
+        self.how = how
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class ReleaseConnection:
     """The connection reached CLOSED: its RMB and send buffer may go back to the pool."""
 
     conn: int
 
+    def __init__(self, conn: int) -> None:
+        self.conn = conn
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class ReuseRmb:
     """A released connection's RMB is no longer the peer's to write: its DELETE RKEY was
     answered (or its link is gone), so the RMB may serve another connection (Linux
     ``smcr_buf_unuse``).  Until then a write the peer had posted may still arrive."""
 
     conn: int
+
+    def __init__(self, conn: int) -> None:
+        self.conn = conn
 
 
 Action = SendClc | QpToRtr | QpToRts | PostSend | RdmaWrite | DestroyQp | ShutdownTcp | (
@@ -157,7 +173,7 @@ Action = SendClc | QpToRtr | QpToRts | PostSend | RdmaWrite | DestroyQp | Shutdo
 # ----------------------------------------------------------------- events
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True, init=False)
 class HandshakeCompleted:
     """The connection runs over SMC-R."""
 
@@ -166,17 +182,30 @@ class HandshakeCompleted:
     lgr_id: int
     version: int = 1  # the SMC-R version agreed (the link group's)
 
+    def __init__(self, *, conn: int, first_contact: bool, lgr_id: int, version: int = 1) -> None:
+        self.conn = conn
+        self.first_contact = first_contact
+        self.lgr_id = lgr_id
+        self.version = version
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
+@dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class FellBack:
-    """The connection falls back to TCP: local and peer reason codes (0 when none)."""
+    """The connection falls back to TCP: local and peer reason codes (0 when none).  Frozen,
+    and its ``__init__`` written out all the same: ``object.__setattr__`` on a field is a
+    plain store in the compiled build."""
 
     conn: int
     local_code: int
     peer_code: int
 
+    def __init__(self, *, conn: int, local_code: int, peer_code: int) -> None:
+        object.__setattr__(self, "conn", conn)
+        object.__setattr__(self, "local_code", local_code)
+        object.__setattr__(self, "peer_code", peer_code)
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
+@dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class HandshakeFailed:
     """The handshake broke in a way that allows no fallback (Linux ``-EPROTO``)."""
 
@@ -191,13 +220,24 @@ class HandshakeFailed:
     ``ETIMEDOUT``, as Linux's (``__smc_connect`` turns the CLC wait's ``-EAGAIN`` into it,
     "see tcp_recvmsg()"); other failures are ``ECONNRESET``."""
 
+    def __init__(self, *, conn: int, reason: str, peer_gone: bool = False,
+                 timed_out: bool = False) -> None:  # fmt: skip
+        object.__setattr__(self, "conn", conn)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "peer_gone", peer_gone)
+        object.__setattr__(self, "timed_out", timed_out)
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
+@dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class ConnectionReset:
     """The connection was aborted (peer abort, link group gone)."""
 
     conn: int
     reason: str
+
+    def __init__(self, *, conn: int, reason: str) -> None:
+        object.__setattr__(self, "conn", conn)
+        object.__setattr__(self, "reason", reason)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -245,13 +285,17 @@ Event = HandshakeCompleted | FellBack | HandshakeFailed | ConnectionReset | (
 # ------------------------------------------------------------------ host
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class NextHop:
     """How a port reaches a peer (Linux ``smc_init_info_smcrv2``'s ``uses_gateway`` and
     ``nexthop_mac``): through an IP gateway or not, and the MAC of the next hop."""
 
     uses_gateway: bool = False
     mac: bytes = bytes(6)
+
+    def __init__(self, uses_gateway: bool = False, mac: bytes = bytes(6)) -> None:
+        object.__setattr__(self, "uses_gateway", uses_gateway)
+        object.__setattr__(self, "mac", mac)
 
 
 class Provider(Protocol):

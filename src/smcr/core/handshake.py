@@ -69,9 +69,10 @@ class Decline(Exception):  # noqa: N818 - it is an outcome, named as Linux names
         self.code = code
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, init=False)
 class Handshake:
-    """One connection's CLC progress."""
+    """One connection's CLC progress.  Made per connection: ``__init__`` written out
+    (:class:`smcr.core.events.SendClc`)."""
 
     conn: int
     client: bool
@@ -91,6 +92,32 @@ class Handshake:
     smc_version: int = 1  # the SMC-R version chosen (server) or accepted (client)
     terms: V2Terms | None = None  # v2: what was negotiated
     port: int = 0  # client: our port the Proposal named (a first contact's link uses it)
+
+    def __init__(self, conn: int, client: bool, state: HsState, deadline: float,
+                 rmb: Rmb | None, local_ip: IpAddress, reader: ClcReader | None = None,
+                 version: int = 2, lgr: LinkGroup | None = None, link: Link | None = None,
+                 first_contact: bool = False, accept: ClcAccept | None = None,
+                 token: int = 0, sndbuf_size: int = 0, offered_v2: bool = False,
+                 smc_version: int = 1, terms: V2Terms | None = None,
+                 port: int = 0) -> None:  # fmt: skip
+        self.conn = conn
+        self.client = client
+        self.state = state
+        self.deadline = deadline
+        self.rmb = rmb
+        self.local_ip = local_ip
+        self.reader = ClcReader() if reader is None else reader
+        self.version = version
+        self.lgr = lgr
+        self.link = link
+        self.first_contact = first_contact
+        self.accept = accept
+        self.token = token
+        self.sndbuf_size = sndbuf_size
+        self.offered_v2 = offered_v2
+        self.smc_version = smc_version
+        self.terms = terms
+        self.port = port
 
 
 def decline_clc(hs: Handshake, code: DeclineCode, peer_id: bytes) -> SendClc:

@@ -40,7 +40,7 @@ SMC_FEATURE_MASK = 0x0001
 """``SMC_FEATURE_MASK`` (``SMC_SPF_EMULATED_ISM_DEV``), what Linux 6.12 sends."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class V2Terms:
     """What an SMC-Rv2 link group was agreed with (Linux ``smc_init_info`` v2 fields).
 
@@ -56,6 +56,14 @@ class V2Terms:
     max_conns: int = 255
     max_links: int = 2
     feature_mask: int = SMC_FEATURE_MASK
+
+    def __init__(self, eid: bytes, release: int = 1, max_conns: int = 255, max_links: int = 2,
+                 feature_mask: int = SMC_FEATURE_MASK) -> None:  # fmt: skip
+        object.__setattr__(self, "eid", eid)
+        object.__setattr__(self, "release", release)
+        object.__setattr__(self, "max_conns", max_conns)
+        object.__setattr__(self, "max_links", max_links)
+        object.__setattr__(self, "feature_mask", feature_mask)
 
 
 class LinkState(enum.Enum):

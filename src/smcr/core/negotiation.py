@@ -74,7 +74,7 @@ def on_link(gid: bytes) -> NextHop | None:
     return NextHop()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ServerChoice:
     """The server's decision on a Proposal: the version and whom it talks to.
 
@@ -91,6 +91,17 @@ class ServerChoice:
     peer_mac: bytes
     terms: V2Terms | None = None
     next_hop: NextHop = field(default_factory=NextHop)
+
+    def __init__(self, version: int, peer_gid: bytes, peer_mac: bytes,
+                 terms: V2Terms | None = None,
+                 next_hop: NextHop | None = None) -> None:  # fmt: skip
+        # written out (one per handshake): the dataclass's frozen __init__ is interpreted
+        # code even in the compiled build, which makes these plain stores
+        object.__setattr__(self, "version", version)
+        object.__setattr__(self, "peer_gid", peer_gid)
+        object.__setattr__(self, "peer_mac", peer_mac)
+        object.__setattr__(self, "terms", terms)
+        object.__setattr__(self, "next_hop", NextHop() if next_hop is None else next_hop)
 
 
 # ---------------------------------------------------------------- client

@@ -20,9 +20,10 @@ from smcr.rdma.base import Device, MemoryRegion, ProtectionDomain
 from smcr.stack.readiness import Readiness
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, init=False)
 class HostConn:
-    """The runtime's side of one SMC connection: TCP socket, buffers, waiters."""
+    """The runtime's side of one SMC connection: TCP socket, buffers, waiters.  Made per
+    connection: ``__init__`` written out (:class:`smcr.core.events.SendClc`)."""
 
     conn_id: int
     tcp: socket.socket
@@ -63,6 +64,42 @@ class HostConn:
     """Port -> (RMB, send buffer) registered on that port's RNIC too
     (:meth:`BufferPool.alias <smcr.stack.bufpool.BufferPool.alias>`; port 0's are
     :attr:`rmb_mr` and :attr:`sndbuf_mr`)."""
+
+    def __init__(self, conn_id: int, tcp: socket.socket, cond: threading.Condition,
+                 rmb_mr: MemoryRegion | None = None, rmb_group: int = -1,
+                 sndbuf_mr: MemoryRegion | None = None, peer: Any = None,
+                 handshake: Handshake | None = None, outcome: Any = None,
+                 reset_reason: str = "", tcp_error: int = 0, readiness: Readiness | None = None,
+                 waiters: int = 0, released: bool = False,
+                 on_release: list[Callable[[], None]] | None = None,
+                 on_outcome: Callable[[HostConn], None] | None = None,
+                 local_peer: bool | None = None, ends: tuple[object, object] | None = None,
+                 trim_seen: int = -1, trim_prod: int = 0, trim_cons: int = 0, trim_sent: int = 0,
+                 aliases: dict[int, tuple[MemoryRegion, MemoryRegion]] | None = None,
+                 ) -> None:  # fmt: skip
+        self.conn_id = conn_id
+        self.tcp = tcp
+        self.cond = cond
+        self.rmb_mr = rmb_mr
+        self.rmb_group = rmb_group
+        self.sndbuf_mr = sndbuf_mr
+        self.peer = peer
+        self.handshake = handshake
+        self.outcome = outcome
+        self.reset_reason = reset_reason
+        self.tcp_error = tcp_error
+        self.readiness = readiness
+        self.waiters = waiters
+        self.released = released
+        self.on_release = [] if on_release is None else on_release
+        self.on_outcome = on_outcome
+        self.local_peer = local_peer
+        self.ends = ends
+        self.trim_seen = trim_seen
+        self.trim_prod = trim_prod
+        self.trim_cons = trim_cons
+        self.trim_sent = trim_sent
+        self.aliases = {} if aliases is None else aliases
 
     def undecided(self) -> bool:
         """The handshake has no outcome yet.  A method: after ``if hc.outcome is None``

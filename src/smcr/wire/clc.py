@@ -66,7 +66,6 @@ from smcr.wire.clc_header import (
     check_trailer,
     check_version,
     decode_header,
-    decoded,
 )
 from smcr.wire.clc_proposal import (
     MAX_IPV6_PREFIXES,
@@ -301,7 +300,7 @@ class _ClcTyped:
     TYPE: ClassVar[ClcType]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class _AcceptConfirm(_ClcTyped):
     """Fields and codec shared by :class:`ClcAccept` and :class:`ClcConfirm` (spec §2.4).
 
@@ -340,6 +339,31 @@ class _AcceptConfirm(_ClcTyped):
     eid: bytes = bytes(32)
     fce: FirstContactExt | None = None
     gid_list: tuple[bytes, ...] = ()
+
+    def __init__(self, version: int, first_contact: bool, peer_id: bytes, gid: bytes,
+                 mac: bytes, qpn: int, rmb_rkey: int, rmbe_alert_token: int, rmbe_size: int,
+                 qp_mtu: int, rmb_vaddr: int, psn: int, rmbe_idx: int = 1,
+                 eid: bytes = bytes(32), fce: FirstContactExt | None = None,
+                 gid_list: tuple[bytes, ...] = ()) -> None:  # fmt: skip
+        # written out (every handshake makes one to send): the dataclass's frozen __init__
+        # is interpreted code even in the compiled build, which makes these plain stores
+        object.__setattr__(self, "version", version)
+        object.__setattr__(self, "first_contact", first_contact)
+        object.__setattr__(self, "peer_id", peer_id)
+        object.__setattr__(self, "gid", gid)
+        object.__setattr__(self, "mac", mac)
+        object.__setattr__(self, "qpn", qpn)
+        object.__setattr__(self, "rmb_rkey", rmb_rkey)
+        object.__setattr__(self, "rmbe_alert_token", rmbe_alert_token)
+        object.__setattr__(self, "rmbe_size", rmbe_size)
+        object.__setattr__(self, "qp_mtu", qp_mtu)
+        object.__setattr__(self, "rmb_vaddr", rmb_vaddr)
+        object.__setattr__(self, "psn", psn)
+        object.__setattr__(self, "rmbe_idx", rmbe_idx)
+        object.__setattr__(self, "eid", eid)
+        object.__setattr__(self, "fce", fce)
+        object.__setattr__(self, "gid_list", gid_list)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         check_version(self.version)
@@ -465,10 +489,11 @@ class _AcceptConfirm(_ClcTyped):
                     end = size - CLC_TRAILER_LEN
                     gids = tuple(bytes(data[i : i + _GID_LEN]) for i in range(start, end, _GID_LEN))
         # every field from a fixed-width struct field, the layout checked above: what
-        # __post_init__ would check holds (a v1 message has no EID, fce iff v2 and first
-        # contact, a GID list of at most 8 only in a v2 first-contact Confirm)
-        return decoded(
-            cls,
+        # __post_init__ checks holds (a v1 message has no EID, fce iff v2 and first
+        # contact, a GID list of at most 8 only in a v2 first-contact Confirm); made by
+        # the written-out __init__, whose stores and checks cost less than decoded()'s
+        # keyword dictionary and generic stores
+        return cls(
             version=hdr.version,
             first_contact=first_contact,
             peer_id=peer_id,

@@ -133,7 +133,7 @@ CLC_MAX_LENGTH: dict[ClcType, int] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ClcHeader:
     """The common 8-byte CLC header (spec §2.1, ``struct smc_clc_msg_hdr``).
 
@@ -152,6 +152,17 @@ class ClcHeader:
     version: int
     typev2: int
     typev1: int
+
+    def __init__(self, eyecatcher: bytes, type: ClcType, length: int, version: int,
+                 typev2: int, typev1: int) -> None:  # fmt: skip
+        # written out (each message read makes one): the compiled build then stores each
+        # field without the interpreter, where the dataclass's frozen __init__ is interpreted
+        object.__setattr__(self, "eyecatcher", eyecatcher)
+        object.__setattr__(self, "type", type)
+        object.__setattr__(self, "length", length)
+        object.__setattr__(self, "version", version)
+        object.__setattr__(self, "typev2", typev2)
+        object.__setattr__(self, "typev1", typev1)
 
     @property
     def flag(self) -> bool:
