@@ -48,6 +48,8 @@ MAX_LEN = 16
 """``SMC_MAX_PNETID_LEN``."""
 DEFAULT_FILE = Path("/etc/smcr/pnet")
 ENV = "SMCR_PNET_FILE"
+_DEFAULT_NAME = str(DEFAULT_FILE)
+"""(A string: a ``Path`` costs two interpreted calls per ``os.stat``, at every handshake.)"""
 KINDS = ("netdev", "rnic")
 
 _ALNUM = frozenset(string.ascii_uppercase + string.digits)
@@ -210,7 +212,7 @@ class PnetTable:
 
     def current(self) -> tuple[Entry, ...]:
         """The entries now in force."""
-        name = self.path or os.environ.get(ENV) or DEFAULT_FILE  # (path_from, without a Path)
+        name = self.path or os.environ.get(ENV) or _DEFAULT_NAME  # (path_from, without a Path)
         try:
             st = os.stat(name)
         except OSError:

@@ -39,6 +39,8 @@ EID_LEN = 32
 """``SMC_MAX_EID_LEN``."""
 DEFAULT_FILE = Path("/etc/smcr/ueid")
 ENV = "SMCR_UEID_FILE"
+_DEFAULT_NAME = str(DEFAULT_FILE)
+"""(A string: a ``Path`` costs two interpreted calls per ``os.stat``, at every handshake.)"""
 
 _UPPER_ALNUM = frozenset(string.ascii_uppercase + string.digits)
 _ALLOWED = _UPPER_ALNUM | {".", "-"}
@@ -202,7 +204,7 @@ class UeidTable:
 
     def current(self) -> tuple[bytes, ...]:
         """The UEIDs now in force (``()`` when none is set)."""
-        name = self.path or os.environ.get(ENV) or DEFAULT_FILE  # (path_from, without a Path)
+        name = self.path or os.environ.get(ENV) or _DEFAULT_NAME  # (path_from, without a Path)
         try:
             st = os.stat(name)
         except OSError:

@@ -490,9 +490,7 @@ class _AcceptConfirm(_ClcTyped):
                     gids = tuple(bytes(data[i : i + _GID_LEN]) for i in range(start, end, _GID_LEN))
         # every field from a fixed-width struct field, the layout checked above: what
         # __post_init__ checks holds (a v1 message has no EID, fce iff v2 and first
-        # contact, a GID list of at most 8 only in a v2 first-contact Confirm); made by
-        # the written-out __init__, whose stores and checks cost less than decoded()'s
-        # keyword dictionary and generic stores
+        # contact, a GID list of at most 8 only in a v2 first-contact Confirm)
         return cls(
             version=hdr.version,
             first_contact=first_contact,

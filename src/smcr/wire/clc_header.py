@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
-from typing import TypeAlias, TypeVar
+from typing import TypeAlias
 
 from smcr.wire.errors import WireError
 from smcr.wire.validate import check_bytes, check_uint
@@ -210,32 +210,12 @@ class ClcHeader:
                 f"CLC {ctype.name} length at 5 is {length}, outside "
                 f"{CLC_MIN_LENGTH[ctype]}..{CLC_MAX_LENGTH[ctype]}"
             )
-        return cls(
-            eyecatcher=bytes(eyecatcher),
-            type=ctype,
-            length=length,
-            version=version,
-            typev2=(byte7 & _TYPEV2_MASK) >> 2,
-            typev1=byte7 & _TYPEV1_MASK,
-        )
+        # (ClcHeader, not cls: a native call, where cls(...) goes through the type's call)
+        return ClcHeader(bytes(eyecatcher), ctype, length, version,
+                         (byte7 & _TYPEV2_MASK) >> 2, byte7 & _TYPEV1_MASK)  # fmt: skip
 
 
 _TYPES = {int(t): t for t in ClcType}
-
-_T = TypeVar("_T")
-
-
-def decoded(cls: type[_T], **fields: object) -> _T:
-    """An instance of the frozen dataclass ``cls`` made from fields a decoder read and
-    checked, without its ``__post_init__``: those checks are for what an encoder is asked
-    to send, and a field unpacked from a fixed-width struct field cannot be out of its
-    range (a handshake decodes three messages; the checks were a third of their cost);
-    internal helper."""
-    obj = cls.__new__(cls)  # (object.__new__ refuses a compiled class)
-    for name, value in fields.items():
-        object.__setattr__(obj, name, value)
-    return obj
-
 
 def decode_header(data: Buffer, expected: ClcType, hdr: ClcHeader | None = None) -> ClcHeader:
     """Check the header of a whole message of type *expected*; internal helper.

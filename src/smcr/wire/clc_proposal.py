@@ -44,6 +44,7 @@ are ignored on receive, as Linux does, and sent as zero.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 from dataclasses import dataclass
@@ -60,7 +61,6 @@ from smcr.wire.clc_header import (
     check_trailer,
     check_version,
     decode_header,
-    decoded,
     pack_header,
 )
 from smcr.wire.errors import WireError
@@ -103,7 +103,7 @@ _SMCD_EXT_OFFSET_BASE = _V2_EXT.size - 8
 _ZERO_IPV4 = ipaddress.IPv4Address(0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Ipv6Prefix:
     """One IPv6 prefix entry of the prefix area: 16-byte prefix + 1-byte length (spec §2.3.3).
 
@@ -114,11 +114,19 @@ class Ipv6Prefix:
     prefix: ipaddress.IPv6Address
     prefix_len: int
 
+    def __init__(self, prefix: ipaddress.IPv6Address, prefix_len: int) -> None:
+        # the Proposal's records write __init__ out: every handshake decodes (server) or
+        # encodes (client) one, and a dataclass's frozen __init__ is interpreted code even
+        # in the compiled build, which makes these stores plain ones
+        object.__setattr__(self, "prefix", prefix)
+        object.__setattr__(self, "prefix_len", prefix_len)
+        self.__post_init__()
+
     def __post_init__(self) -> None:
         check_uint("prefix_len", self.prefix_len, 8)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class IpPrefixArea:
     """The Proposal's IP prefix area (spec §2.3.3, ``smc_clc_msg_proposal_prefix``).
 
@@ -134,6 +142,13 @@ class IpPrefixArea:
     outgoing_subnet: ipaddress.IPv4Address = _ZERO_IPV4
     prefix_len: int = 0
     ipv6_prefixes: tuple[Ipv6Prefix, ...] = ()
+
+    def __init__(self, outgoing_subnet: ipaddress.IPv4Address = _ZERO_IPV4, prefix_len: int = 0,
+                 ipv6_prefixes: tuple[Ipv6Prefix, ...] = ()) -> None:  # fmt: skip
+        object.__setattr__(self, "outgoing_subnet", outgoing_subnet)
+        object.__setattr__(self, "prefix_len", prefix_len)
+        object.__setattr__(self, "ipv6_prefixes", ipv6_prefixes)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         check_uint("prefix_len", self.prefix_len, 8)
@@ -167,15 +182,19 @@ class IpPrefixArea:
         end = start + _IPV6_PREFIX.size * count
         if len(data) < end:
             raise WireError(f"Proposal IPv6 prefixes at {start} truncated")
-        prefixes = tuple(
-            decoded(Ipv6Prefix, prefix=ipaddress.IPv6Address(p), prefix_len=n)
-            for p, n in _IPV6_PREFIX.iter_unpack(bytes(data[start:end]))
-        )
-        return decoded(cls, outgoing_subnet=ipaddress.IPv4Address(subnet),
-                       prefix_len=prefix_len, ipv6_prefixes=prefixes)  # fmt: skip
+        prefixes = tuple(Ipv6Prefix(ipaddress.IPv6Address(p), n)
+                         for p, n in _IPV6_PREFIX.iter_unpack(bytes(data[start:end])))  # fmt: skip
+        return IpPrefixArea(_ipv4(subnet), prefix_len, prefixes)
 
 
-@dataclass(frozen=True, slots=True)
+@functools.lru_cache(maxsize=256)
+def _ipv4(packed: bytes) -> ipaddress.IPv4Address:
+    """An IPv4 address from its 4 bytes, kept: every Proposal carries its client's subnet,
+    and ``IPv4Address`` is made in interpreted code."""
+    return ipaddress.IPv4Address(packed)
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class V2Extension:
     """The SMCv2 extension of a Proposal (spec §2.3.4, ``smc_clc_v2_extension``).
 
@@ -198,6 +217,18 @@ class V2Extension:
     max_links: int = 0
     feature_mask: int = 0
     user_eids: tuple[bytes, ...] = ()
+
+    def __init__(self, release: int = 1, seid: bool = False, roce_gid: bytes = bytes(16),
+                 max_conns: int = 0, max_links: int = 0, feature_mask: int = 0,
+                 user_eids: tuple[bytes, ...] = ()) -> None:  # fmt: skip
+        object.__setattr__(self, "release", release)
+        object.__setattr__(self, "seid", seid)
+        object.__setattr__(self, "roce_gid", roce_gid)
+        object.__setattr__(self, "max_conns", max_conns)
+        object.__setattr__(self, "max_links", max_links)
+        object.__setattr__(self, "feature_mask", feature_mask)
+        object.__setattr__(self, "user_eids", user_eids)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         check_uint("release", self.release, 4)
@@ -254,7 +285,7 @@ class SmcdV2Extension:
         return _SMCD_V2_EXT.size + _GID_CHID.size * len(self.gid_chids)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ClcProposal:
     """CLC Proposal, v1 or v2 header (spec §2.3, ``smc_clc_msg_proposal`` + parts).
 
@@ -294,6 +325,28 @@ class ClcProposal:
     prefix: IpPrefixArea | None = None
     v2_extension: V2Extension | None = None
     smcd_v2_extension: SmcdV2Extension | None = None
+
+    def __init__(self, version: int, typev1: SmcType, typev2: SmcType, peer_id: bytes = bytes(8),
+                 gid: bytes = bytes(16), mac: bytes = bytes(6), ip_area_offset: int = 0,
+                 ism_gid: int = 0, ism_chid: int = 0, vendor_oui: bytes = bytes(3),
+                 vendor_options: bytes = bytes(5), prefix: IpPrefixArea | None = None,
+                 v2_extension: V2Extension | None = None,
+                 smcd_v2_extension: SmcdV2Extension | None = None) -> None:  # fmt: skip
+        object.__setattr__(self, "version", version)
+        object.__setattr__(self, "typev1", typev1)
+        object.__setattr__(self, "typev2", typev2)
+        object.__setattr__(self, "peer_id", peer_id)
+        object.__setattr__(self, "gid", gid)
+        object.__setattr__(self, "mac", mac)
+        object.__setattr__(self, "ip_area_offset", ip_area_offset)
+        object.__setattr__(self, "ism_gid", ism_gid)
+        object.__setattr__(self, "ism_chid", ism_chid)
+        object.__setattr__(self, "vendor_oui", vendor_oui)
+        object.__setattr__(self, "vendor_options", vendor_options)
+        object.__setattr__(self, "prefix", prefix)
+        object.__setattr__(self, "v2_extension", v2_extension)
+        object.__setattr__(self, "smcd_v2_extension", smcd_v2_extension)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         check_version(self.version)
@@ -572,24 +625,13 @@ class ClcProposal:
         if pos + CLC_TRAILER_LEN != len(data):
             raise WireError(f"Proposal length {len(data)} does not match its parts ({pos + 4})")
         check_trailer(data)
-        # fixed-width fields, the layout rules checked above: __post_init__'s hold
-        return decoded(
-            cls,
-            version=hdr.version,
-            typev1=typev1,
-            typev2=typev2,
-            peer_id=peer_id,
-            gid=gid,
-            mac=mac,
-            ip_area_offset=ip_off,
-            ism_gid=ism_gid,
-            ism_chid=ism_chid,
-            vendor_oui=oui,
-            vendor_options=options,
-            prefix=prefix,
-            v2_extension=ext,
-            smcd_v2_extension=smcd,
-        )
+        # fixed-width fields, the layout rules checked above: __post_init__'s checks hold
+        # (were one to fail, the peer's message is malformed all the same: a WireError)
+        try:
+            return ClcProposal(hdr.version, typev1, typev2, peer_id, gid, mac, ip_off, ism_gid,
+                               ism_chid, oui, options, prefix, ext, smcd)  # fmt: skip
+        except ValueError as exc:
+            raise WireError(f"Proposal: {exc}") from None
 
 
 def _decode_v2_parts(
@@ -612,16 +654,8 @@ def _decode_v2_parts(
     if len(data) < end:
         raise WireError(f"Proposal user EIDs at {start} truncated")
     eids = tuple(bytes(data[i : i + _EID_LEN]) for i in range(start, end, _EID_LEN))
-    ext = decoded(
-        V2Extension,
-        release=flags >> 4,
-        seid=bool(flags & 0x01),
-        roce_gid=roce_gid,
-        max_conns=max_conns,
-        max_links=max_links,
-        feature_mask=features,
-        user_eids=eids,
-    )
+    ext = V2Extension(flags >> 4, bool(flags & 0x01), roce_gid, max_conns, max_links, features,
+                      eids)  # fmt: skip
     if not typev2.smcd:
         # SMC-R only: ISM GID count and SMC-Dv2 offset are not used (Linux
         # ignores them then); accepted as any value, sent as 0.
