@@ -58,6 +58,8 @@ DECLINE_WAIT_SHORT = 1.0  # CLC_WAIT_TIME_SHORT
 NO_DEADLINE = float("inf")
 """What :func:`earliest_deadline` says without one (later than any)."""
 PROPOSALS_KEPT = 64
+_NO_EID = bytes(32)
+"""An Accept or Confirm's EID without SMC-Rv2 (v1)."""
 
 ClcHandler = Callable[[Handshake, ClcMessage, float, list[Action]], None]
 CLC_TYPES: dict[type, ClcType] = {ClcProposal: ClcType.PROPOSAL, ClcAccept: ClcType.ACCEPT,
@@ -362,20 +364,20 @@ class ClcHandshakes:
         rkey is unknown."""
         assert hs.rmb is not None
         ident, terms = self.state.identity, hs.terms
-        v2: dict[str, object] = {}
+        eid, fce = _NO_EID, None  # (each named below: a ** dict is a generic call)
+        gids: tuple[bytes, ...] = ()
         if terms is not None:
-            v2 = {"eid": terms.eid}
+            eid = terms.eid
             if hs.first_contact:
-                direct = not link.lgr.uses_gateway
-                v2 |= {"fce": negotiation.first_contact_ext(terms, ident, direct),
-                       "gid_list": (ident.ports[link.port].gid,)}  # fmt: skip
+                fce = negotiation.first_contact_ext(terms, ident, not link.lgr.uses_gateway)
+                gids = (ident.ports[link.port].gid,)
         port = ident.ports[link.port]  # the link's port (Linux: conn->lnk's gid and mac)
         rkey, vaddr = self.llc.rmb_on(self.state.conns[hs.conn], link)  # on the link's RNIC
         return ClcConfirm(
             version=hs.smc_version, first_contact=hs.first_contact, peer_id=ident.peer_id,
             gid=port.gid, mac=port.mac, qpn=link.qpn, rmb_rkey=rkey,
             rmbe_alert_token=hs.token, rmbe_size=compress_bufsize(hs.rmb.size),
-            qp_mtu=link.mtu, rmb_vaddr=vaddr, psn=link.psn, **v2,  # type: ignore[arg-type]
+            qp_mtu=link.mtu, rmb_vaddr=vaddr, psn=link.psn, eid=eid, fce=fce, gid_list=gids,
         )  # fmt: skip
 
     # -- server -----------------------------------------------------------
@@ -475,19 +477,18 @@ class ClcHandshakes:
     def _send_accept(self, hs: Handshake, now: float, out: list[Action]) -> None:
         assert hs.rmb is not None and hs.link is not None
         ident, link, terms = self.state.identity, hs.link, hs.terms
-        v2: dict[str, object] = {}
+        eid, fce = _NO_EID, None  # (named below: a ** dict is a generic call)
         if terms is not None:
-            v2 = {"eid": terms.eid}
+            eid = terms.eid
             if hs.first_contact:
-                v2["fce"] = negotiation.first_contact_ext(terms, ident, not link.lgr.uses_gateway)
+                fce = negotiation.first_contact_ext(terms, ident, not link.lgr.uses_gateway)
         port = ident.ports[link.port]  # the link's port: the client finds the link by it
         rkey, vaddr = self.llc.rmb_on(self.state.conns[hs.conn], link)  # on the link's RNIC
         acc = ClcAccept(
             version=hs.smc_version, first_contact=hs.first_contact, peer_id=ident.peer_id,
             gid=port.gid, mac=port.mac, qpn=link.qpn, rmb_rkey=rkey,
             rmbe_alert_token=hs.token, rmbe_size=compress_bufsize(hs.rmb.size),
-            qp_mtu=self.state.config.qp_mtu, rmb_vaddr=vaddr, psn=link.psn,
-            **v2,  # type: ignore[arg-type]
+            qp_mtu=self.state.config.qp_mtu, rmb_vaddr=vaddr, psn=link.psn, eid=eid, fce=fce,
         )  # fmt: skip
         out.append(SendClc(hs.conn, acc.encode()))
         hs.state = HsState.CONFIRM_WAIT

@@ -133,7 +133,7 @@ class Executor:
 
     def new_conn(self, tcp: socket.socket) -> HostConn:
         """Register a connection (lock held)."""
-        hc = HostConn(self.next_conn, tcp, threading.Condition(self.lock))
+        hc = HostConn(self.next_conn, tcp, None)  # (its Condition when one waits: waitable)
         self.next_conn += 1
         self.conns[hc.conn_id] = hc
         return hc
@@ -367,8 +367,9 @@ class Executor:
         CDC, while another thread polls and the peer's close releases the connection in
         the same round, would otherwise sleep out its whole wait (2 s per close when a
         threaded client and gunicorn's workers close at once)."""
-        if hc.waiters:
-            hc.cond.notify_all()
+        cond = hc.cond
+        if hc.waiters and cond is not None:  # (a waiter made it)
+            cond.notify_all()
 
     def _dispatch_events(self) -> None:
         while (ev := self.engine.next_event()) is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from _thread import LockType
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,10 @@ class HostConn:
 
     conn_id: int
     tcp: socket.socket
-    cond: threading.Condition
+    cond: threading.Condition | None
+    """Where threads that wait for news of the connection sleep while another polls, made
+    by the first of them (:meth:`waitable`): most connections never have one, and a
+    ``Condition`` costs a microsecond of interpreted code to make."""
     rmb_mr: MemoryRegion | None = None
     rmb_group: int = -1
     """The link group the RMB belongs to (:meth:`BufferPool.place
@@ -65,7 +69,7 @@ class HostConn:
     (:meth:`BufferPool.alias <smcr.stack.bufpool.BufferPool.alias>`; port 0's are
     :attr:`rmb_mr` and :attr:`sndbuf_mr`)."""
 
-    def __init__(self, conn_id: int, tcp: socket.socket, cond: threading.Condition,
+    def __init__(self, conn_id: int, tcp: socket.socket, cond: threading.Condition | None,
                  rmb_mr: MemoryRegion | None = None, rmb_group: int = -1,
                  sndbuf_mr: MemoryRegion | None = None, peer: Any = None,
                  handshake: Handshake | None = None, outcome: Any = None,
@@ -100,6 +104,13 @@ class HostConn:
         self.trim_cons = trim_cons
         self.trim_sent = trim_sent
         self.aliases = {} if aliases is None else aliases
+
+    def waitable(self, lock: LockType) -> threading.Condition:
+        """:attr:`cond`, made now on ``lock`` (the runtime's) if it has not been (lock held)."""
+        cond = self.cond
+        if cond is None:
+            cond = self.cond = threading.Condition(lock)
+        return cond
 
     def undecided(self) -> bool:
         """The handshake has no outcome yet.  A method: after ``if hc.outcome is None``

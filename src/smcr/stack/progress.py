@@ -166,7 +166,7 @@ class Progress:
                 hc.waiters += 1
                 self.wake.waiting += 1
                 try:
-                    hc.cond.wait(left if left is not None else 1.0)
+                    hc.waitable(self.ex.lock).wait(left if left is not None else 1.0)
                 finally:
                     hc.waiters -= 1
                     self.wake.waiting -= 1
@@ -188,7 +188,7 @@ class Progress:
         error to act on."""
         if self.exiting and exits.stays_parked():
             while True:
-                hc.cond.wait()
+                hc.waitable(self.ex.lock).wait()
 
     def poll_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
         """Poll for the runtime until ``ready()`` or ``deadline`` (lock held), as
