@@ -326,12 +326,16 @@ class SocketBase(PlainSocket):
         the class's method is the API class's (a subclass's own ``sendall``, ssl's for one,
         stays what is called; ``recv`` too where a subclass has its own ``recv_into``,
         which ours would not call)."""
-        cls, calls, own = type(self), self._calls, self.own_calls
+        calls = self._calls
         assert calls is not None
-        for name in METHODS:
-            if getattr(cls, name) is own[name] and (
-                    name != "recv" or cls.recv_into is own["recv_into"]):  # fmt: skip
-                setattr(self, name, getattr(calls, name))
+        names = _SHADOWED.get(type(self))
+        if names is None:  # (once per class: every connection of it would ask the same)
+            cls, own = type(self), self.own_calls
+            names = _SHADOWED[cls] = tuple(
+                name for name in METHODS if getattr(cls, name) is own[name]
+                and (name != "recv" or cls.recv_into is own["recv_into"]))  # fmt: skip
+        for name in names:
+            setattr(self, name, getattr(calls, name))
 
     def _unshadow_fast(self) -> None:
         """The class's methods again (closed, or no longer SMC-R here): nothing of the
@@ -350,6 +354,11 @@ def new_socket(cls: type[SocketBase], family: int, kind: int, proto: int, fileno
         return make(family, kind, proto, fileno=fileno, _accepted=True)
     return make(family, kind, proto, fileno=fileno)
 
+
+_SHADOWED: dict[type, tuple[str, ...]] = {}
+"""The data calls :meth:`SocketBase._shadow_fast` puts in a socket's dictionary, by class
+(a few classes, which live as long as the program: a weak dictionary's look-up would cost
+more than what it saves)."""
 
 smc_sockets: weakref.WeakSet[Any] = weakref.WeakSet()
 """The sockets of this process in SMC-R mode (see :mod:`smcr.socket.fork`)."""

@@ -216,9 +216,7 @@ def finish_handshake(sock: SocketBase, stack: Stack, hc: HostConn) -> None:
         sock._rmb_size, sock._sndbuf_size = len(hc.rmb), len(hc.sndbuf)  # as allocated
         _C.smc_established(server, outcome.version, sock._rmb_size,
                            sock._sndbuf_size)  # fmt: skip
-        sock._info = SmcInfo("SMCR", lgr_id=outcome.lgr_id,
-                             first_contact=outcome.first_contact,
-                             version=outcome.version)  # fmt: skip
+        sock._info = _established_info(outcome)
         path = DataPath(stack, hc)
         try:  # (set on the TCP socket before: a listener's)
             path.oob_inline = bool(PlainSocket.getsockopt(sock, _socket.SOL_SOCKET,
@@ -262,6 +260,23 @@ def finish_handshake(sock: SocketBase, stack: Stack, hc: HostConn) -> None:
     except OSError:
         pass
     PlainSocket.close(sock)
+
+
+_INFOS: dict[tuple[int, bool, int], SmcInfo] = {}
+"""The infos of established connections, by (group, first contact, version): an info is
+frozen, and making one is a few microseconds of interpreted code per connection."""
+
+
+def _established_info(outcome: HandshakeCompleted) -> SmcInfo:
+    key = (outcome.lgr_id, outcome.first_contact, outcome.version)
+    info = _INFOS.get(key)
+    if info is None:
+        if len(_INFOS) >= 1024:  # (bounded: a long-lived process makes many groups)
+            _INFOS.clear()
+        info = _INFOS[key] = SmcInfo("SMCR", lgr_id=outcome.lgr_id,
+                                     first_contact=outcome.first_contact,
+                                     version=outcome.version)  # fmt: skip
+    return info
 
 
 def fall_back(sock: SocketBase, local: int, peer: int, server: bool | None = False) -> None:
