@@ -19,7 +19,7 @@ def check_uint(name: str, value: int, bits: int) -> None:
     :param value: the value to check.
     :param bits: the field's width on the wire.
     """
-    if not 0 <= value < 1 << bits:
+    if value < 0 or value >> bits:  # (not value < 1 << bits: that makes a long for 62+ bits)
         raise ValueError(f"{name}={value!r} does not fit in {bits} bits")
 
 
