@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import _socket
 import ctypes
+import errno
+import math
 import os
+import select
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     PlainSocket = socket.socket
@@ -62,6 +65,36 @@ def accept(listener: socket.socket) -> socket.socket:
     if socket.getdefaulttimeout() is None and listener.gettimeout():
         conn.setblocking(True)
     return conn
+
+
+def ready(fd: int | _socket.socket, write: bool = False, timeout: float | None = 0.0) -> bool:
+    """Whether ``fd`` is readable (``write``: writable) within ``timeout`` seconds (None:
+    however long it takes), as ``select.select`` would say, for any descriptor number:
+    ``select`` refuses those of 1,024 and more (``FD_SETSIZE``), which a process with a few
+    hundred connections reaches.  An error or hang-up counts as ``select`` counts it.
+
+    :raises OSError: ``EBADF``, ``fd`` is not open (as from ``select``).
+    :raises ValueError: ``fd`` is negative (a closed socket's)."""
+    number = fd if isinstance(fd, int) else fd.fileno()
+    if number < 0:
+        raise ValueError(f"file descriptor cannot be a negative integer ({number})")
+    poller = select.poll()
+    poller.register(number, select.POLLOUT if write else select.POLLIN)
+    # poll counts milliseconds: rounded up, or a wait shorter than one would spin
+    wait = -1 if timeout is None else math.ceil(max(timeout, 0.0) * 1000)
+    events = poller.poll(wait)
+    if not events:
+        return False
+    mask = events[0][1]
+    if mask & select.POLLNVAL:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+    return bool(mask & (_WRITE_SET if write else _READ_SET))
+
+
+_READ_SET: Final = select.POLLIN | select.POLLHUP | select.POLLERR
+"""What ``select`` counts as readable (Linux's ``POLLIN_SET``, less its aliases)."""
+_WRITE_SET: Final = select.POLLOUT | select.POLLERR
+"""What ``select`` counts as writable (``POLLOUT_SET``)."""
 
 
 def datagram() -> _socket.socket:

@@ -380,8 +380,8 @@ class CompletionQueue:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return []
-            ready, _, _ = select.select([self.fileno()], [], [], left)
-            if ready:  # drain only when rung: no exception on the common path
+            if plainsock.ready(self.fileno(), timeout=left):
+                # (drained only when rung: no exception on the common path)
                 self.clear_signal()
 
     def close(self) -> None:

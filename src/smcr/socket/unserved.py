@@ -15,12 +15,12 @@ back on its own).
 from __future__ import annotations
 
 import errno
-import select
 import threading
 import time
 from collections.abc import Callable
 from typing import Final
 
+from smcr import plainsock
 from smcr.core.config import Config
 from smcr.socket.base import PlainSocket, SocketBase
 from smcr.wire.clc import (
@@ -53,7 +53,7 @@ def _read(sock: SocketBase, n: int, deadline: float) -> bytes:
     fd = PlainSocket.fileno(sock)
     while len(out) < n:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not plainsock.ready(fd, timeout=left):
             break
         try:
             chunk = PlainSocket.recv(sock, n - len(out))

@@ -30,7 +30,6 @@ import _socket
 import atexit
 import errno
 import os
-import select
 import socket
 import time
 from collections import deque
@@ -148,7 +147,7 @@ def netns_of(sock: _socket.socket) -> tuple[int, int]:
 
 
 def _writable(sock: _socket.socket) -> bool:
-    return bool(select.select([], [sock], [], 0)[1])
+    return plainsock.ready(sock, write=True)
 
 
 CHECK_DELAY: Final = 0.1

@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import secrets
-import select
 import socket
 import struct
 import threading
@@ -52,6 +51,7 @@ import time
 from collections.abc import Callable
 from typing import Final, cast
 
+from smcr import plainsock
 from smcr.rdma.base import (
     PAGE,
     Device,
@@ -576,7 +576,7 @@ class RocePd(ProtectionDomain):
 def _readable(sock: socket.socket) -> bool:
     """Whether a datagram waits on ``sock`` (False once it is closed)."""
     try:
-        return bool(select.select([sock], [], [], 0)[0])
+        return plainsock.ready(sock)
     except (OSError, ValueError):
         return False
 
