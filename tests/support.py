@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -101,3 +103,30 @@ def voluntary_switches(name: str) -> int:
             if line.startswith("voluntary_ctxt_switches:"):
                 return int(line.split()[1])
     raise AssertionError("no voluntary_ctxt_switches line")
+
+
+@contextlib.contextmanager
+def out_of_descriptors() -> Iterator[None]:
+    """This process at its descriptor limit (the soft limit lowered to what is open, and
+    whatever that leaves taken), until the block ends: for a fresh process of its own
+    (every thread of it meets ``EMFILE``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")), hard))
+    taken: list[int] = []
+    try:
+        while True:
+            try:
+                taken.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def thread_cpu(thread: threading.Thread) -> float:
+    """CPU seconds ``thread`` has used so far (it must be running)."""
+    assert thread.ident is not None
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))

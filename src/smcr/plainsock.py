@@ -58,6 +58,13 @@ def from_descriptor(fd: int) -> socket.socket:
     return _plain_class()(fileno=fd)
 
 
+ACCEPT_PAUSE: Final = 0.1
+"""Seconds a runtime listener is left unwatched after its ``accept`` failed (``EMFILE``,
+``ENFILE``, ``ENOBUFS``...): it stays readable while nothing can be accepted, and a
+level-triggered watch on it would spin its thread at a whole CPU (asyncio's servers
+pause the same way)."""
+
+
 def accept(listener: socket.socket) -> socket.socket:
     """The next connection of ``listener``, as its ``accept()`` outside ``smcr run``."""
     fd, _addr = listener._accept()  # type: ignore[attr-defined]

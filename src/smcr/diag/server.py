@@ -133,6 +133,7 @@ class Endpoint:
         self._wake_r.setblocking(False)
         self._running = True
         self._clients: dict[int, _Client] = {}
+        self._accept_paused_until: float | None = None
         self._thread = NamedThread(target=self._run, name="smcr-diag", daemon=True)
         self._thread.start()
 
@@ -160,6 +161,12 @@ class Endpoint:
         streaming = [c for c in self._clients.values() if c.stream is not None]
         if streaming:
             timeout = min(timeout, STREAM_TICK)
+        if self._accept_paused_until is not None:
+            if now >= self._accept_paused_until:
+                sel.register(self.sock, selectors.EVENT_READ, None)
+                self._accept_paused_until = None
+            else:
+                timeout = min(timeout, self._accept_paused_until - now)
         for key, mask in sel.select(max(0.0, timeout)):
             if key.fileobj is self.sock:
                 self._accept(sel)
@@ -187,7 +194,9 @@ class Endpoint:
                 conn = plainsock.accept(self.sock)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # EMFILE and the like: try again next round
+            except OSError:  # EMFILE and the like: left alone a while (it stays readable)
+                sel.unregister(self.sock)
+                self._accept_paused_until = time.monotonic() + plainsock.ACCEPT_PAUSE
                 return
             try:
                 ok = allowed(peer_uid(conn)) and len(self._clients) < MAX_CLIENTS

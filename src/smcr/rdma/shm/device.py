@@ -235,11 +235,27 @@ class ShmDevice(Device):
         while True:
             try:
                 conn = plainsock.accept(listener)
-            except (BlockingIOError, OSError):
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # (EMFILE...) left alone a while: it stays readable
+                self._pause_accepting(listener)
                 return
             conn.setblocking(False)
             if not self._first_message(conn):
                 self._await_first(conn)
+
+    def _pause_accepting(self, listener: socket.socket) -> None:
+        """Server thread: stop watching ``listener`` for :data:`~smcr.plainsock.ACCEPT_PAUSE`
+        seconds (an ``accept`` failed: out of descriptors or memory), then watch it again."""
+        handler = self._on_accept if listener is self._listener else self._on_accept_abstract
+        fd = listener.fileno()
+        self._server.unwatch(fd)
+
+        def again() -> None:
+            if not self._closed:  # (level-triggered: what waits is reported at once)
+                self._server.watch(fd, handler)
+
+        self._server.call_at(time.monotonic() + plainsock.ACCEPT_PAUSE, again)
 
     def _first_message(self, conn: socket.socket) -> bool:
         """Server thread: answer a new connection's first message if it is there (the
