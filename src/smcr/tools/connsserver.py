@@ -30,6 +30,9 @@ MESSAGE = 100
 """Bytes of each request and of its response."""
 STALL = 60.0
 """Seconds without progress after which a phase gives up on what is left (counted)."""
+ACCEPT_PAUSE = 0.2
+"""Seconds the listener is left alone after an ``accept`` failed (``EMFILE``: it stays
+readable while nothing can be accepted; asyncio's servers pause the same way)."""
 
 
 def raise_nofile() -> int:
@@ -230,16 +233,23 @@ def _serve(listener: socket.socket, ctl: Connection) -> dict[str, Any]:
     sel.register(ctl, selectors.EVENT_READ, "ctl")
     buf = bytearray(1 << 16)
     last = time.monotonic()
+    paused_until: float | None = None
     while not (run.ending and run.closed >= run.accepted):
-        events = sel.select(1.0)
+        events = sel.select(1.0 if paused_until is None else ACCEPT_PAUSE)
+        if paused_until is not None and time.monotonic() >= paused_until:
+            sel.register(listener, selectors.EVENT_READ, "listener")
+            paused_until = None
         if run.ending and time.monotonic() - last > STALL:  # (events or not: see below)
             run.errors[f"server: connections that did not end in {STALL:.0f} s"] += (
                 run.accepted - run.closed)
             break
         for key, mask in events:
             if key.data == "listener":
-                accepted = _accept_all(listener, sel, run)
-                if not accepted:  # (EMFILE: the listener stays readable, nothing moves)
+                accepted, failed = _accept_all(listener, sel, run)
+                if failed:  # (EMFILE: it stays readable while nothing can be accepted)
+                    sel.unregister(listener)
+                    paused_until = time.monotonic() + ACCEPT_PAUSE
+                if not accepted:
                     continue
                 run.accepted += accepted
             elif key.data == "ctl":
@@ -257,17 +267,19 @@ def _serve(listener: socket.socket, ctl: Connection) -> dict[str, Any]:
             "errors": dict(run.errors)}
 
 
-def _accept_all(listener: socket.socket, sel: selectors.BaseSelector, run: _Run) -> int:
-    """Accept every connection waiting; returns how many."""
+def _accept_all(listener: socket.socket, sel: selectors.BaseSelector,
+                run: _Run) -> tuple[int, bool]:  # fmt: skip
+    """Accept every connection waiting; returns how many, and whether an ``accept``
+    failed (counted)."""
     count = 0
     while True:
         try:
             sock, _ = listener.accept()
         except BlockingIOError:
-            return count
+            return count, False
         except OSError as exc:  # EMFILE...: counted (the client sees it too)
             run.errors[f"server: accept: {exc}"] += 1
-            return count
+            return count, True
         sock.setblocking(False)
         run.modes[getattr(sock, "smc_mode", "TCP")] += 1
         sel.register(sock, selectors.EVENT_READ, _Echo(sock))
