@@ -14,7 +14,7 @@ each thread count, so a load that comes and goes falls on both; ``--load`` busy 
 (``while True: pass``, nice 0) run beside the whole run.  Per thread count and transport:
 transactions per second over all threads (median [min..max] of the rounds), the ratio of
 the medians (SMC-R over TCP: above 1, SMC-R does more), and the client's CPU per
-transaction (every thread's, from ``os.times``).
+transaction (every thread's, ``time.process_time`` from the moment the threads start).
 
 Why: one thread's round trip is what ``smcr bench`` and ``bench/ab_pingpong.py`` measure;
 a second thread that waits in its own connection's ``recv`` at the same time is woken in
@@ -84,7 +84,12 @@ def client(port: int, kind: str, threads: int, size: int, count: int) -> None:
     else:
         make = socket.create_connection
     conns = [make(("127.0.0.1", port)) for _ in range(threads)]
-    start = threading.Barrier(threads + 1)
+    began_at: list[float] = []
+
+    def mark() -> None:  # (the barrier's action: before any thread is let go)
+        began_at[:] = [time.perf_counter(), time.process_time()]
+
+    start = threading.Barrier(threads + 1, action=mark)
     msg = b"x" * size
     slowest = [0.0]
 
@@ -108,14 +113,13 @@ def client(port: int, kind: str, threads: int, size: int, count: int) -> None:
     for w in workers:
         w.start()
     start.wait()
-    t0, c0 = time.perf_counter(), os.times()
     for w in workers:
         w.join()
-    dt, c1 = time.perf_counter() - t0, os.times()
+    dt, cpu_s = time.perf_counter() - began_at[0], time.process_time() - began_at[1]
     for c in conns:
         c.close()
     done = threads * count
-    cpu = (c1.user + c1.system - c0.user - c0.system) / done * 1e6
+    cpu = cpu_s / done * 1e6
     print(f"{done / dt:.1f} {cpu:.3f} {slowest[0] * 1e3:.3f}", flush=True)
 
 
