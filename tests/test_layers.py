@@ -13,7 +13,7 @@ PACKAGE = SRC / "smcr"
 
 LAYERS: list[set[str]] = [
     {"smcr._mypyc", "smcr.native", "smcr.ueid", "smcr.pnet", "smcr.peers", "smcr.settings",
-     "smcr.plainsock", "smcr.exits", "smcr.osthreads", "smcr.locks"},
+     "smcr.plainsock", "smcr.exits", "smcr.osthreads", "smcr.locks", "smcr.bound"},
     {"smcr.wire"},
     {"smcr.rdma"},
     {"smcr.core"},

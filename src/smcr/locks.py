@@ -20,6 +20,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final
 
+from smcr.bound import get_ident
+
 
 def _py_take(lock: LockType) -> None:
     lock.acquire()
@@ -54,8 +56,8 @@ def _c_locks() -> ModuleType | None:
     again: Any = threading.RLock()  # (its _is_owned and _release_save: Condition's)
     calls.take(again)
     calls.take(again)
-    owned = again._is_owned() and again._release_save() == (2, threading.get_ident())
-    again._acquire_restore((2, threading.get_ident()))
+    owned = again._is_owned() and again._release_save() == (2, get_ident())
+    again._acquire_restore((2, get_ident()))
     calls.give(again)
     still = again._is_owned()
     calls.give(again)

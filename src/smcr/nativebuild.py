@@ -94,6 +94,7 @@ MODULES: tuple[str, ...] = (
     "stack/runtime.py",
     "stack/conn.py",
     "locks.py",
+    "bound.py",
     "rdma/verbs.py",
     "rdma/completion.py",
     "rdma/base.py",

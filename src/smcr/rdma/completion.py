@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import select
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Final
 
 from smcr import plainsock
+from smcr.bound import get_ident, monotonic
 from smcr.locks import give, take
 from smcr.rdma import doorbell
 from smcr.rdma.bells import WatchSlot
@@ -329,7 +329,7 @@ class CompletionQueue:
 
     def poll(self, max_entries: int = 16) -> list[WorkCompletion]:
         """Take up to ``max_entries`` completions, oldest first, without blocking."""
-        self.polling = threading.get_ident()
+        self.polling = get_ident()
         try:
             self.run_progress()
         finally:
@@ -362,14 +362,14 @@ class CompletionQueue:
         keeps it from running.  Hosts with idle cores may set a spin.
         :returns: completions, or ``[]`` when ``timeout`` passed without any.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        spin_until = time.monotonic() + self.SPIN_SECONDS
+        deadline = None if timeout is None else monotonic() + timeout
+        spin_until = monotonic() + self.SPIN_SECONDS
         while True:
             self.waiting()
             wcs = self.poll(max_entries)
             if wcs:
                 return wcs
-            if time.monotonic() >= spin_until:
+            if monotonic() >= spin_until:
                 break
         while True:
             self.req_notify()  # arm first, then look: a completion after the look rings
@@ -377,7 +377,7 @@ class CompletionQueue:
             wcs = self.poll(max_entries)
             if wcs:
                 return wcs
-            left = None if deadline is None else deadline - time.monotonic()
+            left = None if deadline is None else deadline - monotonic()
             if left is not None and left <= 0:
                 return []
             if plainsock.ready(self.fileno(), timeout=left):

@@ -27,10 +27,10 @@ import logging
 import os
 import select
 import threading
-import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
+from smcr.bound import monotonic
 from smcr.osthreads import NamedThread
 from smcr.rdma.verbs import AsyncEvent, PathMtu
 
@@ -131,10 +131,10 @@ class Engine:
                 heapq.heappop(self._timers)
             if not self._timers:
                 return -1.0
-            return max(0.0, self._timers[0][_DEADLINE] - time.monotonic())
+            return max(0.0, self._timers[0][_DEADLINE] - monotonic())
 
     def _due(self) -> list[Timer]:
-        now = time.monotonic()
+        now = monotonic()
         due: list[Timer] = []
         with self._lock:
             while self._timers and self._timers[0][_DEADLINE] <= now:

@@ -19,6 +19,7 @@ import struct
 import time
 from collections import deque
 
+from smcr.bound import monotonic
 from smcr.core import ShutdownTcp
 from smcr.stack.executor import Executor
 from smcr.stack.hostconn import HostConn
@@ -85,7 +86,7 @@ class Closing:
         forgotten already is let go here."""
         ex = self.ex
         ex.shutdowns.pop(hc.conn_id, None)
-        ex.execute_to(hc, ex.engine.close(hc.conn_id, time.monotonic()))
+        ex.execute_to(hc, ex.engine.close(hc.conn_id, monotonic()))
         ex.let_go(hc)
 
     def abort(self, hc: HostConn) -> None:
@@ -96,7 +97,7 @@ class Closing:
         socket's abortive close resets it (a peer that looks at its TCP socket, ssl's
         ``wrap_socket`` for one, sees it unconnected at once); only the RMB waits."""
         ex = self.ex
-        actions = ex.engine.abort(hc.conn_id, time.monotonic())
+        actions = ex.engine.abort(hc.conn_id, monotonic())
         c = ex.engine_conn(hc)
         if c is None or hc.released:
             ex.execute(actions)
@@ -136,7 +137,7 @@ class Closing:
         except OSError:
             pass
         if not hc.released:
-            ex.execute(ex.engine.probe_link(hc.conn_id, time.monotonic()))
+            ex.execute(ex.engine.probe_link(hc.conn_id, monotonic()))
 
     def orphan(self, hc: HostConn, linger: float | None) -> None:
         """Close a connection whose socket was garbage-collected unclosed; any thread,
@@ -170,7 +171,7 @@ class Closing:
         the peer's stream short."""
         ex = self.ex
         ex.uncork(hc)  # (nothing follows: corked bytes go now)
-        self._drain(hc, time.monotonic() + ex.config.close_wait_tx)
+        self._drain(hc, monotonic() + ex.config.close_wait_tx)
         ex.wake.kick()
         ex.wake.wake_progress()
 
@@ -199,7 +200,7 @@ class Closing:
     def reap(self) -> None:
         """Close the orphans whose send buffer is out or whose wait is over (lock held)."""
         ex = self.ex
-        now = time.monotonic()
+        now = monotonic()
         while self.orphans:
             hc, linger = self.orphans.popleft()
             if linger == 0:
@@ -229,7 +230,7 @@ class Closing:
         was = self.draining.get(hc.conn_id)
         self.draining[hc.conn_id] = (hc, deadline, c.tx_pending() if c is not None else 0,
                                      self.ex.qp.mark_of(c.qpn) if c is not None else None,
-                                     time.monotonic() if was is None else was[4])  # fmt: skip
+                                     monotonic() if was is None else was[4])  # fmt: skip
 
     def end_links(self, deadline: float) -> None:
         """Before the RNIC goes: the connections left open close (:meth:`close_left_open`),
@@ -248,29 +249,29 @@ class Closing:
             ex.uncork()
             self.close_left_open()
             marks = ex.qp.marks()
-        longest = time.monotonic() + EXIT_KEEP
+        longest = monotonic() + EXIT_KEEP
         done = False  # (no `break` inside `with`: mypyc does not compile it)
         while not done:
             with ex.lock:
-                now = time.monotonic()
+                now = monotonic()
                 seen = ex.qp.marks()
                 if seen != marks:  # the links deliver (RoCE): the closes get the time again
                     marks, deadline = seen, min(max(deadline, now + EXIT_LINGER), longest)
                 done = not (ex.engine.closing(self.left_open) or self.busy()) or now >= deadline
                 if done:
                     ex.qp.keep = ex.engine.links_peers_may_use()
-                    ex.execute(ex.engine.shutdown(time.monotonic()))
+                    ex.execute(ex.engine.shutdown(monotonic()))
             if not done:
                 ex.wake.kick()
                 time.sleep(0.005)
-        answered = time.monotonic() + EXIT_DELETE_WAIT
+        answered = monotonic() + EXIT_DELETE_WAIT
         done = False
         while not done:  # the peers' DELETE LINKs, received and acknowledged
             with ex.lock:
-                done = not ex.engine.ending() or time.monotonic() >= answered
+                done = not ex.engine.ending() or monotonic() >= answered
                 if done:
                     ex.qp.keep |= ex.engine.links_peers_may_use()
-                    ex.execute(ex.engine.shutdown(time.monotonic(), final=True))
+                    ex.execute(ex.engine.shutdown(monotonic(), final=True))
             if not done:
                 ex.wake.kick()
                 time.sleep(0.005)
@@ -288,7 +289,7 @@ class Closing:
         RC sends complete and its close ends (:meth:`Engine.links_peers_may_use
         <smcr.core.engine.Engine.links_peers_may_use>`)."""
         ex = self.ex
-        now = moved = time.monotonic()
+        now = moved = monotonic()
         end = max(longest, now + EXIT_SILENT)  # the exit's one deadline, some time left
         with ex.lock:
             acked, marks = ex.qp.quiet()
@@ -296,7 +297,7 @@ class Closing:
                and now - moved < (EXIT_QUIET if acked else EXIT_SILENT)):  # fmt: skip
             ex.wake.kick()
             time.sleep(0.01)
-            now = time.monotonic()
+            now = monotonic()
             with ex.lock:
                 acked, seen = ex.qp.quiet()
             if seen != marks:

@@ -35,11 +35,11 @@ import errno
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Final
 
 from smcr import exits
+from smcr.bound import memview, monotonic
 from smcr.core import Action
 from smcr.core.connection import Connection
 from smcr.locks import give, take, try_take
@@ -242,7 +242,7 @@ class DataPath:
                 # (this thread took the news itself: the progress thread stands by meanwhile,
                 # rather than wake for each acknowledgement only to find it taken, and take
                 # the GIL and the lock from this thread to do so)
-                ex.wake.app_looked = time.monotonic()
+                ex.wake.app_looked = monotonic()
             if (not 0 < n <= c.sndbuf_space() or c.tx_flags or c.peer_closed or c.reset_reason
                     or c.urg_tx_end is not None):  # fmt: skip
                 return -1  # (what process() took may have ended it: the general path says so)
@@ -302,7 +302,7 @@ class DataPath:
         def room() -> bool:
             return c.direct_room() > 0 or bool(c.reset_reason) or c.peer_closed
 
-        self.progress.wait(self.hc, room, time.monotonic() + PEER_READ_WAIT)
+        self.progress.wait(self.hc, room, monotonic() + PEER_READ_WAIT)
         if c.reset_reason or c.peer_closed:
             raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
 
@@ -504,7 +504,7 @@ class DataPath:
                 if self.oob_read != urg:
                     self.oob = hc.rmb[urg % c.rmb.size]
                 c.urg_rx_pos = None
-                ex.execute(ex.engine.data_consumed(hc.conn_id, 1, time.monotonic(), True))
+                ex.execute(ex.engine.data_consumed(hc.conn_id, 1, monotonic(), True))
                 return 0
             elif not flags & _PEEK:  # SO_OOBINLINE: read in the stream from the mark on
                 c.urg_rx_pos = None
@@ -628,7 +628,7 @@ class DataPath:
                 stack.closing.close_later(hc)  # the rest goes in the background, as TCP's
             else:
                 wait = ex.config.close_wait_tx if linger is None else linger
-                deadline = time.monotonic() + wait
+                deadline = monotonic() + wait
                 self._drain_tx(deadline)
                 c = self.conn()
                 if linger is not None and self._unsent():  # the linger time is over: the
@@ -851,15 +851,15 @@ def deadline_of(flags: int, timeout: float | None) -> float | None:
     """When a call with ``flags`` on a socket with ``timeout`` gives up waiting."""
     if flags & _DONTWAIT or timeout == 0.0:
         return 0.0
-    return None if timeout is None else time.monotonic() + timeout
+    return None if timeout is None else monotonic() + timeout
 
 
 def byte_view(data: Any) -> memoryview:
     """A flat unsigned-byte view of a bytes-like object (TypeError for anything else)."""
     kind = type(data)
     if kind is bytearray or kind is bytes:  # (flat bytes already: no format to look at)
-        return memoryview(data)
-    view = memoryview(data)
+        return memview(data)
+    view = memview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     return view

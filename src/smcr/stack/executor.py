@@ -29,13 +29,13 @@ import os
 import socket
 import sys
 import threading
-import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Final
 
 from smcr import settings
+from smcr.bound import monotonic
 from smcr.core import (
     Action,
     Config,
@@ -267,7 +267,7 @@ class Executor:
             return
         error = self.wr.post(qp, wrs, writes or (), cdc)
         if error:
-            self.execute(self.engine.link_failed(qpn, error, time.monotonic()))
+            self.execute(self.engine.link_failed(qpn, error, monotonic()))
 
     def send_inline(self, c: Connection, data: memoryview, request: bool = False) -> None:
         """The data path (lock held): ``data`` (at most ``c.direct_room()`` bytes, at most
@@ -310,12 +310,12 @@ class Executor:
             link = self.engine.links.get(a.qpn)
             error = self.qp.to_rtr(a, link.psn if link is not None else 0)
             if error:
-                self.execute(self.engine.link_failed(a.qpn, error, time.monotonic(),
+                self.execute(self.engine.link_failed(a.qpn, error, monotonic(),
                                                      DeclineCode.ERR_RDYLNK))  # fmt: skip
         elif isinstance(a, QpToRts):
             error = self.qp.to_rts(a.qpn)
             if error:
-                self.execute(self.engine.link_failed(a.qpn, error, time.monotonic(),
+                self.execute(self.engine.link_failed(a.qpn, error, monotonic(),
                                                      DeclineCode.ERR_RDYLNK))  # fmt: skip
         elif isinstance(a, DestroyQp):
             self.qp.destroy(a.qpn, a.qpn in self.engine.late_links)
@@ -343,7 +343,7 @@ class Executor:
         c = self.engine.conns.get(conn_id)
         if c is not None:  # smcr stats: its bytes, which its cursors counted
             COUNTERS.released(c)
-        actions = self.engine.release(conn_id, time.monotonic())
+        actions = self.engine.release(conn_id, monotonic())
         self.retired[conn_id] = hc  # its buffers go back to the pool at ReuseRmb
         _close_quietly(hc.tcp)
         if hc.readiness is not None:
@@ -498,7 +498,7 @@ class Executor:
         return self.cq.poll(64)
 
     def _process(self, first: list[WorkCompletion] | None) -> None:  # (process()'s work)
-        engine, now = self.engine, time.monotonic()
+        engine, now = self.engine, monotonic()
         wcs = first or self.look()
         wr = self.wr
         recv_slot, recv_buf = wr.recv_slot, wr.recv_mr.buf
@@ -607,7 +607,7 @@ class Executor:
     def link_failed_all(self, qpns: list[int], reason: str) -> None:
         """QPs whose RNIC went (:meth:`Stack.port_down`): any link still over them fails,
         and each goes to ERR, so that what it had posted completes as flushes."""
-        now = time.monotonic()
+        now = monotonic()
         for qpn in qpns:
             if qpn in self.qps:
                 self.execute(self.engine.link_failed(qpn, reason, now))
@@ -631,7 +631,7 @@ class Executor:
         end first."""
         conns = self.engine.conns
         ids = list(conns) if hc is None else [hc.conn_id]
-        now = time.monotonic()
+        now = monotonic()
         for conn_id in ids:
             c = conns.get(conn_id)
             if c is not None and c.tx_app > c.tx_sent and not c.reset_reason:
@@ -648,7 +648,7 @@ class Executor:
         if c.tx_pending() and not c.reset_reason and not c.peer_closed:
             self.shutdowns[hc.conn_id] = hc
             return
-        self.execute_to(hc, self.engine.shutdown_write(hc.conn_id, time.monotonic()))
+        self.execute_to(hc, self.engine.shutdown_write(hc.conn_id, monotonic()))
         self.update_readiness(hc)
 
     def _shutdown_sent(self, touched: set[int]) -> None:
@@ -658,13 +658,13 @@ class Executor:
             if c is None or not c.tx_pending() or c.reset_reason or c.peer_closed:
                 del self.shutdowns[conn_id]
                 if c is not None:
-                    self.execute(self.engine.shutdown_write(conn_id, time.monotonic()))
+                    self.execute(self.engine.shutdown_write(conn_id, monotonic()))
 
     # ================================================================ CLC
 
     def clc_read(self, hc: HostConn) -> None:
         """Feed CLC bytes from a handshaking connection's TCP socket to the engine."""
-        now = time.monotonic()
+        now = monotonic()
         try:
             data = hc.tcp.recv(4096)
         except BlockingIOError:

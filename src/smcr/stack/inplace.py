@@ -15,9 +15,9 @@ what the receives carried) are completed as before.
 from __future__ import annotations
 
 import importlib
-import time
 from types import ModuleType
 
+from smcr.bound import monotonic
 from smcr.core import Action
 from smcr.core.connection import Connection, Rmb
 from smcr.core.engine import Engine
@@ -63,7 +63,7 @@ class InPlace:
         QP offers it what :meth:`take_run` (the lane) left: the Python's cases."""
         if self.taps.tap is not None:
             return False
-        if self.engine.take_cdc(qpn, area, off, n, time.monotonic(), self.out):
+        if self.engine.take_cdc(qpn, area, off, n, monotonic(), self.out):
             self.taken += 1
             COUNTERS.inplace_cnt += 1
             return True
@@ -79,7 +79,7 @@ class InPlace:
             return consumed, posted
         done: int
         done, posted = lane.take_run(self.engine.state, qpn, area, lens, base, stride, depth,
-                                     slot_size, consumed, produced, posted, time.monotonic())
+                                     slot_size, consumed, produced, posted, monotonic())
         if done != consumed:
             self.taken += done - consumed
             COUNTERS.inplace_cnt += done - consumed

@@ -48,13 +48,13 @@ from __future__ import annotations
 import os
 import select
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
 from typing import Final
 
 from smcr import exits, settings
+from smcr.bound import get_ident, monotonic
 from smcr.core.handshake import HsState
 from smcr.locks import give, take
 from smcr.osthreads import NamedThread
@@ -156,7 +156,7 @@ class Progress:
         """
         began = 0.0  # when this thread began to poll (0: it did not)
         while not ready():
-            left = None if deadline is None else deadline - time.monotonic()
+            left = None if deadline is None else deadline - monotonic()
             if left is not None and left <= 0:
                 if began:
                     self._hand_back(began)
@@ -171,7 +171,7 @@ class Progress:
                     hc.waiters -= 1
                     self.wake.waiting -= 1
                 continue
-            began = began or time.monotonic()
+            began = began or monotonic()
             self._app_poll(left, spin, clc)
         if began:
             self._hand_back(began)
@@ -203,10 +203,10 @@ class Progress:
         """
         began = 0.0
         while not ready() and self.wake.poller != "app" and self.running:
-            left = None if deadline is None else deadline - time.monotonic()
+            left = None if deadline is None else deadline - monotonic()
             if left is not None and left <= 0:
                 break
-            began = began or time.monotonic()
+            began = began or monotonic()
             self._app_poll(left, CLC_SPIN if self._confirm_due() else 0.0, True)
         if began:
             self._hand_back(began)
@@ -237,13 +237,13 @@ class Progress:
         if wake.poller == "bg":
             wake.kick_progress()
         wake.poller = "app"
-        wake.poller_ident = threading.get_ident()
+        wake.poller_ident = get_ident()
         self.ex.cq.take_standby()  # (this thread hears the news now)
         try:
             self._sleep_on_cq(left, spin, clc)
         finally:
             wake.set_poller(None)
-            wake.app_polled = time.monotonic()
+            wake.app_polled = monotonic()
 
     def _hand_back(self, began: float) -> None:
         """An application thread stops polling (lock held; it began at ``began``).  Unless
@@ -262,7 +262,7 @@ class Progress:
         ex = self.ex
         if self.standby_needed():
             self.arm_standby()
-        if ex.clc.watch or time.monotonic() - began > STANDBY:
+        if ex.clc.watch or monotonic() - began > STANDBY:
             wake.wake_progress()
 
     def standby_needed(self) -> bool:
@@ -355,7 +355,7 @@ class Progress:
                     timer = due
             limit = LONGEST_SLEEP if left is None else left
             if timer is not None:
-                limit = min(limit, max(0.0, timer - time.monotonic()))
+                limit = min(limit, max(0.0, timer - monotonic()))
                 if limit == 0.0:
                     ex.timer_check = 0.0  # due now: process() must run the timers
             bg = self.wake.poller == "bg"
@@ -493,7 +493,7 @@ class Progress:
         wake = self.wake
         if wake.poller == "app":
             return True
-        now = time.monotonic()
+        now = monotonic()
         if now - wake.app_polled < STANDBY:
             recent = True
         elif now - wake.app_looked < STANDBY:

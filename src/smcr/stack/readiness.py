@@ -31,11 +31,11 @@ import atexit
 import errno
 import os
 import socket
-import time
 from collections import deque
 from typing import Final
 
 from smcr import plainsock
+from smcr.bound import monotonic
 from smcr.core.connection import Connection
 from smcr.rdma import doorbell
 from smcr.rdma.bells import NAMES, WatchSlot
@@ -186,7 +186,7 @@ class DeferredChecks:
         """Look for ``r``'s datagram later (once, however often it is added meanwhile)."""
         if not r.check_pending:
             r.check_pending = True
-            due = -(-(time.monotonic() + CHECK_DELAY) // CHECK_GRAIN) * CHECK_GRAIN
+            due = -(-(monotonic() + CHECK_DELAY) // CHECK_GRAIN) * CHECK_GRAIN
             self.pending.append((due, r))
             if not self.due:
                 self.due = due

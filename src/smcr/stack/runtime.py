@@ -60,13 +60,13 @@ import os
 import secrets
 import socket
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from smcr import exits, settings
+from smcr.bound import monotonic
 from smcr.core import Action, Config, Engine, LocalIdentity, NextHop, Port, Rmb
 from smcr.core.connection import Connection
 from smcr.pnet import Entry, PnetTable, lookup
@@ -251,7 +251,7 @@ class Stack:
             return
         res.up = False
         qpns = [q for q in self.ex.qps if self.port_of(q) == port]
-        self.ex.execute(self.engine.port_down(port, reason, time.monotonic()))
+        self.ex.execute(self.engine.port_down(port, reason, monotonic()))
         self.ex.link_failed_all(qpns, f"port {port} down: {reason}")
 
     def watch_ports(self) -> None:
@@ -284,7 +284,7 @@ class Stack:
         if res.up:
             return
         res.up = True
-        self.ex.execute(self.engine.port_up(port, time.monotonic()))
+        self.ex.execute(self.engine.port_up(port, monotonic()))
 
     def _apply_pnet(self) -> None:
         """Give each port of the engine's identity its PNET ID from the table (Linux sets
@@ -369,7 +369,7 @@ class Stack:
             mr = hc.rmb_mr
             rmb = Rmb(0, 0, rmb_size) if mr is None else Rmb(mr.rkey, mr.addr, mr.length)
             snd = hc.sndbuf_mr.length if hc.sndbuf_mr is not None else 0
-        now = time.monotonic()
+        now = monotonic()
         if sent is None:  # (read by early_proposal otherwise)
             self._read_tables()
         if client:
@@ -507,7 +507,7 @@ class Stack:
         if self._port_watcher is not None:
             self._port_watcher.close()
         if self.pid == os.getpid():
-            self.closing.end_links(time.monotonic() + EXIT_LINGER)
+            self.closing.end_links(monotonic() + EXIT_LINGER)
         self._running = self.closing.running = False
         gone = self.progress.stop()
         with self.lock:

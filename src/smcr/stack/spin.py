@@ -35,9 +35,10 @@ the team's reference notes measured each scheme idle, under load and pinned):
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import Final
+
+from smcr.bound import monotonic
 
 LOOK_EVERY: Final = 0.02
 """Seconds between looks at the host's runnable threads."""
@@ -103,7 +104,7 @@ class SpinPolicy:
         if self.pause:
             self.pause -= 1
             return 0.0
-        now = time.monotonic()
+        now = monotonic()
         if now >= self.next_look:
             self.next_look = now + LOOK_EVERY
             self.looks = ((self.looks << 1) | (self.runnable() > self.room)) & LOOKS_MASK

@@ -11,9 +11,9 @@ that every part of the runtime can ring them.
 from __future__ import annotations
 
 import _socket
-import threading
 
 from smcr import plainsock
+from smcr.bound import get_ident
 from smcr.rdma import doorbell
 
 
@@ -59,7 +59,7 @@ class Wakeups:
     def app_polls_elsewhere(self) -> bool:
         """Whether an application thread other than the calling one polls (and so may sleep
         on a doorbell the caller drained, or on the CQ rather than its condition)."""
-        return self.poller == "app" and self.poller_ident != threading.get_ident()
+        return self.poller == "app" and self.poller_ident != get_ident()
 
     def kick(self) -> None:
         """Wake a sleeping poller (to re-check for a new deadline).
@@ -89,7 +89,7 @@ class Wakeups:
     def wake_poller(self) -> None:
         """:meth:`kick`, unless the calling thread is the application thread that polls
         (it looks again when its poll returns; a ring would cost it a wasted round)."""
-        if self.poller != "app" or self.poller_ident != threading.get_ident():
+        if self.poller != "app" or self.poller_ident != get_ident():
             self.kick()
 
     def wake_progress(self) -> None:

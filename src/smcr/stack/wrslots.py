@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
+from smcr.bound import monotonic
 from smcr.core import PostSend
 from smcr.rdma import (
     AccessFlag,
@@ -135,7 +136,7 @@ class WorkRequests:
                     qp.post_send(wrs)
                 return ""
             except OSError as exc:
-                now = time.monotonic()
+                now = monotonic()
                 deadline = deadline or now + WAIT_FREE_SLOT
                 if exc.errno == errno.ENOMEM and now < deadline:
                     time.sleep(0.001)

@@ -54,9 +54,9 @@ import logging
 import os
 import select
 import socket
-import time
 from typing import Final, Protocol
 
+from smcr.bound import monotonic
 from smcr.rdma.completion import EpollCq
 
 
@@ -141,7 +141,7 @@ class RoceCq(EpollCq):
         on its connections' readiness descriptors (an event loop) sleeps elsewhere
         between its calls: ceded to its looks, the packets that answer it waited for
         nobody until the socket was taken back (up to :data:`CEDE_SECONDS` a message)."""
-        self.last_poll = time.monotonic()
+        self.last_poll = monotonic()
 
     def _receive(self) -> None:
         """The progress hook: receive on the readable QP sockets (the doorbell drained if

@@ -47,11 +47,11 @@ import secrets
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable
 from typing import Final, cast
 
 from smcr import plainsock
+from smcr.bound import monotonic
 from smcr.rdma.base import (
     PAGE,
     Device,
@@ -284,7 +284,7 @@ class RoceDevice(Device):
         self.stats["rx_rnic_thread"] += self.receive_qp(qp)
         if qp.rx_sock is not sock:
             return  # closed or replaced meanwhile
-        now = time.monotonic()
+        now = monotonic()
         if not qp.polled_since(now - CEDE_SECONDS):
             return
         with qp._state_lock:  # closing the socket takes it too: no fd reuse in between
@@ -308,7 +308,7 @@ class RoceDevice(Device):
         runs).  So a packet waits at most about :data:`CEDE_SECONDS`.
         """
         self._reclaim_armed = False
-        now = time.monotonic()
+        now = monotonic()
         for fd, (qp, sock) in list(self._ceded.items()):
             if qp.polled_since(now - CEDE_SECONDS) and not self._closed and not _readable(sock):
                 continue  # still polled, and the pollers keep up
@@ -366,7 +366,7 @@ class RoceDevice(Device):
         verify = icrc.verify if icrc is not None else None
         place = icrc.place_middles if icrc is not None else None  # the data path checks
         own, lock, qp_input, unpack = qp.qp_num, qp._state_lock, qp.input, BTH.unpack_from
-        now = time.monotonic()
+        now = monotonic()
         bufs = [view]
         rx = recovered = bad = 0
         foreign: list[bytes] = []
@@ -450,7 +450,7 @@ class RoceDevice(Device):
         """Drain the catch-all socket: packets of flows no QP socket claimed."""
         buf, view, stats = self._buf, self._view, self.stats
         touched: dict[int, RoceQp] = {}
-        now = time.monotonic()
+        now = monotonic()
         for _ in range(BATCH):
             try:
                 n, source = self.listener.recvfrom_into(buf)

@@ -37,10 +37,10 @@ import errno
 import socket
 import struct
 import threading
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
+from smcr.bound import monotonic
 from smcr.rdma.base import MemoryRegion, ProtectionDomain, QueuePair
 from smcr.rdma.completion import CompletionQueue
 from smcr.rdma.eventloop import QpDevice
@@ -336,7 +336,7 @@ class RoceQp(QueuePair):
             self._timer = None
             if self.attr.qp_state is not QpState.RTS:
                 return
-            now = time.monotonic()
+            now = monotonic()
             self.req.handle_timer(now)
             self.resp.flush()
             self.flush_tx()
@@ -598,7 +598,7 @@ class RoceQp(QueuePair):
                 raise VerbsError(errno.EINVAL, f"post_send in {state.name}")
             if len(self.req.wqes) + len(batch) > self.cap.max_send_wr:
                 raise VerbsError(errno.ENOMEM, "send queue full")
-            now = time.monotonic()
+            now = monotonic()
             mrs = self.pd.mrs
             end = len(batch) - 1
             for i, wr in enumerate(batch):

@@ -30,7 +30,6 @@ import functools
 import os
 import secrets
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from mmap import mmap
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import cast
 
 from smcr import plainsock
+from smcr.bound import monotonic
 from smcr.rdma.base import (
     PAGE,
     Device,
@@ -255,7 +255,7 @@ class ShmDevice(Device):
             if not self._closed:  # (level-triggered: what waits is reported at once)
                 self._server.watch(fd, handler)
 
-        self._server.call_at(time.monotonic() + plainsock.ACCEPT_PAUSE, again)
+        self._server.call_at(monotonic() + plainsock.ACCEPT_PAUSE, again)
 
     def _first_message(self, conn: socket.socket) -> bool:
         """Server thread: answer a new connection's first message if it is there (the
@@ -285,7 +285,7 @@ class ShmDevice(Device):
         fd = conn.fileno()
         self._waiting[fd] = conn
         self._server.watch(fd, functools.partial(self._on_first, conn))
-        self._server.call_at(time.monotonic() + FIRST_WAIT,
+        self._server.call_at(monotonic() + FIRST_WAIT,
                              functools.partial(self._first_overdue, conn))  # fmt: skip
 
     def _on_first(self, conn: socket.socket, _events: int) -> None:

@@ -40,7 +40,6 @@ import errno
 import os
 import socket
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
@@ -49,6 +48,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Final, Protocol
 
+from smcr.bound import monotonic
 from smcr.rdma.base import ProtectionDomain, QueuePair
 from smcr.rdma.completion import TAKEN_IN_PLACE, CompletionQueue
 from smcr.rdma.eventloop import QpDevice
@@ -623,7 +623,7 @@ class ShmQp(QueuePair):
                 return
             self._retry_left -= a.retry_cnt != 7 and period is not None
             delay = INFINITE_TIMEOUT_POLL if period is None else period
-        self._timer = self.device.engine.call_at(time.monotonic() + delay, self._on_retry)
+        self._timer = self.device.engine.call_at(monotonic() + delay, self._on_retry)
 
     def _give_up(self, status: WcStatus) -> None:
         """Retries exhausted: the head WR gets ``status``, the QP goes to ERR (spec §5.5)."""

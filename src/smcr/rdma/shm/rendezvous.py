@@ -49,10 +49,10 @@ import socket
 import stat
 import struct
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from smcr.bound import get_ident
 from smcr.rdma.verbs import GID_LEN, VerbsError
 
 GID_PREFIX = b"\xfdsmcrshm"
@@ -167,7 +167,7 @@ def listen(path: str) -> socket.socket:
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     # beside it, shorter than it, and not "*.sock": remove_stale never looks at it
-    tmp = os.path.join(os.path.dirname(path), f".new{os.getpid()}.{threading.get_ident() % 9973}")
+    tmp = os.path.join(os.path.dirname(path), f".new{os.getpid()}.{get_ident() % 9973}")
     try:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
