@@ -349,8 +349,8 @@ class DataPath:
         """
         ex, hc = self.ex, self.hc
         rmb = hc.rmb
-        lane = inplace.LANE
-        if lane is not None and (got := lane.read_fast(c, rmb, out, waitall)) > 0:
+        read_fast = inplace.READ_FAST
+        if read_fast is not None and (got := read_fast(c, rmb, out, waitall)) > 0:
             # (the lane's: the bytes copied out and consumed, no cursor update due)
             n = int(got)
             ex.wake.send_takes_standby = True
@@ -735,7 +735,7 @@ class SocketCalls:
     def _sendall(self, data: Any, flags: int = 0) -> None:
         """``socket.sendall``."""
         if (not flags and SENDS_NOW and not (self.closed or self.forked)
-                and (lane := inplace.LANE) is not None and lane.send_now(self.path, data) > 0):
+                and (send_now := inplace.SEND_NOW) is not None and send_now(self.path, data) > 0):
             return  # (the common case whole, in C: DataPath.try_send's and what it calls)
         view = byte_view(data)
         flags = int(flags)
@@ -753,8 +753,8 @@ class SocketCalls:
     def _send(self, data: Any, flags: int = 0) -> int:
         """``socket.send``."""
         if (not flags and SENDS_NOW and not (self.closed or self.forked)
-                and (lane := inplace.LANE) is not None
-                and (sent := int(lane.send_now(self.path, data))) > 0):  # (as _sendall's)
+                and (send_now := inplace.SEND_NOW) is not None
+                and (sent := int(send_now(self.path, data))) > 0):  # (as _sendall's)
             return sent
         view = byte_view(data)
         flags = int(flags)
@@ -786,8 +786,8 @@ class SocketCalls:
             else:
                 n = -1 if flags else NOT_NOW
                 news = self.timeout == 0.0  # (path.take_news says why)
-                if n == NOT_NOW and READS_NOW and (lane := inplace.LANE) is not None:
-                    n = int(lane.read_now(path, part, want, news))  # (the common case whole)
+                if n == NOT_NOW and READS_NOW and (read_now := inplace.READ_NOW) is not None:
+                    n = int(read_now(path, part, want, news))  # (the common case whole)
                 if n == NOT_NOW:
                     n = path.try_read(part, want)
                     if n < 0 and news:
@@ -810,8 +810,8 @@ class SocketCalls:
         path = self.path
         if not flags and bufsize > 0 and not (self.closed or self.forked):
             got: Any = NOT_NOW
-            if READS_NOW and (lane := inplace.LANE) is not None:  # (as _recv_into's)
-                got = lane.read_now(path, None, bufsize, self.timeout == 0.0)
+            if READS_NOW and (read_now := inplace.READ_NOW) is not None:  # (as _recv_into's)
+                got = read_now(path, None, bufsize, self.timeout == 0.0)
                 if isinstance(got, bytes):  # made the size of what was there
                     return got
             c = path.conn() if got == NOT_NOW else None  # (else nothing there, news taken)

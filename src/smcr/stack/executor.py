@@ -736,8 +736,8 @@ def post_inline(ex: Executor, c: Connection, data: memoryview, request: bool) ->
     qp = ex.qps.get(c.qpn)
     if ex.keep_copy:
         ring_write(ex.conns[c.id].sndbuf, c.tx_sent, data)
-    elif qp is not None and (lane := inplace.LANE) is not None:
-        whom: int = lane.send_inline(c, qp, data, request)  # (the lane's common case)
+    elif qp is not None and (send_inline := inplace.SEND_INLINE) is not None:
+        whom: int = send_inline(c, qp, data, request)  # (the lane's common case)
         if whom >= 0:
             if whom:
                 qp.ring_after(whom)

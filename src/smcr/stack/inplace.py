@@ -15,7 +15,9 @@ what the receives carried) are completed as before.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any, Final
 
 from smcr.bound import monotonic
 from smcr.core import Action
@@ -43,7 +45,19 @@ LANE: ModuleType | None = _c_lane()
 """The C that takes the common CDCs of a run and posts a send's common case (``_lane.c``: the
 engine's own objects, no Python objects per message; :meth:`Executor.send_inline
 <smcr.stack.executor.Executor.send_inline>`); tests set it to None to run the Python in a
-compiled process (before the runtime's QPs are made: :meth:`InPlace.c_run` is read then)."""
+compiled process (before the runtime's QPs are made: :meth:`InPlace.c_run` is read then;
+before :mod:`smcr.stack.conn` is imported for the send's and read's functions below)."""
+
+# The lane's per-message functions, bound once: a compiled module's ``LANE.send_now(...)``
+# looks ``LANE`` up in this module and ``send_now`` in the lane's on every call (smcr.bound).
+SEND_NOW: Final[Callable[[Any, Any], int] | None] = None if LANE is None else LANE.send_now
+"""``LANE.send_now``: a whole send's common case."""
+READ_NOW: Final[Callable[..., Any] | None] = None if LANE is None else LANE.read_now
+"""``LANE.read_now``: a non-blocking read's common case (the bytes read, or the bytes)."""
+READ_FAST: Final[Callable[..., int] | None] = None if LANE is None else LANE.read_fast
+"""``LANE.read_fast``: a read's copy-out once the bytes are there."""
+SEND_INLINE: Final[Callable[..., int] | None] = None if LANE is None else LANE.send_inline
+"""``LANE.send_inline``: an inline send's post."""
 
 
 class InPlace:

@@ -42,5 +42,5 @@ FOLLOW: Callable[[Any, Any], int] | None = _bind()
 """``Readiness.follow(c)``'s common case in C: 1 or 0 (its answer, the update made), -1 where
 it is not its case (nothing changed).  Tests set it to None to run the Python of
 :meth:`Executor.update_readiness <smcr.stack.executor.Executor.update_readiness>` in a
-compiled process; the lane's whole send and read follow in C whatever it is (setting
-``inplace.LANE`` to None turns those off)."""
+compiled process; the lane's whole send and read follow in C whatever it is (bound once:
+:data:`smcr.stack.inplace.SEND_NOW`, :data:`~smcr.stack.inplace.READ_NOW`)."""
