@@ -103,6 +103,7 @@ MODULES: tuple[str, ...] = (
     "rdma/shm/cq.py",
     "rdma/shm/device.py",
     "rdma/shm/layout.py",
+    "rdma/shm/words.py",
     "rdma/shm/peer.py",
     "rdma/shm/send.py",
     "rdma/shm/receive.py",
