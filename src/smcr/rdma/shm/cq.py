@@ -79,6 +79,9 @@ class ShmCompletionQueue(CompletionQueue):
     def __init__(self, depth: int) -> None:
         super().__init__(depth)
         self.notify_fd, self._notify = lay.new_segment("smcr-cqnotify", NOTIFY_SIZE)
+        self._notify_open = True
+        """Until :meth:`close`: ``_notify.closed`` is a generic getattr on the mmap, a few
+        hundred instructions per wait in the CQ's arming calls."""
         # armed from the start: a consumer that never arms still gets its first ring
         store_u32(self._notify, ARMED, ARM_SLEEPER)
         self._marked: dict[int, Callable[[], None]] = {}
@@ -118,7 +121,7 @@ class ShmCompletionQueue(CompletionQueue):
             self.add_progress(hook)
             return 0
         self.remove_progress(hook)
-        if not self._notify.closed:
+        if self._notify_open:
             self._notify[offset] = 1  # (whatever came before the requester marked)
         return offset
 
@@ -130,7 +133,7 @@ class ShmCompletionQueue(CompletionQueue):
             if offset:
                 self._marked = {k: v for k, v in self._marked.items() if k != offset}
                 self._free_marks.append(offset)
-                if not self._notify.closed:
+                if self._notify_open:
                     self._notify[offset] = 0
         if scan:
             self.add_progress(hook)
@@ -155,7 +158,7 @@ class ShmCompletionQueue(CompletionQueue):
         """Whether :meth:`watch` can give consumer bells: this process's names are the ones
         the CQ published (not a forked child's)."""
         return (bool(self.nonce) and bells.NAMES.ready() and self.nonce == bells.NAMES.nonce
-                and not self._notify.closed)  # fmt: skip
+                and self._notify_open)  # fmt: skip
 
     def unwatch(self, slot: WatchSlot) -> None:
         """The connection of ``slot`` is gone (or rings by name no more)."""
@@ -242,7 +245,7 @@ class ShmCompletionQueue(CompletionQueue):
         """Arm for local completions and for peers' SENDs, then fence (module doc); the
         word holds ``target``, which names the doorbell a requester rings."""
         super().req_notify(target)
-        if not self._notify.closed:
+        if self._notify_open:
             store_u32(self._notify, ARMED, target)
             fence()
 
@@ -252,7 +255,7 @@ class ShmCompletionQueue(CompletionQueue):
         cleared rings nobody: the caller's look after it arms again finds its SEND."""
         armed = super().take_arm()
         notify = self._notify
-        if notify.closed:
+        if not self._notify_open:
             return armed
         word: int = load_u32(notify, ARMED)
         if word:
@@ -266,7 +269,7 @@ class ShmCompletionQueue(CompletionQueue):
         reads 0 rings nobody: the poller looks)."""
         taken = super().take_standby()
         notify = self._notify
-        if not notify.closed and load_u32(notify, ARMED) == ARM_STANDBY:
+        if self._notify_open and load_u32(notify, ARMED) == ARM_STANDBY:
             store_u32(notify, ARMED, 0)
             return True
         return taken
@@ -274,7 +277,8 @@ class ShmCompletionQueue(CompletionQueue):
     def close(self) -> None:
         """Release the descriptors and the notification segment."""
         super().close()
-        if not self._notify.closed:
+        if self._notify_open:
+            self._notify_open = False
             self._notify.close()
             os.close(self.notify_fd)
 
