@@ -45,8 +45,9 @@ LANE: ModuleType | None = _c_lane()
 """The C that takes the common CDCs of a run and posts a send's common case (``_lane.c``: the
 engine's own objects, no Python objects per message; :meth:`Executor.send_inline
 <smcr.stack.executor.Executor.send_inline>`); tests set it to None to run the Python in a
-compiled process (before the runtime's QPs are made: :meth:`InPlace.c_run` is read then;
-before :mod:`smcr.stack.conn` is imported for the send's and read's functions below)."""
+compiled process (before the runtime's QPs are made: :meth:`InPlace.c_run` is read then).
+The lane's per-message functions below are bound as this module is imported: setting it
+later leaves them on."""
 
 # The lane's per-message functions, bound once: a compiled module's ``LANE.send_now(...)``
 # looks ``LANE`` up in this module and ``send_now`` in the lane's on every call (smcr.bound).
