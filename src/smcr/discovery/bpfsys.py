@@ -10,9 +10,7 @@ Failures raise :class:`OSError` with the kernel's errno, so callers can tell
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
-import platform
 import struct
 
 # union bpf_attr commands (include/uapi/linux/bpf.h)
@@ -32,15 +30,33 @@ _ATTR_SIZE = 144  # the fields used here end well before; the rest must be zero
 _SYSCALL_NR = {"x86_64": 321, "aarch64": 280, "arm64": 280, "riscv64": 280, "ppc64le": 361,
                "s390x": 351, "i686": 357, "armv7l": 386}  # fmt: skip
 
-libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_MACHINE = os.uname().machine
+"""What ``platform.machine()`` says (it asks ``os.uname``; importing :mod:`platform` costs a
+process's start about 2 ms)."""
+
+
+def _libc() -> ctypes.CDLL:
+    """The C library, errno kept: the process's own symbols, which include it (Python is
+    linked against it), or by name where not.  (``ctypes.util.find_library`` would cost a
+    process's start about 18 ms: it imports subprocess, shutil and tempfile, and asks
+    ``ldconfig``.)"""
+    lib = ctypes.CDLL(None, use_errno=True)
+    try:
+        lib.syscall  # noqa: B018 - looked up to see that it is there
+    except AttributeError:
+        lib = ctypes.CDLL("libc.so.6", use_errno=True)
+    return lib
+
+
+libc = _libc()
 """The C library, errno kept (also for the mount and statfs calls of :mod:`.bpf`)."""
 libc.syscall.restype = ctypes.c_long
-_NR = ctypes.c_long(_SYSCALL_NR.get(platform.machine(), -1))
+_NR = ctypes.c_long(_SYSCALL_NR.get(_MACHINE, -1))
 
 
 def supported() -> bool:
     """Whether this machine's architecture has a known ``bpf(2)`` number."""
-    return platform.machine() in _SYSCALL_NR
+    return _MACHINE in _SYSCALL_NR
 
 
 def call(cmd: int, attr: bytes) -> int:
@@ -48,9 +64,9 @@ def call(cmd: int, attr: bytes) -> int:
 
     :raises OSError: with the kernel's errno (``ENOSYS`` on an unknown architecture).
     """
-    nr = _SYSCALL_NR.get(platform.machine())
+    nr = _SYSCALL_NR.get(_MACHINE)
     if nr is None:
-        raise OSError(38, f"bpf(2): unknown system call number on {platform.machine()}")
+        raise OSError(38, f"bpf(2): unknown system call number on {_MACHINE}")
     buf = ctypes.create_string_buffer(attr.ljust(_ATTR_SIZE, b"\0"), _ATTR_SIZE)
     result = int(libc.syscall(ctypes.c_long(nr), ctypes.c_int(cmd), buf,
                                ctypes.c_uint(_ATTR_SIZE)))  # fmt: skip
