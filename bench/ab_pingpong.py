@@ -30,6 +30,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from announced import server_port  # (beside this file)
+
 WARMUP = 300
 
 
@@ -81,22 +83,10 @@ def client(port: int, kind: str, size: int, count: int) -> None:
 def run_once(kind: str, env: dict[str, str], size: int, count: int) -> tuple[float, ...]:
     """One server and one client, as separate processes; the client's three figures."""
     me = [sys.executable, os.path.abspath(__file__)]
-    server = subprocess.Popen([*me, "--serve", kind, str(size)], env=env,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert server.stdout is not None
-        said = server.stdout.readline().split()
-        if len(said) != 2 or said[0] != "ready":
-            raise RuntimeError("the server did not start")
-        port = int(said[1])
+    with server_port([*me, "--serve", kind, str(size)], env, 30) as port:
         out = subprocess.run([*me, "--client", str(port), kind, str(size), str(count)],
                              env=env, capture_output=True, text=True, check=True)  # fmt: skip
-        server.wait(timeout=30)  # (it ends when the client closes)
-        return tuple(float(x) for x in out.stdout.split())
-    finally:
-        if server.poll() is None:  # (the client failed: the server still waits for it)
-            server.kill()
-            server.wait()
+    return tuple(float(x) for x in out.stdout.split())
 
 
 def main() -> None:

@@ -34,6 +34,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from announced import server_port  # (beside this file)
+
 SERVER = """
 import sys, smcr
 n = int(sys.argv[1])
@@ -68,20 +70,9 @@ def _count(which: str, n: int, work: Path) -> Path:
     vg = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "-q"]
     env = {**os.environ, "SMCR_SPIN_US": "0"}
     server_cmd = [sys.executable, str(work / "server.py"), str(n)]
-    server = subprocess.Popen((vg if which == "server" else []) + server_cmd, env=env,
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert server.stdout is not None
-        said = server.stdout.readline().split()
-        if len(said) != 2 or said[0] != "ready":
-            raise RuntimeError("the server did not start")
-        client_cmd = [sys.executable, str(work / "client.py"), said[1], str(n)]
+    with server_port((vg if which == "server" else []) + server_cmd, env, 600) as port:
+        client_cmd = [sys.executable, str(work / "client.py"), str(port), str(n)]
         subprocess.run((vg if which == "client" else []) + client_cmd, env=env, check=True)
-        server.wait(timeout=600)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
     return out
 
 
