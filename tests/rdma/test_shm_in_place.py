@@ -138,17 +138,29 @@ def test_has_news_only_looks_and_the_poll_after_it_takes_in_place(
 
 
 def test_a_local_completion_waiting_keeps_order(pair: tuple[Side, Side]) -> None:
-    """Any completion in the CQ (here the receiver's own QP's signaled send) comes first."""
+    """A receive's completion in the CQ comes first: a SEND behind it is delivered, not
+    taken in place.  The receiver's own QP's signaled send's completion comes first in
+    the poll too, but the SEND behind it is taken in place (no RNIC orders a QP's send
+    completions against its receives)."""
     a, b = pair
     taker = Taker()
     b.qp.set_receiver(taker)
     post_recv(b, 0)
+    post_recv(b, 1)
     post_recv(a, 0)
-    send(b, b"to a", signaled=True)  # b's send completion waits in b's CQ
+    send(a, b"T0")
+    assert b.cq.has_completions()  # (a look outside a poll: delivered into a receive)
     send(a, b"T1")
     wcs = b.cq.poll(16)
-    assert [w.opcode for w in wcs] == [WcOpcode.SEND, WcOpcode.RECV]
-    assert taker.seen == []
+    assert [(w.opcode, w.byte_len) for w in wcs] == [(WcOpcode.RECV, 2), (WcOpcode.RECV, 2)]
+    assert all(w is not TAKEN_IN_PLACE for w in wcs) and taker.seen == []
+    post_recv(b, 0)
+    post_recv(b, 1)
+    send(b, b"to a", signaled=True)  # b's send completion waits in b's CQ
+    send(a, b"T2")
+    wcs = b.cq.poll(16)
+    assert [w.opcode for w in wcs] == [WcOpcode.SEND, WcOpcode.RECV] and wcs[1] is TAKEN_IN_PLACE
+    assert [d for _, d, _ in taker.seen] == [b"T2"]
 
 
 def test_order_holds_with_a_spinner_looking_meanwhile(pair: tuple[Side, Side]) -> None:

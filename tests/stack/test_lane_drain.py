@@ -230,9 +230,28 @@ def other_capsule() -> object:
 OTHER_ABI = b"smcr.rdma.RING_TAKER.v0"  # (the capsule keeps a pointer to it: kept alive)
 
 
+def completion(opcode: WcOpcode, status: WcStatus = WcStatus.SUCCESS,
+               qpn: int = 1) -> WorkCompletion:  # fmt: skip
+    return WorkCompletion(wr_id=99, status=status, opcode=opcode, qp_num=qpn)
+
+
+def waiting_not_sends(qpn: int) -> dict[str, list[WorkCompletion]]:
+    """Completions waiting in a CQ that a SEND taken in place must not overtake, by why."""
+    send = completion(WcOpcode.SEND, qpn=qpn)
+    return {
+        "a receive's completion waiting": [send, completion(WcOpcode.RECV, qpn=qpn)],
+        "a receive with immediate's": [completion(WcOpcode.RECV_RDMA_WITH_IMM, qpn=qpn)],
+        "a stand-in waiting": [TAKEN_IN_PLACE],
+        "a send that failed": [completion(WcOpcode.RDMA_WRITE, WcStatus.RETRY_EXC_ERR, qpn)],
+        "a flush": [send, completion(WcOpcode.SEND, WcStatus.WR_FLUSH_ERR, qpn)],
+        "more than 16 waiting": [send] * 17,
+    }
+
+
 def test_what_the_c_leaves_to_the_python(directory: Path) -> None:
     """Each case the C declines changes nothing: a call outside the CQ's poll (another
-    thread's, or no poll), a completion waiting in the CQ (it comes first), a failed
+    thread's, or no poll), a completion waiting in the CQ that is not a successful send's
+    (it comes first), a failed
     receive pending, a capsule that is none or of another ABI, an object that is no shm
     QP, a destroyed QP (its ring closed); with nothing new it answers at once; with a tap
     watching the run takes nothing and the receiver refuses (every CDC shown as a
@@ -257,11 +276,11 @@ def test_what_the_c_leaves_to_the_python(directory: Path) -> None:
 
     declined("not within the CQ's poll", 0)
     declined("another thread's poll", threading.get_ident() + 1)
-    waiting = WorkCompletion(wr_id=99, status=WcStatus.SUCCESS, opcode=WcOpcode.SEND,
-                             qp_num=qp.qp_num)  # fmt: skip
-    cq.push_many((waiting,), False)
-    declined("a completion waiting")
-    cq._wcs.clear()  # (taken without a poll: a poll would deliver the SEND behind it)
+    for why, waiting_wcs in waiting_not_sends(qp.qp_num).items():
+        cq.push_many(waiting_wcs, False)
+        declined(why)
+        cq._wcs.clear()  # (taken without a poll: a poll would deliver the SEND behind it)
+    waiting = completion(WcOpcode.SEND)
     qp._fatal_recv = waiting
     declined("a failed receive pending")
     qp._fatal_recv = None
@@ -371,3 +390,33 @@ def test_a_hostile_ring_is_met_as_the_python_meets_it(directory: Path, hostile: 
     assert runs[0] == runs[1]
 
 
+
+
+@pytest.mark.parametrize("c_run", [True, False])
+def test_cdc_taken_in_place_behind_a_send_completion(directory: Path,
+                                                      c_run: bool) -> None:  # fmt: skip
+    """A successful send's completion waiting in the CQ (a signaled CDC's, pushed as the
+    SEND was placed) does not keep the peer's CDC behind it from being taken in place: the
+    poll returns the send's completion, then the stand-in, the C and the Python alike.
+    Anything else waiting (a receive's, a stand-in, a failure, more than 16) sends the CDC
+    the delivery's way, into a receive behind them."""
+    drainer()
+    s = Setup(directory, f"s{int(c_run)}", c_run, receives=RECEIVES + 20)
+    cq = s.b.qp.recv_cq
+    sent = [completion(WcOpcode.SEND, qpn=s.qpn), completion(WcOpcode.RDMA_WRITE, qpn=s.qpn)]
+    cq.push_many(sent, False)
+    assert cq.only_sends_wait()
+    send(s.a, cdc(s, 1, 10))
+    assert cq.poll(16) == [*sent, TAKEN_IN_PLACE]
+    assert s.conn.rx_prod == 10 and s.in_place.taken == 1
+    for seq, (why, waiting) in enumerate(waiting_not_sends(s.qpn).items(), start=2):
+        cq.push_many(waiting, False)
+        assert not cq.only_sends_wait(), why
+        send(s.a, cdc(s, seq, 10 * seq), at=0x8000 + 64 * seq)
+        wcs = cq.poll(64)
+        assert wcs[: len(waiting)] == waiting, why
+        assert [(w.opcode, w.byte_len) for w in wcs[len(waiting) :]] == [
+            (WcOpcode.RECV, CDC_MSG_LENGTH)], why
+        assert s.in_place.taken == 1, why
+        post_recv(s.b, wcs[-1].wr_id)
+    s.close()

@@ -481,7 +481,8 @@ class QueuePair(ABC):
         providers complete every receive as before).
 
         The provider calls ``receiver(qp_num, area, offset, length)`` for a SEND that
-        arrived while nothing waits in the receive CQ before it, only from within that
+        arrived while nothing waits in the receive CQ before it but completions of sends
+        (:meth:`~smcr.rdma.completion.CompletionQueue.only_sends_wait`), only from within that
         CQ's :meth:`~smcr.rdma.completion.CompletionQueue.poll` (so under whatever lock
         the consumer polls with), with the message's bytes at ``area[offset:offset +
         length]``, valid during the call only.  True: the message is consumed, the

@@ -327,6 +327,22 @@ class CompletionQueue:
         """Whether no completion waits in the queue."""
         return not self._wcs
 
+    def only_sends_wait(self) -> bool:
+        """Whether every completion waiting in the queue (none, or up to 16) is a send
+        queue's WR's that succeeded.  A SEND a QP's receiver takes in place may go ahead of
+        those (:meth:`QueuePair.set_receiver <smcr.rdma.base.QueuePair.set_receiver>`): no
+        RNIC orders a QP's send completions against its receives (a real one reports them
+        on two CQs, and a send's completion may come after the peer's answer to it), where
+        a receive's or a failure's waiting comes first.  More than 16: as if not (a look
+        that long is not worth it)."""
+        wcs = self._wcs
+        if len(wcs) > 16:
+            return False
+        for wc in wcs:
+            if wc.opcode & WcOpcode.RECV or wc.status is not WcStatus.SUCCESS:
+                return False
+        return True
+
     def poll(self, max_entries: int = 16) -> list[WorkCompletion]:
         """Take up to ``max_entries`` completions, oldest first, without blocking."""
         self.polling = get_ident()

@@ -590,11 +590,13 @@ static int64_t post_inline(PyObject *qp_obj, const smcr_write *writes, int count
  * where they lie by one call to it, as the Python's run would, then those it leaves offered
  * to the receiver one by one, as _take_in_place offers them; the QP's counts, the posted
  * word, and the CQ's one TAKEN_IN_PLACE stand-in, as the Python makes them.  Under the QP's
- * receive lock, only within its receive CQ's poll by this thread and with nothing waiting
- * in that CQ (completions made before come first), never past the receives posted.  What
- * the receiver refuses, and every case that is not this one, is the Python's delivery. */
+ * receive lock, only within its receive CQ's poll by this thread and with nothing but
+ * successful sends' completions waiting in that CQ (CompletionQueue.only_sends_wait: the
+ * others made before come first), never past the receives posted.  What the receiver
+ * refuses, and every case that is not this one, is the Python's delivery. */
 
 typedef smcr___rdma___completion___CompletionQueueObject CqObj;
+typedef smcr___rdma___verbs___WorkCompletionObject WcObj;
 
 /* The RNIC layer's ring-taker ABI (smcr.rdma.base.RingTaker; a copy is in
  * smcr/stack/_lane.c, which provides one; the capsule's name says which). */
@@ -606,6 +608,7 @@ typedef long long (*smcr_ring_taker)(PyObject *ctx, long long qpn, unsigned char
 #define RING_TAKER_NAME "smcr.rdma.RING_TAKER.v1"
 
 static PyTypeObject *cq_type;       /* CompletionQueue (a QP's receive CQ is one) */
+static PyTypeObject *wc_type;       /* WorkCompletion */
 static PyObject *taken_in_place;    /* TAKEN_IN_PLACE */
 static PyObject *str_append;
 
@@ -646,6 +649,41 @@ static smcr_ring_taker ring_taker_of(PyObject *capsule) {
     return run;
 }
 
+/* The most waiting completions sends_only looks at (more: as if one were not a send's). */
+#define SENDS_LOOKED 16
+#define WC_RECV_BIT 128 /* WcOpcode.RECV's bit: a receive queue's completion */
+
+/* CompletionQueue.only_sends_wait on the n completions waiting in wcs (a deque): whether
+ * each is a WorkCompletion of a send queue's WR (opcode without the RECV bit) that
+ * succeeded.  1 or 0; -1 with an error set. */
+static int sends_only(PyObject *wcs, Py_ssize_t n) {
+    if (wc_type == NULL || n > SENDS_LOOKED)
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *wc = PySequence_GetItem(wcs, i);
+        if (wc == NULL)
+            return -1;
+        int send = 0;
+        if (Py_TYPE(wc) == wc_type) {
+            WcObj *w = (WcObj *)wc;
+            send = w->_opcode != NULL && PyLong_Check(w->_opcode) && w->_status != NULL &&
+                   PyLong_Check(w->_status);
+            if (send) {
+                long opcode = PyLong_AsLong(w->_opcode), status = PyLong_AsLong(w->_status);
+                if ((opcode == -1 || status == -1) && PyErr_Occurred()) {
+                    Py_DECREF(wc);
+                    return -1;
+                }
+                send = opcode >= 0 && !(opcode & WC_RECV_BIT) && status == 0;
+            }
+        }
+        Py_DECREF(wc);
+        if (!send)
+            return 0;
+    }
+    return 1;
+}
+
 /* drain_in_place's answers (smcr.rdma.shm.qp: NOT_IN_C, DRAINED, OFFERED). */
 #define NOT_IN_C 0 /* not its case, nothing done: the Python's _drain does it all */
 #define DRAINED 1  /* nothing left (all taken, or nothing there) */
@@ -669,8 +707,11 @@ static int drain_locked(QpObj *qp, unsigned char *a, long long len) {
     Py_ssize_t waiting = PyObject_Length(cq->__wcs), posted_rq = PyObject_Length(qp->__rq);
     if (waiting < 0 || posted_rq < 0)
         return -1;
-    if (waiting) /* (completions made before come first) */
-        return NOT_IN_C;
+    if (waiting) { /* (completions made before come first, but for successful sends') */
+        int sends = sends_only(cq->__wcs, waiting);
+        if (sends <= 0)
+            return sends < 0 ? -1 : NOT_IN_C;
+    }
     long long consumed = untag(qp->__consumed), posted = untag(qp->__posted);
     long long produced = (long long)le64toh(
         __atomic_load_n((uint64_t *)(a + OFF_PRODUCED), __ATOMIC_ACQUIRE));
@@ -779,11 +820,12 @@ static PyObject *drain_in_place(PyObject *self, PyObject *qp_obj) {
     return PyLong_FromLong(r);
 }
 
-/* bind_drain(CompletionQueue, TAKEN_IN_PLACE): what drain_in_place reads (after bind). */
+/* bind_drain(CompletionQueue, TAKEN_IN_PLACE, WorkCompletion): what drain_in_place reads
+ * (after bind). */
 static PyObject *bind_drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "bind_drain takes 2 arguments");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "bind_drain takes 3 arguments");
         return NULL;
     }
     if (qp_type == NULL) {
@@ -796,6 +838,15 @@ static PyObject *bind_drain(PyObject *self, PyObject *const *args, Py_ssize_t na
                      "built for", args[0]);
         return NULL;
     }
+    if (!PyType_Check(args[2]) ||
+        ((PyTypeObject *)args[2])->tp_basicsize < (Py_ssize_t)sizeof(WcObj) ||
+        ((PyTypeObject *)args[2])->tp_basicsize > (Py_ssize_t)(sizeof(WcObj) + 2 * sizeof(void *))) {
+        PyErr_Format(PyExc_TypeError, "bind_drain: %R is not the compiled class _place was "
+                     "built for", args[2]);
+        return NULL;
+    }
+    Py_INCREF(args[2]);
+    Py_XSETREF(wc_type, (PyTypeObject *)args[2]);
     Py_INCREF(args[0]);
     Py_XSETREF(cq_type, (PyTypeObject *)args[0]);
     Py_INCREF(args[1]);
@@ -855,7 +906,7 @@ static PyMethodDef methods[] = {
     {"drain_in_place", (PyCFunction)drain_in_place, METH_O,
      "ShmQp._drain's in-place case through the receiver's C run (its comment)."},
     {"bind_drain", (PyCFunction)(void (*)(void))bind_drain, METH_FASTCALL,
-     "What drain_in_place reads: the CQ class and the stand-in (its comment)."},
+     "What drain_in_place reads: the CQ and completion classes, the stand-in (its comment)."},
     {"load_u32", (PyCFunction)(void (*)(void))load_u32, METH_FASTCALL,
      "load_u32(buf, offset): the little-endian u32 there, in one aligned load."},
     {"load_u64", (PyCFunction)(void (*)(void))load_u64, METH_FASTCALL,

@@ -771,13 +771,15 @@ def sends_waiting(qp: ShmQp) -> bool:
 def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
     """The SENDs from ``consumed`` on that the QP's receiver takes in place
     (:meth:`~smcr.rdma.base.QueuePair.set_receiver`; receive lock held): only within the
-    CQ's poll and while nothing waits in the CQ (completions made before, by another
-    thread's look too, come first; they are pushed under this lock), up to the first it
-    refuses, and only with receives posted (as many SENDs as the delivery would take).
+    CQ's poll and while nothing but sends' completions waits in the CQ
+    (:meth:`~smcr.rdma.completion.CompletionQueue.only_sends_wait`: others made before, by
+    another thread's look too, come first; they are pushed under this lock), up to the
+    first it refuses, and only with receives posted (as many SENDs as the delivery would
+    take).
     Each taken leaves its receive posted: one more is published behind the others, as
     long as its slot's.  Returns the new consumed count."""
     receiver, cq = qp.receiver, qp.recv_cq
-    if receiver is None or cq.polling != _get_ident() or not cq.idle():
+    if receiver is None or cq.polling != _get_ident() or not cq.only_sends_wait():
         return consumed
     area, view, depth, base, stride = qp._area, qp._view, qp._depth, qp._slot_base, qp._slot_stride
     slot_size, qp_num, posted = qp._slot_size, qp.qp_num, qp._posted

@@ -47,7 +47,7 @@ def c_drainer() -> Callable[[QueuePair], int] | None:
     if place is None:
         return None
     try:
-        place.bind_drain(CompletionQueue, TAKEN_IN_PLACE)
+        place.bind_drain(CompletionQueue, TAKEN_IN_PLACE, WorkCompletion)
     except TypeError:
         return None
     drain: Callable[[QueuePair], int] = place.drain_in_place
