@@ -913,6 +913,8 @@ static int cork_now(ConnObj *c, HostConnObj *hc, ExecutorObj *ex, const Py_buffe
 
 /* Executor.update_readiness in C (a read, whole: below). */
 static int readiness_now(ExecutorObj *ex, HostConnObj *hc, PyObject *c_obj);
+/* ShmCompletionQueue.take_standby, natively, once bind_waiter found it (below); NULL before. */
+static __typeof__(CPyDef_shm___cq___ShmCompletionQueue___take_standby) *take_standby_fn;
 
 /* send_now(datapath, data) -> the bytes sent (all of data), or -2: not this call's case,
  * nothing done (DataPath.try_send runs as before).
@@ -1048,13 +1050,22 @@ static PyObject *send_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
     WakeupsObj *w = (WakeupsObj *)wake;
     if (w->_send_takes_standby == 1) { /* (Progress.send_ended says why) */
         w->_send_takes_standby = 0;
-        PyObject *r = PyObject_CallMethodNoArgs(cq, str_take_standby);
-        if (r == NULL) {
-            failed = 1;
-            goto unlock;
+        if (take_standby_fn != NULL) { /* (cq_type's own, called natively: bind_waiter) */
+            char taken = take_standby_fn(cq);
+            if (taken == 2) {
+                failed = 1;
+                goto unlock;
+            }
+            standby = taken == 1;
+        } else {
+            PyObject *r = PyObject_CallMethodNoArgs(cq, str_take_standby);
+            if (r == NULL) {
+                failed = 1;
+                goto unlock;
+            }
+            standby = r == Py_True;
+            Py_DECREF(r);
         }
-        standby = r == Py_True;
-        Py_DECREF(r);
     }
     /* c.unanswered and not c.echo_pending and c.echo_wanted(n) */
     int request = 0;
@@ -1696,7 +1707,6 @@ static __typeof__(CPyDef_completion___CompletionQueue___poll) *cq_poll_fn;
 static __typeof__(CPyDef_executor___Executor___process) *process_fn;
 static __typeof__(CPyDef_engine___Engine___get_timer) *get_timer_fn;
 static __typeof__(CPyDef_progress___Progress____hand_back) *hand_back_fn;
-static __typeof__(CPyDef_shm___cq___ShmCompletionQueue___take_standby) *take_standby_fn;
 static __typeof__(CPyDef_completion___CompletionQueue___arming) *arming_fn;
 static __typeof__(CPyDef_shm___cq___ShmCompletionQueue___req_notify) *req_notify_fn;
 static __typeof__(CPyDef_shm___cq___ShmCompletionQueue___take_arm) *take_arm_fn;
