@@ -782,6 +782,19 @@ static void call0_pending(PyObject *obj, PyObject *name) {
     PyErr_Restore(type, value, trace);
 }
 
+/* ShmCompletionQueue.take_standby and Executor.look_again, natively, once bind_waiter found
+ * them (below); NULL before. */
+static __typeof__(CPyDef_shm___cq___ShmCompletionQueue___take_standby) *take_standby_fn;
+static __typeof__(CPyDef_executor___Executor___look_again) *look_again_fn;
+
+/* ex.look_again() (ex an exact Executor: its own method, natively where bound): 0, or -1 (an
+ * error set). */
+static int look_again(ExecutorObj *ex) {
+    if (look_again_fn != NULL)
+        return look_again_fn((PyObject *)ex) == 2 ? -1 : 0;
+    return call0((PyObject *)ex, str_look_again);
+}
+
 /* lock.release() while an error is pending (as call0_pending). */
 static void give_pending(PyObject *lock) {
     PyObject *type, *value, *trace;
@@ -913,8 +926,6 @@ static int cork_now(ConnObj *c, HostConnObj *hc, ExecutorObj *ex, const Py_buffe
 
 /* Executor.update_readiness in C (a read, whole: below). */
 static int readiness_now(ExecutorObj *ex, HostConnObj *hc, PyObject *c_obj);
-/* ShmCompletionQueue.take_standby, natively, once bind_waiter found it (below); NULL before. */
-static __typeof__(CPyDef_shm___cq___ShmCompletionQueue___take_standby) *take_standby_fn;
 
 /* send_now(datapath, data) -> the bytes sent (all of data), or -2: not this call's case,
  * nothing done (DataPath.try_send runs as before).
@@ -1099,7 +1110,7 @@ static PyObject *send_now(PyObject *self, PyObject *const *args, Py_ssize_t narg
     /* Executor.send_inline: what the CQ holds now, the engine's events */
     PyObject *wcs = q->__wcs;
     Py_ssize_t waiting = wcs == NULL ? 0 : PyObject_Length(wcs);
-    if (waiting < 0 || (waiting > 0 && call0((PyObject *)ex, str_look_again) < 0) ||
+    if (waiting < 0 || (waiting > 0 && look_again(ex) < 0) ||
         (PyObject_Length(state->_events) > 0 &&
          call0((PyObject *)ex, str_dispatch_events) < 0)) {
         failed = 1;
@@ -1456,7 +1467,7 @@ static int readiness_now(ExecutorObj *ex, HostConnObj *hc, PyObject *c_obj) {
     Py_DECREF(r);
     if (looks == FOLLOW_ERROR)
         return -1;
-    return looks ? call0((PyObject *)ex, str_look_again) : 0;
+    return looks ? look_again(ex) : 0;
 }
 
 /* DataPath.take_news with the runtime's lock held: what the CQ holds taken, the readiness
@@ -1712,7 +1723,7 @@ static __typeof__(CPyDef_shm___cq___ShmCompletionQueue___req_notify) *req_notify
 static __typeof__(CPyDef_shm___cq___ShmCompletionQueue___take_arm) *take_arm_fn;
 
 #define ARM_SLEEPER 1 /* smcr.rdma.completion.ARM_SLEEPER */
-#define NATIVE_FNS 10
+#define NATIVE_FNS 11
 #define MAX_EVENTS 8  /* a poller sleeps on the CQ, its bell and the handshakes' two epolls */
 
 /* One compiled function of the shared library handle: its address, or NULL (an error set). */
@@ -1758,6 +1769,7 @@ static PyObject *bind_waiter(PyObject *self, PyObject *const *args, Py_ssize_t n
         native_fn(lib, "CPyDef_completion___CompletionQueue___arming"),
         native_fn(lib, "CPyDef_shm___cq___ShmCompletionQueue___req_notify"),
         native_fn(lib, "CPyDef_shm___cq___ShmCompletionQueue___take_arm"),
+        native_fn(lib, "CPyDef_executor___Executor___look_again"),
     };
     for (int i = 0; i < NATIVE_FNS; i++)
         if (fns[i] == NULL)
@@ -1777,6 +1789,7 @@ static PyObject *bind_waiter(PyObject *self, PyObject *const *args, Py_ssize_t n
     arming_fn = (__typeof__(arming_fn))fns[7];
     req_notify_fn = (__typeof__(req_notify_fn))fns[8];
     take_arm_fn = (__typeof__(take_arm_fn))fns[9];
+    look_again_fn = (__typeof__(look_again_fn))fns[10];
     Py_INCREF(args[4]);
     Py_XSETREF(str_app, args[4]);
     Py_INCREF(args[5]);

@@ -76,6 +76,9 @@ from smcr.wire.decline import DeclineCode
 _DEBUG: Final = settings.debug()
 TIMER_GRAIN: Final = 0.005  # how often process() asks the engine for its next deadline
 _RECV: Final = WcOpcode.RECV
+FOLLOW: Final = reader.FOLLOW
+"""The lane's ``follow`` (:data:`smcr.stack.reader.FOLLOW`), a C static here: the module's
+attribute looked up on each readiness update cost a generic getattr."""
 _SUCCESS: Final = WcStatus.SUCCESS
 _WRITE: Final = WrOpcode.RDMA_WRITE
 _OUTCOME_KEY: Final = {HandshakeCompleted: "smc", FellBack: "fallback",
@@ -448,7 +451,7 @@ class Executor:
         if r is None:
             return
         c = self.engine.conns.get(hc.conn_id)
-        follow = reader.FOLLOW  # (its common case in C: the lane's follow)
+        follow = FOLLOW  # (its common case in C: the lane's follow)
         looks = follow(r, c) if follow is not None else -1
         if looks < 0:
             looks = int(r.follow(c))

@@ -40,7 +40,8 @@ def _bind() -> Callable[[Any, Any], int] | None:
 
 FOLLOW: Callable[[Any, Any], int] | None = _bind()
 """``Readiness.follow(c)``'s common case in C: 1 or 0 (its answer, the update made), -1 where
-it is not its case (nothing changed).  Tests set it to None to run the Python of
-:meth:`Executor.update_readiness <smcr.stack.executor.Executor.update_readiness>` in a
-compiled process; the lane's whole send and read follow in C whatever it is (bound once:
-:data:`smcr.stack.inplace.SEND_NOW`, :data:`~smcr.stack.inplace.READ_NOW`)."""
+it is not its case (nothing changed).  Bound once, where it is used:
+:meth:`Executor.update_readiness <smcr.stack.executor.Executor.update_readiness>` reads it
+at import (a compiled module's look-up of another module's attribute is generic, per use),
+and the lane's whole send and read follow in C (:data:`smcr.stack.inplace.SEND_NOW`,
+:data:`~smcr.stack.inplace.READ_NOW`): setting it later changes nothing."""

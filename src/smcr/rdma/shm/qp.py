@@ -41,7 +41,7 @@ import os
 import socket
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from mmap import mmap
 from pathlib import Path
@@ -884,10 +884,10 @@ it, then rings whom it names (:meth:`ShmQp.ring_after`, after the QP's state loc
 it rings is the QP's peer then, gone after a reset, or a new one after another RTR in
 between, which at worst wakes that one for nothing); None without the C."""
 
-DRAIN_IN_PLACE: Callable[[ShmQp], int] | None = send.c_drainer() if POST_INLINE else None
+DRAIN_IN_PLACE: Final = send.c_drainer() if POST_INLINE else None
 """:meth:`ShmQp._drain`'s in-place case in C (``_place.c``'s ``drain_in_place``), for a QP
 whose receiver has a C run (:meth:`~smcr.rdma.base.QueuePair.set_receiver`'s ``c_run``),
 under the receive lock (which :meth:`ShmQp.destroy` takes to close the ring): the run, then
 the receiver for what it leaves, as :func:`_take_in_place` does; it answers as
-:data:`NOT_IN_C` says.  None without the C (tests set it to None to run the Python in a
-compiled process)."""
+:data:`NOT_IN_C` says.  None without the C.  ``Final``: a C static once compiled, where a
+module global was a dictionary look-up in every drain."""
