@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
 import pytest
 
-from smcr.rdma import RecvWr, SendFlag, SendWr, Sge, VerbsError, WcOpcode, WcStatus, WrOpcode
+from smcr.rdma import (
+    RecvWr,
+    SendFlag,
+    SendWr,
+    Sge,
+    VerbsError,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+    WrOpcode,
+)
 from smcr.rdma.completion import TAKEN_IN_PLACE
 from smcr.rdma.shm import layout as lay
+from smcr.rdma.shm import qp as shm_qp
+from smcr.rdma.shm.cq import ShmCompletionQueue
 from smcr.rdma.shm.qp import sends_waiting
 from tests.rdma.rdma_helpers import Side
 
@@ -338,3 +351,56 @@ def test_a_produced_count_behind_ours_is_no_news(pair: tuple[Side, Side]) -> Non
     assert not sends_waiting(qp)
     lay.U64.pack_into(qp._area, lay.OFF_PRODUCED, 6)
     assert sends_waiting(qp)
+    assert b.cq.has_news()
+
+
+def test_the_cq_looks_at_a_qp_in_c_as_the_python_would(pair: tuple[Side, Side]) -> None:
+    """In the compiled build a shm CQ's polls and ``has_news`` reach a QP through
+    ``_place.c`` (``drain_hook``, ``sends_waiting``) and not through the QP's bound
+    ``_drain``: the C's look says what :func:`sends_waiting` says in each state (no
+    receives posted, a count behind ours, SENDs there, a failed receive pending, the
+    ring closed), and an object that is no ShmQp is refused."""
+    a, b = pair
+    looks = shm_qp.LOOKS_IN_C
+    if looks is None:
+        pytest.skip("the compiled build serves the C")
+    drain_hook, c_sends_waiting = looks
+    cq = b.cq
+    assert isinstance(cq, ShmCompletionQueue)
+    run = cq._runs[b.qp._drain]
+    assert isinstance(run, functools.partial) and run.func is drain_hook
+    peek = cq._peeks[run]
+    assert isinstance(peek, functools.partial) and peek.func is c_sends_waiting
+    assert run.args == peek.args == (b.qp,)
+    qp = b.qp
+
+    def agree() -> bool:
+        said = sends_waiting(qp)
+        assert c_sends_waiting(qp) is said
+        return bool(said)
+
+    assert not agree()  # no receives posted
+    post_recv(b, 0)
+    assert not agree()
+    consumed = qp._consumed
+    lay.U64.pack_into(qp._area, lay.OFF_PRODUCED, consumed + 1)
+    assert agree()
+    qp._fatal_recv = WorkCompletion(wr_id=0, status=WcStatus.WR_FLUSH_ERR, opcode=WcOpcode.RECV,
+                                    qp_num=qp.qp_num)  # fmt: skip
+    assert not agree()
+    qp._fatal_recv = None
+    lay.U64.pack_into(qp._area, lay.OFF_PRODUCED, consumed)
+    assert not agree()
+    with pytest.raises(TypeError):
+        c_sends_waiting(a.dev)  # type: ignore[arg-type]
+    taker = Taker()
+    qp.set_receiver(taker)
+    send(a, b"T0")
+    assert b.cq.has_news()
+    run()  # (a poll's look, outside a poll: the Python's _drain delivers it)
+    assert [w.opcode for w in b.cq.poll(16)] == [WcOpcode.RECV] and taker.seen == []
+    run()  # nothing there: answered in C
+    assert b.cq.idle()
+    qp.destroy()
+    assert not c_sends_waiting(qp)  # (its ring closed)
+    assert b.qp._drain not in cq._runs

@@ -820,6 +820,64 @@ static PyObject *drain_in_place(PyObject *self, PyObject *qp_obj) {
     return PyLong_FromLong(r);
 }
 
+/* ------------------------------------------------------------- a CQ's look at a QP
+ *
+ * What a shm CQ's poll and has_news call for each QP (ShmCompletionQueue.set_peek's run and
+ * peek, bound with functools.partial to one exact ShmQp): through the generic call of a
+ * bound method, each look cost an argument parse and two more calls to reach the C. */
+
+static PyObject *str__drain;
+
+/* drain_hook(qp): the QP's progress hook, ShmQp._drain() as a poll calls it: drain_in_place
+ * first, and where that did not leave the ring empty, the Python's _drain (which meets the
+ * in-place case again, finds nothing of it left, and delivers the rest). */
+static PyObject *drain_hook(PyObject *self, PyObject *qp_obj) {
+    PyObject *r = drain_in_place(self, qp_obj);
+    if (r == NULL)
+        return NULL;
+    long answer = PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (answer == DRAINED)
+        Py_RETURN_NONE;
+    if (answer == -1 && PyErr_Occurred())
+        return NULL;
+    return PyObject_CallMethodNoArgs(qp_obj, str__drain);
+}
+
+/* sends_waiting(qp): smcr.rdma.shm.qp.sends_waiting for an exact ShmQp (TypeError for
+ * another object): receives posted, no failed receive pending, and the requester's count
+ * past ours; False for a closed ring. */
+static PyObject *sends_waiting(PyObject *self, PyObject *qp_obj) {
+    (void)self;
+    if (qp_type == NULL || Py_TYPE(qp_obj) != qp_type) {
+        PyErr_SetString(PyExc_TypeError, "sends_waiting: not a ShmQp");
+        return NULL;
+    }
+    QpObj *qp = (QpObj *)qp_obj;
+    if (qp->__rq == NULL || qp->__fatal_recv != Py_None || qp->__area == NULL ||
+        !short_int(qp->__consumed))
+        Py_RETURN_FALSE;
+    Py_ssize_t posted = PyObject_Length(qp->__rq);
+    if (posted <= 0) {
+        if (posted < 0)
+            return NULL;
+        Py_RETURN_FALSE;
+    }
+    Py_buffer area;
+    if (PyObject_GetBuffer(qp->__area, &area, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear(); /* (closed: the QP is going) */
+        Py_RETURN_FALSE;
+    }
+    int more = 0;
+    if (area.len >= AREA_HEADER_SIZE) {
+        uint64_t produced = le64toh(__atomic_load_n(
+            (uint64_t *)((unsigned char *)area.buf + OFF_PRODUCED), __ATOMIC_ACQUIRE));
+        more = produced > (uint64_t)untag(qp->__consumed);
+    }
+    PyBuffer_Release(&area);
+    return PyBool_FromLong(more);
+}
+
 /* bind_drain(CompletionQueue, TAKEN_IN_PLACE, WorkCompletion): what drain_in_place reads
  * (after bind). */
 static PyObject *bind_drain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -905,6 +963,10 @@ static PyMethodDef methods[] = {
      "The compiled classes post_inline reads (its comment)."},
     {"drain_in_place", (PyCFunction)drain_in_place, METH_O,
      "ShmQp._drain's in-place case through the receiver's C run (its comment)."},
+    {"drain_hook", (PyCFunction)drain_hook, METH_O,
+     "ShmQp._drain() as a poll calls it: drain_in_place, then the Python where needed."},
+    {"sends_waiting", (PyCFunction)sends_waiting, METH_O,
+     "smcr.rdma.shm.qp.sends_waiting for an exact ShmQp."},
     {"bind_drain", (PyCFunction)(void (*)(void))bind_drain, METH_FASTCALL,
      "What drain_in_place reads: the CQ and completion classes, the stand-in (its comment)."},
     {"load_u32", (PyCFunction)(void (*)(void))load_u32, METH_FASTCALL,
@@ -928,7 +990,8 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__place(void) {
     str_append = PyUnicode_InternFromString("append");
-    if (str_append == NULL || smcr_locks_bind() < 0)
+    str__drain = PyUnicode_InternFromString("_drain");
+    if (str_append == NULL || str__drain == NULL || smcr_locks_bind() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -95,9 +95,12 @@ class ShmCompletionQueue(CompletionQueue):
         """The bell nonce this CQ published (its process's when it was made; 0: none)."""
         self._watched: dict[int, int] = {}
         """Watch slot -> the rid that holds it."""
+        self._runs: dict[Callable[[], None], Callable[[], None]] = {}
+        """A QP's progress hook -> what polls call in its place (:meth:`set_peek`): the
+        marks, the unmarked QPs' list and :attr:`_peeks` hold that."""
         self._peeks: dict[Callable[[], None], Callable[[], bool]] = {}
-        """A QP's progress hook -> its look (:meth:`has_news`): whether the hook would find
-        SENDs to take."""
+        """What polls call for a QP (its run) -> its look (:meth:`has_news`): whether the
+        run would find SENDs to take."""
 
     def take_mark(self, hook: Callable[[], None]) -> int:
         """A mark byte for the QP whose progress hook is ``hook``, whose requester marks it
@@ -116,11 +119,11 @@ class ShmCompletionQueue(CompletionQueue):
                     self._marks_end += 1
                 if offset:
                     self._mark_of[hook] = offset
-                    self._marked = {**self._marked, offset: hook}
+                    self._marked = {**self._marked, offset: self._runs.get(hook, hook)}
         if not offset:
-            self.add_progress(hook)
+            self.add_progress(self._runs.get(hook, hook))
             return 0
-        self.remove_progress(hook)
+        self.remove_progress(self._runs.get(hook, hook))
         if self._notify_open:
             self._notify[offset] = 1  # (whatever came before the requester marked)
         return offset
@@ -136,9 +139,9 @@ class ShmCompletionQueue(CompletionQueue):
                 if self._notify_open:
                     self._notify[offset] = 0
         if scan:
-            self.add_progress(hook)
+            self.add_progress(self._runs.get(hook, hook))
         else:
-            self.remove_progress(hook)
+            self.remove_progress(self._runs.get(hook, hook))
 
     def watch(self, token: int, rid: int) -> WatchSlot | None:
         """A watch word for the connection whose alert token is ``token``, whose readiness
@@ -168,16 +171,20 @@ class ShmCompletionQueue(CompletionQueue):
                 del self._watched[index]
                 slot.take()
 
-    def set_peek(self, hook: Callable[[], None], peek: Callable[[], bool] | None) -> None:
+    def set_peek(self, hook: Callable[[], None], peek: Callable[[], bool] | None,
+                 run: Callable[[], None] | None = None) -> None:  # fmt: skip
         """``peek`` says whether ``hook`` (a QP's) would find SENDs to take, taking none
-        (:meth:`has_news`); None forgets it."""
+        (:meth:`has_news`); polls call ``run`` in the hook's place where given (the same
+        work, in C: :func:`smcr.rdma.shm.send.c_looks`).  ``peek`` None forgets them (the
+        hook is the key of the marks and of the unmarked QPs' list, :meth:`take_mark`)."""
         with self._marks_lock:
-            peeks = dict(self._peeks)
+            peeks, runs = dict(self._peeks), dict(self._runs)
             if peek is None:
-                peeks.pop(hook, None)
+                peeks.pop(runs.pop(hook, hook), None)
             else:
-                peeks[hook] = peek
-            self._peeks = peeks
+                runs[hook] = run or hook
+                peeks[runs[hook]] = peek
+            self._peeks, self._runs = peeks, runs
 
     def has_news(self) -> bool:
         """Whether a poll would find something, taking nothing where a QP's look says
@@ -283,13 +290,15 @@ class ShmCompletionQueue(CompletionQueue):
             os.close(self.notify_fd)
 
 
-def cq_watch(cq: CompletionQueue, hook: Callable[[], None], peek: Callable[[], bool]) -> None:
+def cq_watch(cq: CompletionQueue, hook: Callable[[], None], peek: Callable[[], bool],
+             run: Callable[[], None] | None = None) -> None:  # fmt: skip
     """A new QP whose progress hook is ``hook`` receives on ``cq``; ``peek`` says whether the
-    hook would find SENDs (:meth:`ShmCompletionQueue.has_news`).  A shm CQ looks at it
-    only from a requester's hello on (:func:`cq_requester`): nobody can place a SEND
-    before a hello maps the QP's area; another CQ runs the hook at every poll."""
+    hook would find SENDs (:meth:`ShmCompletionQueue.has_news`), ``run`` does what it does
+    (:meth:`ShmCompletionQueue.set_peek`).  A shm CQ looks at it only from a requester's
+    hello on (:func:`cq_requester`): nobody can place a SEND before a hello maps the QP's
+    area; another CQ runs the hook at every poll."""
     if isinstance(cq, ShmCompletionQueue):
-        cq.set_peek(hook, peek)
+        cq.set_peek(hook, peek, run)
     else:
         cq.add_progress(hook)
 

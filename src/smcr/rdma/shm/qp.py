@@ -41,7 +41,7 @@ import os
 import socket
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from mmap import mmap
 from pathlib import Path
@@ -193,7 +193,7 @@ class ShmQp(QueuePair):
         self._rnr_left = 0
         self._retry_left = 0
         self._publish(QpState.RESET)
-        cq_watch(recv_cq, self._drain, partial(sends_waiting, self))  # (shm: from the hello)
+        cq_watch(recv_cq, self._drain, *_looks(self))  # (shm: from the hello)
 
     # ---------------------------------------------------------------- state
 
@@ -768,6 +768,13 @@ def sends_waiting(qp: ShmQp) -> bool:
         return False
 
 
+def _looks(qp: ShmQp) -> tuple[Callable[[], bool], Callable[[], None] | None]:
+    """The CQ's look at ``qp``, and its run (:func:`cq_watch`): in C for a ShmQp itself."""
+    if (looks := LOOKS_IN_C) is None or type(qp) is not ShmQp:
+        return partial(sends_waiting, qp), None
+    return partial(looks[1], qp), partial(looks[0], qp)
+
+
 def _take_in_place(qp: ShmQp, consumed: int, produced: int) -> int:
     """The SENDs from ``consumed`` on that the QP's receiver takes in place
     (:meth:`~smcr.rdma.base.QueuePair.set_receiver`; receive lock held): only within the
@@ -834,9 +841,8 @@ def _repost(area: mmap, depth: int, posted: int, consumed: int) -> int:
 
 
 def _drain_in_c(qp: ShmQp, notify: bool) -> int:
-    """:meth:`ShmQp._drain`'s in-place case by :data:`DRAIN_IN_PLACE` where it can (within
-    the CQ's poll, for a receiver with a C run): :data:`NOT_IN_C`, ``DRAINED`` or
-    ``OFFERED``."""
+    """:meth:`ShmQp._drain`'s in-place case by :data:`DRAIN_IN_PLACE` where it can (in the
+    CQ's poll, a receiver with a C run): :data:`NOT_IN_C`, ``DRAINED`` or ``OFFERED``."""
     drain = DRAIN_IN_PLACE
     if drain is None or notify or qp.c_taker is None:
         return NOT_IN_C
@@ -889,5 +895,6 @@ DRAIN_IN_PLACE: Final = send.c_drainer() if POST_INLINE else None
 whose receiver has a C run (:meth:`~smcr.rdma.base.QueuePair.set_receiver`'s ``c_run``),
 under the receive lock (which :meth:`ShmQp.destroy` takes to close the ring): the run, then
 the receiver for what it leaves, as :func:`_take_in_place` does; it answers as
-:data:`NOT_IN_C` says.  None without the C.  ``Final``: a C static once compiled, where a
-module global was a dictionary look-up in every drain."""
+:data:`NOT_IN_C` says.  None without the C (a C static once compiled: ``Final``)."""
+LOOKS_IN_C: Final = send.c_looks() if DRAIN_IN_PLACE is not None else None
+"""``_place.c``'s ``drain_hook`` and ``sends_waiting`` (:func:`_looks`), or None."""

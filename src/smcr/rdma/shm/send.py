@@ -54,6 +54,17 @@ def c_drainer() -> Callable[[QueuePair], int] | None:
     return drain
 
 
+def c_looks() -> tuple[Callable[[QueuePair], None], Callable[[QueuePair], bool]] | None:
+    """``_place.c``'s ``drain_hook`` and ``sends_waiting``: a shm CQ's look at a QP in C (the
+    run and the peek of :meth:`ShmCompletionQueue.set_peek
+    <smcr.rdma.shm.cq.ShmCompletionQueue.set_peek>`, bound to one exact
+    :class:`~smcr.rdma.shm.qp.ShmQp`), once :func:`c_drainer` bound the C; None without it."""
+    place = PLACE
+    if place is None:
+        return None
+    return place.drain_hook, place.sends_waiting
+
+
 def sent_signaled(qp: QueuePair, wr_id: int, size: int) -> None:
     """A signaled SEND of ``size`` bytes placed (state lock held): its completion, on the
     requester's side at once, as every shm SEND completes once it is in the peer's slot."""
