@@ -420,3 +420,21 @@ def test_cdc_taken_in_place_behind_a_send_completion(directory: Path,
         assert s.in_place.taken == 1, why
         post_recv(s.b, wcs[-1].wr_id)
     s.close()
+
+
+def test_a_poll_offers_a_refused_send_once(directory: Path) -> None:
+    """Through a poll (the CQ's run, ``_place.c``'s drain_hook): the run takes the CDCs it
+    can, the receiver is offered the rest one by one, and what it refused (an LLC message)
+    goes into a receive with everything behind it, offered to the receiver once, not
+    again by the Python's delivery."""
+    drainer()
+    s = Setup(directory, "o", True)
+    llc = b"\x01" + cdc(s, 3, 30)[1:]
+    for j, data in enumerate((cdc(s, 1, 10), cdc(s, 2, 20, 0x40), llc, cdc(s, 3, 30))):
+        send(s.a, data, at=0x8000 + 64 * j)
+    wcs = s.b.cq.poll(16)
+    assert wcs[0] is TAKEN_IN_PLACE
+    assert [(w.opcode, w.byte_len) for w in wcs[1:]] == [(WcOpcode.RECV, 44)] * 2
+    assert s.offered.seen == [(cdc(s, 2, 20, 0x40), True), (llc, False)]
+    assert s.conn.rx_seq == 2 and s.conn.rx_prod == 20
+    s.close()

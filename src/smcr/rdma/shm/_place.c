@@ -829,19 +829,20 @@ static PyObject *drain_in_place(PyObject *self, PyObject *qp_obj) {
 static PyObject *str__drain;
 
 /* drain_hook(qp): the QP's progress hook, ShmQp._drain() as a poll calls it: drain_in_place
- * first, and where that did not leave the ring empty, the Python's _drain (which meets the
- * in-place case again, finds nothing of it left, and delivers the rest). */
+ * first, and where that did not leave the ring empty, the Python's _drain told its answer
+ * (_drain(False, answer): what the receiver refused is not offered to it again). */
 static PyObject *drain_hook(PyObject *self, PyObject *qp_obj) {
     PyObject *r = drain_in_place(self, qp_obj);
     if (r == NULL)
         return NULL;
-    long answer = PyLong_AsLong(r);
-    Py_DECREF(r);
-    if (answer == DRAINED)
+    if (PyLong_AsLong(r) == DRAINED) {
+        Py_DECREF(r);
         Py_RETURN_NONE;
-    if (answer == -1 && PyErr_Occurred())
-        return NULL;
-    return PyObject_CallMethodNoArgs(qp_obj, str__drain);
+    }
+    PyObject *args[3] = {qp_obj, Py_False, r};
+    PyObject *done = PyObject_VectorcallMethod(str__drain, args, 3, NULL);
+    Py_DECREF(r);
+    return done;
 }
 
 /* sends_waiting(qp): smcr.rdma.shm.qp.sends_waiting for an exact ShmQp (TypeError for

@@ -412,12 +412,12 @@ class ShmQp(QueuePair):
             for w in batch
         )  # fmt: skip
 
-    def _drain(self, notify: bool = False) -> None:
+    def _drain(self, notify: bool = False, asked: int = -1) -> None:
         """CQ progress hook: move SENDs the requester placed into our receives, or to the
         receiver where it takes them in place (:func:`_take_in_place`, or in C
-        :data:`DRAIN_IN_PLACE`); ``notify``: signal the CQ (when not called from inside its
-        own poll)."""
-        if (in_c := _drain_in_c(self, notify)) == DRAINED:
+        :data:`DRAIN_IN_PLACE`, whose answer ``asked`` is where ``_place.c``'s drain_hook
+        had it already); ``notify``: signal the CQ (when not called from inside its poll)."""
+        if (in_c := asked if asked >= 0 else _drain_in_c(self, notify)) == DRAINED:
             return
         area = self._area
         if area.closed or load_u64(area, lay.OFF_PRODUCED) == self._consumed:
