@@ -50,6 +50,10 @@ TAKEN_IN_PLACE: Final = WorkCompletion(wr_id=-1, status=WcStatus.SUCCESS,
 :meth:`CompletionQueue.poll` that took any, where their completions would have been, so
 that the poll says there is news; the consumer skips it (it took the SENDs already)."""
 
+SENDS_LOOKED: Final = 16
+"""The most waiting completions :meth:`CompletionQueue.only_sends_wait` looks at (``_place.c``'s
+``sends_only`` the same)."""
+
 
 class CompletionQueue:
     """A completion queue with a pollable descriptor (``ibv_cq`` + ``ibv_comp_channel``).
@@ -328,15 +332,15 @@ class CompletionQueue:
         return not self._wcs
 
     def only_sends_wait(self) -> bool:
-        """Whether every completion waiting in the queue (none, or up to 16) is a send
+        """Whether every completion waiting in the queue (none, or a few) is a send
         queue's WR's that succeeded.  A SEND a QP's receiver takes in place may go ahead of
         those (:meth:`QueuePair.set_receiver <smcr.rdma.base.QueuePair.set_receiver>`): no
         RNIC orders a QP's send completions against its receives (a real one reports them
         on two CQs, and a send's completion may come after the peer's answer to it), where
-        a receive's or a failure's waiting comes first.  More than 16: as if not (a look
-        that long is not worth it)."""
+        a receive's or a failure's waiting comes first.  More than :data:`SENDS_LOOKED`: as if
+        not (a look that long is not worth it)."""
         wcs = self._wcs
-        if len(wcs) > 16:
+        if len(wcs) > SENDS_LOOKED:
             return False
         for wc in wcs:
             if wc.opcode & WcOpcode.RECV or wc.status is not WcStatus.SUCCESS:

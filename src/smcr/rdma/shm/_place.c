@@ -649,8 +649,13 @@ static smcr_ring_taker ring_taker_of(PyObject *capsule) {
     return run;
 }
 
+/* The requester's produced count in a receive ring's header at a (its release store). */
+static inline uint64_t produced_of(const unsigned char *a) {
+    return le64toh(__atomic_load_n((const uint64_t *)(a + OFF_PRODUCED), __ATOMIC_ACQUIRE));
+}
+
 /* The most waiting completions sends_only looks at (more: as if one were not a send's). */
-#define SENDS_LOOKED 16
+#define SENDS_LOOKED 16 /* smcr.rdma.completion.SENDS_LOOKED */
 #define WC_RECV_BIT 128 /* WcOpcode.RECV's bit: a receive queue's completion */
 
 /* CompletionQueue.only_sends_wait on the n completions waiting in wcs (a deque): whether
@@ -713,8 +718,7 @@ static int drain_locked(QpObj *qp, unsigned char *a, long long len) {
             return sends < 0 ? -1 : NOT_IN_C;
     }
     long long consumed = untag(qp->__consumed), posted = untag(qp->__posted);
-    long long produced = (long long)le64toh(
-        __atomic_load_n((uint64_t *)(a + OFF_PRODUCED), __ATOMIC_ACQUIRE));
+    long long produced = (long long)produced_of(a);
     if (produced < 0) /* (a count past 2^63: only a hostile requester's; the Python's) */
         return NOT_IN_C;
     if (produced <= consumed)
@@ -794,8 +798,8 @@ static PyObject *drain_in_place(PyObject *self, PyObject *qp_obj) {
         return PyLong_FromLong(NOT_IN_C);
     }
     /* (nothing new: the common look, answered before the lock, as the Python does) */
-    long long produced = area.len < AREA_HEADER_SIZE ? -1 : (long long)le64toh(
-        __atomic_load_n((uint64_t *)((unsigned char *)area.buf + OFF_PRODUCED), __ATOMIC_ACQUIRE));
+    long long produced =
+        area.len < AREA_HEADER_SIZE ? -1 : (long long)produced_of((unsigned char *)area.buf);
     PyBuffer_Release(&area);
     if (produced == untag(qp->__consumed))
         return PyLong_FromLong(DRAINED);
@@ -870,13 +874,25 @@ static PyObject *sends_waiting(PyObject *self, PyObject *qp_obj) {
         Py_RETURN_FALSE;
     }
     int more = 0;
-    if (area.len >= AREA_HEADER_SIZE) {
-        uint64_t produced = le64toh(__atomic_load_n(
-            (uint64_t *)((unsigned char *)area.buf + OFF_PRODUCED), __ATOMIC_ACQUIRE));
-        more = produced > (uint64_t)untag(qp->__consumed);
-    }
+    if (area.len >= AREA_HEADER_SIZE)
+        more = produced_of((unsigned char *)area.buf) > (uint64_t)untag(qp->__consumed);
     PyBuffer_Release(&area);
     return PyBool_FromLong(more);
+}
+
+/* 0 where cls is the compiled class whose struct is size bytes, else -1 with a TypeError
+ * naming who.  (A class may allow interpreted subclasses: mypyc then puts a __dict__ and a
+ * weakref slot behind the struct of its compiled subclasses; an interpreted class is far
+ * smaller.) */
+static int compiled_as(const char *who, PyObject *cls, Py_ssize_t size) {
+    PyTypeObject *t = (PyTypeObject *)cls;
+    if (PyType_Check(cls) && t->tp_basicsize >= size &&
+        t->tp_basicsize <= size + 2 * (Py_ssize_t)sizeof(void *) &&
+        (t->tp_dictoffset == 0 || t->tp_dictoffset >= size))
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s: %R is not the compiled class _place was built for", who,
+                 cls);
+    return -1;
 }
 
 /* bind_drain(CompletionQueue, TAKEN_IN_PLACE, WorkCompletion): what drain_in_place reads
@@ -891,19 +907,9 @@ static PyObject *bind_drain(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "bind_drain: _place is not bound");
         return NULL;
     }
-    if (!PyType_Check(args[0]) || ((PyTypeObject *)args[0])->tp_basicsize < (Py_ssize_t)sizeof(CqObj) ||
-        ((PyTypeObject *)args[0])->tp_basicsize > (Py_ssize_t)(sizeof(CqObj) + 2 * sizeof(void *))) {
-        PyErr_Format(PyExc_TypeError, "bind_drain: %R is not the compiled class _place was "
-                     "built for", args[0]);
+    if (compiled_as("bind_drain", args[0], sizeof(CqObj)) < 0 ||
+        compiled_as("bind_drain", args[2], sizeof(WcObj)) < 0)
         return NULL;
-    }
-    if (!PyType_Check(args[2]) ||
-        ((PyTypeObject *)args[2])->tp_basicsize < (Py_ssize_t)sizeof(WcObj) ||
-        ((PyTypeObject *)args[2])->tp_basicsize > (Py_ssize_t)(sizeof(WcObj) + 2 * sizeof(void *))) {
-        PyErr_Format(PyExc_TypeError, "bind_drain: %R is not the compiled class _place was "
-                     "built for", args[2]);
-        return NULL;
-    }
     Py_INCREF(args[2]);
     Py_XSETREF(wc_type, (PyTypeObject *)args[2]);
     Py_INCREF(args[0]);
@@ -926,18 +932,10 @@ static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "bind: sent_signaled is not callable");
         return NULL;
     }
-    /* (QueuePair allows interpreted subclasses: mypyc puts a __dict__ and a weakref slot
-     * behind the struct of its compiled subclasses; an interpreted class is far smaller) */
     Py_ssize_t sizes[4] = {sizeof(QpObj), sizeof(PeerObj), sizeof(MrObj), sizeof(AttrObj)};
     for (int i = 0; i < 4; i++)
-        if (!PyType_Check(args[i]) || ((PyTypeObject *)args[i])->tp_basicsize < sizes[i] ||
-            ((PyTypeObject *)args[i])->tp_basicsize > sizes[i] + 2 * (Py_ssize_t)sizeof(void *) ||
-            (((PyTypeObject *)args[i])->tp_dictoffset != 0 &&
-             ((PyTypeObject *)args[i])->tp_dictoffset < sizes[i])) {
-            PyErr_Format(PyExc_TypeError, "bind: %R is not the compiled class _place was "
-                         "built for", args[i]);
+        if (compiled_as("bind", args[i], sizes[i]) < 0)
             return NULL;
-        }
     long long at = PyLong_AsLongLong(args[5]), mask = PyLong_AsLongLong(args[6]);
     if (PyErr_Occurred())
         return NULL;
