@@ -83,10 +83,19 @@ def _parameters(cls: type[Any]) -> list[tuple[str, bool, object]]:
         (a.arg, True, value(d)) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
 
 
+FLAGS = ("trusted",)
+"""Parameters a written ``__init__`` may take after the fields, none of them a field: how to
+build, not what (``_AcceptConfirm``'s ``trusted``: a decoder's fields are not checked
+again).  Each defaults to False, so that the dataclass's own ways of building one
+(``dataclasses.replace``) check as before."""
+
+
 @pytest.mark.parametrize("cls", WRITTEN, ids=lambda c: c.__name__)
 def test_parameters_are_the_fields(cls: type[Any]) -> None:
     fields = [f for f in dataclasses.fields(cls) if f.init]
     params = _parameters(cls)
+    while params and params[-1][0] in FLAGS:
+        assert params.pop()[2] is False, "a flag defaults to False"
     assert [p[0] for p in params] == [f.name for f in fields]
     for (name, kw_only, default), f in zip(params, fields, strict=True):
         assert kw_only == f.kw_only, name

@@ -344,7 +344,9 @@ class _AcceptConfirm(_ClcTyped):
                  mac: bytes, qpn: int, rmb_rkey: int, rmbe_alert_token: int, rmbe_size: int,
                  qp_mtu: int, rmb_vaddr: int, psn: int, rmbe_idx: int = 1,
                  eid: bytes = bytes(32), fce: FirstContactExt | None = None,
-                 gid_list: tuple[bytes, ...] = ()) -> None:  # fmt: skip
+                 gid_list: tuple[bytes, ...] = (), trusted: bool = False) -> None:  # fmt: skip
+        """:param trusted: the fields are known to hold what :meth:`__post_init__` checks
+        (:meth:`decode`, from fixed-width fields of a layout it checked): not checked again."""
         # written out (every handshake makes one to send): the dataclass's frozen __init__
         # is interpreted code even in the compiled build, which makes these plain stores
         object.__setattr__(self, "version", version)
@@ -363,7 +365,8 @@ class _AcceptConfirm(_ClcTyped):
         object.__setattr__(self, "eid", eid)
         object.__setattr__(self, "fce", fce)
         object.__setattr__(self, "gid_list", gid_list)
-        self.__post_init__()
+        if not trusted:
+            self.__post_init__()
 
     def __post_init__(self) -> None:
         check_version(self.version)
@@ -490,25 +493,12 @@ class _AcceptConfirm(_ClcTyped):
                     gids = tuple(bytes(data[i : i + _GID_LEN]) for i in range(start, end, _GID_LEN))
         # every field from a fixed-width struct field, the layout checked above: what
         # __post_init__ checks holds (a v1 message has no EID, fce iff v2 and first
-        # contact, a GID list of at most 8 only in a v2 first-contact Confirm)
-        return cls(
-            version=hdr.version,
-            first_contact=first_contact,
-            peer_id=peer_id,
-            gid=gid,
-            mac=mac,
-            qpn=(qpn_hi << 16) | qpn_lo,
-            rmb_rkey=rkey,
-            rmbe_idx=idx,
-            rmbe_alert_token=token,
-            rmbe_size=size_mtu >> 4,
-            qp_mtu=size_mtu & 0x0F,
-            rmb_vaddr=vaddr,
-            psn=(psn_hi << 16) | psn_lo,
-            eid=eid,
-            fce=fce,
-            gid_list=gids,
-        )
+        # contact, a GID list of at most 8 only in a v2 first-contact Confirm), so it is
+        # not checked again; positional (keywords cost the compiled build an argument
+        # parse of some 12k instructions, on every handshake's Accept and Confirm)
+        return cls(hdr.version, first_contact, peer_id, gid, mac, (qpn_hi << 16) | qpn_lo,
+                   rkey, token, size_mtu >> 4, size_mtu & 0x0F, vaddr, (psn_hi << 16) | psn_lo,
+                   idx, eid, fce, gids, True)  # fmt: skip
 
 
 class ClcAccept(_AcceptConfirm):

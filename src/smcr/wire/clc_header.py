@@ -101,6 +101,10 @@ class SmcType(enum.IntEnum):
         return self in (SmcType.D, SmcType.B)
 
 
+SMC_TYPES: tuple[SmcType, ...] = tuple(SmcType)
+""":class:`SmcType` by its 2-bit value (a header's ``typev1``/``typev2``): an index, where
+calling the enum is interpreted code (``EnumType.__call__``), on every Proposal read."""
+
 #: Shortest valid message of each type: RFC-style Proposal 52, v1 SMC-D
 #: Accept/Confirm 48 (SMC-R: 68), v1 Decline 28 (spec §2.3.5, §2.4, §2.5, §9).
 CLC_MIN_LENGTH: dict[ClcType, int] = {

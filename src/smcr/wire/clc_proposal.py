@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from smcr.wire.clc_header import (
     CLC_TRAILER_LEN,
     EYECATCHER_SMCR,
+    SMC_TYPES,
     Buffer,
     ClcHeader,
     ClcType,
@@ -586,7 +587,7 @@ class ClcProposal:
         """
         hdr = decode_header(data, ClcType.PROPOSAL, header)
         _, _, _, _, peer_id, gid, mac, ip_off = _BASE.unpack_from(data, 0)
-        typev1 = SmcType(hdr.typev1)
+        typev1 = SMC_TYPES[hdr.typev1]
         if ip_off > _AREA_LEN:
             raise WireError(f"Proposal IP-area offset at 38 is {ip_off}, max 40")
         if hdr.version == 1:
@@ -598,7 +599,7 @@ class ClcProposal:
             if typev1.smcd and ip_off != _AREA_LEN:
                 raise WireError("v1 Proposal offers SMC-D but IP-area offset at 38 is not 40")
         else:
-            typev2 = SmcType(hdr.typev2)
+            typev2 = SMC_TYPES[hdr.typev2]
             want = _AREA_LEN if typev1 != SmcType.N else 0
             if ip_off != want:
                 raise WireError(f"v2 Proposal IP-area offset at 38 is {ip_off}, expected {want}")
