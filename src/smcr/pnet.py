@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from smcr.ueid import store_text
+from smcr.ueid import file_key, store_text
 
 MAX_LEN = 16
 """``SMC_MAX_PNETID_LEN``."""
@@ -213,12 +213,10 @@ class PnetTable:
     def current(self) -> tuple[Entry, ...]:
         """The entries now in force."""
         name = self.path or os.environ.get(ENV) or _DEFAULT_NAME  # (path_from, without a Path)
-        try:
-            st = os.stat(name)
-        except OSError:
+        key = file_key(name)
+        if key is None:
             self._key, self._entries = None, ()
             return ()
-        key = (st.st_mtime_ns, st.st_size)
         if key != self._key:
             self._key, self._entries = key, load(Path(name))
         return self._entries

@@ -190,11 +190,25 @@ def flush(path: Path | None = None) -> None:
     _store(path or path_from(), ())
 
 
+def file_key(name: str | Path) -> tuple[int, int] | None:
+    """A table file's (mtime, size), what a table re-reads on; None when there is no file.
+    Looked at per handshake, so the usual case, no file, costs no exception (``os.stat``'s
+    ``FileNotFoundError`` was half of the look)."""
+    if not os.access(name, os.F_OK):
+        return None
+    try:
+        st = os.stat(name)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 class UeidTable:
     """The host's UEIDs as a process sees them, re-read when the file changes.
 
-    One ``stat`` per call (about 2 µs): the CLC handshake asks at every
-    connection, as Linux reads its table at every Proposal and Accept.
+    One ``access`` per call, and a ``stat`` where the file is (:func:`file_key`): the CLC
+    handshake asks at every connection, as Linux reads its table at every Proposal and
+    Accept.
     """
 
     def __init__(self, path: Path | None = None) -> None:
@@ -205,12 +219,10 @@ class UeidTable:
     def current(self) -> tuple[bytes, ...]:
         """The UEIDs now in force (``()`` when none is set)."""
         name = self.path or os.environ.get(ENV) or _DEFAULT_NAME  # (path_from, without a Path)
-        try:
-            st = os.stat(name)
-        except OSError:
+        key = file_key(name)
+        if key is None:
             self._key, self._eids = None, ()
             return ()
-        key = (st.st_mtime_ns, st.st_size)
         if key != self._key:
             self._key, self._eids = key, load(Path(name))
         return self._eids
