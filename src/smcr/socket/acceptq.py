@@ -130,6 +130,9 @@ class AcceptQueue:
         self.paused = False
         self.takers = 0
         """Threads in :meth:`take` that poll the runtime (:meth:`_poll`)."""
+        self.sleepers = 0
+        """Threads in :meth:`take` that wait on :attr:`cond` (notified only then: a
+        ``notify_all`` is two interpreted calls, twice a connection)."""
         self.kernel_waiting = False
         """Paused or inline: the kernel holds a connection (:meth:`_on_readable_paused`)."""
         self.inline = False
@@ -357,7 +360,8 @@ class AcceptQueue:
 
     def _changed(self) -> None:
         """Wake ``take`` and the descriptor (cond held)."""
-        self.cond.notify_all()
+        if self.sleepers:
+            self.cond.notify_all()
         self._wake_taker()
         if self.readiness.app >= 0:  # (else: show() when the program asks for it)
             self.readiness.set(self._readable(), False)
@@ -452,7 +456,11 @@ class AcceptQueue:
                         raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
                     raise TimeoutError("timed out")
                 if not self._poll(deadline) and not (self.ready or self.error or self.closed):
-                    self.cond.wait(left)  # (news came meanwhile: cond was released)
+                    self.sleepers += 1
+                    try:
+                        self.cond.wait(left)  # (news came meanwhile: cond was released)
+                    finally:
+                        self.sleepers -= 1
             if self.error is not None and not self.ready:
                 error, self.error = self.error, None
                 self._changed()
