@@ -154,13 +154,15 @@ def drain_server(ctl: Connection, rcvbuf: int = 0) -> None:
 
 
 def half_close_server(ctl: Connection) -> None:
-    """Read to EOF, then answer with the byte count and close."""
+    """Read to EOF, then, once told to go on (the test has looked at its end's state, which
+    the close would change), answer with the byte count and close."""
     srv = smcr.create_server((host(), 0))
     ctl.send(srv.getsockname()[1])
     c, _ = srv.accept()
     n = 0
     while data := c.recv(4096):
         n += len(data)
+    assert ctl.recv() == "go"
     c.sendall(str(n).encode())
     ctl.send(c.smc_info().state)
     c.close()

@@ -254,6 +254,7 @@ def test_half_close(peer: PeerFactory) -> None:
     s.sendall(b"x" * 12345)
     s.shutdown(socket.SHUT_WR)
     assert s.smc_info().state == "PEERCLW1"
+    p.ctl.send("go")  # (before, the peer's close could come first: APPLFINCLW)
     assert s.recv(100) == b"12345"
     assert s.recv(100) == b""  # EOF after the peer's close
     assert p.recv() == "APPLCLW1"
