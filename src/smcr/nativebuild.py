@@ -21,10 +21,12 @@ the runtime's parts that drive the engine, a connection's data path with the
 socket's data calls (:mod:`smcr.stack.conn`), and both software RNICs.  Measured
 (README, issue 15) against compiling less; and the CLC codec, which every connection's
 set-up runs (a server that sets up connections for several clients at once spent a fifth
-of its handshake thread there, interpreted).  Modules that run once per connection
-otherwise or never on the data path (the decline codes, CLI, diagnostics, the socket
-package) stay interpreted.
-The socket package could not be compiled anyway: ``weakref.finalize`` needs a
+of its handshake thread there, interpreted), and the socket's side of the handshake
+(:mod:`smcr.socket.handshake`, functions only: some 30k instructions of a server's
+connection set-up, 16k of a client's).  Modules that run once per connection
+otherwise or never on the data path (the decline codes, CLI, diagnostics, the rest of
+the socket package) stay interpreted.
+The socket package's classes could not be compiled anyway: ``weakref.finalize`` needs a
 ``__weakref__`` slot that mypyc's native classes lack.  What a compiled module must
 not do (shadow methods per instance, re-read a narrowed attribute after a call, ...)
 is in docs/architecture.md, "The compiled build".
@@ -93,6 +95,7 @@ MODULES: tuple[str, ...] = (
     "stack/progress.py",
     "stack/runtime.py",
     "stack/conn.py",
+    "socket/handshake.py",
     "locks.py",
     "bound.py",
     "rdma/verbs.py",
