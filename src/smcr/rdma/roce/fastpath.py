@@ -47,11 +47,12 @@ from smcr.wire.roce import _LENGTH_BY_BYTE, _MASK_BY_BYTE, ROCEV2_UDP_PORT
 
 
 def _c_loops() -> ModuleType | None:
-    """The C loops of WRITE Middles (``_loops.c``), built with the compiled modules and
-    served with them (:mod:`smcr.native`): :meth:`IcrcFlow.place_middles` and
-    :meth:`IcrcFlow.send_run` run there, and the RNIC reads its sockets with its
-    ``recvgro``.  None in a pure-Python process, where the RNIC sends what
-    :meth:`IcrcFlow.run_frames` builds and Python's loops run."""
+    """The C loops (``_loops.c``), built with the compiled modules and served with them
+    (:mod:`smcr.native`): :meth:`IcrcFlow.place_middles`, :meth:`IcrcFlow.send_run` and
+    :meth:`IcrcFlow.send_packets` run there, the RNIC reads its sockets with its
+    ``recvgro`` and checks ICRCs with its ``verify``.  None in a pure-Python process,
+    where the RNIC sends what :meth:`IcrcFlow.run_frames` and :meth:`IcrcFlow.frames`
+    build and Python's loops run."""
     try:
         return importlib.import_module("smcr.rdma.roce._loops")
     except ImportError:
@@ -167,7 +168,7 @@ class IcrcFlow:
     :param dport: UDP destination port (4791).
     """
 
-    __slots__ = ("_cuts", "_scratch", "dport", "dst", "sport", "src")
+    __slots__ = ("_cuts", "_scratch", "dport", "dst", "head", "sport", "src")
     _VARYING: ClassVar[struct.Struct]
     _ID_STEP: ClassVar[int]
     _IPV6: ClassVar[bool]
@@ -181,6 +182,10 @@ class IcrcFlow:
         #: the QP's lock)
         self._scratch = bytearray(16 * 64 + 4)
         self._cuts: dict[tuple[int, int, int, int], tuple[int, bytes, int]] = {}
+        #: the masked header with the flow's constants and zeros where a packet's lengths,
+        #: IPv4 ID and BTH go: the template the C loops (:data:`LOOPS` ``verify``,
+        #: ``sendq``) fill in per packet
+        self.head = self._masked(0, 0, 0, 0, 0, 0)
 
     def _masked(self, ulen: int, opcode: int, b1: int, dest_qp: int, psn_word: int,
                 ip_id: int) -> bytes:  # fmt: skip
@@ -212,6 +217,13 @@ class IcrcFlow:
                psn_word: int) -> int:  # fmt: skip
         """:meth:`check` for a packet of ``n`` bytes whose BTH the caller has unpacked:
         0 if the ICRC is wrong, else 1 (or 2: right with a recovered IPv4 ID)."""
+        raise NotImplementedError
+
+    def judge(self, n: int, difference: int) -> int:
+        """A packet of ``n`` bytes whose ICRC computed with IPv4 ID 0 differs by
+        ``difference`` (non-zero) from the one it carries: 2 if some ID explains it
+        (IPv4), else 0 (:meth:`verify`'s answer; the C loops' ``verify`` gives the
+        difference)."""
         raise NotImplementedError
 
     def frames(self, queue: Sequence[tuple[int, int, int, bytes, Buffer]], start: int, end: int,
@@ -322,6 +334,18 @@ class IcrcFlow:
                                   pre, mid, ident, self._ID_STEP, extra)  # fmt: skip
         return sent
 
+    def send_packets(self, fd: int, name: bytes, gso: int,
+                     queue: Sequence[tuple[int, int, int, bytes, Buffer]], start: int, end: int,
+                     dest_qp: int) -> int:  # fmt: skip
+        """Send ``queue[start:end]`` with one ``sendmsg`` on socket ``fd`` to the packed
+        socket address ``name`` (UDP GSO segments of ``gso`` bytes, unless 0): what
+        :meth:`frames` builds (IPv4 IDs 0, 1, 2...) and the send in one, in the C loops
+        (:data:`LOOPS`, which must be there), each payload straight from its buffer.
+        Raises :class:`OSError` as ``socket.sendmsg``.  Bytes sent."""
+        assert LOOPS is not None
+        sent: int = LOOPS.sendq(fd, name, gso, self.head, queue, start, end, dest_qp, 0)
+        return sent
+
     def place_middles(self, view: memoryview, off: int, end: int, seg: int, ip_id: int,
                       dest_qp: int, psn: int, limit: int, target: memoryview,
                       toff: int) -> tuple[int, int]:  # fmt: skip
@@ -408,11 +432,13 @@ class IcrcV4(IcrcFlow):
         if n > 16:
             crc = crc32(packet[12 : n - 4], crc)
         (found,) = ICRC.unpack_from(packet, n - 4)
-        if crc == found:
-            return 1
-        if (crc ^ found) in _small_ids(n):  # a UDP GSO segment's ID: 1, 2, 3...
+        return 1 if crc == found else self.judge(n, crc ^ found)
+
+    def judge(self, n: int, difference: int) -> int:
+        """2 if an IPv4 ID explains the ``difference`` (:func:`recover_id`), else 0."""
+        if difference in _small_ids(n):  # a UDP GSO segment's ID: 1, 2, 3...
             return 2
-        return 0 if recover_id(n, crc ^ found) is None else 2
+        return 0 if recover_id(n, difference) is None else 2
 
     def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
         """The masked header of a packet with UDP length ``ulen`` cut around what varies
@@ -454,6 +480,10 @@ class IcrcV6(IcrcFlow):
         if n > 16:
             crc = crc32(packet[12 : n - 4], crc)
         return 1 if crc == ICRC.unpack_from(packet, n - 4)[0] else 0
+
+    def judge(self, n: int, difference: int) -> int:
+        """0: IPv6 has no ID to recover, a difference is a wrong ICRC."""
+        return 0
 
     def _varying(self, ulen: int, opcode: int, dest_qp: int, id0: int) -> tuple[int, bytes, int]:
         """As :meth:`IcrcV4._varying`; IPv6 has no ID, so the cut is at the BTH's P_Key

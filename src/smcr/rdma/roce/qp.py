@@ -222,6 +222,7 @@ class RoceQp(QueuePair):
             return
         dqp, peer, n, i = self._dest_qp, self.peer, len(q), 0
         frames = icrc.frames
+        direct = fastpath.LOOPS is not None  # the C loop builds and sends in one
         cwnd = self.req.cwnd
         gso = self.gso and (cwnd > SPREAD_CWND or cwnd >= self.req.window)
         while i < n:
@@ -233,12 +234,15 @@ class RoceQp(QueuePair):
             j = i + 1
             if gso:
                 j += _joining(q, j, size, GSO_MAX_SEGMENTS - 1, self._gso_bytes - size)
-            parts = frames(q, i, j, dqp)  # type: ignore[arg-type]  # no MiddleRun in i..j
             try:
-                if j - i == 1:
-                    sock.sendmsg(parts, (), 0, peer)
+                if direct:
+                    icrc.send_packets(sock.fileno(), self._name, size if j - i > 1 else 0,
+                                      q, i, j, dqp)  # type: ignore[arg-type]  # fmt: skip
+                elif j - i == 1:
+                    sock.sendmsg(frames(q, i, j, dqp), (), 0, peer)  # type: ignore[arg-type]
                 else:
-                    sock.sendmsg(parts, [(SOL_UDP, UDP_SEGMENT, _GSO_SIZE.pack(size))], 0, peer)
+                    sock.sendmsg(frames(q, i, j, dqp),  # type: ignore[arg-type]
+                                 [(SOL_UDP, UDP_SEGMENT, _GSO_SIZE.pack(size))], 0, peer)
             except OSError as err:
                 if j - i > 1 and err.errno in _NO_GSO:
                     self.gso = False  # no UDP GSO here: resend this run one by one
