@@ -365,7 +365,7 @@ class RoceDevice(Device):
         icrc = qp.icrc_rx if self.verify_icrc else None
         verify = icrc.verify if icrc is not None else None
         place = icrc.place_middles if icrc is not None else None  # the data path checks
-        own, lock, qp_input, unpack = qp.qp_num, qp._state_lock, qp.input, BTH.unpack_from
+        own, lock, unpack = qp.qp_num, qp._state_lock, BTH.unpack_from
         now = monotonic()
         bufs = [view]
         rx = recovered = bad = 0
@@ -442,7 +442,8 @@ class RoceDevice(Device):
                         foreign.append(bytes(pkt))  # on one address)
                     elif not (op == 0x07 and p_key == 0xFFFF
                               and write_middle(psn_word, view[end - size : end - 4])):  # fmt: skip
-                        qp_input(pkt, now)  # all but an in-order WRITE Middle (the data path)
+                        # all but an in-order WRITE Middle (the data path)
+                        qp.input_bth(pkt, now, op, b1, p_key, psn_word)
                 if resp.pending_ack >= 0:  # asked for in this read: answer now
                     resp.flush()
                     qp.flush_tx()
