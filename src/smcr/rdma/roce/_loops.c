@@ -198,6 +198,51 @@ static PyObject *place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return Py_BuildValue("(Ll)", count, ack);
 }
 
+/* One sendmsg of n_iov buffers to the packed socket address name, as UDP GSO segments of
+ * gso bytes unless 0, retried on EINTR as socket.sendmsg does (PEP 475): the bytes sent,
+ * or NULL with OSError set. */
+static PyObject *send_iov(int fd, char *name, Py_ssize_t name_len, struct iovec *iov,
+                          int n_iov, long long gso) {
+    union {
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } control;
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_name = name;
+    msg.msg_namelen = (socklen_t)name_len;
+    msg.msg_iov = iov;
+    msg.msg_iovlen = (size_t)n_iov;
+    if (gso) {
+        uint16_t size = (uint16_t)gso;
+        memset(&control, 0, sizeof control);
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof control.buf;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_UDP;
+        cm->cmsg_type = UDP_SEGMENT;
+        cm->cmsg_len = CMSG_LEN(sizeof size);
+        memcpy(CMSG_DATA(cm), &size, sizeof size);
+    }
+    ssize_t sent;
+    int err;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS
+        sent = sendmsg(fd, &msg, 0);
+        err = errno;
+        Py_END_ALLOW_THREADS
+        if (sent >= 0 || err != EINTR)
+            break;
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+    }
+    if (sent < 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromSsize_t(sent);
+}
+
 PyDoc_STRVAR(sendrun_doc,
 "sendrun(fd, name, gso, scratch, data, off, pmtu, m, bth8, psn, index, every, pre, mid,\n"
 "        ident, step, extra) -> bytes sent\n\n"
@@ -287,45 +332,7 @@ static PyObject *sendrun(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         iov[n_iov].iov_base = eb[k].buf;
         iov[n_iov++].iov_len = (size_t)eb[k].len;
     }
-    union {
-        char buf[CMSG_SPACE(sizeof(uint16_t))];
-        struct cmsghdr align;
-    } control;
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_name = name;
-    msg.msg_namelen = (socklen_t)name_len;
-    msg.msg_iov = iov;
-    msg.msg_iovlen = (size_t)n_iov;
-    if (gso) {
-        uint16_t size = (uint16_t)gso;
-        memset(&control, 0, sizeof control);
-        msg.msg_control = control.buf;
-        msg.msg_controllen = sizeof control.buf;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-        cm->cmsg_level = SOL_UDP;
-        cm->cmsg_type = UDP_SEGMENT;
-        cm->cmsg_len = CMSG_LEN(sizeof size);
-        memcpy(CMSG_DATA(cm), &size, sizeof size);
-    }
-    ssize_t sent;
-    int err;
-    for (;;) {
-        Py_BEGIN_ALLOW_THREADS
-        sent = sendmsg(fd, &msg, 0);
-        err = errno;
-        Py_END_ALLOW_THREADS
-        if (sent >= 0 || err != EINTR)
-            break;
-        if (PyErr_CheckSignals() < 0)  /* as socket.sendmsg (PEP 475) */
-            goto done;
-    }
-    if (sent < 0) {
-        errno = err;
-        PyErr_SetFromErrno(PyExc_OSError);
-        goto done;
-    }
-    result = PyLong_FromSsize_t(sent);
+    result = send_iov(fd, name, name_len, iov, n_iov, gso);
 done:
     while (got > 0)
         PyBuffer_Release(&eb[--got]);
@@ -574,45 +581,7 @@ static PyObject *sendq(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         iov[n_iov].iov_base = tails[k];
         iov[n_iov++].iov_len = (size_t)(pad + 4);
     }
-    union {
-        char buf[CMSG_SPACE(sizeof(uint16_t))];
-        struct cmsghdr align;
-    } control;
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_name = name;
-    msg.msg_namelen = (socklen_t)name_len;
-    msg.msg_iov = iov;
-    msg.msg_iovlen = (size_t)n_iov;
-    if (gso) {
-        uint16_t size = (uint16_t)gso;
-        memset(&control, 0, sizeof control);
-        msg.msg_control = control.buf;
-        msg.msg_controllen = sizeof control.buf;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-        cm->cmsg_level = SOL_UDP;
-        cm->cmsg_type = UDP_SEGMENT;
-        cm->cmsg_len = CMSG_LEN(sizeof size);
-        memcpy(CMSG_DATA(cm), &size, sizeof size);
-    }
-    ssize_t sent;
-    int err;
-    for (;;) {
-        Py_BEGIN_ALLOW_THREADS
-        sent = sendmsg(fd, &msg, 0);
-        err = errno;
-        Py_END_ALLOW_THREADS
-        if (sent >= 0 || err != EINTR)
-            break;
-        if (PyErr_CheckSignals() < 0)  /* as socket.sendmsg (PEP 475) */
-            goto done;
-    }
-    if (sent < 0) {
-        errno = err;
-        PyErr_SetFromErrno(PyExc_OSError);
-        goto done;
-    }
-    result = PyLong_FromSsize_t(sent);
+    result = send_iov(fd, name, name_len, iov, n_iov, gso);
 done:
     while (got > 0)
         PyBuffer_Release(&pb[--got]);
