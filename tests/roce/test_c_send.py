@@ -261,9 +261,10 @@ def test_sendq_refuses_a_bad_queue_before_anything_is_sent(
 @given(packets(), st.sampled_from([0, 1, 5, 127, 4000, 0xFFFF]), st.integers(0, 64),
        st.booleans())  # fmt: skip
 def test_c_verify_is_python_verify(packet: RocePacket, ident: int, at: int, v6: bool) -> None:
-    """The receiver's check in C (``_drain``): its difference is 0 exactly where
+    """The receiver's check in C (``_drain``): its difference with ID 0 is 0 exactly where
     ``verify`` says right with ID 0, and ``judge`` of a non-zero one is ``verify``'s answer:
-    a recovered IPv4 ID (2) or a wrong ICRC (0); so for a flipped bit too."""
+    a recovered IPv4 ID (2) or a wrong ICRC (0); so for a flipped bit too.  Given the ID
+    the packet carries, it is 0 at once."""
     sport = 0xC0DE
     if v6:
         frame = build_ipv6_udp_roce_frame(packet, "fd00::1", "fd00::2", sport)
@@ -277,14 +278,22 @@ def test_c_verify_is_python_verify(packet: RocePacket, ident: int, at: int, v6: 
     for candidate in (udp, udp[:-5] + bytes([udp[-5] ^ 0x20]) + udp[-4:]):
         buf = bytearray(at) + candidate + bytearray(7)  # where a GRO read puts it
         n = len(candidate)
-        difference = c.verify(buf, at, n, icrc.head)
+        difference = c.verify(buf, at, n, icrc.head, 0)
         want = icrc.check(memoryview(candidate))
         assert (difference == 0) == (want == 1)
         if difference:
             assert icrc.judge(n, difference) == want
+        # with the ID the packet carries (the k-th of one of our GSO reads): right at once
+        # (IPv6 has no ID: the argument changes nothing)
+        assert (c.verify(buf, at, n, icrc.head, ident) == 0) == (candidate is udp)
+        if ident and not v6:
+            assert c.verify(buf, at, n, icrc.head, ident ^ 1) != 0
     with pytest.raises(ValueError):
-        c.verify(bytearray(udp), 1, len(udp), icrc.head)  # beyond the buffer
+        c.verify(bytearray(udp), 1, len(udp), icrc.head, 0)  # beyond the buffer
     with pytest.raises(ValueError):
-        c.verify(bytearray(udp), 0, 12, icrc.head)  # shorter than a BTH and an ICRC
+        c.verify(bytearray(udp), 0, 12, icrc.head, 0)  # shorter than a BTH and an ICRC
     with pytest.raises(ValueError):
-        c.verify(bytearray(udp), 0, len(udp), icrc.head + b"x")
+        c.verify(bytearray(udp), 0, len(udp), icrc.head + b"x", 0)
+    for wrong in (-1, 0x10000):
+        with pytest.raises(ValueError):
+            c.verify(bytearray(udp), 0, len(udp), icrc.head, wrong)

@@ -443,15 +443,23 @@ static int head_of(PyObject *obj, const unsigned char **p, Py_ssize_t *n) {
 }
 
 PyDoc_STRVAR(verify_doc,
-"verify(view, off, n, head) -> difference\n\n"
+"verify(view, off, n, head, ident) -> difference\n\n"
 "IcrcFlow.verify's CRC: the ICRC of the n-byte packet at view[off:] (BTH through ICRC)\n"
-"computed with IPv4 ID 0 from the flow's masked header template head, XOR the ICRC the\n"
-"packet carries: 0 when it is right; otherwise what ID recovery starts from.");
+"computed with IPv4 ID ident (IPv4 only) from the flow's masked header template head,\n"
+"XOR the ICRC the packet carries: 0 when it is right.  With ident 0, a non-zero\n"
+"difference is what ID recovery (IcrcFlow.judge) starts from.");
 
 static PyObject *verify(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (!nargs_ok("verify", nargs, 4))
+    if (!nargs_ok("verify", nargs, 5))
         return NULL;
+    long ident = PyLong_AsLong(args[4]);
+    if (ident == -1 && PyErr_Occurred())
+        return NULL;
+    if (ident < 0 || ident > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "an IPv4 ID is 16 bits");
+        return NULL;
+    }
     Py_ssize_t off = PyLong_AsSsize_t(args[1]);
     if (off == -1 && PyErr_Occurred())
         return NULL;
@@ -471,7 +479,7 @@ static PyObject *verify(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     const unsigned char *p = (const unsigned char *)vb.buf + off;
-    uint32_t crc = head_crc(tmpl, head_len, (long)n + 8, 0, p);
+    uint32_t crc = head_crc(tmpl, head_len, (long)n + 8, ident, p);
     if (n > 16)
         crc = crc32_of(crc, p + 12, (uint32_t)(n - 16));
     uint32_t found = get_le32(p + n - 4);

@@ -29,7 +29,8 @@ Design decisions (the why of each):
   a doorbell and a second wakeup.  A QP's receive lock keeps one reader at a
   time, so packets are still handled in arrival order.
 * **ICRC**: generated on every packet; checked on every packet received
-  (IPv4: ID 0 first, then ID recovery, spec §4.4 option (c); IPv6: exactly).
+  (IPv4: first with the ID our own sender's UDP GSO gives it, its index in the
+  read, 0 for a lone packet; then ID recovery, spec §4.4 option (c); IPv6: exactly).
   A bad packet is dropped silently and counted, as rxe does.  Against live rxe
   6.12 (tests/interop) *every* packet takes the recovery path: rxe's IPv4 IDs
   are never 0 but a per-destination counter that goes up by one per packet
@@ -372,8 +373,8 @@ class RoceDevice(Device):
         foreign: list[bytes] = []
         recv = sock.recvmsg_into
         loops, fd = fastpath.LOOPS, sock.fileno()
-        # the ICRC check in C (the difference from the ICRC computed with ID 0), the
-        # answer for a non-zero difference (ID recovery) in Python
+        # the ICRC check in C (the difference from the ICRC computed with the ID our GSO
+        # runs carry), the answer for a non-zero difference (ID recovery) in Python
         c_verify = loops.verify if loops is not None and icrc is not None else None
         head = icrc.head if icrc is not None else b""
         judge = icrc.judge if icrc is not None else None
@@ -425,7 +426,10 @@ class RoceDevice(Device):
                         continue
                     op, b1, p_key, dqp_word, psn_word = unpack(pkt)
                     if c_verify is not None and judge is not None:
-                        difference: int = c_verify(view, end - size, size, head)
+                        # (the ID our own sender's GSO gives the read's k-th packet)
+                        difference: int = c_verify(view, end - size, size, head, k - 1)
+                        if difference and k > 1:  # (judge starts from ID 0's difference)
+                            difference = c_verify(view, end - size, size, head, 0)
                         if difference:
                             if not judge(size, difference):
                                 bad += 1
