@@ -36,6 +36,7 @@ from smcr.rdma import (
 )
 from smcr.rdma.roce import RoceDevice, RocePd, RoceQp, fastpath
 from smcr.rdma.roce.cq import POLLER_RX_ENV, RoceCq
+from smcr.rdma.roce.responder import ACK_HOLD_PSNS as RESPONDER_ACK_HOLD
 from tests.support import port_4791_free
 
 RW = AccessFlag.LOCAL_WRITE | AccessFlag.REMOTE_WRITE | AccessFlag.REMOTE_READ
@@ -391,3 +392,24 @@ def test_pollers_receive_can_be_switched_off(progress_thread_receives: None,
         assert [(w.wr_id, w.status) for w in b.wait()] == [(9, WcStatus.SUCCESS)]
         assert a.wait()[0].status is WcStatus.SUCCESS
     assert not b.dev._ceded and not b.cq.receives(b.qp)
+
+
+@pytest.mark.parametrize("messages", [20, 40])
+def test_small_messages_read_in_one_batch_share_an_ack(pair: tuple[Side, Side],
+                                                       messages: int) -> None:  # fmt: skip
+    """Small WRITEs that arrive as separate datagrams and are read in one batch get one
+    ACK, not one each (many connections' messages in one link group's QP); one that
+    covers :data:`~smcr.rdma.roce.responder.ACK_HOLD_PSNS` goes at once, so a stream's
+    window never waits for a whole batch."""
+    a, b = pair
+    acks = b.qp.resp.stats["acks"]
+    with b.qp.rx_lock:  # b's reader waits: the datagrams pile up in its socket
+        for i in range(messages):  # one post each: one datagram each
+            a.qp.post_send(SendWr(wr_id=i, opcode=WrOpcode.RDMA_WRITE, send_flags=SIG,
+                                  sg_list=(Sge(a.buf.addr, 32, a.buf.lkey),),
+                                  remote_addr=b.rmb.addr + 32 * i, rkey=b.rmb.rkey))  # fmt: skip
+        # (loopback delivers before sendmsg returns; a's retransmit timer is 17 ms away)
+    assert [w.wr_id for w in a.wait(messages)] == list(range(messages))
+    assert a.qp.req.stats["timeouts"] == 0
+    expected = 1 + messages // (RESPONDER_ACK_HOLD + 1)
+    assert b.qp.resp.stats["acks"] - acks == expected

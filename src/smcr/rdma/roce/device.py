@@ -356,8 +356,11 @@ class RoceDevice(Device):
         target MR, a few lines per packet; every other packet, and any the run
         stops at, takes the general path (ICRC in C when the build has it, with ID
         recovery, then :meth:`RoceQp.input`).  An ACK that a read's packets asked for goes out
-        at the end of that read, not of the batch: the peer's window must not
-        wait for a whole batch (measured: the requester idled half the time).
+        at the end of that read once it covers a good part of the peer's window
+        (:meth:`~smcr.rdma.roce.responder.Responder.ack_due`), else at the end of the
+        batch: a bulk stream's window must not wait for a whole batch (measured: the
+        requester idled half the time), while the small messages of many connections
+        share a link group's ACK.
 
         :returns: the packets read.
         """
@@ -448,7 +451,7 @@ class RoceDevice(Device):
                               and write_middle(psn_word, view[end - size : end - 4])):  # fmt: skip
                         # all but an in-order WRITE Middle (the data path)
                         qp.input_bth(pkt, now, op, b1, p_key, psn_word)
-                if resp.pending_ack >= 0:  # asked for in this read: answer now
+                if resp.ack_due():  # a window's worth asked for: answer now
                     resp.flush()
                     qp.flush_tx()
             for raw in foreign:  # outside our lock: two progress threads, no lock order

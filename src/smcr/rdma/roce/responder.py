@@ -19,8 +19,9 @@ that fails:
    straight into the MR, a SEND into the posted receive buffer).
 8. **ACK** only packets with AckReq, as rxe does.  With :attr:`coalesce` the
    ACK is held until :meth:`Responder.flush`, which the host calls after each
-   batch of received packets, so one ACK answers a whole batch; anything else
-   sent (a NAK, READ responses) flushes it first, keeping PSN order.
+   batch of received packets (and within one once :meth:`Responder.ack_due`),
+   so one ACK answers a whole batch; anything else sent (a NAK, READ responses)
+   flushes it first, keeping PSN order.
 
 Like the requester, this does no I/O: packets leave through ``tx``.
 """
@@ -45,6 +46,11 @@ from smcr.rdma.verbs import (
 from smcr.wire.roce import Opcode
 
 ACK_SYNDROME: Final = 0x1F  # ACK, credits "invalid" (31), as rxe sends (spec §5.4)
+#: PSNs a held ACK may run ahead of the last one sent before a reader sends it at once
+#: (:meth:`Responder.ack_due`) rather than at the end of its batch: an eighth of the
+#: requester's window (:data:`~smcr.rdma.roce.requester.WINDOW`), so that a bulk stream's
+#: window reopens every read while small messages of many connections share one ACK.
+ACK_HOLD_PSNS: Final = 32
 NAK_SEQ, NAK_INV, NAK_ACCESS, NAK_OP = 0x60, 0x61, 0x62, 0x63
 MAX_RETH_LENGTH: Final = 1 << 31
 
@@ -107,6 +113,7 @@ class Responder:
         self.src_qp = 0
         self.coalesce = False
         self.pending_ack = -1  # PSN of the coalesced ACK flush() sends; -1: none held
+        self.acked = -1  # PSN of the last ACK sent (ack_due's reference)
         self._nak_sent = False
         self._seq = SEQ_NONE
         self._reads: deque[tuple[int, int, int, int, int]] = deque(maxlen=1)
@@ -126,6 +133,7 @@ class Responder:
               min_rnr_timer: int, src_qp: int) -> None:  # fmt: skip
         """Configure at RTR (spec §7.3)."""
         self.epsn = rq_psn & U24
+        self.acked = (self.epsn - 1) & U24
         self.pmtu = pmtu
         self.access = access
         self.max_dest_rd_atomic = max_dest_rd_atomic
@@ -398,6 +406,18 @@ class Responder:
         else:
             self._send_ack(psn, ACK_SYNDROME)
 
+    def ack_due(self) -> bool:
+        """Whether the held ACK should go now, not at the end of the batch.
+
+        True when it covers :data:`ACK_HOLD_PSNS` or more PSNs past the last ACK
+        sent.  Why hold at all: with many connections in a link group each read
+        carries one connection's small message, and an ACK per read doubled the
+        packets of a transaction; the batch's end (:meth:`flush`) comes within
+        one batch's work, well inside any retransmit timer.
+        """
+        held = self.pending_ack
+        return held >= 0 and (held - self.acked) & U24 >= ACK_HOLD_PSNS
+
     def flush(self) -> None:
         """Send the held (coalesced) ACK, if any."""
         if self.pending_ack >= 0:
@@ -410,6 +430,7 @@ class Responder:
             self.stats["naks"] += 1
         else:
             self.stats["acks"] += 1
+            self.acked = psn
         self._tx(Opcode.ACKNOWLEDGE, 0, psn, pack_aeth(syndrome, self.msn), b"")
 
     def _fail(self, psn: int, fault: _FaultError) -> None:
