@@ -35,7 +35,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -345,14 +345,18 @@ def roce_of(pcap: Path) -> Iterator[RoceFrame]:
                         int.from_bytes(raw[bth + 9 : bth + 12], "big"))  # fmt: skip
 
 
-def sends(pcap: Path, again: bool = True) -> list[tuple[str, bytes]]:
+def sends(pcap: Path, again: bool = True,
+          qps: Collection[int] | None = None) -> list[tuple[str, bytes]]:  # fmt: skip
     """(sender, message) of every SEND Only on the wire: CDCs (0xFE) and LLC messages;
     without ``again``, a SEND the requester sent again (its retry after a lost or late
-    ACK, or an RNR NAK: same QP, same PSN) is left out."""
+    ACK, or an RNR NAK: same QP, same PSN) is left out; with ``qps``, only SENDs to those
+    QPs (one link group's: a capture may also hold an earlier test's retries)."""
     out = []
     seen: set[tuple[str, int, int]] = set()
     for f in roce_of(pcap):
         if f.opcode != SEND_ONLY or (not again and (f.src, f.dest_qp, f.psn) in seen):
+            continue
+        if qps is not None and f.dest_qp not in qps:
             continue
         seen.add((f.src, f.dest_qp, f.psn))
         out.append((f.src, f.payload))
@@ -712,15 +716,16 @@ def test_abortive_close_with_the_kernel(kernel_smc: Guest, guest_role: str, abor
     it answers an abort with abort too."""
     ex = smcr_run(kernel_smc, guest_role, nbytes=BULK, mode="abort", count=4, aborter=aborter,
                   roce_capture=True, keep_pcap=True, timeout=30.0)  # fmt: skip
-    with kept_capture(ex) as pcap:
-        flags = close_flags(pcap)
+    smcr_recs, kernel_recs = ex.host["conns"], ex.guest["conns"]
+    lgr = smcr_recs[0]["info"]["lgr"]  # (its CDCs only: the kernel may still be retrying
+    with kept_capture(ex) as pcap:  # a SEND of an earlier test's group, with a like token)
+        flags = close_flags(pcap, qps={lgr["qpn"], lgr["peer_qpn"]})
         naks = [f for f in acks(pcap) if f[1] & 0x60 == 0x60]
         check_decodes(pcap)
     # no RDMA error: smcr keeps an aborted connection's RMB until the kernel's closing CDC
     # (before, the kernel wrote on after smcr's DELETE RKEY, with rkey 0: NAK remote
     # access error, and the link group was gone)
     assert naks == [], naks
-    smcr_recs, kernel_recs = ex.host["conns"], ex.guest["conns"]
     for i in range(4):
         check_smcr_v2(ex, i, first_contact=i == 0)
     assert len({rec["info"]["lgr_id"] for rec in smcr_recs}) == 1, smcr_recs  # the group lives on
@@ -780,11 +785,13 @@ def acks(pcap: Path) -> list[tuple[str, int]]:
     return [(f.src, f.payload[0]) for f in roce_of(pcap) if f.opcode == ACKNOWLEDGE]
 
 
-def close_flags(pcap: Path) -> dict[str, list[tuple[int, ...]]]:
+def close_flags(pcap: Path, qps: Collection[int] | None = None
+                ) -> dict[str, list[tuple[int, ...]]]:  # fmt: skip
     """Per sender, per connection in order (told apart by the CDC's token): the connection
-    state flags of each CDC that carried any, in order, deduplicated (they are sticky)."""
+    state flags of each CDC that carried any, in order, deduplicated (they are sticky).
+    ``qps``: as :func:`sends` (a token names a connection within its link group only)."""
     per: dict[str, dict[int, list[int]]] = {}
-    for src, msg in sends(pcap):
+    for src, msg in sends(pcap, qps=qps):
         if msg[:1] != b"\xfe":
             continue
         token, state = int.from_bytes(msg[4:8], "big"), msg[25] & CLOSE_FLAGS
