@@ -836,13 +836,14 @@ def test_the_kernel_process_killed_mid_transfer(kernel_smc: Guest) -> None:
     died: its FIN) within the socket's 30 s bound; the link group stays, and the next
     connection (a new server process) reuses it."""
     r, _frames, pcap = peer_gone("kill")
+    killed, after = r["killed"], r["after"]
     try:  # the kernel closed the dead process's socket: its closing CDC is on the wire
-        flags = close_flags(pcap)
+        assert killed["info"]["mode"] == "SMCR" and killed["received"] == 4 * MB, killed
+        lgr = killed["info"]["lgr"]  # (its group's CDCs: see the abortive close's test)
+        flags = close_flags(pcap, qps={lgr["qpn"], lgr["peer_qpn"]})
     finally:
         shutil.rmtree(pcap.parent, ignore_errors=True)
     assert any(f & CLOSED for f in flags[GUEST_IP][0]), flags
-    killed, after = r["killed"], r["after"]
-    assert killed["info"]["mode"] == "SMCR" and killed["received"] == 4 * MB, killed
     assert killed["read"] == "EOF", killed
     assert "Killed" in killed["guest_end"], killed  # the shell's word for SIGKILL
     assert (after["received"], after["received_sha256"]) == (MB, after["sent_sha256"]), after
