@@ -411,8 +411,8 @@ class Responder:
 
         True when it covers :data:`ACK_HOLD_PSNS` or more PSNs past the last ACK
         sent.  Why hold at all: with many connections in a link group each read
-        carries one connection's small message, and an ACK per read doubled the
-        packets of a transaction; the batch's end (:meth:`flush`) comes within
+        carries one connection's small message, and an ACK per read added a
+        packet and a system call to each; the batch's end (:meth:`flush`) comes within
         one batch's work, well inside any retransmit timer.
         """
         held = self.pending_ack
