@@ -717,8 +717,10 @@ def test_abortive_close_with_the_kernel(kernel_smc: Guest, guest_role: str, abor
     ex = smcr_run(kernel_smc, guest_role, nbytes=BULK, mode="abort", count=4, aborter=aborter,
                   roce_capture=True, keep_pcap=True, timeout=30.0)  # fmt: skip
     smcr_recs, kernel_recs = ex.host["conns"], ex.guest["conns"]
-    lgr = smcr_recs[0]["info"]["lgr"]  # (its CDCs only: the kernel may still be retrying
-    with kept_capture(ex) as pcap:  # a SEND of an earlier test's group, with a like token)
+    with kept_capture(ex) as pcap:  # (a failure here, too, keeps the capture)
+        # this group's CDCs only: the kernel may still be retrying a SEND of an earlier
+        # test's group, with a like token
+        lgr = smcr_recs[0]["info"]["lgr"]
         flags = close_flags(pcap, qps={lgr["qpn"], lgr["peer_qpn"]})
         naks = [f for f in acks(pcap) if f[1] & 0x60 == 0x60]
         check_decodes(pcap)
