@@ -279,3 +279,48 @@ def test_the_c_and_python_drains_read_the_same_most(calls: str) -> None:
     finally:
         r.close()
         w.close()
+
+
+def test_ready_reports_the_descriptors_ready_now_and_nothing_else(calls: str) -> None:
+    """``ready`` is ``epoll.poll(0)``'s descriptors: the rung ones, none once drained, at
+    once when none is ready; a closed epoll raises as ``poll`` does."""
+    pairs = [plainsock.nonblocking_pair() for _ in range(3)]
+    ep = select.epoll()
+    try:
+        for r, _w in pairs:
+            ep.register(r.fileno(), select.EPOLLIN)
+        assert doorbell.ready(ep) == []
+        doorbell.ring(pairs[0][1])
+        doorbell.ring(pairs[2][1])
+        assert sorted(doorbell.ready(ep)) == sorted([pairs[0][0].fileno(), pairs[2][0].fileno()])
+        assert sorted(doorbell.ready(ep)) == sorted(fd for fd, _ in ep.poll(0))
+        doorbell.drain(pairs[0][0])
+        assert doorbell.ready(ep) == [pairs[2][0].fileno()]
+    finally:
+        ep.close()
+        for r, w in pairs:
+            r.close()
+            w.close()
+    with pytest.raises(ValueError):
+        doorbell.ready(ep)
+
+
+def test_ready_reports_every_ready_descriptor_over_successive_looks(calls: str) -> None:
+    """More ready descriptors than one look reports (the C's takes 256 at most): they stay
+    ready, and the looks that follow report the rest (a level-triggered epoll moves the
+    reported ones behind the others)."""
+    pairs = [plainsock.nonblocking_pair() for _ in range(300)]
+    ep = select.epoll()
+    try:
+        for r, w in pairs:
+            ep.register(r.fileno(), select.EPOLLIN)
+            doorbell.ring(w)
+        seen: set[int] = set()
+        for _ in range(3):
+            seen.update(doorbell.ready(ep))
+        assert seen == {r.fileno() for r, _w in pairs}
+    finally:
+        ep.close()
+        for r, w in pairs:
+            r.close()
+            w.close()

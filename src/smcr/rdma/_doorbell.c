@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
@@ -192,6 +193,48 @@ static PyObject *queued(PyObject *self, PyObject *sock) {
     return PyBool_FromLong(got >= 0);
 }
 
+/* The most descriptors one ready() reports (the rest stay ready: the next look reports them). */
+#define READY_MOST 256
+
+/* ready(ep) -> list[int]: the descriptors the epoll object ep (select.epoll, or anything
+ * with a fileno()) reports ready now, epoll_wait with a timeout of 0, the GIL held.  Why:
+ * select.epoll.poll(0) lets the GIL go around a call that never waits, and a thread of
+ * ours that wants it (the progress thread, the application's) takes it, for the caller to
+ * wait until it is given back: the RoCE CQ's look at its QP sockets, at every poll. */
+static PyObject *ready(PyObject *self, PyObject *ep) {
+    (void)self;
+    int fd = descriptor(ep);
+    if (fd == -2)
+        return NULL;
+    if (fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "I/O operation on closed epoll object");
+        return NULL;
+    }
+    struct epoll_event events[READY_MOST];
+    int n;
+    for (;;) {
+        n = epoll_wait(fd, events, READY_MOST, 0);
+        if (n >= 0 || errno != EINTR)
+            break;
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+    }
+    if (n < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *number = PyLong_FromLong(events[i].data.fd);
+        if (number == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, number);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"ring", ring, METH_O, "Ring a doorbell socket: one byte, never blocking; whether it went."},
     {"drain", drain, METH_O, "Drain a doorbell socket, never blocking; the bytes read."},
@@ -200,6 +243,7 @@ static PyMethodDef methods[] = {
     {"ring_rid", (PyCFunction)(void (*)(void))ring_rid, METH_FASTCALL,
      "Send a ring datagram to the readiness descriptor named by a prefix and a rid."},
     {"queued", queued, METH_O, "Whether something waits on a socket (MSG_PEEK, no wait)."},
+    {"ready", ready, METH_O, "The descriptors an epoll object reports ready now (no wait)."},
     {NULL, NULL, 0, NULL},
 };
 

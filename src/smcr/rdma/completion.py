@@ -448,18 +448,15 @@ class EpollCq(CompletionQueue):
         """The provider's descriptors readable now (the hook's look); the doorbell drained
         if it rang.  None once closed."""
         try:
-            ready = self._ep.poll(0)
+            ready = doorbell.ready(self._ep)
         except (OSError, ValueError):
             return None
         out: list[int] = []
-        for fd, _mask in ready:
+        for fd in ready:
             if fd != self._bell_fd:
                 out.append(fd)
                 continue
-            try:
-                self._bell_r.recv(4096)
-            except OSError:
-                pass
+            doorbell.drain(self._bell_r)
             # the ring may have been meant for another thread asleep on this CQ: it would
             # have woken, found nothing and re-armed; re-arm for it, so the next completion
             # rings again (a spare wakeup is harmless, a lost one is not), unless armed

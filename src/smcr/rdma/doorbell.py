@@ -6,12 +6,14 @@ already, a closed one belongs to a peer that is gone.  A named readiness descrip
 unix datagram socket, :mod:`smcr.rdma.bells`) is rung with a datagram sent to its name.
 :mod:`smcr.rdma._doorbell` makes each the bare system call, the GIL held; a pure-Python
 process uses the socket's own methods (same effect, more of Python's machinery per call).
+So is the look at an epoll descriptor that never waits (:func:`ready`).
 """
 
 from __future__ import annotations
 
 import _socket
 import importlib
+import select
 import socket
 from types import ModuleType
 from typing import Final
@@ -123,3 +125,15 @@ def queued(sock: _socket.socket) -> bool:
     except OSError:
         return False
     return True
+
+
+def ready(ep: select.epoll) -> list[int]:
+    """The descriptors ``ep`` reports ready now (``ep.poll(0)``'s, without the events).
+    The C call keeps the GIL, which ``poll(0)`` lets go (another thread of ours then takes
+    it, and the caller waits to have it back) around a call that never waits.  Raises as
+    ``ep.poll`` (``ValueError`` once ``ep`` is closed)."""
+    calls = C_CALLS
+    if calls is not None:
+        fds: list[int] = calls.ready(ep)
+        return fds
+    return [fd for fd, _events in ep.poll(0)]

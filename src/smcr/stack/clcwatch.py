@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import select
 
+from smcr.rdma import doorbell
 from smcr.stack.hostconn import HostConn
 
 
@@ -123,7 +124,7 @@ class ClcWatch:
         """The SMC-R connections whose TCP socket became readable, watched no more (the
         caller looks at each, and watches it again if it was nothing)."""
         found: list[HostConn] = []
-        for fd, _events in self.tcp_ep.poll(0):
+        for fd in doorbell.ready(self.tcp_ep):
             hc = self.tcp.pop(fd, None)
             try:
                 self.tcp_ep.unregister(fd)

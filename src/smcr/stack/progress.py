@@ -381,7 +381,7 @@ class Progress:
         ex = self.ex
         clc = ex.clc
         if fd == self._clc_fd:
-            for clc_fd, _ in clc.ep.poll(0):
+            for clc_fd in doorbell.ready(clc.ep):
                 hc = clc.watch.get(clc_fd)
                 if hc is not None:
                     ex.clc_read(hc)
