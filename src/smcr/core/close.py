@@ -12,6 +12,7 @@ missing key means "nothing happens", as a ``switch`` without a case.
 from __future__ import annotations
 
 import enum
+from typing import Final
 
 
 class SmcState(enum.Enum):
@@ -63,7 +64,7 @@ class Send(enum.Enum):
 
 S, In, X = SmcState, CloseInput, Send
 
-TRANSITIONS: dict[tuple[SmcState, CloseInput], tuple[Send, SmcState]] = {
+TRANSITIONS: Final[dict[tuple[SmcState, CloseInput], tuple[Send, SmcState]]] = {
     # smc_close_shutdown_write
     (S.ACTIVE, In.APP_SHUT_WR): (X.DONE_WRITING, S.PEERCLOSEWAIT1),
     (S.APPCLOSEWAIT1, In.APP_SHUT_WR): (X.DONE_WRITING, S.APPCLOSEWAIT2),

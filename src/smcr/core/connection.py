@@ -77,7 +77,7 @@ _CLOSED_OR_ABORT: Final = int(CSF.PEER_CONNECTION_CLOSED | CSF.PEER_CONNECTION_A
 _ABORT: Final = int(CSF.PEER_CONNECTION_ABORT)
 _CLOSED: Final = int(CSF.PEER_CONNECTION_CLOSED)
 _DONE: Final = int(CSF.PEER_DONE_WRITING)
-_DONE_OR_CLOSED = _DONE | _CLOSED
+_DONE_OR_CLOSED: Final = _DONE | _CLOSED
 SIGNAL_EVERY: Final = 16  # CDC sends between two signaled ones (see Connection.send_cdc)
 
 

@@ -68,9 +68,10 @@ from smcr.wire.llc import (
     decode_llc,
 )
 
-_CDC_SIZE, _CDC_UNPACK = CDC.size, CDC.unpack_from
+_CDC_SIZE: Final = CDC.size
+_CDC_UNPACK: Final = CDC.unpack_from
 # producer flags that ask for something (all but write-blocked): such a CDC is never coalesced
-_CDC_EVENT_PFLAGS = 0xF8 & ~int(ProducerFlags.WRITE_BLOCKED)
+_CDC_EVENT_PFLAGS: Final = 0xF8 & ~int(ProducerFlags.WRITE_BLOCKED)
 
 
 CLC_WAIT_TIME_SHORT: Final = 1.0

@@ -38,7 +38,7 @@ import socket
 import struct
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from smcr.bound import monotonic
 from smcr.rdma.base import MemoryRegion, ProtectionDomain, QueuePair
@@ -128,19 +128,20 @@ class RoceQpDevice(QpDevice, Protocol):
 
 
 
-_SUPPORTED = frozenset({WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE,
+_SUPPORTED: Final = frozenset({WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE,
                         WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.RDMA_READ})  # fmt: skip
-_LOCAL_WRITE = int(AccessFlag.LOCAL_WRITE)
-_RESPONSE_MIN, _RESPONSE_MAX = 0x0D, 0x11  # READ responses and Acknowledge
-_GSO_SIZE = struct.Struct("H")
+_LOCAL_WRITE: Final = int(AccessFlag.LOCAL_WRITE)
+_RESPONSE_MIN: Final = 0x0D  # READ responses and Acknowledge
+_RESPONSE_MAX: Final = 0x11
+_GSO_SIZE: Final = struct.Struct("H")
 #: ``sendmsg`` errors that mean "no UDP GSO on this path": fall back to one packet per call.
-_NO_GSO = (errno.EINVAL, errno.EIO, errno.EOPNOTSUPP)
+_NO_GSO: Final = (errno.EINVAL, errno.EIO, errno.EOPNOTSUPP)
 #: Segments and bytes per GSO send (the kernel's UDP_MAX_SEGMENTS is 64 or more; an
 #: IPv4 datagram holds at most 65535 bytes, headers included).
-GSO_MAX_SEGMENTS = 64
-GSO_MAX_BYTES = 65535 - 28
+GSO_MAX_SEGMENTS: Final = 64
+GSO_MAX_BYTES: Final = 65535 - 28
 #: The largest UDP datagram a read returns (a GRO batch is at most 64 KiB).
-MAX_DATAGRAM = 65536
+MAX_DATAGRAM: Final = 65536
 Buffer = bytes | bytearray | memoryview
 
 

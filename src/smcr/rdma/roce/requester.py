@@ -92,21 +92,23 @@ NOT_RESTARTED: Final = 1 << 24
 #: Retransmit period used when ``timeout == 0`` would mean "wait forever".
 MIN_PERIOD: Final = 0.001
 
-K_SEND, K_WRITE, K_READ = 0, 1, 2
-_KIND = {
+K_SEND: Final = 0
+K_WRITE: Final = 1
+K_READ: Final = 2
+_KIND: Final = {
     WrOpcode.SEND: K_SEND, WrOpcode.SEND_WITH_IMM: K_SEND,
     WrOpcode.RDMA_WRITE: K_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM: K_WRITE,
     WrOpcode.RDMA_READ: K_READ,
 }  # fmt: skip
-_WC_OP = (WcOpcode.SEND, WcOpcode.RDMA_WRITE, WcOpcode.RDMA_READ)
-_IMM = (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
+_WC_OP: Final = (WcOpcode.SEND, WcOpcode.RDMA_WRITE, WcOpcode.RDMA_READ)
+_IMM: Final = (WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM)
 # (first, middle, last, only) opcodes per kind, with and without immediate data
 #: A message's opcodes by the packet's place in it: first, middle, last, only (``Wqe.ops``).
 OP_FIRST: Final = 0
 OP_MIDDLE: Final = 1
 OP_LAST: Final = 2
 OP_ONLY: Final = 3
-_OPS = {
+_OPS: Final = {
     (K_SEND, False): (Opcode.SEND_FIRST, Opcode.SEND_MIDDLE, Opcode.SEND_LAST, Opcode.SEND_ONLY),
     (K_SEND, True): (Opcode.SEND_FIRST, Opcode.SEND_MIDDLE, Opcode.SEND_LAST_WITH_IMMEDIATE,
                      Opcode.SEND_ONLY_WITH_IMMEDIATE),
@@ -115,9 +117,15 @@ _OPS = {
     (K_WRITE, True): (Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_MIDDLE,
                       Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE),
 }  # fmt: skip
-_SOLICITED = int(SendFlag.SOLICITED)
-_SIGNALED = int(SendFlag.SIGNALED)
-_FENCE = int(SendFlag.FENCE)
+_SOLICITED: Final = int(SendFlag.SOLICITED)
+_SIGNALED: Final = int(SendFlag.SIGNALED)
+_FENCE: Final = int(SendFlag.FENCE)
+# Opcode's members the per-packet code compares with, as Final names (C statics in the
+# compiled build): smcr.wire.roce is not compiled, so a member read from its class is a
+# Python attribute read, some 900 instructions each (Python 3.11's EnumType has a
+# ``__getattr__``, which makes every attribute read of the class a call of
+# ``__getattribute__``); the members of the compiled modules' enums are C statics already
+_ACKNOWLEDGE: Final = int(Opcode.ACKNOWLEDGE)
 
 #: ``tx(opcode, b1, psn_word, ext_headers, payload)``: send one packet (pad and ICRC added).
 Transmit = Callable[[int, int, int, bytes, Buffer], None]
@@ -268,7 +276,7 @@ class Requester:
         """
         if self.dead or not self.wqes or pdiff(psn, self.hi) >= 0:
             return  # nothing outstanding, or beyond anything sent: bogus
-        if opcode == Opcode.ACKNOWLEDGE:
+        if opcode == _ACKNOWLEDGE:
             kind = syndrome >> 5
             if kind == 0:
                 self._acked(psn, now)

@@ -51,11 +51,20 @@ ACK_SYNDROME: Final = 0x1F  # ACK, credits "invalid" (31), as rxe sends (spec §
 #: requester's window (:data:`~smcr.rdma.roce.requester.WINDOW`), so that a bulk stream's
 #: window reopens every read while small messages of many connections share one ACK.
 ACK_HOLD_PSNS: Final = 32
-NAK_SEQ, NAK_INV, NAK_ACCESS, NAK_OP = 0x60, 0x61, 0x62, 0x63
+NAK_SEQ: Final = 0x60
+NAK_INV: Final = 0x61
+NAK_ACCESS: Final = 0x62
+NAK_OP: Final = 0x63
 MAX_RETH_LENGTH: Final = 1 << 31
 
-FIRST, MIDDLE, LAST, ONLY = 0, 1, 2, 3
-SEQ_NONE, SEQ_SEND, SEQ_WRITE = 0, 1, 2
+# (Final: constants in the compiled build, where a plain global is a dict look-up per use)
+FIRST: Final = 0
+MIDDLE: Final = 1
+LAST: Final = 2
+ONLY: Final = 3
+SEQ_NONE: Final = 0
+SEQ_SEND: Final = 1
+SEQ_WRITE: Final = 2
 # opcode byte -> (class, position, with_imm); class: 1 SEND, 2 WRITE, 3 READ
 _REQ: Final[dict[int, tuple[int, int, bool]]] = {
     0x00: (1, FIRST, False), 0x01: (1, MIDDLE, False), 0x02: (1, LAST, False),
@@ -67,6 +76,9 @@ _REQ: Final[dict[int, tuple[int, int, bool]]] = {
 _REMOTE_WRITE: Final = int(AccessFlag.REMOTE_WRITE)
 _REMOTE_READ: Final = int(AccessFlag.REMOTE_READ)
 _LOCAL_WRITE: Final = int(AccessFlag.LOCAL_WRITE)
+# (Opcode's members of the per-packet code as Final names: smcr.rdma.roce.requester says why)
+_ACKNOWLEDGE: Final = int(Opcode.ACKNOWLEDGE)
+_READ_REQUEST: Final = int(Opcode.RDMA_READ_REQUEST)
 
 
 class _FaultError(Exception):
@@ -207,7 +219,7 @@ class Responder:
                     self._send_ack(self.epsn, NAK_SEQ)
             else:
                 self.stats["duplicates"] += 1
-                if op == Opcode.RDMA_READ_REQUEST:
+                if op == _READ_REQUEST:
                     self._replay_read(psn, pkt)
                 else:
                     self._ack((self.epsn - 1) & U24)
@@ -218,7 +230,7 @@ class Responder:
         except _FaultError as fault:
             self._fail(psn, fault)
             return
-        if psn_word & 0x80000000 and op != Opcode.RDMA_READ_REQUEST:
+        if psn_word & 0x80000000 and op != _READ_REQUEST:
             self._ack(psn)
 
     def _execute(self, op: int, b1: int, psn: int, pkt: memoryview) -> None:
@@ -431,7 +443,7 @@ class Responder:
         else:
             self.stats["acks"] += 1
             self.acked = psn
-        self._tx(Opcode.ACKNOWLEDGE, 0, psn, pack_aeth(syndrome, self.msn), b"")
+        self._tx(_ACKNOWLEDGE, 0, psn, pack_aeth(syndrome, self.msn), b"")
 
     def _fail(self, psn: int, fault: _FaultError) -> None:
         if isinstance(fault, _RnrError):
