@@ -403,12 +403,16 @@ def test_small_messages_read_in_one_batch_share_an_ack(pair: tuple[Side, Side],
     window never waits for a whole batch."""
     a, b = pair
     acks = b.qp.resp.stats["acks"]
+    # a's retransmit timer must not fire while b's reader is held (a retransmission is
+    # answered by ACKs of its own): the fixture's 17 ms is shorter than the posts take
+    # beside a busy process, so it is a second here
+    a.qp.req.period = 1.0
     with b.qp.rx_lock:  # b's reader waits: the datagrams pile up in its socket
         for i in range(messages):  # one post each: one datagram each
             a.qp.post_send(SendWr(wr_id=i, opcode=WrOpcode.RDMA_WRITE, send_flags=SIG,
                                   sg_list=(Sge(a.buf.addr, 32, a.buf.lkey),),
                                   remote_addr=b.rmb.addr + 32 * i, rkey=b.rmb.rkey))  # fmt: skip
-        # (loopback delivers before sendmsg returns; a's retransmit timer is 17 ms away)
+        # (loopback delivers before sendmsg returns)
     assert [w.wr_id for w in a.wait(messages)] == list(range(messages))
     assert a.qp.req.stats["timeouts"] == 0
     # one at each ACK_HOLD_PSNS-th PSN, one at the batch's end for what is left
